@@ -1,0 +1,5 @@
+import sys
+
+from mediaserver.cli import main
+
+sys.exit(main())

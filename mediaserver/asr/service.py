@@ -1,0 +1,147 @@
+"""The app-wide ASR service: loaded models, one scheduler each, and option validation.
+
+Created once per app (aiohttp cleanup_ctx) and shared by every transport, so however many sessions
+are open there is one copy of each model in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from mediaserver.asr.engine import AsrJob, WhisperEngine
+from mediaserver.asr.models import ModelRegistry
+from mediaserver.asr.scheduler import AsrScheduler
+from mediaserver.audio.vad import VadConfig
+from mediaserver.config import Settings
+from mediaserver.devices import DeviceChoice
+from mediaserver.errors import InvalidParameter, ModelUnavailable
+from mediaserver.events import AudioArray, Priority, Transcript, TranscriptionOptions
+from mediaserver.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    engine: WhisperEngine
+    scheduler: AsrScheduler
+
+
+class AsrService:
+    def __init__(self, settings: Settings, device: DeviceChoice, registry: ModelRegistry, metrics: Metrics) -> None:
+        self.settings = settings
+        self.device = device
+        self.registry = registry
+        self.metrics = metrics
+        self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
+        self._load_locks: dict[str, asyncio.Lock] = {}
+        self._closed = False
+
+    @property
+    def loaded_models(self) -> list[str]:
+        return list(self._loaded)
+
+    async def start(self) -> None:
+        for name in self.settings.preload_models:
+            await self.get_model(name)
+
+    async def get_model(self, requested: str | None) -> LoadedModel:
+        name = self.registry.resolve(requested)
+        loaded = self._loaded.get(name)
+        if loaded is not None:
+            self._loaded.move_to_end(name)
+            return loaded
+        lock = self._load_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            loaded = self._loaded.get(name)
+            if loaded is not None:
+                return loaded
+            loaded = await self._load(name)
+            self._loaded[name] = loaded
+            await self._evict_over_limit()
+            return loaded
+
+    async def _load(self, name: str) -> LoadedModel:
+        def load() -> WhisperEngine:
+            model_dir = self.registry.materialize(name)
+            return WhisperEngine(
+                name,
+                model_dir,
+                device=self.device.device,
+                compute_type=self.device.compute_type,
+                cpu_threads=self.device.cpu_threads,
+                device_index=self.device.device_index,
+                vad=VadConfig(
+                    self.settings.vad_aggressiveness,
+                    self.settings.vad_frame_ms,
+                    self.settings.vad_min_speech_ms,
+                ),
+                neural_vad_filter=self.settings.asr_vad_filter,
+            )
+
+        try:
+            engine = await asyncio.to_thread(load)
+        except ModelUnavailable:
+            raise
+        except Exception as exc:
+            log.exception("loading model %s failed", name)
+            raise ModelUnavailable(f"model {name!r} could not be loaded: {exc}") from exc
+        scheduler = AsrScheduler(
+            name,
+            engine.transcribe_batch,
+            max_batch=self.settings.asr_max_batch,
+            max_wait_ms=self.settings.asr_max_wait_ms,
+            max_queue=self.settings.asr_max_queue,
+            metrics=self.metrics,
+        )
+        scheduler.start()
+        return LoadedModel(name, engine, scheduler)
+
+    async def _evict_over_limit(self) -> None:
+        while len(self._loaded) > self.settings.max_loaded_models:
+            victim_name = next((n for n, m in self._loaded.items() if m.scheduler.depth == 0), None)
+            if victim_name is None:
+                return
+            victim = self._loaded.pop(victim_name)
+            log.info("unloading model %s (max_loaded_models=%d)", victim_name, self.settings.max_loaded_models)
+            await victim.scheduler.aclose()
+
+    def check_options(self, model: LoadedModel, options: TranscriptionOptions) -> None:
+        """Refuse what an English-only model cannot do, instead of silently ignoring it."""
+        if model.engine.multilingual:
+            return
+        multilingual = [s.name for s in self.registry.sources() if s.multilingual]
+        hint = f" (multilingual models here: {', '.join(multilingual)})" if multilingual else ""
+        if options.task == "translate":
+            raise InvalidParameter(f"model {model.name!r} is English-only and cannot translate{hint}", param="model")
+        if options.language not in (None, "en"):
+            raise InvalidParameter(
+                f"model {model.name!r} is English-only; language {options.language!r} needs a multilingual model{hint}",
+                param="language",
+            )
+
+    async def transcribe(
+        self,
+        audio: AudioArray,
+        options: TranscriptionOptions,
+        *,
+        model: str | None = None,
+        priority: Priority = Priority.FILE,
+    ) -> Transcript:
+        loaded = await self.get_model(model)
+        self.check_options(loaded, options)
+        return await loaded.scheduler.submit(
+            AsrJob(audio, options), priority=priority, timeout_s=self.settings.asr_request_timeout_s
+        )
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for loaded in list(self._loaded.values()):
+            await loaded.scheduler.aclose()
+        self._loaded.clear()

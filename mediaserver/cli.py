@@ -1,0 +1,90 @@
+"""Start-up: settings, logging, TLS, and the HTTP(S) listeners."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import ssl
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from mediaserver.app import create_app
+from mediaserver.config import Settings
+
+log = logging.getLogger("mediaserver")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="mediaserver",
+        description="Realtime speech inference server. Every option is also an environment variable "
+        "MEDIASERVER_<NAME> (see README).",
+    )
+    parser.add_argument("--host", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument("--http-port", type=int, help="plain HTTP port (default 19001)")
+    parser.add_argument("--https-port", type=int, help="HTTPS port, used when certs exist (default 19000)")
+    parser.add_argument("--cert-dir", help="directory with cert.pem and key.pem (default ./certs)")
+    parser.add_argument("--model", dest="default_model", help="default ASR model (default tiny.en)")
+    parser.add_argument("--preload", nargs="*", dest="preload_models", help="models to load at start-up")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], help="inference device")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING ...")
+    return parser.parse_args(argv)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    return Settings(**overrides)
+
+
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    cert, key = settings.cert_paths()
+    if not (cert.is_file() and key.is_file()):
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+async def serve(settings: Settings) -> None:
+    app = create_app(settings)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        sites = [web.TCPSite(runner, settings.host, settings.http_port)]
+        context = tls_context(settings)
+        if context is not None:
+            sites.append(web.TCPSite(runner, settings.host, settings.https_port, ssl_context=context))
+        else:
+            log.info("no TLS certificate in %s: HTTPS is off (run tools/gen_cert.py)", settings.cert_dir)
+        for site in sites:
+            await site.start()
+            log.info("listening on %s", site.name)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except Exception as exc:
+        print(f"mediaserver: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(serve(settings))
+    return 0

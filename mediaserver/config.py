@@ -1,0 +1,94 @@
+"""Settings: every limit, timeout and default of the server, in one typed place.
+
+Each field can be set from the environment as ``MEDIASERVER_<FIELD>`` (case-insensitive) or from a
+``.env`` file in the working directory. Units are part of the names so a value can be read without
+looking up the code (``max_upload_bytes``, ``asr_max_wait_ms``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL_ALIASES: dict[str, str] = {
+    # OpenAI model names map to the default model: SDK users keep their code unchanged.
+    "whisper-1": "@default",
+    "gpt-4o-transcribe": "@default",
+    "gpt-4o-mini-transcribe": "@default",
+    "gpt-transcribe": "@default",
+}
+
+
+class Settings(BaseSettings):
+    """All configuration; see README "Configuration" for the environment variable names."""
+
+    model_config = SettingsConfigDict(env_prefix="MEDIASERVER_", env_file=".env", extra="ignore")
+
+    # --- network -------------------------------------------------------------------------------
+    host: str = "0.0.0.0"
+    http_port: int = Field(19001, ge=0, le=65535)
+    https_port: int = Field(19000, ge=0, le=65535)
+    cert_dir: Path = Path("certs")
+    static_dir: Path = Path(__file__).resolve().parent.parent / "static"
+
+    # --- auth (all optional; Willow devices can only send Basic auth through user:pass@ URLs) ---
+    basic_auth_user: str | None = None
+    basic_auth_password: str | None = None
+    api_keys: list[str] = Field(default_factory=list)
+
+    # --- models --------------------------------------------------------------------------------
+    default_model: str = "tiny.en"
+    translation_model: str = "base"
+    preload_models: list[str] = Field(default_factory=lambda: ["tiny.en"])
+    extra_models: dict[str, str] = Field(
+        default_factory=dict,
+        description="name -> local CTranslate2 directory or Hugging Face repo id",
+    )
+    model_aliases: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODEL_ALIASES))
+    wis_size_fallback: bool = True
+    allow_model_download: bool = True
+    model_cache_dir: Path = Path.home() / ".cache" / "mediaserver" / "models"
+    max_loaded_models: int = Field(4, ge=1)
+
+    # --- device --------------------------------------------------------------------------------
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    compute_type: str = "auto"
+    cpu_threads: int = Field(0, ge=0, description="0 = one per core")
+
+    # --- decoding defaults ---------------------------------------------------------------------
+    default_language: str = "en"
+    default_beam_size: int = Field(1, ge=1, le=10)
+    max_beam_size: int = Field(10, ge=1)
+
+    # --- input limits --------------------------------------------------------------------------
+    max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+    max_audio_duration_s: float = Field(3 * 3600.0, gt=0)
+    body_read_timeout_s: float = Field(60.0, gt=0)
+
+    # --- VAD gate ------------------------------------------------------------------------------
+    vad_aggressiveness: int = Field(2, ge=0, le=3)
+    vad_frame_ms: Literal[10, 20, 30] = 30
+    vad_min_speech_ms: int = Field(120, ge=0)
+    asr_vad_filter: bool = True
+
+    # --- ASR scheduler -------------------------------------------------------------------------
+    asr_max_batch: int = Field(8, ge=1)
+    asr_max_wait_ms: float = Field(5.0, ge=0)
+    asr_max_queue: int = Field(64, ge=1)
+    asr_request_timeout_s: float = Field(300.0, gt=0)
+
+    # --- misc ----------------------------------------------------------------------------------
+    save_audio_dir: Path = Path("audio")
+    allow_save_audio: bool = True
+    log_level: str = "INFO"
+
+    @field_validator("default_language")
+    @classmethod
+    def _lower(cls, value: str) -> str:
+        return value.strip().lower()
+
+    def cert_paths(self) -> tuple[Path, Path]:
+        return self.cert_dir / "cert.pem", self.cert_dir / "key.pem"

@@ -1,0 +1,62 @@
+"""Errors that map to a client-facing HTTP status with a stable code.
+
+Raised anywhere below a handler; the error middleware renders them in the wire format of the API the
+request came in on (WIS ``{"error": ...}`` or OpenAI ``{"error": {"message", "type", "code"}}``).
+"""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    status: int = 400
+    code: str = "bad_request"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidAudio(ApiError):
+    status = 400
+    code = "invalid_audio"
+
+
+class AudioTooLarge(ApiError):
+    status = 413
+    code = "audio_too_large"
+
+
+class InvalidParameter(ApiError):
+    status = 400
+    code = "invalid_parameter"
+
+
+class UnknownModel(ApiError):
+    status = 400
+    code = "model_not_found"
+
+
+class ModelUnavailable(ApiError):
+    status = 503
+    code = "model_unavailable"
+
+
+class Overloaded(ApiError):
+    status = 503
+    code = "overloaded"
+
+
+class Unauthorized(ApiError):
+    status = 401
+    code = "unauthorized"
+
+
+class VoiceNotAuthorized(ApiError):
+    status = 406
+    code = "unauthorized_voice"
+
+
+class RequestTimeout(ApiError):
+    status = 408
+    code = "request_timeout"

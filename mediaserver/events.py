@@ -1,0 +1,85 @@
+"""Typed values that stages and transports exchange.
+
+They are small frozen dataclasses so that a job handed to a worker thread cannot change under it
+and so that transports never need to know how the engine represents a result.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+SAMPLE_RATE_HZ = 16000
+
+AudioArray = npt.NDArray[np.float32]
+Task = Literal["transcribe", "translate"]
+# Whisper's fallback schedule: retry hotter only when a decode looks like a loop or gibberish.
+DEFAULT_TEMPERATURES: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+class Priority(enum.IntEnum):
+    """Lower runs first: a user waiting on a final beats a partial beats a file upload."""
+
+    FINAL = 0
+    PARTIAL = 1
+    FILE = 2
+
+
+@dataclass(frozen=True)
+class TranscriptionOptions:
+    """Per-request decoding options; ``language=None`` means detect it."""
+
+    language: str | None = "en"
+    task: Task = "transcribe"
+    beam_size: int = 1
+    temperature: tuple[float, ...] = DEFAULT_TEMPERATURES
+    initial_prompt: str | None = None
+    word_timestamps: bool = False
+    with_segment_timestamps: bool = True
+
+
+@dataclass(frozen=True)
+class Word:
+    start_s: float
+    end_s: float
+    word: str
+    probability: float
+
+
+@dataclass(frozen=True)
+class Segment:
+    id: int
+    seek: int
+    start_s: float
+    end_s: float
+    text: str
+    tokens: tuple[int, ...]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    words: tuple[Word, ...] = ()
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """A final transcript. ``infer_time_s`` counts engine time only (not queueing)."""
+
+    text: str
+    language: str
+    language_probability: float
+    duration_s: float
+    segments: tuple[Segment, ...] = ()
+    infer_time_s: float = 0.0
+    queue_time_s: float = 0.0
+    model: str = ""
+    task: Task = "transcribe"
+    speech_detected: bool = True
+
+    @property
+    def words(self) -> tuple[Word, ...]:
+        return tuple(w for seg in self.segments for w in seg.words)

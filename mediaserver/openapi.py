@@ -1,0 +1,243 @@
+"""OpenAPI 3.1 description of the REST API, served at /api/openapi.json, and a self-contained docs page.
+
+Written by hand (the API is small) so that it documents the wire contracts exactly, including the
+Willow headers and chunked bodies that a generator would not infer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR_WIS = {
+    "type": "object",
+    "properties": {"error": {"type": "string"}, "code": {"type": "string"}},
+    "required": ["error"],
+}
+_ERROR_OPENAI = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "string"},
+            },
+        }
+    },
+}
+_WIS_RESULT = {
+    "type": "object",
+    "properties": {
+        "language": {"type": "string", "example": "en"},
+        "text": {"type": "string", "example": "turn on the kitchen lights."},
+        "translation": {"type": "string", "description": "present when translate=true"},
+        "infer_time": {"type": "number", "description": "ms"},
+        "infer_speedup": {"type": "integer"},
+        "audio_duration": {"type": "integer", "description": "ms"},
+    },
+    "required": ["language", "text"],
+}
+
+
+def _q(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+def _h(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "header", "required": False, "schema": schema, "description": description}
+
+
+_WIS_QUERY = [
+    _q(
+        "model",
+        {"type": "string"},
+        "model name; WIS sizes tiny..large resolve to the closest installed model",
+    ),
+    _q("beam_size", {"type": "integer", "minimum": 1}, "beam width (never overridden by the server)"),
+    _q("detect_language", {"type": "boolean"}, "detect the spoken language"),
+    _q("force_language", {"type": "string"}, "Whisper language code; wins over detect_language"),
+    _q("translate", {"type": "boolean"}, "also return an English translation"),
+    _q("stats", {"type": "boolean"}, "add infer_time, infer_speedup, audio_duration"),
+    _q("save_audio", {"type": "boolean"}, "write the decoded audio to /audio/willow.wav"),
+    _q("voice_auth", {"type": "boolean"}, "speaker verification; not available: always 406"),
+]
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _errors(schema: dict[str, Any], *codes: int) -> dict[str, Any]:
+    text = {
+        400: "bad input",
+        401: "authentication required",
+        406: "voice not authorized",
+        408: "body stalled",
+        413: "upload or audio too long",
+        503: "overloaded or model unavailable",
+        504: "timed out",
+    }
+    return {str(c): {"description": text[c], **_json(schema)} for c in codes}
+
+
+def _multipart(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "required": True,
+        "content": {
+            "multipart/form-data": {"schema": {"type": "object", "properties": properties, "required": required}}
+        },
+    }
+
+
+_OPENAI_FIELDS = {
+    "file": {"type": "string", "format": "binary"},
+    "model": {"type": "string", "example": "whisper-1"},
+    "prompt": {"type": "string"},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+    "response_format": {"type": "string", "enum": ["json", "text", "srt", "verbose_json", "vtt"]},
+}
+
+
+def spec() -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "mediaserver",
+            "version": "0.1.0",
+            "description": "Speech recognition over the Willow/WIS and OpenAI audio APIs.",
+        },
+        "components": {
+            "securitySchemes": {
+                "basic": {"type": "http", "scheme": "basic"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+                "bearer": {"type": "http", "scheme": "bearer"},
+            }
+        },
+        "paths": {
+            "/api/willow": {
+                "post": {
+                    "summary": "Willow device ASR (chunked upload of one utterance)",
+                    "parameters": [
+                        *_WIS_QUERY,
+                        _h(
+                            "x-audio-codec",
+                            {"type": "string", "enum": ["pcm", "wav", "amrwb"]},
+                            "default pcm",
+                        ),
+                        _h("x-audio-sample-rate", {"type": "integer"}, "PCM rate, default 16000"),
+                        _h("x-audio-bits", {"type": "integer"}, "PCM sample width, default 16"),
+                        _h("x-audio-channel", {"type": "integer"}, "PCM channels, default 1"),
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                    },
+                    "responses": {
+                        "200": {"description": "transcript", **_json(_WIS_RESULT)},
+                        **_errors(_ERROR_WIS, 400, 401, 408, 413, 503, 504),
+                        "406": {"description": "voice not authorized", "content": {"text/plain": {}}},
+                    },
+                }
+            },
+            "/api/asr": {
+                "post": {
+                    "summary": "WIS file ASR (multipart audio_file); always includes stats",
+                    "parameters": _WIS_QUERY,
+                    "requestBody": _multipart({"audio_file": {"type": "string", "format": "binary"}}, ["audio_file"]),
+                    "responses": {
+                        "200": {"description": "transcript with stats", **_json(_WIS_RESULT)},
+                        **_errors(_ERROR_WIS, 400, 401, 413, 503, 504),
+                    },
+                }
+            },
+            "/api/ping": {
+                "get": {
+                    "summary": "liveness for WIS clients",
+                    "responses": {"200": {"description": "pong", **_json({"type": "object"})}},
+                }
+            },
+            "/v1/audio/transcriptions": {
+                "post": {
+                    "summary": "OpenAI-compatible transcription",
+                    "requestBody": _multipart(
+                        {
+                            **_OPENAI_FIELDS,
+                            "language": {"type": "string"},
+                            "timestamp_granularities[]": {
+                                "type": "array",
+                                "items": {"type": "string", "enum": ["word", "segment"]},
+                            },
+                        },
+                        ["file", "model"],
+                    ),
+                    "responses": {
+                        "200": {
+                            "description": "transcript in the requested format",
+                            **_json({"type": "object"}),
+                        },
+                        **_errors(_ERROR_OPENAI, 400, 401, 413, 503, 504),
+                    },
+                }
+            },
+            "/v1/audio/translations": {
+                "post": {
+                    "summary": "OpenAI-compatible translation to English",
+                    "requestBody": _multipart(dict(_OPENAI_FIELDS), ["file", "model"]),
+                    "responses": {
+                        "200": {"description": "English text", **_json({"type": "object"})},
+                        **_errors(_ERROR_OPENAI, 400, 401, 413, 503, 504),
+                    },
+                }
+            },
+            "/v1/models": {
+                "get": {"summary": "models and aliases", "responses": {"200": {"description": "model list"}}}
+            },
+            "/health": {"get": {"summary": "health and loaded models", "responses": {"200": {"description": "ok"}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "metrics"}}}},
+        },
+    }
+
+
+DOCS_HTML = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>mediaserver API</title>
+<style>body{font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}
+code,pre{background:#f4f4f4;padding:.1rem .3rem}section{border-top:1px solid #ddd;padding:.5rem 0}
+.m{font-weight:bold;text-transform:uppercase;margin-right:.5rem}</style></head>
+<body><h1>mediaserver API</h1>
+<p>Machine-readable spec: <a href="/api/openapi.json">/api/openapi.json</a> (OpenAPI 3.1).</p>
+<div id="ops">Loading…</div>
+<script type="module">
+const spec = await (await fetch('/api/openapi.json')).json();
+const root = document.getElementById('ops'); root.textContent = '';
+for (const [path, ops] of Object.entries(spec.paths)) {
+  for (const [method, op] of Object.entries(ops)) {
+    const s = document.createElement('section');
+    const h = document.createElement('h3');
+    h.innerHTML = `<span class="m"></span><code></code>`;
+    h.querySelector('.m').textContent = method; h.querySelector('code').textContent = path;
+    s.append(h);
+    const p = document.createElement('p'); p.textContent = op.summary || ''; s.append(p);
+    const params = (op.parameters || []).map(x => `${x.in} ${x.name}: ${x.description || ''}`);
+    const body = op.requestBody ? Object.entries(op.requestBody.content).map(([ct, c]) =>
+      `body ${ct}` + (c.schema && c.schema.properties ? ': ' + Object.keys(c.schema.properties).join(', ') : '')) : [];
+    if (params.length || body.length) { const pre = document.createElement('pre');
+      pre.textContent = [...params, ...body].join('\\n'); s.append(pre); }
+    const codes = document.createElement('p');
+    codes.textContent = 'responses: ' + Object.keys(op.responses || {}).join(', '); s.append(codes);
+    root.append(s);
+  }
+}
+</script></body></html>
+"""
+
+INDEX_HTML = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>mediaserver</title></head>
+<body style="font:15px/1.5 system-ui,sans-serif;max-width:50rem;margin:2rem auto">
+<h1>mediaserver</h1>
+<ul>
+<li><a href="/api/docs">REST API documentation</a></li>
+<li><a href="/health">/health</a> · <a href="/metrics">/metrics</a> · <a href="/v1/models">/v1/models</a></li>
+</ul></body></html>
+"""

@@ -1,0 +1,13 @@
+"""Typed keys for what the app shares with its handlers (aiohttp ``web.AppKey``)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from mediaserver.asr.service import AsrService
+from mediaserver.config import Settings
+from mediaserver.metrics import Metrics
+
+SETTINGS = web.AppKey("settings", Settings)
+METRICS = web.AppKey("metrics", Metrics)
+ASR = web.AppKey("asr", AsrService)

@@ -1,0 +1,143 @@
+"""Parsing of untrusted request values, shared by the REST handlers.
+
+Every value is validated once here, into a typed value or an ApiError naming the parameter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aiohttp import BodyPartReader, web
+
+from mediaserver.errors import AudioTooLarge, InvalidParameter, RequestTimeout
+from mediaserver.languages import normalize_language
+
+_TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
+_FALSE = frozenset({"0", "false", "no", "off", "f", "n", ""})
+
+
+def parse_bool(params: Mapping[str, str], name: str, default: bool = False) -> bool:
+    raw = params.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise InvalidParameter(f"parameter {name!r} must be true or false, got {raw!r}", param=name)
+
+
+def parse_int(params: Mapping[str, str], name: str, default: int, *, minimum: int, maximum: int) -> int:
+    raw = params.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise InvalidParameter(f"parameter {name!r} must be an integer, got {raw!r}", param=name) from None
+    if not minimum <= value <= maximum:
+        raise InvalidParameter(f"parameter {name!r} must be between {minimum} and {maximum}, got {value}", param=name)
+    return value
+
+
+def parse_float(
+    params: Mapping[str, str], name: str, default: float | None, *, minimum: float, maximum: float
+) -> float | None:
+    raw = params.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise InvalidParameter(f"parameter {name!r} must be a number, got {raw!r}", param=name) from None
+    if not minimum <= value <= maximum:
+        raise InvalidParameter(f"parameter {name!r} must be between {minimum} and {maximum}, got {value}", param=name)
+    return value
+
+
+def parse_language(raw: str | None, name: str, *, message: str | None = None) -> str | None:
+    try:
+        return normalize_language(raw)
+    except ValueError:
+        raise InvalidParameter(message or f"parameter {name!r}: unsupported language {raw!r}", param=name) from None
+
+
+async def read_body_limited(request: web.Request, *, max_bytes: int, idle_timeout_s: float) -> bytes:
+    """Read a (possibly chunked) body as it streams in, refusing more than ``max_bytes``.
+
+    ``idle_timeout_s`` bounds the wait for each next piece, so a device that stops sending
+    mid-upload cannot hold a request open forever.
+    """
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise AudioTooLarge(f"request body is {request.content_length} bytes; the limit is {max_bytes} bytes")
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        try:
+            chunk = await asyncio.wait_for(request.content.readany(), timeout=idle_timeout_s)
+        except TimeoutError:
+            raise RequestTimeout(f"request body stalled: no data for {idle_timeout_s:.0f} s") from None
+        if not chunk:
+            break
+        total += len(chunk)
+        if total > max_bytes:
+            raise AudioTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+@dataclass
+class MultipartFields:
+    files: dict[str, bytes]
+    values: dict[str, list[str]]
+
+
+async def read_multipart(
+    request: web.Request, max_bytes: int, *, file_fields: tuple[str, ...], max_value_bytes: int = 65536
+) -> MultipartFields:
+    """Stream a multipart/form-data body, bounding the total size and each text field."""
+    if not request.content_type.startswith("multipart/"):
+        raise InvalidParameter(
+            f"expected a multipart/form-data body, got {request.content_type or 'none'}", param="body"
+        )
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise AudioTooLarge(f"request body is {request.content_length} bytes; the limit is {max_bytes} bytes")
+    try:
+        reader = await request.multipart()
+    except (ValueError, AssertionError) as exc:
+        raise InvalidParameter(f"malformed multipart body: {exc}", param="body") from None
+    files: dict[str, bytes] = {}
+    values: dict[str, list[str]] = {}
+    total = 0
+    try:
+        while True:
+            part = await reader.next()
+            if part is None:
+                break
+            if not isinstance(part, BodyPartReader):
+                raise InvalidParameter("nested multipart bodies are not supported", param="body")
+            name = part.name or ""
+            limit = max_bytes if name in file_fields else max_value_bytes
+            buf = bytearray()
+            while chunk := await part.read_chunk(65536):
+                buf += chunk
+                total += len(chunk)
+                if total > max_bytes:
+                    raise AudioTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
+                if len(buf) > limit:
+                    if name in file_fields:
+                        raise AudioTooLarge(f"field {name!r} exceeds the limit of {limit} bytes")
+                    raise InvalidParameter(f"field {name!r} is too long", param=name)
+            if name in file_fields:
+                files[name] = bytes(buf)
+            else:
+                try:
+                    values.setdefault(name, []).append(buf.decode("utf-8"))
+                except UnicodeDecodeError:
+                    raise InvalidParameter(f"field {name!r} is not valid UTF-8", param=name) from None
+    except (ValueError, AssertionError) as exc:
+        raise InvalidParameter(f"malformed multipart body: {exc}", param="body") from None
+    return MultipartFields(files, values)

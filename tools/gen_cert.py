@@ -198,8 +198,7 @@ def generate_self_signed(
         raise ValueError(f"days_valid must be between 1 and {MAX_DAYS}, got {days_valid}")
     if key_size_bits < MIN_KEY_SIZE_BITS:
         raise ValueError(
-            f"key_size_bits must be at least {MIN_KEY_SIZE_BITS} (clients reject "
-            f"smaller RSA keys), got {key_size_bits}"
+            f"key_size_bits must be at least {MIN_KEY_SIZE_BITS} (clients reject smaller RSA keys), got {key_size_bits}"
         )
     sans = _collect_sans(hostnames)
 
@@ -210,9 +209,7 @@ def generate_self_signed(
         existing = [p for p in (cert_path, key_path) if os.path.lexists(p)]
         if existing:
             raise FileExistsError(
-                "refusing to overwrite existing "
-                + ", ".join(str(p) for p in existing)
-                + " (use --force to replace)"
+                "refusing to overwrite existing " + ", ".join(str(p) for p in existing) + " (use --force to replace)"
             )
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=key_size_bits)
@@ -312,8 +309,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--days",
         type=_days_arg,
         default=DEFAULT_DAYS_VALID,
-        help=f"validity in days (default: {DEFAULT_DAYS_VALID}; Apple clients reject more "
-        f"than {MAX_ACCEPTED_DAYS})",
+        help=f"validity in days (default: {DEFAULT_DAYS_VALID}; Apple clients reject more than {MAX_ACCEPTED_DAYS})",
     )
     parser.add_argument("--force", action="store_true", help="overwrite an existing cert.pem/key.pem")
     return parser

@@ -65,6 +65,8 @@ class AsrScheduler:
         self._closed = False
         self.batches_run = 0
         self.last_batch_size = 0
+        # Smoothed engine time of one batch: the slack a job needs to still meet its deadline.
+        self.estimated_batch_s = 1.0
 
     @property
     def depth(self) -> int:
@@ -104,8 +106,8 @@ class AsrScheduler:
     async def _collect(self) -> list[_Pending]:
         first = await self._queue.get()
         batch = [first]
-        # Wait for more only while the most urgent job still has slack.
-        wait_until = min(time.monotonic() + self._max_wait_s, first.deadline)
+        # Wait for more only while the most urgent job still has slack to run after the wait.
+        wait_until = min(time.monotonic() + self._max_wait_s, first.deadline - self.estimated_batch_s)
         while len(batch) < self._max_batch:
             try:
                 batch.append(self._queue.get_nowait())
@@ -149,6 +151,7 @@ class AsrScheduler:
                 results = [exc] * len(live)
             elapsed = time.perf_counter() - started
             self.batches_run += 1
+            self.estimated_batch_s = 0.8 * self.estimated_batch_s + 0.2 * elapsed
             self.last_batch_size = len(live)
             if self._metrics:
                 self._metrics.inference_seconds.labels(self.model_name).observe(elapsed)

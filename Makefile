@@ -1,0 +1,39 @@
+# One command to set up and start the server, one to run the tests (see README).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+LOCK := requirements.lock
+
+.PHONY: run setup setup-dev test lint bench clean
+
+run: setup
+	$(PY) -m mediaserver
+
+setup: $(VENV)/.installed
+
+setup-dev: $(VENV)/.installed-dev
+
+$(VENV)/.installed: pyproject.toml $(LOCK)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -c $(LOCK) -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) install --quiet -c $(LOCK) -e ".[dev]"
+	touch $@
+
+test: setup-dev
+	$(PY) -m pytest
+
+lint: setup-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy mediaserver tools
+
+bench: setup-dev
+	$(PY) tools/bench_willow_latency.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,171 @@
+"""The ASR scheduler with a real tiny.en engine: batching, routing, priorities, bounds, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mediaserver.asr.engine import AsrJob, WhisperEngine
+from mediaserver.asr.models import assemble_base_model, bundled_tiny_en_dir
+from mediaserver.asr.scheduler import AsrScheduler
+from mediaserver.config import Settings
+from mediaserver.errors import Overloaded
+from mediaserver.events import Priority, Transcript, TranscriptionOptions
+from tests.conftest import SENTENCES
+
+OPTIONS = TranscriptionOptions(language="en", with_segment_timestamps=False)
+
+
+@pytest.fixture(scope="module")
+def engine() -> WhisperEngine:
+    path = bundled_tiny_en_dir()
+    assert path is not None
+    return WhisperEngine("tiny.en", str(path), cpu_threads=2)
+
+
+@pytest.fixture(scope="module")
+def base_engine() -> WhisperEngine:
+    return WhisperEngine("base", str(assemble_base_model(Settings().model_cache_dir, progress=False)), cpu_threads=2)
+
+
+class Recorder:
+    """Wraps the real engine to record what each batch held (and optionally hold the worker)."""
+
+    def __init__(self, engine: WhisperEngine) -> None:
+        self.engine = engine
+        self.batches: list[list[str]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.started = threading.Event()
+
+    def __call__(self, jobs: Sequence[AsrJob]) -> list[Transcript | BaseException]:
+        self.started.set()
+        self.gate.wait(timeout=30)
+        self.batches.append([job.options.initial_prompt or "" for job in jobs])
+        return self.engine.transcribe_batch(jobs)
+
+
+def job(speech: Any, key: str, **options: Any) -> AsrJob:
+    # initial_prompt carries the key so the recorder can tell jobs apart; it does not change the text.
+    return AsrJob(speech(key).audio16k, TranscriptionOptions(**{"language": "en", "initial_prompt": key, **options}))
+
+
+async def test_concurrent_jobs_form_batches_and_results_return_to_their_job(
+    engine: WhisperEngine, speech: Any, wer: Any
+) -> None:
+    recorder = Recorder(engine)
+    scheduler = AsrScheduler("tiny.en", recorder, max_batch=4, max_wait_ms=50, max_queue=16)
+    keys = ["kitchen", "weather", "remind", "music", "story", "garden", "kitchen", "weather"]
+    try:
+        results = await asyncio.gather(*(scheduler.submit(job(speech, k)) for k in keys))
+    finally:
+        await scheduler.aclose()
+    for key, result in zip(keys, results, strict=True):
+        assert wer(SENTENCES[key], result.text) <= 0.2, (key, result.text)
+    assert sum(len(b) for b in recorder.batches) == len(keys)
+    assert max(len(b) for b in recorder.batches) > 1
+    assert len(recorder.batches) < len(keys)
+
+
+async def test_finals_run_before_partials_before_files(engine: WhisperEngine, speech: Any) -> None:
+    recorder = Recorder(engine)
+    scheduler = AsrScheduler("tiny.en", recorder, max_batch=1, max_wait_ms=0, max_queue=16)
+    recorder.gate.clear()
+    try:
+        blocker = asyncio.ensure_future(scheduler.submit(job(speech, "kitchen")))
+        await asyncio.to_thread(recorder.started.wait, 10)
+        file_job = asyncio.ensure_future(scheduler.submit(job(speech, "story"), priority=Priority.FILE))
+        partial = asyncio.ensure_future(scheduler.submit(job(speech, "music"), priority=Priority.PARTIAL))
+        final = asyncio.ensure_future(scheduler.submit(job(speech, "weather"), priority=Priority.FINAL))
+        await asyncio.sleep(0.05)
+        recorder.gate.set()
+        await asyncio.gather(blocker, file_job, partial, final)
+    finally:
+        await scheduler.aclose()
+    assert [b[0] for b in recorder.batches] == ["kitchen", "weather", "music", "story"]
+
+
+async def test_full_queue_refuses_new_work(engine: WhisperEngine, speech: Any) -> None:
+    recorder = Recorder(engine)
+    scheduler = AsrScheduler("tiny.en", recorder, max_batch=1, max_wait_ms=0, max_queue=2)
+    recorder.gate.clear()
+    try:
+        running = asyncio.ensure_future(scheduler.submit(job(speech, "kitchen")))
+        await asyncio.to_thread(recorder.started.wait, 10)
+        queued = [asyncio.ensure_future(scheduler.submit(job(speech, k))) for k in ("music", "story")]
+        await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded, match="overloaded"):
+            await scheduler.submit(job(speech, "garden"))
+        recorder.gate.set()
+        results = await asyncio.gather(running, *queued)
+    finally:
+        await scheduler.aclose()
+    assert all(r.text for r in results)
+
+
+async def test_a_failing_job_fails_alone(base_engine: WhisperEngine, speech: Any, wer: Any) -> None:
+    recorder = Recorder(base_engine)
+    scheduler = AsrScheduler("base", recorder, max_batch=4, max_wait_ms=50, max_queue=16)
+    try:
+        good = asyncio.ensure_future(scheduler.submit(job(speech, "kitchen")))
+        # An invalid language code is a real failure inside faster-whisper's tokenizer.
+        bad = asyncio.ensure_future(scheduler.submit(job(speech, "music", language="zz")))
+        other = asyncio.ensure_future(scheduler.submit(job(speech, "weather")))
+        results = await asyncio.gather(good, bad, other, return_exceptions=True)
+    finally:
+        await scheduler.aclose()
+    assert any(len(b) > 1 for b in recorder.batches)  # they shared a batch
+    assert isinstance(results[1], Exception)
+    assert isinstance(results[0], Transcript) and wer(SENTENCES["kitchen"], results[0].text) <= 0.2
+    assert isinstance(results[2], Transcript) and wer(SENTENCES["weather"], results[2].text) <= 0.2
+
+
+async def test_deadline_and_cancellation_withdraw_queued_jobs(engine: WhisperEngine, speech: Any) -> None:
+    recorder = Recorder(engine)
+    scheduler = AsrScheduler("tiny.en", recorder, max_batch=1, max_wait_ms=0, max_queue=16)
+    recorder.gate.clear()
+    try:
+        running = asyncio.ensure_future(scheduler.submit(job(speech, "kitchen")))
+        await asyncio.to_thread(recorder.started.wait, 10)
+        with pytest.raises(TimeoutError):
+            await scheduler.submit(job(speech, "story"), timeout_s=0.1)
+        cancelled = asyncio.ensure_future(scheduler.submit(job(speech, "garden")))
+        await asyncio.sleep(0.01)
+        cancelled.cancel()
+        recorder.gate.set()
+        await running
+        await scheduler.submit(job(speech, "music"))
+    finally:
+        await scheduler.aclose()
+    ran = [b[0] for b in recorder.batches]
+    assert ran == ["kitchen", "music"]
+
+
+async def test_wait_never_exceeds_slack_of_most_urgent_job(engine: WhisperEngine, speech: Any) -> None:
+    # max_wait is huge, but the lone job's deadline is near: it must run instead of waiting for company.
+    recorder = Recorder(engine)
+    scheduler = AsrScheduler("tiny.en", recorder, max_batch=8, max_wait_ms=60_000, max_queue=16)
+    try:
+        result = await scheduler.submit(job(speech, "kitchen"), timeout_s=1.5)
+    finally:
+        await scheduler.aclose()
+    assert result.text
+    assert recorder.batches == [["kitchen"]]
+
+
+async def test_silence_never_reaches_the_decoder(engine: WhisperEngine) -> None:
+    result = engine.transcribe_one(AsrJob(np.zeros(16000 * 3, np.float32), OPTIONS))
+    assert result.text == "" and result.speech_detected is False
+
+
+async def test_closed_scheduler_refuses_and_close_is_idempotent(engine: WhisperEngine, speech: Any) -> None:
+    scheduler = AsrScheduler("tiny.en", engine.transcribe_batch)
+    await scheduler.aclose()
+    await scheduler.aclose()
+    with pytest.raises(Overloaded):
+        await scheduler.submit(job(speech, "kitchen"))

@@ -10,9 +10,22 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from mediaserver.asr.batching import (
+    BatchDecoder,
+    JobResult,
+    Member,
+    PackingConfig,
+    Span,
+    Window,
+    WindowOutput,
+    assign_segments,
+    pack_windows,
+    split_into_windows,
+)
 from mediaserver.audio.vad import VadConfig, has_speech
 from mediaserver.events import (
     SAMPLE_RATE_HZ,
@@ -46,6 +59,9 @@ class WhisperEngine:
         device_index: Sequence[int] = (0,),
         vad: VadConfig | None = None,
         neural_vad_filter: bool = True,
+        batching: bool = True,
+        packing: PackingConfig | None = None,
+        speech_pad_s: float = 0.3,
     ) -> None:
         from faster_whisper import WhisperModel
 
@@ -53,6 +69,9 @@ class WhisperEngine:
         self.model_dir = model_dir
         self._vad = vad or VadConfig()
         self._neural_vad_filter = neural_vad_filter
+        self._batching = batching
+        self._packing = packing or PackingConfig()
+        self._speech_pad_s = speech_pad_s
         started = time.perf_counter()
         self.model = WhisperModel(
             model_dir,
@@ -63,6 +82,7 @@ class WhisperEngine:
             num_workers=1,
         )
         self.multilingual: bool = bool(self.model.model.is_multilingual)
+        self._decoder = BatchDecoder(self.model)
         log.info(
             "loaded model %s from %s on %s/%s in %.2f s (multilingual=%s)",
             name,
@@ -74,14 +94,207 @@ class WhisperEngine:
         )
 
     def transcribe_batch(self, jobs: Sequence[AsrJob]) -> list[Transcript | BaseException]:
-        results: list[Transcript | BaseException] = []
-        for job in jobs:
+        """Transcribe jobs together: one encoder pass and one generate call per decode group."""
+        started = time.perf_counter()
+        results: list[Transcript | BaseException | None] = [None] * len(jobs)
+        states: dict[int, JobResult] = {}
+        sequential: list[int] = []
+        windows: list[Window] = []
+        singles: list[Window] = []
+        for index, job in enumerate(jobs):
             try:
-                results.append(self.transcribe_one(job))
-            except Exception as exc:  # a failing job fails alone
+                plan = self._plan(index, job)
+            except Exception as exc:
                 log.exception("ASR job failed on model %s", self.name)
-                results.append(exc)
-        return results
+                results[index] = exc
+                continue
+            if plan is None:
+                results[index] = self._empty(job, started)
+            elif isinstance(plan, str):
+                sequential.append(index)
+            else:
+                states[index] = JobResult(language=self._language_of(job) or "en")
+                if (
+                    self._packing.enabled
+                    and len(plan) == 1
+                    and plan[0].language is not None
+                    and (plan[0].duration_s <= self._packing.max_job_s)
+                ):
+                    singles.append(plan[0])
+                else:
+                    windows.extend(plan)
+        if singles:
+            windows.extend(pack_windows(singles, gap_s=self._packing.gap_s))
+        retry_unpacked: set[int] = set()
+        self._decode(windows, states, results, sequential, retry_unpacked)
+        if retry_unpacked:
+            again = [w for i in sorted(retry_unpacked) for w in self._plan_windows(i, jobs[i])]
+            for i in retry_unpacked:
+                states[i] = JobResult(language=self._language_of(jobs[i]) or "en")
+            self._decode(again, states, results, sequential, set())
+        elapsed = time.perf_counter() - started
+        for index, state in states.items():
+            if results[index] is not None or index in sequential:
+                continue
+            results[index] = self._assemble(jobs[index], state, elapsed)
+        for index in sequential:
+            try:
+                results[index] = self.transcribe_one(jobs[index])
+            except Exception as exc:
+                log.exception("ASR job failed on model %s", self.name)
+                results[index] = exc
+        return [r if r is not None else RuntimeError("job produced no result") for r in results]
+
+    # --- batched path -------------------------------------------------------------------------
+
+    def _language_of(self, job: AsrJob) -> str | None:
+        return job.options.language if self.multilingual else "en"
+
+    def _plan(self, index: int, job: AsrJob) -> list[Window] | str | None:
+        """None: no speech. "sequential": needs faster-whisper's own loop. Else: the job's windows."""
+        if not has_speech(job.audio, self._vad):
+            return None
+        options = job.options
+        if not self._batching or options.word_timestamps or (options.temperature and options.temperature[0] > 0):
+            return "sequential"
+        windows = self._plan_windows(index, job)
+        return windows or None
+
+    def _plan_windows(self, index: int, job: AsrJob) -> list[Window]:
+        audio = job.audio
+        spans = self._speech_spans(audio)
+        pad = int(self._speech_pad_s * SAMPLE_RATE_HZ)
+        return [
+            Window(
+                audio=np.ascontiguousarray(audio[span.start : span.end], dtype=np.float32),
+                members=[Member(index, 0.0, (span.end - span.start) / SAMPLE_RATE_HZ, span.start / SAMPLE_RATE_HZ)],
+                options=job.options,
+                with_timestamps=job.options.with_segment_timestamps,
+                language=self._language_of(job),
+            )
+            for span in split_into_windows(spans, audio.size, pad)
+        ]
+
+    def _speech_spans(self, audio: AudioArray) -> list[Span]:
+        if not self._neural_vad_filter:
+            return [Span(0, audio.size)]
+        from faster_whisper.vad import VadOptions, get_speech_timestamps
+
+        options = VadOptions(min_silence_duration_ms=500, speech_pad_ms=0, max_speech_duration_s=25.0)
+        return [Span(int(t["start"]), int(t["end"])) for t in get_speech_timestamps(audio, options)]
+
+    def _decode(
+        self,
+        windows: list[Window],
+        states: dict[int, JobResult],
+        results: list[Transcript | BaseException | None],
+        sequential: list[int],
+        retry_unpacked: set[int],
+    ) -> None:
+        groups: dict[int, list[Window]] = {}
+        for window in windows:
+            groups.setdefault(window.options.beam_size, []).append(window)
+        for group in groups.values():
+            for window, output in self._run_group(group, results):
+                if output is None:
+                    continue
+                if window.packed:
+                    assigned = None if output.needs_fallback else assign_segments(window, output)
+                    if assigned is None or any(not segs for segs in assigned.values()):
+                        retry_unpacked.update(m.job_index for m in window.members)
+                        continue
+                    for job_index, segs in assigned.items():
+                        self._add(states[job_index], segs, output)
+                    continue
+                member = window.members[0]
+                if output.needs_fallback:
+                    if member.job_index not in sequential:
+                        sequential.append(member.job_index)
+                    continue
+                if output.is_silence:
+                    continue
+                shifted = [
+                    dict(seg, start=seg["start"] + member.job_offset_s, end=seg["end"] + member.job_offset_s)
+                    for seg in output.segments
+                ]
+                self._add(states[member.job_index], shifted, output)
+
+    def _run_group(
+        self, group: list[Window], results: list[Transcript | BaseException | None]
+    ) -> list[tuple[Window, WindowOutput | None]]:
+        try:
+            return list(zip(group, self._decoder.run(group), strict=True))
+        except Exception:
+            if len(group) == 1:
+                log.exception("ASR window failed on model %s", self.name)
+                for member in group[0].members:
+                    results[member.job_index] = RuntimeError("transcription failed")
+                return [(group[0], None)]
+        # One bad window must not fail the others: run them one by one.
+        pairs: list[tuple[Window, WindowOutput | None]] = []
+        for window in group:
+            try:
+                pairs.append((window, self._decoder.run([window])[0]))
+            except Exception as exc:
+                log.exception("ASR window failed on model %s", self.name)
+                for member in window.members:
+                    results[member.job_index] = exc
+                pairs.append((window, None))
+        return pairs
+
+    @staticmethod
+    def _add(state: JobResult, segments: list[dict[str, Any]], output: WindowOutput) -> None:
+        if not state.windows_seen:
+            state.language = output.language
+            state.language_probability = output.language_probability
+        state.windows_seen += 1
+        for seg in segments:
+            state.raw.append((seg, output))
+
+    def _assemble(self, job: AsrJob, state: JobResult, elapsed_s: float) -> Transcript:
+        ordered = sorted(state.raw, key=lambda pair: float(pair[0]["start"]))
+        segments: list[Segment] = []
+        for seg, output in ordered:
+            start = float(seg["start"])
+            segments.append(
+                Segment(
+                    id=len(segments),
+                    seek=round(start * 100),
+                    start_s=start,
+                    end_s=float(seg["end"]),
+                    text=str(seg["text"]),
+                    tokens=tuple(seg["tokens"]),
+                    temperature=output.temperature,
+                    avg_logprob=output.avg_logprob,
+                    compression_ratio=output.compression_ratio,
+                    no_speech_prob=output.no_speech_prob,
+                )
+            )
+        return Transcript(
+            text="".join(s.text for s in segments).strip(),
+            language=state.language,
+            language_probability=state.language_probability,
+            duration_s=job.audio.size / SAMPLE_RATE_HZ,
+            segments=tuple(segments),
+            infer_time_s=elapsed_s,
+            model=self.name,
+            task=job.options.task,
+            speech_detected=bool(segments),
+        )
+
+    def _empty(self, job: AsrJob, started: float) -> Transcript:
+        return Transcript(
+            text="",
+            language=self._language_of(job) or "en",
+            language_probability=0.0,
+            duration_s=job.audio.size / SAMPLE_RATE_HZ,
+            infer_time_s=time.perf_counter() - started,
+            model=self.name,
+            task=job.options.task,
+            speech_detected=False,
+        )
+
+    # --- sequential path ----------------------------------------------------------------------
 
     def transcribe_one(self, job: AsrJob) -> Transcript:
         options = job.options
@@ -90,16 +303,7 @@ class WhisperEngine:
         started = time.perf_counter()
         language = options.language if self.multilingual else "en"
         if not has_speech(audio, self._vad):
-            return Transcript(
-                text="",
-                language=language or "en",
-                language_probability=0.0,
-                duration_s=duration_s,
-                infer_time_s=time.perf_counter() - started,
-                model=self.name,
-                task=options.task,
-                speech_detected=False,
-            )
+            return self._empty(job, started)
         segments_iter, info = self.model.transcribe(
             np.ascontiguousarray(audio, dtype=np.float32),
             language=language,

@@ -93,6 +93,14 @@ async def read_body_limited(request: web.Request, *, max_bytes: int, idle_timeou
 class MultipartFields:
     files: dict[str, bytes]
     values: dict[str, list[str]]
+    stray_files: list[str]
+
+    def require_file(self, field: str) -> bytes:
+        data = self.files.get(field)
+        if data is None:
+            got = f"; got a file under {', '.join(repr(s) for s in self.stray_files)}" if self.stray_files else ""
+            raise InvalidParameter(f"the multipart field {field!r} with the audio file is required{got}", param=field)
+        return data
 
 
 async def read_multipart(
@@ -111,6 +119,7 @@ async def read_multipart(
         raise InvalidParameter(f"malformed multipart body: {exc}", param="body") from None
     files: dict[str, bytes] = {}
     values: dict[str, list[str]] = {}
+    stray: list[str] = []
     total = 0
     try:
         while True:
@@ -120,18 +129,25 @@ async def read_multipart(
             if not isinstance(part, BodyPartReader):
                 raise InvalidParameter("nested multipart bodies are not supported", param="body")
             name = part.name or ""
-            limit = max_bytes if name in file_fields else max_value_bytes
+            # A file under a name we do not expect is skipped (not parsed as text), so the
+            # missing-field check below can name the field the client should have used.
+            stray_file = name not in file_fields and part.filename is not None
+            limit = max_bytes if name in file_fields or stray_file else max_value_bytes
             buf = bytearray()
             while chunk := await part.read_chunk(65536):
-                buf += chunk
                 total += len(chunk)
                 if total > max_bytes:
                     raise AudioTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
+                if stray_file:
+                    continue
+                buf += chunk
                 if len(buf) > limit:
                     if name in file_fields:
                         raise AudioTooLarge(f"field {name!r} exceeds the limit of {limit} bytes")
                     raise InvalidParameter(f"field {name!r} is too long", param=name)
-            if name in file_fields:
+            if stray_file:
+                stray.append(name)
+            elif name in file_fields:
                 files[name] = bytes(buf)
             else:
                 try:
@@ -140,4 +156,4 @@ async def read_multipart(
                     raise InvalidParameter(f"field {name!r} is not valid UTF-8", param=name) from None
     except (ValueError, AssertionError) as exc:
         raise InvalidParameter(f"malformed multipart body: {exc}", param="body") from None
-    return MultipartFields(files, values)
+    return MultipartFields(files, values, stray)

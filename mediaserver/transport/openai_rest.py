@@ -93,9 +93,7 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     asr = request.app[ASR]
     fields = await read_multipart(request, settings.max_upload_bytes, file_fields=("file",))
-    data = fields.files.get("file")
-    if data is None:
-        raise InvalidParameter("the multipart field 'file' with the audio is required", param="file")
+    data = fields.require_file("file")
     values = fields.values
     requested_model = _single(values, "model")
     if not requested_model:

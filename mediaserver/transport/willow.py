@@ -189,18 +189,11 @@ async def asr_handler(request: web.Request) -> web.Response:
     """POST /api/asr: multipart ``audio_file`` upload; the response always carries stats."""
     settings = request.app[SETTINGS]
     wis = replace(parse_wis_query(request), stats=True)
-    data = await read_multipart_file(request, "audio_file", settings.max_upload_bytes)
+    fields = await read_multipart(request, settings.max_upload_bytes, file_fields=("audio_file",))
+    data = fields.require_file("audio_file")
     audio = await asyncio.to_thread(decode_any, data, max_duration_s=settings.max_audio_duration_s)
     response = await run_wis_asr(request, audio, wis, "asr")
     return web.json_response(response)
-
-
-async def read_multipart_file(request: web.Request, field: str, max_bytes: int) -> bytes:
-    fields = await read_multipart(request, max_bytes, file_fields=(field,))
-    data = fields.files.get(field)
-    if data is None:
-        raise InvalidParameter(f"multipart field {field!r} with the audio file is required", param=field)
-    return data
 
 
 async def ping_handler(request: web.Request) -> web.Response:

@@ -1,0 +1,366 @@
+"""Cross-job batching for CTranslate2 Whisper.
+
+Whisper's encoder always sees a 30 s window, so a 3 s command costs nearly a full window. This
+module turns a batch of jobs into windows (long audio is cut at pauses into <= 30 s windows; short
+jobs may be packed several to a window), encodes all windows of a decode group in one CTranslate2
+call, and generates with one prompt per window (its own language, task and timestamp mode). Results
+are split back per job and stitched in time order.
+
+Anything this fast path cannot do as well as faster-whisper's own loop (word timestamps, sampling
+at a non-zero first temperature, a window whose decode looks like a loop or gibberish) goes back to
+the caller as "needs the sequential path", which runs Whisper's full temperature fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, TranscriptionOptions
+
+log = logging.getLogger(__name__)
+
+WINDOW_S = 30.0
+WINDOW_SAMPLES = int(WINDOW_S * SAMPLE_RATE_HZ)
+COMPRESSION_RATIO_THRESHOLD = 2.4
+LOG_PROB_THRESHOLD = -1.0
+NO_SPEECH_THRESHOLD = 0.6
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of a job's audio, in samples of the job's own timeline."""
+
+    start: int
+    end: int
+
+
+@dataclass
+class Member:
+    """One job's audio inside a window: where it sits in the window and in the job's timeline."""
+
+    job_index: int
+    window_start_s: float
+    window_end_s: float
+    job_offset_s: float
+
+
+@dataclass
+class Window:
+    audio: AudioArray
+    members: list[Member]
+    options: TranscriptionOptions
+    with_timestamps: bool
+    language: str | None = None
+
+    @property
+    def packed(self) -> bool:
+        return len(self.members) > 1
+
+    @property
+    def duration_s(self) -> float:
+        return self.audio.size / SAMPLE_RATE_HZ
+
+
+@dataclass
+class WindowOutput:
+    segments: list[dict[str, Any]]
+    language: str
+    language_probability: float
+    avg_logprob: float
+    no_speech_prob: float
+    compression_ratio: float
+    temperature: float
+
+    @property
+    def is_silence(self) -> bool:
+        return self.no_speech_prob > NO_SPEECH_THRESHOLD and self.avg_logprob < LOG_PROB_THRESHOLD
+
+    @property
+    def needs_fallback(self) -> bool:
+        if self.is_silence:
+            return False
+        return self.compression_ratio > COMPRESSION_RATIO_THRESHOLD or self.avg_logprob < LOG_PROB_THRESHOLD
+
+
+@dataclass
+class JobResult:
+    """What the windows of one job produced so far: segments in job time, with their window's scores."""
+
+    language: str = "en"
+    language_probability: float = 0.0
+    raw: list[tuple[dict[str, Any], WindowOutput]] = field(default_factory=list)
+    windows_seen: int = 0
+
+
+@dataclass(frozen=True)
+class PackingConfig:
+    enabled: bool = False
+    gap_s: float = 1.0
+    max_job_s: float = 10.0
+
+
+def split_into_windows(spans: Sequence[Span], total_samples: int, pad_samples: int) -> list[Span]:
+    """Group speech spans into <= 30 s windows, cutting only in the pauses between spans.
+
+    Each span is widened by ``pad_samples`` on both sides (clamped to the audio) so first and last
+    syllables are not clipped; where two widened spans overlap, the cut goes in the middle of their
+    pause. A single span longer than 30 s is cut hard.
+    """
+    windows: list[Span] = []
+    current: Span | None = None
+    for raw in spans:
+        span = Span(max(0, raw.start - pad_samples), min(total_samples, raw.end + pad_samples))
+        if span.end - span.start > WINDOW_SAMPLES:
+            if current is not None:
+                windows.append(current)
+                current = None
+            windows += [Span(c, min(span.end, c + WINDOW_SAMPLES)) for c in range(span.start, span.end, WINDOW_SAMPLES)]
+            continue
+        if current is None:
+            current = span
+        elif span.end - current.start <= WINDOW_SAMPLES:
+            current = Span(current.start, max(current.end, span.end))
+        elif span.start < current.end:
+            cut = (span.start + current.end) // 2
+            windows.append(Span(current.start, cut))
+            current = Span(cut, span.end)
+        else:
+            windows.append(current)
+            current = span
+    if current is not None:
+        windows.append(current)
+    return [w for w in windows if w.end > w.start]
+
+
+def pack_windows(singles: Sequence[Window], *, gap_s: float, max_window_s: float = WINDOW_S - 1.0) -> list[Window]:
+    """Pack single-member windows that share decode settings into shared 30 s windows.
+
+    Members are separated by ``gap_s`` of silence, which Whisper reliably ends a segment on, so the
+    timestamps it emits tell which text belongs to which job.
+    """
+    gap = np.zeros(int(gap_s * SAMPLE_RATE_HZ), np.float32)
+    packed: list[Window] = []
+    by_key: dict[tuple[Any, ...], list[Window]] = defaultdict(list)
+    for window in singles:
+        key = (window.options.language, window.options.task, window.options.beam_size, window.options.initial_prompt)
+        by_key[key].append(window)
+    for group in by_key.values():
+        current: list[Window] = []
+        length_s = 0.0
+        for window in sorted(group, key=lambda w: w.duration_s):
+            extra = window.duration_s + (gap_s if current else 0.0)
+            if current and length_s + extra > max_window_s:
+                packed.append(_join(current, gap))
+                current, length_s = [], 0.0
+                extra = window.duration_s
+            current.append(window)
+            length_s += extra
+        if current:
+            packed.append(_join(current, gap))
+    return packed
+
+
+def _join(windows: list[Window], gap: AudioArray) -> Window:
+    if len(windows) == 1:
+        return windows[0]
+    parts: list[AudioArray] = []
+    members: list[Member] = []
+    position_s = 0.0
+    for index, window in enumerate(windows):
+        if index:
+            parts.append(gap)
+            position_s += gap.size / SAMPLE_RATE_HZ
+        parts.append(window.audio)
+        member = window.members[0]
+        members.append(Member(member.job_index, position_s, position_s + window.duration_s, member.job_offset_s))
+        position_s += window.duration_s
+    first = windows[0]
+    return Window(np.concatenate(parts), members, first.options, with_timestamps=True, language=first.language)
+
+
+def assign_segments(window: Window, output: WindowOutput) -> dict[int, list[dict[str, Any]]] | None:
+    """Split a packed window's segments back to its members by time; None if a segment straddles two."""
+    assigned: dict[int, list[dict[str, Any]]] = {m.job_index: [] for m in window.members}
+    tolerance_s = 0.25
+    for seg in output.segments:
+        owners = [
+            m
+            for m in window.members
+            if seg["start"] < m.window_end_s + tolerance_s and seg["end"] > m.window_start_s - tolerance_s
+        ]
+        overlapping = [
+            m for m in owners if min(seg["end"], m.window_end_s) - max(seg["start"], m.window_start_s) > tolerance_s
+        ]
+        if len(overlapping) > 1:
+            return None
+        if not owners:
+            if seg["text"].strip():
+                return None
+            continue
+        owner = overlapping[0] if overlapping else owners[0]
+        shifted = dict(seg)
+        shifted["start"] = max(0.0, seg["start"] - owner.window_start_s) + owner.job_offset_s
+        shifted["end"] = max(0.0, min(seg["end"], owner.window_end_s) - owner.window_start_s) + owner.job_offset_s
+        assigned[owner.job_index].append(shifted)
+    return assigned
+
+
+class BatchDecoder:
+    """Runs windows through a faster-whisper ``WhisperModel``'s CTranslate2 model in batches."""
+
+    def __init__(self, whisper_model: Any, *, is_oom: Callable[[BaseException], bool] | None = None) -> None:
+        from faster_whisper.tokenizer import Tokenizer
+        from faster_whisper.transcribe import get_suppressed_tokens
+
+        self.wm = whisper_model
+        self.multilingual = bool(whisper_model.model.is_multilingual)
+        self._tokenizer_cls = Tokenizer
+        self._suppressed = get_suppressed_tokens(self.tokenizer(None, "transcribe"), (-1,))
+        self._is_oom = is_oom or _is_out_of_memory
+
+    def tokenizer(self, language: str | None, task: str) -> Any:
+        return self._tokenizer_cls(
+            self.wm.hf_tokenizer,
+            self.multilingual,
+            task=task,
+            language=(language or "en") if self.multilingual else None,
+        )
+
+    def features(self, windows: Sequence[Window]) -> np.ndarray:
+        from faster_whisper.audio import pad_or_trim
+
+        return np.stack([pad_or_trim(self.wm.feature_extractor(w.audio)[..., :-1]) for w in windows]).astype(np.float32)
+
+    def prompt_shape(self, window: Window) -> tuple[int, bool]:
+        """CTranslate2 needs <|startoftranscript|> at the same index and the same number of task
+        tokens in every prompt of one generate call; windows are grouped by this shape."""
+        previous = 0
+        if window.options.initial_prompt:
+            tokens = self.tokenizer(window.language, window.options.task).encode(
+                " " + window.options.initial_prompt.strip()
+            )
+            previous = 1 + len(tokens[-(self.wm.max_length // 2 - 1) :])
+        return previous, window.with_timestamps
+
+    def run(self, windows: Sequence[Window]) -> list[WindowOutput]:
+        """Decode windows of one beam size: one encoder pass and generate call per prompt shape."""
+        groups: dict[tuple[int, bool], list[int]] = defaultdict(list)
+        for index, window in enumerate(windows):
+            groups[self.prompt_shape(window)].append(index)
+        outputs: list[WindowOutput | None] = [None] * len(windows)
+        for indices in groups.values():
+            for index, output in zip(indices, self._run_split_on_oom([windows[i] for i in indices]), strict=True):
+                outputs[index] = output
+        return [o for o in outputs if o is not None]
+
+    def _run_split_on_oom(self, windows: Sequence[Window]) -> list[WindowOutput]:
+        try:
+            return self._run(windows)
+        except Exception as exc:
+            if len(windows) > 1 and self._is_oom(exc):
+                half = len(windows) // 2
+                log.warning("out of memory on a batch of %d windows: splitting it", len(windows))
+                return self._run_split_on_oom(windows[:half]) + self._run_split_on_oom(windows[half:])
+            raise
+
+    def _run(self, windows: Sequence[Window]) -> list[WindowOutput]:
+        from faster_whisper.transcribe import get_compression_ratio
+
+        if not windows:
+            return []
+        options = windows[0].options
+        encoder_output = self.wm.encode(self.features(windows))
+        languages: list[tuple[str, float]] = []
+        needs_detection = self.multilingual and any(w.language is None for w in windows)
+        detected = self.wm.model.detect_language(encoder_output) if needs_detection else None
+        prompts: list[list[int]] = []
+        tokenizers: list[Any] = []
+        for index, window in enumerate(windows):
+            if not self.multilingual:
+                language, probability = "en", 1.0
+            elif window.language is not None:
+                language, probability = window.language, 1.0
+            else:
+                assert detected is not None
+                token, probability = detected[index][0]
+                language = token[2:-2]
+            languages.append((language, float(probability)))
+            tokenizer = self.tokenizer(language, window.options.task)
+            tokenizers.append(tokenizer)
+            previous = (
+                tokenizer.encode(" " + window.options.initial_prompt.strip()) if window.options.initial_prompt else []
+            )
+            prompts.append(
+                self.wm.get_prompt(tokenizer, previous_tokens=previous, without_timestamps=not window.with_timestamps)
+            )
+        results = self.wm.model.generate(
+            encoder_output,
+            prompts,
+            beam_size=options.beam_size,
+            patience=1.0,
+            length_penalty=1.0,
+            max_length=self.wm.max_length,
+            return_scores=True,
+            return_no_speech_prob=True,
+            suppress_blank=True,
+            suppress_tokens=self._suppressed,
+            max_initial_timestamp_index=round(1.0 / self.wm.time_precision),
+            sampling_temperature=1.0,
+        )
+        outputs: list[WindowOutput] = []
+        for window, result, tokenizer, (language, probability) in zip(
+            windows, results, tokenizers, languages, strict=True
+        ):
+            tokens = list(result.sequences_ids[0])
+            cum_logprob = result.scores[0] * (len(tokens) ** 1.0)
+            avg_logprob = cum_logprob / (len(tokens) + 1)
+            text = tokenizer.decode(tokens)
+            if window.with_timestamps:
+                segment_size = int(np.ceil(window.duration_s) * self.wm.frames_per_second)
+                raw_segments, _, _ = self.wm._split_segments_by_timestamps(
+                    tokenizer=tokenizer,
+                    tokens=tokens,
+                    time_offset=0.0,
+                    segment_size=segment_size,
+                    segment_duration=window.duration_s,
+                    seek=0,
+                )
+            else:
+                raw_segments = [{"start": 0.0, "end": window.duration_s, "tokens": tokens}]
+            segments = []
+            for raw in raw_segments:
+                seg_tokens = [t for t in raw["tokens"] if t < tokenizer.eot]
+                seg_text = tokenizer.decode(seg_tokens)
+                if not seg_text.strip():
+                    continue
+                segments.append(
+                    {
+                        "start": float(raw["start"]),
+                        "end": float(min(raw["end"], window.duration_s)),
+                        "text": seg_text,
+                        "tokens": tuple(int(t) for t in raw["tokens"]),
+                    }
+                )
+            outputs.append(
+                WindowOutput(
+                    segments=segments,
+                    language=language,
+                    language_probability=probability,
+                    avg_logprob=float(avg_logprob),
+                    no_speech_prob=float(result.no_speech_prob),
+                    compression_ratio=float(get_compression_ratio(text.strip())) if text.strip() else 0.0,
+                    temperature=0.0,
+                )
+            )
+        return outputs
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    message = str(exc).lower()
+    return "out of memory" in message or "cuda_error_out_of_memory" in message or "std::bad_alloc" in message

@@ -91,7 +91,6 @@ def choose_device(
     if ctranslate2_cuda_count is None:
         ctranslate2_cuda_count = ctranslate2_cuda_devices() if gpus else 0
     cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
-    cpu_threads = requested_cpu_threads or cores
 
     usable_gpus = tuple(g for g in gpus if g.index < ctranslate2_cuda_count)
     if requested_device == "cuda" and not usable_gpus:
@@ -105,7 +104,8 @@ def choose_device(
         return DeviceChoice(
             device="cuda",
             compute_type=compute_type,
-            cpu_threads=min(cpu_threads, 4),
+            # On a GPU the CPU only feeds it: a few threads are enough unless asked otherwise.
+            cpu_threads=requested_cpu_threads or min(cores, 4),
             device_index=tuple(g.index for g in usable_gpus),
             gpus=usable_gpus,
             reason=f"CUDA compute capability {weakest[0]}.{weakest[1]}",
@@ -115,7 +115,7 @@ def choose_device(
     return DeviceChoice(
         device="cpu",
         compute_type=compute_type,
-        cpu_threads=cpu_threads,
+        cpu_threads=requested_cpu_threads or cores,
         device_index=(0,),
         gpus=(),
         reason=reason,

@@ -83,6 +83,8 @@ class WhisperEngine:
         )
         self.multilingual: bool = bool(self.model.model.is_multilingual)
         self._decoder = BatchDecoder(self.model)
+        # Counters for benchmarks and logs: how often the fast path had to fall back.
+        self.counters: dict[str, int] = {"windows": 0, "packed_windows": 0, "unpack_retries": 0, "sequential": 0}
         log.info(
             "loaded model %s from %s on %s/%s in %.2f s (multilingual=%s)",
             name,
@@ -126,7 +128,10 @@ class WhisperEngine:
         if singles:
             windows.extend(pack_windows(singles, gap_s=self._packing.gap_s))
         retry_unpacked: set[int] = set()
+        self.counters["windows"] += len(windows)
+        self.counters["packed_windows"] += sum(w.packed for w in windows)
         self._decode(windows, states, results, sequential, retry_unpacked)
+        self.counters["unpack_retries"] += len(retry_unpacked)
         if retry_unpacked:
             again = [w for i in sorted(retry_unpacked) for w in self._plan_windows(i, jobs[i])]
             for i in retry_unpacked:
@@ -137,6 +142,7 @@ class WhisperEngine:
             if results[index] is not None or index in sequential:
                 continue
             results[index] = self._assemble(jobs[index], state, elapsed)
+        self.counters["sequential"] += len(sequential)
         for index in sequential:
             try:
                 results[index] = self.transcribe_one(jobs[index])

@@ -227,14 +227,14 @@ class ModelRegistry:
             return None
         wanted = _SIZE_RANK[size]
 
-        def distance(name: str) -> tuple[int, int]:
-            rank = _SIZE_RANK.get(name.rsplit("/", 1)[-1].removeprefix("faster-whisper-"), 99)
-            # Prefer the closest size; on a tie prefer the larger (more accurate) model.
-            return abs(rank - wanted), -rank
+        def rank(name: str) -> int | None:
+            return _SIZE_RANK.get(name.rsplit("/", 1)[-1].removeprefix("faster-whisper-"))
 
-        best = min(self._sources, key=distance)
-        if distance(best)[0] >= 99:
+        ranked = [(name, r) for name in self._sources if (r := rank(name)) is not None]
+        if not ranked:
             return None
+        # Prefer the closest size; on a tie prefer the larger (more accurate) model.
+        best, _ = min(ranked, key=lambda pair: (abs(pair[1] - wanted), -pair[1]))
         log.debug("WIS model %r not installed; using closest available %r", size, best)
         return best
 

@@ -1,0 +1,284 @@
+"""Model store: names clients may use, extra models from the settings, and the assembled base model."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mediaserver.asr.models as models
+from mediaserver.asr.models import (
+    WIS_SIZES,
+    ModelRegistry,
+    _base_parts,
+    _hf_cached_path,
+    assemble_base_model,
+    bundled_tiny_en_dir,
+)
+from mediaserver.config import DEFAULT_MODEL_ALIASES, Settings
+from mediaserver.errors import ModelUnavailable, UnknownModel
+
+TINY_EN = bundled_tiny_en_dir()
+BASE_PARTS = _base_parts()
+pytestmark = pytest.mark.skipif(
+    TINY_EN is None or BASE_PARTS is None, reason="bundled model packages are not installed"
+)
+
+
+def settings(tmp_path: Path, **overrides: Any) -> Settings:
+    return Settings(_env_file=None, model_cache_dir=tmp_path / "models", **overrides)
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> ModelRegistry:
+    return ModelRegistry(settings(tmp_path))
+
+
+def systran_cached(size: str) -> bool:
+    return _hf_cached_path(models._WIS_HF_REPOS[size]) is not None
+
+
+def sha256_of(paths: Iterable[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(4 * 1024 * 1024):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+# --- resolve ------------------------------------------------------------------------------------
+
+
+def test_bundled_models_are_known(registry: ModelRegistry) -> None:
+    assert sorted(registry.names()) == ["base", "tiny.en"]
+    kinds = {s.name: (s.kind, s.multilingual) for s in registry.sources()}
+    assert kinds == {"tiny.en": ("bundled", False), "base": ("bundled", True)}
+
+
+@pytest.mark.parametrize("requested", [None, "", "   "])
+def test_empty_request_is_the_default_model(registry: ModelRegistry, requested: str | None) -> None:
+    assert registry.resolve(requested) == "tiny.en"
+
+
+def test_default_follows_settings(tmp_path: Path) -> None:
+    registry = ModelRegistry(settings(tmp_path, default_model="base"))
+    assert registry.resolve(None) == "base"
+    assert registry.resolve("whisper-1") == "base"
+
+
+@pytest.mark.parametrize("alias", [*DEFAULT_MODEL_ALIASES, "@default"])
+def test_openai_aliases_are_the_default_model(registry: ModelRegistry, alias: str) -> None:
+    assert registry.resolve(alias) == "tiny.en"
+
+
+@pytest.mark.parametrize("name", ["tiny.en", "base", " base "])
+def test_installed_models_are_themselves(registry: ModelRegistry, name: str) -> None:
+    assert registry.resolve(name) == name.strip()
+    assert registry.source(name).name == name.strip()
+
+
+@pytest.mark.parametrize(
+    ("size", "closest"), [("tiny", "tiny.en"), ("small", "base"), ("medium", "base"), ("large", "base")]
+)
+def test_wis_sizes_fall_back_to_the_closest_installed(registry: ModelRegistry, size: str, closest: str) -> None:
+    if systran_cached(size):
+        assert registry.resolve(size) == models._WIS_HF_REPOS[size]
+    else:
+        assert registry.resolve(size) == closest
+
+
+def test_wis_base_is_the_bundled_base(registry: ModelRegistry) -> None:
+    assert registry.resolve("base") == "base"
+
+
+@pytest.mark.parametrize("size", ["tiny", "small", "medium", "large"])
+def test_wis_sizes_without_fallback_are_unknown(tmp_path: Path, size: str) -> None:
+    if systran_cached(size):
+        pytest.skip("the Systran conversion is in the local Hugging Face cache")
+    registry = ModelRegistry(settings(tmp_path, wis_size_fallback=False))
+    with pytest.raises(UnknownModel) as info:
+        registry.resolve(size)
+    assert "available models: base, tiny.en" in info.value.message
+    assert repr(size) in info.value.message
+
+
+@pytest.mark.parametrize("name", ["whisper-2", "tiny.en.v2", "TINY.EN", "large-v3", "distil-large-v3"])
+def test_unknown_name(registry: ModelRegistry, name: str) -> None:
+    with pytest.raises(UnknownModel) as info:
+        registry.resolve(name)
+    error = info.value
+    assert error.status == 400 and error.code == "model_not_found" and error.param == "model"
+    assert "available models: base, tiny.en" in error.message
+    assert repr(name) in error.message
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "/etc",
+        "../models",
+        "./",
+        "~",
+        "/",
+        "Systran/faster-whisper-small",  # a repo id no one configured: would start a download
+        "openai/whisper-large-v3",
+    ],
+)
+def test_clients_cannot_name_paths_or_repos(registry: ModelRegistry, name: str) -> None:
+    with pytest.raises(UnknownModel):
+        registry.resolve(name)
+    assert name not in registry.names()
+
+
+def test_clients_cannot_name_a_real_model_directory(registry: ModelRegistry) -> None:
+    assert TINY_EN is not None
+    for name in (str(TINY_EN), str(TINY_EN) + "/", os.path.relpath(TINY_EN)):
+        with pytest.raises(UnknownModel):
+            registry.resolve(name)
+
+
+# --- extra models -------------------------------------------------------------------------------
+
+
+def test_extra_model_local_directory(tmp_path: Path) -> None:
+    assert TINY_EN is not None
+    registry = ModelRegistry(settings(tmp_path, extra_models={"mine": str(TINY_EN)}))
+    assert registry.resolve("mine") == "mine"
+    source = registry.source("mine")
+    assert source.kind == "local"
+    path = registry.materialize("mine")
+    assert Path(path) == TINY_EN.resolve()
+    assert (Path(path) / "model.bin").is_file()
+
+
+def test_extra_model_huggingface_id(tmp_path: Path) -> None:
+    repo = "Systran/faster-whisper-small"
+    if _hf_cached_path(repo) is not None:
+        pytest.skip(f"{repo} is in the local Hugging Face cache")
+    registry = ModelRegistry(settings(tmp_path, extra_models={"whisper-small": repo}, allow_model_download=False))
+    assert registry.resolve("whisper-small") == "whisper-small"
+    source = registry.source("whisper-small")
+    assert (source.kind, source.location) == ("huggingface", repo)
+    with pytest.raises(ModelUnavailable) as info:
+        registry.materialize("whisper-small")
+    assert info.value.status == 503
+    assert "'whisper-small'" in info.value.message and "downloads are disabled" in info.value.message
+
+
+@pytest.mark.parametrize("location", ["not a dir or repo", "/nonexistent/model/dir", "a/b/c", "./relative/dir"])
+def test_invalid_extra_model_location(tmp_path: Path, location: str) -> None:
+    with pytest.raises(ValueError, match="'broken'"):
+        ModelRegistry(settings(tmp_path, extra_models={"broken": location}))
+
+
+def test_directory_without_model_bin_is_not_a_model(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="neither a CTranslate2 directory"):
+        ModelRegistry(settings(tmp_path, extra_models={"x": str(empty)}))
+
+
+def test_materialize_bundled_tiny_en(registry: ModelRegistry) -> None:
+    assert registry.materialize("tiny.en") == str(TINY_EN)
+
+
+def test_wis_fallback_is_consistent_without_bundled_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A deployment without the bundled packages, serving only its own model of unknown size.
+    assert TINY_EN is not None
+    monkeypatch.setattr(models, "bundled_tiny_en_dir", lambda: None)
+    monkeypatch.setattr(models, "_base_parts", lambda: None)
+    registry = ModelRegistry(
+        settings(
+            tmp_path,
+            default_model="custom",
+            translation_model="custom",
+            preload_models=["custom"],
+            extra_models={"custom": str(TINY_EN)},
+        )
+    )
+    assert registry.names() == ["custom"]
+    outcomes = set()
+    for size in WIS_SIZES:
+        if systran_cached(size):
+            continue
+        try:
+            outcomes.add(registry.resolve(size))
+        except UnknownModel:
+            outcomes.add("UnknownModel")
+    assert len(outcomes) == 1, outcomes
+
+
+# --- the assembled base model ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def parts_sha256() -> str:
+    assert BASE_PARTS is not None
+    return sha256_of(BASE_PARTS)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("model-cache")
+
+
+def no_temp_dirs(cache_dir: Path) -> bool:
+    return not [p for p in cache_dir.iterdir() if p.name.startswith(".base-")]
+
+
+def test_assemble_base_model(cache_dir: Path, parts_sha256: str) -> None:
+    assert BASE_PARTS is not None
+    part1, part2 = BASE_PARTS
+    target = assemble_base_model(cache_dir, progress=False)
+    assert target == cache_dir / "base"
+    model_bin = target / "model.bin"
+    assert model_bin.stat().st_size == part1.stat().st_size + part2.stat().st_size
+    assert sha256_of([model_bin]) == parts_sha256
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        assert (target / name).read_bytes() == (part1.parent / name).read_bytes(), name
+    assert no_temp_dirs(cache_dir)
+
+
+def test_assemble_again_does_not_rewrite(cache_dir: Path) -> None:
+    target = assemble_base_model(cache_dir, progress=False)
+    before = (target / "model.bin").stat()
+    again = assemble_base_model(cache_dir, progress=False)
+    after = (again / "model.bin").stat()
+    assert again == target
+    assert (after.st_mtime_ns, after.st_ino) == (before.st_mtime_ns, before.st_ino)
+
+
+def test_materialize_base_uses_the_assembled_copy(cache_dir: Path) -> None:
+    target = assemble_base_model(cache_dir, progress=False)
+    before = (target / "model.bin").stat()
+    registry = ModelRegistry(Settings(_env_file=None, model_cache_dir=cache_dir))
+    assert registry.materialize(registry.resolve("base")) == str(target)
+    after = (target / "model.bin").stat()
+    assert (after.st_mtime_ns, after.st_ino) == (before.st_mtime_ns, before.st_ino)
+
+
+def test_truncated_model_bin_is_rebuilt(cache_dir: Path, parts_sha256: str) -> None:
+    target = assemble_base_model(cache_dir, progress=False)
+    model_bin = target / "model.bin"
+    size = model_bin.stat().st_size
+    with open(model_bin, "r+b") as f:
+        f.truncate(size // 3)
+    rebuilt = assemble_base_model(cache_dir, progress=False)
+    assert rebuilt == target
+    assert (rebuilt / "model.bin").stat().st_size == size
+    assert sha256_of([rebuilt / "model.bin"]) == parts_sha256
+    assert no_temp_dirs(cache_dir)
+
+
+def test_missing_config_is_rebuilt(cache_dir: Path) -> None:
+    target = assemble_base_model(cache_dir, progress=False)
+    (target / "config.json").unlink()
+    rebuilt = assemble_base_model(cache_dir, progress=False)
+    assert (rebuilt / "config.json").is_file()
+    assert no_temp_dirs(cache_dir)

@@ -79,6 +79,12 @@ class Settings(BaseSettings):
     asr_max_wait_ms: float = Field(5.0, ge=0)
     asr_max_queue: int = Field(64, ge=1)
     asr_request_timeout_s: float = Field(300.0, gt=0)
+    asr_batching: bool = True
+    asr_pack_windows: bool = True
+    asr_pack_gap_s: float = Field(1.0, ge=0.2, le=5.0)
+    asr_pack_max_job_s: float = Field(10.0, gt=0, le=24.0)
+    asr_pack_max_window_s: float = Field(24.0, gt=1.0, le=29.0)
+    asr_speech_pad_ms: int = Field(300, ge=0, le=2000)
 
     # --- misc ----------------------------------------------------------------------------------
     save_audio_dir: Path = Path("audio")

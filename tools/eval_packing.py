@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,7 @@ def wer(refs: list[str], hyps: list[str]) -> float:
     norm = jiwer.Compose(
         [
             jiwer.ToLowerCase(),
-            jiwer.RemovePunctuation(),
+            jiwer.RemovePunctuation(),  # type: ignore[no-untyped-call]
             jiwer.RemoveMultipleSpaces(),
             jiwer.Strip(),
             jiwer.ReduceToListOfListOfWords(),
@@ -109,7 +110,11 @@ def main() -> None:
         out = engines[name].transcribe_batch(jobs)
         return [r.text if not isinstance(r, BaseException) else "" for r in out]
 
-    runners = {"sequential": run_sequential, "batched": lambda: run("batched"), "packed": lambda: run("packed")}
+    runners: dict[str, Callable[[], list[str]]] = {
+        "sequential": run_sequential,
+        "batched": lambda: run("batched"),
+        "packed": lambda: run("packed"),
+    }
     for fn in runners.values():  # warm-up
         fn()
     timings: dict[str, list[float]] = {name: [] for name in runners}
@@ -123,9 +128,8 @@ def main() -> None:
     base = audio_s / float(np.median(timings["sequential"]))
     for name in runners:
         speed = audio_s / float(np.median(timings[name]))
-        print(
-            f"{name:10s} {speed:6.1f}x realtime  ratio {speed / base:4.2f}  WER {wer(texts, texts_out[name]) * 100:5.2f}%"
-        )
+        error_rate = wer(texts, texts_out[name]) * 100
+        print(f"{name:10s} {speed:6.1f}x realtime  ratio {speed / base:4.2f}  WER {error_rate:5.2f}%")
     for name, engine in engines.items():
         print(f"  {name} engine counters: {engine.counters}")
     for ref, hyp in zip(texts, texts_out["packed"], strict=True):

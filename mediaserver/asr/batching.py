@@ -76,6 +76,9 @@ class WindowOutput:
     no_speech_prob: float
     compression_ratio: float
     temperature: float
+    # Window time up to which the text is final. Whisper drops a segment it could not finish
+    # (usually the last one in a full window); the audio after this point must be decoded again.
+    complete_until_s: float = float("inf")
 
     @property
     def is_silence(self) -> bool:
@@ -103,6 +106,7 @@ class PackingConfig:
     enabled: bool = False
     gap_s: float = 1.0
     max_job_s: float = 10.0
+    max_window_s: float = 24.0
 
 
 def split_into_windows(spans: Sequence[Span], total_samples: int, pad_samples: int) -> list[Span]:
@@ -142,7 +146,8 @@ def pack_windows(singles: Sequence[Window], *, gap_s: float, max_window_s: float
     """Pack single-member windows that share decode settings into shared 30 s windows.
 
     Members are separated by ``gap_s`` of silence, which Whisper reliably ends a segment on, so the
-    timestamps it emits tell which text belongs to which job.
+    timestamps it emits tell which text belongs to which job. Packed audio stops at ``max_window_s``:
+    Whisper tends to leave speech near the end of a 30 s window as an unfinished segment.
     """
     gap = np.zeros(int(gap_s * SAMPLE_RATE_HZ), np.float32)
     packed: list[Window] = []
@@ -182,6 +187,10 @@ def _join(windows: list[Window], gap: AudioArray) -> Window:
         position_s += window.duration_s
     first = windows[0]
     return Window(np.concatenate(parts), members, first.options, with_timestamps=True, language=first.language)
+
+
+def window_member(window: Window, job_index: int) -> Member:
+    return next(m for m in window.members if m.job_index == job_index)
 
 
 def assign_segments(window: Window, output: WindowOutput) -> dict[int, list[dict[str, Any]]] | None:
@@ -321,9 +330,10 @@ class BatchDecoder:
             cum_logprob = result.scores[0] * (len(tokens) ** 1.0)
             avg_logprob = cum_logprob / (len(tokens) + 1)
             text = tokenizer.decode(tokens)
+            complete_until_s = float("inf")
             if window.with_timestamps:
                 segment_size = int(np.ceil(window.duration_s) * self.wm.frames_per_second)
-                raw_segments, _, _ = self.wm._split_segments_by_timestamps(
+                raw_segments, seek, single_timestamp_ending = self.wm._split_segments_by_timestamps(
                     tokenizer=tokenizer,
                     tokens=tokens,
                     time_offset=0.0,
@@ -331,6 +341,8 @@ class BatchDecoder:
                     segment_duration=window.duration_s,
                     seek=0,
                 )
+                if not single_timestamp_ending and seek < segment_size:
+                    complete_until_s = seek / self.wm.frames_per_second
             else:
                 raw_segments = [{"start": 0.0, "end": window.duration_s, "tokens": tokens}]
             segments = []
@@ -356,6 +368,7 @@ class BatchDecoder:
                     no_speech_prob=float(result.no_speech_prob),
                     compression_ratio=float(get_compression_ratio(text.strip())) if text.strip() else 0.0,
                     temperature=0.0,
+                    complete_until_s=complete_until_s,
                 )
             )
         return outputs

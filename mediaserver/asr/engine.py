@@ -25,6 +25,7 @@ from mediaserver.asr.batching import (
     assign_segments,
     pack_windows,
     split_into_windows,
+    window_member,
 )
 from mediaserver.audio.vad import VadConfig, has_speech
 from mediaserver.events import (
@@ -72,6 +73,7 @@ class WhisperEngine:
         self._batching = batching
         self._packing = packing or PackingConfig()
         self._speech_pad_s = speech_pad_s
+        self._max_tail_rounds = 4
         started = time.perf_counter()
         self.model = WhisperModel(
             model_dir,
@@ -126,7 +128,7 @@ class WhisperEngine:
                 else:
                     windows.extend(plan)
         if singles:
-            windows.extend(pack_windows(singles, gap_s=self._packing.gap_s))
+            windows.extend(pack_windows(singles, gap_s=self._packing.gap_s, max_window_s=self._packing.max_window_s))
         retry_unpacked: set[int] = set()
         self.counters["windows"] += len(windows)
         self.counters["packed_windows"] += sum(w.packed for w in windows)
@@ -175,7 +177,8 @@ class WhisperEngine:
                 audio=np.ascontiguousarray(audio[span.start : span.end], dtype=np.float32),
                 members=[Member(index, 0.0, (span.end - span.start) / SAMPLE_RATE_HZ, span.start / SAMPLE_RATE_HZ)],
                 options=job.options,
-                with_timestamps=job.options.with_segment_timestamps,
+                # Timestamps show where Whisper stopped, so nothing in a long window can be dropped.
+                with_timestamps=job.options.with_segment_timestamps or (span.end - span.start) > 20 * SAMPLE_RATE_HZ,
                 language=self._language_of(job),
             )
             for span in split_into_windows(spans, audio.size, pad)
@@ -197,33 +200,70 @@ class WhisperEngine:
         sequential: list[int],
         retry_unpacked: set[int],
     ) -> None:
-        groups: dict[int, list[Window]] = {}
-        for window in windows:
-            groups.setdefault(window.options.beam_size, []).append(window)
-        for group in groups.values():
-            for window, output in self._run_group(group, results):
-                if output is None:
-                    continue
-                if window.packed:
-                    assigned = None if output.needs_fallback else assign_segments(window, output)
-                    if assigned is None or any(not segs for segs in assigned.values()):
-                        retry_unpacked.update(m.job_index for m in window.members)
-                        continue
-                    for job_index, segs in assigned.items():
-                        self._add(states[job_index], segs, output)
-                    continue
-                member = window.members[0]
-                if output.needs_fallback:
-                    if member.job_index not in sequential:
-                        sequential.append(member.job_index)
-                    continue
-                if output.is_silence:
-                    continue
-                shifted = [
-                    dict(seg, start=seg["start"] + member.job_offset_s, end=seg["end"] + member.job_offset_s)
-                    for seg in output.segments
-                ]
-                self._add(states[member.job_index], shifted, output)
+        """Decode windows, then any unfinished tails, until every window's text is complete."""
+        rounds = 0
+        while windows:
+            rounds += 1
+            tails: list[Window] = []
+            groups: dict[int, list[Window]] = {}
+            for window in windows:
+                groups.setdefault(window.options.beam_size, []).append(window)
+            for group in groups.values():
+                for window, output in self._run_group(group, results):
+                    if output is not None:
+                        tail = self._take_output(window, output, states, sequential, retry_unpacked)
+                        if tail is not None:
+                            tails.append(tail)
+            if rounds >= self._max_tail_rounds and tails:
+                sequential.extend(m.job_index for w in tails for m in w.members if m.job_index not in sequential)
+                break
+            windows = tails
+
+    def _take_output(
+        self,
+        window: Window,
+        output: WindowOutput,
+        states: dict[int, JobResult],
+        sequential: list[int],
+        retry_unpacked: set[int],
+    ) -> Window | None:
+        """Record a window's segments; return the window's unfinished tail, if any."""
+        if window.packed:
+            assigned = None if output.needs_fallback else assign_segments(window, output)
+            if assigned is None:  # text straddles two jobs, or the decode looks wrong
+                retry_unpacked.update(m.job_index for m in window.members)
+                return None
+            for job_index, segs in assigned.items():
+                if segs and window_member(window, job_index).window_end_s <= output.complete_until_s + 0.2:
+                    self._add(states[job_index], segs, output)
+                else:  # Whisper skipped or left unfinished this job's speech: redo it alone
+                    retry_unpacked.add(job_index)
+            return None
+        member = window.members[0]
+        if output.needs_fallback:
+            if member.job_index not in sequential:
+                sequential.append(member.job_index)
+            return None
+        if output.is_silence:
+            return None
+        kept = [seg for seg in output.segments if seg["start"] < output.complete_until_s]
+        shifted = [
+            dict(seg, start=seg["start"] + member.job_offset_s, end=seg["end"] + member.job_offset_s) for seg in kept
+        ]
+        self._add(states[member.job_index], shifted, output)
+        if output.complete_until_s >= window.duration_s - 0.3:
+            return None
+        cut = int(output.complete_until_s * SAMPLE_RATE_HZ)
+        rest = window.audio[cut:]
+        return Window(
+            audio=rest,
+            members=[
+                Member(member.job_index, 0.0, rest.size / SAMPLE_RATE_HZ, member.job_offset_s + cut / SAMPLE_RATE_HZ)
+            ],
+            options=window.options,
+            with_timestamps=True,
+            language=window.language or states[member.job_index].language,
+        )
 
     def _run_group(
         self, group: list[Window], results: list[Transcript | BaseException | None]

@@ -31,6 +31,10 @@ class DeadlineExceeded(Exception):
     """The job's deadline passed before the engine could start it."""
 
 
+class Superseded(Exception):
+    """A newer job with the same supersede key (newer audio of the same stream) replaced this one."""
+
+
 @dataclass(order=True)
 class _Pending:
     priority: int
@@ -39,6 +43,8 @@ class _Pending:
     job: AsrJob = field(compare=False)
     future: asyncio.Future[Transcript] = field(compare=False)
     enqueued_at: float = field(compare=False, default=0.0)
+    supersede_key: str | None = field(compare=False, default=None)
+    started: bool = field(compare=False, default=False)
 
 
 class AsrScheduler:
@@ -63,6 +69,7 @@ class AsrScheduler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"asr-{model_name}")
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
+        self._latest: dict[str, _Pending] = {}
         self.batches_run = 0
         self.last_batch_size = 0
         # Smoothed engine time of one batch: the slack a job needs to still meet its deadline.
@@ -76,8 +83,19 @@ class AsrScheduler:
         if self._worker is None:
             self._worker = asyncio.get_running_loop().create_task(self._run(), name=f"asr-scheduler-{self.model_name}")
 
-    async def submit(self, job: AsrJob, *, priority: Priority = Priority.FILE, timeout_s: float = 300.0) -> Transcript:
-        """Queue a job and wait for its transcript; cancelling the caller withdraws the job."""
+    async def submit(
+        self,
+        job: AsrJob,
+        *,
+        priority: Priority = Priority.FILE,
+        timeout_s: float = 300.0,
+        supersede_key: str | None = None,
+    ) -> Transcript:
+        """Queue a job and wait for its transcript; cancelling the caller withdraws the job.
+
+        With ``supersede_key`` (a stream's partials use their session id), a newer job replaces an
+        older one of the same key that has not started yet: the older caller gets ``Superseded``.
+        """
         if self._closed:
             raise Overloaded("the ASR service is shutting down")
         if self._queue.qsize() >= self._max_queue:
@@ -90,7 +108,12 @@ class AsrScheduler:
         self.start()
         now = time.monotonic()
         future: asyncio.Future[Transcript] = asyncio.get_running_loop().create_future()
-        pending = _Pending(int(priority), now + timeout_s, next(self._seq), job, future, now)
+        pending = _Pending(int(priority), now + timeout_s, next(self._seq), job, future, now, supersede_key)
+        if supersede_key is not None:
+            older = self._latest.get(supersede_key)
+            if older is not None and not older.started and not older.future.done():
+                older.future.set_exception(Superseded(f"superseded by newer audio of {supersede_key!r}"))
+            self._latest[supersede_key] = pending
         self._queue.put_nowait(pending)
         self._update_depth()
         try:
@@ -98,6 +121,9 @@ class AsrScheduler:
         except (asyncio.CancelledError, TimeoutError):
             future.cancel()
             raise
+        finally:
+            if supersede_key is not None and self._latest.get(supersede_key) is pending:
+                del self._latest[supersede_key]
 
     def _update_depth(self) -> None:
         if self._metrics:
@@ -136,6 +162,7 @@ class AsrScheduler:
                 if item.deadline <= now:
                     item.future.set_exception(DeadlineExceeded("deadline passed while queued"))
                     continue
+                item.started = True
                 live.append(item)
             if not live:
                 continue

@@ -11,6 +11,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from mediaserver.asr.batching import PackingConfig
 from mediaserver.asr.engine import AsrJob, WhisperEngine
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.scheduler import AsrScheduler
@@ -81,6 +82,14 @@ class AsrService:
                     self.settings.vad_min_speech_ms,
                 ),
                 neural_vad_filter=self.settings.asr_vad_filter,
+                batching=self.settings.asr_batching,
+                packing=PackingConfig(
+                    enabled=self.settings.asr_pack_windows,
+                    gap_s=self.settings.asr_pack_gap_s,
+                    max_job_s=self.settings.asr_pack_max_job_s,
+                    max_window_s=self.settings.asr_pack_max_window_s,
+                ),
+                speech_pad_s=self.settings.asr_speech_pad_ms / 1000.0,
             )
 
         try:
@@ -131,11 +140,15 @@ class AsrService:
         *,
         model: str | None = None,
         priority: Priority = Priority.FILE,
+        supersede_key: str | None = None,
     ) -> Transcript:
         loaded = await self.get_model(model)
         self.check_options(loaded, options)
         return await loaded.scheduler.submit(
-            AsrJob(audio, options), priority=priority, timeout_s=self.settings.asr_request_timeout_s
+            AsrJob(audio, options),
+            priority=priority,
+            timeout_s=self.settings.asr_request_timeout_s,
+            supersede_key=supersede_key,
         )
 
     async def aclose(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from mediaserver.asr.engine import AsrJob, WhisperEngine
 from mediaserver.asr.models import assemble_base_model, bundled_tiny_en_dir
-from mediaserver.asr.scheduler import AsrScheduler
+from mediaserver.asr.scheduler import AsrScheduler, Superseded
 from mediaserver.config import Settings
 from mediaserver.errors import Overloaded
 from mediaserver.events import Priority, Transcript, TranscriptionOptions
@@ -173,3 +173,31 @@ async def test_closed_scheduler_refuses_and_close_is_idempotent(engine: WhisperE
     await scheduler.aclose()
     with pytest.raises(Overloaded):
         await scheduler.submit(job(speech, "kitchen"))
+
+
+async def test_a_superseded_partial_is_dropped_not_computed(engine: WhisperEngine, speech: Any) -> None:
+    recorder = Recorder(engine)
+    scheduler = AsrScheduler("tiny.en", recorder, max_batch=1, max_wait_ms=0, max_queue=16)
+    recorder.gate.clear()
+    try:
+        running = asyncio.ensure_future(scheduler.submit(job(speech, "kitchen")))
+        await asyncio.to_thread(recorder.started.wait, 10)
+        older = asyncio.ensure_future(
+            scheduler.submit(job(speech, "music"), priority=Priority.PARTIAL, supersede_key="session-1")
+        )
+        other_session = asyncio.ensure_future(
+            scheduler.submit(job(speech, "garden"), priority=Priority.PARTIAL, supersede_key="session-2")
+        )
+        await asyncio.sleep(0.01)
+        newer = asyncio.ensure_future(
+            scheduler.submit(job(speech, "story"), priority=Priority.PARTIAL, supersede_key="session-1")
+        )
+        with pytest.raises(Superseded):
+            await older
+        recorder.gate.set()
+        await asyncio.gather(running, other_session, newer)
+    finally:
+        await scheduler.aclose()
+    ran = [b[0] for b in recorder.batches]
+    assert "music" not in ran
+    assert sorted(ran) == ["garden", "kitchen", "story"]

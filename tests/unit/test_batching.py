@@ -1,0 +1,234 @@
+"""Windows, packing and batched decoding: pure planning functions and the real tiny.en engine."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mediaserver.asr.batching import (
+    WINDOW_SAMPLES,
+    BatchDecoder,
+    Member,
+    PackingConfig,
+    Span,
+    Window,
+    WindowOutput,
+    assign_segments,
+    pack_windows,
+    split_into_windows,
+)
+from mediaserver.asr.engine import AsrJob, WhisperEngine
+from mediaserver.asr.models import bundled_tiny_en_dir
+from mediaserver.events import Transcript, TranscriptionOptions
+from tests.conftest import SENTENCES, long_clip
+
+SR = 16000
+OPTIONS = TranscriptionOptions(language="en", with_segment_timestamps=False)
+
+
+# --- planning --------------------------------------------------------------------------------
+
+
+def test_short_speech_is_one_padded_window() -> None:
+    windows = split_into_windows([Span(SR, 3 * SR)], 10 * SR, pad_samples=SR // 2)
+    assert windows == [Span(SR // 2, 3 * SR + SR // 2)]
+
+
+def test_padding_is_clamped_to_the_audio() -> None:
+    assert split_into_windows([Span(100, 5 * SR)], 5 * SR, pad_samples=SR) == [Span(0, 5 * SR)]
+
+
+def test_long_audio_is_cut_only_in_pauses_and_windows_never_exceed_30_s() -> None:
+    # 10 utterances of 5 s with 2 s pauses: 68 s in all.
+    spans = [Span(i * 7 * SR, i * 7 * SR + 5 * SR) for i in range(10)]
+    windows = split_into_windows(spans, 70 * SR, pad_samples=SR // 4)
+    assert len(windows) >= 3
+    for w in windows:
+        assert w.end - w.start <= WINDOW_SAMPLES
+    for span in spans:  # every utterance lies whole inside exactly one window
+        assert sum(w.start <= span.start and span.end <= w.end for w in windows) == 1
+    assert all(a.end <= b.start for a, b in itertools.pairwise(windows))
+
+
+def test_overlapping_padding_is_cut_in_the_middle_of_the_pause() -> None:
+    spans = [Span(0, 20 * SR), Span(20 * SR + SR // 5, 30 * SR)]  # 200 ms pause, 1 s padding: 31 s together
+    windows = split_into_windows(spans, 40 * SR, pad_samples=SR)
+    assert len(windows) == 2
+    assert windows[0].end == windows[1].start == 20 * SR + SR // 10
+
+
+def test_a_single_span_over_30_s_is_cut_hard() -> None:
+    windows = split_into_windows([Span(0, 75 * SR)], 75 * SR, pad_samples=0)
+    assert [w.end - w.start for w in windows] == [WINDOW_SAMPLES, WINDOW_SAMPLES, 15 * SR]
+
+
+def _single(job_index: int, seconds: float, **options: Any) -> Window:
+    opts = TranscriptionOptions(**{"language": "en", **options})
+    audio = np.zeros(int(seconds * SR), np.float32)
+    return Window(audio, [Member(job_index, 0.0, seconds, 0.5)], opts, with_timestamps=False, language=opts.language)
+
+
+def test_packing_respects_the_window_limit_and_keeps_every_job_once() -> None:
+    singles = [_single(i, 4.0) for i in range(12)]
+    packed = pack_windows(singles, gap_s=1.0, max_window_s=24.0)
+    assert sorted(m.job_index for w in packed for m in w.members) == list(range(12))
+    for window in packed:
+        assert window.duration_s <= 24.0
+        assert window.with_timestamps  # needed to split the text back
+        starts = [m.window_start_s for m in window.members]
+        assert starts == sorted(starts)
+        for a, b in zip(window.members, window.members[1:], strict=False):
+            assert b.window_start_s - a.window_end_s == pytest.approx(1.0)
+    assert len(packed) == 3  # 5 x 4 s + 4 gaps = 24 s per window
+
+
+def test_packing_never_mixes_languages_tasks_beams_or_prompts() -> None:
+    singles = [
+        _single(0, 2.0),
+        _single(1, 2.0, language="de"),
+        _single(2, 2.0, task="translate"),
+        _single(3, 2.0, beam_size=5),
+        _single(4, 2.0, initial_prompt="Hello"),
+        _single(5, 2.0),
+    ]
+    packed = pack_windows(singles, gap_s=1.0)
+    together = [sorted(m.job_index for m in w.members) for w in packed]
+    assert sorted(together) == [[0, 5], [1], [2], [3], [4]]
+
+
+def _output(segments: list[tuple[float, float, str]]) -> WindowOutput:
+    return WindowOutput(
+        segments=[{"start": s, "end": e, "text": t, "tokens": ()} for s, e, t in segments],
+        language="en",
+        language_probability=1.0,
+        avg_logprob=-0.2,
+        no_speech_prob=0.01,
+        compression_ratio=1.5,
+        temperature=0.0,
+    )
+
+
+def _packed_window() -> Window:
+    members = [Member(7, 0.0, 3.0, 0.25), Member(9, 4.0, 6.0, 0.0)]
+    return Window(np.zeros(6 * SR, np.float32), members, OPTIONS, with_timestamps=True, language="en")
+
+
+def test_segments_go_back_to_their_job_in_job_time() -> None:
+    assigned = assign_segments(_packed_window(), _output([(0.0, 3.2, " first"), (3.9, 6.1, " second")]))
+    assert assigned is not None
+    assert [s["text"] for s in assigned[7]] == [" first"]
+    assert [s["text"] for s in assigned[9]] == [" second"]
+    assert assigned[7][0]["start"] == pytest.approx(0.25)  # the job's own offset is restored
+    assert assigned[9][0]["start"] == pytest.approx(0.0)
+    assert assigned[9][0]["end"] == pytest.approx(2.0)
+
+
+def test_a_segment_straddling_two_jobs_refuses_the_split() -> None:
+    assert assign_segments(_packed_window(), _output([(0.0, 5.5, " first second")])) is None
+
+
+# --- the real engine -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_dir() -> str:
+    path = bundled_tiny_en_dir()
+    assert path is not None
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def packed_engine(tiny_dir: str) -> WhisperEngine:
+    return WhisperEngine("tiny.en", tiny_dir, cpu_threads=2, packing=PackingConfig(enabled=True))
+
+
+def test_packed_batch_returns_each_job_its_own_sentence(packed_engine: WhisperEngine, speech: Any, wer: Any) -> None:
+    keys = ["kitchen", "weather", "remind", "music", "story", "garden"]
+    before = dict(packed_engine.counters)
+    results = packed_engine.transcribe_batch([AsrJob(speech(k).audio16k, OPTIONS) for k in keys])
+    assert packed_engine.counters["packed_windows"] > before["packed_windows"]
+    for key, result in zip(keys, results, strict=True):
+        assert isinstance(result, Transcript)
+        assert wer(SENTENCES[key], result.text) <= 0.2, (key, result.text)
+        assert 0.0 <= result.segments[0].start_s < result.segments[-1].end_s <= result.duration_s + 0.05
+
+
+def test_long_audio_windows_are_stitched_in_order(packed_engine: WhisperEngine, wer: Any) -> None:
+    clip = long_clip()
+    assert clip.audio16k.size / SR > 30
+    before = packed_engine.counters["windows"]
+    [result] = packed_engine.transcribe_batch(
+        [AsrJob(clip.audio16k, TranscriptionOptions(language="en", with_segment_timestamps=True))]
+    )
+    assert isinstance(result, Transcript)
+    assert packed_engine.counters["windows"] - before >= 2
+    assert wer(clip.text, result.text) <= 0.15, result.text
+    starts = [s.start_s for s in result.segments]
+    assert starts == sorted(starts)
+    assert result.segments[-1].end_s > 30.0
+
+
+def test_each_beam_size_is_decoded_with_its_own_beam(packed_engine: WhisperEngine, speech: Any, wer: Any) -> None:
+    calls: list[int] = []
+    real_run = packed_engine._decoder._run
+
+    def spy(windows: Sequence[Window]) -> list[WindowOutput]:
+        calls.extend(w.options.beam_size for w in windows[:1])
+        assert len({w.options.beam_size for w in windows}) == 1
+        return real_run(windows)
+
+    packed_engine._decoder._run = spy  # type: ignore[method-assign]
+    try:
+        jobs = [
+            AsrJob(speech("kitchen").audio16k, TranscriptionOptions(language="en", beam_size=1)),
+            AsrJob(speech("music").audio16k, TranscriptionOptions(language="en", beam_size=4)),
+        ]
+        results = packed_engine.transcribe_batch(jobs)
+    finally:
+        del packed_engine._decoder._run
+    assert sorted(calls) == [1, 4]
+    assert isinstance(results[0], Transcript) and wer(SENTENCES["kitchen"], results[0].text) <= 0.2
+    assert isinstance(results[1], Transcript) and wer(SENTENCES["music"], results[1].text) <= 0.2
+
+
+def test_out_of_memory_splits_the_batch_instead_of_failing_it(packed_engine: WhisperEngine, speech: Any) -> None:
+    """GPU OOM cannot happen on this CPU machine, so it is injected for batches over two windows."""
+    decoder = BatchDecoder(packed_engine.model)
+    real_run = decoder._run
+    sizes: list[int] = []
+
+    def oom_over_two(windows: Sequence[Window]) -> list[WindowOutput]:
+        sizes.append(len(windows))
+        if len(windows) > 2:
+            raise RuntimeError("CUDA failed with error out of memory")
+        return real_run(windows)
+
+    decoder._run = oom_over_two  # type: ignore[method-assign]
+    keys = ["kitchen", "weather", "remind", "music", "story"]
+    windows = [
+        Window(speech(k).audio16k, [Member(i, 0.0, 0.0, 0.0)], OPTIONS, with_timestamps=False, language="en")
+        for i, k in enumerate(keys)
+    ]
+    outputs = decoder.run(windows)
+    assert len(outputs) == 5
+    assert sizes == [5, 2, 3, 1, 2]  # halves, and halves of the half that was still too big
+    assert all(o.segments for o in outputs)
+
+
+def test_other_errors_are_not_split(packed_engine: WhisperEngine, speech: Any) -> None:
+    decoder = BatchDecoder(packed_engine.model)
+    sizes: list[int] = []
+
+    def broken(windows: Sequence[Window]) -> list[WindowOutput]:
+        sizes.append(len(windows))
+        raise RuntimeError("some other failure")
+
+    decoder._run = broken  # type: ignore[method-assign]
+    window = Window(speech("kitchen").audio16k, [Member(0, 0, 0, 0)], OPTIONS, with_timestamps=False, language="en")
+    with pytest.raises(RuntimeError, match="some other failure"):
+        decoder.run([window, window, window])
+    assert sizes == [3]

@@ -86,6 +86,38 @@ class Settings(BaseSettings):
     asr_pack_max_window_s: float = Field(24.0, gt=1.0, le=29.0)
     asr_speech_pad_ms: int = Field(300, ge=0, le=2000)
 
+    # --- streaming sessions (WebRTC, WebSocket, Realtime) --------------------------------------
+    max_sessions: int = Field(64, ge=1)
+    session_idle_timeout_s: float = Field(7 * 24 * 3600.0, gt=0, description="close a session idle this long")
+    stream_vad_aggressiveness: int = Field(3, ge=0, le=3)
+    stream_vad_hangover_ms: int = Field(500, ge=60, description="silence that ends an utterance")
+    stream_vad_preroll_ms: int = Field(300, ge=0, description="audio kept from before speech starts")
+    stream_min_speech_ms: int = Field(200, ge=0, description="shorter bursts are ignored")
+    stream_max_utterance_s: float = Field(28.0, gt=1.0, le=29.5)
+    stream_partial_interval_ms: int = Field(600, ge=100)
+
+    # --- WebRTC --------------------------------------------------------------------------------
+    rtc_ice_servers: list[str] = Field(default_factory=list, description="stun:/turn: URLs; none = host candidates")
+    rtc_turn_username: str | None = None
+    rtc_turn_password: str | None = None
+    rtc_udp_port_min: int = Field(0, ge=0, le=65535, description="0 = any ephemeral port")
+    rtc_udp_port_max: int = Field(0, ge=0, le=65535)
+    rtc_connect_timeout_s: float = Field(30.0, gt=0)
+
+    # --- WebSocket streams ---------------------------------------------------------------------
+    ws_max_message_bytes: int = Field(1024 * 1024, ge=1024)
+    ws_heartbeat_s: float = Field(20.0, gt=0)
+    ws_idle_timeout_s: float = Field(300.0, gt=0)
+
+    # --- Wyoming (Home Assistant) --------------------------------------------------------------
+    wyoming_enabled: bool = True
+    wyoming_host: str = "0.0.0.0"
+    wyoming_port: int = Field(10300, ge=0, le=65535)
+    wyoming_zeroconf: bool = False
+    wyoming_zeroconf_name: str = "mediaserver"
+    wyoming_max_event_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    wyoming_idle_timeout_s: float = Field(60.0, gt=0)
+
     # --- misc ----------------------------------------------------------------------------------
     save_audio_dir: Path = Path("audio")
     allow_save_audio: bool = True

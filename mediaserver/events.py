@@ -40,6 +40,8 @@ class TranscriptionOptions:
     initial_prompt: str | None = None
     word_timestamps: bool = False
     with_segment_timestamps: bool = True
+    # Text the decode must start with (streaming: what partials already promised the client).
+    prefix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,3 +85,44 @@ class Transcript:
     @property
     def words(self) -> tuple[Word, ...]:
         return tuple(w for seg in self.segments for w in seg.words)
+
+
+# --- streaming session events (transports translate these to their wire formats) ----------------
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    audio_start_ms: int
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class PartialTranscript:
+    """Append-only: ``delta`` is new text after everything sent before; ``text`` is all of it so far."""
+
+    delta: str
+    text: str
+
+
+@dataclass(frozen=True)
+class FinalTranscript:
+    """The utterance's final text; it always starts with every partial sent for the utterance."""
+
+    transcript: Transcript
+    delta: str
+    audio_start_ms: int
+    audio_end_ms: int
+    latency_ms: float
+
+
+@dataclass(frozen=True)
+class StreamError:
+    message: str
+    code: str
+
+
+SessionEvent = SpeechStarted | SpeechStopped | PartialTranscript | FinalTranscript | StreamError

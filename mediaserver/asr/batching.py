@@ -153,6 +153,9 @@ def pack_windows(singles: Sequence[Window], *, gap_s: float, max_window_s: float
     packed: list[Window] = []
     by_key: dict[tuple[Any, ...], list[Window]] = defaultdict(list)
     for window in singles:
+        if window.options.prefix:  # a forced prefix belongs to one job's audio: never share its window
+            packed.append(window)
+            continue
         key = (window.options.language, window.options.task, window.options.beam_size, window.options.initial_prompt)
         by_key[key].append(window)
     for group in by_key.values():
@@ -246,20 +249,26 @@ class BatchDecoder:
 
         return np.stack([pad_or_trim(self.wm.feature_extractor(w.audio)[..., :-1]) for w in windows]).astype(np.float32)
 
-    def prompt_shape(self, window: Window) -> tuple[int, bool]:
+    def prompt_shape(self, window: Window) -> tuple[int, bool, int]:
         """CTranslate2 needs <|startoftranscript|> at the same index and the same number of task
         tokens in every prompt of one generate call; windows are grouped by this shape."""
+        tokenizer = self.tokenizer(window.language, window.options.task)
         previous = 0
         if window.options.initial_prompt:
-            tokens = self.tokenizer(window.language, window.options.task).encode(
-                " " + window.options.initial_prompt.strip()
-            )
+            tokens = tokenizer.encode(" " + window.options.initial_prompt.strip())
             previous = 1 + len(tokens[-(self.wm.max_length // 2 - 1) :])
-        return previous, window.with_timestamps
+        prefix = len(self.prefix_tokens(tokenizer, window.options.prefix))
+        return previous, window.with_timestamps, prefix
+
+    def prefix_tokens(self, tokenizer: Any, prefix: str | None) -> list[int]:
+        if not prefix or not prefix.strip():
+            return []
+        tokens: list[int] = tokenizer.encode(" " + prefix.strip())
+        return tokens[: self.wm.max_length // 2 - 1]
 
     def run(self, windows: Sequence[Window]) -> list[WindowOutput]:
         """Decode windows of one beam size: one encoder pass and generate call per prompt shape."""
-        groups: dict[tuple[int, bool], list[int]] = defaultdict(list)
+        groups: dict[tuple[int, bool, int], list[int]] = defaultdict(list)
         for index, window in enumerate(windows):
             groups[self.prompt_shape(window)].append(index)
         outputs: list[WindowOutput | None] = [None] * len(windows)
@@ -306,7 +315,12 @@ class BatchDecoder:
                 tokenizer.encode(" " + window.options.initial_prompt.strip()) if window.options.initial_prompt else []
             )
             prompts.append(
-                self.wm.get_prompt(tokenizer, previous_tokens=previous, without_timestamps=not window.with_timestamps)
+                self.wm.get_prompt(
+                    tokenizer,
+                    previous_tokens=previous,
+                    without_timestamps=not window.with_timestamps,
+                    prefix=window.options.prefix if window.options.prefix and window.options.prefix.strip() else None,
+                )
             )
         results = self.wm.model.generate(
             encoder_output,
@@ -326,6 +340,7 @@ class BatchDecoder:
         for window, result, tokenizer, (language, probability) in zip(
             windows, results, tokenizers, languages, strict=True
         ):
+            # CTranslate2 returns the forced prefix as part of the sequence, so the text is whole.
             tokens = list(result.sequences_ids[0])
             cum_logprob = result.scores[0] * (len(tokens) ** 1.0)
             avg_logprob = cum_logprob / (len(tokens) + 1)

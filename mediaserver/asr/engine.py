@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -170,19 +170,24 @@ class WhisperEngine:
 
     def _plan_windows(self, index: int, job: AsrJob) -> list[Window]:
         audio = job.audio
-        spans = self._speech_spans(audio)
-        pad = int(self._speech_pad_s * SAMPLE_RATE_HZ)
-        return [
-            Window(
-                audio=np.ascontiguousarray(audio[span.start : span.end], dtype=np.float32),
-                members=[Member(index, 0.0, (span.end - span.start) / SAMPLE_RATE_HZ, span.start / SAMPLE_RATE_HZ)],
-                options=job.options,
-                # Timestamps show where Whisper stopped, so nothing in a long window can be dropped.
-                with_timestamps=job.options.with_segment_timestamps or (span.end - span.start) > 20 * SAMPLE_RATE_HZ,
-                language=self._language_of(job),
+        spans = split_into_windows(self._speech_spans(audio), audio.size, int(self._speech_pad_s * SAMPLE_RATE_HZ))
+        windows = []
+        for number, span in enumerate(spans):
+            # A forced prefix belongs to the start of the audio, so only to the first window.
+            options = job.options if number == 0 else replace(job.options, prefix=None)
+            windows.append(
+                Window(
+                    audio=np.ascontiguousarray(audio[span.start : span.end], dtype=np.float32),
+                    members=[Member(index, 0.0, (span.end - span.start) / SAMPLE_RATE_HZ, span.start / SAMPLE_RATE_HZ)],
+                    options=options,
+                    # Timestamps show where Whisper stopped, so nothing in a long window is dropped.
+                    # A forced prefix is only supported without timestamps (streaming utterances).
+                    with_timestamps=not options.prefix
+                    and (options.with_segment_timestamps or (span.end - span.start) > 20 * SAMPLE_RATE_HZ),
+                    language=self._language_of(job),
+                )
             )
-            for span in split_into_windows(spans, audio.size, pad)
-        ]
+        return windows
 
     def _speech_spans(self, audio: AudioArray) -> list[Span]:
         if not self._neural_vad_filter:
@@ -358,6 +363,7 @@ class WhisperEngine:
             best_of=max(options.beam_size, 1),
             temperature=list(options.temperature),
             initial_prompt=options.initial_prompt,
+            prefix=options.prefix,
             word_timestamps=options.word_timestamps,
             without_timestamps=not options.with_segment_timestamps,
             condition_on_previous_text=False,

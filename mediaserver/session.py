@@ -1,0 +1,382 @@
+"""The session core every streaming transport uses: audio in, speech events and transcripts out.
+
+A ``StreamSession`` takes 16 kHz mono float audio in any chunk size. In push-to-talk mode it records
+between ``start_recording`` and ``stop_recording``; in server-VAD mode its segmenter ends each
+utterance by itself. While someone speaks it can send partial transcripts: each partial decode is
+forced to start with the text already sent (Whisper's decoder prefix), and only words that two
+consecutive partials agree on are sent, so partials are append-only and the final transcript, decoded
+with the same prefix, always extends them. Model work goes through the shared ``AsrService``; the
+session only submits jobs (partials with its id as supersede key, so stale ones are dropped).
+
+``SessionRegistry`` caps the number of sessions and closes idle ones. Closing is idempotent and
+cancels every task the session started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+
+from mediaserver.asr.scheduler import Superseded
+from mediaserver.asr.service import AsrService
+from mediaserver.audio.segmenter import Discarded, SegmenterConfig, SpeechStart, Utterance, VadSegmenter
+from mediaserver.config import Settings
+from mediaserver.errors import ApiError, Overloaded
+from mediaserver.events import (
+    SAMPLE_RATE_HZ,
+    AudioArray,
+    FinalTranscript,
+    PartialTranscript,
+    Priority,
+    SessionEvent,
+    SpeechStarted,
+    SpeechStopped,
+    StreamError,
+    TranscriptionOptions,
+)
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[SessionEvent], Awaitable[None]]
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    model: str | None = None
+    transcription: TranscriptionOptions = field(
+        default_factory=lambda: TranscriptionOptions(with_segment_timestamps=False)
+    )
+    server_vad: bool = False
+    partials: bool = False
+
+
+def segmenter_config(settings: Settings, **overrides: int | float) -> SegmenterConfig:
+    values: dict[str, int | float] = {
+        "aggressiveness": settings.stream_vad_aggressiveness,
+        "hangover_ms": settings.stream_vad_hangover_ms,
+        "preroll_ms": settings.stream_vad_preroll_ms,
+        "min_speech_ms": settings.stream_min_speech_ms,
+        "max_utterance_s": settings.stream_max_utterance_s,
+    }
+    values.update(overrides)
+    return SegmenterConfig(**values)  # type: ignore[arg-type]
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+def _agreed_prefix(a: str, b: str) -> str:
+    """Longest run of leading words two hypotheses share (LocalAgreement-2)."""
+    agreed: list[str] = []
+    for x, y in zip(_words(a), _words(b), strict=False):
+        if x != y:
+            break
+        agreed.append(x)
+    return " ".join(agreed)
+
+
+class StreamSession:
+    def __init__(
+        self,
+        asr: AsrService,
+        settings: Settings,
+        emit: Emit,
+        options: StreamOptions | None = None,
+        *,
+        session_id: str | None = None,
+        segmenter: SegmenterConfig | None = None,
+    ) -> None:
+        self.id = session_id or f"s{next(_ids)}"
+        self.asr = asr
+        self.settings = settings
+        self.options = options or StreamOptions()
+        self._emit = emit
+        self._segmenter = VadSegmenter(segmenter or segmenter_config(settings))
+        self._recording = False
+        self._recorded: list[AudioArray] = []
+        self._committed = ""  # partial text already sent for the current utterance
+        self._last_hypothesis = ""
+        self._partial_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._final_chain: asyncio.Future[None] | None = None
+        self._closed = False
+        self.last_activity = time.monotonic()
+        self.samples_received = 0
+        self.utterances = 0
+
+    # --- configuration ------------------------------------------------------------------------
+
+    def configure(self, options: StreamOptions) -> None:
+        self.options = options
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def in_speech(self) -> bool:
+        return self._recording if not self.options.server_vad else self._segmenter.in_speech
+
+    # --- audio --------------------------------------------------------------------------------
+
+    async def feed(self, samples: AudioArray) -> None:
+        """Audio from the transport: 16 kHz mono float32, any length."""
+        if self._closed or samples.size == 0:
+            return
+        self.last_activity = time.monotonic()
+        self.samples_received += samples.size
+        if not self.options.server_vad:
+            if self._recording:
+                self._recorded.append(samples)
+                self._ensure_partials()
+            return
+        for event in self._segmenter.push(samples):
+            await self._on_segment(event)
+        if self._segmenter.in_speech:
+            self._ensure_partials()
+
+    async def _on_segment(self, event: SpeechStart | Utterance | Discarded) -> None:
+        if isinstance(event, SpeechStart):
+            self._begin_utterance()
+            await self._emit(SpeechStarted(event.start_ms))
+        elif isinstance(event, Utterance):
+            await self._emit(SpeechStopped(event.end_ms))
+            self._submit_final(event.audio, event.start_ms, event.end_ms)
+        else:
+            self._cancel_partials()
+            await self._emit(SpeechStopped(event.end_ms))
+
+    # --- push-to-talk ---------------------------------------------------------------------------
+
+    def start_recording(self) -> None:
+        self._recording = True
+        self._recorded = []
+        self._begin_utterance()
+
+    @property
+    def recording(self) -> bool:
+        return self._recording
+
+    def recorded_audio(self) -> AudioArray:
+        return np.concatenate(self._recorded) if self._recorded else np.zeros(0, np.float32)
+
+    async def stop_recording(self) -> FinalTranscript:
+        """End a push-to-talk utterance and wait for its final transcript."""
+        self._recording = False
+        audio = self.recorded_audio()
+        self._recorded = []
+        self._cancel_partials()
+        return await self._final(audio, 0, int(audio.size * 1000 / SAMPLE_RATE_HZ))
+
+    async def commit(self) -> FinalTranscript | None:
+        """Finish whatever audio is buffered (server VAD) now; None when nothing was being said."""
+        if not self.options.server_vad:
+            return await self.stop_recording()
+        event = self._segmenter.flush()
+        if event is None:
+            return None
+        if isinstance(event, Discarded):
+            self._cancel_partials()
+            return None
+        await self._emit(SpeechStopped(event.end_ms))
+        return await self._final(event.audio, event.start_ms, event.end_ms)
+
+    def clear(self) -> None:
+        """Drop buffered audio and any utterance in progress."""
+        self._recorded = []
+        self._segmenter.reset()
+        self._cancel_partials()
+        self._committed = ""
+        self._last_hypothesis = ""
+
+    # --- transcription ------------------------------------------------------------------------
+
+    def _begin_utterance(self) -> None:
+        self._cancel_partials()
+        self._committed = ""
+        self._last_hypothesis = ""
+
+    def _current_audio(self) -> AudioArray:
+        return self.recorded_audio() if not self.options.server_vad else self._segmenter.current_audio()
+
+    def _ensure_partials(self) -> None:
+        if not self.options.partials or self._partial_task is not None or self._closed:
+            return
+        self._partial_task = asyncio.get_running_loop().create_task(self._partials_loop(), name=f"partials-{self.id}")
+
+    def _cancel_partials(self) -> None:
+        if self._partial_task is not None:
+            self._partial_task.cancel()
+            self._partial_task = None
+
+    async def _partials_loop(self) -> None:
+        interval_s = self.settings.stream_partial_interval_ms / 1000.0
+        last_size = 0
+        try:
+            while self.in_speech and not self._closed:
+                await asyncio.sleep(interval_s)
+                audio = self._current_audio()
+                if audio.size <= last_size or audio.size < SAMPLE_RATE_HZ // 2:
+                    continue
+                last_size = audio.size
+                options = replace(self.options.transcription, prefix=self._committed or None)
+                try:
+                    result = await self.asr.transcribe(
+                        audio,
+                        options,
+                        model=self.options.model,
+                        priority=Priority.PARTIAL,
+                        supersede_key=self.id,
+                    )
+                except (Superseded, Overloaded, TimeoutError):
+                    continue
+                if not self.in_speech:
+                    return
+                await self._advance_partial(result.text)
+        except asyncio.CancelledError:
+            pass
+        except ApiError as exc:
+            await self._emit(StreamError(exc.message, exc.code))
+        finally:
+            if self._partial_task is asyncio.current_task():
+                self._partial_task = None
+
+    async def _advance_partial(self, hypothesis: str) -> None:
+        """Send the words two consecutive hypotheses agree on, beyond what was already sent."""
+        agreed = _words(_agreed_prefix(self._last_hypothesis, hypothesis))
+        self._last_hypothesis = hypothesis
+        committed = _words(self._committed)
+        if len(agreed) <= len(committed) or agreed[: len(committed)] != committed:
+            return
+        delta = " ".join(agreed[len(committed) :])
+        if self._committed:
+            delta = " " + delta
+        self._committed += delta
+        await self._emit(PartialTranscript(delta, self._committed))
+
+    def _submit_final(self, audio: AudioArray, start_ms: int, end_ms: int) -> None:
+        """Queue a final without blocking the audio path; finals of a session arrive in order."""
+        previous = self._final_chain
+        committed = self._committed
+        self._cancel_partials()
+        self._committed = ""
+        self._last_hypothesis = ""
+
+        async def run() -> None:
+            if previous is not None:
+                with contextlib.suppress(Exception):
+                    await previous
+            await self._final(audio, start_ms, end_ms, committed=committed)
+
+        task = asyncio.get_running_loop().create_task(run(), name=f"final-{self.id}")
+        self._final_chain = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _final(
+        self, audio: AudioArray, start_ms: int, end_ms: int, *, committed: str | None = None
+    ) -> FinalTranscript:
+        committed = self._committed if committed is None else committed
+        self._cancel_partials()
+        started = time.perf_counter()
+        options = replace(self.options.transcription, prefix=committed or None)
+        try:
+            transcript = await self.asr.transcribe(audio, options, model=self.options.model, priority=Priority.FINAL)
+        except ApiError as exc:
+            await self._emit(StreamError(exc.message, exc.code))
+            raise
+        text = transcript.text
+        if committed and not text.startswith(committed):
+            # The prefix is forced, so this only happens when the audio held no speech at all.
+            text = committed
+            transcript = replace(transcript, text=text)
+        delta = text[len(committed) :] if committed else text
+        self.utterances += 1
+        final = FinalTranscript(transcript, delta, start_ms, end_ms, (time.perf_counter() - started) * 1000.0)
+        if committed == self._committed:
+            self._committed = ""
+            self._last_hypothesis = ""
+        await self._emit(final)
+        return final
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._cancel_partials()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+
+class SessionLimitReached(ApiError):
+    status = 503
+    code = "too_many_sessions"
+
+
+class SessionRegistry:
+    """All open streaming sessions of the app: a cap, idle reaping and close-all on shutdown."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._sessions: dict[str, Closable] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def ids(self) -> list[str]:
+        return list(self._sessions)
+
+    def add(self, session_id: str, session: Closable) -> None:
+        if len(self._sessions) >= self.settings.max_sessions:
+            raise SessionLimitReached(f"too many open sessions (max_sessions={self.settings.max_sessions})")
+        self._sessions[session_id] = session
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="session-reaper")
+
+    def discard(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    async def _reap(self) -> None:
+        period_s = min(60.0, self.settings.session_idle_timeout_s / 4)
+        while True:
+            await asyncio.sleep(period_s)
+            now = time.monotonic()
+            for session_id, session in list(self._sessions.items()):
+                if now - session.last_activity > self.settings.session_idle_timeout_s:
+                    log.info("closing idle session %s", session_id)
+                    self.discard(session_id)
+                    await session.aclose()
+
+    async def aclose(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+            self._reaper = None
+        sessions = list(self._sessions.values())
+        self._sessions.clear()
+        for session in sessions:
+            await session.aclose()
+
+
+class Closable(Protocol):
+    """What the registry needs of a session: its last activity time and an idempotent close."""
+
+    last_activity: float
+
+    async def aclose(self) -> None: ...

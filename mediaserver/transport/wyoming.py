@@ -1,0 +1,552 @@
+"""Wyoming ASR server (TCP): what Home Assistant's ``wyoming`` integration talks to.
+
+Framing, exactly as the Wyoming spec: each event is one UTF-8 JSON header line ending in ``\\n``
+(``{"type", "data"?, "data_length"?, "payload_length"?, "version"?}``), then ``data_length`` bytes
+of JSON merged over ``data``, then ``payload_length`` bytes of binary payload (PCM here). The framing
+is implemented here, not taken from the ``wyoming`` package, so every length is checked before
+anything is allocated and a malformed event gets a clear ``error`` instead of a silent hang-up.
+
+Conversation, per connection (Home Assistant opens one per utterance; several cycles on one
+connection work too): ``describe`` → ``info``; ``transcribe{name?, language?}`` →
+``audio-start`` → ``audio-chunk``* → ``audio-stop`` → ``transcript-start``, ``transcript-chunk``*,
+``transcript``, ``transcript-stop``; ``ping`` → ``pong``. Unknown event types are ignored, as the
+spec asks of every peer.
+
+Every error ends the connection: the server sends ``error{text, code}``, shuts down its sending side
+and discards what the client still sends for a moment before closing (closing a socket with unread
+input makes the kernel send a reset, which can destroy the error before the client reads it). Home
+Assistant reads until ``transcript`` without a timeout, so an error that left the connection open
+would leave it waiting; a closed connection ends its request at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import importlib
+import json
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+from aiohttp import web
+
+from mediaserver import __version__
+from mediaserver.asr.models import ModelSource
+from mediaserver.asr.scheduler import DeadlineExceeded
+from mediaserver.asr.service import AsrService
+from mediaserver.audio.decode import PcmFormat, pcm_to_float
+from mediaserver.config import Settings
+from mediaserver.errors import ApiError, AudioTooLarge, InvalidAudio, InvalidParameter
+from mediaserver.events import AudioArray, Priority, Transcript, TranscriptionOptions
+from mediaserver.languages import WHISPER_LANGUAGES, normalize_language
+from mediaserver.state import ASR, SETTINGS
+
+log = logging.getLogger(__name__)
+
+# The Wyoming protocol version we speak (transcript streaming arrived in 1.7.0).
+PROTOCOL_VERSION: Final = "1.7.0"
+# Longest accepted header line; real headers are ~150 bytes (data goes in the data_length block).
+MAX_HEADER_LINE_BYTES: Final = 64 * 1024
+# How long an error's sender waits for the client to stop sending before closing outright.
+LINGER_S: Final = 2.0
+LINGER_MAX_BYTES: Final = 16 * 1024 * 1024
+ZEROCONF_SERVICE_TYPE: Final = "_wyoming._tcp.local."
+
+_PROGRAM_ATTRIBUTION: Final = {"name": "mediaserver (faster-whisper)", "url": "https://github.com/SYSTRAN/faster-whisper"}
+_MODEL_ATTRIBUTION: Final = {"name": "OpenAI", "url": "https://github.com/openai/whisper"}
+
+
+# --- framing -----------------------------------------------------------------------------------
+
+
+class WyomingProtocolError(Exception):
+    """A malformed event; the connection it came from cannot be trusted any further."""
+
+    def __init__(self, message: str, code: str = "invalid_event") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+@dataclass(frozen=True)
+class WyomingEvent:
+    type: str
+    data: dict[str, Any] = field(default_factory=dict)
+    payload: bytes | None = None
+
+
+def encode_event(event: WyomingEvent) -> bytes:
+    """Serialize like the reference implementation: header line, data block, payload."""
+    header: dict[str, Any] = {"type": event.type, "version": PROTOCOL_VERSION}
+    data_bytes = json.dumps(event.data, ensure_ascii=False).encode() if event.data else b""
+    if data_bytes:
+        header["data_length"] = len(data_bytes)
+    if event.payload:
+        header["payload_length"] = len(event.payload)
+    line = json.dumps(header, ensure_ascii=False).encode() + b"\n"
+    return line + data_bytes + (event.payload or b"")
+
+
+def _json_object(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise WyomingProtocolError(f"{what} is not valid UTF-8 JSON") from None
+    if not isinstance(value, dict):
+        raise WyomingProtocolError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _length(header: dict[str, Any], key: str) -> int:
+    value = header.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WyomingProtocolError(f"{key} must be an integer, got {value!r}")
+    if value < 0:
+        raise WyomingProtocolError(f"{key} must not be negative, got {value}")
+    return value
+
+
+async def read_event(reader: asyncio.StreamReader, *, max_event_bytes: int) -> WyomingEvent | None:
+    """Read one event; None on a clean end of stream between events.
+
+    Raises WyomingProtocolError for anything malformed or larger than ``max_event_bytes`` (header,
+    data and payload together), and asyncio.IncompleteReadError when the peer leaves mid-event.
+    The reader's own limit must be at least MAX_HEADER_LINE_BYTES.
+    """
+    max_line = min(MAX_HEADER_LINE_BYTES, max_event_bytes)
+    try:
+        line = await reader.readuntil(b"\n")
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise
+    except asyncio.LimitOverrunError:
+        raise WyomingProtocolError(f"header line is longer than {max_line} bytes", "event_too_large") from None
+    if len(line) > max_line:
+        raise WyomingProtocolError(f"header line is longer than {max_line} bytes", "event_too_large")
+    header = _json_object(line, "header line")
+    event_type = header.get("type")
+    if not isinstance(event_type, str) or not event_type:
+        raise WyomingProtocolError("header has no 'type' string")
+    data = header.get("data")
+    if data is None:
+        data = {}
+    elif not isinstance(data, dict):
+        raise WyomingProtocolError(f"'data' must be a JSON object, got {type(data).__name__}")
+    data_length = _length(header, "data_length")
+    payload_length = _length(header, "payload_length")
+    total = len(line) + data_length + payload_length
+    if total > max_event_bytes:
+        raise WyomingProtocolError(
+            f"event of {total} bytes (data_length={data_length}, payload_length={payload_length}) "
+            f"exceeds the limit of {max_event_bytes} bytes",
+            "event_too_large",
+        )
+    if data_length:
+        data = {**data, **_json_object(await reader.readexactly(data_length), "data block")}
+    payload = await reader.readexactly(payload_length) if payload_length else None
+    return WyomingEvent(event_type, data, payload)
+
+
+# --- info --------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _engine_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("faster-whisper")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _is_multilingual(source: ModelSource) -> bool:
+    if source.multilingual is not None:
+        return source.multilingual
+    # Unknown until loaded: Whisper's English-only checkpoints are all named "*.en".
+    tail = source.location.rstrip("/").rsplit("/", 1)[-1]
+    return not (source.name.endswith(".en") or tail.endswith(".en"))
+
+
+def build_info(asr: AsrService) -> dict[str, Any]:
+    """The ``info`` data: one ASR program, one model per model the registry knows."""
+    models: list[dict[str, Any]] = []
+    for source in asr.registry.sources():
+        multilingual = _is_multilingual(source)
+        models.append(
+            {
+                "name": source.name,
+                "description": f"Whisper {source.name} ({'multilingual' if multilingual else 'English-only'})",
+                "languages": list(WHISPER_LANGUAGES) if multilingual else ["en"],
+                "attribution": dict(_MODEL_ATTRIBUTION),
+                "installed": True,
+                "version": _engine_version(),
+            }
+        )
+    program = {
+        "name": "mediaserver",
+        "description": "mediaserver speech-to-text (Whisper on CTranslate2)",
+        "attribution": dict(_PROGRAM_ATTRIBUTION),
+        "installed": True,
+        "version": __version__,
+        "supports_transcript_streaming": True,
+        "models": models,
+    }
+    return {"asr": [program]}
+
+
+# --- one connection ----------------------------------------------------------------------------
+
+
+def _format_field(data: dict[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidAudio(f"Invalid audio: {key} must be an integer, got {value!r}")
+    return value
+
+
+def _audio_format(data: dict[str, Any], fallback: PcmFormat | None) -> PcmFormat | None:
+    """rate/width/channels from an audio event, missing fields taken from ``fallback``."""
+    rate, width, channels = (_format_field(data, key) for key in ("rate", "width", "channels"))
+    if rate is None and width is None and channels is None:
+        return fallback
+    if fallback is not None:
+        rate = fallback.sample_rate_hz if rate is None else rate
+        width = fallback.bits // 8 if width is None else width
+        channels = fallback.channels if channels is None else channels
+    if rate is None or width is None or channels is None:
+        raise InvalidAudio("Invalid audio: rate, width and channels are required before the first audio")
+    fmt = PcmFormat(rate, width * 8, channels)
+    fmt.validate()
+    return fmt
+
+
+@dataclass
+class _Utterance:
+    """Audio of one transcribe cycle, kept as runs of identically formatted PCM."""
+
+    model: str | None
+    language: str | None
+    fmt: PcmFormat | None = None
+    runs: list[tuple[PcmFormat, bytearray]] = field(default_factory=list)
+    total_bytes: int = 0
+    duration_s: float = 0.0
+
+    def add(self, fmt: PcmFormat, pcm: bytes, *, max_bytes: int, max_duration_s: float) -> None:
+        self.total_bytes += len(pcm)
+        self.duration_s += len(pcm) / fmt.frame_bytes / fmt.sample_rate_hz
+        if self.total_bytes > max_bytes:
+            raise AudioTooLarge(f"audio exceeds the limit of {max_bytes} bytes")
+        if self.duration_s > max_duration_s:
+            raise AudioTooLarge(f"audio is longer than the limit of {max_duration_s:.0f} s")
+        if self.runs and self.runs[-1][0] == fmt:
+            self.runs[-1][1].extend(pcm)
+        else:
+            self.runs.append((fmt, bytearray(pcm)))
+
+    def to_float(self, max_duration_s: float) -> AudioArray:
+        parts = [
+            pcm_to_float(bytes(pcm), fmt, max_duration_s=max_duration_s)
+            for fmt, pcm in self.runs
+            if len(pcm) >= fmt.frame_bytes
+        ]
+        return np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)
+
+
+def transcript_chunks(transcript: Transcript) -> list[str]:
+    """Segment texts trimmed so that they concatenate to exactly ``transcript.text``."""
+    texts = [s.text for s in transcript.segments if s.text]
+    if texts:
+        texts[0] = texts[0].lstrip()
+        texts[-1] = texts[-1].rstrip()
+        texts = [t for t in texts if t]
+    if "".join(texts) != transcript.text:
+        return [transcript.text] if transcript.text else []
+    return texts
+
+
+class WyomingConnection:
+    """One client: reads events, answers them, and owns its socket until it is closed."""
+
+    def __init__(self, server: WyomingServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._server = server
+        self._settings = server.settings
+        self._asr = server.asr
+        self._reader = reader
+        self._writer = writer
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+        self._utterance: _Utterance | None = None
+        self._pending: tuple[str | None, str | None] | None = None  # (model, language) of a transcribe
+
+    async def run(self) -> None:
+        try:
+            await self._serve()
+        except WyomingProtocolError as exc:
+            log.info("wyoming %s: protocol error: %s", self.peer, exc.message)
+            await self._fail(exc.message, exc.code)
+        except ApiError as exc:
+            log.info("wyoming %s: %s (%s)", self.peer, exc.message, exc.code)
+            await self._fail(exc.message, exc.code)
+        except (DeadlineExceeded, TimeoutError):
+            await self._fail("the transcription did not finish in time; retry later", "timeout")
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            log.debug("wyoming %s: connection lost: %r", self.peer, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("wyoming %s: unexpected error", self.peer)
+            await self._fail("internal server error", "internal_error")
+
+    async def _serve(self) -> None:
+        idle_s = self._settings.wyoming_idle_timeout_s
+        while True:
+            try:
+                async with asyncio.timeout(idle_s):
+                    event = await read_event(self._reader, max_event_bytes=self._settings.wyoming_max_event_bytes)
+            except TimeoutError:
+                log.info("wyoming %s: idle for %.0f s, closing", self.peer, idle_s)
+                return
+            if event is None:
+                return
+            await self._handle(event)
+
+    async def _handle(self, event: WyomingEvent) -> None:
+        kind = event.type
+        if kind == "describe":
+            await self.send(WyomingEvent("info", build_info(self._asr)))
+        elif kind == "ping":
+            await self.send(WyomingEvent("pong", {"text": event.data.get("text")}))
+        elif kind == "transcribe":
+            self._pending = self._parse_transcribe(event.data)
+            self._utterance = None
+        elif kind == "audio-start":
+            self._start_utterance(_audio_format(event.data, None))
+        elif kind == "audio-chunk":
+            self._add_chunk(event)
+        elif kind == "audio-stop":
+            await self._finish_utterance()
+        else:
+            log.debug("wyoming %s: ignoring event %r", self.peer, kind)
+
+    def _parse_transcribe(self, data: dict[str, Any]) -> tuple[str | None, str | None]:
+        name = data.get("name")
+        if name is not None and not isinstance(name, str):
+            raise InvalidParameter(f"transcribe name must be a string, got {name!r}", param="name")
+        model = self._asr.registry.resolve(name) if name else None  # UnknownModel for names we do not know
+        raw_language = data.get("language")
+        if raw_language is None or raw_language == "":
+            return model, self._settings.default_language
+        if not isinstance(raw_language, str):
+            raise InvalidParameter(f"transcribe language must be a string, got {raw_language!r}", param="language")
+        try:
+            return model, normalize_language(raw_language)  # None ("auto") means detect
+        except ValueError:
+            raise InvalidParameter(f"unsupported language {raw_language!r}", param="language") from None
+
+    def _start_utterance(self, fmt: PcmFormat | None) -> _Utterance:
+        model, language = self._pending if self._pending is not None else (None, self._settings.default_language)
+        self._pending = None
+        self._utterance = _Utterance(model, language, fmt)
+        return self._utterance
+
+    def _add_chunk(self, event: WyomingEvent) -> None:
+        utterance = self._utterance
+        if utterance is None:  # no audio-start: the chunk has to say its format itself
+            utterance = self._start_utterance(None)
+        fmt = _audio_format(event.data, utterance.fmt)
+        if fmt is None:
+            raise InvalidAudio("Invalid audio: audio-chunk without rate/width/channels and no audio-start before it")
+        if event.payload:
+            utterance.add(
+                fmt,
+                event.payload,
+                max_bytes=self._settings.max_upload_bytes,
+                max_duration_s=self._settings.max_audio_duration_s,
+            )
+
+    async def _finish_utterance(self) -> None:
+        utterance = self._utterance or self._start_utterance(None)
+        self._utterance = None
+        started = time.perf_counter()
+        audio = await asyncio.to_thread(utterance.to_float, self._settings.max_audio_duration_s)
+        if audio.size == 0:
+            language = utterance.language or self._settings.default_language
+            transcript = Transcript(text="", language=language, language_probability=0.0, duration_s=0.0)
+        else:
+            options = TranscriptionOptions(language=utterance.language, beam_size=self._settings.default_beam_size)
+            transcript = await self._asr.transcribe(audio, options, model=utterance.model, priority=Priority.FINAL)
+        log.info(
+            "wyoming %s: %.2f s of audio transcribed in %.0f ms",
+            self.peer,
+            audio.size / 16000,
+            (time.perf_counter() - started) * 1000,
+        )
+        language = transcript.language
+        events = [WyomingEvent("transcript-start", {"language": language})]
+        events += [WyomingEvent("transcript-chunk", {"text": text}) for text in transcript_chunks(transcript)]
+        events += [
+            WyomingEvent("transcript", {"text": transcript.text, "language": language}),
+            WyomingEvent("transcript-stop"),
+        ]
+        await self.send(*events)
+
+    async def send(self, *events: WyomingEvent) -> None:
+        """Write events; a client that stops reading is dropped after the idle timeout."""
+        self._writer.write(b"".join(encode_event(e) for e in events))
+        async with asyncio.timeout(self._settings.wyoming_idle_timeout_s):
+            await self._writer.drain()
+
+    async def _fail(self, text: str, code: str) -> None:
+        """Send an error, then close gracefully (see the module docstring)."""
+        try:
+            await self.send(WyomingEvent("error", {"text": text, "code": code}))
+            if self._writer.can_write_eof():
+                self._writer.write_eof()
+            async with asyncio.timeout(LINGER_S):
+                discarded = 0
+                while discarded < LINGER_MAX_BYTES:
+                    block = await self._reader.read(65536)
+                    if not block:
+                        break
+                    discarded += len(block)
+        except (TimeoutError, ConnectionError, OSError):
+            pass
+
+    async def aclose(self) -> None:
+        if self._writer.is_closing():
+            return
+        self._writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self._writer.wait_closed()
+
+
+# --- the server --------------------------------------------------------------------------------
+
+
+class WyomingServer:
+    """The TCP listener; owns every open connection and the optional mDNS announcement."""
+
+    def __init__(self, settings: Settings, asr: AsrService) -> None:
+        self.settings = settings
+        self.asr = asr
+        self._server: asyncio.Server | None = None
+        self._tasks: dict[asyncio.Task[None], WyomingConnection] = {}
+        self._zeroconf: Any = None
+        self._service_info: Any = None
+        self._closed = False
+        self.port: int | None = None
+
+    @property
+    def connections(self) -> frozenset[WyomingConnection]:
+        """The connections open right now."""
+        return frozenset(self._tasks.values())
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on host:port (0 = any free port); return the bound port."""
+        self._server = await asyncio.start_server(self._on_connect, host, port, limit=MAX_HEADER_LINE_BYTES)
+        sockets = self._server.sockets
+        self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        log.info("wyoming ASR server listening on %s:%d", host, self.port)
+        if self.settings.wyoming_zeroconf:
+            await self._announce(host, self.port)
+        return self.port
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if self._closed or task is None:
+            writer.close()
+            return
+        connection = WyomingConnection(self, reader, writer)
+        self._tasks[task] = connection
+        log.debug("wyoming %s: connected", connection.peer)
+        try:
+            await connection.run()
+        finally:
+            self._tasks.pop(task, None)
+            await connection.aclose()
+            log.debug("wyoming %s: closed", connection.peer)
+
+    async def _announce(self, host: str, port: int) -> None:
+        try:
+            zc_asyncio = importlib.import_module("zeroconf.asyncio")
+        except ImportError:
+            log.warning("wyoming_zeroconf is set but the 'zeroconf' package is not installed; not announcing")
+            return
+        address = host if host not in ("", "0.0.0.0", "::") else _outbound_ipv4()
+        name = self.settings.wyoming_zeroconf_name
+        try:
+            info = zc_asyncio.AsyncServiceInfo(
+                ZEROCONF_SERVICE_TYPE,
+                f"{name}.{ZEROCONF_SERVICE_TYPE}",
+                addresses=[socket.inet_aton(address)],
+                port=port,
+            )
+            zc = zc_asyncio.AsyncZeroconf()
+            await zc.async_register_service(info)
+        except Exception as exc:
+            log.warning("zeroconf announcement of %s on %s:%d failed: %s", name, address, port, exc)
+            return
+        self._zeroconf, self._service_info = zc, info
+        log.info("announced %r as %s on %s:%d", name, ZEROCONF_SERVICE_TYPE, address, port)
+
+    async def aclose(self) -> None:
+        """Stop listening, close every connection (cancelling running requests), withdraw mDNS."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._zeroconf is not None:
+            with contextlib.suppress(Exception):
+                await self._zeroconf.async_unregister_service(self._service_info)
+            with contextlib.suppress(Exception):
+                await self._zeroconf.async_close()
+            self._zeroconf = None
+        if self._server is not None:
+            self._server.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+def _outbound_ipv4() -> str:
+    """The address other hosts reach us on (no packet is sent: UDP connect only picks a route)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("224.0.0.251", 5353))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+WYOMING_SERVER = web.AppKey("wyoming_server", WyomingServer)
+WYOMING_PORT = web.AppKey("wyoming_port", int)
+
+
+async def wyoming_ctx(app: web.Application) -> AsyncIterator[None]:
+    """aiohttp cleanup_ctx: run the Wyoming server for the app's lifetime if it is enabled."""
+    settings = app[SETTINGS]
+    if not settings.wyoming_enabled:
+        yield
+        return
+    server = WyomingServer(settings, app[ASR])
+    try:
+        app[WYOMING_PORT] = await server.start(settings.wyoming_host, settings.wyoming_port)
+        app[WYOMING_SERVER] = server
+        yield
+    finally:
+        await server.aclose()

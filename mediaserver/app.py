@@ -23,6 +23,7 @@ from mediaserver.errors import ApiError, Unauthorized, VoiceNotAuthorized
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
 from mediaserver.state import ASR, METRICS, SETTINGS
 from mediaserver.transport import openai_rest, willow
+from mediaserver.transport.wyoming import wyoming_ctx
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,7 @@ def create_app(
             await service.aclose()
 
     app.cleanup_ctx.append(asr_ctx)
+    app.cleanup_ctx.append(wyoming_ctx)
     willow.add_routes(app)
     openai_rest.add_routes(app)
     app.router.add_get("/", index_handler)

@@ -187,6 +187,8 @@ def base_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         model_cache_dir=Path.home() / ".cache" / "mediaserver" / "models",
         save_audio_dir=tmp_path_factory.mktemp("audio"),
         cert_dir=tmp_path_factory.mktemp("certs"),
+        wyoming_host="127.0.0.1",
+        wyoming_port=0,
     )
 
 

@@ -58,7 +58,10 @@ LINGER_S: Final = 2.0
 LINGER_MAX_BYTES: Final = 16 * 1024 * 1024
 ZEROCONF_SERVICE_TYPE: Final = "_wyoming._tcp.local."
 
-_PROGRAM_ATTRIBUTION: Final = {"name": "mediaserver (faster-whisper)", "url": "https://github.com/SYSTRAN/faster-whisper"}
+_PROGRAM_ATTRIBUTION: Final = {
+    "name": "mediaserver (faster-whisper)",
+    "url": "https://github.com/SYSTRAN/faster-whisper",
+}
 _MODEL_ATTRIBUTION: Final = {"name": "OpenAI", "url": "https://github.com/openai/whisper"}
 
 

@@ -21,8 +21,9 @@ from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice, choose_device
 from mediaserver.errors import ApiError, Unauthorized, VoiceNotAuthorized
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
-from mediaserver.state import ASR, METRICS, SETTINGS
-from mediaserver.transport import openai_rest, willow
+from mediaserver.session import SessionRegistry
+from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS
+from mediaserver.transport import openai_rest, rtc, willow
 from mediaserver.transport.wyoming import wyoming_ctx
 
 log = logging.getLogger(__name__)
@@ -198,10 +199,20 @@ def create_app(
         finally:
             await service.aclose()
 
+    async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
+        registry = SessionRegistry(settings)
+        app[SESSIONS] = registry
+        try:
+            yield
+        finally:  # before the ASR service goes: sessions may still be waiting on it
+            await registry.aclose()
+
     app.cleanup_ctx.append(asr_ctx)
+    app.cleanup_ctx.append(sessions_ctx)
     app.cleanup_ctx.append(wyoming_ctx)
     willow.add_routes(app)
     openai_rest.add_routes(app)
+    rtc.add_routes(app)
     app.router.add_get("/", index_handler)
     app.router.add_get("/health", health_handler)
     app.router.add_get("/metrics", metrics_handler)
@@ -211,4 +222,13 @@ def create_app(
     app.router.add_static("/audio/", settings.save_audio_dir, show_index=False)
     if settings.static_dir.is_dir():
         app.router.add_static("/static/", settings.static_dir, show_index=False)
+        rtc_dir = settings.static_dir / "rtc"
+        if rtc_dir.is_dir():
+
+            async def rtc_index(request: web.Request) -> web.FileResponse:
+                return web.FileResponse(rtc_dir / "index.html")
+
+            app.router.add_get("/rtc", rtc_index)
+            app.router.add_get("/rtc/", rtc_index)
+            app.router.add_static("/rtc/", rtc_dir, show_index=False)
     return app

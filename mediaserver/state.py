@@ -7,7 +7,9 @@ from aiohttp import web
 from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
 from mediaserver.metrics import Metrics
+from mediaserver.session import SessionRegistry
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 ASR = web.AppKey("asr", AsrService)
+SESSIONS = web.AppKey("sessions", SessionRegistry)

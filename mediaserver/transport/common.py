@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiohttp import BodyPartReader, web
 
+from mediaserver.config import Settings
 from mediaserver.errors import AudioTooLarge, InvalidParameter, RequestTimeout
+from mediaserver.events import TranscriptionOptions
 from mediaserver.languages import normalize_language
+from mediaserver.session import StreamOptions
 
 _TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
 _FALSE = frozenset({"0", "false", "no", "off", "f", "n", ""})
@@ -157,3 +160,50 @@ async def read_multipart(
     except (ValueError, AssertionError) as exc:
         raise InvalidParameter(f"malformed multipart body: {exc}", param="body") from None
     return MultipartFields(files, values, stray)
+
+
+def _as_text(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def stream_options_from(
+    values: Mapping[str, object], settings: Settings, *, base: StreamOptions | None = None
+) -> StreamOptions:
+    """Streaming options from a query string or a JSON object (start/stop messages, session.update).
+
+    Keys: model, beam_size, language (or force_language), detect_language, task, prompt. Missing or
+    empty values keep ``base`` (or the server defaults), as WIS does with ``obj.get(k) or default``.
+    """
+    base = base or StreamOptions(
+        transcription=TranscriptionOptions(
+            language=settings.default_language,
+            beam_size=settings.default_beam_size,
+            with_segment_timestamps=False,
+        )
+    )
+    text = {k: t for k, v in values.items() if (t := _as_text(v)) is not None and t.strip() != ""}
+    options = base.transcription
+    beam_size = parse_int(text, "beam_size", options.beam_size, minimum=1, maximum=settings.max_beam_size)
+    language = options.language
+    raw_language = text.get("language") or text.get("force_language")
+    if raw_language is not None:
+        language = parse_language(raw_language, "language")
+    elif "detect_language" in text:
+        language = None if parse_bool(text, "detect_language") else settings.default_language
+    task = text.get("task", options.task)
+    if task not in ("transcribe", "translate"):
+        raise InvalidParameter(f"task must be 'transcribe' or 'translate', got {task!r}", param="task")
+    prompt = text.get("prompt", options.initial_prompt)
+    model = text.get("model", base.model)
+    transcription = replace(
+        options,
+        language=language,
+        beam_size=beam_size,
+        task="translate" if task == "translate" else "transcribe",
+        initial_prompt=prompt,
+    )
+    return replace(base, model=model, transcription=transcription)

@@ -337,7 +337,7 @@ async def test_unknown_event_types_are_ignored(wyoming: WyomingServer) -> None:
 
 async def wait_for_no_connections(server: WyomingServer, timeout_s: float = 10.0) -> None:
     async with asyncio.timeout(timeout_s):
-        while server.connections:  # noqa: ASYNC110 - the server offers no event for this, polling is fine here
+        while server.connections:
             await asyncio.sleep(0.02)
 
 

@@ -1,0 +1,365 @@
+"""WebRTC sessions: SDP signalling at POST /api/rtc/asr and the WIS data-channel protocol.
+
+One aiortc peer connection per browser. The incoming Opus track is always read (an unread aiortc
+track buffers without bound), resampled to 16 kHz mono and fed to a ``StreamSession``. Between
+utterances the browser pauses with ``RTCRtpSender.replaceTrack(null)``; Chrome then sends an RTCP
+BYE, which aiortc would take as the end of the track. Like WIS we ignore BYE on receivers, so audio
+flows again into the same session when the browser resumes with ``replaceTrack(track)``.
+
+Data channel (willow-contract.md §7.3): messages are ``{"type", "message", "obj"}`` JSON. WIS
+clients get exactly WIS's messages; the extensions (hands-free server VAD, partials, speech events)
+are only sent to a client that asked for them in ``start.obj``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import av
+import numpy as np
+from aiohttp import web
+from aiortc import RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtcrtpreceiver import RTCRtpReceiver
+from aiortc.rtp import RtcpByePacket
+
+from mediaserver.config import Settings
+from mediaserver.errors import ApiError, InvalidParameter
+from mediaserver.events import (
+    SAMPLE_RATE_HZ,
+    FinalTranscript,
+    PartialTranscript,
+    SessionEvent,
+    SpeechStarted,
+    SpeechStopped,
+    StreamError,
+)
+from mediaserver.session import StreamOptions, StreamSession
+from mediaserver.state import ASR, SESSIONS, SETTINGS
+from mediaserver.transport.common import stream_options_from
+
+log = logging.getLogger(__name__)
+
+MAX_SDP_BYTES = 64 * 1024
+
+
+def _install_bye_filter() -> None:
+    """Make aiortc receivers ignore RTCP BYE (sent by browsers on replaceTrack(null))."""
+    original = RTCRtpReceiver._handle_rtcp_packet
+    if getattr(original, "_mediaserver_ignores_bye", False):
+        return
+
+    async def handle_rtcp_packet(self: RTCRtpReceiver, packet: Any) -> None:
+        if isinstance(packet, RtcpByePacket):
+            log.debug("ignoring RTCP BYE (track paused, not ended)")
+            return
+        await original(self, packet)
+
+    handle_rtcp_packet._mediaserver_ignores_bye = True  # type: ignore[attr-defined]
+    RTCRtpReceiver._handle_rtcp_packet = handle_rtcp_packet  # type: ignore[method-assign]
+
+
+_install_bye_filter()
+
+
+def ice_servers(settings: Settings) -> list[RTCIceServer]:
+    servers = []
+    for url in settings.rtc_ice_servers:
+        if url.startswith(("turn:", "turns:")):
+            servers.append(
+                RTCIceServer(urls=url, username=settings.rtc_turn_username, credential=settings.rtc_turn_password)
+            )
+        else:
+            servers.append(RTCIceServer(urls=url))
+    return servers
+
+
+def message(kind: str, text: str | None = None, obj: Any = None) -> str:
+    return json.dumps({"type": kind, "message": text, "obj": obj})
+
+
+class RtcSession:
+    """A peer connection, its track reader, its data channel and the StreamSession behind them."""
+
+    def __init__(self, app: web.Application, options: StreamOptions, settings: Settings) -> None:
+        self.settings = settings
+        self.registry = app[SESSIONS]
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(settings)))
+        self.base_options = options
+        self.stream = StreamSession(app[ASR], settings, self._on_event, options)
+        self.id = f"rtc-{self.stream.id}"
+        self.channel: RTCDataChannel | None = None
+        self.extensions = False  # the client opted in to partials / hands-free messages
+        self.hands_free = False
+        self.started = False
+        self.closed = False
+        self.last_activity = time.monotonic()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
+        self.frames_received = 0
+        self.pc.on("datachannel", self._on_datachannel)
+        self.pc.on("track", self._on_track)
+        self.pc.on("connectionstatechange", self._on_connection_state)
+
+    # --- peer connection ------------------------------------------------------------------------
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._spawn(self._read_track(track), "rtc-track")
+        else:  # never leave a track unread
+            self._spawn(self._drain(track), "rtc-drain")
+
+    async def _drain(self, track: MediaStreamTrack) -> None:
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                await track.recv()
+
+    async def _read_track(self, track: MediaStreamTrack) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                self.last_activity = time.monotonic()
+                self.frames_received += 1
+                if not isinstance(frame, av.AudioFrame):
+                    continue
+                frame.pts = None
+                for out in self._resampler.resample(frame):
+                    samples = np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1)
+                    await self.stream.feed(samples)
+        except MediaStreamError:
+            log.debug("session %s: track ended", self.id)
+
+    def _on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        log.info("session %s: connection %s", self.id, state)
+        if state in ("failed", "closed"):
+            self._spawn(self.aclose(), "rtc-close")
+
+    async def watch_connect(self) -> None:
+        await asyncio.sleep(self.settings.rtc_connect_timeout_s)
+        if self.pc.connectionState != "connected" and not self.closed:
+            log.info("session %s: not connected after %.0f s, closing", self.id, self.settings.rtc_connect_timeout_s)
+            await self.aclose()
+
+    # --- data channel ---------------------------------------------------------------------------
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        self.channel = channel
+
+        @channel.on("message")
+        def on_message(data: str | bytes) -> None:
+            self.last_activity = time.monotonic()
+            self._spawn(self._handle_message(data), "rtc-message")
+
+    def send(self, text: str) -> None:
+        if self.channel is not None and self.channel.readyState == "open":
+            self.channel.send(text)
+
+    async def _handle_message(self, data: str | bytes) -> None:
+        try:
+            parsed = json.loads(data)
+        except (ValueError, TypeError):
+            self.send(message("error", "could not parse message"))
+            return
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("type"), str):
+            self.send(message("error", "could not parse message"))
+            return
+        kind = parsed["type"]
+        obj = parsed.get("obj")
+        obj = obj if isinstance(obj, dict) else {}
+        try:
+            if kind == "start":
+                await self._start(obj)
+            elif kind == "stop":
+                await self._stop(obj)
+            elif kind == "ping":
+                self.send(message("pong", parsed.get("message")))
+            else:
+                self.send(message("error", f'unknown message type "{kind}"'))
+        except ApiError as exc:
+            self.send(message("error", exc.message))
+
+    def _options(self, obj: Mapping[str, Any], *, base: StreamOptions) -> StreamOptions:
+        return stream_options_from(obj, self.settings, base=base)
+
+    async def _start(self, obj: Mapping[str, Any]) -> None:
+        options = self._options(obj, base=self.base_options)
+        self.hands_free = bool(obj.get("hands_free", False))
+        self.extensions = self.extensions or self.hands_free or bool(obj.get("partials", False))
+        self.stream.configure(
+            StreamOptions(
+                model=options.model,
+                transcription=options.transcription,
+                server_vad=self.hands_free,
+                partials=bool(obj.get("partials", False)),
+            )
+        )
+        self.started = True
+        if self.hands_free:
+            self.stream.clear()
+            self.send(message("log", "ASR hands-free - listening, speak any time"))
+        else:
+            self.stream.start_recording()
+            self.send(message("log", "ASR Recording - start talking and press stop when done"))
+
+    async def _stop(self, obj: Mapping[str, Any]) -> None:
+        if not self.started:
+            self.send(message("error", "Recording not yet started"))
+            return
+        self.started = False
+        if self.hands_free:
+            self.hands_free = False
+            await self.stream.commit()  # finish an utterance in progress; its infer is sent by the event
+            self.stream.configure(StreamOptions(self.stream.options.model, self.stream.options.transcription))
+            self.send(message("log", "ASR hands-free - stopped"))
+            return
+        options = self._options(obj, base=self.stream.options)
+        self.stream.configure(
+            StreamOptions(options.model, options.transcription, server_vad=False, partials=self.stream.options.partials)
+        )
+        model = options.model or self.settings.default_model
+        beam = options.transcription.beam_size
+        detect = options.transcription.language is None
+        self.send(
+            message("log", f"Doing ASR with model {model} beam size {beam} detect language {detect} - please wait")
+        )
+        final = await self.stream.stop_recording()
+        audio_ms = final.transcript.duration_s * 1000.0
+        infer_ms = final.latency_ms
+        self.send(message("log", f"ASR Infer time: {infer_ms:.1f} ms"))
+        self.send(message("log", f"ASR Audio Duration: {audio_ms:.0f} ms"))
+        speedup = int(audio_ms // infer_ms) if infer_ms > 0 else 0
+        self.send(message("log", f"ASR Speedup: {speedup}x faster than realtime"))
+
+    async def _on_event(self, event: SessionEvent) -> None:
+        if isinstance(event, FinalTranscript):
+            obj: dict[str, Any] = {"text": event.transcript.text}
+            if self.extensions:
+                obj.update(
+                    final=True,
+                    delta=event.delta,
+                    language=event.transcript.language,
+                    audio_start_ms=event.audio_start_ms,
+                    audio_end_ms=event.audio_end_ms,
+                    latency_ms=round(event.latency_ms, 1),
+                )
+            self.send(message("infer", None, obj))
+        elif isinstance(event, StreamError):
+            self.send(message("error", event.message))
+        elif not self.extensions:
+            return
+        elif isinstance(event, PartialTranscript):
+            self.send(message("partial", None, {"text": event.delta, "full": event.text}))
+        elif isinstance(event, SpeechStarted):
+            self.send(message("speech_started", None, {"ms": event.audio_start_ms}))
+        elif isinstance(event, SpeechStopped):
+            self.send(message("speech_stopped", None, {"ms": event.audio_end_ms}))
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.registry.discard(self.id)
+        await self.stream.aclose()
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        await self.pc.close()
+        for task in list(self._tasks):
+            if task is not current:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+
+async def offer_handler(request: web.Request) -> web.Response:
+    """POST /api/rtc/asr: SDP offer in, SDP answer out (non-trickle ICE)."""
+    settings = request.app[SETTINGS]
+    if request.content_length is not None and request.content_length > MAX_SDP_BYTES:
+        raise InvalidParameter(f"offer too large (max {MAX_SDP_BYTES} bytes)", param="sdp")
+    raw = await request.content.read(MAX_SDP_BYTES + 1)
+    if len(raw) > MAX_SDP_BYTES:
+        raise InvalidParameter(f"offer too large (max {MAX_SDP_BYTES} bytes)", param="sdp")
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise InvalidParameter('body must be JSON {"sdp": "...", "type": "offer"}', param="body") from None
+    if not isinstance(body, dict) or not isinstance(body.get("sdp"), str) or body.get("type") != "offer":
+        raise InvalidParameter('body must be JSON {"sdp": "...", "type": "offer"}', param="body")
+    options = stream_options_from(request.query, settings)
+    # Check the model name now, so a bad query is a 400 here rather than an error later.
+    request.app[ASR].registry.resolve(options.model)
+    session = RtcSession(request.app, options, settings)
+    request.app[SESSIONS].add(session.id, session)
+    try:
+        try:
+            await session.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type="offer"))
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            raise InvalidParameter(f"malformed SDP offer: {exc}", param="sdp") from None
+        if not any(t.kind == "audio" for t in session.pc.getTransceivers()) and session.pc.sctp is None:
+            raise InvalidParameter("the SDP offer has neither an audio track nor a data channel", param="sdp")
+        answer = await session.pc.createAnswer()
+        await session.pc.setLocalDescription(answer)
+    except BaseException:
+        await session.aclose()
+        raise
+    session._spawn(session.watch_connect(), "rtc-connect-watch")
+    log.info("session %s: answered offer", session.id)
+    local = session.pc.localDescription
+    return web.json_response({"sdp": local.sdp, "type": local.type})
+
+
+async def config_handler(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    servers: list[dict[str, Any]] = []
+    for server in ice_servers(settings):
+        entry: dict[str, Any] = {"urls": server.urls}
+        if server.username:
+            entry.update(username=server.username, credential=server.credential)
+        servers.append(entry)
+    return web.json_response({"iceServers": servers})
+
+
+def _limit_udp_ports(loop: asyncio.AbstractEventLoop, low: int, high: int) -> None:
+    """Bind ICE host candidates inside [low, high] (for firewalls and container port maps)."""
+    original = loop.create_datagram_endpoint
+    if getattr(original, "_mediaserver_port_range", None) == (low, high):
+        return
+
+    async def create_datagram_endpoint(protocol_factory: Any, local_addr: Any = None, **kwargs: Any) -> Any:
+        if local_addr is None or local_addr[1] != 0:
+            return await original(protocol_factory, local_addr=local_addr, **kwargs)
+        last_error: OSError | None = None
+        for port in range(low, high + 1):
+            try:
+                return await original(protocol_factory, local_addr=(local_addr[0], port), **kwargs)
+            except OSError as exc:
+                last_error = exc
+        raise last_error or OSError(f"no free UDP port in {low}-{high}")
+
+    create_datagram_endpoint._mediaserver_port_range = (low, high)  # type: ignore[attr-defined]
+    loop.create_datagram_endpoint = create_datagram_endpoint  # type: ignore[method-assign,assignment]
+
+
+async def rtc_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    if settings.rtc_udp_port_min and settings.rtc_udp_port_max:
+        _limit_udp_ports(asyncio.get_running_loop(), settings.rtc_udp_port_min, settings.rtc_udp_port_max)
+    yield
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/api/rtc/asr", offer_handler)
+    app.router.add_get("/api/rtc/config", config_handler)
+    app.cleanup_ctx.append(rtc_ctx)

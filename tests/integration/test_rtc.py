@@ -1,0 +1,290 @@
+"""WebRTC with two real aiortc peers on loopback: signalling, the data channel protocol, push-to-talk,
+hands-free with partials, pause/resume with replaceTrack(None) + RTCP BYE, and cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import av
+import numpy as np
+import pytest
+import pytest_asyncio
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamTrack
+from aiortc.rtp import RtcpByePacket
+
+from mediaserver.state import SESSIONS
+from tests.conftest import SENTENCES, Clip, resample_to
+
+RATE = 48000
+FRAME = 960  # 20 ms
+
+
+class ClipTrack(MediaStreamTrack):
+    """A microphone stand-in: plays queued clips in real time, silence otherwise."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue = np.zeros(0, np.int16)
+        self._pts = 0
+        self._started: float | None = None
+
+    def play(self, clip: Clip, silence_after_s: float = 0.8) -> float:
+        pcm = (np.clip(resample_to(clip, RATE), -1, 1) * 32767).astype(np.int16)
+        pcm = np.concatenate([pcm, np.zeros(int(silence_after_s * RATE), np.int16)])
+        self._queue = np.concatenate([self._queue, pcm])
+        return len(self._queue) / RATE
+
+    async def recv(self) -> av.AudioFrame:
+        if self._started is None:
+            self._started = time.monotonic()
+        wait = self._started + self._pts / RATE - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        chunk, self._queue = self._queue[:FRAME], self._queue[FRAME:]
+        if chunk.size < FRAME:
+            chunk = np.concatenate([chunk, np.zeros(FRAME - chunk.size, np.int16)])
+        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = RATE
+        frame.pts = self._pts
+        frame.time_base = fractions.Fraction(1, RATE)
+        self._pts += FRAME
+        return frame
+
+
+@dataclass
+class Peer:
+    pc: RTCPeerConnection
+    channel: RTCDataChannel
+    sender: RTCRtpSender
+    track: ClipTrack
+    messages: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+
+    def send(self, kind: str, obj: Any = None, message: Any = None) -> None:
+        self.channel.send(json.dumps({"type": kind, "message": message, "obj": obj}))
+
+    async def next(self, kind: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = await asyncio.wait_for(self.messages.get(), timeout=max(0.01, deadline - time.monotonic()))
+            if kind is None or msg["type"] == kind:
+                return msg
+
+    async def pause(self) -> None:
+        """What Chrome does on replaceTrack(null): stop sending, and an RTCP BYE for the stream."""
+        self.sender.replaceTrack(None)
+        await self.sender._send_rtcp([RtcpByePacket(sources=[self.sender._ssrc])])
+
+    def resume(self) -> None:
+        self.sender.replaceTrack(self.track)
+
+
+async def connect(server: Any, query: str = "") -> Peer:
+    pc = RTCPeerConnection()
+    channel = pc.createDataChannel("chat", ordered=True)
+    track = ClipTrack()
+    sender = pc.addTrack(track)
+    peer = Peer(pc, channel, sender, track)
+    opened = asyncio.Event()
+    channel.on("open", opened.set)
+
+    @channel.on("message")
+    def on_message(data: str) -> None:
+        peer.messages.put_nowait(json.loads(data))
+
+    await pc.setLocalDescription(await pc.createOffer())
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{server.url}/api/rtc/asr{query}",
+            json={"sdp": pc.localDescription.sdp, "type": pc.localDescription.type},
+        ) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        answer = await resp.json()
+    assert answer["type"] == "answer"
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
+    await asyncio.wait_for(opened.wait(), timeout=15)
+    return peer
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def peer(server: Any) -> AsyncIterator[Peer]:
+    p = await connect(server)
+    yield p
+    await p.pc.close()
+
+
+async def push_to_talk(peer: Peer, clip: Clip, stop_obj: Any = None) -> list[dict[str, Any]]:
+    peer.send("start")
+    started = await peer.next("log")
+    assert started["message"] == "ASR Recording - start talking and press stop when done"
+    duration = peer.track.play(clip)
+    await asyncio.sleep(duration + 0.3)
+    peer.send("stop", stop_obj)
+    received = [await peer.next()]
+    while received[-1]["type"] != "infer":
+        received.append(await peer.next())
+    for _ in range(3):
+        received.append(await peer.next("log"))
+    return received
+
+
+async def test_push_to_talk_round_trip(peer: Peer, speech: Any, wer: Any) -> None:
+    received = await push_to_talk(peer, speech("kitchen"))
+    kinds = [m["type"] for m in received]
+    assert kinds == ["log", "infer", "log", "log", "log"]
+    assert received[0]["message"].startswith("Doing ASR with model tiny.en beam size 1 detect language False")
+    infer = received[1]
+    assert set(infer) == {"type", "message", "obj"} and infer["message"] is None
+    assert set(infer["obj"]) == {"text"}  # a WIS client sees exactly WIS's infer
+    assert wer(SENTENCES["kitchen"], infer["obj"]["text"]) <= 0.2, infer
+    assert received[2]["message"].startswith("ASR Infer time: ")
+    assert received[3]["message"].startswith("ASR Audio Duration: ")
+    assert received[4]["message"].endswith("x faster than realtime")
+
+
+async def test_pause_with_bye_then_resume_on_the_same_session(server: Any, peer: Peer, speech: Any, wer: Any) -> None:
+    await push_to_talk(peer, speech("weather"))
+    sessions_before = server.app[SESSIONS].ids()
+    await peer.pause()
+    await asyncio.sleep(3.0)
+    peer.resume()
+    received = await push_to_talk(peer, speech("remind"))
+    infer = next(m for m in received if m["type"] == "infer")
+    assert wer(SENTENCES["remind"], infer["obj"]["text"]) <= 0.2, infer
+    assert server.app[SESSIONS].ids() == sessions_before  # still the one session
+
+
+async def test_stop_options_pick_model_and_beam(peer: Peer, speech: Any, wer: Any) -> None:
+    received = await push_to_talk(peer, speech("garden"), {"model": "base", "beam_size": 2, "detect_language": True})
+    assert received[0]["message"].startswith("Doing ASR with model base beam size 2 detect language True")
+    infer = next(m for m in received if m["type"] == "infer")
+    assert wer(SENTENCES["garden"], infer["obj"]["text"]) <= 0.2, infer
+
+
+async def test_query_options_are_honoured(server: Any, speech: Any) -> None:
+    p = await connect(server, "?model=base&beam_size=3&language=en")
+    try:
+        received = await push_to_talk(p, speech("kitchen"))
+        assert received[0]["message"].startswith("Doing ASR with model base beam size 3 detect language False")
+    finally:
+        await p.pc.close()
+
+
+async def test_hands_free_with_append_only_partials(peer: Peer, speech: Any, wer: Any) -> None:
+    peer.send("start", {"hands_free": True, "partials": True})
+    assert (await peer.next("log"))["message"].startswith("ASR hands-free")
+    clip = speech("The old lighthouse keeper walked slowly along the rocky shore, and the seagulls followed him home.")
+    duration = peer.track.play(clip, silence_after_s=1.5)
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + duration + 20
+    while time.monotonic() < deadline:
+        msg = await peer.next(timeout=deadline - time.monotonic())
+        got.append(msg)
+        if msg["type"] == "infer":
+            break
+    kinds = [m["type"] for m in got]
+    assert kinds[0] == "speech_started"
+    assert "speech_stopped" in kinds
+    infer = got[-1]
+    assert infer["type"] == "infer" and infer["obj"]["final"] is True
+    partials = [m["obj"] for m in got if m["type"] == "partial"]
+    assert partials, kinds  # partials arrive while speaking
+    streamed = "".join(p["text"] for p in partials)
+    assert streamed == partials[-1]["full"]
+    final_text = infer["obj"]["text"]
+    assert final_text.startswith(streamed)  # append-only: the final extends what was streamed
+    assert streamed + infer["obj"]["delta"] == final_text
+    assert wer(clip.text, final_text) <= 0.25, final_text
+    # Silence gives no infer.
+    peer.track.play(Clip("", np.zeros(22050 * 2, np.int16)), silence_after_s=0.0)
+    await asyncio.sleep(2.5)
+    peer.send("stop")
+    msg = await peer.next()
+    assert msg == {"type": "log", "message": "ASR hands-free - stopped", "obj": None}
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("not json", "could not parse message"),
+        ("[1, 2]", "could not parse message"),
+        (json.dumps({"type": "disconnecting"}), 'unknown message type "disconnecting"'),
+    ],
+)
+async def test_bad_data_channel_messages(peer: Peer, raw: str, expected: str) -> None:
+    peer.channel.send(raw)
+    assert await peer.next() == {"type": "error", "message": expected, "obj": None}
+
+
+async def test_stop_before_start_and_ping(peer: Peer, speech: Any, wer: Any) -> None:
+    peer.send("stop")
+    assert await peer.next() == {"type": "error", "message": "Recording not yet started", "obj": None}
+    peer.send("ping", message="hello")
+    assert await peer.next() == {"type": "pong", "message": "hello", "obj": None}
+    received = await push_to_talk(peer, speech("music"))  # the session is intact
+    infer = next(m for m in received if m["type"] == "infer")
+    assert wer(SENTENCES["music"], infer["obj"]["text"]) <= 0.25
+
+
+@pytest.mark.parametrize(
+    ("body", "query", "message_part"),
+    [
+        (b"not json", "", "must be JSON"),
+        (json.dumps({"sdp": "v=0\r\nnonsense", "type": "offer"}).encode(), "", "SDP"),
+        (json.dumps({"sdp": "x", "type": "answer"}).encode(), "", "must be JSON"),
+        (json.dumps({"type": "offer"}).encode(), "", "must be JSON"),
+        (json.dumps({"sdp": "x", "type": "offer"}).encode(), "?model=nope", "available models"),
+        (json.dumps({"sdp": "x", "type": "offer"}).encode(), "?beam_size=0", "beam_size"),
+    ],
+)
+async def test_bad_offers_are_400(server: Any, body: bytes, query: str, message_part: str) -> None:
+    before = len(server.app[SESSIONS])
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{server.url}/api/rtc/asr{query}", data=body, headers={"Content-Type": "application/json"}) as r,
+    ):
+        assert r.status == 400
+        assert message_part in (await r.json())["error"]
+    assert len(server.app[SESSIONS]) == before
+
+
+async def test_closing_the_peer_leaves_nothing_behind(server: Any) -> None:
+    before = set(server.app[SESSIONS].ids())
+    p = await connect(server)
+    new = set(server.app[SESSIONS].ids()) - before
+    assert len(new) == 1
+    await p.pc.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and set(server.app[SESSIONS].ids()) & new:
+        await asyncio.sleep(0.2)
+    assert not set(server.app[SESSIONS].ids()) & new
+    await asyncio.sleep(0.2)
+    leftover = [t.get_name() for t in asyncio.all_tasks() if any(n in t.get_name() for n in new)]
+    assert leftover == []
+
+
+async def test_ice_config_endpoint(server_factory: Any) -> None:
+    s = await server_factory(
+        rtc_ice_servers=["stun:stun.example.org:3478", "turn:turn.example.org:3478"],
+        rtc_turn_username="u",
+        rtc_turn_password="p",
+    )
+    async with aiohttp.ClientSession() as session, session.get(f"{s.url}/api/rtc/config") as resp:
+        body = await resp.json()
+    assert body == {
+        "iceServers": [
+            {"urls": "stun:stun.example.org:3478"},
+            {"urls": "turn:turn.example.org:3478", "username": "u", "credential": "p"},
+        ]
+    }

@@ -23,7 +23,7 @@ from mediaserver.errors import ApiError, Unauthorized, VoiceNotAuthorized
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
 from mediaserver.session import SessionRegistry
 from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS
-from mediaserver.transport import openai_rest, rtc, willow
+from mediaserver.transport import openai_rest, realtime, rtc, willow, ws
 from mediaserver.transport.wyoming import wyoming_ctx
 
 log = logging.getLogger(__name__)
@@ -213,6 +213,8 @@ def create_app(
     willow.add_routes(app)
     openai_rest.add_routes(app)
     rtc.add_routes(app)
+    ws.add_routes(app)
+    realtime.add_routes(app)
     app.router.add_get("/", index_handler)
     app.router.add_get("/health", health_handler)
     app.router.add_get("/metrics", metrics_handler)

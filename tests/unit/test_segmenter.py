@@ -1,0 +1,94 @@
+"""The streaming VAD segmenter on real Piper speech: pre-roll, hangover, discards, caps, flush."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mediaserver.audio.segmenter import Discarded, SegmenterConfig, SpeechStart, Utterance, VadSegmenter
+from tests.conftest import noise
+
+SR = 16000
+
+
+def feed(segmenter: VadSegmenter, audio: np.ndarray, chunk: int = 320) -> list[Any]:
+    events: list[Any] = []
+    for start in range(0, audio.size, chunk):
+        events += segmenter.push(audio[start : start + chunk])
+    return events
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * SR), np.float32)
+
+
+def test_an_utterance_is_cut_at_the_hangover_and_keeps_its_first_syllable(speech: Any) -> None:
+    clip = speech("kitchen").audio16k
+    segmenter = VadSegmenter(SegmenterConfig(hangover_ms=500, preroll_ms=300))
+    events = feed(segmenter, np.concatenate([silence(1.0), clip, silence(1.0)]))
+    starts = [e for e in events if isinstance(e, SpeechStart)]
+    utterances = [e for e in events if isinstance(e, Utterance)]
+    assert len(starts) == 1 and len(utterances) == 1
+    utterance = utterances[0]
+    assert utterance.reason == "silence"
+    # Speech begins at 1.0 s; with pre-roll the utterance starts before it.
+    assert utterance.start_ms <= 1000
+    # It holds the whole clip plus at most pre-roll + hangover + a trigger window around it.
+    duration_ms = utterance.audio.size * 1000 / SR
+    clip_ms = clip.size * 1000 / SR
+    assert clip_ms - 100 <= duration_ms <= clip_ms + 300 + 500 + 200
+    assert utterance.end_ms - utterance.start_ms == round(duration_ms / 30) * 30
+
+
+def test_two_utterances_split_by_a_pause(speech: Any) -> None:
+    a, b = speech("kitchen").audio16k, speech("music").audio16k
+    segmenter = VadSegmenter(SegmenterConfig(hangover_ms=400))
+    events = feed(segmenter, np.concatenate([a, silence(1.2), b, silence(1.0)]))
+    utterances = [e for e in events if isinstance(e, Utterance)]
+    assert len(utterances) == 2
+    assert utterances[0].end_ms < utterances[1].start_ms
+
+
+def test_silence_and_a_click_give_no_utterance() -> None:
+    segmenter = VadSegmenter(SegmenterConfig(min_speech_ms=200))
+    click = silence(1.0)
+    click[8000:8160] = 0.8  # 10 ms impulse
+    events = feed(segmenter, np.concatenate([silence(2.0), click, silence(1.0)]))
+    assert not [e for e in events if isinstance(e, Utterance)]
+    assert all(isinstance(e, SpeechStart | Discarded) for e in events)
+
+
+def test_long_speech_is_cut_at_the_cap(speech: Any) -> None:
+    long = np.concatenate([speech("story").audio16k, speech("garden").audio16k, speech("remind").audio16k])
+    segmenter = VadSegmenter(SegmenterConfig(max_utterance_s=4.0, hangover_ms=2000))
+    events = feed(segmenter, long)
+    capped = [e for e in events if isinstance(e, Utterance) and e.reason == "max_length"]
+    assert capped
+    assert all(e.audio.size <= 4.0 * SR + 480 for e in capped)
+
+
+def test_flush_ends_the_utterance_in_progress(speech: Any) -> None:
+    segmenter = VadSegmenter()
+    feed(segmenter, speech("weather").audio16k)
+    assert segmenter.in_speech
+    assert segmenter.current_audio().size > SR
+    flushed = segmenter.flush()
+    assert isinstance(flushed, Utterance) and flushed.reason == "flush"
+    assert not segmenter.in_speech
+    assert segmenter.flush() is None
+
+
+def test_chunk_size_does_not_change_the_result(speech: Any) -> None:
+    audio = np.concatenate([silence(0.5), speech("remind").audio16k, silence(1.0)])
+    results = []
+    for chunk in (160, 333, 4096):
+        events = feed(VadSegmenter(), audio, chunk)
+        results.append([(type(e).__name__, getattr(e, "start_ms", None), getattr(e, "end_ms", None)) for e in events])
+    assert results[0] == results[1] == results[2]
+
+
+def test_broadband_noise_is_voiced_for_webrtcvad() -> None:
+    """Documents why the engine adds a neural VAD: webrtcvad alone calls loud noise speech."""
+    events = feed(VadSegmenter(), np.concatenate([noise(2.0, 0.3), silence(1.0)]))
+    assert any(isinstance(e, Utterance) for e in events)

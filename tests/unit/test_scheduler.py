@@ -201,3 +201,27 @@ async def test_a_superseded_partial_is_dropped_not_computed(engine: WhisperEngin
     ran = [b[0] for b in recorder.batches]
     assert "music" not in ran
     assert sorted(ran) == ["garden", "kitchen", "story"]
+
+
+async def test_mixed_languages_tasks_and_options_in_one_batch(
+    base_engine: WhisperEngine, speech: Any, wer: Any
+) -> None:
+    recorder = Recorder(base_engine)
+    scheduler = AsrScheduler("base", recorder, max_batch=8, max_wait_ms=100, max_queue=16)
+    jobs = [
+        job(speech, "kitchen"),  # English, forced
+        job(speech, "weather", language=None),  # detect
+        job(speech, "music", task="translate", language=None),  # translate
+        job(speech, "story", beam_size=3),
+        job(speech, "garden", with_segment_timestamps=False),
+    ]
+    try:
+        results = await asyncio.gather(*(scheduler.submit(j) for j in jobs))
+    finally:
+        await scheduler.aclose()
+    assert len(recorder.batches) == 1 and len(recorder.batches[0]) == 5  # one batch held them all
+    for key, result in zip(["kitchen", "weather", "music", "story", "garden"], results, strict=True):
+        assert wer(SENTENCES[key], result.text) <= 0.25, (key, result.text)
+    assert results[1].language == "en" and results[1].language_probability > 0.5
+    assert results[2].task == "translate"
+    assert results[0].segments and results[4].segments

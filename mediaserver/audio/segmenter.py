@@ -1,0 +1,154 @@
+"""Voice-activity segmentation of a live 16 kHz stream into utterances.
+
+A small state machine over 30 ms webrtcvad frames: idle frames go through a pre-roll ring buffer so
+the first syllable (which the VAD only recognises a few frames in) is kept; speech starts when most
+of a short window of frames is voiced, and ends after ``hangover_ms`` of continuous silence or at
+``max_utterance_s``. Bursts shorter than ``min_speech_ms`` of voiced audio are dropped (clicks,
+coughs). The segmenter is synchronous and cheap; it never calls a model.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import numpy as np
+import webrtcvad
+
+from mediaserver.audio.decode import float_to_pcm16
+from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
+
+
+@dataclass(frozen=True)
+class SegmenterConfig:
+    aggressiveness: int = 3
+    frame_ms: int = 30
+    hangover_ms: int = 500
+    preroll_ms: int = 300
+    min_speech_ms: int = 200
+    max_utterance_s: float = 28.0
+    trigger_window_frames: int = 5
+    trigger_voiced_frames: int = 3
+
+
+@dataclass(frozen=True)
+class SpeechStart:
+    start_ms: int
+
+
+@dataclass(frozen=True)
+class Utterance:
+    audio: AudioArray
+    start_ms: int
+    end_ms: int
+    reason: str  # "silence", "max_length" or "flush"
+
+
+@dataclass(frozen=True)
+class Discarded:
+    start_ms: int
+    end_ms: int
+
+
+SegmentEvent = SpeechStart | Utterance | Discarded
+
+
+class VadSegmenter:
+    def __init__(self, config: SegmenterConfig | None = None) -> None:
+        self.config = config or SegmenterConfig()
+        self._vad = webrtcvad.Vad(self.config.aggressiveness)
+        self._frame_samples = SAMPLE_RATE_HZ * self.config.frame_ms // 1000
+        self._pending = np.zeros(0, np.float32)
+        self._preroll: collections.deque[AudioArray] = collections.deque(
+            maxlen=max(1, self.config.preroll_ms // self.config.frame_ms)
+        )
+        self._recent: collections.deque[bool] = collections.deque(maxlen=self.config.trigger_window_frames)
+        self._frames: list[AudioArray] = []
+        self._in_speech = False
+        self._silence_ms = 0
+        self._voiced_ms = 0
+        self._start_ms = 0
+        self._position_ms = 0  # stream time at the end of the last processed frame
+
+    @property
+    def in_speech(self) -> bool:
+        return self._in_speech
+
+    @property
+    def position_ms(self) -> int:
+        return self._position_ms
+
+    def current_audio(self) -> AudioArray:
+        """The utterance so far (for partial transcripts); empty when idle."""
+        return np.concatenate(self._frames) if self._frames else np.zeros(0, np.float32)
+
+    def push(self, samples: AudioArray) -> list[SegmentEvent]:
+        events: list[SegmentEvent] = []
+        data = (
+            np.concatenate([self._pending, samples.astype(np.float32, copy=False)]) if self._pending.size else samples
+        )
+        n = self._frame_samples
+        whole = data.size - data.size % n
+        for offset in range(0, whole, n):
+            event = self._frame(np.asarray(data[offset : offset + n], dtype=np.float32))
+            if event is not None:
+                events.append(event)
+        self._pending = np.array(data[whole:], dtype=np.float32)
+        return events
+
+    def flush(self) -> Utterance | Discarded | None:
+        """End the current utterance now (end of stream, or the client committed)."""
+        if not self._in_speech:
+            return None
+        return self._finish("flush")
+
+    def reset(self) -> None:
+        self._frames = []
+        self._in_speech = False
+        self._preroll.clear()
+        self._recent.clear()
+        self._pending = np.zeros(0, np.float32)
+
+    def _frame(self, frame: AudioArray) -> SegmentEvent | None:
+        cfg = self.config
+        voiced = bool(self._vad.is_speech(float_to_pcm16(frame), SAMPLE_RATE_HZ))
+        self._position_ms += cfg.frame_ms
+        if not self._in_speech:
+            self._preroll.append(frame)
+            self._recent.append(voiced)
+            if sum(self._recent) >= cfg.trigger_voiced_frames:
+                self._in_speech = True
+                self._frames = list(self._preroll)
+                self._preroll.clear()
+                self._recent.clear()
+                self._silence_ms = 0
+                self._voiced_ms = cfg.trigger_voiced_frames * cfg.frame_ms
+                self._start_ms = max(0, self._position_ms - len(self._frames) * cfg.frame_ms)
+                return SpeechStart(self._start_ms)
+            return None
+        self._frames.append(frame)
+        if voiced:
+            self._silence_ms = 0
+            self._voiced_ms += cfg.frame_ms
+        else:
+            self._silence_ms += cfg.frame_ms
+        if self._silence_ms >= cfg.hangover_ms:
+            return self._finish("silence")
+        if len(self._frames) * cfg.frame_ms >= cfg.max_utterance_s * 1000:
+            return self._finish("max_length")
+        return None
+
+    def _finish(self, reason: str) -> Utterance | Discarded:
+        audio = np.concatenate(self._frames) if self._frames else np.zeros(0, np.float32)
+        if self._pending.size and reason == "flush":
+            audio = np.concatenate([audio, self._pending])
+            self._pending = np.zeros(0, np.float32)
+        start_ms, end_ms = self._start_ms, self._position_ms
+        voiced_ms = self._voiced_ms
+        self._frames = []
+        self._in_speech = False
+        self._silence_ms = 0
+        self._voiced_ms = 0
+        if voiced_ms < self.config.min_speech_ms:
+            return Discarded(start_ms, end_ms)
+        return Utterance(audio, start_ms, end_ms, reason)

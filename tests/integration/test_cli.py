@@ -1,0 +1,134 @@
+"""The server as a user starts it: `python -m mediaserver`, HTTP always, HTTPS once certs exist."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import signal
+import socket
+import ssl
+import sys
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def load_gen_cert() -> object:
+    spec = importlib.util.spec_from_file_location("gen_cert", ROOT / "tools" / "gen_cert.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def wait_healthy(
+    url: str, ssl_context: ssl.SSLContext | bool = True, timeout_s: float = 60.0
+) -> dict[str, object]:
+    async with aiohttp.ClientSession() as session:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            try:
+                async with session.get(f"{url}/health", ssl=ssl_context) as resp:
+                    if resp.status == 200:
+                        result: dict[str, object] = await resp.json()
+                        return result
+            except aiohttp.ClientConnectionError:
+                pass
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{url} did not become healthy")
+            await asyncio.sleep(0.3)
+
+
+async def test_serves_http_and_https_with_generated_certs(tmp_path: Path) -> None:
+    gen_cert = load_gen_cert()
+    cert, _key = gen_cert.generate_self_signed(tmp_path / "certs")  # type: ignore[attr-defined]
+    http_port, https_port = free_port(), free_port()
+    env = dict(os.environ, MEDIASERVER_WYOMING_ENABLED="false", MEDIASERVER_SAVE_AUDIO_DIR=str(tmp_path / "audio"))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "mediaserver",
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--https-port",
+        str(https_port),
+        "--cert-dir",
+        str(tmp_path / "certs"),
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        health = await wait_healthy(f"http://127.0.0.1:{http_port}", True)
+        assert health["status"] == "ok" and "tiny.en" in health["models_loaded"]  # type: ignore[operator]
+        trusted = ssl.create_default_context(cafile=str(cert))
+        health = await wait_healthy(f"https://localhost:{https_port}", trusted)
+        assert health["status"] == "ok"
+        untrusted = ssl.create_default_context()
+        async with aiohttp.ClientSession() as session:
+            try:
+                async with session.get(f"https://localhost:{https_port}/health", ssl=untrusted):
+                    raise AssertionError("a self-signed cert must not verify without being trusted")
+            except aiohttp.ClientConnectorCertificateError:
+                pass
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(process.communicate(), timeout=30)
+    text = output.decode()
+    assert process.returncode == 0, text
+    assert "ASR device: cpu, compute type int8" in text
+    assert f"listening on https://127.0.0.1:{https_port}" in text
+
+
+async def test_without_certs_https_is_off_and_says_how_to_turn_it_on(tmp_path: Path) -> None:
+    http_port = free_port()
+    env = dict(os.environ, MEDIASERVER_WYOMING_ENABLED="false", MEDIASERVER_SAVE_AUDIO_DIR=str(tmp_path / "audio"))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "mediaserver",
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--cert-dir",
+        str(tmp_path / "none"),
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        await wait_healthy(f"http://127.0.0.1:{http_port}")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(process.communicate(), timeout=30)
+    assert "HTTPS is off (run tools/gen_cert.py)" in output.decode()
+
+
+async def test_invalid_settings_exit_with_a_clear_message(tmp_path: Path) -> None:
+    env = dict(os.environ, MEDIASERVER_HTTP_PORT="not-a-port")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "mediaserver",
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(process.communicate(), timeout=30)
+    assert process.returncode == 2
+    assert b"invalid settings" in err and b"http_port" in err

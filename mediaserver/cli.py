@@ -86,5 +86,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except OSError as exc:
+        # Almost always a port that is taken: say which setting moves it instead of a traceback.
+        log.error(
+            "cannot start: %s. Another program may be using the port; change MEDIASERVER_HTTP_PORT, "
+            "MEDIASERVER_HTTPS_PORT or MEDIASERVER_WYOMING_PORT (or set MEDIASERVER_WYOMING_ENABLED=false).",
+            exc,
+        )
+        return 1
     return 0

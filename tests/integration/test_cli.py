@@ -132,3 +132,34 @@ async def test_invalid_settings_exit_with_a_clear_message(tmp_path: Path) -> Non
     _, err = await asyncio.wait_for(process.communicate(), timeout=30)
     assert process.returncode == 2
     assert b"invalid settings" in err and b"http_port" in err
+
+
+async def test_a_taken_port_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = dict(
+            os.environ,
+            MEDIASERVER_WYOMING_HOST="127.0.0.1",
+            MEDIASERVER_WYOMING_PORT=str(port),
+            MEDIASERVER_SAVE_AUDIO_DIR=str(tmp_path / "audio"),
+        )
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "mediaserver",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(free_port()),
+            cwd=ROOT,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+    text = output.decode()
+    assert process.returncode == 1, text
+    assert "cannot start" in text and "MEDIASERVER_WYOMING_PORT" in text
+    assert "Traceback" not in text

@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-TEXT = "Hey Willow, turn off the lights in the living room and lock the front door."
+TEXT = "Hey Willow, please turn off all the lights in the living room and then lock the front door."
 
 
 def synthesize(text: str) -> np.ndarray:

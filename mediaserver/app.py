@@ -200,7 +200,7 @@ def create_app(
             await service.aclose()
 
     async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
-        registry = SessionRegistry(settings)
+        registry = SessionRegistry(settings, metrics)
         app[SESSIONS] = registry
         try:
             yield

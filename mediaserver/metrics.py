@@ -45,6 +45,9 @@ class Metrics:
             registry=self.registry,
         )
         self.queue_depth = Gauge("mediaserver_asr_queue_depth", "ASR jobs waiting", ["model"], registry=self.registry)
+        self.sessions = Gauge(
+            "mediaserver_sessions", "Open streaming sessions (WebRTC, WebSocket, Realtime)", registry=self.registry
+        )
         self.rejected = Counter(
             "mediaserver_asr_rejected",
             "ASR jobs refused because the queue was full",

@@ -42,6 +42,7 @@ from mediaserver.events import (
     StreamError,
     TranscriptionOptions,
 )
+from mediaserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -330,8 +331,9 @@ class SessionLimitReached(ApiError):
 class SessionRegistry:
     """All open streaming sessions of the app: a cap, idle reaping and close-all on shutdown."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.settings = settings
+        self._metrics = metrics
         self._sessions: dict[str, Closable] = {}
         self._reaper: asyncio.Task[None] | None = None
 
@@ -345,11 +347,17 @@ class SessionRegistry:
         if len(self._sessions) >= self.settings.max_sessions:
             raise SessionLimitReached(f"too many open sessions (max_sessions={self.settings.max_sessions})")
         self._sessions[session_id] = session
+        self._update_gauge()
         if self._reaper is None:
             self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="session-reaper")
 
     def discard(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
+        self._update_gauge()
+
+    def _update_gauge(self) -> None:
+        if self._metrics is not None:
+            self._metrics.sessions.set(len(self._sessions))
 
     async def _reap(self) -> None:
         period_s = min(60.0, self.settings.session_idle_timeout_s / 4)
@@ -370,6 +378,7 @@ class SessionRegistry:
             self._reaper = None
         sessions = list(self._sessions.values())
         self._sessions.clear()
+        self._update_gauge()
         for session in sessions:
             await session.aclose()
 

@@ -272,6 +272,10 @@ async def test_closing_the_peer_leaves_nothing_behind(server: Any) -> None:
     await asyncio.sleep(0.2)
     leftover = [t.get_name() for t in asyncio.all_tasks() if any(n in t.get_name() for n in new)]
     assert leftover == []
+    async with aiohttp.ClientSession() as session, session.get(f"{server.url}/metrics") as resp:
+        metrics = await resp.text()
+    gauge = next(line for line in metrics.splitlines() if line.startswith("mediaserver_sessions "))
+    assert float(gauge.split()[1]) == len(server.app[SESSIONS])
 
 
 async def test_ice_config_endpoint(server_factory: Any) -> None:

@@ -85,6 +85,10 @@ def _check_credentials(request: web.Request, settings: Settings) -> bool:
         candidates = [request.headers.get("X-API-Key", "")]
         if header.lower().startswith("bearer "):
             candidates.append(header[7:].strip())
+        # Browsers cannot set headers on a WebSocket: OpenAI's clients send the key as a subprotocol.
+        for protocol in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
+            if protocol.strip().startswith("openai-insecure-api-key."):
+                candidates.append(protocol.strip().removeprefix("openai-insecure-api-key."))
         for key in settings.api_keys:
             if any(c and hmac.compare_digest(c.encode(), key.encode()) for c in candidates):
                 return True

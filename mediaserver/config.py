@@ -19,6 +19,10 @@ DEFAULT_MODEL_ALIASES: dict[str, str] = {
     "gpt-4o-transcribe": "@default",
     "gpt-4o-mini-transcribe": "@default",
     "gpt-transcribe": "@default",
+    "gpt-4o-mini-transcribe-2025-12-15": "@default",
+    "gpt-4o-transcribe-diarize": "@default",
+    "gpt-live-transcribe": "@default",
+    "gpt-realtime-whisper": "@default",
 }
 
 

@@ -97,7 +97,10 @@ class SpeechStarted:
 
 @dataclass(frozen=True)
 class SpeechStopped:
+    """``discarded``: the burst was too short to be speech; no transcript follows for it."""
+
     audio_end_ms: int
+    discarded: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,8 +124,12 @@ class FinalTranscript:
 
 @dataclass(frozen=True)
 class StreamError:
+    """A failure; for a failed utterance it carries the utterance's stream times."""
+
     message: str
     code: str
+    audio_start_ms: int | None = None
+    audio_end_ms: int | None = None
 
 
 SessionEvent = SpeechStarted | SpeechStopped | PartialTranscript | FinalTranscript | StreamError

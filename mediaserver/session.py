@@ -155,7 +155,7 @@ class StreamSession:
             self._submit_final(event.audio, event.start_ms, event.end_ms)
         else:
             self._cancel_partials()
-            await self._emit(SpeechStopped(event.end_ms))
+            await self._emit(SpeechStopped(event.end_ms, discarded=True))
 
     # --- push-to-talk ---------------------------------------------------------------------------
 
@@ -180,7 +180,10 @@ class StreamSession:
         return await self._final(audio, 0, int(audio.size * 1000 / SAMPLE_RATE_HZ))
 
     async def commit(self) -> FinalTranscript | None:
-        """Finish whatever audio is buffered (server VAD) now; None when nothing was being said."""
+        """Finish whatever audio is buffered (server VAD) now; None when nothing was being said.
+
+        The final arrives after the finals of earlier utterances of this session (they are chained).
+        """
         if not self.options.server_vad:
             return await self.stop_recording()
         event = self._segmenter.flush()
@@ -188,8 +191,13 @@ class StreamSession:
             return None
         if isinstance(event, Discarded):
             self._cancel_partials()
+            await self._emit(SpeechStopped(event.end_ms, discarded=True))
             return None
         await self._emit(SpeechStopped(event.end_ms))
+        previous = self._final_chain
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                await previous
         return await self._final(event.audio, event.start_ms, event.end_ms)
 
     def clear(self) -> None:
@@ -277,7 +285,17 @@ class StreamSession:
             if previous is not None:
                 with contextlib.suppress(Exception):
                     await previous
-            await self._final(audio, start_ms, end_ms, committed=committed)
+            try:
+                await self._final(audio, start_ms, end_ms, committed=committed)
+            except ApiError:
+                pass  # _final already reported it as a StreamError
+            except (TimeoutError, Superseded) as exc:
+                await self._emit(
+                    StreamError(f"transcription failed: {exc or 'timed out'}", "timeout", start_ms, end_ms)
+                )
+            except Exception:
+                log.exception("session %s: final transcription failed", self.id)
+                await self._emit(StreamError("transcription failed", "internal_error", start_ms, end_ms))
 
         task = asyncio.get_running_loop().create_task(run(), name=f"final-{self.id}")
         self._final_chain = task
@@ -294,7 +312,7 @@ class StreamSession:
         try:
             transcript = await self.asr.transcribe(audio, options, model=self.options.model, priority=Priority.FINAL)
         except ApiError as exc:
-            await self._emit(StreamError(exc.message, exc.code))
+            await self._emit(StreamError(exc.message, exc.code, start_ms, end_ms))
             raise
         text = transcript.text
         if committed and not text.startswith(committed):

@@ -103,6 +103,8 @@ class VadSegmenter:
         return self._finish("flush")
 
     def reset(self) -> None:
+        """Drop everything buffered; the stream clock still counts the dropped audio."""
+        self._position_ms += int(self._pending.size * 1000 / SAMPLE_RATE_HZ)
         self._frames = []
         self._in_speech = False
         self._preroll.clear()

@@ -1,9 +1,608 @@
-"""Placeholder: being written (issue 5)."""
+"""Device stream WebSocket at ``GET /api/ws/asr``: raw PCM frames in, speech events and transcripts out.
+
+The wire protocol is specified in ``docs/ws-protocol.md``. In short: the client sends a JSON
+``start`` (format, mode, decoding options) and gets ``ready``; then binary frames of little-endian
+PCM; ``stop`` / ``clear`` / ``ping`` / another ``start`` as JSON text. The server sends
+``speech_started``, ``speech_stopped``, ``partial``, ``final``, ``pong`` and ``error{code, message}``.
+A query string with start keys (``?sample_rate=16000&mode=server_vad``) is an implicit ``start``.
+
+Each connection has two tasks. The request handler only reads: it validates every message at once,
+decodes PCM (cheap, with a resampler that keeps its state across frames) and queues the result.
+A worker task applies the queue in order to the ``StreamSession``, so a ``stop`` that waits for its
+final transcript never stops the socket from being read: heartbeats, disconnects and the idle timer
+keep working while the model runs, and audio sent after ``stop`` waits its turn. The backlog is
+bounded (``MAX_BACKLOG_S`` of audio); beyond it frames are dropped with an ``overloaded`` error.
+
+Closing (client close, abrupt disconnect, idle timeout, oversize message, server shutdown) always
+ends in ``WsSession.aclose``: the session leaves the registry, the worker and every task of the
+``StreamSession`` are cancelled. Every task a session starts carries the session id in its name.
+"""
 
 from __future__ import annotations
 
-from aiohttp import web
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, Literal
+
+import av
+import numpy as np
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from mediaserver.asr.models import ModelRegistry
+from mediaserver.asr.scheduler import DeadlineExceeded
+from mediaserver.audio.decode import PcmFormat, pcm_to_float
+from mediaserver.config import Settings
+from mediaserver.errors import ApiError, InvalidAudio, InvalidParameter, Overloaded
+from mediaserver.events import (
+    SAMPLE_RATE_HZ,
+    AudioArray,
+    FinalTranscript,
+    PartialTranscript,
+    SessionEvent,
+    SpeechStarted,
+    SpeechStopped,
+    StreamError,
+)
+from mediaserver.session import SessionLimitReached, StreamOptions, StreamSession
+from mediaserver.state import ASR, SESSIONS, SETTINGS
+from mediaserver.transport.common import parse_bool, parse_int, stream_options_from
+
+log = logging.getLogger(__name__)
+
+PATH: Final = "/api/ws/asr"
+
+Encoding = Literal["pcm16", "float32"]
+Mode = Literal["push_to_talk", "server_vad"]
+
+MIN_SAMPLE_RATE_HZ: Final = 8000
+MAX_SAMPLE_RATE_HZ: Final = 48000
+MAX_CHANNELS: Final = 2
+# Audio the worker may lag behind the socket (a final in progress, a slow client reader).
+MAX_BACKLOG_S: Final = 30.0
+# Queued messages of any kind; only a client flooding control messages reaches it.
+MAX_QUEUED_MESSAGES: Final = 4096
+# Close codes: 1008/1009/1011/1013 are RFC 6455; 4408 (private range) mirrors HTTP 408.
+CLOSE_IDLE_TIMEOUT: Final = 4408
+MAX_CLOSE_REASON_BYTES: Final = 123
+
+_ENCODINGS: Final[dict[str, Encoding]] = {
+    "pcm16": "pcm16",
+    "int16": "pcm16",  # WhisperLive's name
+    "s16le": "pcm16",
+    "float32": "float32",
+    "f32le": "float32",
+}
+_MODES: Final[tuple[Mode, ...]] = ("push_to_talk", "server_vad")
+# Keys that make a query string an implicit start (anything else, e.g. an auth token, does not).
+START_KEYS: Final = frozenset(
+    {
+        "sample_rate",
+        "encoding",
+        "channels",
+        "mode",
+        "partials",
+        "segments",
+        "language",
+        "detect_language",
+        "model",
+        "beam_size",
+        "task",
+        "prompt",
+    }
+)
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """The effective configuration of a stream after a ``start`` (echoed in ``ready``)."""
+
+    options: StreamOptions
+    sample_rate_hz: int = SAMPLE_RATE_HZ
+    encoding: Encoding = "pcm16"
+    channels: int = 1
+    mode: Mode = "server_vad"
+    partials: bool = False
+    segments: bool = False
+
+    @property
+    def pcm_format(self) -> PcmFormat:
+        is_float = self.encoding == "float32"
+        return PcmFormat(self.sample_rate_hz, 32 if is_float else 16, self.channels, is_float=is_float)
+
+    @property
+    def server_vad(self) -> bool:
+        return self.mode == "server_vad"
+
+    def stream_options(self) -> StreamOptions:
+        transcription = replace(self.options.transcription, with_segment_timestamps=self.segments)
+        return StreamOptions(
+            model=self.options.model,
+            transcription=transcription,
+            server_vad=self.server_vad,
+            partials=self.partials,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        t = self.options.transcription
+        return {
+            "sample_rate": self.sample_rate_hz,
+            "encoding": self.encoding,
+            "channels": self.channels,
+            "mode": self.mode,
+            "partials": self.partials,
+            "segments": self.segments,
+            "language": t.language,
+            "model": self.options.model,
+            "beam_size": t.beam_size,
+            "task": t.task,
+            "prompt": t.initial_prompt,
+        }
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def parse_start(
+    values: Mapping[str, object], settings: Settings, models: ModelRegistry, base: StreamConfig | None = None
+) -> StreamConfig:
+    """Validate a start message (or query string) into a config; omitted keys keep ``base``.
+
+    Raises ``InvalidParameter`` (naming the key) or ``UnknownModel``; unknown keys are ignored.
+    """
+    text = {k: t for k, v in values.items() if (t := _text(v)) is not None}
+    encoding = base.encoding if base else "pcm16"
+    raw_encoding = values.get("encoding")
+    if raw_encoding is not None:
+        found = _ENCODINGS.get(raw_encoding.strip().lower()) if isinstance(raw_encoding, str) else None
+        if found is None:
+            raise InvalidParameter(
+                f"encoding must be 'pcm16' or 'float32' (little-endian PCM), got {raw_encoding!r}", param="encoding"
+            )
+        encoding = found
+    sample_rate = parse_int(
+        text,
+        "sample_rate",
+        base.sample_rate_hz if base else SAMPLE_RATE_HZ,
+        minimum=MIN_SAMPLE_RATE_HZ,
+        maximum=MAX_SAMPLE_RATE_HZ,
+    )
+    channels = parse_int(text, "channels", base.channels if base else 1, minimum=1, maximum=MAX_CHANNELS)
+    mode: Mode = base.mode if base else "server_vad"
+    raw_mode = values.get("mode")
+    if raw_mode is not None:
+        if raw_mode not in _MODES:
+            raise InvalidParameter(f"mode must be 'push_to_talk' or 'server_vad', got {raw_mode!r}", param="mode")
+        mode = "push_to_talk" if raw_mode == "push_to_talk" else "server_vad"
+    partials = parse_bool(text, "partials", base.partials if base else False)
+    segments = parse_bool(text, "segments", base.segments if base else False)
+
+    option_values: dict[str, object] = dict(values)
+    if "language" in values and (values["language"] is None or str(values["language"]).strip() == ""):
+        # JSON null (or an empty query value) asks for detection; stream_options_from would keep the base.
+        del option_values["language"]
+        option_values["detect_language"] = True
+    options = stream_options_from(option_values, settings, base=base.options if base else None)
+    model = models.resolve(options.model)
+    transcription = options.transcription
+    if models.source(model).multilingual is False:
+        if transcription.task == "translate":
+            raise InvalidParameter(f"model {model!r} is English-only and cannot translate", param="task")
+        if transcription.language not in (None, "en"):
+            raise InvalidParameter(
+                f"model {model!r} is English-only; language {transcription.language!r} needs a multilingual model",
+                param="language",
+            )
+    return StreamConfig(
+        options=replace(options, model=model),
+        sample_rate_hz=sample_rate,
+        encoding=encoding,
+        channels=channels,
+        mode=mode,
+        partials=partials,
+        segments=segments,
+    )
+
+
+# --- audio ----------------------------------------------------------------------------------------
+
+
+class PcmStreamDecoder:
+    """Wire PCM frames → 16 kHz mono float32.
+
+    One resampler lives as long as the stream format, so its filter state carries across frames
+    (resampling each 20 ms frame on its own would put a click at every frame boundary).
+    """
+
+    def __init__(self, fmt: PcmFormat) -> None:
+        self.format = fmt
+        # pcm_to_float converts and downmixes; told the rate is 16 kHz, it leaves resampling to us.
+        self._convert_format = replace(fmt, sample_rate_hz=SAMPLE_RATE_HZ)
+        self._resampler: av.AudioResampler | None = None
+
+    def decode(self, data: bytes) -> AudioArray:
+        if len(data) % self.format.frame_bytes:
+            raise InvalidAudio(
+                f"binary frame of {len(data)} bytes is not a whole number of samples "
+                f"({self.format.frame_bytes} bytes per sample frame); the frame was dropped"
+            )
+        mono = pcm_to_float(data, self._convert_format)
+        if self.format.sample_rate_hz == SAMPLE_RATE_HZ:
+            return mono
+        if self._resampler is None:
+            self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
+        frame = av.AudioFrame.from_ndarray(mono.reshape(1, -1), format="flt", layout="mono")
+        frame.sample_rate = self.format.sample_rate_hz
+        return self._collect(self._resampler.resample(frame))
+
+    def flush(self) -> AudioArray:
+        """The resampler's delayed tail (end of a recording); the next frame starts a new resampler."""
+        resampler, self._resampler = self._resampler, None
+        if resampler is None:
+            return np.zeros(0, np.float32)
+        return self._collect(resampler.resample(None))
+
+    @staticmethod
+    def _collect(frames: list[av.AudioFrame]) -> AudioArray:
+        parts = [np.asarray(f.to_ndarray(), dtype=np.float32).reshape(-1) for f in frames]
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+# --- the session ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Audio:
+    samples: AudioArray = field(repr=False)
+
+
+@dataclass(frozen=True)
+class _Start:
+    config: StreamConfig
+
+
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+@dataclass(frozen=True)
+class _Clear:
+    pass
+
+
+@dataclass(frozen=True)
+class _Ping:
+    pass
+
+
+_Work = _Audio | _Start | _Stop | _Clear | _Ping
+
+
+def _close_reason(text: str) -> bytes:
+    return text.encode("utf-8")[:MAX_CLOSE_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
+
+
+class WsSession:
+    """One WebSocket connection: its reader (the request handler), worker and StreamSession."""
+
+    def __init__(self, app: web.Application, ws: web.WebSocketResponse, settings: Settings) -> None:
+        self.id = f"ws-{uuid.uuid4().hex[:12]}"
+        self.ws = ws
+        self.settings = settings
+        self.registry = app[SESSIONS]
+        self.models = app[ASR].registry
+        self.stream = StreamSession(app[ASR], settings, self._on_event, session_id=self.id)
+        self.config: StreamConfig | None = None  # the reader's view: set by the latest valid start
+        self.last_activity = time.monotonic()
+        self.opened_at = time.monotonic()
+        self._decoder: PcmStreamDecoder | None = None
+        self._recording = False  # push-to-talk: between start and stop (reader's view)
+        self._queue: asyncio.Queue[_Work] = asyncio.Queue(MAX_QUEUED_MESSAGES)
+        self._backlog_samples = 0
+        self._worker: asyncio.Task[None] | None = None
+        self._send_lock = asyncio.Lock()
+        self._told_not_started = False
+        self._dropping = False
+        self._closed = False
+
+    # --- sending ----------------------------------------------------------------------------------
+
+    async def send(self, payload: dict[str, Any]) -> None:
+        if self.ws.closed:
+            return
+        async with self._send_lock:
+            try:
+                await self.ws.send_str(json.dumps(payload))
+            except ConnectionError:
+                log.debug("session %s: could not send %s, connection gone", self.id, payload.get("type"))
+
+    async def send_error(self, code: str, message: str, param: str | None = None) -> None:
+        payload: dict[str, Any] = {"type": "error", "code": code, "message": message}
+        if param is not None:
+            payload["param"] = param
+        await self.send(payload)
+
+    async def send_api_error(self, exc: ApiError) -> None:
+        await self.send_error(exc.code, exc.message, exc.param)
+
+    async def _on_event(self, event: SessionEvent) -> None:
+        if isinstance(event, FinalTranscript):
+            await self.send(self._final_message(event))
+        elif isinstance(event, PartialTranscript):
+            await self.send({"type": "partial", "delta": event.delta, "text": event.text})
+        elif isinstance(event, SpeechStarted):
+            await self.send({"type": "speech_started", "audio_start_ms": event.audio_start_ms})
+        elif isinstance(event, SpeechStopped):
+            await self.send({"type": "speech_stopped", "audio_end_ms": event.audio_end_ms})
+        elif isinstance(event, StreamError):
+            await self.send_error(event.code, event.message)
+
+    def _final_message(self, event: FinalTranscript) -> dict[str, Any]:
+        transcript = event.transcript
+        message: dict[str, Any] = {
+            "type": "final",
+            "text": transcript.text,
+            "delta": event.delta,
+            "language": transcript.language,
+            "audio_start_ms": event.audio_start_ms,
+            "audio_end_ms": event.audio_end_ms,
+            "latency_ms": round(event.latency_ms, 1),
+        }
+        if self.stream.options.transcription.with_segment_timestamps:
+            message["segments"] = [
+                {
+                    "start_ms": event.audio_start_ms + round(seg.start_s * 1000),
+                    "end_ms": event.audio_start_ms + round(seg.end_s * 1000),
+                    "text": seg.text,
+                }
+                for seg in transcript.segments
+            ]
+        return message
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    async def run(self, query: Mapping[str, str]) -> None:
+        """Read until the socket closes (or the idle timer closes it)."""
+        self._worker = asyncio.get_running_loop().create_task(self._work(), name=f"ws-worker-{self.id}")
+        if START_KEYS.intersection(query):
+            try:
+                self._accept_start(parse_start(query, self.settings, self.models))
+            except ApiError as exc:
+                await self.send_api_error(exc)
+                await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=_close_reason(exc.message))
+                return
+        idle_s = self.settings.ws_idle_timeout_s
+        while not self.ws.closed:
+            try:
+                # Our own deadline: aiohttp's receive(timeout=) restarts on every heartbeat pong.
+                async with asyncio.timeout_at(asyncio.get_running_loop().time() + self._idle_left(idle_s)):
+                    msg = await self.ws.receive()
+            except TimeoutError:
+                if self._idle_left(idle_s) > 0:
+                    continue
+                log.info("session %s: idle for %.0f s, closing", self.id, idle_s)
+                await self.send_error("idle_timeout", f"no message for {idle_s:g} s; closing")
+                await self.ws.close(code=CLOSE_IDLE_TIMEOUT, message=b"idle timeout")
+                return
+            if msg.type == WSMsgType.BINARY:
+                self.last_activity = time.monotonic()
+                await self._on_binary(msg.data)
+            elif msg.type == WSMsgType.TEXT:
+                self.last_activity = time.monotonic()
+                await self._on_text(msg.data)
+            elif msg.type == WSMsgType.ERROR:
+                log.info("session %s: closed on error (code %s): %s", self.id, self.ws.close_code, msg.data)
+                return
+            else:  # CLOSE, CLOSING, CLOSED
+                return
+
+    def _idle_left(self, idle_s: float) -> float:
+        return self.last_activity + idle_s - time.monotonic()
+
+    def _enqueue(self, item: _Work) -> bool:
+        try:
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:
+            return False
+        return True
+
+    def _accept_start(self, config: StreamConfig) -> None:
+        self._enqueue_control(_Start(config))
+        self.config = config
+        self._decoder = PcmStreamDecoder(config.pcm_format)
+        self._recording = not config.server_vad
+        self._told_not_started = False
+
+    async def _on_binary(self, data: bytes) -> None:
+        if self.config is None or self._decoder is None:
+            if not self._told_not_started:  # once, not once per frame of a device that streams at once
+                self._told_not_started = True
+                await self.send_error("not_started", 'send {"type": "start", ...} before audio; audio dropped')
+            return
+        if not data or (not self.config.server_vad and not self._recording):
+            return  # push-to-talk audio outside a recording is ignored
+        try:
+            samples = self._decoder.decode(data)
+        except InvalidAudio as exc:
+            await self.send_api_error(exc)
+            return
+        if samples.size == 0:
+            return
+        behind = self._backlog_samples + samples.size > MAX_BACKLOG_S * SAMPLE_RATE_HZ
+        if behind or not self._enqueue(_Audio(samples)):
+            if not self._dropping:
+                self._dropping = True
+                await self.send_error("overloaded", "the server is behind by too much audio; audio dropped")
+            return
+        self._dropping = False
+        self._backlog_samples += samples.size
+
+    async def _on_text(self, data: str) -> None:
+        try:
+            parsed = json.loads(data)
+        except ValueError:
+            await self.send_error("invalid_message", "text messages must be JSON objects with a string 'type'")
+            return
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("type"), str):
+            await self.send_error("invalid_message", "text messages must be JSON objects with a string 'type'")
+            return
+        kind: str = parsed["type"]
+        try:
+            if kind == "start":
+                self._accept_start(parse_start(parsed, self.settings, self.models, self.config))
+            elif kind == "ping":
+                self._enqueue_control(_Ping())
+            elif kind not in ("stop", "clear"):
+                await self.send_error(
+                    "unknown_type", f"unknown message type {kind!r}; expected start, stop, clear or ping"
+                )
+            elif self.config is None or self._decoder is None:
+                await self.send_error("not_started", f'"{kind}" before "start"')
+            elif kind == "clear":
+                self._enqueue_control(_Clear())
+            elif self.config.server_vad:
+                self._enqueue_control(_Stop())
+            elif not self._recording:
+                await self.send_error("not_recording", 'no push-to-talk recording to stop; send "start" first')
+            else:
+                self._recording = False
+                tail = self._decoder.flush()
+                if tail.size:
+                    self._enqueue(_Audio(tail))
+                    self._backlog_samples += tail.size
+                self._enqueue_control(_Stop())
+        except ApiError as exc:
+            await self.send_api_error(exc)
+
+    def _enqueue_control(self, item: _Work) -> None:
+        if not self._enqueue(item):
+            raise Overloaded("too many queued messages; slow down")
+
+    # --- the worker -------------------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        try:
+            while True:
+                item = await self._queue.get()
+                if isinstance(item, _Audio):
+                    self._backlog_samples -= item.samples.size
+                    await self.stream.feed(item.samples)
+                elif isinstance(item, _Start):
+                    await self._apply_start(item.config)
+                elif isinstance(item, _Stop):
+                    await self._finish_utterance()
+                elif isinstance(item, _Clear):
+                    self.stream.clear()
+                else:
+                    await self.send({"type": "pong"})
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("session %s: worker failed", self.id)
+            await self.send_error("internal_error", "internal server error; closing")
+            await self.ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
+
+    async def _apply_start(self, config: StreamConfig) -> None:
+        """Every start begins from a clean slate: an unfinished utterance is dropped."""
+        self.stream.clear()
+        self.stream.configure(config.stream_options())
+        if not config.server_vad:
+            self.stream.start_recording()
+        log.info(
+            "session %s: start %s, %s %d Hz x%d, model %s",
+            self.id,
+            config.mode,
+            config.encoding,
+            config.sample_rate_hz,
+            config.channels,
+            config.options.model,
+        )
+        await self.send({"type": "ready", "session_id": self.id, **config.describe()})
+
+    async def _finish_utterance(self) -> None:
+        started = time.perf_counter()
+        try:
+            if self.stream.options.server_vad:
+                final = await self.stream.commit()
+            else:
+                final = await self.stream.stop_recording()
+        except ApiError:
+            return  # the StreamSession has already sent it as an error event
+        except (DeadlineExceeded, TimeoutError):
+            await self.send_error("timeout", "the transcription did not finish in time")
+            return
+        if final is not None:
+            log.info(
+                "session %s: final of %d ms audio in %.0f ms",
+                self.id,
+                final.audio_end_ms - final.audio_start_ms,
+                (time.perf_counter() - started) * 1000,
+            )
+
+    # --- closing ----------------------------------------------------------------------------------
+
+    async def aclose(self, code: int = WSCloseCode.GOING_AWAY, reason: str = "session closed by the server") -> None:
+        """Idempotent. Everything is cancelled before the first await, so even an interrupted close
+        leaves no task running and no registry entry behind."""
+        if self._closed:
+            return
+        self._closed = True
+        self.registry.discard(self.id)
+        worker = self._worker
+        if worker is not None and worker is not asyncio.current_task():
+            worker.cancel()
+        try:
+            await self.stream.aclose()
+            if worker is not None and worker is not asyncio.current_task():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await worker
+            if not self.ws.closed:
+                await self.ws.close(code=code, message=_close_reason(reason))
+        finally:
+            log.info(
+                "session %s: closed after %.1f s (code %s), %d utterances, %.1f s audio",
+                self.id,
+                time.monotonic() - self.opened_at,
+                self.ws.close_code,
+                self.stream.utterances,
+                self.stream.samples_received / SAMPLE_RATE_HZ,
+            )
+
+
+async def stream_handler(request: web.Request) -> web.WebSocketResponse:
+    """GET /api/ws/asr: upgrade, register the session, read until it closes, clean up."""
+    settings = request.app[SETTINGS]
+    ws = web.WebSocketResponse(heartbeat=settings.ws_heartbeat_s, max_msg_size=settings.ws_max_message_bytes)
+    await ws.prepare(request)
+    session = WsSession(request.app, ws, settings)
+    try:
+        try:
+            request.app[SESSIONS].add(session.id, session)
+        except SessionLimitReached as exc:
+            log.warning("refusing WebSocket stream: %s", exc.message)
+            await session.send_api_error(exc)
+            await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"too many sessions")
+            return ws
+        log.info("session %s: opened from %s", session.id, request.remote)
+        await session.run(request.query)
+    finally:
+        await session.aclose()
+    return ws
 
 
 def add_routes(app: web.Application) -> None:
-    """Register this transport's routes (none yet)."""
+    app.router.add_get(PATH, stream_handler)

@@ -29,7 +29,10 @@ from mediaserver.transport.wyoming import wyoming_ctx
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_PUBLIC_PATHS = frozenset({"/health"})
+# Open without credentials: probes, and static pages that hold no secrets (a dashboard frame
+# cannot send credentials for them; the APIs they call stay protected).
+_PUBLIC_PATHS = frozenset({"/health", "/rtc", "/api/docs"})
+_PUBLIC_PREFIXES = ("/rtc/", "/static/")
 
 
 def _is_openai(request: web.Request) -> bool:
@@ -107,7 +110,7 @@ def _check_credentials(request: web.Request, settings: Settings) -> bool:
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    if request.path in _PUBLIC_PATHS or request.method == "OPTIONS":
+    if request.path in _PUBLIC_PATHS or request.path.startswith(_PUBLIC_PREFIXES) or request.method == "OPTIONS":
         return await handler(request)
     if not _check_credentials(request, settings):
         raise Unauthorized("authentication required: HTTP Basic credentials or an API key")

@@ -290,8 +290,10 @@ async def test_basic_auth_through_user_pass_url(server_factory: Any, speech: Any
         guarded.host, guarded.port, "/api/willow", clip.pcm16k_bytes, headers={"Authorization": f"Basic {good}"}
     )
     assert status == 200, raw
-    async with aiohttp.ClientSession() as session, session.get(f"{guarded.url}/health") as resp:
-        assert resp.status == 200  # health stays open for probes
+    async with aiohttp.ClientSession() as session:
+        for path, expected in (("/health", 200), ("/rtc/", 200), ("/api/rtc/config", 401), ("/v1/models", 401)):
+            async with session.get(f"{guarded.url}{path}") as resp:
+                assert resp.status == expected, path  # probes and static pages open, APIs guarded
 
 
 async def test_concurrent_devices_are_all_served_and_the_loop_stays_free(server: Any, speech: Any, wer: Any) -> None:

@@ -1,0 +1,312 @@
+// The /rtc/ page: connect, push-to-talk or hands-free, transcript, states, bitrate and log.
+import { MediaserverClient } from "./client.js";
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+
+const client = new MediaserverClient({ apiKey: params.get("api_key") || undefined });
+
+/** Everything a test (or a curious developer in the console) may want to read. */
+const state = {
+  connection: { ...client.state },
+  connecting: false,
+  connected: false,
+  recording: false,
+  handsFree: false,
+  speaking: false,
+  transcript: [], // {text, final, latencyMs, at}
+  lastText: "",
+  partial: "",
+  partialCount: 0, // partial messages received (all utterances)
+  bitrate: null, // {audioKbps, audioPayloadKbps, totalKbps, intervalMs}
+  micLevelDb: null,
+  models: [],
+  logs: [],
+  errors: [],
+};
+window.mediaserver = { client, state };
+
+// --- options -------------------------------------------------------------------------------
+
+function options() {
+  const out = {};
+  const model = $("model").value;
+  const beam = $("beam-size").value;
+  const language = $("language").value;
+  if (model) out.model = model;
+  if (beam) out.beamSize = Number(beam);
+  if (language === "auto") out.detectLanguage = true;
+  else if (language) {
+    out.language = language;
+    out.detectLanguage = false;
+  }
+  return out;
+}
+
+function selectValue(select, value) {
+  if (!value) return;
+  if (![...select.options].some((o) => o.value === value)) select.add(new Option(value, value));
+  select.value = value;
+}
+
+async function loadModels() {
+  const ids = await client.listModels();
+  state.models = ids;
+  const select = $("model");
+  for (const id of ids) {
+    if (![...select.options].some((o) => o.value === id)) select.add(new Option(id, id));
+  }
+  selectValue(select, params.get("model"));
+}
+
+// --- log -----------------------------------------------------------------------------------
+
+function log(message, kind = "log") {
+  const line = `${new Date().toLocaleTimeString()}  ${message}`;
+  (kind === "error" ? state.errors : state.logs).push(message);
+  const pane = $("log");
+  const span = document.createElement("span");
+  if (kind === "error") span.className = "error";
+  span.textContent = line + "\n";
+  pane.append(span);
+  while (pane.childNodes.length > 500) pane.firstChild.remove();
+  pane.scrollTop = pane.scrollHeight;
+}
+
+// --- rendering -----------------------------------------------------------------------------
+
+function renderConnection() {
+  const c = state.connection;
+  $("pc-state").textContent = c.connectionState;
+  $("ice-state").textContent = c.iceConnectionState;
+  $("dc-state").textContent = c.dataChannelState;
+  const dot = $("status-dot");
+  let text;
+  if (state.connected) {
+    text = "connected";
+    dot.className = "dot connected";
+  } else if (state.connecting) {
+    text = "connecting…";
+    dot.className = "dot connecting";
+  } else if (c.connectionState === "failed") {
+    text = "failed";
+    dot.className = "dot failed";
+  } else {
+    text = "disconnected";
+    dot.className = "dot";
+  }
+  $("status-text").textContent = text;
+  $("connect").disabled = state.connected || state.connecting;
+  $("disconnect").disabled = !(state.connected || state.connecting);
+  $("talk").disabled = !state.connected || state.handsFree;
+  $("hands-free").disabled = !state.connected || (state.recording && !state.handsFree);
+  $("hands-free").checked = state.handsFree;
+  $("talk").classList.toggle("recording", state.recording && !state.handsFree);
+  $("talk-label").textContent = state.handsFree
+    ? "Hands-free listening"
+    : state.recording
+      ? "Listening… release to send"
+      : "Hold to talk";
+  const vad = $("vad");
+  vad.textContent = state.handsFree ? (state.speaking ? "speech" : "waiting for speech") : "";
+  vad.classList.toggle("speaking", state.speaking);
+}
+
+function renderPartial() {
+  $("partial").textContent = state.partial;
+}
+
+function addTranscript(entry) {
+  state.transcript.push(entry);
+  if (entry.text) state.lastText = entry.text;
+  const li = document.createElement("li");
+  if (!entry.text) li.className = "empty";
+  const text = document.createElement("span");
+  text.className = "text";
+  text.textContent = entry.text || "(nothing heard)";
+  li.append(text);
+  if (entry.latencyMs !== null) {
+    const latency = document.createElement("span");
+    latency.className = "latency";
+    latency.textContent = `${Math.round(entry.latencyMs)} ms`;
+    latency.title = entry.final ? "from end of speech to transcript" : "from release to transcript";
+    li.append(latency);
+  }
+  const list = $("transcript");
+  list.append(li);
+  list.scrollTop = list.scrollHeight;
+}
+
+function fmtKbps(value) {
+  return value === null || value === undefined ? "–" : value.toFixed(1);
+}
+
+// --- client events -------------------------------------------------------------------------
+
+client.addEventListener("statechange", (ev) => {
+  state.connection = { ...ev.detail };
+  state.connected = ev.detail.connected;
+  if (!state.connected && !state.connecting) {
+    state.recording = false;
+    state.handsFree = false;
+    state.speaking = false;
+  }
+  renderConnection();
+});
+client.addEventListener("recording", (ev) => {
+  state.recording = ev.detail.recording;
+  state.handsFree = ev.detail.handsFree;
+  if (!state.recording) state.speaking = false;
+  renderConnection();
+});
+client.addEventListener("log", (ev) => log(ev.detail.message));
+client.addEventListener("error", (ev) => log(`${ev.detail.source} error: ${ev.detail.message}`, "error"));
+client.addEventListener("partial", (ev) => {
+  const { text, full } = ev.detail;
+  state.partialCount += 1;
+  state.partial = typeof full === "string" ? full : state.partial + text;
+  renderPartial();
+});
+client.addEventListener("infer", (ev) => {
+  const { text, final, latencyMs } = ev.detail;
+  state.partial = "";
+  renderPartial();
+  addTranscript({ text, final, latencyMs, at: Date.now() });
+});
+client.addEventListener("speech_started", () => {
+  state.speaking = true;
+  renderConnection();
+});
+client.addEventListener("speech_stopped", () => {
+  state.speaking = false;
+  renderConnection();
+});
+client.addEventListener("bitrate", (ev) => {
+  state.bitrate = { ...ev.detail };
+  $("kbps-audio").textContent = fmtKbps(ev.detail.audioKbps);
+  $("kbps-total").textContent = fmtKbps(ev.detail.totalKbps);
+});
+
+setInterval(() => {
+  const level = state.connected ? client.micLevel() : null;
+  state.micLevelDb = level;
+  $("mic-level").value = level === null ? -80 : Math.max(-80, level);
+}, 100);
+
+// --- actions -------------------------------------------------------------------------------
+
+async function connect() {
+  if (state.connected || state.connecting) return;
+  state.connecting = true;
+  renderConnection();
+  log("connecting…");
+  try {
+    await client.connect(options());
+    log("connected; microphone paused until you talk");
+  } catch {
+    /* reported through the error event */
+  } finally {
+    state.connecting = false;
+    state.connected = client.connected;
+    renderConnection();
+  }
+}
+
+function disconnect() {
+  client.close();
+  state.connecting = false;
+  state.connected = false;
+  state.recording = false;
+  state.handsFree = false;
+  state.speaking = false;
+  state.partial = "";
+  renderPartial();
+  renderConnection();
+  log("disconnected");
+}
+
+let pttActive = false;
+
+async function pttDown() {
+  if (!state.connected || state.handsFree || pttActive) return;
+  pttActive = true;
+  state.partial = "";
+  renderPartial();
+  try {
+    await client.start({ ...options(), partials: true });
+  } catch (err) {
+    pttActive = false;
+    log(`start failed: ${err.message}`, "error");
+  }
+}
+
+async function pttUp() {
+  if (!pttActive) return;
+  pttActive = false;
+  try {
+    await client.stop(options());
+  } catch (err) {
+    log(`stop failed: ${err.message}`, "error");
+  }
+}
+
+async function setHandsFree(on) {
+  if (!state.connected) return;
+  try {
+    if (on) {
+      state.partial = "";
+      renderPartial();
+      await client.start({ ...options(), handsFree: true, partials: true });
+    } else {
+      await client.stop(options());
+    }
+  } catch (err) {
+    log(`hands-free: ${err.message}`, "error");
+  }
+  renderConnection();
+}
+
+$("connect").addEventListener("click", connect);
+$("disconnect").addEventListener("click", disconnect);
+$("clear").addEventListener("click", () => {
+  state.transcript.length = 0;
+  state.lastText = "";
+  $("transcript").replaceChildren();
+});
+$("hands-free").addEventListener("change", (ev) => setHandsFree(ev.target.checked));
+
+const talk = $("talk");
+talk.addEventListener("pointerdown", (ev) => {
+  if (ev.button !== 0) return;
+  talk.setPointerCapture(ev.pointerId);
+  pttDown();
+});
+for (const name of ["pointerup", "pointercancel", "lostpointercapture"]) talk.addEventListener(name, pttUp);
+talk.addEventListener("contextmenu", (ev) => ev.preventDefault());
+
+function typing(target) {
+  return target instanceof HTMLInputElement || target instanceof HTMLSelectElement || target instanceof HTMLTextAreaElement;
+}
+document.addEventListener("keydown", (ev) => {
+  if (ev.code !== "Space" || typing(ev.target)) return;
+  ev.preventDefault();
+  if (!ev.repeat) pttDown();
+});
+document.addEventListener("keyup", (ev) => {
+  if (ev.code !== "Space" || typing(ev.target)) return;
+  ev.preventDefault();
+  pttUp();
+});
+window.addEventListener("blur", pttUp);
+window.addEventListener("pagehide", () => client.close());
+
+// --- start-up ------------------------------------------------------------------------------
+
+if (!window.isSecureContext) {
+  log("the microphone needs a secure page: open it over HTTPS (see tools/gen_cert.py) or from localhost", "error");
+}
+selectValue($("beam-size"), params.get("beam_size"));
+selectValue($("language"), params.get("language"));
+renderConnection();
+loadModels();
+if (params.get("autoconnect") === "1") connect();

@@ -1,0 +1,298 @@
+"""The browser client (static/rtc/) against a live server, in a real headless Chromium.
+
+The fake microphone loops ``silence, sentence, silence`` (see conftest.py). The page's local
+microphone level (``client.micLevel()``, a WebAudio analyser on the capture track, which keeps
+running while the RTP sender is paused) tells where in that loop the browser is, so push-to-talk
+can start in the pause before the sentence and stop in the pause after it, as a person would.
+
+Run with ``pytest -s tests/e2e`` to see the measured idle bitrate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tests.conftest import LiveServer
+from tests.e2e.conftest import Browser, FakeMicrophone, chromium_missing_reason
+
+_REASON = chromium_missing_reason()
+pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench-results"
+MAX_WER = 0.25
+MAX_IDLE_KBPS = 5.0
+
+# Levels of the fake microphone as the page measures them (dBFS RMS over ~20 ms): Piper speech
+# sits around -10…-40 dB with short dips, the padding is digital silence (≈ -120 dB).
+SPEECH_DB = -45.0
+SILENCE_DB = -70.0
+
+_WAIT_SPEECH_THEN_SILENCE = """
+async ({speechDb, silenceDb, silenceMs, timeoutMs}) => {
+  const client = window.mediaserver.client;
+  const t0 = performance.now();
+  let heard = false;
+  let quietSince = null;
+  while (performance.now() - t0 < timeoutMs) {
+    const level = client.micLevel();
+    if (level === null) throw new Error("no microphone level: the page's AudioContext is not running");
+    const now = performance.now();
+    if (level > speechDb) {
+      heard = true;
+      quietSince = null;
+    } else if (level < silenceDb) {
+      if (quietSince === null) quietSince = now;
+      if (heard && now - quietSince >= silenceMs) return now - t0;
+    } else {
+      quietSince = null;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  throw new Error("timed out waiting for speech followed by silence on the microphone");
+}
+"""
+
+# An upper bound for what getStats() leaves out: STUN consent checks are not in the transport's
+# bytesSent, and no counter includes IP/UDP headers (48 bytes on IPv6).
+STUN_PACKET_BYTES = 120
+IP_UDP_HEADER_BYTES = 48
+
+_IDLE_BITRATE = """
+async ({ms, stunBytes, headerBytes}) => {
+  const client = window.mediaserver.client;
+  const a = await client.sentBytes();
+  await new Promise((resolve) => setTimeout(resolve, ms));
+  const b = await client.sentBytes();
+  const dt = b.timestamp - a.timestamp;
+  if (b.total === null || a.total === null) return {seconds: dt / 1000, totalKbps: null};
+  const stun = b.stunPackets - a.stunPackets;
+  const packets = b.packets - a.packets;
+  const wireBytes = b.total - a.total + stun * stunBytes + (packets + stun) * headerBytes;
+  return {
+    seconds: dt / 1000,
+    totalBytes: b.total - a.total,
+    packets,
+    stunPackets: stun,
+    audioBytes: b.audio - a.audio,
+    totalKbps: ((b.total - a.total) * 8) / dt,
+    audioKbps: ((b.audio - a.audio) * 8) / dt,
+    wireKbpsUpperBound: (wireBytes * 8) / dt,
+  };
+}
+"""
+
+
+@dataclass
+class Page:
+    page: Any
+    errors: list[str] = field(default_factory=list)
+
+    async def state(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self.page.evaluate("JSON.parse(JSON.stringify(window.mediaserver.state))")
+        return result
+
+    async def wait_for(self, js: str, timeout_s: float = 30.0) -> None:
+        await self.page.wait_for_function(js, timeout=timeout_s * 1000)
+
+    async def speech_then_silence(self, silence_ms: int, timeout_s: float) -> None:
+        """Return once the microphone has carried speech and then ``silence_ms`` of silence."""
+        await self.page.evaluate(
+            _WAIT_SPEECH_THEN_SILENCE,
+            {"speechDb": SPEECH_DB, "silenceDb": SILENCE_DB, "silenceMs": silence_ms, "timeoutMs": timeout_s * 1000},
+        )
+
+
+@asynccontextmanager
+async def open_page(browser: Browser, url: str) -> AsyncIterator[Page]:
+    page = await browser.context.new_page()
+    page.set_default_timeout(30_000)
+    opened = Page(page)
+    page.on("pageerror", lambda exc: opened.errors.append(f"page error: {exc}"))
+    page.on("console", lambda msg: opened.errors.append(f"console: {msg.text}") if msg.type == "error" else None)
+    try:
+        await page.goto(url, wait_until="load")
+        await page.wait_for_function("window.mediaserver !== undefined", timeout=10_000)
+        yield opened
+    finally:
+        await page.close()
+
+
+async def connect(page: Page) -> None:
+    await page.page.click("#connect")
+    try:
+        await page.wait_for("window.mediaserver.state.connected", timeout_s=30)
+    except Exception:
+        state = await page.state()
+        pytest.fail(f"the page did not connect: errors {state['errors']}, connection {state['connection']}")
+
+
+def first_text(transcript: list[dict[str, Any]], *, final: bool | None = None) -> dict[str, Any]:
+    for entry in transcript:
+        if entry["text"].strip() and (final is None or entry["final"] == final):
+            return entry
+    raise AssertionError(f"no transcript text in {transcript}")
+
+
+async def test_push_to_talk_transcribes_the_sentence(
+    server: LiveServer, browser: Browser, fake_microphone: FakeMicrophone, wer: Callable[[str, str], float]
+) -> None:
+    loop_s = fake_microphone.loop_s
+    async with open_page(browser, f"{server.url}/rtc/") as page:
+        await connect(page)
+        # In the pause before a sentence: hold Space through the sentence, release in the next pause.
+        await page.speech_then_silence(300, timeout_s=2 * loop_s + 2)
+        await page.page.keyboard.down("Space")
+        await page.wait_for("window.mediaserver.state.recording", timeout_s=5)
+        await page.speech_then_silence(700, timeout_s=loop_s + 2)
+        await page.page.keyboard.up("Space")
+        await page.wait_for("window.mediaserver.state.transcript.length > 0", timeout_s=30)
+        state = await page.state()
+        entry = first_text(state["transcript"])
+        error_rate = wer(fake_microphone.text, entry["text"])
+        assert entry["latencyMs"] is not None and entry["latencyMs"] > 0, entry
+        print(
+            f"push-to-talk: {entry['text']!r} WER {error_rate:.2f}, {entry['latencyMs']:.0f} ms after release, "
+            f"{state['partialCount']} partials"
+        )
+        assert error_rate <= MAX_WER, entry
+        assert state["errors"] == [], state["errors"]
+        assert state["bitrate"] is not None, "no getStats() bitrate sample after a recording"
+        assert page.errors == []
+
+
+async def test_idle_session_sends_almost_nothing(server: LiveServer, browser: Browser) -> None:
+    async with open_page(browser, f"{server.url}/rtc/") as page:
+        await connect(page)
+        await page.page.wait_for_timeout(3000)  # let DTLS/SCTP set-up traffic pass
+        measured: dict[str, Any] = await page.page.evaluate(
+            _IDLE_BITRATE, {"ms": 6000, "stunBytes": STUN_PACKET_BYTES, "headerBytes": IP_UDP_HEADER_BYTES}
+        )
+        state = await page.state()
+        assert state["connected"], state["connection"]
+        kbps = measured["totalKbps"]
+        assert kbps is not None, f"getStats() has no transport bytesSent: {measured}"
+        print(f"idle send bitrate: {kbps:.2f} kbps")
+        report = (
+            f"idle send bitrate: {kbps:.2f} kbps (transport bytesSent: {measured['totalBytes']} bytes, "
+            f"{measured['packets']} packets in {measured['seconds']:.1f} s; "
+            f"audio RTP {measured['audioKbps']:.2f} kbps; "
+            f"with {measured['stunPackets']} STUN consent packets and IP/UDP headers at most "
+            f"{measured['wireKbpsUpperBound']:.2f} kbps on the wire)"
+        )
+        print(report)
+        BENCH_DIR.mkdir(exist_ok=True)
+        (BENCH_DIR / "idle_bitrate.txt").write_text(report + "\n")
+        assert kbps <= MAX_IDLE_KBPS, measured
+        assert measured["wireKbpsUpperBound"] <= MAX_IDLE_KBPS, measured
+        assert measured["audioBytes"] == 0, f"audio RTP flowed while the track was paused: {measured}"
+        assert page.errors == []
+
+
+async def test_hands_free_infers_by_itself(
+    server: LiveServer, browser: Browser, fake_microphone: FakeMicrophone, wer: Callable[[str, str], float]
+) -> None:
+    loop_s = fake_microphone.loop_s
+    async with open_page(browser, f"{server.url}/rtc/") as page:
+        await connect(page)
+        await page.speech_then_silence(300, timeout_s=2 * loop_s + 2)
+        await page.page.click("#hands-free")
+        await page.wait_for("window.mediaserver.state.handsFree", timeout_s=5)
+        await page.wait_for(
+            "window.mediaserver.state.transcript.some((e) => e.final && e.text.trim())", timeout_s=loop_s + 20
+        )
+        state = await page.state()
+        entry = first_text(state["transcript"], final=True)
+        error_rate = wer(fake_microphone.text, entry["text"])
+        latency = entry["latencyMs"]
+        print(
+            f"hands-free: {entry['text']!r} WER {error_rate:.2f}, "
+            f"{'?' if latency is None else f'{latency:.0f}'} ms after speech_stopped, "
+            f"{state['partialCount']} partials"
+        )
+        assert error_rate <= MAX_WER, state["transcript"]
+        assert state["errors"] == [], state["errors"]
+        await page.page.click("#hands-free")  # stop
+        await page.wait_for("!window.mediaserver.state.handsFree", timeout_s=5)
+        assert page.errors == []
+
+
+async def test_embed_page_connects(server: LiveServer, browser: Browser) -> None:
+    async with open_page(browser, f"{server.url}/rtc/embed.html?theme=dark") as page:
+        await page.wait_for("window.mediaserver.state.connected", timeout_s=30)
+        assert await page.page.evaluate("document.documentElement.dataset.theme") == "dark"
+        assert await page.page.is_enabled("#talk")
+        state = await page.state()
+        assert not state["recording"]
+        assert page.errors == []
+    async with open_page(browser, f"{server.url}/rtc/embed.html?hands_free=1") as page:
+        await page.wait_for("window.mediaserver.state.connected && window.mediaserver.state.handsFree", timeout_s=30)
+        assert (await page.state())["errors"] == []
+        assert page.errors == []
+
+
+# The sandbox of Home Assistant's Webpage (iframe) card, with and without allow-same-origin.
+_SANDBOX = "allow-forms allow-popups allow-pointer-lock allow-scripts allow-modals allow-downloads"
+
+
+@asynccontextmanager
+async def dashboard_server(html: str) -> AsyncIterator[str]:
+    """A page on another origin (http://localhost:<port>, a secure context) that frames the embed."""
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(text=html, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/", page)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://localhost:{runner.addresses[0][1]}/"
+    finally:
+        await runner.cleanup()
+
+
+async def test_embed_page_in_a_dashboard_iframe(server: LiveServer, browser: Browser) -> None:
+    """As docs/home-assistant.md says: the frame needs allow="microphone" and a real origin."""
+    embed = f"{server.url}/rtc/embed.html"
+    frames = {
+        "granted": f'sandbox="{_SANDBOX} allow-same-origin" allow="microphone"',
+        "card-default": f'sandbox="{_SANDBOX} allow-same-origin" allow="fullscreen"',
+        "opaque": f'sandbox="{_SANDBOX}" allow="microphone"',
+    }
+    html = '<!doctype html><link rel="icon" href="data:,">' + "".join(
+        f'<iframe id="{name}" src="{embed}" {attrs}></iframe>' for name, attrs in frames.items()
+    )
+    async with dashboard_server(html) as url:
+        page = await browser.context.new_page()
+        try:
+            await page.goto(url)
+
+            async def frame(name: str) -> Any:
+                element = await page.wait_for_selector(f"#{name}", state="attached")
+                return await element.content_frame()
+
+            granted = await frame("granted")
+            await granted.wait_for_function("window.mediaserver && window.mediaserver.state.connected", timeout=30_000)
+            status = "document.getElementById('status-text').textContent"
+            card_default = await frame("card-default")
+            await card_default.wait_for_function(f"{status}.includes('allow: microphone')", timeout=10_000)
+            opaque = await frame("opaque")
+            await opaque.wait_for_function(f"{status}.includes('disable_sandbox')", timeout=10_000)
+        finally:
+            await page.close()
+
+
+async def test_page_is_served_without_trailing_slash(server: LiveServer, browser: Browser) -> None:
+    async with open_page(browser, f"{server.url}/rtc") as page:
+        assert (await page.page.evaluate("location.pathname")).endswith("/rtc/")
+        await page.wait_for("document.querySelector('#model').options.length > 1", timeout_s=10)
+        assert page.errors == []

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from mediaserver.asr.scheduler import Superseded
+from mediaserver.asr.scheduler import DeadlineExceeded, Superseded
 from mediaserver.asr.service import AsrService
 from mediaserver.audio.segmenter import Discarded, SegmenterConfig, SpeechStart, Utterance, VadSegmenter
 from mediaserver.config import Settings
@@ -289,7 +289,7 @@ class StreamSession:
                 await self._final(audio, start_ms, end_ms, committed=committed)
             except ApiError:
                 pass  # _final already reported it as a StreamError
-            except (TimeoutError, Superseded) as exc:
+            except (TimeoutError, DeadlineExceeded, Superseded) as exc:
                 await self._emit(
                     StreamError(f"transcription failed: {exc or 'timed out'}", "timeout", start_ms, end_ms)
                 )

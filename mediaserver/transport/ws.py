@@ -318,6 +318,7 @@ class WsSession:
         self._told_not_started = False
         self._dropping = False
         self._closed = False
+        self._speech_ms = (0, 0)  # start and end of the latest server-VAD utterance (stream time)
 
     # --- sending ----------------------------------------------------------------------------------
 
@@ -345,11 +346,19 @@ class WsSession:
         elif isinstance(event, PartialTranscript):
             await self.send({"type": "partial", "delta": event.delta, "text": event.text})
         elif isinstance(event, SpeechStarted):
+            self._speech_ms = (event.audio_start_ms, event.audio_start_ms)
             await self.send({"type": "speech_started", "audio_start_ms": event.audio_start_ms})
         elif isinstance(event, SpeechStopped):
-            await self.send({"type": "speech_stopped", "audio_end_ms": event.audio_end_ms})
+            self._speech_ms = (self._speech_ms[0], event.audio_end_ms)
+            await self.send(
+                {"type": "speech_stopped", "audio_end_ms": event.audio_end_ms, "discarded": event.discarded}
+            )
         elif isinstance(event, StreamError):
-            await self.send_error(event.code, event.message)
+            error: dict[str, Any] = {"type": "error", "code": event.code, "message": event.message}
+            if event.audio_start_ms is not None and event.audio_end_ms is not None:
+                # The utterance failed: it stands in for that utterance's final.
+                error.update(audio_start_ms=event.audio_start_ms, audio_end_ms=event.audio_end_ms)
+            await self.send(error)
 
     def _final_message(self, event: FinalTranscript) -> dict[str, Any]:
         transcript = event.transcript
@@ -389,7 +398,7 @@ class WsSession:
         while not self.ws.closed:
             try:
                 # Our own deadline: aiohttp's receive(timeout=) restarts on every heartbeat pong.
-                async with asyncio.timeout_at(asyncio.get_running_loop().time() + self._idle_left(idle_s)):
+                async with asyncio.timeout(self._idle_left(idle_s)):
                     msg = await self.ws.receive()
             except TimeoutError:
                 if self._idle_left(idle_s) > 0:
@@ -542,8 +551,20 @@ class WsSession:
                 final = await self.stream.stop_recording()
         except ApiError:
             return  # the StreamSession has already sent it as an error event
-        except (DeadlineExceeded, TimeoutError):
-            await self.send_error("timeout", "the transcription did not finish in time")
+        except Exception as exc:
+            # commit()/stop_recording() report only ApiErrors themselves. Under server VAD the commit
+            # has already sent speech_stopped, so the error names the utterance it stands in for.
+            timed_out = isinstance(exc, DeadlineExceeded | TimeoutError)
+            if not timed_out:
+                log.exception("session %s: final transcription failed", self.id)
+            error: dict[str, Any] = {
+                "type": "error",
+                "code": "timeout" if timed_out else "internal_error",
+                "message": "the transcription did not finish in time" if timed_out else "transcription failed",
+            }
+            if self.stream.options.server_vad:
+                error.update(audio_start_ms=self._speech_ms[0], audio_end_ms=self._speech_ms[1])
+            await self.send(error)
             return
         if final is not None:
             log.info(

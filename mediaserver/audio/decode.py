@@ -100,6 +100,42 @@ def resample_mono(samples: AudioArray, rate_hz: int) -> AudioArray:
     return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
 
 
+class StreamResampler:
+    """Mono float32 at ``rate_hz`` → 16 kHz, for a live stream arriving in small pieces.
+
+    One libswresample context spans the pieces, so its filter state carries over (resampling each
+    20 ms frame on its own would put a click at every boundary). ``flush`` returns the delayed
+    tail at the end of a recording; the next piece then starts a fresh context.
+    """
+
+    def __init__(self, rate_hz: int) -> None:
+        self.rate_hz = rate_hz
+        self._resampler: av.AudioResampler | None = None
+
+    def push(self, samples: AudioArray) -> AudioArray:
+        if self.rate_hz == SAMPLE_RATE_HZ or samples.size == 0:
+            return samples
+        if self._resampler is None:
+            self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="flt", layout="mono")
+        frame.sample_rate = self.rate_hz
+        return _collect(self._resampler.resample(frame))
+
+    def flush(self) -> AudioArray:
+        resampler, self._resampler = self._resampler, None
+        if resampler is None:
+            return np.zeros(0, np.float32)
+        return _collect(resampler.resample(None))
+
+    def reset(self) -> None:
+        self._resampler = None
+
+
+def _collect(frames: list[av.AudioFrame]) -> AudioArray:
+    parts = [np.asarray(f.to_ndarray(), dtype=np.float32).reshape(-1) for f in frames]
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
 def parse_wav_header(data: bytes) -> tuple[PcmFormat, int, int] | None:
     """Find fmt and data chunks of a RIFF/WAVE file.
 

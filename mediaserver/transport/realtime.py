@@ -64,14 +64,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-import av
 import numpy as np
 import numpy.typing as npt
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.scheduler import DeadlineExceeded
-from mediaserver.audio.decode import PcmFormat, pcm_to_float
+from mediaserver.audio.decode import PcmFormat, StreamResampler, pcm_to_float
 from mediaserver.audio.segmenter import SegmenterConfig
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter, UnknownModel
@@ -564,7 +563,7 @@ class InputDecoder:
     def __init__(self, fmt: InputFormat) -> None:
         self.format = fmt
         self._carry = b""
-        self._resampler: av.AudioResampler | None = None
+        self._resampler = StreamResampler(fmt.rate_hz)
 
     def decode(self, data: bytes) -> AudioArray:
         if self.format.is_pcm:
@@ -578,30 +577,16 @@ class InputDecoder:
         else:
             table = ULAW_TO_PCM16 if self.format.type == "audio/pcmu" else ALAW_TO_PCM16
             mono = table[np.frombuffer(data, dtype=np.uint8)].astype(np.float32) / 32768.0
-        if self.format.rate_hz == SAMPLE_RATE_HZ or mono.size == 0:
-            return mono
-        if self._resampler is None:
-            self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
-        frame = av.AudioFrame.from_ndarray(mono.reshape(1, -1), format="flt", layout="mono")
-        frame.sample_rate = self.format.rate_hz
-        return self._collect(self._resampler.resample(frame))
+        return self._resampler.push(mono)
 
     def flush(self) -> AudioArray:
         """The resampler's delayed tail (before a commit); the next append starts afresh."""
-        resampler, self._resampler = self._resampler, None
         self._carry = b""
-        if resampler is None:
-            return np.zeros(0, np.float32)
-        return self._collect(resampler.resample(None))
+        return self._resampler.flush()
 
     def reset(self) -> None:
-        self._resampler = None
+        self._resampler.reset()
         self._carry = b""
-
-    @staticmethod
-    def _collect(frames: list[av.AudioFrame]) -> AudioArray:
-        parts = [np.asarray(f.to_ndarray(), dtype=np.float32).reshape(-1) for f in frames]
-        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 
 # --- the session ----------------------------------------------------------------------------------------

@@ -30,13 +30,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
-import av
-import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.scheduler import DeadlineExceeded
-from mediaserver.audio.decode import PcmFormat, pcm_to_float
+from mediaserver.audio.decode import PcmFormat, StreamResampler, pcm_to_float
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidAudio, InvalidParameter, Overloaded
 from mediaserver.events import (
@@ -231,7 +229,7 @@ class PcmStreamDecoder:
         self.format = fmt
         # pcm_to_float converts and downmixes; told the rate is 16 kHz, it leaves resampling to us.
         self._convert_format = replace(fmt, sample_rate_hz=SAMPLE_RATE_HZ)
-        self._resampler: av.AudioResampler | None = None
+        self._resampler = StreamResampler(fmt.sample_rate_hz)
 
     def decode(self, data: bytes) -> AudioArray:
         if len(data) % self.format.frame_bytes:
@@ -239,26 +237,11 @@ class PcmStreamDecoder:
                 f"binary frame of {len(data)} bytes is not a whole number of samples "
                 f"({self.format.frame_bytes} bytes per sample frame); the frame was dropped"
             )
-        mono = pcm_to_float(data, self._convert_format)
-        if self.format.sample_rate_hz == SAMPLE_RATE_HZ:
-            return mono
-        if self._resampler is None:
-            self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
-        frame = av.AudioFrame.from_ndarray(mono.reshape(1, -1), format="flt", layout="mono")
-        frame.sample_rate = self.format.sample_rate_hz
-        return self._collect(self._resampler.resample(frame))
+        return self._resampler.push(pcm_to_float(data, self._convert_format))
 
     def flush(self) -> AudioArray:
         """The resampler's delayed tail (end of a recording); the next frame starts a new resampler."""
-        resampler, self._resampler = self._resampler, None
-        if resampler is None:
-            return np.zeros(0, np.float32)
-        return self._collect(resampler.resample(None))
-
-    @staticmethod
-    def _collect(frames: list[av.AudioFrame]) -> AudioArray:
-        parts = [np.asarray(f.to_ndarray(), dtype=np.float32).reshape(-1) for f in frames]
-        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        return self._resampler.flush()
 
 
 # --- the session ------------------------------------------------------------------------------------

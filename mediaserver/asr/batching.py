@@ -88,7 +88,14 @@ class WindowOutput:
     def needs_fallback(self) -> bool:
         if self.is_silence:
             return False
-        return self.compression_ratio > COMPRESSION_RATIO_THRESHOLD or self.avg_logprob < LOG_PROB_THRESHOLD
+        return self.compression_ratio > COMPRESSION_RATIO_THRESHOLD or self.low_confidence
+
+    @property
+    def low_confidence(self) -> bool:
+        """Whisper's log-probability fallback test alone. A packed window is judged by this plus the
+        compression ratio of each member's own text: two devices saying the same command in one
+        window is repetition across jobs, not a decoding loop."""
+        return not self.is_silence and self.avg_logprob < LOG_PROB_THRESHOLD
 
 
 @dataclass
@@ -142,12 +149,19 @@ def split_into_windows(spans: Sequence[Span], total_samples: int, pad_samples: i
     return [w for w in windows if w.end > w.start]
 
 
-def pack_windows(singles: Sequence[Window], *, gap_s: float, max_window_s: float = WINDOW_S - 1.0) -> list[Window]:
+def pack_windows(
+    singles: Sequence[Window],
+    *,
+    gap_s: float,
+    max_window_s: float = WINDOW_S - 1.0,
+    by_duration: bool = True,
+) -> list[Window]:
     """Pack single-member windows that share decode settings into shared 30 s windows.
 
     Members are separated by ``gap_s`` of silence, which Whisper reliably ends a segment on, so the
     timestamps it emits tell which text belongs to which job. Packed audio stops at ``max_window_s``:
-    Whisper tends to leave speech near the end of a 30 s window as an unfinished segment.
+    Whisper tends to leave speech near the end of a 30 s window as an unfinished segment. Members
+    are taken shortest first (``by_duration``), or in the order given.
     """
     gap = np.zeros(int(gap_s * SAMPLE_RATE_HZ), np.float32)
     packed: list[Window] = []
@@ -161,7 +175,7 @@ def pack_windows(singles: Sequence[Window], *, gap_s: float, max_window_s: float
     for group in by_key.values():
         current: list[Window] = []
         length_s = 0.0
-        for window in sorted(group, key=lambda w: w.duration_s):
+        for window in sorted(group, key=lambda w: w.duration_s) if by_duration else group:
             extra = window.duration_s + (gap_s if current else 0.0)
             if current and length_s + extra > max_window_s:
                 packed.append(_join(current, gap))
@@ -192,13 +206,35 @@ def _join(windows: list[Window], gap: AudioArray) -> Window:
     return Window(np.concatenate(parts), members, first.options, with_timestamps=True, language=first.language)
 
 
+def text_loops(segments: Sequence[dict[str, Any]]) -> bool:
+    """Whisper's compression-ratio test (a repetition loop) on one job's text."""
+    from faster_whisper.transcribe import get_compression_ratio
+
+    text = "".join(str(seg["text"]) for seg in segments).strip()
+    return bool(text) and get_compression_ratio(text) > COMPRESSION_RATIO_THRESHOLD
+
+
 def window_member(window: Window, job_index: int) -> Member:
     return next(m for m in window.members if m.job_index == job_index)
 
 
-def assign_segments(window: Window, output: WindowOutput) -> dict[int, list[dict[str, Any]]] | None:
-    """Split a packed window's segments back to its members by time; None if a segment straddles two."""
+@dataclass
+class Assignment:
+    """A packed window's text split back per job.
+
+    ``segments`` holds, in job time, the text of every member whose speech was told apart from its
+    neighbours'; ``unsure`` the members whose text ran into a neighbour's (a segment straddling two
+    jobs, or text Whisper placed in the silent gap between them). Only those need decoding again.
+    """
+
+    segments: dict[int, list[dict[str, Any]]]
+    unsure: set[int]
+
+
+def assign_segments(window: Window, output: WindowOutput) -> Assignment:
+    """Split a packed window's segments back to its members by time."""
     assigned: dict[int, list[dict[str, Any]]] = {m.job_index: [] for m in window.members}
+    unsure: set[int] = set()
     tolerance_s = 0.25
     for seg in output.segments:
         owners = [
@@ -210,17 +246,23 @@ def assign_segments(window: Window, output: WindowOutput) -> dict[int, list[dict
             m for m in owners if min(seg["end"], m.window_end_s) - max(seg["start"], m.window_start_s) > tolerance_s
         ]
         if len(overlapping) > 1:
-            return None
+            unsure.update(m.job_index for m in overlapping)
+            continue
         if not owners:
-            if seg["text"].strip():
-                return None
+            if seg["text"].strip():  # text in a gap: it belongs to a neighbour, but which one?
+                before = [m for m in window.members if m.window_end_s <= seg["start"]]
+                after = [m for m in window.members if m.window_start_s >= seg["end"]]
+                neighbours = [*before[-1:], *after[:1]] or window.members
+                unsure.update(m.job_index for m in neighbours)
             continue
         owner = overlapping[0] if overlapping else owners[0]
         shifted = dict(seg)
         shifted["start"] = max(0.0, seg["start"] - owner.window_start_s) + owner.job_offset_s
         shifted["end"] = max(0.0, min(seg["end"], owner.window_end_s) - owner.window_start_s) + owner.job_offset_s
         assigned[owner.job_index].append(shifted)
-    return assigned
+    for job_index in unsure:
+        del assigned[job_index]
+    return Assignment(assigned, unsure)
 
 
 class BatchDecoder:

@@ -25,6 +25,7 @@ from mediaserver.asr.batching import (
     assign_segments,
     pack_windows,
     split_into_windows,
+    text_loops,
     window_member,
 )
 from mediaserver.audio.vad import VadConfig, has_speech
@@ -86,7 +87,13 @@ class WhisperEngine:
         self.multilingual: bool = bool(self.model.model.is_multilingual)
         self._decoder = BatchDecoder(self.model)
         # Counters for benchmarks and logs: how often the fast path had to fall back.
-        self.counters: dict[str, int] = {"windows": 0, "packed_windows": 0, "unpack_retries": 0, "sequential": 0}
+        self.counters: dict[str, int] = {
+            "windows": 0,
+            "packed_windows": 0,
+            "repacked": 0,
+            "unpack_retries": 0,
+            "sequential": 0,
+        }
         log.info(
             "loaded model %s from %s on %s/%s in %.2f s (multilingual=%s)",
             name,
@@ -133,12 +140,10 @@ class WhisperEngine:
         self.counters["windows"] += len(windows)
         self.counters["packed_windows"] += sum(w.packed for w in windows)
         self._decode(windows, states, results, sequential, retry_unpacked)
-        self.counters["unpack_retries"] += len(retry_unpacked)
         if retry_unpacked:
-            again = [w for i in sorted(retry_unpacked) for w in self._plan_windows(i, jobs[i])]
-            for i in retry_unpacked:
-                states[i] = JobResult(language=self._language_of(jobs[i]) or "en")
-            self._decode(again, states, results, sequential, set())
+            self._retry(
+                jobs, sorted(retry_unpacked), {w.members[0].job_index: w for w in singles}, states, results, sequential
+            )
         elapsed = time.perf_counter() - started
         for index, state in states.items():
             if results[index] is not None or index in sequential:
@@ -152,6 +157,42 @@ class WhisperEngine:
                 log.exception("ASR job failed on model %s", self.name)
                 results[index] = exc
         return [r if r is not None else RuntimeError("job produced no result") for r in results]
+
+    def _retry(
+        self,
+        jobs: Sequence[AsrJob],
+        retry: list[int],
+        single_of: dict[int, Window],
+        states: dict[int, JobResult],
+        results: list[Transcript | BaseException | None],
+        sequential: list[int],
+    ) -> None:
+        """Decode again the packed jobs whose text could not be told apart or was left unfinished.
+
+        First packed once more, in arrival order (new neighbours) and with twice the gap, which
+        splits most of them cleanly at the cost of one shared window; what still fails runs alone.
+        """
+        for i in retry:
+            states[i] = JobResult(language=self._language_of(jobs[i]) or "en")
+        repackable = [single_of[i] for i in retry if i in single_of]
+        if len(repackable) > 1:
+            again = pack_windows(
+                repackable,
+                gap_s=2 * self._packing.gap_s,
+                max_window_s=self._packing.max_window_s,
+                by_duration=False,
+            )
+            self.counters["repacked"] += len(repackable)
+            still: set[int] = set()
+            self._decode(again, states, results, sequential, still)
+            retry = sorted(still | {i for i in retry if i not in single_of})
+            for i in retry:
+                states[i] = JobResult(language=self._language_of(jobs[i]) or "en")
+        self.counters["unpack_retries"] += len(retry)
+        windows: list[Window] = []
+        for i in retry:
+            windows.extend([single_of[i]] if i in single_of else self._plan_windows(i, jobs[i]))
+        self._decode(windows, states, results, sequential, set())
 
     # --- batched path -------------------------------------------------------------------------
 
@@ -234,14 +275,16 @@ class WhisperEngine:
     ) -> Window | None:
         """Record a window's segments; return the window's unfinished tail, if any."""
         if window.packed:
-            assigned = None if output.needs_fallback else assign_segments(window, output)
-            if assigned is None:  # text straddles two jobs, or the decode looks wrong
+            if output.low_confidence:  # the decode looks wrong: redo every job in the window alone
                 retry_unpacked.update(m.job_index for m in window.members)
                 return None
-            for job_index, segs in assigned.items():
-                if segs and window_member(window, job_index).window_end_s <= output.complete_until_s + 0.2:
+            assignment = assign_segments(window, output)
+            retry_unpacked.update(assignment.unsure)  # text ran across two jobs: redo just those
+            for job_index, segs in assignment.segments.items():
+                finished = window_member(window, job_index).window_end_s <= output.complete_until_s + 0.2
+                if segs and finished and not text_loops(segs):
                     self._add(states[job_index], segs, output)
-                else:  # Whisper skipped or left unfinished this job's speech: redo it alone
+                else:  # skipped, unfinished or looping: redo this job's speech alone
                     retry_unpacked.add(job_index)
             return None
         member = window.members[0]

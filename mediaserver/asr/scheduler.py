@@ -1,8 +1,11 @@
 """One shared queue per loaded model, drained by a worker thread in batches.
 
-Jobs from every session and transport land here. The worker takes the most urgent job, waits at
-most ``max_wait_ms`` for more to arrive (never past the slack of the most urgent job), and hands up
-to ``max_batch`` of them to the engine in one call. The queue is bounded: when it is full a new job
+Jobs from every session and transport land here. The worker takes the most urgent job and keeps
+collecting while more arrive: it stops when ``max_wait_ms`` pass with no new job, when the batch
+has lingered ``max_collect_ms`` in all, or when the most urgent job's slack would run out, and hands
+up to ``max_batch`` jobs to the engine in one call. A lone request waits ``max_wait_ms`` at most; a
+burst of requests (many clients answering at once) is gathered into one full batch instead of
+being split into a small batch and a leftover. The queue is bounded: when it is full a new job
 is refused at once (Overloaded → 503) rather than waiting behind an ever-growing backlog.
 """
 
@@ -55,6 +58,7 @@ class AsrScheduler:
         *,
         max_batch: int = 8,
         max_wait_ms: float = 5.0,
+        max_collect_ms: float = 50.0,
         max_queue: int = 64,
         metrics: Metrics | None = None,
     ) -> None:
@@ -62,6 +66,7 @@ class AsrScheduler:
         self._batch_fn = batch_fn
         self._max_batch = max_batch
         self._max_wait_s = max_wait_ms / 1000.0
+        self._max_collect_s = max(max_collect_ms, max_wait_ms) / 1000.0
         self._max_queue = max_queue
         self._metrics = metrics
         self._queue: asyncio.PriorityQueue[_Pending] = asyncio.PriorityQueue()
@@ -133,14 +138,15 @@ class AsrScheduler:
         first = await self._queue.get()
         batch = [first]
         # Wait for more only while the most urgent job still has slack to run after the wait.
-        wait_until = min(time.monotonic() + self._max_wait_s, first.deadline - self.estimated_batch_s)
+        collect_until = min(time.monotonic() + self._max_collect_s, first.deadline - self.estimated_batch_s)
         while len(batch) < self._max_batch:
             try:
                 batch.append(self._queue.get_nowait())
                 continue
             except asyncio.QueueEmpty:
                 pass
-            remaining = wait_until - time.monotonic()
+            now = time.monotonic()
+            remaining = min(now + self._max_wait_s, collect_until) - now
             if remaining <= 0:
                 break
             try:
@@ -180,6 +186,13 @@ class AsrScheduler:
             self.batches_run += 1
             self.estimated_batch_s = 0.8 * self.estimated_batch_s + 0.2 * elapsed
             self.last_batch_size = len(live)
+            log.debug(
+                "model %s: batch of %d job(s) in %.3f s, %d still queued",
+                self.model_name,
+                len(live),
+                elapsed,
+                self._queue.qsize(),
+            )
             if self._metrics:
                 self._metrics.inference_seconds.labels(self.model_name).observe(elapsed)
             for item, result in zip(live, results, strict=True):

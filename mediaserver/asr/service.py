@@ -104,6 +104,7 @@ class AsrService:
             engine.transcribe_batch,
             max_batch=self.settings.asr_max_batch,
             max_wait_ms=self.settings.asr_max_wait_ms,
+            max_collect_ms=self.settings.asr_max_collect_ms,
             max_queue=self.settings.asr_max_queue,
             metrics=self.metrics,
         )

@@ -20,6 +20,7 @@ from mediaserver.asr.batching import (
     assign_segments,
     pack_windows,
     split_into_windows,
+    text_loops,
 )
 from mediaserver.asr.engine import AsrJob, WhisperEngine
 from mediaserver.asr.models import bundled_tiny_en_dir
@@ -118,8 +119,9 @@ def _packed_window() -> Window:
 
 
 def test_segments_go_back_to_their_job_in_job_time() -> None:
-    assigned = assign_segments(_packed_window(), _output([(0.0, 3.2, " first"), (3.9, 6.1, " second")]))
-    assert assigned is not None
+    assignment = assign_segments(_packed_window(), _output([(0.0, 3.2, " first"), (3.9, 6.1, " second")]))
+    assert not assignment.unsure
+    assigned = assignment.segments
     assert [s["text"] for s in assigned[7]] == [" first"]
     assert [s["text"] for s in assigned[9]] == [" second"]
     assert assigned[7][0]["start"] == pytest.approx(0.25)  # the job's own offset is restored
@@ -127,8 +129,41 @@ def test_segments_go_back_to_their_job_in_job_time() -> None:
     assert assigned[9][0]["end"] == pytest.approx(2.0)
 
 
+def _three_member_window() -> Window:
+    members = [Member(1, 0.0, 3.0, 0.0), Member(2, 4.0, 7.0, 0.0), Member(3, 8.0, 11.0, 0.0)]
+    return Window(np.zeros(11 * SR, np.float32), members, OPTIONS, with_timestamps=True, language="en")
+
+
 def test_a_segment_straddling_two_jobs_refuses_the_split() -> None:
-    assert assign_segments(_packed_window(), _output([(0.0, 5.5, " first second")])) is None
+    assignment = assign_segments(_packed_window(), _output([(0.0, 5.5, " first second")]))
+    assert assignment.unsure == {7, 9}
+    assert assignment.segments == {}
+
+
+def test_only_the_jobs_a_straddling_segment_touches_are_unsure() -> None:
+    output = _output([(0.0, 3.1, " one"), (4.0, 10.8, " two three")])
+    assignment = assign_segments(_three_member_window(), output)
+    assert assignment.unsure == {2, 3}
+    assert [s["text"] for s in assignment.segments[1]] == [" one"]
+    assert set(assignment.segments) == {1}
+
+
+def test_text_in_the_gap_between_jobs_makes_both_neighbours_unsure() -> None:
+    output = _output([(0.0, 3.0, " one"), (3.3, 3.7, " stray"), (8.0, 11.0, " three")])
+    assignment = assign_segments(_three_member_window(), output)
+    assert assignment.unsure == {1, 2}
+    assert [s["text"] for s in assignment.segments[3]] == [" three"]
+
+
+def test_a_loop_is_judged_on_one_jobs_text_not_the_whole_window() -> None:
+    sentence = " Turn on the kitchen lights and close the garage door."
+    assert not text_loops([{"text": sentence}])
+    assert text_loops([{"text": sentence * 6}])
+    # Two devices saying the same command in one packed window: each job's text is fine.
+    window = Window(np.zeros(7 * SR, np.float32), [Member(1, 0.0, 3.0, 0.0), Member(2, 4.0, 7.0, 0.0)], OPTIONS, True)
+    assignment = assign_segments(window, _output([(0.0, 3.0, sentence), (4.0, 7.0, sentence)]))
+    assert not assignment.unsure
+    assert not any(text_loops(segs) for segs in assignment.segments.values())
 
 
 # --- the real engine -------------------------------------------------------------------------
@@ -155,6 +190,20 @@ def test_packed_batch_returns_each_job_its_own_sentence(packed_engine: WhisperEn
         assert isinstance(result, Transcript)
         assert wer(SENTENCES[key], result.text) <= 0.2, (key, result.text)
         assert 0.0 <= result.segments[0].start_s < result.segments[-1].end_s <= result.duration_s + 0.05
+
+
+def test_the_same_command_from_several_devices_in_one_batch(
+    packed_engine: WhisperEngine, speech: Any, wer: Any
+) -> None:
+    # Identical sentences side by side in a packed window look like a repetition loop to a
+    # whole-window check; each job must still get its own sentence back.
+    keys = ["kitchen", "kitchen", "music", "kitchen", "music", "weather"]
+    before = dict(packed_engine.counters)
+    results = packed_engine.transcribe_batch([AsrJob(speech(k).audio16k.copy(), OPTIONS) for k in keys])
+    assert packed_engine.counters["packed_windows"] > before["packed_windows"]
+    for key, result in zip(keys, results, strict=True):
+        assert isinstance(result, Transcript)
+        assert wer(SENTENCES[key], result.text) <= 0.2, (key, result.text)
 
 
 def test_long_audio_windows_are_stitched_in_order(packed_engine: WhisperEngine, wer: Any) -> None:

@@ -162,6 +162,40 @@ async def test_wait_never_exceeds_slack_of_most_urgent_job(engine: WhisperEngine
     assert recorder.batches == [["kitchen"]]
 
 
+async def test_a_burst_of_arrivals_is_gathered_into_one_batch(engine: WhisperEngine, speech: Any, wer: Any) -> None:
+    # Jobs trickle in 5 ms apart for 35 ms: each gap is under max_wait, so they all share one batch
+    # instead of the first running alone and the rest waiting for it.
+    recorder = Recorder(engine)
+    scheduler = AsrScheduler("tiny.en", recorder, max_batch=16, max_wait_ms=40, max_collect_ms=2000, max_queue=16)
+    keys = ["kitchen", "weather", "remind", "music", "story", "garden", "kitchen", "weather"]
+
+    async def later(index: int, key: str) -> Transcript:
+        await asyncio.sleep(0.005 * index)
+        return await scheduler.submit(job(speech, key))
+
+    try:
+        results = await asyncio.gather(*(later(i, k) for i, k in enumerate(keys)))
+    finally:
+        await scheduler.aclose()
+    assert recorder.batches == [keys]
+    for key, result in zip(keys, results, strict=True):
+        assert wer(SENTENCES[key], result.text) <= 0.2, (key, result.text)
+
+
+async def test_a_lone_job_waits_only_max_wait_not_max_collect(engine: WhisperEngine, speech: Any) -> None:
+    recorder = Recorder(engine)
+    scheduler = AsrScheduler("tiny.en", recorder, max_batch=16, max_wait_ms=20, max_collect_ms=60_000, max_queue=16)
+    try:
+        first = asyncio.ensure_future(scheduler.submit(job(speech, "kitchen")))
+        await asyncio.sleep(0.3)  # far past max_wait: the first job must already be running
+        assert recorder.started.is_set()
+        second = await scheduler.submit(job(speech, "music"))
+        assert (await first).text and second.text
+    finally:
+        await scheduler.aclose()
+    assert recorder.batches == [["kitchen"], ["music"]]
+
+
 async def test_silence_never_reaches_the_decoder(engine: WhisperEngine) -> None:
     result = engine.transcribe_one(AsrJob(np.zeros(16000 * 3, np.float32), OPTIONS))
     assert result.text == "" and result.speech_detected is False

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
@@ -55,5 +59,29 @@ class Metrics:
             registry=self.registry,
         )
 
+    def watch_engines(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
+        """Expose each loaded engine's decode counters (read at scrape time, nothing on the hot path)."""
+        self.registry.register(_EngineCounters(source))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _EngineCounters(Collector):
+    """``mediaserver_asr_windows_total{model, kind}``: 30 s windows decoded, how many were packed,
+    and how often packed jobs had to be decoded again (repacked, then alone) or fell back to
+    faster-whisper's sequential loop."""
+
+    def __init__(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "mediaserver_asr_windows",
+            "Engine decode counters by model and kind (windows, packed_windows, repacked, unpack_retries, sequential)",
+            labels=["model", "kind"],
+        )
+        for model, counters in self._source().items():
+            for kind, value in dict(counters).items():
+                family.add_metric([model, kind], value)
+        yield family

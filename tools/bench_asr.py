@@ -370,6 +370,7 @@ class Run:
     baseline_wer_matched: float | None = None  # baseline WER over the same clips this run sent
     wer_delta: float | None = None  # run WER - baseline_wer_matched
     wer_delta_vs_overall: float | None = None  # run WER - baseline WER over all clips
+    server: dict[str, float] | None = None  # scheduler and engine counters over the run (from /metrics)
     utterances: list[Utterance] = field(default_factory=list)
 
 
@@ -493,12 +494,14 @@ async def load_run(
             on_done()
         return done
 
+    counters_before = await asyncio.to_thread(server_counters, url)
     with rss:
         cpu.start()
         started = time.perf_counter()
         per_client_results = await asyncio.gather(*(client(c) for c in range(concurrency)))
         wall = time.perf_counter() - started
         other_cpu = cpu.stop()
+    server = counters_delta(counters_before, await asyncio.to_thread(server_counters, url))
     utterances = [u for results in per_client_results for u in results]
     ok = [u for u in utterances if u.status == 200]
     error_statuses: dict[str, int] = {}
@@ -522,6 +525,7 @@ async def load_run(
         wer=aggregate_wer([u.reference for u in ok], [u.hypothesis for u in ok]),
         rss_max_mb=rss.max_bytes / 2**20 if rss.max_bytes is not None else None,
         other_cpu_cores=other_cpu,
+        server=server,
         utterances=utterances,
     )
 
@@ -565,6 +569,37 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def server_counters(url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
+    """Scheduler and engine counters summed over models, from the server's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=timeout_s) as response:
+            text = response.read().decode()
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+    wanted = {
+        "mediaserver_asr_batch_size_count": "batches",
+        "mediaserver_asr_batch_size_sum": "jobs",
+        "mediaserver_inference_seconds_sum": "engine_s",
+    }
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if sample.name == "mediaserver_asr_windows_total":
+                key = sample.labels.get("kind")
+            if key:
+                totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
+
+
+def counters_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+    if before is None or after is None:
+        return None
+    return {key: value - before.get(key, 0.0) for key, value in after.items()}
 
 
 def get_health(url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
@@ -677,6 +712,15 @@ def print_report(baseline: Baseline, runs: Sequence[Run], modes: Sequence[str], 
             )
             if r.error_statuses:
                 print(f"      non-200: {r.error_statuses}")
+            if r.server and r.server.get("batches"):
+                sv = r.server
+                print(
+                    f"      server: {sv['batches']:.0f} batches (mean {sv.get('jobs', 0) / sv['batches']:.1f} jobs), "
+                    f"engine busy {sv.get('engine_s', 0):.1f} s of {r.wall_s:.1f} s; "
+                    f"{sv.get('windows', 0):.0f} windows ({sv.get('packed_windows', 0):.0f} packed), "
+                    f"{sv.get('repacked', 0):.0f} jobs repacked, {sv.get('unpack_retries', 0):.0f} redone alone, "
+                    f"{sv.get('sequential', 0):.0f} sequential"
+                )
             if r.other_cpu_cores is not None and r.other_cpu_cores > NOISY_OTHER_CPU_CORES:
                 print(f"      warning: other processes kept {r.other_cpu_cores:.2f} cores busy during this run")
 

@@ -171,28 +171,25 @@ class WhisperEngine:
 
         First packed once more, in arrival order (new neighbours) and with twice the gap, which
         splits most of them cleanly at the cost of one shared window; what still fails runs alone.
+        Every retried job was packed, so each has its single window in ``single_of``.
         """
         for i in retry:
             states[i] = JobResult(language=self._language_of(jobs[i]) or "en")
-        repackable = [single_of[i] for i in retry if i in single_of]
-        if len(repackable) > 1:
+        if len(retry) > 1:
             again = pack_windows(
-                repackable,
+                [single_of[i] for i in retry],
                 gap_s=2 * self._packing.gap_s,
                 max_window_s=self._packing.max_window_s,
                 by_duration=False,
             )
-            self.counters["repacked"] += len(repackable)
+            self.counters["repacked"] += len(retry)
             still: set[int] = set()
             self._decode(again, states, results, sequential, still)
-            retry = sorted(still | {i for i in retry if i not in single_of})
+            retry = sorted(still)
             for i in retry:
                 states[i] = JobResult(language=self._language_of(jobs[i]) or "en")
         self.counters["unpack_retries"] += len(retry)
-        windows: list[Window] = []
-        for i in retry:
-            windows.extend([single_of[i]] if i in single_of else self._plan_windows(i, jobs[i]))
-        self._decode(windows, states, results, sequential, set())
+        self._decode([single_of[i] for i in retry], states, results, sequential, set())
 
     # --- batched path -------------------------------------------------------------------------
 

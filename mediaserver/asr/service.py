@@ -41,6 +41,7 @@ class AsrService:
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
         self._load_locks: dict[str, asyncio.Lock] = {}
         self._closed = False
+        metrics.watch_engines(lambda: {name: m.engine.counters for name, m in self._loaded.items()})
 
     @property
     def loaded_models(self) -> list[str]:

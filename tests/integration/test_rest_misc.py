@@ -213,6 +213,8 @@ async def test_metrics_after_requests(server: Any, speech: Any) -> None:
     assert "mediaserver_inference_seconds_count" in names
     assert any(name == "mediaserver_inference_seconds_count" and value > 0 for (name, _), value in samples.items())
     assert "mediaserver_asr_queue_depth" in names
+    windows = samples[("mediaserver_asr_windows_total", (("kind", "windows"), ("model", "tiny.en")))]
+    assert windows >= 1  # the utterance above went through the engine's batched path
 
 
 async def test_openapi_spec_is_valid(server: Any) -> None:

@@ -96,8 +96,17 @@ class Clip:
 
 @functools.cache
 def synthesize(text: str) -> Clip:
+    """Piper speech for ``text``, the same samples on every run.
+
+    Piper's VITS vocoder adds random noise (``noise_scale``, ``noise_w_scale``) by default, so each
+    run would hear a slightly different clip and a marginal one ("weather like in Paris" heard as
+    "lichen pairs") would fail now and then. With the noise off the audio is reproducible.
+    """
+    from piper import SynthesisConfig
+
     voice = _voice()
-    pcm = np.concatenate([chunk.audio_int16_array for chunk in voice.synthesize(text)])
+    config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    pcm = np.concatenate([chunk.audio_int16_array for chunk in voice.synthesize(text, syn_config=config)])
     return Clip(text, pcm.astype(np.int16))
 
 

@@ -124,7 +124,7 @@ class WhisperEngine:
             elif isinstance(plan, str):
                 sequential.append(index)
             else:
-                states[index] = JobResult(language=self._language_of(job) or "en")
+                states[index] = self._new_state(job)
                 if (
                     self._packing.enabled
                     and len(plan) == 1
@@ -174,7 +174,7 @@ class WhisperEngine:
         Every retried job was packed, so each has its single window in ``single_of``.
         """
         for i in retry:
-            states[i] = JobResult(language=self._language_of(jobs[i]) or "en")
+            states[i] = self._new_state(jobs[i])
         if len(retry) > 1:
             again = pack_windows(
                 [single_of[i] for i in retry],
@@ -187,7 +187,7 @@ class WhisperEngine:
             self._decode(again, states, results, sequential, still)
             retry = sorted(still)
             for i in retry:
-                states[i] = JobResult(language=self._language_of(jobs[i]) or "en")
+                states[i] = self._new_state(jobs[i])
         self.counters["unpack_retries"] += len(retry)
         self._decode([single_of[i] for i in retry], states, results, sequential, set())
 
@@ -195,6 +195,9 @@ class WhisperEngine:
 
     def _language_of(self, job: AsrJob) -> str | None:
         return job.options.language if self.multilingual else "en"
+
+    def _new_state(self, job: AsrJob) -> JobResult:
+        return JobResult(language=self._language_of(job) or "en")
 
     def _plan(self, index: int, job: AsrJob) -> list[Window] | str | None:
         """None: no speech. "sequential": needs faster-whisper's own loop. Else: the job's windows."""

@@ -89,15 +89,10 @@ def pcm_to_float(data: bytes, fmt: PcmFormat, *, max_duration_s: float = float("
 
 def resample_mono(samples: AudioArray, rate_hz: int) -> AudioArray:
     """Resample mono float32 to 16 kHz with libswresample (band-limited, not linear)."""
-    samples = np.ascontiguousarray(samples, dtype=np.float32)
-    if rate_hz == SAMPLE_RATE_HZ or samples.size == 0:
-        return samples
-    frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="flt", layout="mono")
-    frame.sample_rate = rate_hz
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
-    parts = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-    parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+    resampler = StreamResampler(rate_hz)
+    head = resampler.push(samples)
+    tail = resampler.flush()
+    return np.concatenate([head, tail]) if tail.size else head
 
 
 class StreamResampler:
@@ -113,6 +108,7 @@ class StreamResampler:
         self._resampler: av.AudioResampler | None = None
 
     def push(self, samples: AudioArray) -> AudioArray:
+        samples = np.ascontiguousarray(samples, dtype=np.float32)
         if self.rate_hz == SAMPLE_RATE_HZ or samples.size == 0:
             return samples
         if self._resampler is None:

@@ -17,12 +17,13 @@ from mediaserver import openapi
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.scheduler import DeadlineExceeded
 from mediaserver.asr.service import AsrService
+from mediaserver.capabilities import FeatureRequest, decide
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice, choose_device
 from mediaserver.errors import ApiError, Unauthorized, VoiceNotAuthorized
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
 from mediaserver.session import SessionRegistry
-from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS
+from mediaserver.state import ASR, CAPABILITIES, METRICS, SESSIONS, SETTINGS
 from mediaserver.transport import openai_rest, realtime, rtc, willow, ws
 from mediaserver.transport.wyoming import wyoming_ctx
 
@@ -146,6 +147,7 @@ async def health_handler(request: web.Request) -> web.Response:
             "compute_type": asr.device.compute_type,
             "models_loaded": asr.loaded_models,
             "models_available": asr.registry.names(),
+            "features": request.app[CAPABILITIES].as_dict(),
         }
     )
 
@@ -169,6 +171,11 @@ async def index_handler(request: web.Request) -> web.Response:
     return web.Response(text=openapi.INDEX_HTML, content_type="text/html")
 
 
+def feature_requests(settings: Settings) -> list[FeatureRequest]:
+    """What each feature needs; TTS and the LLM add theirs here as they land."""
+    return [FeatureRequest("asr", None, settings.vram_asr_mb, required=True)]
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -188,6 +195,7 @@ def create_app(
     async def asr_ctx(app: web.Application) -> AsyncIterator[None]:
         if asr_service is not None:
             app[ASR] = asr_service
+            app[CAPABILITIES] = decide(asr_service.device, feature_requests(settings))
             yield
             return
         chosen = device or choose_device(settings.device, settings.compute_type, settings.cpu_threads)
@@ -200,6 +208,7 @@ def create_app(
         )
         service = AsrService(settings, chosen, ModelRegistry(settings), metrics)
         app[ASR] = service
+        app[CAPABILITIES] = decide(chosen, feature_requests(settings))
         try:
             await service.start()
             yield

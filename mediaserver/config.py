@@ -123,6 +123,11 @@ class Settings(BaseSettings):
     wyoming_max_event_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     wyoming_idle_timeout_s: float = Field(60.0, gt=0)
 
+    # --- features on a GPU (capability gating; on the CPU every installed feature is on) ---------
+    vram_asr_mb: int = Field(1500, ge=0, description="VRAM the ASR models need before ASR is enabled")
+    vram_tts_mb: int = Field(500, ge=0, description="VRAM TTS needs, taken after ASR's")
+    vram_llm_mb: int = Field(4000, ge=0, description="VRAM the LLM needs, taken after ASR's and TTS's")
+
     # --- misc ----------------------------------------------------------------------------------
     save_audio_dir: Path = Path("audio")
     allow_save_audio: bool = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from mediaserver.asr.service import AsrService
+from mediaserver.capabilities import Capabilities
 from mediaserver.config import Settings
 from mediaserver.metrics import Metrics
 from mediaserver.session import SessionRegistry
@@ -13,3 +14,4 @@ SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 ASR = web.AppKey("asr", AsrService)
 SESSIONS = web.AppKey("sessions", SessionRegistry)
+CAPABILITIES = web.AppKey("capabilities", Capabilities)

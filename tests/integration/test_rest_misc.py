@@ -188,6 +188,8 @@ async def test_health(server: Any) -> None:
     assert body["status"] == "ok"
     assert "tiny.en" in body["models_loaded"]
     assert "tiny.en" in body["models_available"]
+    assert body["features"]["asr"]["enabled"] is True
+    assert "CPU" in body["features"]["asr"]["reason"]
 
 
 async def test_metrics_after_requests(server: Any, speech: Any) -> None:

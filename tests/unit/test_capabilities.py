@@ -1,0 +1,62 @@
+"""Capability gating: which features run, decided from the device and (on CUDA) free VRAM."""
+
+from __future__ import annotations
+
+import pytest
+
+from mediaserver.capabilities import FeatureDisabled, FeatureRequest, decide
+from mediaserver.devices import GpuInfo, choose_device
+
+MIB = 1024 * 1024
+GPU = GpuInfo(0, "Test GPU", (8, 6), 8 * 1024 * MIB)
+
+
+def requests(llm_missing: str | None = None) -> list[FeatureRequest]:
+    # Given out of order on purpose: the decision always goes ASR, TTS, LLM.
+    return [
+        FeatureRequest("llm", llm_missing, 4000),
+        FeatureRequest("asr", None, 1500, required=True),
+        FeatureRequest("tts", None, 500),
+    ]
+
+
+def test_cpu_enables_every_installed_feature() -> None:
+    caps = decide(choose_device("cpu"), requests())
+    assert all(caps.enabled(n) for n in ("asr", "tts", "llm"))
+    caps.require("llm")  # no error
+
+
+def test_cpu_leaves_off_what_is_not_installed_and_says_why() -> None:
+    caps = decide(choose_device("cpu"), requests(llm_missing="llama-cpp-python is not installed"))
+    assert caps.enabled("tts") and not caps.enabled("llm")
+    with pytest.raises(FeatureDisabled) as info:
+        caps.require("llm")
+    assert info.value.status == 503
+    assert "llama-cpp-python is not installed" in info.value.message
+    assert caps.as_dict()["llm"] == {"enabled": False, "reason": "llama-cpp-python is not installed"}
+
+
+@pytest.mark.parametrize(
+    ("free_mb", "expected"),
+    [
+        (8000, {"asr": True, "tts": True, "llm": True}),
+        (2500, {"asr": True, "tts": True, "llm": False}),
+        (1700, {"asr": True, "tts": False, "llm": False}),
+        (500, {"asr": True, "tts": False, "llm": False}),  # ASR is the core: on, with a warning
+    ],
+)
+def test_cuda_enables_in_order_while_vram_lasts(free_mb: int, expected: dict[str, bool]) -> None:
+    device = choose_device("auto", gpus=(GPU,), ctranslate2_cuda_count=1, cpu_count=8)
+    caps = decide(device, requests(), free_vram=free_mb * MIB)
+    assert {n: caps.enabled(n) for n in expected} == expected
+    if not expected["llm"]:
+        assert "not enough free VRAM: needs 4000 MB" in caps.reason("llm")
+    if free_mb < 1500:
+        assert "may not fit" in caps.reason("asr")
+
+
+def test_an_unknown_feature_is_disabled_with_a_reason() -> None:
+    caps = decide(choose_device("cpu"), requests())
+    assert not caps.enabled("vision")
+    with pytest.raises(FeatureDisabled, match="VISION is disabled"):
+        caps.require("vision")

@@ -70,18 +70,28 @@ class Metrics:
 class _EngineCounters(Collector):
     """``mediaserver_asr_windows_total{model, kind}``: 30 s windows decoded, how many were packed,
     and how often packed jobs had to be decoded again (repacked, then alone) or fell back to
-    faster-whisper's sequential loop."""
+    faster-whisper's sequential loop. ``mediaserver_asr_jobs_total{model, packing}``: jobs decoded
+    in a window shared with other jobs (``packed``) or in windows of their own (``alone``)."""
 
     def __init__(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
         self._source = source
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(
+        windows = CounterMetricFamily(
             "mediaserver_asr_windows",
             "Engine decode counters by model and kind (windows, packed_windows, repacked, unpack_retries, sequential)",
             labels=["model", "kind"],
         )
+        jobs = CounterMetricFamily(
+            "mediaserver_asr_jobs",
+            "ASR jobs by model and packing (packed: shared a 30 s window with other jobs; alone: did not)",
+            labels=["model", "packing"],
+        )
         for model, counters in self._source().items():
             for kind, value in dict(counters).items():
-                family.add_metric([model, kind], value)
-        yield family
+                if kind.startswith("jobs_"):
+                    jobs.add_metric([model, kind.removeprefix("jobs_")], value)
+                else:
+                    windows.add_metric([model, kind], value)
+        yield windows
+        yield jobs

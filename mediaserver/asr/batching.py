@@ -110,10 +110,47 @@ class JobResult:
 
 @dataclass(frozen=True)
 class PackingConfig:
+    """``backlog_s``: pack only when decoding every waiting job in a window of its own would take
+    longer than this (at the measured cost of a window); 0 packs whenever packing is enabled."""
+
     enabled: bool = False
     gap_s: float = 1.0
     max_job_s: float = 10.0
     max_window_s: float = 24.0
+    backlog_s: float = 0.0
+
+
+class PackingPolicy:
+    """Decides, batch by batch, whether short jobs may share a 30 s window.
+
+    Packing is where most CPU throughput comes from, but it changes some transcripts: Whisper hears
+    the neighbouring utterances (in the encoder, instead of silence padding) and reads their text
+    (in the decoder) as context, so a sentence that decodes right alone can come back different
+    ("like in Paris" heard as "lichen pairs"). So a job is decoded alone whenever the engine can
+    afford it, and packed only when the backlog makes waiting cost more than that risk: when the
+    waiting jobs, each in a window of its own, would take longer than ``backlog_s``. The cost of a
+    window is measured on batches of two or more windows decoded without packing (a moving
+    average; a lone window costs more than its share of a batch, and a backlog is decoded in
+    batches); until one has been measured nothing is packed.
+    """
+
+    def __init__(self, config: PackingConfig) -> None:
+        self.config = config
+        self.window_cost_s: float | None = None
+
+    def should_pack(self, waiting_jobs: int) -> bool:
+        if not self.config.enabled or waiting_jobs < 2:
+            return False
+        if self.config.backlog_s <= 0:
+            return True
+        return self.window_cost_s is not None and waiting_jobs * self.window_cost_s > self.config.backlog_s
+
+    def observe(self, windows: int, elapsed_s: float) -> None:
+        """Record the engine time of a batch decoded one job per window."""
+        if windows < 2:
+            return
+        cost = elapsed_s / windows
+        self.window_cost_s = cost if self.window_cost_s is None else 0.7 * self.window_cost_s + 0.3 * cost
 
 
 def split_into_windows(spans: Sequence[Span], total_samples: int, pad_samples: int) -> list[Span]:

@@ -19,6 +19,7 @@ from mediaserver.asr.batching import (
     JobResult,
     Member,
     PackingConfig,
+    PackingPolicy,
     Span,
     Window,
     WindowOutput,
@@ -73,6 +74,7 @@ class WhisperEngine:
         self._neural_vad_filter = neural_vad_filter
         self._batching = batching
         self._packing = packing or PackingConfig()
+        self.packing_policy = PackingPolicy(self._packing)
         self._speech_pad_s = speech_pad_s
         self._max_tail_rounds = 4
         started = time.perf_counter()
@@ -93,6 +95,8 @@ class WhisperEngine:
             "repacked": 0,
             "unpack_retries": 0,
             "sequential": 0,
+            "jobs_packed": 0,
+            "jobs_alone": 0,
         }
         log.info(
             "loaded model %s from %s on %s/%s in %.2f s (multilingual=%s)",
@@ -104,9 +108,15 @@ class WhisperEngine:
             self.multilingual,
         )
 
-    def transcribe_batch(self, jobs: Sequence[AsrJob]) -> list[Transcript | BaseException]:
-        """Transcribe jobs together: one encoder pass and one generate call per decode group."""
+    def transcribe_batch(self, jobs: Sequence[AsrJob], backlog: int = 0) -> list[Transcript | BaseException]:
+        """Transcribe jobs together: one encoder pass and one generate call per decode group.
+
+        ``backlog`` is how many more jobs wait in the queue behind these: with them, the packing
+        policy decides whether short jobs share windows in this batch.
+        """
         started = time.perf_counter()
+        pack = self.packing_policy.should_pack(len(jobs) + backlog)
+        windows_before = self.counters["windows"]
         results: list[Transcript | BaseException | None] = [None] * len(jobs)
         states: dict[int, JobResult] = {}
         sequential: list[int] = []
@@ -126,7 +136,7 @@ class WhisperEngine:
             else:
                 states[index] = self._new_state(job)
                 if (
-                    self._packing.enabled
+                    pack
                     and len(plan) == 1
                     and plan[0].language is not None
                     and (plan[0].duration_s <= self._packing.max_job_s)
@@ -139,6 +149,9 @@ class WhisperEngine:
         retry_unpacked: set[int] = set()
         self.counters["windows"] += len(windows)
         self.counters["packed_windows"] += sum(w.packed for w in windows)
+        packed_jobs = sum(len(w.members) for w in windows if w.packed)
+        self.counters["jobs_packed"] += packed_jobs
+        self.counters["jobs_alone"] += len(states) + len(sequential) - packed_jobs
         self._decode(windows, states, results, sequential, retry_unpacked)
         if retry_unpacked:
             self._retry(
@@ -156,6 +169,8 @@ class WhisperEngine:
             except Exception as exc:
                 log.exception("ASR job failed on model %s", self.name)
                 results[index] = exc
+        if not packed_jobs and not sequential:
+            self.packing_policy.observe(self.counters["windows"] - windows_before, time.perf_counter() - started)
         return [r if r is not None else RuntimeError("job produced no result") for r in results]
 
     def _retry(

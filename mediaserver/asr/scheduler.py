@@ -27,7 +27,8 @@ from mediaserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-BatchFn = Callable[[Sequence[AsrJob]], list[Transcript | BaseException]]
+# (jobs, backlog): the jobs of one batch and how many more wait behind them.
+BatchFn = Callable[[Sequence[AsrJob], int], list[Transcript | BaseException]]
 
 
 class DeadlineExceeded(Exception):
@@ -178,7 +179,9 @@ class AsrScheduler:
                 self._metrics.batch_size.labels(self.model_name).observe(len(live))
             started = time.perf_counter()
             try:
-                results = await loop.run_in_executor(self._executor, self._batch_fn, [item.job for item in live])
+                results = await loop.run_in_executor(
+                    self._executor, self._batch_fn, [item.job for item in live], self._queue.qsize()
+                )
             except Exception as exc:
                 log.exception("ASR batch failed on model %s", self.model_name)
                 results = [exc] * len(live)

@@ -89,6 +89,7 @@ class AsrService:
                     gap_s=self.settings.asr_pack_gap_s,
                     max_job_s=self.settings.asr_pack_max_job_s,
                     max_window_s=self.settings.asr_pack_max_window_s,
+                    backlog_s=self.settings.asr_pack_backlog_s,
                 ),
                 speech_pad_s=self.settings.asr_speech_pad_ms / 1000.0,
             )

@@ -217,6 +217,9 @@ async def test_metrics_after_requests(server: Any, speech: Any) -> None:
     assert "mediaserver_asr_queue_depth" in names
     windows = samples[("mediaserver_asr_windows_total", (("kind", "windows"), ("model", "tiny.en")))]
     assert windows >= 1  # the utterance above went through the engine's batched path
+    alone = samples[("mediaserver_asr_jobs_total", (("model", "tiny.en"), ("packing", "alone")))]
+    assert alone >= 1  # a lone request is never packed with others
+    assert ("mediaserver_asr_jobs_total", (("model", "tiny.en"), ("packing", "packed"))) in samples
 
 
 async def test_openapi_spec_is_valid(server: Any) -> None:

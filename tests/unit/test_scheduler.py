@@ -39,15 +39,17 @@ class Recorder:
     def __init__(self, engine: WhisperEngine) -> None:
         self.engine = engine
         self.batches: list[list[str]] = []
+        self.backlogs: list[int] = []
         self.gate = threading.Event()
         self.gate.set()
         self.started = threading.Event()
 
-    def __call__(self, jobs: Sequence[AsrJob]) -> list[Transcript | BaseException]:
+    def __call__(self, jobs: Sequence[AsrJob], backlog: int) -> list[Transcript | BaseException]:
         self.started.set()
         self.gate.wait(timeout=30)
         self.batches.append([JOB_KEYS.get(id(job.audio), "?") for job in jobs])
-        return self.engine.transcribe_batch(jobs)
+        self.backlogs.append(backlog)
+        return self.engine.transcribe_batch(jobs, backlog)
 
 
 JOB_KEYS: dict[int, str] = {}
@@ -92,6 +94,8 @@ async def test_finals_run_before_partials_before_files(engine: WhisperEngine, sp
     finally:
         await scheduler.aclose()
     assert [b[0] for b in recorder.batches] == ["kitchen", "weather", "music", "story"]
+    # The engine learns how many jobs still wait behind each batch (its packing policy needs it).
+    assert recorder.backlogs == [0, 2, 1, 0]
 
 
 async def test_full_queue_refuses_new_work(engine: WhisperEngine, speech: Any) -> None:
@@ -152,10 +156,13 @@ async def test_deadline_and_cancellation_withdraw_queued_jobs(engine: WhisperEng
 
 async def test_wait_never_exceeds_slack_of_most_urgent_job(engine: WhisperEngine, speech: Any) -> None:
     # max_wait is huge, but the lone job's deadline is near: it must run instead of waiting for company.
+    # The deadline (30 s) is far above the decode time on any machine, and the estimated batch time
+    # leaves 2 s of slack: waiting for company (60 s) would miss the deadline, running now does not.
     recorder = Recorder(engine)
     scheduler = AsrScheduler("tiny.en", recorder, max_batch=8, max_wait_ms=60_000, max_queue=16)
+    scheduler.estimated_batch_s = 28.0
     try:
-        result = await scheduler.submit(job(speech, "kitchen"), timeout_s=1.5)
+        result = await scheduler.submit(job(speech, "kitchen"), timeout_s=30.0)
     finally:
         await scheduler.aclose()
     assert result.text

@@ -89,11 +89,11 @@ class Settings(BaseSettings):
     asr_pack_gap_s: float = Field(1.0, ge=0.2, le=5.0)
     asr_pack_max_job_s: float = Field(10.0, gt=0, le=24.0)
     asr_pack_max_window_s: float = Field(24.0, gt=1.0, le=29.0)
-    asr_pack_backlog_s: float = Field(
-        3.0,
-        ge=0,
-        description="pack only when decoding every waiting job in its own window would take longer than this "
-        "(0 = always pack)",
+    asr_pack_min_waiting: int = Field(
+        0, ge=0, description="pack only when this many jobs wait; 0 = one more than asr_max_batch, 2 = always"
+    )
+    asr_pack_min_saving_s: float = Field(
+        1.0, ge=0, description="and only when encoding each waiting job alone would take longer than this"
     )
     asr_speech_pad_ms: int = Field(300, ge=0, le=2000)
 

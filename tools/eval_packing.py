@@ -9,8 +9,9 @@ scheduler (in-process, no HTTP):
 
 - ``alone``: one client at a time (every job alone in its batch);
 - ``N``: N clients speak at once (groups of N utterances submitted together, each group waited
-  for before the next), with the default packing policy (``asr_pack_backlog_s``);
-- ``N-packed``: the same, but packing every batch (``backlog_s=0``): packing's own fidelity.
+  for before the next), with the server's packing policy (``asr_pack_min_waiting``,
+  ``asr_pack_min_saving_s``, ``asr_max_batch``);
+- ``N-packed``: the same, but packing every batch of two or more: packing's own fidelity.
 
 The corpus is 64 Piper sentences (vocoder noise off, identical on every run) plus the repository's
 audio fixtures; each utterance appears in ``--mixes`` different random groups per scenario.
@@ -19,7 +20,7 @@ differs from its solo decode, WER against the reference text for solo and for th
 same utterances, the share of jobs that were packed, and throughput (audio s per wall s).
 
     python tools/eval_packing.py [--model tiny.en|base] [--scenarios alone,8,16,8-packed]
-                                 [--mixes 3] [--gap-s 1.0] [--backlog-s 3.0] [--json PATH]
+                                 [--mixes 3] [--gap-s 1.0] [--json PATH]
 
 CPU kernels differ between machines (CTranslate2 picks MKL on Intel, oneDNN elsewhere, and the
 widest ISA available); to see another machine's behaviour on this one, run with e.g.
@@ -98,7 +99,6 @@ def main() -> None:
     parser.add_argument("--mixes", type=int, default=3, help="random groups each utterance appears in, per scenario")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gap-s", type=float, default=settings.asr_pack_gap_s)
-    parser.add_argument("--backlog-s", type=float, default=settings.asr_pack_backlog_s)
     parser.add_argument("--json", type=Path, help="write the results (with every changed transcript) here")
     args = parser.parse_args()
 
@@ -120,7 +120,8 @@ def main() -> None:
             gap_s=args.gap_s,
             max_job_s=settings.asr_pack_max_job_s,
             max_window_s=settings.asr_pack_max_window_s,
-            backlog_s=0.0 if always_pack else args.backlog_s,
+            min_waiting=2 if always_pack else (settings.asr_pack_min_waiting or settings.asr_max_batch + 1),
+            min_saving_s=0.0 if always_pack else settings.asr_pack_min_saving_s,
         )
         return WhisperEngine(args.model, model_dir, cpu_threads=threads, packing=packing)
 

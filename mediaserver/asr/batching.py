@@ -14,6 +14,7 @@ the caller as "needs the sequential path", which runs Whisper's full temperature
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -110,14 +111,19 @@ class JobResult:
 
 @dataclass(frozen=True)
 class PackingConfig:
-    """``backlog_s``: pack only when decoding every waiting job in a window of its own would take
-    longer than this (at the measured cost of a window); 0 packs whenever packing is enabled."""
+    """When short jobs may share a window (see ``PackingPolicy``).
+
+    ``min_waiting``: pack only when at least this many jobs wait (this batch and the queue behind
+    it); ``min_saving_s``: and only when encoding each of them in a window of its own would take
+    longer than this. ``min_waiting=2, min_saving_s=0`` packs whenever two jobs meet.
+    """
 
     enabled: bool = False
     gap_s: float = 1.0
     max_job_s: float = 10.0
     max_window_s: float = 24.0
-    backlog_s: float = 0.0
+    min_waiting: int = 2
+    min_saving_s: float = 0.0
 
 
 class PackingPolicy:
@@ -126,31 +132,33 @@ class PackingPolicy:
     Packing is where most CPU throughput comes from, but it changes some transcripts: Whisper hears
     the neighbouring utterances (in the encoder, instead of silence padding) and reads their text
     (in the decoder) as context, so a sentence that decodes right alone can come back different
-    ("like in Paris" heard as "lichen pairs"). So a job is decoded alone whenever the engine can
-    afford it, and packed only when the backlog makes waiting cost more than that risk: when the
-    waiting jobs, each in a window of its own, would take longer than ``backlog_s``. The cost of a
-    window is measured on batches of two or more windows decoded without packing (a moving
-    average; a lone window costs more than its share of a batch, and a backlog is decoded in
-    batches); until one has been measured nothing is packed.
+    ("like in Paris" heard as "lichen pairs"). So a job is decoded alone whenever the engine keeps
+    up, and packed only under a backlog: when more jobs wait than one batch takes (``min_waiting``,
+    by default one more than the scheduler's batch), and when the encoder time packing saves is
+    worth it (``min_saving_s``: the waiting jobs, each encoded in its own window, at the measured
+    encoder cost per window; on a GPU that is small and nothing is packed). Both are counts and
+    measurements of the engine's own work, not of wall time, so the decision does not swing with
+    other load on the machine. Until the encoder has been timed once, the saving is assumed.
     """
 
     def __init__(self, config: PackingConfig) -> None:
         self.config = config
-        self.window_cost_s: float | None = None
+        self.encode_s_per_window: float | None = None
 
     def should_pack(self, waiting_jobs: int) -> bool:
-        if not self.config.enabled or waiting_jobs < 2:
+        if not self.config.enabled or waiting_jobs < max(2, self.config.min_waiting):
             return False
-        if self.config.backlog_s <= 0:
+        if self.encode_s_per_window is None or self.config.min_saving_s <= 0:
             return True
-        return self.window_cost_s is not None and waiting_jobs * self.window_cost_s > self.config.backlog_s
+        return waiting_jobs * self.encode_s_per_window > self.config.min_saving_s
 
-    def observe(self, windows: int, elapsed_s: float) -> None:
-        """Record the engine time of a batch decoded one job per window."""
-        if windows < 2:
+    def observe_encoder(self, windows: int, elapsed_s: float) -> None:
+        """Record the time of one encoder pass over ``windows`` windows (a moving average)."""
+        if windows <= 0:
             return
         cost = elapsed_s / windows
-        self.window_cost_s = cost if self.window_cost_s is None else 0.7 * self.window_cost_s + 0.3 * cost
+        current = self.encode_s_per_window
+        self.encode_s_per_window = cost if current is None else 0.7 * current + 0.3 * cost
 
 
 def split_into_windows(spans: Sequence[Span], total_samples: int, pad_samples: int) -> list[Span]:
@@ -314,6 +322,8 @@ class BatchDecoder:
         self._tokenizer_cls = Tokenizer
         self._suppressed = get_suppressed_tokens(self.tokenizer(None, "transcribe"), (-1,))
         self._is_oom = is_oom or _is_out_of_memory
+        # Called with (windows, seconds) after every encoder pass: the packing policy's measurement.
+        self.on_encode: Callable[[int, float], None] | None = None
 
     def tokenizer(self, language: str | None, task: str) -> Any:
         return self._tokenizer_cls(
@@ -372,7 +382,11 @@ class BatchDecoder:
         if not windows:
             return []
         options = windows[0].options
-        encoder_output = self.wm.encode(self.features(windows))
+        features = self.features(windows)
+        encode_started = time.perf_counter()
+        encoder_output = self.wm.encode(features)
+        if self.on_encode is not None:
+            self.on_encode(len(windows), time.perf_counter() - encode_started)
         languages: list[tuple[str, float]] = []
         needs_detection = self.multilingual and any(w.language is None for w in windows)
         detected = self.wm.model.detect_language(encoder_output) if needs_detection else None

@@ -88,6 +88,7 @@ class WhisperEngine:
         )
         self.multilingual: bool = bool(self.model.model.is_multilingual)
         self._decoder = BatchDecoder(self.model)
+        self._decoder.on_encode = self.packing_policy.observe_encoder
         # Counters for benchmarks and logs: how often the fast path had to fall back.
         self.counters: dict[str, int] = {
             "windows": 0,
@@ -116,7 +117,6 @@ class WhisperEngine:
         """
         started = time.perf_counter()
         pack = self.packing_policy.should_pack(len(jobs) + backlog)
-        windows_before = self.counters["windows"]
         results: list[Transcript | BaseException | None] = [None] * len(jobs)
         states: dict[int, JobResult] = {}
         sequential: list[int] = []
@@ -169,8 +169,6 @@ class WhisperEngine:
             except Exception as exc:
                 log.exception("ASR job failed on model %s", self.name)
                 results[index] = exc
-        if not packed_jobs and not sequential:
-            self.packing_policy.observe(self.counters["windows"] - windows_before, time.perf_counter() - started)
         return [r if r is not None else RuntimeError("job produced no result") for r in results]
 
     def _retry(

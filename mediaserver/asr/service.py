@@ -89,7 +89,8 @@ class AsrService:
                     gap_s=self.settings.asr_pack_gap_s,
                     max_job_s=self.settings.asr_pack_max_job_s,
                     max_window_s=self.settings.asr_pack_max_window_s,
-                    backlog_s=self.settings.asr_pack_backlog_s,
+                    min_waiting=self.settings.asr_pack_min_waiting or self.settings.asr_max_batch + 1,
+                    min_saving_s=self.settings.asr_pack_min_saving_s,
                 ),
                 speech_pad_s=self.settings.asr_speech_pad_ms / 1000.0,
             )

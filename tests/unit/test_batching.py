@@ -167,25 +167,32 @@ def test_a_loop_is_judged_on_one_jobs_text_not_the_whole_window() -> None:
     assert not any(text_loops(segs) for segs in assignment.segments.values())
 
 
-def test_packing_policy_packs_only_when_the_backlog_would_take_too_long_alone() -> None:
-    policy = PackingPolicy(PackingConfig(enabled=True, backlog_s=3.0))
-    assert not policy.should_pack(64)  # nothing measured yet: decode alone
-    policy.observe(windows=4, elapsed_s=1.2)  # 0.3 s a window
-    assert policy.window_cost_s == pytest.approx(0.3)
-    assert not policy.should_pack(8)  # 2.4 s alone is within 3 s
-    assert policy.should_pack(16)  # 4.8 s alone is not
-    assert not policy.should_pack(1)  # one job has nobody to share a window with
-    policy.observe(windows=1, elapsed_s=5.0)  # a lone window says little about a batch's cost
-    assert policy.window_cost_s == pytest.approx(0.3)
-    policy.observe(windows=2, elapsed_s=2.6)  # a moving average, not the last batch alone
-    assert 0.3 < policy.window_cost_s < 1.3
+def test_packing_policy_packs_only_a_backlog_deeper_than_one_batch() -> None:
+    policy = PackingPolicy(PackingConfig(enabled=True, min_waiting=9, min_saving_s=1.0))
+    assert policy.should_pack(9)  # encoder not timed yet: the saving is assumed
+    assert not policy.should_pack(8)  # one batch takes them all: decode each alone
+    policy.observe_encoder(windows=4, elapsed_s=0.8)  # 0.2 s a window, as tiny.en on 2 CPU cores
+    assert policy.encode_s_per_window == pytest.approx(0.2)
+    assert policy.should_pack(16)  # 3.2 s of encoder time to save
+    assert not policy.should_pack(8)
+    policy.observe_encoder(windows=0, elapsed_s=5.0)  # nothing encoded: nothing learned
+    assert policy.encode_s_per_window == pytest.approx(0.2)
+
+
+def test_packing_policy_leaves_a_fast_encoder_alone() -> None:
+    policy = PackingPolicy(PackingConfig(enabled=True, min_waiting=9, min_saving_s=1.0))
+    for _ in range(20):  # a GPU: 10 ms a window, a moving average
+        policy.observe_encoder(windows=8, elapsed_s=0.08)
+    assert policy.encode_s_per_window == pytest.approx(0.01, rel=0.05)
+    assert not policy.should_pack(64)  # 0.64 s of encoder time is not worth a changed transcript
+    assert policy.should_pack(101)
 
 
 def test_packing_policy_switches() -> None:
-    always = PackingPolicy(PackingConfig(enabled=True, backlog_s=0.0))
+    always = PackingPolicy(PackingConfig(enabled=True, min_waiting=2, min_saving_s=0.0))
+    always.observe_encoder(1, 0.001)
     assert always.should_pack(2) and not always.should_pack(1)
-    never = PackingPolicy(PackingConfig(enabled=False, backlog_s=0.0))
-    never.observe(1, 10.0)
+    never = PackingPolicy(PackingConfig(enabled=False, min_waiting=2, min_saving_s=0.0))
     assert not never.should_pack(1000)
 
 
@@ -201,8 +208,8 @@ def tiny_dir() -> str:
 
 @pytest.fixture(scope="module")
 def packed_engine(tiny_dir: str) -> WhisperEngine:
-    """Packs every batch (``backlog_s=0``), whatever the backlog: these tests are about packing."""
-    return WhisperEngine("tiny.en", tiny_dir, cpu_threads=2, packing=PackingConfig(enabled=True, backlog_s=0.0))
+    """Packs every batch of two or more jobs, whatever the backlog: these tests are about packing."""
+    return WhisperEngine("tiny.en", tiny_dir, cpu_threads=2, packing=PackingConfig(enabled=True))
 
 
 def test_packed_batch_returns_each_job_its_own_sentence(packed_engine: WhisperEngine, speech: Any, wer: Any) -> None:
@@ -239,9 +246,10 @@ def test_the_same_command_from_several_devices_in_one_batch(
 
 
 def test_an_unsaturated_engine_decodes_each_job_as_if_it_were_alone(tiny_dir: str, speech: Any) -> None:
-    """With the default policy a batch that the engine can decode one job per window in time is not
-    packed, so every job gets exactly the text it gets when it is the only one; a deep backlog packs."""
-    engine = WhisperEngine("tiny.en", tiny_dir, cpu_threads=2, packing=PackingConfig(enabled=True, backlog_s=60.0))
+    """With the server's policy a batch that clears the queue is not packed, so every job gets exactly
+    the text it gets when it is the only one; a backlog deeper than one batch is packed."""
+    packing = PackingConfig(enabled=True, min_waiting=9, min_saving_s=0.1)
+    engine = WhisperEngine("tiny.en", tiny_dir, cpu_threads=2, packing=packing)
     keys = ["kitchen", "weather", "remind", "music", "story", "garden"]
     alone = [engine.transcribe_batch([AsrJob(speech(k).audio16k, OPTIONS)]) for k in keys]
     together = engine.transcribe_batch([AsrJob(speech(k).audio16k, OPTIONS) for k in keys])
@@ -249,7 +257,7 @@ def test_an_unsaturated_engine_decodes_each_job_as_if_it_were_alone(tiny_dir: st
     for [solo], batched in zip(alone, together, strict=True):
         assert isinstance(solo, Transcript) and isinstance(batched, Transcript)
         assert batched.text == solo.text
-    assert engine.packing_policy.window_cost_s is not None  # measured on those batches
+    assert engine.packing_policy.encode_s_per_window is not None  # timed on those batches
     engine.transcribe_batch([AsrJob(speech(k).audio16k, OPTIONS) for k in keys], backlog=1000)
     assert engine.counters["jobs_packed"] == len(keys)
 

@@ -15,7 +15,6 @@ from aiohttp.typedefs import Middleware
 
 from mediaserver import openapi
 from mediaserver.asr.models import ModelRegistry
-from mediaserver.asr.scheduler import DeadlineExceeded
 from mediaserver.asr.service import AsrService
 from mediaserver.capabilities import FeatureRequest, decide
 from mediaserver.config import Settings
@@ -74,8 +73,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             if header in exc.headers:
                 response.headers[header] = exc.headers[header]
         return response
-    except (DeadlineExceeded, TimeoutError):
-        return error_response(request, 504, "timeout", "the transcription did not finish in time; retry later")
+    except TimeoutError:
+        log.warning("timeout on %s %s", request.method, request.path)
+        return error_response(request, 504, "timeout", "the request did not finish in time; retry later")
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -146,7 +146,7 @@ async def health_handler(request: web.Request) -> web.Response:
             "device": asr.device.device,
             "compute_type": asr.device.compute_type,
             "models_loaded": asr.loaded_models,
-            "models_available": asr.registry.names(),
+            "models_available": asr.models.names(),
             "features": request.app[CAPABILITIES].as_dict(),
         }
     )

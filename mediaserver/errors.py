@@ -60,3 +60,10 @@ class VoiceNotAuthorized(ApiError):
 class RequestTimeout(ApiError):
     status = 408
     code = "request_timeout"
+
+
+class Timeout(ApiError):
+    """The work did not finish in time (a queued ASR job past its deadline, a slow backend)."""
+
+    status = 504
+    code = "timeout"

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from mediaserver.asr.engine import AsrJob
-from mediaserver.errors import Overloaded
+from mediaserver.errors import Overloaded, Timeout
 from mediaserver.events import Priority, Transcript
 from mediaserver.metrics import Metrics
 
@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 BatchFn = Callable[[Sequence[AsrJob], int], list[Transcript | BaseException]]
 
 
-class DeadlineExceeded(Exception):
-    """The job's deadline passed before the engine could start it."""
+class DeadlineExceeded(Timeout):
+    """The job's deadline passed before it was transcribed (a 504 ``timeout`` for every transport)."""
 
 
 class Superseded(Exception):
@@ -124,9 +124,14 @@ class AsrScheduler:
         self._update_depth()
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout=timeout_s)
-        except (asyncio.CancelledError, TimeoutError):
+        except asyncio.CancelledError:
             future.cancel()
             raise
+        except TimeoutError:
+            future.cancel()
+            raise DeadlineExceeded(
+                f"the transcription did not finish within {timeout_s:g} s (model {self.model_name!r}); retry later"
+            ) from None
         finally:
             if supersede_key is not None and self._latest.get(supersede_key) is pending:
                 del self._latest[supersede_key]
@@ -167,7 +172,12 @@ class AsrScheduler:
                 if item.future.done():  # caller went away or timed out
                     continue
                 if item.deadline <= now:
-                    item.future.set_exception(DeadlineExceeded("deadline passed while queued"))
+                    item.future.set_exception(
+                        DeadlineExceeded(
+                            f"the transcription did not start before its deadline (model {self.model_name!r}); "
+                            "retry later"
+                        )
+                    )
                     continue
                 item.started = True
                 live.append(item)

@@ -36,7 +36,7 @@ class AsrService:
     def __init__(self, settings: Settings, device: DeviceChoice, registry: ModelRegistry, metrics: Metrics) -> None:
         self.settings = settings
         self.device = device
-        self.registry = registry
+        self.models = registry
         self.metrics = metrics
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
         self._load_locks: dict[str, asyncio.Lock] = {}
@@ -52,7 +52,7 @@ class AsrService:
             await self.get_model(name)
 
     async def get_model(self, requested: str | None) -> LoadedModel:
-        name = self.registry.resolve(requested)
+        name = self.models.resolve(requested)
         loaded = self._loaded.get(name)
         if loaded is not None:
             self._loaded.move_to_end(name)
@@ -69,7 +69,7 @@ class AsrService:
 
     async def _load(self, name: str) -> LoadedModel:
         def load() -> WhisperEngine:
-            model_dir = self.registry.materialize(name)
+            model_dir = self.models.materialize(name)
             return WhisperEngine(
                 name,
                 model_dir,
@@ -127,7 +127,7 @@ class AsrService:
         """Refuse what an English-only model cannot do, instead of silently ignoring it."""
         if model.engine.multilingual:
             return
-        multilingual = [s.name for s in self.registry.sources() if s.multilingual]
+        multilingual = [s.name for s in self.models.sources() if s.multilingual]
         hint = f" (multilingual models here: {', '.join(multilingual)})" if multilingual else ""
         if options.task == "translate":
             raise InvalidParameter(f"model {model.name!r} is English-only and cannot translate{hint}", param="model")

@@ -159,7 +159,7 @@ async def translations_handler(request: web.Request) -> web.StreamResponse:
 async def models_handler(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     asr = request.app[ASR]
-    names = asr.registry.names() + [n for n in settings.model_aliases if n not in asr.registry.names()]
+    names = asr.models.names() + [n for n in settings.model_aliases if n not in asr.models.names()]
     return web.json_response(
         {
             "object": "list",

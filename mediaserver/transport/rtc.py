@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -89,11 +90,11 @@ class RtcSession:
 
     def __init__(self, app: web.Application, options: StreamOptions, settings: Settings) -> None:
         self.settings = settings
-        self.registry = app[SESSIONS]
+        self.sessions = app[SESSIONS]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(settings)))
         self.base_options = options
-        self.stream = StreamSession(app[ASR], settings, self._on_event, options)
-        self.id = f"rtc-{self.stream.id}"
+        self.id = f"rtc-{uuid.uuid4().hex[:12]}"
+        self.stream = StreamSession(app[ASR], settings, self._on_event, options, session_id=self.id)
         self.channel: RTCDataChannel | None = None
         self.extensions = False  # the client opted in to partials / hands-free messages
         self.hands_free = False
@@ -220,7 +221,8 @@ class RtcSession:
         self.started = False
         if self.hands_free:
             self.hands_free = False
-            await self.stream.commit()  # finish an utterance in progress; its infer is sent by the event
+            with contextlib.suppress(ApiError):  # a failure was already sent as the utterance's error
+                await self.stream.commit()  # finish an utterance in progress; its infer is sent by the event
             self.stream.configure(StreamOptions(self.stream.options.model, self.stream.options.transcription))
             self.send(message("log", "ASR hands-free - stopped"))
             return
@@ -234,7 +236,10 @@ class RtcSession:
         self.send(
             message("log", f"Doing ASR with model {model} beam size {beam} detect language {detect} - please wait")
         )
-        final = await self.stream.stop_recording()
+        try:
+            final = await self.stream.stop_recording()
+        except ApiError:
+            return  # the StreamSession has already sent it as an error message
         audio_ms = final.transcript.duration_s * 1000.0
         infer_ms = final.latency_ms
         self.send(message("log", f"ASR Infer time: {infer_ms:.1f} ms"))
@@ -270,7 +275,7 @@ class RtcSession:
         if self.closed:
             return
         self.closed = True
-        self.registry.discard(self.id)
+        self.sessions.discard(self.id)
         await self.stream.aclose()
         current = asyncio.current_task()
         for task in list(self._tasks):
@@ -299,7 +304,7 @@ async def offer_handler(request: web.Request) -> web.Response:
         raise InvalidParameter('body must be JSON {"sdp": "...", "type": "offer"}', param="body")
     options = stream_options_from(request.query, settings)
     # Check the model name now, so a bad query is a 400 here rather than an error later.
-    request.app[ASR].registry.resolve(options.model)
+    request.app[ASR].models.resolve(options.model)
     session = RtcSession(request.app, options, settings)
     request.app[SESSIONS].add(session.id, session)
     try:

@@ -6,35 +6,29 @@ PCM; ``stop`` / ``clear`` / ``ping`` / another ``start`` as JSON text. The serve
 ``speech_started``, ``speech_stopped``, ``partial``, ``final``, ``pong`` and ``error{code, message}``.
 A query string with start keys (``?sample_rate=16000&mode=server_vad``) is an implicit ``start``.
 
-Each connection has two tasks. The request handler only reads: it validates every message at once,
-decodes PCM (cheap, with a resampler that keeps its state across frames) and queues the result.
-A worker task applies the queue in order to the ``StreamSession``, so a ``stop`` that waits for its
-final transcript never stops the socket from being read: heartbeats, disconnects and the idle timer
-keep working while the model runs, and audio sent after ``stop`` waits its turn. The backlog is
-bounded (``MAX_BACKLOG_S`` of audio); beyond it frames are dropped with an ``overloaded`` error.
-
-Closing (client close, abrupt disconnect, idle timeout, oversize message, server shutdown) always
-ends in ``WsSession.aclose``: the session leaves the registry, the worker and every task of the
-``StreamSession`` are cancelled. Every task a session starts carries the session id in its name.
+Each connection is a ``SocketSession`` (transport/socket_session.py): the reader validates every
+message at once, decodes PCM (with a resampler that keeps its state across frames) and queues the
+result; a worker applies the queue in order to the ``StreamSession``, so a ``stop`` that waits for
+its final transcript never stops the socket from being read; a writer sends. The backlog is bounded
+(``MAX_BACKLOG_S`` of audio); beyond it frames are dropped with an ``overloaded`` error. However the
+connection ends, ``WsSession.aclose`` leaves nothing running.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
 
 from mediaserver.asr.models import ModelRegistry
-from mediaserver.asr.scheduler import DeadlineExceeded
-from mediaserver.audio.decode import PcmFormat, StreamResampler, pcm_to_float
+from mediaserver.audio.decode import PcmFormat
+from mediaserver.audio.stream_decode import PcmStreamDecoder
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidAudio, InvalidParameter, Overloaded
 from mediaserver.events import (
@@ -50,6 +44,7 @@ from mediaserver.events import (
 from mediaserver.session import SessionLimitReached, StreamOptions, StreamSession
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.common import parse_bool, parse_int, stream_options_from
+from mediaserver.transport.socket_session import Limits, SocketSession, close_reason
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +60,8 @@ MAX_CHANNELS: Final = 2
 MAX_BACKLOG_S: Final = 30.0
 # Queued messages of any kind; only a client flooding control messages reaches it.
 MAX_QUEUED_MESSAGES: Final = 4096
-# Close codes: 1008/1009/1011/1013 are RFC 6455; 4408 (private range) mirrors HTTP 408.
-CLOSE_IDLE_TIMEOUT: Final = 4408
-MAX_CLOSE_REASON_BYTES: Final = 123
+# Messages to the client not sent yet; a client that stops reading is closed beyond it.
+MAX_OUTBOX: Final = 10000
 
 _ENCODINGS: Final[dict[str, Encoding]] = {
     "pcm16": "pcm16",
@@ -215,41 +209,7 @@ def parse_start(
     )
 
 
-# --- audio ----------------------------------------------------------------------------------------
-
-
-class PcmStreamDecoder:
-    """Wire PCM frames → 16 kHz mono float32.
-
-    One resampler lives as long as the stream format, so its filter state carries across frames
-    (resampling each 20 ms frame on its own would put a click at every frame boundary).
-    """
-
-    def __init__(self, fmt: PcmFormat) -> None:
-        self.format = fmt
-        # pcm_to_float converts and downmixes; told the rate is 16 kHz, it leaves resampling to us.
-        self._convert_format = replace(fmt, sample_rate_hz=SAMPLE_RATE_HZ)
-        self._resampler = StreamResampler(fmt.sample_rate_hz)
-
-    def decode(self, data: bytes) -> AudioArray:
-        if len(data) % self.format.frame_bytes:
-            raise InvalidAudio(
-                f"binary frame of {len(data)} bytes is not a whole number of samples "
-                f"({self.format.frame_bytes} bytes per sample frame); the frame was dropped"
-            )
-        return self._resampler.push(pcm_to_float(data, self._convert_format))
-
-    def flush(self) -> AudioArray:
-        """The resampler's delayed tail (end of a recording); the next frame starts a new resampler."""
-        return self._resampler.flush()
-
-
 # --- the session ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Audio:
-    samples: AudioArray = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -272,76 +232,51 @@ class _Ping:
     pass
 
 
-_Work = _Audio | _Start | _Stop | _Clear | _Ping
+_Work = _Start | _Stop | _Clear | _Ping
 
 
-def _close_reason(text: str) -> bytes:
-    return text.encode("utf-8")[:MAX_CLOSE_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
+class WsSession(SocketSession):
+    """One device stream connection: the wire format over a ``SocketSession`` and a ``StreamSession``."""
 
-
-class WsSession:
-    """One WebSocket connection: its reader (the request handler), worker and StreamSession."""
+    kind = "ws"
 
     def __init__(self, app: web.Application, ws: web.WebSocketResponse, settings: Settings) -> None:
-        self.id = f"ws-{uuid.uuid4().hex[:12]}"
-        self.ws = ws
-        self.settings = settings
-        self.registry = app[SESSIONS]
-        self.models = app[ASR].registry
+        limits = Limits(MAX_QUEUED_MESSAGES, MAX_BACKLOG_S, MAX_OUTBOX, settings.ws_idle_timeout_s)
+        super().__init__(app, ws, settings, f"ws-{uuid.uuid4().hex[:12]}", limits)
+        self.models = app[ASR].models
         self.stream = StreamSession(app[ASR], settings, self._on_event, session_id=self.id)
         self.config: StreamConfig | None = None  # the reader's view: set by the latest valid start
-        self.last_activity = time.monotonic()
-        self.opened_at = time.monotonic()
         self._decoder: PcmStreamDecoder | None = None
         self._recording = False  # push-to-talk: between start and stop (reader's view)
-        self._queue: asyncio.Queue[_Work] = asyncio.Queue(MAX_QUEUED_MESSAGES)
-        self._backlog_samples = 0
-        self._worker: asyncio.Task[None] | None = None
-        self._send_lock = asyncio.Lock()
         self._told_not_started = False
         self._dropping = False
-        self._closed = False
-        self._speech_ms = (0, 0)  # start and end of the latest server-VAD utterance (stream time)
 
     # --- sending ----------------------------------------------------------------------------------
 
-    async def send(self, payload: dict[str, Any]) -> None:
-        if self.ws.closed:
-            return
-        async with self._send_lock:
-            try:
-                await self.ws.send_str(json.dumps(payload))
-            except ConnectionError:
-                log.debug("session %s: could not send %s, connection gone", self.id, payload.get("type"))
-
-    async def send_error(self, code: str, message: str, param: str | None = None) -> None:
+    def send_error(self, code: str, message: str, param: str | None = None) -> None:
         payload: dict[str, Any] = {"type": "error", "code": code, "message": message}
         if param is not None:
             payload["param"] = param
-        await self.send(payload)
+        self.send_json(payload)
 
-    async def send_api_error(self, exc: ApiError) -> None:
-        await self.send_error(exc.code, exc.message, exc.param)
+    def send_api_error(self, exc: ApiError) -> None:
+        self.send_error(exc.code, exc.message, exc.param)
 
     async def _on_event(self, event: SessionEvent) -> None:
         if isinstance(event, FinalTranscript):
-            await self.send(self._final_message(event))
+            self.send_json(self._final_message(event))
         elif isinstance(event, PartialTranscript):
-            await self.send({"type": "partial", "delta": event.delta, "text": event.text})
+            self.send_json({"type": "partial", "delta": event.delta, "text": event.text})
         elif isinstance(event, SpeechStarted):
-            self._speech_ms = (event.audio_start_ms, event.audio_start_ms)
-            await self.send({"type": "speech_started", "audio_start_ms": event.audio_start_ms})
+            self.send_json({"type": "speech_started", "audio_start_ms": event.audio_start_ms})
         elif isinstance(event, SpeechStopped):
-            self._speech_ms = (self._speech_ms[0], event.audio_end_ms)
-            await self.send(
-                {"type": "speech_stopped", "audio_end_ms": event.audio_end_ms, "discarded": event.discarded}
-            )
+            self.send_json({"type": "speech_stopped", "audio_end_ms": event.audio_end_ms, "discarded": event.discarded})
         elif isinstance(event, StreamError):
             error: dict[str, Any] = {"type": "error", "code": event.code, "message": event.message}
             if event.audio_start_ms is not None and event.audio_end_ms is not None:
                 # The utterance failed: it stands in for that utterance's final.
                 error.update(audio_start_ms=event.audio_start_ms, audio_end_ms=event.audio_end_ms)
-            await self.send(error)
+            self.send_json(error)
 
     def _final_message(self, event: FinalTranscript) -> dict[str, Any]:
         transcript = event.transcript
@@ -367,50 +302,22 @@ class WsSession:
 
     # --- reading ----------------------------------------------------------------------------------
 
-    async def run(self, query: Mapping[str, str]) -> None:
-        """Read until the socket closes (or the idle timer closes it)."""
-        self._worker = asyncio.get_running_loop().create_task(self._work(), name=f"ws-worker-{self.id}")
+    async def run_with_query(self, query: Mapping[str, str]) -> None:
+        """A query string with start keys is an implicit start; then read until the socket closes."""
         if START_KEYS.intersection(query):
             try:
                 self._accept_start(parse_start(query, self.settings, self.models))
             except ApiError as exc:
-                await self.send_api_error(exc)
-                await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=_close_reason(exc.message))
+                self.send_api_error(exc)
+                await self.aclose(WSCloseCode.POLICY_VIOLATION, exc.message)
                 return
-        idle_s = self.settings.ws_idle_timeout_s
-        while not self.ws.closed:
-            try:
-                # Our own deadline: aiohttp's receive(timeout=) restarts on every heartbeat pong.
-                async with asyncio.timeout(self._idle_left(idle_s)):
-                    msg = await self.ws.receive()
-            except TimeoutError:
-                if self._idle_left(idle_s) > 0:
-                    continue
-                log.info("session %s: idle for %.0f s, closing", self.id, idle_s)
-                await self.send_error("idle_timeout", f"no message for {idle_s:g} s; closing")
-                await self.ws.close(code=CLOSE_IDLE_TIMEOUT, message=b"idle timeout")
-                return
-            if msg.type == WSMsgType.BINARY:
-                self.last_activity = time.monotonic()
-                await self._on_binary(msg.data)
-            elif msg.type == WSMsgType.TEXT:
-                self.last_activity = time.monotonic()
-                await self._on_text(msg.data)
-            elif msg.type == WSMsgType.ERROR:
-                log.info("session %s: closed on error (code %s): %s", self.id, self.ws.close_code, msg.data)
-                return
-            else:  # CLOSE, CLOSING, CLOSED
-                return
+        await self.run()
 
-    def _idle_left(self, idle_s: float) -> float:
-        return self.last_activity + idle_s - time.monotonic()
+    def on_idle(self, idle_s: float) -> None:
+        self.send_error("idle_timeout", f"no message for {idle_s:g} s; closing")
 
-    def _enqueue(self, item: _Work) -> bool:
-        try:
-            self._queue.put_nowait(item)
-        except asyncio.QueueFull:
-            return False
-        return True
+    def on_worker_failed(self) -> None:
+        self.send_error("internal_error", "internal server error; closing")
 
     def _accept_start(self, config: StreamConfig) -> None:
         self._enqueue_control(_Start(config))
@@ -419,38 +326,36 @@ class WsSession:
         self._recording = not config.server_vad
         self._told_not_started = False
 
-    async def _on_binary(self, data: bytes) -> None:
+    async def on_binary(self, data: bytes) -> None:
         if self.config is None or self._decoder is None:
             if not self._told_not_started:  # once, not once per frame of a device that streams at once
                 self._told_not_started = True
-                await self.send_error("not_started", 'send {"type": "start", ...} before audio; audio dropped')
+                self.send_error("not_started", 'send {"type": "start", ...} before audio; audio dropped')
             return
         if not data or (not self.config.server_vad and not self._recording):
             return  # push-to-talk audio outside a recording is ignored
         try:
             samples = self._decoder.decode(data)
         except InvalidAudio as exc:
-            await self.send_api_error(exc)
+            self.send_api_error(exc)
             return
         if samples.size == 0:
             return
-        behind = self._backlog_samples + samples.size > MAX_BACKLOG_S * SAMPLE_RATE_HZ
-        if behind or not self._enqueue(_Audio(samples)):
+        if not self.enqueue_audio(samples):
             if not self._dropping:
                 self._dropping = True
-                await self.send_error("overloaded", "the server is behind by too much audio; audio dropped")
+                self.send_error("overloaded", "the server is behind by too much audio; audio dropped")
             return
         self._dropping = False
-        self._backlog_samples += samples.size
 
-    async def _on_text(self, data: str) -> None:
+    async def on_text(self, data: str) -> None:
         try:
             parsed = json.loads(data)
         except ValueError:
-            await self.send_error("invalid_message", "text messages must be JSON objects with a string 'type'")
+            self.send_error("invalid_message", "text messages must be JSON objects with a string 'type'")
             return
         if not isinstance(parsed, dict) or not isinstance(parsed.get("type"), str):
-            await self.send_error("invalid_message", "text messages must be JSON objects with a string 'type'")
+            self.send_error("invalid_message", "text messages must be JSON objects with a string 'type'")
             return
         kind: str = parsed["type"]
         try:
@@ -459,54 +364,42 @@ class WsSession:
             elif kind == "ping":
                 self._enqueue_control(_Ping())
             elif kind not in ("stop", "clear"):
-                await self.send_error(
-                    "unknown_type", f"unknown message type {kind!r}; expected start, stop, clear or ping"
-                )
+                self.send_error("unknown_type", f"unknown message type {kind!r}; expected start, stop, clear or ping")
             elif self.config is None or self._decoder is None:
-                await self.send_error("not_started", f'"{kind}" before "start"')
+                self.send_error("not_started", f'"{kind}" before "start"')
             elif kind == "clear":
                 self._enqueue_control(_Clear())
             elif self.config.server_vad:
                 self._enqueue_control(_Stop())
             elif not self._recording:
-                await self.send_error("not_recording", 'no push-to-talk recording to stop; send "start" first')
+                self.send_error("not_recording", 'no push-to-talk recording to stop; send "start" first')
             else:
                 self._recording = False
                 tail = self._decoder.flush()
                 if tail.size:
-                    self._enqueue(_Audio(tail))
-                    self._backlog_samples += tail.size
+                    self.enqueue_audio(tail)
                 self._enqueue_control(_Stop())
         except ApiError as exc:
-            await self.send_api_error(exc)
+            self.send_api_error(exc)
 
     def _enqueue_control(self, item: _Work) -> None:
-        if not self._enqueue(item):
+        if not self.enqueue(item):
             raise Overloaded("too many queued messages; slow down")
 
     # --- the worker -------------------------------------------------------------------------------
 
-    async def _work(self) -> None:
-        try:
-            while True:
-                item = await self._queue.get()
-                if isinstance(item, _Audio):
-                    self._backlog_samples -= item.samples.size
-                    await self.stream.feed(item.samples)
-                elif isinstance(item, _Start):
-                    await self._apply_start(item.config)
-                elif isinstance(item, _Stop):
-                    await self._finish_utterance()
-                elif isinstance(item, _Clear):
-                    self.stream.clear()
-                else:
-                    await self.send({"type": "pong"})
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("session %s: worker failed", self.id)
-            await self.send_error("internal_error", "internal server error; closing")
-            await self.ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
+    async def feed(self, samples: AudioArray) -> None:
+        await self.stream.feed(samples)
+
+    async def apply(self, work: _Work) -> None:
+        if isinstance(work, _Start):
+            await self._apply_start(work.config)
+        elif isinstance(work, _Stop):
+            await self._finish_utterance()
+        elif isinstance(work, _Clear):
+            self.stream.clear()
+        else:
+            self.send_json({"type": "pong"})
 
     async def _apply_start(self, config: StreamConfig) -> None:
         """Every start begins from a clean slate: an unfinished utterance is dropped."""
@@ -523,7 +416,7 @@ class WsSession:
             config.channels,
             config.options.model,
         )
-        await self.send({"type": "ready", "session_id": self.id, **config.describe()})
+        self.send_json({"type": "ready", "session_id": self.id, **config.describe()})
 
     async def _finish_utterance(self) -> None:
         started = time.perf_counter()
@@ -533,22 +426,7 @@ class WsSession:
             else:
                 final = await self.stream.stop_recording()
         except ApiError:
-            return  # the StreamSession has already sent it as an error event
-        except Exception as exc:
-            # commit()/stop_recording() report only ApiErrors themselves. Under server VAD the commit
-            # has already sent speech_stopped, so the error names the utterance it stands in for.
-            timed_out = isinstance(exc, DeadlineExceeded | TimeoutError)
-            if not timed_out:
-                log.exception("session %s: final transcription failed", self.id)
-            error: dict[str, Any] = {
-                "type": "error",
-                "code": "timeout" if timed_out else "internal_error",
-                "message": "the transcription did not finish in time" if timed_out else "transcription failed",
-            }
-            if self.stream.options.server_vad:
-                error.update(audio_start_ms=self._speech_ms[0], audio_end_ms=self._speech_ms[1])
-            await self.send(error)
-            return
+            return  # the StreamSession has already sent it as an error event for the utterance
         if final is not None:
             log.info(
                 "session %s: final of %d ms audio in %.0f ms",
@@ -559,32 +437,11 @@ class WsSession:
 
     # --- closing ----------------------------------------------------------------------------------
 
-    async def aclose(self, code: int = WSCloseCode.GOING_AWAY, reason: str = "session closed by the server") -> None:
-        """Idempotent. Everything is cancelled before the first await, so even an interrupted close
-        leaves no task running and no registry entry behind."""
-        if self._closed:
-            return
-        self._closed = True
-        self.registry.discard(self.id)
-        worker = self._worker
-        if worker is not None and worker is not asyncio.current_task():
-            worker.cancel()
-        try:
-            await self.stream.aclose()
-            if worker is not None and worker is not asyncio.current_task():
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await worker
-            if not self.ws.closed:
-                await self.ws.close(code=code, message=_close_reason(reason))
-        finally:
-            log.info(
-                "session %s: closed after %.1f s (code %s), %d utterances, %.1f s audio",
-                self.id,
-                time.monotonic() - self.opened_at,
-                self.ws.close_code,
-                self.stream.utterances,
-                self.stream.samples_received / SAMPLE_RATE_HZ,
-            )
+    async def close_streams(self) -> None:
+        await self.stream.aclose()
+
+    def summary(self) -> str:
+        return f"{self.stream.utterances} utterances, {self.stream.samples_received / SAMPLE_RATE_HZ:.1f} s audio"
 
 
 async def stream_handler(request: web.Request) -> web.WebSocketResponse:
@@ -594,15 +451,16 @@ async def stream_handler(request: web.Request) -> web.WebSocketResponse:
     await ws.prepare(request)
     session = WsSession(request.app, ws, settings)
     try:
-        try:
-            request.app[SESSIONS].add(session.id, session)
-        except SessionLimitReached as exc:
-            log.warning("refusing WebSocket stream: %s", exc.message)
-            await session.send_api_error(exc)
-            await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"too many sessions")
-            return ws
+        request.app[SESSIONS].add(session.id, session)
+    except SessionLimitReached as exc:
+        log.warning("refusing WebSocket stream: %s", exc.message)
+        await ws.send_str(json.dumps({"type": "error", "code": exc.code, "message": exc.message}))
+        await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=close_reason("too many sessions"))
+        return ws
+    try:
+        session.start()
         log.info("session %s: opened from %s", session.id, request.remote)
-        await session.run(request.query)
+        await session.run_with_query(request.query)
     finally:
         await session.aclose()
     return ws

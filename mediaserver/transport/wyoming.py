@@ -183,7 +183,7 @@ def _is_multilingual(source: ModelSource) -> bool:
 def build_info(asr: AsrService) -> dict[str, Any]:
     """The ``info`` data: one ASR program, one model per model the registry knows."""
     models: list[dict[str, Any]] = []
-    for source in asr.registry.sources():
+    for source in asr.models.sources():
         multilingual = _is_multilingual(source)
         models.append(
             {
@@ -347,7 +347,7 @@ class WyomingConnection:
         name = data.get("name")
         if name is not None and not isinstance(name, str):
             raise InvalidParameter(f"transcribe name must be a string, got {name!r}", param="name")
-        model = self._asr.registry.resolve(name) if name else None  # UnknownModel for names we do not know
+        model = self._asr.models.resolve(name) if name else None  # UnknownModel for names we do not know
         raw_language = data.get("language")
         if raw_language is None or raw_language == "":
             return model, self._settings.default_language

@@ -1,0 +1,159 @@
+"""``StreamSession`` events → the Realtime API's input-audio server events, and their items.
+
+A user audio item is announced when speech starts (server VAD) or on a manual commit; its
+transcript arrives as append-only ``...input_audio_transcription.delta`` events whose concatenation
+is exactly the ``completed.transcript``. This module keeps that bookkeeping (which item is being
+spoken, which await their transcript, the previous item id) apart from the socket, so a conversation
+session can reuse it for the user's side of a turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from mediaserver.events import (
+    FinalTranscript,
+    PartialTranscript,
+    SessionEvent,
+    SpeechStarted,
+    SpeechStopped,
+    StreamError,
+)
+from mediaserver.transport.realtime.config import new_id
+
+log = logging.getLogger(__name__)
+
+# StreamError codes that are the client's fault rather than the server's.
+CLIENT_ERROR_CODES: Final = frozenset({"invalid_parameter", "model_not_found", "invalid_audio", "audio_too_large"})
+
+
+class EventSink(Protocol):
+    beta: bool
+
+    def send(self, kind: str, **fields: Any) -> None: ...
+
+    def send_error(
+        self,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        client_event_id: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None: ...
+
+
+@dataclass
+class Item:
+    """A user audio item: its id and the transcript text its delta events have carried so far."""
+
+    id: str
+    sent: str = ""
+
+
+class InputTranscription:
+    """Translates one session's speech and transcript events into input-audio server events."""
+
+    def __init__(self, sink: EventSink) -> None:
+        self._sink = sink
+        self.speaking: Item | None = None  # server VAD: the item being spoken
+        self._awaiting: dict[int, Item] = {}  # server VAD: audio_start_ms → item awaiting its transcript
+        self.last_item_id: str | None = None
+        self.muted_errors = 0  # >0 while a commit reports its own failure on its item
+        self.items_completed = 0
+
+    def on_event(self, event: SessionEvent, offset_ms: int, *, server_vad: bool) -> None:
+        """Translate one event; ``offset_ms`` places the stream's clock on the session's."""
+        send = self._sink.send
+        if isinstance(event, SpeechStarted):
+            item = Item(new_id("item"))
+            self.speaking = item
+            self._awaiting[event.audio_start_ms + offset_ms] = item
+            send("input_audio_buffer.speech_started", audio_start_ms=event.audio_start_ms + offset_ms, item_id=item.id)
+        elif isinstance(event, PartialTranscript):
+            speaking = self.speaking
+            if speaking is not None and event.delta:
+                speaking.sent += event.delta
+                send(
+                    "conversation.item.input_audio_transcription.delta",
+                    item_id=speaking.id,
+                    content_index=0,
+                    delta=event.delta,
+                )
+        elif isinstance(event, SpeechStopped):
+            stopped, self.speaking = self.speaking, None
+            if stopped is None:
+                return
+            send("input_audio_buffer.speech_stopped", audio_end_ms=event.audio_end_ms + offset_ms, item_id=stopped.id)
+            self.committed(stopped)
+        elif isinstance(event, FinalTranscript):
+            if not server_vad:
+                return  # a manual commit's final: the session completes its item
+            awaiting = self._awaiting.pop(event.audio_start_ms + offset_ms, None)
+            if awaiting is not None:
+                self.completed(awaiting, event)
+        elif isinstance(event, StreamError) and not self.muted_errors:
+            kind = "invalid_request_error" if event.code in CLIENT_ERROR_CODES else "server_error"
+            self._sink.send_error(event.code, event.message, kind=kind)
+
+    def committed(self, item: Item) -> None:
+        send = self._sink.send
+        send("input_audio_buffer.committed", previous_item_id=self.last_item_id, item_id=item.id)
+        user_item = {
+            "id": item.id,
+            "object": "realtime.item",
+            "type": "message",
+            "status": "completed",
+            "role": "user",
+            "content": [{"type": "input_audio", "transcript": None}],
+        }
+        if self._sink.beta:
+            send("conversation.item.created", previous_item_id=self.last_item_id, item=user_item)
+        else:
+            send("conversation.item.added", previous_item_id=self.last_item_id, item=user_item)
+            send("conversation.item.done", previous_item_id=self.last_item_id, item=user_item)
+        self.last_item_id = item.id
+
+    def completed(self, item: Item, final: FinalTranscript) -> None:
+        send = self._sink.send
+        transcript = item.sent + final.delta
+        if transcript != final.transcript.text:  # cannot happen while StreamSession keeps its promise
+            log.warning("realtime item %s: final does not extend its deltas; sending the deltas' text", item.id)
+        if final.delta:
+            send(
+                "conversation.item.input_audio_transcription.delta",
+                item_id=item.id,
+                content_index=0,
+                delta=final.delta,
+            )
+        seconds = max(0, final.audio_end_ms - final.audio_start_ms) / 1000.0
+        send(
+            "conversation.item.input_audio_transcription.completed",
+            item_id=item.id,
+            content_index=0,
+            transcript=transcript,
+            usage={"type": "duration", "seconds": round(seconds, 3)},
+        )
+        self.items_completed += 1
+
+    def failed(self, item: Item, code: str, message: str, kind: str = "server_error") -> None:
+        self.forget(item)
+        self._sink.send(
+            "conversation.item.input_audio_transcription.failed",
+            item_id=item.id,
+            content_index=0,
+            error={"type": kind, "code": code, "message": message, "param": None},
+        )
+
+    def drop_speaking(self) -> None:
+        """Forget the item being spoken (its audio was cleared): it will get no transcript."""
+        item, self.speaking = self.speaking, None
+        if item is not None:
+            self.forget(item)
+
+    def forget(self, item: Item) -> None:
+        for start_ms, waiting in list(self._awaiting.items()):
+            if waiting is item:
+                del self._awaiting[start_ms]

@@ -62,8 +62,10 @@ class RequestTimeout(ApiError):
     code = "request_timeout"
 
 
-class Timeout(ApiError):
-    """The work did not finish in time (a queued ASR job past its deadline, a slow backend)."""
+class Timeout(ApiError, TimeoutError):
+    """The work did not finish in time (a queued ASR job past its deadline, a slow backend).
+
+    Also a ``TimeoutError``, so code that waits on it with the standard idiom still catches it."""
 
     status = 504
     code = "timeout"

@@ -311,7 +311,12 @@ def assign_segments(window: Window, output: WindowOutput) -> Assignment:
 
 
 class BatchDecoder:
-    """Runs windows through a faster-whisper ``WhisperModel``'s CTranslate2 model in batches."""
+    """Runs windows through a faster-whisper ``WhisperModel``'s CTranslate2 model in batches.
+
+    It owns the batched fast path faster-whisper itself does not have: one encoder pass over many
+    windows and one generate call with a prompt per window. Windows of one call must share the
+    prompt shape and beam size (``run`` groups them).
+    """
 
     def __init__(self, whisper_model: Any, *, is_oom: Callable[[BaseException], bool] | None = None) -> None:
         from faster_whisper.tokenizer import Tokenizer
@@ -377,21 +382,26 @@ class BatchDecoder:
             raise
 
     def _run(self, windows: Sequence[Window]) -> list[WindowOutput]:
-        from faster_whisper.transcribe import get_compression_ratio
-
+        """One encoder pass and one generate call for windows of one prompt shape and beam size."""
         if not windows:
             return []
-        options = windows[0].options
         features = self.features(windows)
         encode_started = time.perf_counter()
         encoder_output = self.wm.encode(features)
         if self.on_encode is not None:
             self.on_encode(len(windows), time.perf_counter() - encode_started)
-        languages: list[tuple[str, float]] = []
+        prompts = self._prompts(windows, encoder_output)
+        results = self._generate(encoder_output, [p.tokens for p in prompts], windows[0].options.beam_size)
+        return [
+            self._parse(window, result, prompt)
+            for window, result, prompt in zip(windows, results, prompts, strict=True)
+        ]
+
+    def _prompts(self, windows: Sequence[Window], encoder_output: Any) -> list[_Prompt]:
+        """Each window's language (given, or detected on the encoder output) and decoder prompt."""
         needs_detection = self.multilingual and any(w.language is None for w in windows)
         detected = self.wm.model.detect_language(encoder_output) if needs_detection else None
-        prompts: list[list[int]] = []
-        tokenizers: list[Any] = []
+        prompts: list[_Prompt] = []
         for index, window in enumerate(windows):
             if not self.multilingual:
                 language, probability = "en", 1.0
@@ -401,24 +411,23 @@ class BatchDecoder:
                 assert detected is not None
                 token, probability = detected[index][0]
                 language = token[2:-2]
-            languages.append((language, float(probability)))
             tokenizer = self.tokenizer(language, window.options.task)
-            tokenizers.append(tokenizer)
-            previous = (
-                tokenizer.encode(" " + window.options.initial_prompt.strip()) if window.options.initial_prompt else []
+            options = window.options
+            previous = tokenizer.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
+            tokens = self.wm.get_prompt(
+                tokenizer,
+                previous_tokens=previous,
+                without_timestamps=not window.with_timestamps,
+                prefix=options.prefix if options.prefix and options.prefix.strip() else None,
             )
-            prompts.append(
-                self.wm.get_prompt(
-                    tokenizer,
-                    previous_tokens=previous,
-                    without_timestamps=not window.with_timestamps,
-                    prefix=window.options.prefix if window.options.prefix and window.options.prefix.strip() else None,
-                )
-            )
-        results = self.wm.model.generate(
+            prompts.append(_Prompt(tokens, tokenizer, language, float(probability)))
+        return prompts
+
+    def _generate(self, encoder_output: Any, prompts: list[list[int]], beam_size: int) -> Any:
+        return self.wm.model.generate(
             encoder_output,
             prompts,
-            beam_size=options.beam_size,
+            beam_size=beam_size,
             patience=1.0,
             length_penalty=1.0,
             max_length=self.wm.max_length,
@@ -429,57 +438,65 @@ class BatchDecoder:
             max_initial_timestamp_index=round(1.0 / self.wm.time_precision),
             sampling_temperature=1.0,
         )
-        outputs: list[WindowOutput] = []
-        for window, result, tokenizer, (language, probability) in zip(
-            windows, results, tokenizers, languages, strict=True
-        ):
-            # CTranslate2 returns the forced prefix as part of the sequence, so the text is whole.
-            tokens = list(result.sequences_ids[0])
-            cum_logprob = result.scores[0] * (len(tokens) ** 1.0)
-            avg_logprob = cum_logprob / (len(tokens) + 1)
-            text = tokenizer.decode(tokens)
-            complete_until_s = float("inf")
-            if window.with_timestamps:
-                segment_size = int(np.ceil(window.duration_s) * self.wm.frames_per_second)
-                raw_segments, seek, single_timestamp_ending = self.wm._split_segments_by_timestamps(
-                    tokenizer=tokenizer,
-                    tokens=tokens,
-                    time_offset=0.0,
-                    segment_size=segment_size,
-                    segment_duration=window.duration_s,
-                    seek=0,
-                )
-                if not single_timestamp_ending and seek < segment_size:
-                    complete_until_s = seek / self.wm.frames_per_second
-            else:
-                raw_segments = [{"start": 0.0, "end": window.duration_s, "tokens": tokens}]
-            segments = []
-            for raw in raw_segments:
-                seg_tokens = [t for t in raw["tokens"] if t < tokenizer.eot]
-                seg_text = tokenizer.decode(seg_tokens)
-                if not seg_text.strip():
-                    continue
-                segments.append(
-                    {
-                        "start": float(raw["start"]),
-                        "end": float(min(raw["end"], window.duration_s)),
-                        "text": seg_text,
-                        "tokens": tuple(int(t) for t in raw["tokens"]),
-                    }
-                )
-            outputs.append(
-                WindowOutput(
-                    segments=segments,
-                    language=language,
-                    language_probability=probability,
-                    avg_logprob=float(avg_logprob),
-                    no_speech_prob=float(result.no_speech_prob),
-                    compression_ratio=float(get_compression_ratio(text.strip())) if text.strip() else 0.0,
-                    temperature=0.0,
-                    complete_until_s=complete_until_s,
-                )
+
+    def _parse(self, window: Window, result: Any, prompt: _Prompt) -> WindowOutput:
+        """A generation result → segments in window time, with Whisper's quality scores."""
+        from faster_whisper.transcribe import get_compression_ratio
+
+        tokenizer = prompt.tokenizer
+        # CTranslate2 returns the forced prefix as part of the sequence, so the text is whole.
+        tokens = list(result.sequences_ids[0])
+        cum_logprob = result.scores[0] * (len(tokens) ** 1.0)
+        avg_logprob = cum_logprob / (len(tokens) + 1)
+        text = tokenizer.decode(tokens)
+        complete_until_s = float("inf")
+        if window.with_timestamps:
+            segment_size = int(np.ceil(window.duration_s) * self.wm.frames_per_second)
+            # faster-whisper has no public way to split a token sequence at its timestamps; this
+            # private method is why faster-whisper is pinned below 1.3 (pyproject.toml).
+            raw_segments, seek, single_timestamp_ending = self.wm._split_segments_by_timestamps(
+                tokenizer=tokenizer,
+                tokens=tokens,
+                time_offset=0.0,
+                segment_size=segment_size,
+                segment_duration=window.duration_s,
+                seek=0,
             )
-        return outputs
+            if not single_timestamp_ending and seek < segment_size:
+                complete_until_s = seek / self.wm.frames_per_second
+        else:
+            raw_segments = [{"start": 0.0, "end": window.duration_s, "tokens": tokens}]
+        segments = []
+        for raw in raw_segments:
+            seg_text = tokenizer.decode([t for t in raw["tokens"] if t < tokenizer.eot])
+            if not seg_text.strip():
+                continue
+            segments.append(
+                {
+                    "start": float(raw["start"]),
+                    "end": float(min(raw["end"], window.duration_s)),
+                    "text": seg_text,
+                    "tokens": tuple(int(t) for t in raw["tokens"]),
+                }
+            )
+        return WindowOutput(
+            segments=segments,
+            language=prompt.language,
+            language_probability=prompt.language_probability,
+            avg_logprob=float(avg_logprob),
+            no_speech_prob=float(result.no_speech_prob),
+            compression_ratio=float(get_compression_ratio(text.strip())) if text.strip() else 0.0,
+            temperature=0.0,
+            complete_until_s=complete_until_s,
+        )
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    tokens: list[int]
+    tokenizer: Any
+    language: str
+    language_probability: float
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:

@@ -6,10 +6,11 @@ a batch fail independently (one bad job returns its exception, the others their 
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,31 @@ log = logging.getLogger(__name__)
 class AsrJob:
     audio: AudioArray
     options: TranscriptionOptions
+
+
+class Route(enum.Enum):
+    """Where a job goes when it does not take the batched window path."""
+
+    SILENCE = "silence"  # no speech: an empty transcript without touching the model
+    SEQUENTIAL = "sequential"  # needs faster-whisper's own loop (word timestamps, sampling)
+
+
+@dataclass
+class BatchRun:
+    """What one ``transcribe_batch`` call has found so far, shared by its decode rounds.
+
+    ``results`` holds a finished job's transcript or exception; ``states`` the segments of the jobs
+    on the batched path; ``sequential`` the jobs that fell back to faster-whisper's own loop.
+    """
+
+    jobs: Sequence[AsrJob]
+    results: list[Transcript | BaseException | None]
+    states: dict[int, JobResult] = field(default_factory=dict)
+    sequential: list[int] = field(default_factory=list)
+
+    def fall_back(self, job_index: int) -> None:
+        if job_index not in self.sequential:
+            self.sequential.append(job_index)
 
 
 class WhisperEngine:
@@ -117,9 +143,7 @@ class WhisperEngine:
         """
         started = time.perf_counter()
         pack = self.packing_policy.should_pack(len(jobs) + backlog)
-        results: list[Transcript | BaseException | None] = [None] * len(jobs)
-        states: dict[int, JobResult] = {}
-        sequential: list[int] = []
+        run = BatchRun(jobs, [None] * len(jobs))
         windows: list[Window] = []
         singles: list[Window] = []
         for index, job in enumerate(jobs):
@@ -127,59 +151,48 @@ class WhisperEngine:
                 plan = self._plan(index, job)
             except Exception as exc:
                 log.exception("ASR job failed on model %s", self.name)
-                results[index] = exc
+                run.results[index] = exc
                 continue
-            if plan is None:
-                results[index] = self._empty(job, started)
-            elif isinstance(plan, str):
-                sequential.append(index)
+            if plan is Route.SILENCE:
+                run.results[index] = self._empty(job, started)
+            elif plan is Route.SEQUENTIAL:
+                run.fall_back(index)
             else:
-                states[index] = self._new_state(job)
+                run.states[index] = self._new_state(job)
                 if (
                     pack
                     and len(plan) == 1
                     and plan[0].language is not None
-                    and (plan[0].duration_s <= self._packing.max_job_s)
+                    and plan[0].duration_s <= self._packing.max_job_s
                 ):
                     singles.append(plan[0])
                 else:
                     windows.extend(plan)
         if singles:
             windows.extend(pack_windows(singles, gap_s=self._packing.gap_s, max_window_s=self._packing.max_window_s))
-        retry_unpacked: set[int] = set()
         self.counters["windows"] += len(windows)
         self.counters["packed_windows"] += sum(w.packed for w in windows)
         packed_jobs = sum(len(w.members) for w in windows if w.packed)
         self.counters["jobs_packed"] += packed_jobs
-        self.counters["jobs_alone"] += len(states) + len(sequential) - packed_jobs
-        self._decode(windows, states, results, sequential, retry_unpacked)
-        if retry_unpacked:
-            self._retry(
-                jobs, sorted(retry_unpacked), {w.members[0].job_index: w for w in singles}, states, results, sequential
-            )
+        self.counters["jobs_alone"] += len(run.states) + len(run.sequential) - packed_jobs
+        retry = self._decode(windows, run)
+        if retry:
+            self._retry(run, sorted(retry), {w.members[0].job_index: w for w in singles})
         elapsed = time.perf_counter() - started
-        for index, state in states.items():
-            if results[index] is not None or index in sequential:
+        for index, state in run.states.items():
+            if run.results[index] is not None or index in run.sequential:
                 continue
-            results[index] = self._assemble(jobs[index], state, elapsed)
-        self.counters["sequential"] += len(sequential)
-        for index in sequential:
+            run.results[index] = self._assemble(jobs[index], state, elapsed)
+        self.counters["sequential"] += len(run.sequential)
+        for index in run.sequential:
             try:
-                results[index] = self.transcribe_one(jobs[index])
+                run.results[index] = self.transcribe_one(jobs[index])
             except Exception as exc:
                 log.exception("ASR job failed on model %s", self.name)
-                results[index] = exc
-        return [r if r is not None else RuntimeError("job produced no result") for r in results]
+                run.results[index] = exc
+        return [r if r is not None else RuntimeError("job produced no result") for r in run.results]
 
-    def _retry(
-        self,
-        jobs: Sequence[AsrJob],
-        retry: list[int],
-        single_of: dict[int, Window],
-        states: dict[int, JobResult],
-        results: list[Transcript | BaseException | None],
-        sequential: list[int],
-    ) -> None:
+    def _retry(self, run: BatchRun, retry: list[int], single_of: dict[int, Window]) -> None:
         """Decode again the packed jobs whose text could not be told apart or was left unfinished.
 
         First packed once more, in arrival order (new neighbours) and with twice the gap, which
@@ -187,7 +200,7 @@ class WhisperEngine:
         Every retried job was packed, so each has its single window in ``single_of``.
         """
         for i in retry:
-            states[i] = self._new_state(jobs[i])
+            run.states[i] = self._new_state(run.jobs[i])
         if len(retry) > 1:
             again = pack_windows(
                 [single_of[i] for i in retry],
@@ -196,13 +209,11 @@ class WhisperEngine:
                 by_duration=False,
             )
             self.counters["repacked"] += len(retry)
-            still: set[int] = set()
-            self._decode(again, states, results, sequential, still)
-            retry = sorted(still)
+            retry = sorted(self._decode(again, run))
             for i in retry:
-                states[i] = self._new_state(jobs[i])
+                run.states[i] = self._new_state(run.jobs[i])
         self.counters["unpack_retries"] += len(retry)
-        self._decode([single_of[i] for i in retry], states, results, sequential, set())
+        self._decode([single_of[i] for i in retry], run)
 
     # --- batched path -------------------------------------------------------------------------
 
@@ -212,15 +223,14 @@ class WhisperEngine:
     def _new_state(self, job: AsrJob) -> JobResult:
         return JobResult(language=self._language_of(job) or "en")
 
-    def _plan(self, index: int, job: AsrJob) -> list[Window] | str | None:
-        """None: no speech. "sequential": needs faster-whisper's own loop. Else: the job's windows."""
+    def _plan(self, index: int, job: AsrJob) -> list[Window] | Route:
+        """The job's windows, or where it goes instead."""
         if not has_speech(job.audio, self._vad):
-            return None
+            return Route.SILENCE
         options = job.options
         if not self._batching or options.word_timestamps or (options.temperature and options.temperature[0] > 0):
-            return "sequential"
-        windows = self._plan_windows(index, job)
-        return windows or None
+            return Route.SEQUENTIAL
+        return self._plan_windows(index, job) or Route.SILENCE
 
     def _plan_windows(self, index: int, job: AsrJob) -> list[Window]:
         audio = job.audio
@@ -251,15 +261,12 @@ class WhisperEngine:
         options = VadOptions(min_silence_duration_ms=500, speech_pad_ms=0, max_speech_duration_s=25.0)
         return [Span(int(t["start"]), int(t["end"])) for t in get_speech_timestamps(audio, options)]
 
-    def _decode(
-        self,
-        windows: list[Window],
-        states: dict[int, JobResult],
-        results: list[Transcript | BaseException | None],
-        sequential: list[int],
-        retry_unpacked: set[int],
-    ) -> None:
-        """Decode windows, then any unfinished tails, until every window's text is complete."""
+    def _decode(self, windows: list[Window], run: BatchRun) -> set[int]:
+        """Decode windows, then any unfinished tails, until every window's text is complete.
+
+        Returns the packed jobs whose text could not be told apart and must be decoded again.
+        """
+        retry: set[int] = set()
         rounds = 0
         while windows:
             rounds += 1
@@ -268,42 +275,42 @@ class WhisperEngine:
             for window in windows:
                 groups.setdefault(window.options.beam_size, []).append(window)
             for group in groups.values():
-                for window, output in self._run_group(group, results):
-                    if output is not None:
-                        tail = self._take_output(window, output, states, sequential, retry_unpacked)
+                for window, output in self._run_group(group, run):
+                    if output is None:
+                        continue
+                    if window.packed:
+                        retry |= self._take_packed(window, output, run)
+                    else:
+                        tail = self._take_single(window, output, run)
                         if tail is not None:
                             tails.append(tail)
             if rounds >= self._max_tail_rounds and tails:
-                sequential.extend(m.job_index for w in tails for m in w.members if m.job_index not in sequential)
+                for tail in tails:
+                    for member in tail.members:
+                        run.fall_back(member.job_index)
                 break
             windows = tails
+        return retry
 
-    def _take_output(
-        self,
-        window: Window,
-        output: WindowOutput,
-        states: dict[int, JobResult],
-        sequential: list[int],
-        retry_unpacked: set[int],
-    ) -> Window | None:
-        """Record a window's segments; return the window's unfinished tail, if any."""
-        if window.packed:
-            if output.low_confidence:  # the decode looks wrong: redo every job in the window alone
-                retry_unpacked.update(m.job_index for m in window.members)
-                return None
-            assignment = assign_segments(window, output)
-            retry_unpacked.update(assignment.unsure)  # text ran across two jobs: redo just those
-            for job_index, segs in assignment.segments.items():
-                finished = window_member(window, job_index).window_end_s <= output.complete_until_s + 0.2
-                if segs and finished and not text_loops(segs):
-                    self._add(states[job_index], segs, output)
-                else:  # skipped, unfinished or looping: redo this job's speech alone
-                    retry_unpacked.add(job_index)
-            return None
+    def _take_packed(self, window: Window, output: WindowOutput, run: BatchRun) -> set[int]:
+        """Record a packed window's text per job; return the jobs to decode again."""
+        if output.low_confidence:  # the decode looks wrong: redo every job in the window
+            return {m.job_index for m in window.members}
+        assignment = assign_segments(window, output)
+        retry = set(assignment.unsure)  # text ran across two jobs: redo just those
+        for job_index, segs in assignment.segments.items():
+            finished = window_member(window, job_index).window_end_s <= output.complete_until_s + 0.2
+            if segs and finished and not text_loops(segs):
+                self._add(run.states[job_index], segs, output)
+            else:  # skipped, unfinished or looping: redo this job's speech
+                retry.add(job_index)
+        return retry
+
+    def _take_single(self, window: Window, output: WindowOutput, run: BatchRun) -> Window | None:
+        """Record a one-job window's segments; return its unfinished tail, if any."""
         member = window.members[0]
         if output.needs_fallback:
-            if member.job_index not in sequential:
-                sequential.append(member.job_index)
+            run.fall_back(member.job_index)
             return None
         if output.is_silence:
             return None
@@ -311,7 +318,7 @@ class WhisperEngine:
         shifted = [
             dict(seg, start=seg["start"] + member.job_offset_s, end=seg["end"] + member.job_offset_s) for seg in kept
         ]
-        self._add(states[member.job_index], shifted, output)
+        self._add(run.states[member.job_index], shifted, output)
         if output.complete_until_s >= window.duration_s - 0.3:
             return None
         cut = int(output.complete_until_s * SAMPLE_RATE_HZ)
@@ -323,19 +330,17 @@ class WhisperEngine:
             ],
             options=window.options,
             with_timestamps=True,
-            language=window.language or states[member.job_index].language,
+            language=window.language or run.states[member.job_index].language,
         )
 
-    def _run_group(
-        self, group: list[Window], results: list[Transcript | BaseException | None]
-    ) -> list[tuple[Window, WindowOutput | None]]:
+    def _run_group(self, group: list[Window], run: BatchRun) -> list[tuple[Window, WindowOutput | None]]:
         try:
             return list(zip(group, self._decoder.run(group), strict=True))
         except Exception:
             if len(group) == 1:
                 log.exception("ASR window failed on model %s", self.name)
                 for member in group[0].members:
-                    results[member.job_index] = RuntimeError("transcription failed")
+                    run.results[member.job_index] = RuntimeError("transcription failed")
                 return [(group[0], None)]
         # One bad window must not fail the others: run them one by one.
         pairs: list[tuple[Window, WindowOutput | None]] = []
@@ -345,7 +350,7 @@ class WhisperEngine:
             except Exception as exc:
                 log.exception("ASR window failed on model %s", self.name)
                 for member in window.members:
-                    results[member.job_index] = exc
+                    run.results[member.job_index] = exc
                 pairs.append((window, None))
         return pairs
 

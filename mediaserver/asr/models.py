@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mediaserver.config import Settings
-from mediaserver.errors import ModelUnavailable, UnknownModel
+from mediaserver.errors import InvalidParameter, ModelUnavailable, UnknownModel
+from mediaserver.events import TranscriptionOptions
 
 log = logging.getLogger(__name__)
 
@@ -157,12 +158,30 @@ def assemble_base_model(cache_dir: Path, *, progress: bool = True) -> Path:
     return target
 
 
+# English-only Whisper vocabularies have 51864 tokens; multilingual ones 51865 (51866 for v3).
+_ENGLISH_ONLY_VOCABULARY = 51864
+
+
+def _vocabulary_size(model_dir: Path) -> int | None:
+    vocabulary = model_dir / "vocabulary.txt"
+    if vocabulary.is_file():
+        with open(vocabulary, "rb") as f:
+            return sum(1 for _ in f)
+    return None
+
+
 class ModelRegistry:
-    """Resolves names; knows which models exist but does not load them (see asr.service)."""
+    """The Whisper models this server knows: names (with aliases and WIS sizes) → where each comes
+    from, and what each can do. It does not load models (``AsrService`` does).
+
+    It is also the one place that answers "is this model English-only?" and "which model
+    translates for this request?", so every transport refuses and falls back alike.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._sources: dict[str, ModelSource] = {}
+        self._multilingual: dict[str, bool] = {}  # learned from model files or a loaded engine
         if bundled_tiny_en_dir() is not None:
             self._sources["tiny.en"] = ModelSource("tiny.en", "bundled", "tiny.en", multilingual=False)
         if _base_parts() is not None:
@@ -262,3 +281,63 @@ class ModelRegistry:
             return str(download_model(source.location))
         except Exception as exc:
             raise ModelUnavailable(f"model {name!r} could not be downloaded: {exc}") from exc
+
+    # --- what a model can do: one answer for every transport -----------------------------------
+
+    def is_multilingual(self, requested: str | None) -> bool:
+        """Whether the model can transcribe other languages and translate.
+
+        Known for the bundled models; read from the vocabulary for a model on disk (or in the
+        Hugging Face cache); for a Hugging Face model not downloaded yet, guessed from its name
+        (``.en`` models are English-only) until it is loaded and ``learn`` records the truth.
+        """
+        name = self.resolve(requested)
+        if name in self._multilingual:
+            return self._multilingual[name]
+        source = self._sources[name]
+        if source.multilingual is not None:
+            return source.multilingual
+        on_disk = source.location if source.kind == "local" else _hf_cached_path(source.location)
+        size = _vocabulary_size(Path(on_disk)) if on_disk else None
+        if size is not None:
+            self._multilingual[name] = size > _ENGLISH_ONLY_VOCABULARY
+            return self._multilingual[name]
+        base = source.location.rsplit("/", 1)[-1].lower()
+        return not (base.endswith(".en") or ".en-" in base or base.endswith("-en"))
+
+    def learn(self, name: str, multilingual: bool) -> None:
+        """Record what a loaded engine reports (the authority once a model is loaded)."""
+        self._multilingual[name] = multilingual
+
+    def multilingual_names(self) -> list[str]:
+        return [s.name for s in self.sources() if self.is_multilingual(s.name)]
+
+    def check_options(self, requested: str | None, options: TranscriptionOptions) -> None:
+        """Refuse what an English-only model cannot do (translate, other languages) with a 400 that
+        names the multilingual models, instead of silently ignoring it."""
+        name = self.resolve(requested)
+        if self.is_multilingual(name):
+            return
+        multilingual = self.multilingual_names()
+        hint = f" (multilingual models here: {', '.join(multilingual)})" if multilingual else ""
+        if options.task == "translate":
+            raise InvalidParameter(f"model {name!r} is English-only and cannot translate{hint}", param="model")
+        if options.language not in (None, "en"):
+            raise InvalidParameter(
+                f"model {name!r} is English-only; language {options.language!r} needs a multilingual model{hint}",
+                param="language",
+            )
+
+    def translation_model(self, requested: str | None, *, fallback: bool) -> str:
+        """The model that translates for a request that asked for ``requested``.
+
+        A multilingual model translates itself. An English-only one cannot: with ``fallback`` (WIS's
+        ``translate=true`` adds a translation to the transcript, and an OpenAI alias such as
+        ``whisper-1`` names no particular model) the ``translation_model`` setting does it; without
+        (a client that named an English-only model explicitly) the request keeps it and
+        ``check_options`` refuses it.
+        """
+        name = self.resolve(requested)
+        if self.is_multilingual(name) or not fallback:
+            return name
+        return self.resolve(self._settings.translation_model)

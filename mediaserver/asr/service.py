@@ -18,7 +18,7 @@ from mediaserver.asr.scheduler import AsrScheduler
 from mediaserver.audio.vad import VadConfig
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
-from mediaserver.errors import InvalidParameter, ModelUnavailable
+from mediaserver.errors import ModelUnavailable
 from mediaserver.events import AudioArray, Priority, Transcript, TranscriptionOptions
 from mediaserver.metrics import Metrics
 
@@ -102,6 +102,7 @@ class AsrService:
         except Exception as exc:
             log.exception("loading model %s failed", name)
             raise ModelUnavailable(f"model {name!r} could not be loaded: {exc}") from exc
+        self.models.learn(name, engine.multilingual)
         scheduler = AsrScheduler(
             name,
             engine.transcribe_batch,
@@ -123,20 +124,6 @@ class AsrService:
             log.info("unloading model %s (max_loaded_models=%d)", victim_name, self.settings.max_loaded_models)
             await victim.scheduler.aclose()
 
-    def check_options(self, model: LoadedModel, options: TranscriptionOptions) -> None:
-        """Refuse what an English-only model cannot do, instead of silently ignoring it."""
-        if model.engine.multilingual:
-            return
-        multilingual = [s.name for s in self.models.sources() if s.multilingual]
-        hint = f" (multilingual models here: {', '.join(multilingual)})" if multilingual else ""
-        if options.task == "translate":
-            raise InvalidParameter(f"model {model.name!r} is English-only and cannot translate{hint}", param="model")
-        if options.language not in (None, "en"):
-            raise InvalidParameter(
-                f"model {model.name!r} is English-only; language {options.language!r} needs a multilingual model{hint}",
-                param="language",
-            )
-
     async def transcribe(
         self,
         audio: AudioArray,
@@ -147,7 +134,7 @@ class AsrService:
         supersede_key: str | None = None,
     ) -> Transcript:
         loaded = await self.get_model(model)
-        self.check_options(loaded, options)
+        self.models.check_options(loaded.name, options)
         return await loaded.scheduler.submit(
             AsrJob(audio, options),
             priority=priority,

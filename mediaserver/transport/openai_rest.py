@@ -14,7 +14,7 @@ from aiohttp import web
 
 from mediaserver.audio.decode import decode_any
 from mediaserver.errors import InvalidParameter
-from mediaserver.events import DEFAULT_TEMPERATURES, Task, Transcript, TranscriptionOptions
+from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, Task, Transcript, TranscriptionOptions
 from mediaserver.languages import language_name
 from mediaserver.state import ASR, METRICS, SETTINGS
 from mediaserver.transport.common import parse_float, parse_language, read_multipart
@@ -130,12 +130,10 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
     )
     model_name = requested_model
     if task == "translate":
-        loaded = await asr.get_model(requested_model)
-        resolved_from_alias = requested_model in settings.model_aliases
-        if not loaded.engine.multilingual and resolved_from_alias:
-            model_name = settings.translation_model
+        # whisper-1 and the other OpenAI names name no model of ours: they translate with whatever can.
+        model_name = asr.models.translation_model(requested_model, fallback=requested_model in settings.model_aliases)
     audio = await asyncio.to_thread(decode_any, data, max_duration_s=settings.max_audio_duration_s)
-    request.app[METRICS].audio_seconds.labels("openai").inc(audio.size / 16000)
+    request.app[METRICS].audio_seconds.labels("openai").inc(audio.size / SAMPLE_RATE_HZ)
     transcript = await asr.transcribe(audio, options, model=model_name)
     if response_format == "text":
         return web.Response(text=transcript.text + "\n", content_type="text/plain")

@@ -26,7 +26,7 @@ from mediaserver.audio.decode import (
     pcm_to_float,
 )
 from mediaserver.errors import InvalidAudio, InvalidParameter, VoiceNotAuthorized
-from mediaserver.events import AudioArray, Priority, Transcript, TranscriptionOptions
+from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, Priority, Transcript, TranscriptionOptions
 from mediaserver.state import ASR, METRICS, SETTINGS
 from mediaserver.transport.common import (
     parse_bool,
@@ -109,9 +109,8 @@ def decode_willow_body(body: bytes, headers: MultiMapping[str], max_duration_s: 
 
 
 async def run_wis_asr(request: web.Request, audio: AudioArray, wis: WisRequest, route: str) -> dict[str, Any]:
-    settings = request.app[SETTINGS]
     asr = request.app[ASR]
-    request.app[METRICS].audio_seconds.labels(route).inc(audio.size / 16000)
+    request.app[METRICS].audio_seconds.labels(route).inc(audio.size / SAMPLE_RATE_HZ)
     if wis.save_audio:
         await _save_audio(request, audio)
     if wis.voice_auth:
@@ -122,10 +121,7 @@ async def run_wis_asr(request: web.Request, audio: AudioArray, wis: WisRequest, 
     transcript_job = asyncio.ensure_future(asr.transcribe(audio, wis.options, model=wis.model, priority=Priority.FINAL))
     jobs.append(transcript_job)
     if wis.translate:
-        translate_model = wis.model
-        loaded = await asr.get_model(wis.model)
-        if not loaded.engine.multilingual:
-            translate_model = settings.translation_model
+        translate_model = asr.models.translation_model(wis.model, fallback=True)
         jobs.append(
             asyncio.ensure_future(
                 asr.transcribe(

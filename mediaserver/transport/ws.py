@@ -189,15 +189,7 @@ def parse_start(
         option_values["detect_language"] = True
     options = stream_options_from(option_values, settings, base=base.options if base else None)
     model = models.resolve(options.model)
-    transcription = options.transcription
-    if models.source(model).multilingual is False:
-        if transcription.task == "translate":
-            raise InvalidParameter(f"model {model!r} is English-only and cannot translate", param="task")
-        if transcription.language not in (None, "en"):
-            raise InvalidParameter(
-                f"model {model!r} is English-only; language {transcription.language!r} needs a multilingual model",
-                param="language",
-            )
+    models.check_options(model, options.transcription)
     return StreamConfig(
         options=replace(options, model=model),
         sample_rate_hz=sample_rate,

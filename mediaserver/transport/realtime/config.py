@@ -394,13 +394,11 @@ def parse_session(session: Mapping[str, Any], base: RealtimeConfig, models: Mode
         include = tuple(raw_include) if raw_include is not None else None
 
     resolved = resolve_model(models, model, model_param)
-    if models.source(resolved).multilingual is False and language not in (None, "en"):
+    try:
+        models.check_options(resolved, TranscriptionOptions(language=language))
+    except InvalidParameter as exc:
         param = model_param.rsplit(".", 1)[0] + ".language"
-        raise EventError(
-            "invalid_value",
-            f"Invalid '{param}': model {resolved!r} is English-only; language {language!r} needs a multilingual model.",
-            param,
-        )
+        raise EventError("invalid_value", f"Invalid '{param}': {exc.message}.", param) from None
     return RealtimeConfig(model, resolved, fmt, language, prompt, turn, include)
 
 

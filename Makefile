@@ -30,7 +30,7 @@ test: setup-dev
 lint: setup-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy mediaserver tools
+	$(VENV)/bin/mypy mediaserver tools tests
 
 bench: setup-dev
 	$(PY) tools/bench_willow_latency.py

@@ -87,6 +87,15 @@ def _agreed_prefix(a: str, b: str) -> str:
 
 
 class StreamSession:
+    """The transport-neutral core of one live audio stream.
+
+    It owns the stream's segmentation (push-to-talk recording or a VAD segmenter), the partial
+    transcript state of the utterance in progress (what was promised to the client, so the final
+    extends it), and the tasks that wait on the shared ASR service (partials, and finals chained so
+    they arrive in order). Transports feed it 16 kHz audio and translate the events it emits; they
+    never call the ASR service themselves, so every transport segments and transcribes alike.
+    """
+
     def __init__(
         self,
         asr: AsrService,

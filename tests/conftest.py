@@ -44,7 +44,7 @@ SENTENCES = {
 _NORMALIZE = jiwer.Compose(
     [
         jiwer.ToLowerCase(),
-        jiwer.RemovePunctuation(),
+        jiwer.RemovePunctuation(),  # type: ignore[no-untyped-call]
         jiwer.RemoveMultipleSpaces(),
         jiwer.Strip(),
         jiwer.ReduceToListOfListOfWords(),
@@ -81,7 +81,7 @@ class Clip:
 
     @property
     def pcm16k_bytes(self) -> bytes:
-        return (np.clip(self.audio16k, -1, 1) * 32767).astype("<i2").tobytes()
+        return bytes((np.clip(self.audio16k, -1, 1) * 32767).astype("<i2").tobytes())
 
     def wav_bytes(self, rate_hz: int = 22050) -> bytes:
         pcm = self.pcm22k if rate_hz == 22050 else (np.clip(self.audio16k, -1, 1) * 32767).astype("<i2")
@@ -134,7 +134,10 @@ def encode_with_pyav(clip: Clip, container: str, codec: str, rate_hz: int = 4800
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=container) as out:
         stream = out.add_stream(codec, rate=rate_hz, layout="mono")
-        fmt = stream.codec_context.codec.audio_formats[0].name
+        assert isinstance(stream, av.audio.stream.AudioStream)
+        formats = stream.codec_context.codec.audio_formats
+        assert formats, f"{codec} lists no sample formats"
+        fmt = formats[0].name
         frame_size = stream.codec_context.frame_size or 1024
         pts = 0
         for start in range(0, len(audio), frame_size):
@@ -235,8 +238,7 @@ async def server_factory(base_settings: Settings, asr_service: AsrService) -> As
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         runners.append(runner)
-        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
-        port = sockets[0].getsockname()[1]
+        port = int(runner.addresses[0][1])
         return LiveServer(f"http://127.0.0.1:{port}", "127.0.0.1", port, app)
 
     yield start

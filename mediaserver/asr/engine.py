@@ -75,7 +75,14 @@ class BatchRun:
 
 
 class WhisperEngine:
-    """One loaded CTranslate2 Whisper model; not thread-safe, used from a single worker thread."""
+    """One loaded CTranslate2 Whisper model and the way a batch of jobs goes through it.
+
+    It owns the model, the batched decoder, the packing policy and the decode counters. A batch is
+    planned job by job (no speech, faster-whisper's own loop, or 30 s windows), packed when the
+    policy says so, decoded window group by window group, retried where a packed job's text could
+    not be told apart, and assembled back per job. Not thread-safe: the scheduler calls it from
+    its one worker thread.
+    """
 
     def __init__(
         self,

@@ -52,6 +52,14 @@ class _Pending:
 
 
 class AsrScheduler:
+    """The queue in front of one engine, and the single worker thread that runs it.
+
+    It owns the pending jobs (a bounded priority queue: finals before partials before files, then
+    by deadline), the batching decision (how long to keep collecting), and the engine's thread, so
+    jobs from any number of sessions reach the model in batches and never concurrently. Cancelling
+    a caller withdraws its job; a newer partial of the same stream supersedes an older one.
+    """
+
     def __init__(
         self,
         model_name: str,

@@ -33,6 +33,15 @@ class LoadedModel:
 
 
 class AsrService:
+    """The app's one ASR service: loaded models and the scheduler in front of each.
+
+    It owns the engines (loaded on first use or at start, at most ``max_loaded_models``, the least
+    recently used unloaded when idle) and one ``AsrScheduler`` per engine, so every session and
+    request of every transport shares one copy of each model and one queue per model. Requests
+    name models as clients do; ``models`` (the ``ModelRegistry``) resolves them and decides what
+    each model can do.
+    """
+
     def __init__(self, settings: Settings, device: DeviceChoice, registry: ModelRegistry, metrics: Metrics) -> None:
         self.settings = settings
         self.device = device

@@ -34,7 +34,7 @@ def _upload(speech: Any, key: str) -> tuple[str, bytes]:
 
 def _duration_s(speech: Any, key: str) -> float:
     clip = speech(key)
-    return len(clip.pcm22k) / clip.rate_hz
+    return float(len(clip.pcm22k) / clip.rate_hz)
 
 
 def _client(server: Any, api_key: str = "unused") -> openai.AsyncOpenAI:
@@ -67,7 +67,7 @@ def _assert_openai_error(body: Any, param: str | None = None) -> dict[str, Any]:
     assert isinstance(error["code"], str) and error["code"]
     if param is not None:
         assert error["param"] == param
-    return error
+    return dict(error)
 
 
 # --- response formats ------------------------------------------------------------------------------

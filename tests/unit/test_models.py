@@ -22,11 +22,35 @@ from mediaserver.asr.models import (
 from mediaserver.config import DEFAULT_MODEL_ALIASES, Settings
 from mediaserver.errors import ModelUnavailable, UnknownModel
 
-TINY_EN = bundled_tiny_en_dir()
+_tiny_en = bundled_tiny_en_dir()
 BASE_PARTS = _base_parts()
-pytestmark = pytest.mark.skipif(
-    TINY_EN is None or BASE_PARTS is None, reason="bundled model packages are not installed"
-)
+assert _tiny_en is not None and BASE_PARTS is not None, "the bundled model packages are dependencies"
+TINY_EN: Path = _tiny_en
+
+
+@pytest.fixture(autouse=True)
+def empty_hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test sees an empty Hugging Face cache, so it runs the same on a machine that has
+    downloaded models (the developer's) as on a fresh one (CI)."""
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
+def fake_cached_snapshot(cache: Path, repo: str, model_dir: Path) -> Path:
+    """Lay out ``model_dir`` as the Hugging Face cache keeps a downloaded repo (refs/main → snapshot)."""
+    revision = "0" * 40
+    root = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = root / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for item in model_dir.iterdir():
+        (snapshot / item.name).symlink_to(item)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(revision)
+    return snapshot
 
 
 def settings(tmp_path: Path, **overrides: Any) -> Settings:
@@ -86,10 +110,17 @@ def test_installed_models_are_themselves(registry: ModelRegistry, name: str) -> 
     ("size", "closest"), [("tiny", "tiny.en"), ("small", "base"), ("medium", "base"), ("large", "base")]
 )
 def test_wis_sizes_fall_back_to_the_closest_installed(registry: ModelRegistry, size: str, closest: str) -> None:
-    if systran_cached(size):
-        assert registry.resolve(size) == models._WIS_HF_REPOS[size]
-    else:
-        assert registry.resolve(size) == closest
+    assert not systran_cached(size)
+    assert registry.resolve(size) == closest
+
+
+def test_a_wis_size_in_the_hugging_face_cache_is_used(tmp_path: Path, empty_hf_cache: Path) -> None:
+    repo = models._WIS_HF_REPOS["tiny"]
+    snapshot = fake_cached_snapshot(empty_hf_cache, repo, TINY_EN)
+    registry = ModelRegistry(settings(tmp_path))
+    assert registry.resolve("tiny") == repo
+    assert Path(registry.materialize(repo)).resolve() == snapshot.resolve()
+    assert registry.is_multilingual(repo) is False  # read from its vocabulary, not its name
 
 
 def test_wis_base_is_the_bundled_base(registry: ModelRegistry) -> None:
@@ -98,8 +129,7 @@ def test_wis_base_is_the_bundled_base(registry: ModelRegistry) -> None:
 
 @pytest.mark.parametrize("size", ["tiny", "small", "medium", "large"])
 def test_wis_sizes_without_fallback_are_unknown(tmp_path: Path, size: str) -> None:
-    if systran_cached(size):
-        pytest.skip("the Systran conversion is in the local Hugging Face cache")
+    assert not systran_cached(size)
     registry = ModelRegistry(settings(tmp_path, wis_size_fallback=False))
     with pytest.raises(UnknownModel) as info:
         registry.resolve(size)
@@ -158,8 +188,7 @@ def test_extra_model_local_directory(tmp_path: Path) -> None:
 
 def test_extra_model_huggingface_id(tmp_path: Path) -> None:
     repo = "Systran/faster-whisper-small"
-    if _hf_cached_path(repo) is not None:
-        pytest.skip(f"{repo} is in the local Hugging Face cache")
+    assert _hf_cached_path(repo) is None
     registry = ModelRegistry(settings(tmp_path, extra_models={"whisper-small": repo}, allow_model_download=False))
     assert registry.resolve("whisper-small") == "whisper-small"
     source = registry.source("whisper-small")
@@ -205,8 +234,6 @@ def test_wis_fallback_is_consistent_without_bundled_models(tmp_path: Path, monke
     assert registry.names() == ["custom"]
     outcomes = set()
     for size in WIS_SIZES:
-        if systran_cached(size):
-            continue
         try:
             outcomes.add(registry.resolve(size))
         except UnknownModel:
@@ -282,3 +309,51 @@ def test_missing_config_is_rebuilt(cache_dir: Path) -> None:
     rebuilt = assemble_base_model(cache_dir, progress=False)
     assert (rebuilt / "config.json").is_file()
     assert no_temp_dirs(cache_dir)
+
+
+# --- what a model can do ------------------------------------------------------------------------
+
+
+def test_multilingual_is_one_answer_for_every_kind_of_model(tmp_path: Path) -> None:
+    registry = ModelRegistry(
+        settings(
+            tmp_path,
+            extra_models={
+                "on-disk": str(TINY_EN),  # read from its vocabulary
+                "small-en": "Systran/faster-distil-whisper-small.en",  # not downloaded: from its name
+                "medium": "Systran/faster-whisper-medium",
+            },
+        )
+    )
+    assert registry.is_multilingual("tiny.en") is False
+    assert registry.is_multilingual("base") is True
+    assert registry.is_multilingual("whisper-1") is False  # an alias of the default, tiny.en
+    assert registry.is_multilingual("on-disk") is False
+    assert registry.is_multilingual("small-en") is False
+    assert registry.is_multilingual("medium") is True
+    registry.learn("medium", False)  # a loaded engine is the authority
+    assert registry.is_multilingual("medium") is False
+    assert registry.multilingual_names() == ["base"]
+
+
+def test_an_english_only_model_refuses_what_it_cannot_do(registry: ModelRegistry) -> None:
+    from mediaserver.errors import InvalidParameter
+    from mediaserver.events import TranscriptionOptions
+
+    registry.check_options("tiny.en", TranscriptionOptions(language="en"))
+    registry.check_options("base", TranscriptionOptions(language="de", task="translate"))
+    with pytest.raises(InvalidParameter) as translate:
+        registry.check_options("tiny.en", TranscriptionOptions(task="translate"))
+    assert translate.value.param == "model"
+    assert "English-only and cannot translate (multilingual models here: base)" in translate.value.message
+    with pytest.raises(InvalidParameter) as german:
+        registry.check_options("tiny.en", TranscriptionOptions(language="de"))
+    assert german.value.param == "language"
+    assert "'de' needs a multilingual model" in german.value.message
+
+
+def test_translation_falls_back_only_where_the_client_named_no_particular_model(registry: ModelRegistry) -> None:
+    assert registry.translation_model("base", fallback=False) == "base"
+    assert registry.translation_model("tiny.en", fallback=True) == "base"
+    assert registry.translation_model(None, fallback=True) == "base"
+    assert registry.translation_model("tiny.en", fallback=False) == "tiny.en"  # check_options refuses it

@@ -184,7 +184,7 @@ class RealtimeConfig:
         }
 
 
-def _type_name(value: object) -> str:
+def type_name(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -198,10 +198,10 @@ def _type_name(value: object) -> str:
     return "an object" if isinstance(value, dict) else type(value).__name__
 
 
-def _object(value: object, param: str) -> Mapping[str, Any]:
+def as_object(value: object, param: str) -> Mapping[str, Any]:
     if not isinstance(value, dict):
         raise EventError(
-            "invalid_type", f"Invalid type for '{param}': expected an object, but got {_type_name(value)}.", param
+            "invalid_type", f"Invalid type for '{param}': expected an object, but got {type_name(value)}.", param
         )
     return value
 
@@ -210,14 +210,14 @@ def _optional_str(value: object, param: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise EventError(
-        "invalid_type", f"Invalid type for '{param}': expected a string, but got {_type_name(value)}.", param
+        "invalid_type", f"Invalid type for '{param}': expected a string, but got {type_name(value)}.", param
     )
 
 
 def _number(value: object, param: str, minimum: float, maximum: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise EventError(
-            "invalid_type", f"Invalid type for '{param}': expected a number, but got {_type_name(value)}.", param
+            "invalid_type", f"Invalid type for '{param}': expected a number, but got {type_name(value)}.", param
         )
     if not minimum <= value <= maximum:
         raise EventError(
@@ -231,7 +231,7 @@ def _integer(value: object, param: str, minimum: int, maximum: int) -> int:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise EventError(
-            "invalid_type", f"Invalid type for '{param}': expected an integer, but got {_type_name(value)}.", param
+            "invalid_type", f"Invalid type for '{param}': expected an integer, but got {type_name(value)}.", param
         )
     if value < minimum:
         raise EventError("integer_below_min_value", f"Invalid '{param}': {value}. Minimum is {minimum}.", param)
@@ -250,7 +250,7 @@ def parse_format(value: object, param: str) -> InputFormat:
                 param,
             )
         return InputFormat(kind, 24000 if kind == "audio/pcm" else G711_RATE_HZ)
-    spec = _object(value, param)
+    spec = as_object(value, param)
     raw_type = spec.get("type", "audio/pcm")
     kind = next((t for t in _AUDIO_TYPES if t == raw_type), None)
     if kind is None:
@@ -280,7 +280,7 @@ def parse_format(value: object, param: str) -> InputFormat:
 def parse_turn_detection(value: object, param: str) -> TurnDetection | None:
     if value is None:
         return None
-    spec = _object(value, param)
+    spec = as_object(value, param)
     raw_type = spec.get("type", "server_vad")
     if raw_type not in ("server_vad", "semantic_vad"):
         raise EventError(
@@ -351,7 +351,7 @@ def parse_session(session: Mapping[str, Any], base: RealtimeConfig, models: Mode
         nonlocal model, language, prompt, model_param
         if value is None:
             return  # OpenAI turns transcription off; a transcription session keeps its settings
-        spec = _object(value, param)
+        spec = as_object(value, param)
         if "model" in spec:
             requested = _optional_str(spec["model"], f"{param}.model")
             model = requested.strip() if requested and requested.strip() else models.resolve(None)
@@ -373,9 +373,9 @@ def parse_session(session: Mapping[str, Any], base: RealtimeConfig, models: Mode
         turn = parse_turn_detection(session["turn_detection"], "session.turn_detection")
     # GA nested shape.
     if "audio" in session:
-        audio = _object(session["audio"], "session.audio")
+        audio = as_object(session["audio"], "session.audio")
         if "input" in audio:
-            audio_input = _object(audio["input"], "session.audio.input")
+            audio_input = as_object(audio["input"], "session.audio.input")
             if "format" in audio_input:
                 fmt = parse_format(audio_input["format"], "session.audio.input.format")
             if "transcription" in audio_input:

@@ -20,11 +20,11 @@ from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.realtime.config import (
     EventError,
     RealtimeConfig,
-    _object,
-    _type_name,
+    as_object,
     default_config,
     new_id,
     parse_session,
+    type_name,
 )
 from mediaserver.transport.realtime.events import InputTranscription, Item
 from mediaserver.transport.socket_session import Limits, SocketSession
@@ -202,7 +202,7 @@ class RealtimeSession(SocketSession):
             raise EventError("missing_required_parameter", "Missing required parameter: 'type'.", "type")
         if not isinstance(kind, str):
             raise EventError(
-                "invalid_type", f"Invalid type for 'type': expected a string, but got {_type_name(kind)}.", "type"
+                "invalid_type", f"Invalid type for 'type': expected a string, but got {type_name(kind)}.", "type"
             )
         if kind == "input_audio_buffer.append":
             self._append(event)
@@ -233,7 +233,7 @@ class RealtimeSession(SocketSession):
     def _update(self, event: Mapping[str, Any], kind: str) -> None:
         if "session" not in event:
             raise EventError("missing_required_parameter", "Missing required parameter: 'session'.", "session")
-        config = parse_session(_object(event["session"], "session"), self.config, self.models)
+        config = parse_session(as_object(event["session"], "session"), self.config, self.models)
         if kind == "transcription_session.update":
             self.beta = True
         if config.input_format != self.config.input_format or config.server_vad != self.config.server_vad:
@@ -249,7 +249,7 @@ class RealtimeSession(SocketSession):
         if not isinstance(audio, str):
             raise EventError(
                 "invalid_type",
-                f"Invalid type for 'audio': expected a base64 string, but got {_type_name(audio)}.",
+                f"Invalid type for 'audio': expected a base64 string, but got {type_name(audio)}.",
                 "audio",
             )
         if len(audio) * 3 // 4 > MAX_AUDIO_BYTES_PER_EVENT + 2:

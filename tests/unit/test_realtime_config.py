@@ -1,0 +1,255 @@
+"""Realtime session configuration, parsed directly: GA and beta shapes, and every error text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mediaserver.asr.models import ModelRegistry
+from mediaserver.config import Settings
+from mediaserver.errors import InvalidParameter
+from mediaserver.transport.realtime.config import (
+    EventError,
+    InputFormat,
+    RealtimeConfig,
+    TurnDetection,
+    default_config,
+    parse_format,
+    parse_session,
+    parse_turn_detection,
+)
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return Settings(_env_file=None, model_cache_dir=tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def models(settings: Settings) -> ModelRegistry:
+    return ModelRegistry(settings)
+
+
+@pytest.fixture
+def base(settings: Settings, models: ModelRegistry) -> RealtimeConfig:
+    return default_config(settings, models, {})
+
+
+def error_of(call: Any, *args: Any) -> EventError:
+    with pytest.raises(EventError) as info:
+        call(*args)
+    return info.value
+
+
+# --- formats ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("pcm16", InputFormat("audio/pcm", 24000)),
+        ("g711_ulaw", InputFormat("audio/pcmu", 8000)),
+        ("g711_alaw", InputFormat("audio/pcma", 8000)),
+        ({"type": "audio/pcm"}, InputFormat("audio/pcm", 24000)),
+        ({"type": "audio/pcm", "rate": 16000}, InputFormat("audio/pcm", 16000)),
+        ({"type": "audio/pcm", "rate": 24000.0}, InputFormat("audio/pcm", 24000)),
+        ({"type": "audio/pcmu"}, InputFormat("audio/pcmu", 8000)),
+        ({"type": "audio/pcma", "rate": 8000}, InputFormat("audio/pcma", 8000)),
+        ({}, InputFormat("audio/pcm", 24000)),
+    ],
+)
+def test_formats_in_both_shapes(value: object, expected: InputFormat) -> None:
+    assert parse_format(value, "f") == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "code", "param", "text"),
+    [
+        (
+            "mp3",
+            "invalid_value",
+            "f",
+            "Invalid 'f': 'mp3'. Supported values are: 'pcm16', 'g711_ulaw' and 'g711_alaw'.",
+        ),
+        ({"type": "audio/opus"}, "invalid_value", "f.type", "Supported values are: 'audio/pcm', 'audio/pcmu'"),
+        ({"type": "audio/pcm", "rate": 44100}, "invalid_value", "f.rate", "Invalid 'f.rate': 44100. Supported"),
+        ({"type": "audio/pcm", "rate": "fast"}, "invalid_type", "f.rate", "expected an integer, but got a string"),
+        ({"type": "audio/pcm", "rate": 0}, "integer_below_min_value", "f.rate", "Minimum is 1."),
+        ({"type": "audio/pcmu", "rate": 16000}, "invalid_value", "f.rate", "G.711 audio is 8000 Hz."),
+        (42, "invalid_type", "f", "Invalid type for 'f': expected an object, but got a number."),
+        ([], "invalid_type", "f", "expected an object, but got an array."),
+    ],
+)
+def test_bad_formats(value: object, code: str, param: str, text: str) -> None:
+    error = error_of(parse_format, value, "f")
+    assert (error.code, error.param) == (code, param)
+    assert text in error.message
+
+
+def test_format_descriptions_round_trip() -> None:
+    assert InputFormat("audio/pcm", 24000).beta() == "pcm16"
+    assert InputFormat("audio/pcm", 16000).beta() == {"type": "audio/pcm", "rate": 16000}
+    assert InputFormat("audio/pcmu", 8000).ga() == {"type": "audio/pcmu"}
+    for fmt in (InputFormat("audio/pcm", 24000), InputFormat("audio/pcma", 8000)):
+        assert parse_format(fmt.beta(), "f") == fmt
+        assert parse_format(fmt.ga(), "f") == fmt
+
+
+# --- turn detection -------------------------------------------------------------------------------
+
+
+def test_turn_detection_shapes(settings: Settings) -> None:
+    assert parse_turn_detection(None, "t") is None
+    assert parse_turn_detection({}, "t") == TurnDetection()
+    turn = parse_turn_detection(
+        {"type": "server_vad", "threshold": 0.8, "prefix_padding_ms": 200, "silence_duration_ms": 700}, "t"
+    )
+    assert turn == TurnDetection("server_vad", 0.8, 200, 700)
+    segmenter = turn.segmenter(settings)
+    assert (segmenter.aggressiveness, segmenter.preroll_ms, segmenter.hangover_ms) == (3, 200, 700)
+    assert segmenter.min_speech_ms == 0  # every start of speech becomes an item, as with OpenAI
+    semantic = parse_turn_detection({"type": "semantic_vad", "eagerness": "low"}, "t")
+    assert semantic == TurnDetection("semantic_vad", eagerness="low")
+    assert semantic.segmenter(settings).hangover_ms == 1000
+    kept = TurnDetection().segmenter(settings)
+    assert kept.hangover_ms == settings.stream_vad_hangover_ms  # fields left out keep the settings
+
+
+@pytest.mark.parametrize(
+    ("value", "code", "param"),
+    [
+        ({"type": "push_to_talk"}, "invalid_value", "t.type"),
+        ({"threshold": 1.5}, "invalid_value", "t.threshold"),
+        ({"threshold": "high"}, "invalid_type", "t.threshold"),
+        ({"threshold": True}, "invalid_type", "t.threshold"),
+        ({"prefix_padding_ms": -1}, "integer_below_min_value", "t.prefix_padding_ms"),
+        ({"silence_duration_ms": 10001}, "integer_above_max_value", "t.silence_duration_ms"),
+        ({"silence_duration_ms": 1.5}, "invalid_type", "t.silence_duration_ms"),
+        ({"type": "semantic_vad", "eagerness": "eager"}, "invalid_value", "t.eagerness"),
+        ("server_vad", "invalid_type", "t"),
+    ],
+)
+def test_bad_turn_detection(value: object, code: str, param: str) -> None:
+    error = error_of(parse_turn_detection, value, "t")
+    assert (error.code, error.param) == (code, param)
+    assert param in error.message
+
+
+# --- whole sessions -----------------------------------------------------------------------------
+
+
+def test_ga_nested_shape(base: RealtimeConfig, models: ModelRegistry) -> None:
+    config = parse_session(
+        {
+            "type": "transcription",
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": 16000},
+                    "transcription": {"model": "base", "language": "de", "prompt": "Kaffee"},
+                    "turn_detection": None,
+                }
+            },
+            "include": ["item.input_audio_transcription.logprobs"],
+        },
+        base,
+        models,
+    )
+    assert config.input_format == InputFormat("audio/pcm", 16000)
+    assert (config.model, config.resolved_model, config.language, config.prompt) == ("base", "base", "de", "Kaffee")
+    assert config.turn_detection is None and not config.server_vad
+    assert config.include == ("item.input_audio_transcription.logprobs",)
+
+
+def test_beta_flat_shape(base: RealtimeConfig, models: ModelRegistry) -> None:
+    config = parse_session(
+        {
+            "input_audio_format": "g711_ulaw",
+            "input_audio_transcription": {"model": "gpt-4o-transcribe", "language": "en"},
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 300},
+        },
+        base,
+        models,
+    )
+    assert config.input_format == InputFormat("audio/pcmu", 8000)
+    assert config.model == "gpt-4o-transcribe" and config.resolved_model == "tiny.en"  # OpenAI names: the default
+    assert config.turn_detection == TurnDetection(silence_duration_ms=300)
+
+
+def test_an_update_keeps_what_it_does_not_mention(base: RealtimeConfig, models: ModelRegistry) -> None:
+    first = parse_session({"audio": {"input": {"transcription": {"prompt": "hello"}}}}, base, models)
+    second = parse_session({"audio": {"input": {"turn_detection": None}}}, first, models)
+    assert second.prompt == "hello" and second.turn_detection is None
+    assert second.input_format == base.input_format
+    # transcription: null keeps a transcription session's settings
+    assert parse_session({"input_audio_transcription": None}, first, models).prompt == "hello"
+    # one language in "languages" is that language; several mean detection
+    assert parse_session({"audio": {"input": {"transcription": {"languages": ["en"]}}}}, base, models).language == "en"
+    several = parse_session({"audio": {"input": {"transcription": {"languages": ["en", "de"]}}}}, base, models)
+    assert several.language is None
+
+
+@pytest.mark.parametrize(
+    ("session", "code", "param", "text"),
+    [
+        ({"type": "realtime"}, "invalid_value", "session.type", "only runs transcription sessions"),
+        ({"audio": "pcm"}, "invalid_type", "session.audio", "expected an object, but got a string."),
+        (
+            {"audio": {"input": {"transcription": {"language": "xx"}}}},
+            "invalid_value",
+            "session.audio.input.transcription.language",
+            "'xx' is not a supported language",
+        ),
+        (
+            {"audio": {"input": {"transcription": {"language": "de"}}}},
+            "invalid_value",
+            "session.audio.input.transcription.language",
+            "model 'tiny.en' is English-only; language 'de' needs a multilingual model",
+        ),
+        (
+            {"audio": {"input": {"transcription": {"model": "no-such-model"}}}},
+            "model_not_found",
+            "session.audio.input.transcription.model",
+            "unknown model 'no-such-model'",
+        ),
+        (
+            {"input_audio_transcription": {"prompt": 7}},
+            "invalid_type",
+            "session.input_audio_transcription.prompt",
+            "expected a string, but got a number.",
+        ),
+        ({"include": "logprobs"}, "invalid_type", "session.include", "expected an array of strings."),
+    ],
+)
+def test_bad_sessions(
+    base: RealtimeConfig, models: ModelRegistry, session: dict[str, Any], code: str, param: str, text: str
+) -> None:
+    error = error_of(parse_session, session, base, models)
+    assert (error.code, error.param) == (code, param)
+    assert text in error.message
+
+
+def test_an_invalid_update_changes_nothing(base: RealtimeConfig, models: ModelRegistry) -> None:
+    session = {"input_audio_format": "g711_alaw", "turn_detection": {"threshold": 9}}
+    error_of(parse_session, session, base, models)
+    assert base.input_format == InputFormat()  # frozen: nothing half-applied
+
+
+def test_default_config_from_the_url(settings: Settings, models: ModelRegistry) -> None:
+    assert default_config(settings, models, {}).resolved_model == "tiny.en"
+    assert default_config(settings, models, {"model": "base"}).resolved_model == "base"
+    assert default_config(settings, models, {"model": "gpt-realtime"}).resolved_model == "tiny.en"
+    assert default_config(settings, models, {"intent": "transcription"}).model == settings.default_model
+    with pytest.raises(InvalidParameter, match="intent must be 'transcription'"):
+        default_config(settings, models, {"intent": "conversation"})
+    with pytest.raises(InvalidParameter, match="unknown model 'nope'"):
+        default_config(settings, models, {"model": "nope"})
+
+
+def test_descriptions_in_both_shapes(base: RealtimeConfig, settings: Settings) -> None:
+    ga = base.describe_ga("sess_1", settings)
+    assert ga["type"] == "transcription" and ga["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+    assert ga["audio"]["input"]["turn_detection"]["silence_duration_ms"] == settings.stream_vad_hangover_ms
+    beta = base.describe_beta("sess_1", settings)
+    assert beta["input_audio_format"] == "pcm16" and beta["modalities"] == ["text"]
+    assert beta["input_audio_transcription"]["model"] == settings.default_model

@@ -1,0 +1,166 @@
+"""StreamSession, the session core, driven directly with real speech and the real ASR service."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mediaserver.asr.service import AsrService
+from mediaserver.config import Settings
+from mediaserver.errors import InvalidParameter
+from mediaserver.events import (
+    SAMPLE_RATE_HZ,
+    FinalTranscript,
+    SessionEvent,
+    SpeechStarted,
+    SpeechStopped,
+    StreamError,
+    TranscriptionOptions,
+)
+from mediaserver.session import StreamOptions, StreamSession
+from tests.conftest import SENTENCES, Clip
+
+CHUNK = SAMPLE_RATE_HZ // 50  # 20 ms, as a WebRTC or device frame
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[SessionEvent] = []
+
+    async def __call__(self, event: SessionEvent) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * SAMPLE_RATE_HZ), np.float32)
+
+
+async def feed(session: StreamSession, audio: np.ndarray) -> None:
+    for start in range(0, audio.size, CHUNK):
+        await session.feed(audio[start : start + CHUNK])
+
+
+def session_for(asr: AsrService, settings: Settings, recorder: Recorder, **options: Any) -> StreamSession:
+    transcription = TranscriptionOptions(language=options.pop("language", "en"), with_segment_timestamps=False)
+    return StreamSession(asr, settings, recorder, StreamOptions(transcription=transcription, **options))
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+async def test_push_to_talk_gives_one_final(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], wer: Any
+) -> None:
+    recorder = Recorder()
+    session = session_for(asr_service, base_settings, recorder)
+    try:
+        session.start_recording()
+        await feed(session, speech("kitchen").audio16k)
+        final = await session.stop_recording()
+    finally:
+        await session.aclose()
+    assert wer(SENTENCES["kitchen"], final.transcript.text) <= 0.2
+    assert recorder.of(FinalTranscript) == [final]
+    assert final.delta == final.transcript.text  # no partials were promised
+    assert session.utterances == 1
+
+
+async def test_server_vad_ends_each_utterance_by_itself(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], wer: Any
+) -> None:
+    recorder = Recorder()
+    session = session_for(asr_service, base_settings, recorder, server_vad=True)
+    try:
+        audio = np.concatenate([silence(0.5), speech("weather").audio16k, silence(1.0), speech("music").audio16k])
+        await feed(session, np.concatenate([audio, silence(1.0)]))
+        await until(lambda: len(recorder.of(FinalTranscript)) == 2)
+    finally:
+        await session.aclose()
+    speech_events = [type(e) for e in recorder.events if not isinstance(e, FinalTranscript)]
+    assert speech_events == [SpeechStarted, SpeechStopped, SpeechStarted, SpeechStopped]
+    # Each final comes after its own utterance's speech_stopped, and finals keep their order.
+    assert recorder.events.index(recorder.of(FinalTranscript)[0]) > recorder.events.index(recorder.of(SpeechStopped)[0])
+    first, second = recorder.of(FinalTranscript)
+    assert wer(SENTENCES["weather"], first.transcript.text) <= 0.2
+    assert wer(SENTENCES["music"], second.transcript.text) <= 0.2
+    starts = recorder.of(SpeechStarted)
+    stops = recorder.of(SpeechStopped)
+    assert starts[0].audio_start_ms < stops[0].audio_end_ms < starts[1].audio_start_ms < stops[1].audio_end_ms
+    assert first.audio_start_ms == starts[0].audio_start_ms and second.audio_end_ms == stops[1].audio_end_ms
+
+
+async def test_clear_drops_the_utterance_in_progress(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    recorder = Recorder()
+    session = session_for(asr_service, base_settings, recorder, server_vad=True)
+    try:
+        clip = speech("story").audio16k
+        await feed(session, clip[: clip.size // 2])
+        assert session.in_speech
+        session.clear()
+        assert not session.in_speech
+        await feed(session, silence(1.0))
+        assert await session.commit() is None  # nothing being said
+        await asyncio.sleep(0.2)
+    finally:
+        await session.aclose()
+    assert recorder.of(FinalTranscript) == [] and recorder.of(SpeechStopped) == []
+
+
+async def test_commit_finishes_speech_without_waiting_for_silence(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], wer: Any
+) -> None:
+    recorder = Recorder()
+    session = session_for(asr_service, base_settings, recorder, server_vad=True)
+    try:
+        await feed(session, speech("remind").audio16k)
+        final = await session.commit()
+    finally:
+        await session.aclose()
+    assert final is not None and wer(SENTENCES["remind"], final.transcript.text) <= 0.2
+    assert [type(e) for e in recorder.events] == [SpeechStarted, SpeechStopped, FinalTranscript]
+
+
+async def test_an_error_is_an_event_and_an_exception(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    recorder = Recorder()
+    session = session_for(asr_service, base_settings, recorder, language="de")  # tiny.en is English-only
+    try:
+        session.start_recording()
+        await feed(session, speech("kitchen").audio16k)
+        with pytest.raises(InvalidParameter):
+            await session.stop_recording()
+    finally:
+        await session.aclose()
+    [error] = recorder.of(StreamError)
+    assert error.code == "invalid_parameter" and "English-only" in error.message
+    assert error.audio_start_ms == 0 and error.audio_end_ms is not None and error.audio_end_ms > 2000
+
+
+async def test_close_cancels_everything_and_is_idempotent(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    recorder = Recorder()
+    session = session_for(asr_service, base_settings, recorder, server_vad=True, partials=True)
+    await feed(session, speech("garden").audio16k)
+    await feed(session, silence(1.0))  # the final is queued now
+    assert any(session.id in t.get_name() for t in asyncio.all_tasks())
+    await session.aclose()
+    await session.aclose()
+    assert session.closed
+    assert not [t.get_name() for t in asyncio.all_tasks() if session.id in t.get_name()]
+    received = session.samples_received
+    await session.feed(speech("garden").audio16k)  # a closed session ignores audio
+    assert session.samples_received == received

@@ -1,0 +1,113 @@
+"""The device WebSocket's start message (or query string), parsed directly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mediaserver.asr.models import ModelRegistry
+from mediaserver.audio.decode import PcmFormat
+from mediaserver.config import Settings
+from mediaserver.errors import ApiError, InvalidParameter, UnknownModel
+from mediaserver.transport.ws import StreamConfig, parse_start
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return Settings(_env_file=None, model_cache_dir=tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def models(settings: Settings) -> ModelRegistry:
+    return ModelRegistry(settings)
+
+
+def start(settings: Settings, models: ModelRegistry, base: StreamConfig | None = None, **values: Any) -> StreamConfig:
+    return parse_start(values, settings, models, base)
+
+
+def test_defaults(settings: Settings, models: ModelRegistry) -> None:
+    config = start(settings, models)
+    assert (config.sample_rate_hz, config.encoding, config.channels, config.mode) == (16000, "pcm16", 1, "server_vad")
+    assert not config.partials and not config.segments
+    assert config.options.model == "tiny.en"
+    assert config.options.transcription.language == settings.default_language
+    assert config.pcm_format == PcmFormat(16000, 16, 1)
+    options = config.stream_options()
+    assert options.server_vad and not options.partials
+
+
+def test_every_field(settings: Settings, models: ModelRegistry) -> None:
+    config = start(
+        settings,
+        models,
+        sample_rate=48000,
+        encoding="f32le",
+        channels=2,
+        mode="push_to_talk",
+        partials=True,
+        segments="true",
+        language="de",
+        model="base",
+        beam_size=4,
+        task="translate",
+        prompt="Kaffee",
+    )
+    assert config.pcm_format == PcmFormat(48000, 32, 2, is_float=True)
+    assert config.mode == "push_to_talk" and not config.stream_options().server_vad
+    assert config.partials and config.segments
+    t = config.options.transcription
+    assert (t.language, t.beam_size, t.task, t.initial_prompt) == ("de", 4, "translate", "Kaffee")
+    described = config.describe()
+    assert described["encoding"] == "float32" and described["model"] == "base" and described["task"] == "translate"
+    assert config.stream_options().transcription.with_segment_timestamps
+
+
+@pytest.mark.parametrize("name", ["pcm16", "int16", "S16LE", "float32", "f32le"])
+def test_encoding_names(settings: Settings, models: ModelRegistry, name: str) -> None:
+    assert start(settings, models, encoding=name).encoding in ("pcm16", "float32")
+
+
+def test_language_null_asks_for_detection(settings: Settings, models: ModelRegistry) -> None:
+    assert start(settings, models, model="base", language=None).options.transcription.language is None
+    assert start(settings, models, model="base", language="").options.transcription.language is None
+
+
+def test_a_second_start_keeps_what_it_does_not_say(settings: Settings, models: ModelRegistry) -> None:
+    first = start(settings, models, sample_rate=8000, mode="push_to_talk", partials=True, model="base")
+    second = start(settings, models, first, language="fr")
+    assert (second.sample_rate_hz, second.mode, second.partials, second.options.model) == (
+        8000,
+        "push_to_talk",
+        True,
+        "base",
+    )
+    assert second.options.transcription.language == "fr"
+
+
+@pytest.mark.parametrize(
+    ("values", "error", "param"),
+    [
+        ({"encoding": "mp3"}, InvalidParameter, "encoding"),
+        ({"encoding": 16}, InvalidParameter, "encoding"),
+        ({"sample_rate": 4000}, InvalidParameter, "sample_rate"),
+        ({"sample_rate": "fast"}, InvalidParameter, "sample_rate"),
+        ({"channels": 3}, InvalidParameter, "channels"),
+        ({"mode": "always"}, InvalidParameter, "mode"),
+        ({"partials": "maybe"}, InvalidParameter, "partials"),
+        ({"beam_size": 0}, InvalidParameter, "beam_size"),
+        ({"task": "summarize"}, InvalidParameter, "task"),
+        ({"language": "klingon"}, InvalidParameter, "language"),
+        ({"language": "de"}, InvalidParameter, "language"),  # tiny.en is English-only
+        ({"task": "translate"}, InvalidParameter, "model"),  # so is translation
+        ({"model": "nope"}, UnknownModel, "model"),
+    ],
+)
+def test_bad_values_name_their_parameter(
+    settings: Settings, models: ModelRegistry, values: dict[str, Any], error: type[ApiError], param: str
+) -> None:
+    with pytest.raises(error) as info:
+        parse_start(values, settings, models)
+    assert info.value.param == param
+    assert info.value.status == 400

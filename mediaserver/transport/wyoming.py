@@ -1,4 +1,5 @@
-"""Wyoming ASR server (TCP): what Home Assistant's ``wyoming`` integration talks to.
+"""Wyoming server (TCP): what Home Assistant's ``wyoming`` integration talks to, for speech to text
+and, through ``wyoming_tts``, text to speech.
 
 Framing, exactly as the Wyoming spec: each event is one UTF-8 JSON header line ending in ``\\n``
 (``{"type", "data"?, "data_length"?, "payload_length"?, "version"?}``), then ``data_length`` bytes
@@ -53,11 +54,14 @@ from mediaserver.asr.models import ModelSource
 from mediaserver.asr.scheduler import DeadlineExceeded
 from mediaserver.asr.service import AsrService
 from mediaserver.audio.decode import PcmFormat, pcm_to_float
+from mediaserver.capabilities import Capabilities
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, AudioTooLarge, InvalidAudio, InvalidParameter
 from mediaserver.events import AudioArray, Priority, Transcript, TranscriptionOptions
 from mediaserver.languages import WHISPER_LANGUAGES, normalize_language
-from mediaserver.state import ASR, SETTINGS
+from mediaserver.state import ASR, CAPABILITIES, SETTINGS, TTS
+from mediaserver.transport.wyoming_tts import WyomingTts, tts_program
+from mediaserver.tts.service import TtsService
 
 log = logging.getLogger(__name__)
 
@@ -196,9 +200,9 @@ def asr_program(asr: AsrService) -> AsrProgram:
     )
 
 
-def build_info(asr: AsrService) -> Info:
-    """The answer to ``describe``."""
-    return Info(asr=[asr_program(asr)])
+def build_info(asr: AsrService, tts: TtsService | None = None) -> Info:
+    """The answer to ``describe``: the ASR program, and the TTS program when TTS is on."""
+    return Info(asr=[asr_program(asr)], tts=[tts_program(tts)] if tts is not None else [])
 
 
 # --- one connection ----------------------------------------------------------------------------
@@ -289,6 +293,7 @@ class WyomingConnection(AsyncEventHandler):
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
         self._utterance: _Utterance | None = None
         self._pending: tuple[str | None, str | None] | None = None  # (model, language) of a transcribe
+        self._tts = WyomingTts(server.tts, server.capabilities, self.send, self.peer)
 
     async def run(self) -> None:
         try:
@@ -309,6 +314,7 @@ class WyomingConnection(AsyncEventHandler):
             log.exception("wyoming %s: unexpected error", self.peer)
             await self._fail("internal server error", "internal_error")
         finally:
+            await self._tts.aclose()
             await self.disconnect()
 
     async def _serve(self) -> None:
@@ -328,7 +334,7 @@ class WyomingConnection(AsyncEventHandler):
     async def handle_event(self, event: Event) -> bool:
         kind = event.type
         if Describe.is_type(kind):
-            await self.send(build_info(self._asr).event())
+            await self.send(build_info(self._asr, self._server.tts_if_enabled).event())
         elif Ping.is_type(kind):
             await self.send(Pong(text=event.data.get("text")).event())
         elif Transcribe.is_type(kind):
@@ -340,6 +346,8 @@ class WyomingConnection(AsyncEventHandler):
             self._add_chunk(event)
         elif AudioStop.is_type(kind):
             await self._finish_utterance()
+        elif WyomingTts.handles(kind):
+            await self._tts.handle(event)
         else:
             log.debug("wyoming %s: ignoring event %r", self.peer, kind)
         return True
@@ -439,15 +447,31 @@ class WyomingConnection(AsyncEventHandler):
 class WyomingServer:
     """The TCP listener; owns every open connection and the optional mDNS announcement."""
 
-    def __init__(self, settings: Settings, asr: AsrService) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        asr: AsrService,
+        *,
+        tts: TtsService | None = None,
+        capabilities: Capabilities | None = None,
+    ) -> None:
         self.settings = settings
         self.asr = asr
+        self.tts = tts
+        self.capabilities = capabilities
         self._server: asyncio.Server | None = None
         self._tasks: dict[asyncio.Task[None], WyomingConnection] = {}
         self._zeroconf: Any = None
         self._service_info: Any = None
         self._closed = False
         self.port: int | None = None
+
+    @property
+    def tts_if_enabled(self) -> TtsService | None:
+        """The TTS service when TTS is on (``describe`` lists it only then)."""
+        if self.tts is None or (self.capabilities is not None and not self.capabilities.enabled("tts")):
+            return None
+        return self.tts
 
     @property
     def connections(self) -> frozenset[WyomingConnection]:
@@ -459,7 +483,7 @@ class WyomingServer:
         self._server = await asyncio.start_server(self._on_connect, host, port, limit=MAX_HEADER_LINE_BYTES)
         sockets = self._server.sockets
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
-        log.info("wyoming ASR server listening on %s:%d", host, self.port)
+        log.info("wyoming server listening on %s:%d (TTS %s)", host, self.port, "on" if self.tts_if_enabled else "off")
         if self.settings.wyoming_zeroconf:
             await self._announce(host, self.port)
         return self.port
@@ -544,7 +568,7 @@ async def wyoming_ctx(app: web.Application) -> AsyncIterator[None]:
     if not settings.wyoming_enabled:
         yield
         return
-    server = WyomingServer(settings, app[ASR])
+    server = WyomingServer(settings, app[ASR], tts=app.get(TTS), capabilities=app.get(CAPABILITIES))
     try:
         app[WYOMING_PORT] = await server.start(settings.wyoming_host, settings.wyoming_port)
         app[WYOMING_SERVER] = server

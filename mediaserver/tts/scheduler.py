@@ -4,7 +4,8 @@ Each request is a ``SentenceStream``: sentences go in as the text is split (all 
 LLM or Home Assistant sends more), audio comes out in order. The voice's workers (``workers``
 asyncio tasks, each handing one sentence at a time to a thread of its own) take the next sentence
 from the next request in turn, so a short answer that arrives behind a long text waits for at most
-one sentence per worker, never for the long text's whole length.
+one sentence per worker, never for the long text's whole length (a new request is the next in
+turn, so its first sentence only waits for the ones already running).
 
 A request runs at most ``lookahead`` sentences ahead of what its consumer has taken: a client that
 reads slowly (or stopped reading) holds back only its own synthesis. Closing a stream (the client
@@ -174,7 +175,9 @@ class TtsScheduler:
             )
         self.start()
         stream = SentenceStream(self, params, next(self._ids))
-        self._streams.append(stream)
+        # A new request goes next in the rotation: its first sentence waits for at most the ones
+        # already running, which keeps time to first audio short under load.
+        self._streams.insert(self._turn, stream)
         self._metrics.queue_depth.labels(self.voice).set(len(self._streams))
         return stream
 
@@ -246,7 +249,8 @@ class TtsScheduler:
             self._metrics.real_time_factor.labels(self.voice).observe(elapsed / chunk.duration_s)
 
     async def aclose(self) -> None:
-        """Close every stream, stop the workers and release the threads. Idempotent."""
+        """Close every stream, stop the workers and release the threads (the engine stays: its
+        owner closes it). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -258,4 +262,3 @@ class TtsScheduler:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
-        await asyncio.to_thread(self.engine.close)

@@ -235,7 +235,12 @@ class TtsService:
             if victim is None:
                 return
             log.info("unloading TTS voice %s (tts_max_loaded_voices=%d)", victim, self.settings.tts_max_loaded_voices)
-            await self._loaded.pop(victim).scheduler.aclose()
+            await self._unload(self._loaded.pop(victim))
+
+    @staticmethod
+    async def _unload(loaded: LoadedVoice) -> None:
+        await loaded.scheduler.aclose()
+        await asyncio.to_thread(loaded.engine.close)
 
     # --- speaking -----------------------------------------------------------------------------
 
@@ -306,7 +311,7 @@ class TtsService:
             return
         self._closed = True
         for loaded in list(self._loaded.values()):
-            await loaded.scheduler.aclose()
+            await self._unload(loaded)
         self._loaded.clear()
         self.cache.clear()
 

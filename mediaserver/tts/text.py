@@ -40,8 +40,8 @@ def clean_text(text: str) -> str:
 
     Newlines become spaces (WAS strips them for the same reason: they broke WIS's TTS).
     """
+    text = _MARKUP.sub("", text)  # before newlines go: headings and bullets start a line
     text = "".join(" " if unicodedata.category(ch) in ("Cc", "Zl", "Zp") else ch for ch in text)
-    text = _MARKUP.sub("", text)
     return _SPACES.sub(" ", text).strip()
 
 

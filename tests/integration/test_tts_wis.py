@@ -371,3 +371,20 @@ def test_voices_dir_listing_needs_both_files(tmp_path: Path, tts_service: TtsSer
     shutil.copy(bundled.config_path, tmp_path / "en_GB-half-low.onnx.json")  # config without model
     registry = type(tts_service.registry)(tts_service.settings.model_copy(update={"tts_voices_dir": tmp_path}))
     assert registry.names() == ["en_US-joe-medium"]
+
+
+async def test_openapi_documents_speech_out(server: LiveServer) -> None:
+    from openapi_spec_validator import validate
+
+    _, _, body = await get(f"{server.url}/api/openapi.json")
+    spec = json.loads(body)
+    validate(spec)
+    for path, method in (
+        ("/api/tts", "get"),
+        ("/api/speaker", "get"),
+        ("/api/sts", "post"),
+        ("/v1/audio/speech", "post"),
+    ):
+        assert method in spec["paths"][path], path
+    speech = spec["paths"]["/v1/audio/speech"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert speech["properties"]["response_format"]["enum"] == ["mp3", "opus", "aac", "flac", "wav", "pcm"]

@@ -8,7 +8,8 @@ one sentence per worker, never for the long text's whole length (a new request i
 turn, so its first sentence only waits for the ones already running).
 
 A request runs at most ``lookahead`` sentences ahead of what its consumer has taken: a client that
-reads slowly (or stopped reading) holds back only its own synthesis. Closing a stream (the client
+reads slowly (or stopped reading) holds back only its own synthesis. Its first sentence runs
+alone, so a second worker never slows the first audio down by sharing its cores. Closing a stream (the client
 went away, the caller stopped iterating, barge-in) drops every sentence of it not yet started at
 once; one already running in a thread finishes there, and its audio is discarded.
 
@@ -89,7 +90,13 @@ class SentenceStream:
         self._changed.set()
 
     def _eligible(self, lookahead: int) -> bool:
-        return bool(self._pending) and self._inflight + len(self._results) < lookahead
+        if not self._pending:
+            return False
+        if self._inflight and self._taken == 0 and not self._results:
+            # The first sentence runs alone: a second one beside it would share its cores and
+            # delay the first audio (measured: 2 workers doubled time to first audio).
+            return False
+        return self._inflight + len(self._results) < lookahead
 
     def _deliver(self, index: int, result: TtsChunk | BaseException) -> None:
         self._results[index] = result

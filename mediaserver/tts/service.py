@@ -226,12 +226,13 @@ class TtsService:
             scheduler.start()
             loaded = LoadedVoice(voice, engine, scheduler)
             self._loaded[voice.name] = loaded
-            await self._evict_over_limit()
+            await self._evict_over_limit(keep=voice.name)
             return loaded
 
-    async def _evict_over_limit(self) -> None:
+    async def _evict_over_limit(self, *, keep: str) -> None:
         while len(self._loaded) > self.settings.tts_max_loaded_voices:
-            victim = next((n for n, v in self._loaded.items() if v.scheduler.open_streams == 0), None)
+            idle = (n for n, v in self._loaded.items() if v.scheduler.open_streams == 0 and n != keep)
+            victim = next(idle, None)
             if victim is None:
                 return
             log.info("unloading TTS voice %s (tts_max_loaded_voices=%d)", victim, self.settings.tts_max_loaded_voices)

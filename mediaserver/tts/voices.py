@@ -105,6 +105,7 @@ class VoiceRegistry:
         self.settings = settings
         self._bundled = bundled_voices()
         self._dir_cache: tuple[float, list[VoiceInfo]] | None = None
+        self._downloads: dict[str, asyncio.Lock] = {}
 
     # --- listing ----------------------------------------------------------------------------
 
@@ -211,9 +212,12 @@ class VoiceRegistry:
         """``resolve``, fetching a Piper voice by name first when downloads are allowed."""
         if name and self.find(name) is None and self.downloadable(name):
             try:
-                await asyncio.wait_for(
-                    asyncio.to_thread(self._download, name.strip()), timeout=self.settings.tts_download_timeout_s
-                )
+                async with self._downloads.setdefault(name.strip(), asyncio.Lock()):
+                    if self.find(name) is None:  # not fetched meanwhile by another request
+                        await asyncio.wait_for(
+                            asyncio.to_thread(self._download, name.strip()),
+                            timeout=self.settings.tts_download_timeout_s,
+                        )
             except TimeoutError:
                 timeout = self.settings.tts_download_timeout_s
                 raise self._unknown(name, f" (download timed out after {timeout:.0f} s)") from None

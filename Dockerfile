@@ -11,6 +11,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     MEDIASERVER_MODEL_CACHE_DIR=/data/models \
     MEDIASERVER_SAVE_AUDIO_DIR=/data/audio \
     MEDIASERVER_CERT_DIR=/data/certs \
+    MEDIASERVER_TTS_VOICES_DIR=/data/voices \
     HF_HOME=/data/huggingface
 
 RUN apt-get update \

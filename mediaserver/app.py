@@ -16,15 +16,17 @@ from aiohttp.typedefs import Middleware
 from mediaserver import openapi
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.service import AsrService
-from mediaserver.capabilities import FeatureRequest, decide
+from mediaserver.capabilities import Feature, FeatureRequest, decide
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice, choose_device
 from mediaserver.errors import ApiError, Unauthorized, VoiceNotAuthorized
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
 from mediaserver.session import SessionRegistry
-from mediaserver.state import ASR, CAPABILITIES, METRICS, SESSIONS, SETTINGS
-from mediaserver.transport import openai_rest, realtime, rtc, willow, ws
+from mediaserver.state import ASR, CAPABILITIES, METRICS, SESSIONS, SETTINGS, TTS
+from mediaserver.transport import openai_rest, openai_speech, realtime, rtc, willow, wis_tts, ws
 from mediaserver.transport.wyoming import wyoming_ctx
+from mediaserver.tts.service import TtsService
+from mediaserver.tts.voices import tts_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -173,23 +175,31 @@ async def index_handler(request: web.Request) -> web.Response:
 
 def feature_requests(settings: Settings) -> list[FeatureRequest]:
     """What each feature needs; TTS and the LLM add theirs here as they land."""
-    return [FeatureRequest("asr", None, settings.vram_asr_mb, required=True)]
+    return [
+        FeatureRequest("asr", None, settings.vram_asr_mb, required=True),
+        FeatureRequest("tts", tts_unavailable(settings), settings.vram_tts_mb),
+    ]
 
 
 def create_app(
     settings: Settings | None = None,
     *,
     asr_service: AsrService | None = None,
+    tts_service: TtsService | None = None,
     device: DeviceChoice | None = None,
 ) -> web.Application:
-    """Build the app. Pass ``asr_service`` to share loaded models between apps (tests do)."""
+    """Build the app. Pass ``asr_service`` / ``tts_service`` to share loaded models and voices
+    between apps (tests do)."""
     settings = settings or Settings()
     middlewares: list[Middleware] = [metrics_middleware, error_middleware]
     if settings.api_keys or settings.basic_auth_user is not None:
         middlewares.append(auth_middleware)
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_upload_bytes)
     app[SETTINGS] = settings
-    metrics = asr_service.metrics if asr_service is not None else Metrics()
+    if asr_service is not None:
+        metrics = asr_service.metrics
+    else:
+        metrics = tts_service.app_metrics if tts_service is not None else Metrics()
     app[METRICS] = metrics
 
     async def asr_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -223,14 +233,41 @@ def create_app(
         finally:  # before the ASR service goes: sessions may still be waiting on it
             await registry.aclose()
 
+    async def tts_ctx(app: web.Application) -> AsyncIterator[None]:
+        capabilities = app[CAPABILITIES]
+        if not capabilities.enabled("tts"):
+            yield
+            return
+        if tts_service is not None:
+            app[TTS] = tts_service
+            yield
+            return
+        service = TtsService(settings, metrics)
+        try:
+            await service.start()
+        except Exception as exc:  # the default voice did not load: TTS off, the rest runs
+            log.error("TTS is off: %s", exc)
+            capabilities.set(Feature("tts", False, f"the default voice could not be loaded: {exc}"))
+            await service.aclose()
+            yield
+            return
+        app[TTS] = service
+        try:
+            yield
+        finally:
+            await service.aclose()
+
     app.cleanup_ctx.append(asr_ctx)
     app.cleanup_ctx.append(sessions_ctx)
+    app.cleanup_ctx.append(tts_ctx)
     app.cleanup_ctx.append(wyoming_ctx)
     willow.add_routes(app)
     openai_rest.add_routes(app)
     rtc.add_routes(app)
     ws.add_routes(app)
     realtime.add_routes(app)
+    wis_tts.add_routes(app)
+    openai_speech.add_routes(app)
     app.router.add_get("/", index_handler)
     app.router.add_get("/health", health_handler)
     app.router.add_get("/metrics", metrics_handler)

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from mediaserver.app import create_app
 from mediaserver.config import Settings
+from mediaserver.transport.lenient_http import LenientAppRunner
 
 log = logging.getLogger("mediaserver")
 
@@ -52,7 +53,7 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
 
 async def serve(settings: Settings) -> None:
     app = create_app(settings)
-    runner = web.AppRunner(app, access_log=None)
+    runner = LenientAppRunner(app, access_log=None)  # Willow sends unencoded TTS text
     await runner.setup()
     try:
         sites = [web.TCPSite(runner, settings.host, settings.http_port)]

@@ -100,13 +100,128 @@ _OPENAI_FIELDS = {
 }
 
 
+# --- speech out (TTS) --------------------------------------------------------------------------
+
+_AUDIO = {"schema": {"type": "string", "format": "binary"}}
+_TTS_ERRORS = (400, 401, 413, 503, 504)
+
+
+def _tts_paths() -> dict[str, Any]:
+    wis_tts_query = [
+        {
+            "name": "text",
+            "in": "query",
+            "required": True,
+            "schema": {"type": "string"},
+            "description": "what to say; Willow's unencoded text (spaces, UTF-8, '&') is taken when last",
+        },
+        _q("format", {"type": "string", "enum": ["WAV", "FLAC", "OGG", "MP3"]}, "any case; default WAV (streamed)"),
+        _q("speaker", {"type": "string"}, "a voice or alias (WIS names such as CLB mean the default voice)"),
+        _q("language", {"type": "string"}, "pick a voice speaking this language (en, en-US ...)"),
+        _q("speed", {"type": "number", "minimum": 0.25, "maximum": 4.0}, "1.0 is the voice's own pace"),
+        _q("nocache", {"type": "string"}, "any value but 0 bypasses the response cache"),
+    ]
+    audio_response = {
+        "description": "audio, streamed sentence by sentence (chunked); X-WIS-Cache: HIT, MISS or BYPASS",
+        "headers": {"X-WIS-Cache": {"schema": {"type": "string", "enum": ["HIT", "MISS", "BYPASS"]}}},
+        "content": {t: _AUDIO for t in ("audio/wav", "audio/flac", "audio/ogg", "audio/mpeg")},
+    }
+    return {
+        "/api/tts": {
+            "get": {
+                "summary": "WIS text to speech (what Willow devices fetch)",
+                "parameters": wis_tts_query,
+                "responses": {"200": audio_response, **_errors(_ERROR_WIS, *_TTS_ERRORS)},
+            }
+        },
+        "/api/speaker": {
+            "get": {
+                "summary": "the voices, the default voice and the aliases",
+                "responses": {
+                    "200": {"description": "voices", **_json({"type": "object"})},
+                    **_errors(_ERROR_WIS, 503),
+                },
+            }
+        },
+        "/api/sts": {
+            "post": {
+                "summary": "speech to speech: the transcript of audio_file, spoken (text in X-Transcript)",
+                "parameters": [*_WIS_QUERY, *wis_tts_query[1:5]],
+                "requestBody": _multipart({"audio_file": {"type": "string", "format": "binary"}}, ["audio_file"]),
+                "responses": {"200": audio_response, **_errors(_ERROR_WIS, *_TTS_ERRORS)},
+            }
+        },
+        "/v1/audio/speech": {
+            "post": {
+                "summary": "OpenAI-compatible text to speech",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["model", "input", "voice"],
+                                "properties": {
+                                    "model": {
+                                        "type": "string",
+                                        "enum": [
+                                            "tts-1",
+                                            "tts-1-hd",
+                                            "gpt-4o-mini-tts",
+                                            "gpt-4o-mini-tts-2025-12-15",
+                                            "piper",
+                                        ],
+                                    },
+                                    "input": {"type": "string", "maxLength": 4096},
+                                    "voice": {
+                                        "oneOf": [
+                                            {
+                                                "type": "string",
+                                                "description": "a voice, or an OpenAI voice name (alias)",
+                                            },
+                                            {
+                                                "type": "object",
+                                                "properties": {"id": {"type": "string"}},
+                                                "required": ["id"],
+                                            },
+                                        ]
+                                    },
+                                    "instructions": {"type": "string", "description": "accepted and ignored"},
+                                    "response_format": {
+                                        "type": "string",
+                                        "enum": ["mp3", "opus", "aac", "flac", "wav", "pcm"],
+                                        "default": "mp3",
+                                    },
+                                    "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0, "default": 1.0},
+                                    "stream_format": {"type": "string", "enum": ["audio", "sse"], "default": "audio"},
+                                },
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": {
+                        "description": "24 kHz mono audio, streamed; or speech.audio.delta/done events (sse)",
+                        "content": {
+                            **{t: _AUDIO for t in ("audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "audio/wav")},
+                            "audio/pcm": _AUDIO,
+                            "text/event-stream": {"schema": {"type": "string"}},
+                        },
+                    },
+                    **_errors(_ERROR_OPENAI, *_TTS_ERRORS),
+                },
+            }
+        },
+    }
+
+
 def spec() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {
             "title": "mediaserver",
             "version": "0.1.0",
-            "description": "Speech recognition over the Willow/WIS and OpenAI audio APIs.",
+            "description": "Speech recognition and synthesis over the Willow/WIS and OpenAI audio APIs.",
         },
         "components": {
             "securitySchemes": {
@@ -194,6 +309,7 @@ def spec() -> dict[str, Any]:
             "/v1/models": {
                 "get": {"summary": "models and aliases", "responses": {"200": {"description": "model list"}}}
             },
+            **_tts_paths(),
             "/health": {"get": {"summary": "health and loaded models", "responses": {"200": {"description": "ok"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "metrics"}}}},
         },

@@ -9,9 +9,11 @@ from mediaserver.capabilities import Capabilities
 from mediaserver.config import Settings
 from mediaserver.metrics import Metrics
 from mediaserver.session import SessionRegistry
+from mediaserver.tts.service import TtsService
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 ASR = web.AppKey("asr", AsrService)
 SESSIONS = web.AppKey("sessions", SessionRegistry)
 CAPABILITIES = web.AppKey("capabilities", Capabilities)
+TTS = web.AppKey("tts", TtsService)

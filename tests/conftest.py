@@ -29,6 +29,8 @@ from mediaserver.audio.decode import resample_mono
 from mediaserver.config import Settings
 from mediaserver.devices import choose_device
 from mediaserver.metrics import Metrics
+from mediaserver.transport.lenient_http import LenientAppRunner
+from mediaserver.tts.service import TtsService
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -201,6 +203,7 @@ def base_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         cert_dir=tmp_path_factory.mktemp("certs"),
         wyoming_host="127.0.0.1",
         wyoming_port=0,
+        tts_voices_dir=tmp_path_factory.mktemp("voices"),
     )
 
 
@@ -209,6 +212,15 @@ async def asr_service(base_settings: Settings) -> AsyncIterator[AsrService]:
     """The one ASR service of the test session: each model is loaded once and shared."""
     device = choose_device("cpu", "auto", 0)
     service = AsrService(base_settings, device, ModelRegistry(base_settings), Metrics())
+    await service.start()
+    yield service
+    await service.aclose()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def tts_service(base_settings: Settings, asr_service: AsrService) -> AsyncIterator[TtsService]:
+    """The one TTS service of the test session: the default voice is loaded once and shared."""
+    service = TtsService(base_settings, asr_service.metrics)
     await service.start()
     yield service
     await service.aclose()
@@ -226,14 +238,17 @@ ServerFactory = Callable[..., "asyncio.Future[LiveServer]"]
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def server_factory(base_settings: Settings, asr_service: AsrService) -> AsyncIterator[Callable[..., Any]]:
-    """Start a real server on 127.0.0.1:<free port> with settings overrides, sharing the models."""
+async def server_factory(
+    base_settings: Settings, asr_service: AsrService, tts_service: TtsService
+) -> AsyncIterator[Callable[..., Any]]:
+    """Start a real server on 127.0.0.1:<free port> with settings overrides, sharing the models
+    and voices (as ``python -m mediaserver`` runs it: the lenient request-line handler included)."""
     runners: list[web.AppRunner] = []
 
     async def start(**overrides: Any) -> LiveServer:
         settings = base_settings.model_copy(update=overrides)
-        app = create_app(settings, asr_service=asr_service)
-        runner = web.AppRunner(app, access_log=None)
+        app = create_app(settings, asr_service=asr_service, tts_service=tts_service)
+        runner = LenientAppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

@@ -96,23 +96,25 @@ def resample_mono(samples: AudioArray, rate_hz: int) -> AudioArray:
 
 
 class StreamResampler:
-    """Mono float32 at ``rate_hz`` → 16 kHz, for a live stream arriving in small pieces.
+    """Mono float32 at ``rate_hz`` → ``target_hz`` (16 kHz unless told otherwise; TTS asks for 24 or
+    48 kHz), for a live stream arriving in small pieces.
 
     One libswresample context spans the pieces, so its filter state carries over (resampling each
     20 ms frame on its own would put a click at every boundary). ``flush`` returns the delayed
     tail at the end of a recording; the next piece then starts a fresh context.
     """
 
-    def __init__(self, rate_hz: int) -> None:
+    def __init__(self, rate_hz: int, target_hz: int = SAMPLE_RATE_HZ) -> None:
         self.rate_hz = rate_hz
+        self.target_hz = target_hz
         self._resampler: av.AudioResampler | None = None
 
     def push(self, samples: AudioArray) -> AudioArray:
         samples = np.ascontiguousarray(samples, dtype=np.float32)
-        if self.rate_hz == SAMPLE_RATE_HZ or samples.size == 0:
+        if self.rate_hz == self.target_hz or samples.size == 0:
             return samples
         if self._resampler is None:
-            self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
+            self._resampler = av.AudioResampler(format="flt", layout="mono", rate=self.target_hz)
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="flt", layout="mono")
         frame.sample_rate = self.rate_hz
         return _collect(self._resampler.resample(frame))

@@ -1,10 +1,15 @@
-"""Wyoming ASR server (TCP): what Home Assistant's ``wyoming`` integration talks to.
+"""Wyoming server (TCP): what Home Assistant's ``wyoming`` integration talks to, for speech to text
+and, through ``wyoming_tts``, text to speech.
 
 Framing, exactly as the Wyoming spec: each event is one UTF-8 JSON header line ending in ``\\n``
 (``{"type", "data"?, "data_length"?, "payload_length"?, "version"?}``), then ``data_length`` bytes
-of JSON merged over ``data``, then ``payload_length`` bytes of binary payload (PCM here). The framing
-is implemented here, not taken from the ``wyoming`` package, so every length is checked before
-anything is allocated and a malformed event gets a clear ``error`` instead of a silent hang-up.
+of JSON merged over ``data``, then ``payload_length`` bytes of binary payload (PCM here). Events are
+the ``wyoming`` package's own types (``Event`` and its ``Eventable`` classes), written with its
+``async_write_event``; each connection is a ``wyoming.server.AsyncEventHandler``. Only reading is
+ours: the package's ``async_read_event`` has no size limit (a header claiming a 4 GB payload is
+read into memory) and turns a malformed event into a silent end of stream, so ``read_event`` below
+checks every length before anything is allocated and answers a malformed event with a clear
+``error``.
 
 Conversation, per connection (Home Assistant opens one per utterance; several cycles on one
 connection work too): ``describe`` → ``info``; ``transcribe{name?, language?}`` →
@@ -35,22 +40,29 @@ from typing import Any, Final
 
 import numpy as np
 from aiohttp import web
+from wyoming.asr import Transcribe, TranscriptChunk, TranscriptStart, TranscriptStop
+from wyoming.asr import Transcript as WyomingTranscript
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event, async_write_event
+from wyoming.info import AsrModel, AsrProgram, Attribution, Describe, Info
+from wyoming.ping import Ping, Pong
+from wyoming.server import AsyncEventHandler
 
 from mediaserver import __version__
-from mediaserver.asr.models import ModelSource
-from mediaserver.asr.scheduler import DeadlineExceeded
 from mediaserver.asr.service import AsrService
 from mediaserver.audio.decode import PcmFormat, pcm_to_float
+from mediaserver.capabilities import Capabilities
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, AudioTooLarge, InvalidAudio, InvalidParameter
-from mediaserver.events import AudioArray, Priority, Transcript, TranscriptionOptions
+from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, Priority, Transcript, TranscriptionOptions
 from mediaserver.languages import WHISPER_LANGUAGES, normalize_language
-from mediaserver.state import ASR, SETTINGS
+from mediaserver.state import ASR, CAPABILITIES, SETTINGS, TTS
+from mediaserver.transport.wyoming_tts import WyomingTts, tts_program
+from mediaserver.tts.service import TtsService
 
 log = logging.getLogger(__name__)
 
-# The Wyoming protocol version we speak (transcript streaming arrived in 1.7.0).
-PROTOCOL_VERSION: Final = "1.7.0"
 # Longest accepted header line; real headers are ~150 bytes (data goes in the data_length block).
 MAX_HEADER_LINE_BYTES: Final = 64 * 1024
 # How long an error's sender waits for the client to stop sending before closing outright.
@@ -58,11 +70,10 @@ LINGER_S: Final = 2.0
 LINGER_MAX_BYTES: Final = 16 * 1024 * 1024
 ZEROCONF_SERVICE_TYPE: Final = "_wyoming._tcp.local."
 
-_PROGRAM_ATTRIBUTION: Final = {
-    "name": "mediaserver (faster-whisper)",
-    "url": "https://github.com/SYSTRAN/faster-whisper",
-}
-_MODEL_ATTRIBUTION: Final = {"name": "OpenAI", "url": "https://github.com/openai/whisper"}
+_PROGRAM_ATTRIBUTION: Final = Attribution(
+    name="mediaserver (faster-whisper)", url="https://github.com/SYSTRAN/faster-whisper"
+)
+_MODEL_ATTRIBUTION: Final = Attribution(name="OpenAI", url="https://github.com/openai/whisper")
 
 
 # --- framing -----------------------------------------------------------------------------------
@@ -75,25 +86,6 @@ class WyomingProtocolError(Exception):
         super().__init__(message)
         self.message = message
         self.code = code
-
-
-@dataclass(frozen=True)
-class WyomingEvent:
-    type: str
-    data: dict[str, Any] = field(default_factory=dict)
-    payload: bytes | None = None
-
-
-def encode_event(event: WyomingEvent) -> bytes:
-    """Serialize like the reference implementation: header line, data block, payload."""
-    header: dict[str, Any] = {"type": event.type, "version": PROTOCOL_VERSION}
-    data_bytes = json.dumps(event.data, ensure_ascii=False).encode() if event.data else b""
-    if data_bytes:
-        header["data_length"] = len(data_bytes)
-    if event.payload:
-        header["payload_length"] = len(event.payload)
-    line = json.dumps(header, ensure_ascii=False).encode() + b"\n"
-    return line + data_bytes + (event.payload or b"")
 
 
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
@@ -117,7 +109,7 @@ def _length(header: dict[str, Any], key: str) -> int:
     return value
 
 
-async def read_event(reader: asyncio.StreamReader, *, max_event_bytes: int) -> WyomingEvent | None:
+async def read_event(reader: asyncio.StreamReader, *, max_event_bytes: int) -> Event | None:
     """Read one event; None on a clean end of stream between events.
 
     Raises WyomingProtocolError for anything malformed or larger than ``max_event_bytes`` (header,
@@ -156,7 +148,7 @@ async def read_event(reader: asyncio.StreamReader, *, max_event_bytes: int) -> W
     if data_length:
         data = {**data, **_json_object(await reader.readexactly(data_length), "data block")}
     payload = await reader.readexactly(payload_length) if payload_length else None
-    return WyomingEvent(event_type, data, payload)
+    return Event(event_type, data, payload)
 
 
 # --- info --------------------------------------------------------------------------------------
@@ -172,39 +164,35 @@ def _engine_version() -> str:
         return "unknown"
 
 
-def _is_multilingual(source: ModelSource) -> bool:
-    if source.multilingual is not None:
-        return source.multilingual
-    # Unknown until loaded: Whisper's English-only checkpoints are all named "*.en".
-    tail = source.location.rstrip("/").rsplit("/", 1)[-1]
-    return not (source.name.endswith(".en") or tail.endswith(".en"))
-
-
-def build_info(asr: AsrService) -> dict[str, Any]:
-    """The ``info`` data: one ASR program, one model per model the registry knows."""
-    models: list[dict[str, Any]] = []
+def asr_program(asr: AsrService) -> AsrProgram:
+    """The ASR program of ``info``: one model per model the registry knows."""
+    models: list[AsrModel] = []
     for source in asr.models.sources():
-        multilingual = _is_multilingual(source)
+        multilingual = asr.models.is_multilingual(source.name)
         models.append(
-            {
-                "name": source.name,
-                "description": f"Whisper {source.name} ({'multilingual' if multilingual else 'English-only'})",
-                "languages": list(WHISPER_LANGUAGES) if multilingual else ["en"],
-                "attribution": dict(_MODEL_ATTRIBUTION),
-                "installed": True,
-                "version": _engine_version(),
-            }
+            AsrModel(
+                name=source.name,
+                description=f"Whisper {source.name} ({'multilingual' if multilingual else 'English-only'})",
+                languages=list(WHISPER_LANGUAGES) if multilingual else ["en"],
+                attribution=_MODEL_ATTRIBUTION,
+                installed=True,
+                version=_engine_version(),
+            )
         )
-    program = {
-        "name": "mediaserver",
-        "description": "mediaserver speech-to-text (Whisper on CTranslate2)",
-        "attribution": dict(_PROGRAM_ATTRIBUTION),
-        "installed": True,
-        "version": __version__,
-        "supports_transcript_streaming": True,
-        "models": models,
-    }
-    return {"asr": [program]}
+    return AsrProgram(
+        name="mediaserver",
+        description="mediaserver speech-to-text (Whisper on CTranslate2)",
+        attribution=_PROGRAM_ATTRIBUTION,
+        installed=True,
+        version=__version__,
+        supports_transcript_streaming=True,
+        models=models,
+    )
+
+
+def build_info(asr: AsrService, tts: TtsService | None = None) -> Info:
+    """The answer to ``describe``: the ASR program, and the TTS program when TTS is on."""
+    return Info(asr=[asr_program(asr)], tts=[tts_program(tts)] if tts is not None else [])
 
 
 # --- one connection ----------------------------------------------------------------------------
@@ -279,19 +267,23 @@ def transcript_chunks(transcript: Transcript) -> list[str]:
     return texts
 
 
-class WyomingConnection:
-    """One client: reads events, answers them, and owns its socket until it is closed."""
+class WyomingConnection(AsyncEventHandler):
+    """One client: reads events, answers them, and owns its socket until it is closed.
+
+    ``run`` replaces the package's loop with one that bounds each event and the idle time and turns
+    failures into ``error`` events; ``handle_event`` is the package's hook, one event at a time.
+    """
 
     def __init__(self, server: WyomingServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        super().__init__(reader, writer)
         self._server = server
         self._settings = server.settings
         self._asr = server.asr
-        self._reader = reader
-        self._writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
         self._utterance: _Utterance | None = None
         self._pending: tuple[str | None, str | None] | None = None  # (model, language) of a transcribe
+        self._tts = WyomingTts(server.tts, server.capabilities, self.send, self.peer)
 
     async def run(self) -> None:
         try:
@@ -302,8 +294,6 @@ class WyomingConnection:
         except ApiError as exc:
             log.info("wyoming %s: %s (%s)", self.peer, exc.message, exc.code)
             await self._fail(exc.message, exc.code)
-        except (DeadlineExceeded, TimeoutError):
-            await self._fail("the transcription did not finish in time; retry later", "timeout")
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             log.debug("wyoming %s: connection lost: %r", self.peer, exc)
         except asyncio.CancelledError:
@@ -311,37 +301,44 @@ class WyomingConnection:
         except Exception:
             log.exception("wyoming %s: unexpected error", self.peer)
             await self._fail("internal server error", "internal_error")
+        finally:
+            await self._tts.aclose()
+            await self.disconnect()
 
     async def _serve(self) -> None:
         idle_s = self._settings.wyoming_idle_timeout_s
         while True:
             try:
                 async with asyncio.timeout(idle_s):
-                    event = await read_event(self._reader, max_event_bytes=self._settings.wyoming_max_event_bytes)
+                    event = await read_event(self.reader, max_event_bytes=self._settings.wyoming_max_event_bytes)
             except TimeoutError:
                 log.info("wyoming %s: idle for %.0f s, closing", self.peer, idle_s)
                 return
             if event is None:
                 return
-            await self._handle(event)
+            if not await self.handle_event(event):
+                return
 
-    async def _handle(self, event: WyomingEvent) -> None:
+    async def handle_event(self, event: Event) -> bool:
         kind = event.type
-        if kind == "describe":
-            await self.send(WyomingEvent("info", build_info(self._asr)))
-        elif kind == "ping":
-            await self.send(WyomingEvent("pong", {"text": event.data.get("text")}))
-        elif kind == "transcribe":
+        if Describe.is_type(kind):
+            await self.send(build_info(self._asr, self._server.tts_if_enabled).event())
+        elif Ping.is_type(kind):
+            await self.send(Pong(text=event.data.get("text")).event())
+        elif Transcribe.is_type(kind):
             self._pending = self._parse_transcribe(event.data)
             self._utterance = None
-        elif kind == "audio-start":
+        elif AudioStart.is_type(kind):
             self._start_utterance(_audio_format(event.data, None))
-        elif kind == "audio-chunk":
+        elif AudioChunk.is_type(kind):
             self._add_chunk(event)
-        elif kind == "audio-stop":
+        elif AudioStop.is_type(kind):
             await self._finish_utterance()
+        elif WyomingTts.handles(kind):
+            await self._tts.handle(event)
         else:
             log.debug("wyoming %s: ignoring event %r", self.peer, kind)
+        return True
 
     def _parse_transcribe(self, data: dict[str, Any]) -> tuple[str | None, str | None]:
         name = data.get("name")
@@ -364,7 +361,7 @@ class WyomingConnection:
         self._utterance = _Utterance(model, language, fmt)
         return self._utterance
 
-    def _add_chunk(self, event: WyomingEvent) -> None:
+    def _add_chunk(self, event: Event) -> None:
         utterance = self._utterance
         if utterance is None:  # no audio-start: the chunk has to say its format itself
             utterance = self._start_utterance(None)
@@ -393,34 +390,31 @@ class WyomingConnection:
         log.info(
             "wyoming %s: %.2f s of audio transcribed in %.0f ms",
             self.peer,
-            audio.size / 16000,
+            audio.size / SAMPLE_RATE_HZ,
             (time.perf_counter() - started) * 1000,
         )
         language = transcript.language
-        events = [WyomingEvent("transcript-start", {"language": language})]
-        events += [WyomingEvent("transcript-chunk", {"text": text}) for text in transcript_chunks(transcript)]
-        events += [
-            WyomingEvent("transcript", {"text": transcript.text, "language": language}),
-            WyomingEvent("transcript-stop"),
-        ]
+        events = [TranscriptStart(language=language).event()]
+        events += [TranscriptChunk(text=text).event() for text in transcript_chunks(transcript)]
+        events += [WyomingTranscript(text=transcript.text, language=language).event(), TranscriptStop().event()]
         await self.send(*events)
 
-    async def send(self, *events: WyomingEvent) -> None:
+    async def send(self, *events: Event) -> None:
         """Write events; a client that stops reading is dropped after the idle timeout."""
-        self._writer.write(b"".join(encode_event(e) for e in events))
         async with asyncio.timeout(self._settings.wyoming_idle_timeout_s):
-            await self._writer.drain()
+            for event in events:
+                await async_write_event(event, self.writer)
 
     async def _fail(self, text: str, code: str) -> None:
         """Send an error, then close gracefully (see the module docstring)."""
         try:
-            await self.send(WyomingEvent("error", {"text": text, "code": code}))
-            if self._writer.can_write_eof():
-                self._writer.write_eof()
+            await self.send(Error(text=text, code=code).event())
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
             async with asyncio.timeout(LINGER_S):
                 discarded = 0
                 while discarded < LINGER_MAX_BYTES:
-                    block = await self._reader.read(65536)
+                    block = await self.reader.read(65536)
                     if not block:
                         break
                     discarded += len(block)
@@ -428,11 +422,11 @@ class WyomingConnection:
             pass
 
     async def aclose(self) -> None:
-        if self._writer.is_closing():
+        if self.writer.is_closing():
             return
-        self._writer.close()
+        self.writer.close()
         with contextlib.suppress(ConnectionError, OSError):
-            await self._writer.wait_closed()
+            await self.writer.wait_closed()
 
 
 # --- the server --------------------------------------------------------------------------------
@@ -441,15 +435,31 @@ class WyomingConnection:
 class WyomingServer:
     """The TCP listener; owns every open connection and the optional mDNS announcement."""
 
-    def __init__(self, settings: Settings, asr: AsrService) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        asr: AsrService,
+        *,
+        tts: TtsService | None = None,
+        capabilities: Capabilities | None = None,
+    ) -> None:
         self.settings = settings
         self.asr = asr
+        self.tts = tts
+        self.capabilities = capabilities
         self._server: asyncio.Server | None = None
         self._tasks: dict[asyncio.Task[None], WyomingConnection] = {}
         self._zeroconf: Any = None
         self._service_info: Any = None
         self._closed = False
         self.port: int | None = None
+
+    @property
+    def tts_if_enabled(self) -> TtsService | None:
+        """The TTS service when TTS is on (``describe`` lists it only then)."""
+        if self.tts is None or (self.capabilities is not None and not self.capabilities.enabled("tts")):
+            return None
+        return self.tts
 
     @property
     def connections(self) -> frozenset[WyomingConnection]:
@@ -461,7 +471,7 @@ class WyomingServer:
         self._server = await asyncio.start_server(self._on_connect, host, port, limit=MAX_HEADER_LINE_BYTES)
         sockets = self._server.sockets
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
-        log.info("wyoming ASR server listening on %s:%d", host, self.port)
+        log.info("wyoming server listening on %s:%d (TTS %s)", host, self.port, "on" if self.tts_if_enabled else "off")
         if self.settings.wyoming_zeroconf:
             await self._announce(host, self.port)
         return self.port
@@ -546,7 +556,7 @@ async def wyoming_ctx(app: web.Application) -> AsyncIterator[None]:
     if not settings.wyoming_enabled:
         yield
         return
-    server = WyomingServer(settings, app[ASR])
+    server = WyomingServer(settings, app[ASR], tts=app.get(TTS), capabilities=app.get(CAPABILITIES))
     try:
         app[WYOMING_PORT] = await server.start(settings.wyoming_host, settings.wyoming_port)
         app[WYOMING_SERVER] = server

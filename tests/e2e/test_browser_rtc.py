@@ -296,3 +296,22 @@ async def test_page_is_served_without_trailing_slash(server: LiveServer, browser
         assert (await page.page.evaluate("location.pathname")).endswith("/rtc/")
         await page.wait_for("document.querySelector('#model').options.length > 1", timeout_s=10)
         assert page.errors == []
+
+
+async def test_speak_panel_plays_speech(server: LiveServer, browser: Browser) -> None:
+    """The "Speak" panel: text in, the server's voice out through WebAudio, first sentence first."""
+    async with open_page(browser, f"{server.url}/rtc/") as page:
+        await page.wait_for("window.mediaserverSpeak && window.mediaserverSpeak.voices.length > 0", timeout_s=15)
+        assert await page.page.input_value("#speak-voice") == "en_US-joe-medium"
+        await page.page.fill("#speak-text", "Hello from the speak panel. This is its second sentence. And a third.")
+        await page.page.click("#speak-play")
+        await page.wait_for("window.mediaserverSpeak.firstAudioMs !== null", timeout_s=60)
+        await page.wait_for("!window.mediaserverSpeak.speaking", timeout_s=60)
+        speak: dict[str, Any] = await page.page.evaluate("JSON.parse(JSON.stringify(window.mediaserverSpeak))")
+        print(f"speak panel: first audio after {speak['firstAudioMs']:.0f} ms, {speak['seconds']:.1f} s of speech")
+        assert speak["error"] is None, speak
+        assert speak["requests"] == 1 and speak["seconds"] > 3.0, speak
+        # What left the page's audio graph was speech, not silence.
+        assert speak["peakDb"] is not None and speak["peakDb"] > -40, speak
+        assert "first audio after" in await page.page.text_content("#speak-status")
+        assert page.errors == []

@@ -1,0 +1,61 @@
+"""Accept a GET whose request line carries raw spaces or raw UTF-8, as Willow firmware sends them.
+
+Willow builds its TTS URL with ``snprintf`` and does not URL-encode the text
+(``GET /api/tts?format=WAV&speaker=CLB&text=turn on the lights HTTP/1.1``); nginx in front of WIS
+let that through. aiohttp's parser (llhttp) rightly refuses it as a malformed request line, before
+any handler runs. ``LenientAppRunner`` puts a request handler in front of the parser that
+percent-encodes such a target (spaces as ``%20``, bytes ≥ 0x80 as ``%XX``) when a GET or HEAD
+request line starts a received block and ends in `` HTTP/1.x``; every other byte is passed on
+untouched. A new connection per request (what Willow does) always starts with its request line.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+_REQUEST_LINE = re.compile(rb"^(GET|HEAD) (/[^\r\n]*?) (HTTP/1\.[01])\r?\n")
+_MAX_LINE = 16 * 1024
+
+
+def fix_request_line(data: bytes) -> bytes:
+    """Percent-encode raw spaces and non-ASCII bytes in the target of a leading GET/HEAD line."""
+    if not data.startswith((b"GET /", b"HEAD /")):
+        return data
+    match = _REQUEST_LINE.match(data[:_MAX_LINE])
+    if match is None:
+        return data
+    target = match.group(2)
+    if b" " not in target and max(target) < 0x80:
+        return data
+    fixed = b"".join(b"%%%02X" % byte if byte == 0x20 or byte >= 0x80 else bytes((byte,)) for byte in target)
+    return match.group(1) + b" " + fixed + b" " + match.group(3) + b"\r\n" + data[match.end() :]
+
+
+class LenientRequestHandler(RequestHandler):
+    __slots__ = ()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(fix_request_line(data))
+
+
+class _LenientServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return LenientRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class LenientAppRunner(web.AppRunner):
+    """``web.AppRunner`` whose connections accept Willow's unencoded request lines."""
+
+    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        # aiohttp builds its Server inside Application._make_handler; changing its class to this
+        # subclass (no new state) only changes which protocol object each connection gets.
+        server.__class__ = _LenientServer
+        return server

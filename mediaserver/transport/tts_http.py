@@ -1,0 +1,197 @@
+"""Speech over HTTP, shared by the WIS (/api/tts, /api/sts) and OpenAI (/v1/audio/speech) routes.
+
+One path for every format: look the request up in the response cache; on a miss, synthesize
+sentence by sentence and write each sentence's encoded audio as soon as it exists (chunked
+transfer), so a device starts playing while the rest is made. The response starts only once the
+first sentence is ready: a failure before that is still a proper error response. A client that
+hangs up is noticed while it waits (not only at the next write), and leaving the request drops all
+of its unsynthesized sentences at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from mediaserver.errors import ApiError
+from mediaserver.state import CAPABILITIES, SETTINGS, TTS
+from mediaserver.tts.cache import cache_key
+from mediaserver.tts.encode import AudioFormat, StreamEncoder, output_rate
+from mediaserver.tts.service import Speech, TtsService
+from mediaserver.tts.types import SynthesisParams, TtsChunk, VoiceInfo
+
+log = logging.getLogger(__name__)
+
+# How often a request waiting for audio checks whether its client is still there.
+DISCONNECT_POLL_S = 0.1
+
+
+class SynthesisTimeout(ApiError):
+    status = 504
+    code = "timeout"
+
+
+class ClientGone(Exception):
+    """The HTTP client closed its connection."""
+
+
+def tts_of(request: web.Request) -> TtsService:
+    """The TTS service, or a 503 naming why TTS is off on this server."""
+    request.app[CAPABILITIES].require("tts")
+    return request.app[TTS]
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    text: str
+    voice: VoiceInfo
+    params: SynthesisParams
+    fmt: AudioFormat
+    sample_rate_hz: int | None = None  # None: the voice's own rate (when the codec takes it)
+
+    @property
+    def output_rate_hz(self) -> int:
+        return output_rate(self.fmt, self.sample_rate_hz or self.voice.sample_rate_hz)
+
+    def key(self) -> str:
+        return cache_key(
+            text=self.text,
+            voice=self.voice.name,
+            speed=self.params.speed,
+            speaker=self.params.speaker,
+            format=self.fmt.name,
+            rate=self.output_rate_hz,
+        )
+
+
+def _gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def next_chunk(speech: Speech, request: web.Request) -> TtsChunk | None:
+    """The next sentence's audio (None at the end); ``ClientGone`` if the client hangs up first."""
+    task: asyncio.Future[TtsChunk] = asyncio.ensure_future(speech.__anext__())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                try:
+                    return task.result()
+                except StopAsyncIteration:
+                    return None
+            if _gone(request):
+                raise ClientGone
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await task
+
+
+Framer = Callable[[bytes], bytes]
+
+
+def _sse_delta(data: bytes) -> bytes:
+    event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")}
+    return f"data: {json.dumps(event)}\n\n".encode()
+
+
+def sse_done(characters: int) -> bytes:
+    """OpenAI's closing event; usage counts input characters (there are no tokens here)."""
+    usage = {"input_tokens": characters, "output_tokens": 0, "total_tokens": characters}
+    return f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n".encode()
+
+
+async def respond_with_speech(
+    request: web.Request,
+    spoken: SpeechRequest,
+    *,
+    cache: bool = True,
+    nocache: bool = False,
+    cache_header: str | None = None,
+    sse: bool = False,
+    headers: dict[str, str] | None = None,
+) -> web.StreamResponse:
+    """Serve ``spoken`` from the cache or synthesize and stream it (see the module docstring).
+
+    ``cache=False`` leaves the cache out entirely (no lookup, nothing counted); ``nocache`` is a
+    client's explicit bypass (counted as such). ``sse`` wraps the encoded audio in OpenAI's
+    ``speech.audio.delta`` / ``speech.audio.done`` server-sent events.
+    """
+    tts = tts_of(request)
+    settings = request.app[SETTINGS]
+    headers = dict(headers or {})
+    use_cache = cache and not sse and tts.cache.enabled
+    key = spoken.key()
+    if use_cache and nocache:
+        tts.cache.count("bypass")
+        status = "BYPASS"
+        use_cache = False
+    elif use_cache:
+        hit = tts.cache.get(key)
+        if hit is not None:
+            body, content_type = hit
+            if cache_header:
+                headers.update({cache_header: "HIT", "Cache-Control": "public"})
+            return web.Response(body=body, content_type=content_type, headers=headers)
+        status = "MISS"
+    else:
+        status = "BYPASS"
+    if cache_header:
+        headers[cache_header] = status
+        if status == "MISS":
+            headers["Cache-Control"] = "public"
+    frame: Framer = _sse_delta if sse else (lambda data: data)
+    rate = spoken.output_rate_hz
+    response: web.StreamResponse | None = None
+    try:
+        async with (
+            asyncio.timeout(settings.tts_request_timeout_s),
+            tts.speak(spoken.text, spoken.voice, spoken.params, sample_rate_hz=rate) as speech,
+        ):
+            chunk = await next_chunk(speech, request)
+            encoder = StreamEncoder(spoken.fmt, rate)
+            response = web.StreamResponse(headers=headers)
+            response.content_type = "text/event-stream" if sse else spoken.fmt.content_type
+            await response.prepare(request)
+            parts: list[bytes] = []
+            try:
+                while chunk is not None:
+                    data = encoder.push(chunk.pcm)
+                    if data:
+                        await response.write(frame(data))
+                        parts.append(data)
+                    chunk = await next_chunk(speech, request)
+                tail = encoder.finish()
+                if tail:
+                    await response.write(frame(tail))
+                    parts.append(tail)
+                if sse:
+                    await response.write(sse_done(len(spoken.text)))
+            finally:
+                encoder.close()
+            await response.write_eof()
+    except (ClientGone, ConnectionResetError):
+        log.debug("TTS client %s went away; its remaining sentences were dropped", request.remote)
+        return response or web.Response(status=499)
+    except TimeoutError:
+        if response is None:
+            raise SynthesisTimeout(
+                f"speech synthesis did not finish within {settings.tts_request_timeout_s:.0f} s "
+                "(tts_request_timeout_s); retry later"
+            ) from None
+        log.warning("TTS response to %s cut off after tts_request_timeout_s", request.remote)
+        if request.transport is not None:
+            request.transport.close()
+        return response
+    if use_cache:
+        tts.cache.put(key, b"".join(parts), spoken.fmt.content_type)
+    return response

@@ -1,0 +1,121 @@
+"""Text for speech: sentence splitting, whole texts and streams of deltas, and light clean-up.
+
+Sentences are found by pysbd (rule-based, with English abbreviation lists), so a decimal number
+(``3.5``), a time (``7:30 p.m.``) or an abbreviation (``Dr.``, ``e.g.``, ``U.S.``) never ends a
+sentence. Numbers themselves are read as words by Piper's phonemizer (espeak-ng): ``3.5`` is
+"three point five", ``7:30`` "seven thirty", ``$3.50`` "three dollars fifty", ``1,250`` "one
+thousand two hundred and fifty"; nothing here rewrites them.
+
+pysbd only segments a complete text. ``SentenceSplitter`` makes it incremental: it re-segments
+the text not yet emitted each time a delta arrives and emits every sentence but the last (the last
+may still grow: "It is 3." can become "It is 3.5 degrees."). A run without any boundary is cut at
+the last clause mark or space once it passes ``max_sentence_chars``, so a text without punctuation
+still streams and the re-segmenting stays bounded.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from typing import Any
+
+# Markdown that LLM answers carry and a voice should not read aloud ("asterisk", "hash").
+_MARKUP = re.compile(r"(\*{1,3}|_{2,3}|`{1,3}|^#{1,6}\s+|^\s*[-*+]\s+)", re.MULTILINE)
+_SPACES = re.compile(r"\s+")
+_SOFT_BREAK = re.compile(r"[,;:\u2013\u2014)](?=\s)")
+
+DEFAULT_MAX_SENTENCE_CHARS = 400
+
+
+@functools.cache
+def _segmenter() -> Any:
+    import pysbd
+
+    return pysbd.Segmenter(language="en", clean=False)
+
+
+def clean_text(text: str) -> str:
+    """Text as it should be spoken: control characters and markdown markers out, spaces collapsed.
+
+    Newlines become spaces (WAS strips them for the same reason: they broke WIS's TTS).
+    """
+    text = _MARKUP.sub("", text)  # before newlines go: headings and bullets start a line
+    text = "".join(" " if unicodedata.category(ch) in ("Cc", "Zl", "Zp") else ch for ch in text)
+    return _SPACES.sub(" ", text).strip()
+
+
+def _segment(text: str) -> list[str]:
+    """pysbd's segments, each with its trailing whitespace (they concatenate to ``text``)."""
+    if not text.strip():
+        return []
+    parts: list[str] = _segmenter().segment(text)
+    return parts
+
+
+def _cut_long(text: str, max_chars: int) -> tuple[str, str]:
+    """Split a too-long run at the last clause mark (else space) before ``max_chars``."""
+    window = text[:max_chars]
+    cut = -1
+    for match in _SOFT_BREAK.finditer(window):
+        cut = match.end()
+    if cut <= max_chars // 4:
+        space = window.rfind(" ")
+        cut = space if space > max_chars // 4 else max_chars
+    return text[:cut], text[cut:]
+
+
+def split_sentences(text: str, *, max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS) -> list[str]:
+    """A whole text → its sentences, cleaned, none longer than ``max_sentence_chars``."""
+    splitter = SentenceSplitter(max_sentence_chars=max_sentence_chars)
+    return [*splitter.push(text), *splitter.flush()]
+
+
+class SentenceSplitter:
+    """Text deltas in (LLM tokens, Wyoming ``synthesize-chunk``), complete sentences out.
+
+    ``push`` returns the sentences a delta completed; ``flush`` (at the end of the text) returns
+    what is left. Sentences come back cleaned (``clean_text``) and never empty.
+    """
+
+    def __init__(self, *, max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS) -> None:
+        self.max_sentence_chars = max(20, max_sentence_chars)
+        self._pending = ""
+
+    @property
+    def pending(self) -> str:
+        """Text received but not yet part of an emitted sentence."""
+        return self._pending
+
+    def push(self, delta: str) -> list[str]:
+        if not delta:
+            return []
+        self._pending += delta
+        out: list[str] = []
+        segments = _segment(self._pending)
+        if len(segments) > 1:
+            complete = "".join(segments[:-1])
+            out += self._emit(segments[:-1])
+            self._pending = self._pending[len(complete) :] if self._pending.startswith(complete) else segments[-1]
+        while len(self._pending) > self.max_sentence_chars:
+            head, self._pending = _cut_long(self._pending, self.max_sentence_chars)
+            out += self._emit([head])
+        return out
+
+    def flush(self) -> list[str]:
+        rest, self._pending = self._pending, ""
+        out: list[str] = []
+        while len(rest) > self.max_sentence_chars:
+            head, rest = _cut_long(rest, self.max_sentence_chars)
+            out += self._emit([head])
+        return out + self._emit(_segment(rest))
+
+    def _emit(self, segments: list[str]) -> list[str]:
+        out: list[str] = []
+        for segment in segments:
+            sentence = clean_text(segment)
+            if any(ch.isalnum() for ch in sentence):
+                out.append(sentence)
+            elif sentence and out:  # lone punctuation ("...", "?!") belongs to the sentence before
+                out[-1] += sentence
+        return out

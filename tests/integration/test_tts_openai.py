@@ -1,0 +1,158 @@
+"""POST /v1/audio/speech driven by the official ``openai`` SDK, unchanged but for ``base_url``."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+from typing import Any
+
+import av
+import numpy as np
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from mediaserver.asr.service import AsrService
+from mediaserver.audio.decode import resample_mono
+from mediaserver.events import TranscriptionOptions
+from tests.conftest import SENTENCES, LiveServer
+
+ANSWER = "Sure. The living room lights are now off. Good night, and sleep well."
+
+
+def client_for(server: LiveServer) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def decode(body: bytes, response_format: str) -> tuple[np.ndarray, int]:
+    """(float32 mono samples, rate) of a response body."""
+    if response_format == "pcm":
+        return np.frombuffer(body, "<i2").astype(np.float32) / 32768.0, 24000
+    with av.open(io.BytesIO(body), mode="r") as container:
+        stream = container.streams.audio[0]
+        to_float = av.AudioResampler(format="flt", layout="mono", rate=stream.sample_rate)
+        frames = [out.to_ndarray().reshape(-1) for f in container.decode(stream) for out in to_float.resample(f)]
+        return np.concatenate(frames).astype(np.float32), stream.sample_rate
+
+
+async def heard(asr: AsrService, samples: np.ndarray, rate: int) -> str:
+    transcript = await asr.transcribe(resample_mono(samples, rate), TranscriptionOptions(language="en"), model="base")
+    return transcript.text
+
+
+@pytest.mark.parametrize("response_format", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+async def test_every_response_format(
+    server: LiveServer, asr_service: AsrService, wer: Any, response_format: str
+) -> None:
+    client = client_for(server)
+    response = await client.audio.speech.create(
+        model="tts-1",
+        voice="alloy",
+        input=SENTENCES["music"],
+        response_format=response_format,  # type: ignore[arg-type]
+    )
+    samples, rate = decode(response.content, response_format)
+    assert rate in (24000, 48000)  # OpenAI's 24 kHz (Opus decodes at 48 kHz)
+    assert 1.5 < samples.size / rate < 8.0
+    assert wer(SENTENCES["music"], await heard(asr_service, samples, rate)) <= 0.2
+
+
+async def test_streaming_response_arrives_in_pieces(server: LiveServer, asr_service: AsrService, wer: Any) -> None:
+    client = client_for(server)
+    pieces: list[bytes] = []
+    arrival: list[float] = []
+    async with client.audio.speech.with_streaming_response.create(
+        model="gpt-4o-mini-tts", voice="nova", input=ANSWER, response_format="pcm", instructions="Speak calmly."
+    ) as response:
+        assert response.headers["content-type"] == "audio/pcm"
+        async for piece in response.iter_bytes():
+            pieces.append(piece)
+            arrival.append(time.perf_counter())
+    assert len(pieces) >= 3  # one or more per sentence, as they were made
+    samples, rate = decode(b"".join(pieces), "pcm")
+    assert wer(ANSWER, await heard(asr_service, samples, rate)) <= 0.2
+
+
+async def test_sse_stream_format(server: LiveServer) -> None:
+    client = client_for(server)
+    async with client.audio.speech.with_streaming_response.create(
+        model="gpt-4o-mini-tts", voice="coral", input=ANSWER, response_format="wav", stream_format="sse"
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        body = await response.read()
+    events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+    assert len(events) >= 4
+    done = events[-1]
+    assert done["type"] == "speech.audio.done" and done["usage"]["input_tokens"] == len(ANSWER)
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    samples, rate = decode(audio, "wav")
+    assert rate == 24000 and samples.size / rate > 3.0
+
+
+async def test_voice_object_our_voice_names_and_model_names(server: LiveServer) -> None:
+    client = client_for(server)
+    for model, voice in (("tts-1-hd", {"id": "en_US-joe-medium"}), ("piper", "en_US-joe-medium"), ("tts-1", "echo")):
+        response = await client.audio.speech.create(
+            model=model,
+            voice=voice,  # type: ignore[arg-type]
+            input="Okay.",
+            response_format="wav",
+            speed=1.5,
+        )
+        assert response.content[:4] == b"RIFF"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "param", "phrase"),
+    [
+        ({"input": ""}, 400, "input", "empty"),
+        ({"input": " \n "}, 400, "input", "empty"),
+        ({"input": "x" * 4097}, 413, "input", "tts_max_input_chars"),
+        ({"voice": "no-such-voice"}, 400, "voice", "voices: en_US-joe-medium"),
+        ({"response_format": "ogg-vorbis"}, 400, "response_format", "mp3, opus, aac, flac, wav, pcm"),
+        ({"speed": 4.5}, 400, "speed", "between 0.25 and 4.0"),
+        ({"speed": 0.1}, 400, "speed", "between 0.25 and 4.0"),
+        ({"model": "tts-2000"}, 400, "model", "tts-1, tts-1-hd"),
+        ({"stream_format": "chunks"}, 400, "stream_format", "'audio' or 'sse'"),
+    ],
+)
+async def test_bad_input_is_an_openai_error(
+    server: LiveServer, kwargs: dict[str, Any], status: int, param: str, phrase: str
+) -> None:
+    client = client_for(server)
+    request: dict[str, Any] = {"model": "tts-1", "voice": "alloy", "input": "Hello.", **kwargs}
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client.audio.speech.create(**request)
+    error = caught.value
+    assert error.status_code == status
+    body = error.body
+    assert isinstance(body, dict), body
+    assert body["param"] == param and phrase in body["message"], body
+    if status == 400:
+        assert isinstance(error, openai.BadRequestError)
+
+
+async def test_missing_fields_and_a_body_that_is_not_json(server: LiveServer) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{server.url}/v1/audio/speech", json={"model": "tts-1", "voice": "alloy"}) as resp:
+            assert resp.status == 400
+            error = (await resp.json())["error"]
+            assert error["param"] == "input" and "missing" in error["message"]
+            assert error["type"] == "invalid_request_error"
+        async with session.post(f"{server.url}/v1/audio/speech", data=b"\xff not json") as resp:
+            assert resp.status == 400
+            assert "JSON object" in (await resp.json())["error"]["message"]
+
+
+async def test_tts_switched_off(server_factory: Any) -> None:
+    off: LiveServer = await server_factory(tts_enabled=False, wyoming_enabled=False)
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client_for(off).audio.speech.create(model="tts-1", voice="alloy", input="Hello.")
+    assert caught.value.status_code == 503
+    assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "feature_disabled"
+    assert "tts_enabled=false" in caught.value.body["message"]

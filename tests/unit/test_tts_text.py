@@ -1,0 +1,103 @@
+"""Sentence splitting for speech: whole texts and streams of deltas give the same sentences, and
+numbers, times and abbreviations never end a sentence."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from mediaserver.tts.text import SentenceSplitter, clean_text, split_sentences
+
+TEXT = (
+    "We visit cities, e.g. Paris and Rome. Meet me at 7:30 p.m. tomorrow! It costs 3.5 dollars. "
+    "Dr. Smith lives in the U.S. and works at night. Is the value 1,250.75 or not? Yes."
+)
+SENTENCES = [
+    "We visit cities, e.g. Paris and Rome.",
+    "Meet me at 7:30 p.m. tomorrow!",
+    "It costs 3.5 dollars.",
+    "Dr. Smith lives in the U.S. and works at night.",
+    "Is the value 1,250.75 or not?",
+    "Yes.",
+]
+
+
+def stream(splitter: SentenceSplitter, deltas: list[str]) -> tuple[list[str], list[int]]:
+    """Feed deltas; return the sentences and after which delta each one came out."""
+    out: list[str] = []
+    when: list[int] = []
+    for i, delta in enumerate(deltas):
+        for sentence in splitter.push(delta):
+            out.append(sentence)
+            when.append(i)
+    for sentence in splitter.flush():
+        out.append(sentence)
+        when.append(len(deltas))
+    return out, when
+
+
+def test_whole_text() -> None:
+    assert split_sentences(TEXT) == SENTENCES
+
+
+@pytest.mark.parametrize("how", ["characters", "words", "llm-like tokens"])
+def test_deltas_give_the_same_sentences(how: str) -> None:
+    if how == "characters":
+        deltas = list(TEXT)
+    elif how == "words":
+        deltas = re.findall(r"\S+\s*", TEXT)
+    else:  # tokens that cut numbers and abbreviations in odd places
+        deltas = re.findall(r".{1,3}", TEXT, flags=re.DOTALL)
+    sentences, _ = stream(SentenceSplitter(), deltas)
+    assert sentences == SENTENCES
+
+
+def test_a_sentence_comes_out_as_soon_as_the_next_one_starts() -> None:
+    deltas = ["Hello there", ". ", "How", " are you", "? ", "Fine."]
+    sentences, when = stream(SentenceSplitter(), deltas)
+    assert sentences == ["Hello there.", "How are you?", "Fine."]
+    # "Hello there." is out when "How" arrives, long before the end of the text.
+    assert when[0] == 2
+    assert when[1] == 5
+
+
+@pytest.mark.parametrize(
+    ("deltas", "expected"),
+    [
+        (["It is 3", ".", "5 degrees. Wear a coat."], ["It is 3.5 degrees.", "Wear a coat."]),
+        (["Call me at 7", ":", "30 tonight. Bye."], ["Call me at 7:30 tonight.", "Bye."]),
+        (["See Dr", ". ", "Who today. Then rest."], ["See Dr. Who today.", "Then rest."]),
+        (["Use e.", "g. salt and pepper. Stir."], ["Use e.g. salt and pepper.", "Stir."]),
+        (["Born in the U.", "S. Army base. Moved later."], ["Born in the U.S. Army base.", "Moved later."]),
+    ],
+)
+def test_numbers_times_and_abbreviations_never_split(deltas: list[str], expected: list[str]) -> None:
+    sentences, _ = stream(SentenceSplitter(), deltas)
+    assert sentences == expected
+
+
+def test_a_long_run_without_a_stop_is_cut_at_a_clause_mark() -> None:
+    text = ", ".join(f"item number {i}" for i in range(60)) + "."
+    splitter = SentenceSplitter(max_sentence_chars=100)
+    sentences, when = stream(splitter, re.findall(r"\S+\s*", text))
+    assert len(sentences) > 5
+    assert all(len(s) <= 100 for s in sentences)
+    assert all(s.endswith(",") for s in sentences[:-1])  # cut after a comma, not inside a word
+    assert " ".join(sentences) == text
+    assert when[0] < len(text.split()) // 2  # the first piece streams before the text ends
+    assert len(splitter.pending) == 0
+
+
+def test_markdown_and_control_characters_are_not_read_aloud() -> None:
+    assert clean_text("**Bold** and `code`\n\n# Title\n- item\x00") == "Bold and code Title item"
+    assert split_sentences("* First point.\n* Second point.") == ["First point.", "Second point."]
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t", "...", "?!"])
+def test_nothing_to_say(text: str) -> None:
+    assert split_sentences(text) == []
+
+
+def test_lone_punctuation_joins_the_sentence_before() -> None:
+    assert split_sentences("Really... ?! Yes.") == ["Really... ?!", "Yes."]

@@ -7,6 +7,7 @@ from aiohttp import web
 from mediaserver.asr.service import AsrService
 from mediaserver.capabilities import Capabilities
 from mediaserver.config import Settings
+from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics
 from mediaserver.session import SessionRegistry
 
@@ -15,3 +16,4 @@ METRICS = web.AppKey("metrics", Metrics)
 ASR = web.AppKey("asr", AsrService)
 SESSIONS = web.AppKey("sessions", SessionRegistry)
 CAPABILITIES = web.AppKey("capabilities", Capabilities)
+LLM = web.AppKey("llm", LlmService)

@@ -17,14 +17,16 @@ from mediaserver import openapi
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.scheduler import DeadlineExceeded
 from mediaserver.asr.service import AsrService
-from mediaserver.capabilities import FeatureRequest, decide
+from mediaserver.capabilities import Feature, FeatureRequest, decide
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice, choose_device
 from mediaserver.errors import ApiError, Unauthorized, VoiceNotAuthorized
+from mediaserver.llm.registry import LlmRegistry
+from mediaserver.llm.service import LlmService
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
 from mediaserver.session import SessionRegistry
-from mediaserver.state import ASR, CAPABILITIES, METRICS, SESSIONS, SETTINGS
-from mediaserver.transport import openai_rest, realtime, rtc, willow, ws
+from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS
+from mediaserver.transport import openai_chat, openai_rest, realtime, rtc, willow, wis_chatbot, ws
 from mediaserver.transport.wyoming import wyoming_ctx
 
 log = logging.getLogger(__name__)
@@ -173,16 +175,20 @@ async def index_handler(request: web.Request) -> web.Response:
 
 def feature_requests(settings: Settings) -> list[FeatureRequest]:
     """What each feature needs; TTS and the LLM add theirs here as they land."""
-    return [FeatureRequest("asr", None, settings.vram_asr_mb, required=True)]
+    return [
+        FeatureRequest("asr", None, settings.vram_asr_mb, required=True),
+        FeatureRequest("llm", LlmRegistry(settings).unavailable_reason(), settings.vram_llm_mb),
+    ]
 
 
 def create_app(
     settings: Settings | None = None,
     *,
     asr_service: AsrService | None = None,
+    llm_service: LlmService | None = None,
     device: DeviceChoice | None = None,
 ) -> web.Application:
-    """Build the app. Pass ``asr_service`` to share loaded models between apps (tests do)."""
+    """Build the app. Pass ``asr_service`` / ``llm_service`` to share loaded models between apps (tests do)."""
     settings = settings or Settings()
     middlewares: list[Middleware] = [metrics_middleware, error_middleware]
     if settings.api_keys or settings.basic_auth_user is not None:
@@ -223,7 +229,32 @@ def create_app(
         finally:  # before the ASR service goes: sessions may still be waiting on it
             await registry.aclose()
 
+    async def llm_ctx(app: web.Application) -> AsyncIterator[None]:
+        capabilities = app[CAPABILITIES]
+        if not capabilities.enabled("llm"):
+            yield
+            return
+        if llm_service is not None:
+            app[LLM] = llm_service
+            yield
+            return
+        service = LlmService(settings, metrics, app[ASR].device)
+        app[LLM] = service
+        try:
+            try:
+                await service.start()
+            except ApiError as exc:  # a model that does not load turns the LLM off, with the reason
+                log.error("LLM disabled: %s", exc.message)
+                capabilities.set(Feature("llm", False, exc.message))
+            if service.registry.default_name is None:
+                reason = "no model resolves: the upstream listed no models; set llm_upstream_models or llm_model"
+                capabilities.set(Feature("llm", False, reason))
+            yield
+        finally:
+            await service.aclose()
+
     app.cleanup_ctx.append(asr_ctx)
+    app.cleanup_ctx.append(llm_ctx)
     app.cleanup_ctx.append(sessions_ctx)
     app.cleanup_ctx.append(wyoming_ctx)
     willow.add_routes(app)
@@ -231,6 +262,8 @@ def create_app(
     rtc.add_routes(app)
     ws.add_routes(app)
     realtime.add_routes(app)
+    openai_chat.add_routes(app)
+    wis_chatbot.add_routes(app)
     app.router.add_get("/", index_handler)
     app.router.add_get("/health", health_handler)
     app.router.add_get("/metrics", metrics_handler)

@@ -101,6 +101,8 @@ _OPENAI_FIELDS = {
 
 
 def spec() -> dict[str, Any]:
+    from mediaserver.openapi_llm import llm_paths
+
     return {
         "openapi": "3.1.0",
         "info": {
@@ -196,6 +198,7 @@ def spec() -> dict[str, Any]:
             },
             "/health": {"get": {"summary": "health and loaded models", "responses": {"200": {"description": "ok"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "metrics"}}}},
+            **llm_paths(),
         },
     }
 

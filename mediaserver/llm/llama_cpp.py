@@ -204,7 +204,14 @@ class LlamaCppChat:
         self.active = True
         completion = 0
         try:
-            llama.set_seed(request.seed if request.seed is not None else random.randrange(2**31))
+            if request.seed is not None:
+                # Reproducible means evaluated from scratch: a prompt partly served from the KV cache
+                # gets logits that differ in the last bits (another batch shape), enough to change
+                # a sampled token. Unseeded requests keep the prefix reuse.
+                llama.reset()
+                llama.set_seed(request.seed)
+            else:
+                llama.set_seed(random.randrange(2**31))
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             scanner = _StopScanner(stops)
             max_new = max(0, min(request.max_tokens, self.context_tokens - len(prompt)))

@@ -122,11 +122,16 @@ async def test_stop_strings_split_across_tokens(llm_service: LlmService) -> None
     assert (await llm_service.complete(COLORS, params)).text == "1. Red\n"
 
 
-async def test_seeded_sampling_repeats(llm_service: LlmService) -> None:
+async def test_seeded_sampling_repeats_whatever_ran_before(llm_service: LlmService) -> None:
     params = GenerationParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=25)
     first = await llm_service.complete(STORY, params)
+    # The same prompt again (now cached in llama.cpp's KV), and after another prompt.
     second = await llm_service.complete(STORY, params)
-    assert first.text == second.text
+    await llm_service.complete(COLORS, GenerationParams(max_tokens=5))
+    third = await llm_service.complete(STORY, params)
+    assert first.text == second.text == third.text
+    other_seed = await llm_service.complete(STORY, GenerationParams(temperature=0.9, seed=99, max_tokens=25))
+    assert other_seed.text != first.text
 
 
 async def test_limits_are_errors_before_any_work(llm_service: LlmService) -> None:

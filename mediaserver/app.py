@@ -247,7 +247,7 @@ def create_app(
                 log.error("LLM disabled: %s", exc.message)
                 capabilities.set(Feature("llm", False, exc.message))
             if service.registry.default_name is None:
-                reason = "no model resolves: the upstream listed no models; set llm_upstream_models or llm_model"
+                reason = f"no model resolves: {service.start_problem or 'set llm_model'}"
                 capabilities.set(Feature("llm", False, reason))
             yield
         finally:

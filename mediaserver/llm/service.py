@@ -249,6 +249,8 @@ class LlmService:
         self._batchers: dict[str, EmbeddingBatcher] = {}
         self._embedders: dict[str, LlamaCppEmbedder] = {}
         self._closed = False
+        # Why start() could not make the LLM usable (the app turns the feature off with it).
+        self.start_problem: str | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -263,8 +265,13 @@ class LlmService:
                     for name in await upstream.list_models():
                         self.registry.add_upstream_model(name)
                 except ApiError as exc:
-                    log.warning("could not list the upstream's models (%s); set llm_upstream_models", exc.message)
+                    self.start_problem = (
+                        f"the upstream's models could not be listed ({exc.message}); set llm_upstream_models"
+                    )
+                    log.warning("%s", self.start_problem)
                 self.registry.refresh_default()
+                if self.registry.default_name is None and self.start_problem is None:
+                    self.start_problem = "the upstream lists no models; set llm_upstream_models or llm_model"
         default = self.registry.default_name
         if self.settings.llm_preload and default and self.registry.location_problem(default) is None:
             await self.backend(self.registry.source(default))
@@ -312,7 +319,12 @@ class LlmService:
                     raise ModelUnavailable(problem)
                 log.info("loading LLM %s from %s", source.name, source.location)
                 started = time.monotonic()
-                loaded = await asyncio.to_thread(LlamaCppChat.load, source, self.settings, self.device)
+                try:
+                    loaded = await asyncio.to_thread(LlamaCppChat.load, source, self.settings, self.device)
+                except ApiError:
+                    raise
+                except Exception as exc:  # a GGUF llama.cpp loads but we cannot use (no chat template ...)
+                    raise ModelUnavailable(f"LLM {source.name!r} cannot be used: {exc}") from exc
                 log.info("LLM %s loaded in %.1f s", source.name, time.monotonic() - started)
                 self._backends[source.name] = loaded
             return loaded

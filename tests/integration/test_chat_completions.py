@@ -266,3 +266,27 @@ async def test_metrics_count_llm_tokens(client: openai.AsyncOpenAI, server: Any)
         "mediaserver_llm_tokens_per_second_count",
     ):
         assert name in text, name
+
+
+async def test_an_error_after_the_stream_started_is_an_error_event(
+    server_factory: Any, base_settings: Any, asr_service: Any
+) -> None:
+    """The deadline passes mid-answer: the SSE stream ends with an OpenAI error, which the SDK raises."""
+    settings = base_settings.model_copy(update={"llm_request_timeout_s": 5.0})
+    service = LlmService(settings, asr_service.metrics)
+    await service.start()
+    try:
+        live = await server_factory(llm=service)
+        async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as sdk:
+            stream = await sdk.chat.completions.create(
+                model="gpt-4o-mini", messages=STORY, temperature=0, max_tokens=1000, stream=True
+            )
+            received = []
+            with pytest.raises(openai.APIError) as caught:
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        received.append(chunk.choices[0].delta.content)
+    finally:
+        await service.aclose()
+    assert received  # the answer had started
+    assert "llm_request_timeout_s" in caught.value.message

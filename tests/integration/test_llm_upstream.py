@@ -258,3 +258,29 @@ async def test_hanging_upstream_is_504_within_the_timeout(server_factory: Any, b
     assert "sent nothing for 1.5 s" in caught.value.message
     assert accepted, "the upstream was never contacted"
     assert 1.5 <= elapsed < 10  # one timeout, no retries of it
+
+
+async def test_upstream_down_at_start_turns_the_llm_off_with_the_reason(
+    base_settings: Settings, asr_service: Any
+) -> None:
+    """Without llm_upstream_models the app asks the upstream at start-up; down, the LLM is off (503)."""
+    from mediaserver.app import create_app
+
+    down_url = f"http://127.0.0.1:{_free_port()}/v1"
+    settings = base_settings.model_copy(update={"llm_upstream_url": down_url, "llm_upstream_retries": 0})
+    runner = web.AppRunner(create_app(settings, asr_service=asr_service))  # its own LLM service
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{url}/health") as resp:
+                feature = (await resp.json())["features"]["llm"]
+            async with session.post(f"{url}/v1/chat/completions", json={"model": "x", "messages": COLORS}) as resp:
+                status, answer = resp.status, await resp.json()
+    finally:
+        await runner.cleanup()
+    assert feature["enabled"] is False
+    assert down_url in feature["reason"] and "llm_upstream_models" in feature["reason"]
+    assert status == 503 and down_url in answer["error"]["message"]

@@ -1,6 +1,20 @@
 # GPU image (default): CUDA 12 + cuDNN 9, which CTranslate2 4.5+ wheels link against.
 # CPU-only image:  docker build --build-arg BASE_IMAGE=ubuntu:24.04 -t mediaserver:cpu .
 ARG BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
+
+# llama-cpp-python ships only as source: its wheel is built in a throwaway stage that has a compiler
+# (CPU build, portable flags; see tools/build_llama_cpp.py).
+FROM ${BASE_IMAGE} AS llama-wheel
+ARG LLAMA_CPP_CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates build-essential cmake ninja-build \
+ && python3 -m venv /opt/build
+COPY requirements.lock tools/build_llama_cpp.py /src/
+RUN mkdir -p /wheels \
+ && LLAMA_CPP_CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" /opt/build/bin/python /src/build_llama_cpp.py \
+      --lock /src/requirements.lock --wheelhouse /wheelhouse > /wheelhouse.path \
+ && cp "$(cat /wheelhouse.path)"/*.whl /wheels/
+
 FROM ${BASE_IMAGE}
 
 ENV DEBIAN_FRONTEND=noninteractive \
@@ -15,7 +29,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     HF_HOME=/data/huggingface
 
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+ && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates libgomp1 \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/venv
 
@@ -24,7 +38,9 @@ COPY pyproject.toml requirements.lock README.md ./
 COPY mediaserver ./mediaserver
 COPY static ./static
 COPY tools ./tools
-RUN pip install --upgrade pip && pip install -c requirements.lock .
+COPY --from=llama-wheel /wheels /wheels
+RUN pip install --upgrade pip \
+ && pip install -c requirements.lock --only-binary llama-cpp-python --find-links /wheels .
 
 # 19000 HTTPS (when /data/certs has cert.pem and key.pem: python tools/gen_cert.py --dir /data/certs),
 # 19001 HTTP. WebRTC media will need a UDP range too (see README).

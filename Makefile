@@ -4,6 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 LOCK := requirements.lock
+# llama-cpp-python has no wheels on PyPI: tools/build_llama_cpp.py builds one per machine (portable
+# CPU flags, progress shown) into this wheelhouse, which later venvs reuse.
+WHEELHOUSE ?= $(HOME)/.cache/mediaserver/wheels
+LLAMA_WHEEL = --only-binary llama-cpp-python --find-links "$$(cat $(VENV)/.llama-wheelhouse)"
 
 .PHONY: run setup setup-dev test lint bench clean
 
@@ -17,11 +21,12 @@ setup-dev: $(VENV)/.installed-dev
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c $(LOCK) -e .
+	$(PY) tools/build_llama_cpp.py --lock $(LOCK) --wheelhouse $(WHEELHOUSE) > $(VENV)/.llama-wheelhouse
+	$(PIP) install --quiet -c $(LOCK) -e . $(LLAMA_WHEEL)
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) install --quiet -c $(LOCK) -e ".[dev]"
+	$(PIP) install --quiet -c $(LOCK) -e ".[dev]" $(LLAMA_WHEEL)
 	touch $@
 
 test: setup-dev

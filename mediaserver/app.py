@@ -20,10 +20,22 @@ from mediaserver.capabilities import Feature, FeatureRequest, decide
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice, choose_device
 from mediaserver.errors import ApiError, Unauthorized, VoiceNotAuthorized
+from mediaserver.llm.registry import LlmRegistry
+from mediaserver.llm.service import LlmService
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
 from mediaserver.session import SessionRegistry
-from mediaserver.state import ASR, CAPABILITIES, METRICS, SESSIONS, SETTINGS, TTS
-from mediaserver.transport import openai_rest, openai_speech, realtime, rtc, willow, wis_tts, ws
+from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, TTS
+from mediaserver.transport import (
+    openai_chat,
+    openai_rest,
+    openai_speech,
+    realtime,
+    rtc,
+    willow,
+    wis_chatbot,
+    wis_tts,
+    ws,
+)
 from mediaserver.transport.wyoming import wyoming_ctx
 from mediaserver.tts.service import TtsService
 from mediaserver.tts.voices import tts_unavailable
@@ -178,6 +190,7 @@ def feature_requests(settings: Settings) -> list[FeatureRequest]:
     return [
         FeatureRequest("asr", None, settings.vram_asr_mb, required=True),
         FeatureRequest("tts", tts_unavailable(settings), settings.vram_tts_mb),
+        FeatureRequest("llm", LlmRegistry(settings).unavailable_reason(), settings.vram_llm_mb),
     ]
 
 
@@ -186,10 +199,11 @@ def create_app(
     *,
     asr_service: AsrService | None = None,
     tts_service: TtsService | None = None,
+    llm_service: LlmService | None = None,
     device: DeviceChoice | None = None,
 ) -> web.Application:
-    """Build the app. Pass ``asr_service`` / ``tts_service`` to share loaded models and voices
-    between apps (tests do)."""
+    """Build the app. Pass ``asr_service`` / ``tts_service`` / ``llm_service`` to share loaded models
+    and voices between apps (tests do)."""
     settings = settings or Settings()
     middlewares: list[Middleware] = [metrics_middleware, error_middleware]
     if settings.api_keys or settings.basic_auth_user is not None:
@@ -257,9 +271,35 @@ def create_app(
         finally:
             await service.aclose()
 
+    async def llm_ctx(app: web.Application) -> AsyncIterator[None]:
+        capabilities = app[CAPABILITIES]
+        if not capabilities.enabled("llm"):
+            yield
+            return
+        if llm_service is not None:
+            app[LLM] = llm_service
+            yield
+            return
+        service = LlmService(settings, metrics, app[ASR].device)
+        app[LLM] = service
+        try:
+            try:
+                await service.start()
+            except ApiError as exc:  # a model that does not load turns the LLM off, with the reason
+                log.error("LLM disabled: %s", exc.message)
+                capabilities.set(Feature("llm", False, exc.message))
+            if service.sources.default_name is None:
+                reason = f"no model resolves: {service.start_problem or 'set llm_model'}"
+                capabilities.set(Feature("llm", False, reason))
+            yield
+        finally:
+            await service.aclose()
+
+    # Cleanup runs in reverse: sessions (and their assistants) close before the services they use.
     app.cleanup_ctx.append(asr_ctx)
-    app.cleanup_ctx.append(sessions_ctx)
     app.cleanup_ctx.append(tts_ctx)
+    app.cleanup_ctx.append(llm_ctx)
+    app.cleanup_ctx.append(sessions_ctx)
     app.cleanup_ctx.append(wyoming_ctx)
     willow.add_routes(app)
     openai_rest.add_routes(app)
@@ -268,6 +308,8 @@ def create_app(
     realtime.add_routes(app)
     wis_tts.add_routes(app)
     openai_speech.add_routes(app)
+    openai_chat.add_routes(app)
+    wis_chatbot.add_routes(app)
     app.router.add_get("/", index_handler)
     app.router.add_get("/health", health_handler)
     app.router.add_get("/metrics", metrics_handler)

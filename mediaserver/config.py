@@ -37,6 +37,16 @@ PIPER_VOICE_URL = (
 )
 
 
+# OpenAI chat and embedding model names map to the default LLM / embedding model.
+DEFAULT_LLM_ALIASES: dict[str, str] = {
+    name: "@default"
+    for name in ("gpt-4o-mini", "gpt-4o", "gpt-4.1-mini", "gpt-4.1", "gpt-3.5-turbo", "gpt-4", "gpt-5-mini", "gpt-5")
+}
+DEFAULT_EMBEDDING_ALIASES: dict[str, str] = {
+    name: "@embedding" for name in ("text-embedding-3-small", "text-embedding-3-large", "text-embedding-ada-002")
+}
+
+
 class Settings(BaseSettings):
     """All configuration; see README "Configuration" for the environment variable names."""
 
@@ -168,6 +178,54 @@ class Settings(BaseSettings):
     tts_cache_max_bytes: int = Field(64 * 1024 * 1024, ge=0, description="0 turns the response cache off")
     tts_cache_max_entry_bytes: int = Field(8 * 1024 * 1024, ge=0)
     tts_wis_default_format: Literal["WAV", "FLAC", "OGG", "MP3"] = "WAV"
+    # --- LLM: chat completions, embeddings, WIS chatbot (mediaserver/llm) ----------------------
+    llm_enabled: bool = True
+    llm_model: str = Field(
+        "",
+        description="default chat model: a name, a .gguf path or a Hugging Face 'owner/repo:file.gguf' id; "
+        "empty = the upstream's model when llm_upstream_url is set, else the bundled SmolLM2",
+    )
+    llm_extra_models: dict[str, str] = Field(
+        default_factory=dict, description="name -> .gguf path or Hugging Face 'owner/repo:file.gguf' id"
+    )
+    llm_model_aliases: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_LLM_ALIASES))
+    llm_preload: bool = Field(True, description="load the default chat model at start-up, not on first use")
+    llm_context_tokens: int = Field(4096, ge=128, description="llama.cpp context window (prompt + answer)")
+    llm_max_prompt_tokens: int = Field(3584, ge=16, description="longer prompts get a 400")
+    llm_max_completion_tokens: int = Field(1024, ge=1, description="cap on max_tokens; also the default")
+    llm_max_queue: int = Field(16, ge=1, description="generations waiting per model; more get a 503")
+    llm_request_timeout_s: float = Field(120.0, gt=0, description="queue wait + generation; 504 past it")
+    llm_max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="JSON bodies of the LLM APIs")
+    llm_threads: int = Field(0, ge=0, description="llama.cpp threads; 0 = half the cores (the rest for ASR)")
+    llm_batch_tokens: int = Field(512, ge=16, description="llama.cpp prompt batch (n_batch)")
+    llm_gpu_layers: int = Field(-1, ge=-1, description="layers offloaded on CUDA builds; -1 = all")
+    llm_default_temperature: float = Field(0.7, ge=0, le=2)
+    llm_default_top_p: float = Field(0.95, gt=0, le=1)
+    llm_system_prompt: str = Field(
+        "You are a helpful voice assistant. Answer briefly and clearly.",
+        description="system message of the WIS chatbot endpoints (OpenAI clients send their own)",
+    )
+    llm_upstream_url: str | None = Field(None, description="an OpenAI-compatible base URL, e.g. http://vllm:8000/v1")
+    llm_upstream_api_key: str | None = None
+    llm_upstream_models: list[str] = Field(
+        default_factory=list, description="models to offer from the upstream; empty = what it lists at start-up"
+    )
+    llm_upstream_connect_timeout_s: float = Field(5.0, gt=0)
+    llm_upstream_timeout_s: float = Field(60.0, gt=0, description="silence from the upstream before a 504")
+    llm_upstream_retries: int = Field(2, ge=0, description="retries after a connect error (never after a timeout)")
+    llm_upstream_max_concurrency: int = Field(8, ge=1, description="generations in flight to the upstream")
+    llm_embedding_model: str = Field(
+        "", description="a name, .gguf path or hub id; empty = the default chat model if a GGUF, else the bundled one"
+    )
+    llm_embedding_aliases: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_EMBEDDING_ALIASES))
+    llm_embedding_pooling: Literal["auto", "mean", "cls", "last"] = Field(
+        "auto", description="auto = the model's own pooling, mean for chat models that have none"
+    )
+    llm_embedding_batch_window_ms: float = Field(5.0, ge=0, description="collect concurrent inputs this long")
+    llm_embedding_max_batch: int = Field(32, ge=1, description="inputs per llama.cpp embedding call")
+    llm_embedding_max_inputs: int = Field(256, ge=1, description="inputs per request")
+    llm_embedding_max_input_tokens: int = Field(512, ge=8, description="longer inputs get a 400")
+    llm_embedding_cache_entries: int = Field(4096, ge=0, description="LRU cache of embeddings; 0 = off")
 
     # --- misc ----------------------------------------------------------------------------------
     save_audio_dir: Path = Path("audio")

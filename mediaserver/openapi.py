@@ -216,6 +216,8 @@ def _tts_paths() -> dict[str, Any]:
 
 
 def spec() -> dict[str, Any]:
+    from mediaserver.openapi_llm import llm_paths
+
     return {
         "openapi": "3.1.0",
         "info": {
@@ -312,6 +314,7 @@ def spec() -> dict[str, Any]:
             **_tts_paths(),
             "/health": {"get": {"summary": "health and loaded models", "responses": {"200": {"description": "ok"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "metrics"}}}},
+            **llm_paths(),
         },
     }
 

@@ -7,6 +7,7 @@ from aiohttp import web
 from mediaserver.asr.service import AsrService
 from mediaserver.capabilities import Capabilities
 from mediaserver.config import Settings
+from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics
 from mediaserver.session import SessionRegistry
 from mediaserver.tts.service import TtsService
@@ -17,3 +18,4 @@ ASR = web.AppKey("asr", AsrService)
 SESSIONS = web.AppKey("sessions", SessionRegistry)
 CAPABILITIES = web.AppKey("capabilities", Capabilities)
 TTS = web.AppKey("tts", TtsService)
+LLM = web.AppKey("llm", LlmService)

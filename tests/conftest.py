@@ -28,6 +28,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.audio.decode import resample_mono
 from mediaserver.config import Settings
 from mediaserver.devices import choose_device
+from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics
 from mediaserver.transport.lenient_http import LenientAppRunner
 from mediaserver.tts.service import TtsService
@@ -226,6 +227,15 @@ async def tts_service(base_settings: Settings, asr_service: AsrService) -> Async
     await service.aclose()
 
 
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def llm_service(base_settings: Settings, asr_service: AsrService) -> AsyncIterator[LlmService]:
+    """The one LLM service of the test session: the bundled SmolLM2 GGUF, loaded once."""
+    service = LlmService(base_settings, asr_service.metrics)
+    await service.start()
+    yield service
+    await service.aclose()
+
+
 @dataclass
 class LiveServer:
     url: str
@@ -239,15 +249,18 @@ ServerFactory = Callable[..., "asyncio.Future[LiveServer]"]
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def server_factory(
-    base_settings: Settings, asr_service: AsrService, tts_service: TtsService
+    base_settings: Settings, asr_service: AsrService, tts_service: TtsService, llm_service: LlmService
 ) -> AsyncIterator[Callable[..., Any]]:
     """Start a real server on 127.0.0.1:<free port> with settings overrides, sharing the models
-    and voices (as ``python -m mediaserver`` runs it: the lenient request-line handler included)."""
+    and voices (as ``python -m mediaserver`` runs it: the lenient request-line handler included).
+
+    ``llm=`` gives the app another LLM service (an upstream one, say) instead of the shared one.
+    """
     runners: list[web.AppRunner] = []
 
-    async def start(**overrides: Any) -> LiveServer:
+    async def start(*, llm: LlmService | None = None, **overrides: Any) -> LiveServer:
         settings = base_settings.model_copy(update=overrides)
-        app = create_app(settings, asr_service=asr_service, tts_service=tts_service)
+        app = create_app(settings, asr_service=asr_service, tts_service=tts_service, llm_service=llm or llm_service)
         runner = LenientAppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -1,4 +1,4 @@
-"""OpenAI audio REST API: /v1/audio/transcriptions, /v1/audio/translations, /v1/models.
+"""OpenAI audio REST API: /v1/audio/transcriptions, /v1/audio/translations, /v1/models (every kind).
 
 Shapes follow the OpenAI spec (shared/reference/protocols.md) so the official SDKs work with only
 ``base_url`` changed. OpenAI model names (``whisper-1`` ...) map to the server's default model.
@@ -17,6 +17,7 @@ from mediaserver.errors import InvalidParameter
 from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, Task, Transcript, TranscriptionOptions
 from mediaserver.languages import language_name
 from mediaserver.state import ASR, METRICS, SETTINGS
+from mediaserver.transport import openai_chat
 from mediaserver.transport.common import parse_float, parse_language, read_multipart
 
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
@@ -161,7 +162,10 @@ async def models_handler(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "object": "list",
-            "data": [{"id": n, "object": "model", "created": 0, "owned_by": "mediaserver"} for n in names],
+            "data": [
+                {"id": n, "object": "model", "created": 0, "owned_by": "mediaserver", "kind": "asr"} for n in names
+            ]
+            + openai_chat.model_entries(request.app),
         }
     )
 

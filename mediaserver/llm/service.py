@@ -1,0 +1,428 @@
+"""The app-wide LLM service: models by name, a bounded queue per model, limits, metrics, cancellation.
+
+Created once per app (aiohttp cleanup_ctx) and shared by every transport and, next, the voice loop:
+
+    async with llm.stream(messages, GenerationParams(max_tokens=200)) as answer:
+        async for delta in answer:          # text deltas, in order
+            ...
+    answer.usage, answer.finish_reason      # once the loop has ended
+
+Breaking out of the loop, cancelling the consuming task, ``aclose()`` or dropping the stream stops
+the backend before its next token. The service keeps no conversation: the caller owns the history
+and sends it with every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Protocol
+
+from mediaserver.config import Settings
+from mediaserver.devices import DeviceChoice
+from mediaserver.errors import ApiError, InvalidParameter, ModelUnavailable, Overloaded
+from mediaserver.llm.embeddings import EmbeddingBatcher, Vector
+from mediaserver.llm.llama_cpp import LlamaCppChat, LlamaCppEmbedder
+from mediaserver.llm.metrics import LlmMetrics
+from mediaserver.llm.registry import LlmRegistry, LlmSource
+from mediaserver.llm.types import (
+    BackendEvent,
+    BackendKind,
+    ChatMessage,
+    ChatRequest,
+    Finished,
+    FinishReason,
+    GenerationParams,
+    ModelInfo,
+    TextDelta,
+    Usage,
+)
+from mediaserver.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class LlmTimeout(ApiError):
+    status = 504
+    code = "timeout"
+
+
+class ChatBackend(Protocol):
+    """What the service needs of a backend (``llama_cpp.LlamaCppChat``, ``upstream.UpstreamChat``)."""
+
+    kind: BackendKind
+    max_concurrency: int
+
+    def stream(
+        self, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int
+    ) -> AsyncGenerator[BackendEvent, None]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class _Gate:
+    """The bounded queue of one model: ``slots`` generations run, at most ``max_queue`` wait."""
+
+    slots: asyncio.Semaphore
+    waiting: int = 0
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    finish_reason: FinishReason
+    usage: Usage | None
+    model: str
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: list[Vector]
+    prompt_tokens: int
+    model: str
+
+
+@dataclass
+class _Outcome:
+    """What a generation reports at its end; shared by the stream and its generator (which must
+    not hold the stream itself, or a dropped stream would live on until the cycle collector runs)."""
+
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    time_to_first_token_s: float | None = None
+
+
+class LlmStream:
+    """The text deltas of one generation (an async iterator), then its usage and finish reason."""
+
+    def __init__(self, service: LlmService, source: LlmSource, request: ChatRequest) -> None:
+        self.model = source.name
+        self._cancel = threading.Event()
+        self._outcome = _Outcome()
+        self._gen = _generate(service, source, request, self._cancel, self._outcome)
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self._outcome.finish_reason
+
+    @property
+    def usage(self) -> Usage | None:
+        return self._outcome.usage
+
+    @property
+    def time_to_first_token_s(self) -> float | None:
+        return self._outcome.time_to_first_token_s
+
+    def __aiter__(self) -> LlmStream:
+        return self
+
+    async def __anext__(self) -> str:
+        try:
+            return await self._gen.__anext__()
+        except BaseException:  # the end, an error, or the consumer cancelled: the worker stops
+            self._cancel.set()
+            raise
+
+    def cancel(self) -> None:
+        """Stop the generation before its next token (thread-safe, idempotent)."""
+        self._cancel.set()
+
+    async def aclose(self) -> None:
+        self._cancel.set()
+        await self._gen.aclose()
+
+    async def __aenter__(self) -> LlmStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        # Dropped without aclose(): stop the worker now; the generator's own finalizer (asyncio's
+        # async-generator hook) then frees the model's slot.
+        self._cancel.set()
+
+    async def text(self) -> str:
+        """Collect the whole answer."""
+        return "".join([delta async for delta in self])
+
+
+async def _generate(
+    service: LlmService, source: LlmSource, request: ChatRequest, cancel: threading.Event, outcome: _Outcome
+) -> AsyncGenerator[str, None]:
+    metrics = service.metrics
+    model = source.name
+    timeout_s = service.settings.llm_request_timeout_s
+    # The deadline covers the queue and the generation. It wraps each wait below, never a yield:
+    # a timeout scope left open across a yield would cancel whatever the consumer does meanwhile.
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    backend = await service.backend(source)
+    gate = service.gate(model, backend.max_concurrency)
+    if gate.waiting >= service.settings.llm_max_queue:
+        metrics.requests.labels(model, backend.kind, "rejected").inc()
+        raise Overloaded(f"the LLM queue for {model!r} is full ({gate.waiting} waiting, llm_max_queue); retry later")
+    queued_at = time.monotonic()
+    gate.waiting += 1
+    metrics.queue_depth.labels(model).inc()
+    try:
+        async with asyncio.timeout_at(deadline):
+            await gate.slots.acquire()
+    except TimeoutError:
+        metrics.requests.labels(model, backend.kind, "timeout").inc()
+        raise LlmTimeout(f"the LLM queue did not free up within {timeout_s:g} s (llm_request_timeout_s)") from None
+    finally:
+        gate.waiting -= 1
+        metrics.queue_depth.labels(model).dec()
+    result = "error"
+    try:
+        started = time.monotonic()
+        metrics.queue_wait.labels(model).observe(started - queued_at)
+        first_at: float | None = None
+        events = backend.stream(request, cancel, service.settings.llm_max_prompt_tokens)
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        event = await anext(events)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    result = "timeout"
+                    raise LlmTimeout(f"the LLM did not finish within {timeout_s:g} s (llm_request_timeout_s)") from None
+                if isinstance(event, TextDelta):
+                    if first_at is None:
+                        first_at = time.monotonic()
+                        outcome.time_to_first_token_s = first_at - started
+                        metrics.time_to_first_token.labels(model).observe(first_at - started)
+                    yield event.text
+                elif isinstance(event, Finished):
+                    outcome.finish_reason = event.finish_reason
+                    outcome.usage = event.usage
+        finally:
+            await events.aclose()
+        result = "cancelled" if outcome.finish_reason == "cancelled" else "ok"
+        usage = outcome.usage
+        if usage is not None:
+            metrics.prompt_tokens.labels(model).inc(usage.prompt_tokens)
+            metrics.completion_tokens.labels(model).inc(usage.completion_tokens)
+            if first_at is not None and usage.completion_tokens > 1:
+                elapsed = time.monotonic() - first_at
+                if elapsed > 0:
+                    metrics.tokens_per_second.labels(model).observe((usage.completion_tokens - 1) / elapsed)
+    except (GeneratorExit, asyncio.CancelledError):
+        result = "cancelled"
+        raise
+    except BaseException:
+        if result != "timeout":
+            result = "error"
+        raise
+    finally:
+        gate.slots.release()
+        metrics.requests.labels(model, backend.kind, result).inc()
+
+
+@dataclass
+class LlmService:
+    """One per app. ``device`` decides GPU offload for llama.cpp (CPU when None)."""
+
+    settings: Settings
+    metrics_registry: Metrics
+    device: DeviceChoice | None = None
+    registry: LlmRegistry = field(init=False)
+    metrics: LlmMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sources = LlmRegistry(self.settings)
+        self.metrics = LlmMetrics.of(self.metrics_registry)
+        self._backends: dict[str, ChatBackend] = {}
+        self._upstream: ChatBackend | None = None
+        self._gates: dict[str, _Gate] = {}
+        self._load_lock = asyncio.Lock()
+        self._batchers: dict[str, EmbeddingBatcher] = {}
+        self._embedders: dict[str, LlamaCppEmbedder] = {}
+        self._closed = False
+        # Why start() could not make the LLM usable (the app turns the feature off with it).
+        self.start_problem: str | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Ask the upstream for its models (when configured and not listed) and preload the default."""
+        if self.settings.llm_upstream_url:
+            from mediaserver.llm.upstream import UpstreamChat
+
+            upstream = UpstreamChat(self.settings)
+            self._upstream = upstream
+            if not self.settings.llm_upstream_models:
+                try:
+                    for name in await upstream.list_models():
+                        self.sources.add_upstream_model(name)
+                except ApiError as exc:
+                    self.start_problem = (
+                        f"the upstream's models could not be listed ({exc.message}); set llm_upstream_models"
+                    )
+                    log.warning("%s", self.start_problem)
+                self.sources.refresh_default()
+                if self.sources.default_name is None and self.start_problem is None:
+                    self.start_problem = "the upstream lists no models; set llm_upstream_models or llm_model"
+        default = self.sources.default_name
+        if self.settings.llm_preload and default and self.sources.location_problem(default) is None:
+            await self.backend(self.sources.source(default))
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for batcher in self._batchers.values():
+            await batcher.aclose()
+        for embedder in self._embedders.values():
+            await embedder.aclose()
+        for backend in self._backends.values():
+            await backend.aclose()
+        if self._upstream is not None:
+            await self._upstream.aclose()
+
+    # --- models ----------------------------------------------------------------------------------
+    def models(self) -> list[ModelInfo]:
+        return self.sources.models()
+
+    @property
+    def loaded_models(self) -> list[str]:
+        return list(self._backends)
+
+    def gate(self, model: str, concurrency: int) -> _Gate:
+        gate = self._gates.get(model)
+        if gate is None:
+            gate = self._gates[model] = _Gate(asyncio.Semaphore(concurrency))
+        return gate
+
+    async def backend(self, source: LlmSource) -> ChatBackend:
+        if source.backend == "upstream":
+            if self._upstream is None:
+                raise ModelUnavailable("no llm_upstream_url is configured")
+            return self._upstream
+        loaded = self._backends.get(source.name)
+        if loaded is not None:
+            return loaded
+        async with self._load_lock:
+            loaded = self._backends.get(source.name)
+            if loaded is None:
+                problem = self.sources.location_problem(source.name)
+                if problem:
+                    raise ModelUnavailable(problem)
+                log.info("loading LLM %s from %s", source.name, source.location)
+                started = time.monotonic()
+                try:
+                    loaded = await asyncio.to_thread(LlamaCppChat.load, source, self.settings, self.device)
+                except ApiError:
+                    raise
+                except Exception as exc:  # a GGUF llama.cpp loads but we cannot use (no chat template ...)
+                    raise ModelUnavailable(f"LLM {source.name!r} cannot be used: {exc}") from exc
+                log.info("LLM %s loaded in %.1f s", source.name, time.monotonic() - started)
+                self._backends[source.name] = loaded
+            return loaded
+
+    # --- chat ------------------------------------------------------------------------------------
+    def resolve_params(self, params: GenerationParams) -> tuple[int, float, float]:
+        """max_tokens, temperature and top_p after defaults and limits (400 past the cap)."""
+        cap = self.settings.llm_max_completion_tokens
+        max_tokens = params.max_tokens if params.max_tokens is not None else cap
+        if max_tokens <= 0:
+            raise InvalidParameter(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+        if max_tokens > cap:
+            raise InvalidParameter(
+                f"max_tokens is {max_tokens}; this server allows at most {cap} (llm_max_completion_tokens)",
+                param="max_tokens",
+            )
+        temperature = self.settings.llm_default_temperature if params.temperature is None else params.temperature
+        top_p = self.settings.llm_default_top_p if params.top_p is None else params.top_p
+        return max_tokens, temperature, top_p
+
+    def stream(
+        self, messages: Sequence[ChatMessage], params: GenerationParams | None = None, *, model: str | None = None
+    ) -> LlmStream:
+        """Start a generation (it runs as the stream is iterated). Bad input raises here, at once."""
+        params = params or GenerationParams()
+        if not messages:
+            raise InvalidParameter("messages must contain at least one message", param="messages")
+        source = self.sources.resolve(model)
+        max_tokens, temperature, top_p = self.resolve_params(params)
+        request = ChatRequest(
+            model=source.location if source.backend == "upstream" else source.name,
+            messages=tuple(messages),
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop=params.stop,
+            seed=params.seed,
+            repeat_penalty=params.repeat_penalty,
+        )
+        return LlmStream(self, source, request)
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], params: GenerationParams | None = None, *, model: str | None = None
+    ) -> Completion:
+        async with self.stream(messages, params, model=model) as answer:
+            text = await answer.text()
+        return Completion(text, answer.finish_reason or "stop", answer.usage, answer.model)
+
+    # --- embeddings ------------------------------------------------------------------------------
+    async def _batcher(self, source: LlmSource) -> tuple[EmbeddingBatcher, LlamaCppEmbedder]:
+        batcher = self._batchers.get(source.name)
+        if batcher is not None:
+            return batcher, self._embedders[source.name]
+        async with self._load_lock:
+            batcher = self._batchers.get(source.name)
+            if batcher is None:
+                problem = self.sources.location_problem(source.name)
+                if problem:
+                    raise ModelUnavailable(problem)
+                embedder = await asyncio.to_thread(LlamaCppEmbedder.load, source, self.settings, self.device)
+                s = self.settings
+                batcher = EmbeddingBatcher(
+                    source.name,
+                    embedder.embed,
+                    window_ms=s.llm_embedding_batch_window_ms,
+                    max_batch=s.llm_embedding_max_batch,
+                    max_pending=s.llm_embedding_max_batch * s.llm_max_queue,
+                    cache_entries=s.llm_embedding_cache_entries,
+                    metrics=self.metrics,
+                )
+                self._embedders[source.name] = embedder
+                self._batchers[source.name] = batcher
+            return batcher, self._embedders[source.name]
+
+    async def embed(self, texts: Sequence[str], *, model: str | None = None) -> Embeddings:
+        if not texts:
+            raise InvalidParameter("input must not be empty", param="input")
+        limit = self.settings.llm_embedding_max_inputs
+        if len(texts) > limit:
+            raise InvalidParameter(
+                f"input has {len(texts)} items; at most {limit} per request (llm_embedding_max_inputs)",
+                param="input",
+            )
+        source = self.sources.resolve(model, embedding=True)
+        batcher, embedder = await self._batcher(source)
+        counts = await asyncio.to_thread(lambda: [embedder.count_tokens(t) for t in texts])
+        max_tokens = self.settings.llm_embedding_max_input_tokens
+        for index, (text, count) in enumerate(zip(texts, counts, strict=True)):
+            if not text:
+                raise InvalidParameter(f"input[{index}] is empty", param="input")
+            if count > max_tokens:
+                raise InvalidParameter(
+                    f"input[{index}] is {count} tokens; at most {max_tokens} (llm_embedding_max_input_tokens)",
+                    param="input",
+                )
+        vectors = await batcher.embed(list(texts))
+        return Embeddings(vectors, sum(counts), source.name)
+
+    def embedding_dimensions(self, name: str) -> int | None:
+        embedder = self._embedders.get(name)
+        return int(getattr(embedder, "dimensions", 0)) or None

@@ -1,0 +1,89 @@
+"""Typed values the LLM stage exchanges: chat messages in, text deltas and a final usage out.
+
+Frozen dataclasses, so a request handed to a worker thread cannot change under it, and so neither
+the transports nor the voice loop need to know how a backend represents a generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Role = Literal["system", "user", "assistant"]
+FinishReason = Literal["stop", "length", "cancelled"]
+BackendKind = Literal["llama.cpp", "upstream"]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Sampling and limits of one generation.
+
+    ``max_tokens=None`` means as many as the service allows (``llm_max_completion_tokens``, and
+    never past the context window). ``temperature=None`` means the server's default.
+    """
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    repeat_penalty: float | None = None
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """What a backend generates from: the messages and the resolved parameters."""
+
+    model: str
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    repeat_penalty: float | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """A piece of the answer, in order; the pieces concatenate to the full text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of a generation. ``usage`` is None when a backend could not count."""
+
+    finish_reason: FinishReason
+    usage: Usage | None
+
+
+BackendEvent = TextDelta | Finished
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model as ``/v1/models`` and ``/health`` show it."""
+
+    name: str
+    kind: Literal["llm", "embedding"]
+    backend: BackendKind
+    source: str
+    aliases: tuple[str, ...] = field(default_factory=tuple)

@@ -1,0 +1,156 @@
+"""The upstream backend: any OpenAI-compatible chat server (vLLM, llama.cpp's server, Ollama, OpenAI).
+
+This is how the LLM scales past one machine: vLLM serves int4 GPTQ/AWQ models across GPUs and nodes,
+and this server only streams from it. The ``openai`` client does the HTTP and SSE; its own retries
+are off because they also retry timeouts and 5xx answers, which would multiply a hanging upstream's
+wait: here only connect errors are retried (``llm_upstream_retries``), a silent upstream is a 504
+after ``llm_upstream_timeout_s``, and every upstream failure is an answer that names the upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import openai
+
+from mediaserver.config import Settings
+from mediaserver.errors import ApiError, InvalidParameter, Overloaded
+from mediaserver.llm.types import BackendEvent, BackendKind, ChatRequest, Finished, FinishReason, TextDelta, Usage
+
+log = logging.getLogger(__name__)
+
+RETRY_BACKOFF_S = 0.25
+
+
+class UpstreamError(ApiError):
+    status = 502
+    code = "upstream_error"
+
+
+class UpstreamTimeout(ApiError):
+    status = 504
+    code = "upstream_timeout"
+
+
+class UpstreamChat:
+    """Chat generation by an OpenAI-compatible server at ``llm_upstream_url``."""
+
+    kind: BackendKind = "upstream"
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.llm_upstream_url:
+            raise ValueError("llm_upstream_url is not set")
+        self.base_url = settings.llm_upstream_url.rstrip("/")
+        self.max_concurrency = settings.llm_upstream_max_concurrency
+        self._retries = settings.llm_upstream_retries
+        self._timeout_s = settings.llm_upstream_timeout_s
+        self._client = openai.AsyncOpenAI(
+            base_url=self.base_url,
+            api_key=settings.llm_upstream_api_key or "unused",
+            timeout=openai.Timeout(settings.llm_upstream_timeout_s, connect=settings.llm_upstream_connect_timeout_s),
+            max_retries=0,
+        )
+
+    def _unreachable(self, exc: Exception) -> UpstreamError:
+        return UpstreamError(f"the upstream LLM at {self.base_url} cannot be reached: {exc}")
+
+    def _timed_out(self) -> UpstreamTimeout:
+        return UpstreamTimeout(
+            f"the upstream LLM at {self.base_url} sent nothing for {self._timeout_s:g} s (llm_upstream_timeout_s)"
+        )
+
+    def _status_error(self, exc: openai.APIStatusError) -> ApiError:
+        message = _upstream_message(exc)
+        status = exc.status_code
+        if status == 429:
+            return Overloaded(f"the upstream LLM at {self.base_url} is rate limiting (429): {message}")
+        if 400 <= status < 500 and status not in (401, 403, 404):
+            # The request itself (a prompt over the upstream's context window ...): the client's to fix.
+            return InvalidParameter(f"the upstream LLM at {self.base_url} refused the request ({status}): {message}")
+        # 401/403/404 mean this server's settings are wrong (key, URL, model); 5xx the upstream failed.
+        return UpstreamError(f"the upstream LLM at {self.base_url} answered {status}: {message}")
+
+    async def _call(self, fn: Any, **kwargs: Any) -> Any:
+        """Call the client, retrying connect errors only."""
+        for attempt in range(self._retries + 1):
+            try:
+                return await fn(**kwargs)
+            except openai.APITimeoutError:
+                raise self._timed_out() from None
+            except openai.APIConnectionError as exc:
+                if attempt == self._retries:
+                    raise self._unreachable(exc) from exc
+                log.warning("upstream LLM %s: %s; retry %d/%d", self.base_url, exc, attempt + 1, self._retries)
+                await asyncio.sleep(RETRY_BACKOFF_S * (attempt + 1))
+            except openai.APIStatusError as exc:
+                raise self._status_error(exc) from exc
+        raise AssertionError("unreachable")
+
+    async def list_models(self) -> list[str]:
+        page = await self._call(self._client.models.list)
+        return [m.id for m in page.data]
+
+    async def stream(
+        self, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int
+    ) -> AsyncGenerator[BackendEvent, None]:
+        """Deltas of one upstream generation; closing this iterator closes the HTTP stream, which
+        is how vLLM, llama.cpp and Ollama learn to stop generating."""
+        kwargs: dict[str, Any] = {
+            "model": request.model,
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+        }
+        if request.stop:
+            kwargs["stop"] = list(request.stop)
+        if request.seed is not None:
+            kwargs["seed"] = request.seed
+        stream = await self._call(self._client.chat.completions.create, **kwargs)
+        finish: FinishReason = "stop"
+        usage: Usage | None = None
+        chunks = 0
+        try:
+            async for chunk in stream:
+                chunks += 1
+                if cancel.is_set():
+                    finish = "cancelled"
+                    break
+                if chunk.usage is not None:
+                    usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+                for choice in chunk.choices:
+                    if choice.delta is not None and choice.delta.content:
+                        yield TextDelta(choice.delta.content)
+                    if choice.finish_reason == "length":
+                        finish = "length"
+        except openai.APITimeoutError:
+            raise self._timed_out() from None
+        except openai.APIError as exc:  # the connection broke, or an error event inside the stream
+            raise UpstreamError(f"the upstream LLM at {self.base_url} broke off its answer: {exc.message}") from exc
+        finally:
+            await stream.close()
+        if chunks == 0:
+            # Every OpenAI-compatible server sends at least one chunk; none means it failed after
+            # answering 200 (llama-cpp-python's server does this for a prompt over its context).
+            raise UpstreamError(f"the upstream LLM at {self.base_url} ended its stream without an answer")
+        yield Finished(finish, usage)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def _upstream_message(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+    return exc.message

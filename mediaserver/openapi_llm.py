@@ -1,0 +1,168 @@
+"""OpenAPI paths of the LLM endpoints (chat completions, embeddings, the WIS chatbot), merged by openapi.spec()."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mediaserver.openapi import _ERROR_OPENAI, _ERROR_WIS, _errors, _json, _q
+
+_MESSAGE = {
+    "type": "object",
+    "properties": {
+        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+        "content": {
+            "oneOf": [
+                {"type": "string"},
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                        "required": ["type", "text"],
+                    },
+                },
+            ]
+        },
+    },
+    "required": ["role", "content"],
+}
+_USAGE = {
+    "type": "object",
+    "properties": {
+        "prompt_tokens": {"type": "integer"},
+        "completion_tokens": {"type": "integer"},
+        "total_tokens": {"type": "integer"},
+    },
+}
+_CHAT_REQUEST = {
+    "type": "object",
+    "properties": {
+        "model": {"type": "string", "example": "gpt-4o-mini", "description": "a model of /v1/models or an alias"},
+        "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
+        "stream": {"type": "boolean", "default": False},
+        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+        "max_tokens": {"type": "integer", "minimum": 1, "description": "at most llm_max_completion_tokens"},
+        "max_completion_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}]},
+        "seed": {"type": "integer"},
+        "n": {"type": "integer", "const": 1},
+    },
+    "required": ["model", "messages"],
+}
+_CHAT_RESPONSE = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "chat.completion"},
+        "created": {"type": "integer"},
+        "model": {"type": "string"},
+        "choices": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "index": {"type": "integer"},
+                    "message": {
+                        "type": "object",
+                        "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}},
+                    },
+                    "finish_reason": {"type": "string", "enum": ["stop", "length"]},
+                },
+            },
+        },
+        "usage": _USAGE,
+    },
+}
+_EMBEDDINGS_REQUEST = {
+    "type": "object",
+    "properties": {
+        "model": {"type": "string", "example": "text-embedding-3-small"},
+        "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+        "dimensions": {"type": "integer", "description": "must equal the model's size"},
+    },
+    "required": ["model", "input"],
+}
+_EMBEDDINGS_RESPONSE = {
+    "type": "object",
+    "properties": {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "object": {"const": "embedding"},
+                    "index": {"type": "integer"},
+                    "embedding": {
+                        "oneOf": [
+                            {"type": "array", "items": {"type": "number"}},
+                            {"type": "string", "description": "base64 of little-endian float32"},
+                        ]
+                    },
+                },
+            },
+        },
+        "model": {"type": "string"},
+        "usage": _USAGE,
+    },
+}
+
+
+def llm_paths() -> dict[str, Any]:
+    return {
+        "/v1/chat/completions": {
+            "post": {
+                "summary": "OpenAI-compatible chat completion (SSE chat.completion.chunk events with stream=true)",
+                "requestBody": {"required": True, **_json(_CHAT_REQUEST)},
+                "responses": {
+                    "200": {
+                        "description": "a chat.completion, or with stream=true an SSE stream ending 'data: [DONE]'",
+                        "content": {
+                            "application/json": {"schema": _CHAT_RESPONSE},
+                            "text/event-stream": {"schema": {"type": "string"}},
+                        },
+                    },
+                    **_errors(_ERROR_OPENAI, 400, 401, 413, 503, 504),
+                    "502": {"description": "the upstream LLM failed or cannot be reached", **_json(_ERROR_OPENAI)},
+                },
+            }
+        },
+        "/v1/embeddings": {
+            "post": {
+                "summary": "OpenAI-compatible embeddings (llama.cpp embedding mode, micro-batched, cached)",
+                "requestBody": {"required": True, **_json(_EMBEDDINGS_REQUEST)},
+                "responses": {
+                    "200": {"description": "one vector per input", **_json(_EMBEDDINGS_RESPONSE)},
+                    **_errors(_ERROR_OPENAI, 400, 401, 413, 503),
+                },
+            }
+        },
+        "/api/chatbot": {
+            "get": {
+                "summary": "WIS chatbot: one question, one answer",
+                "parameters": [
+                    {"name": "text", "in": "query", "required": True, "schema": {"type": "string"}},
+                    _q("max_new_tokens", {"type": "integer", "minimum": 1}, "at most llm_max_completion_tokens"),
+                    _q("temperature", {"type": "number"}, "sampling temperature"),
+                    _q("top_p", {"type": "number"}, "nucleus sampling"),
+                    _q("repetition_penalty", {"type": "number"}, "llama.cpp repeat penalty (embedded models)"),
+                ],
+                "responses": {
+                    "200": {
+                        "description": "the answer",
+                        **_json({"type": "object", "properties": {"response": {"type": "string"}}}),
+                    },
+                    **_errors(_ERROR_WIS, 400, 401, 503, 504),
+                },
+            }
+        },
+        "/api/ws/chatbot": {
+            "get": {
+                "summary": "WIS chatbot WebSocket: a text frame in (the question), a text frame out (the answer)",
+                "responses": {"101": {"description": "WebSocket upgrade"}, **_errors(_ERROR_WIS, 401, 503)},
+            }
+        },
+    }

@@ -1,0 +1,300 @@
+"""POST /v1/chat/completions through the official ``openai`` SDK, on the bundled SmolLM2 GGUF.
+
+Generations use temperature 0 and a fixed seed, so the same request gives the same answer on
+every run; the answers asserted are what SmolLM2-135M-Instruct Q4_1 says to these prompts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from mediaserver.llm.service import LlmService
+
+COLORS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three colors."}]
+COLORS_ANSWER = "1. Red\n2. Blue\n3. Green"
+STORY: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Tell me a long story about a cat who travels the world."}
+]
+OPENAI_ERROR_KEYS = {"message", "type", "param", "code"}
+
+
+@pytest.fixture
+async def client(server: Any) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as sdk:
+        yield sdk
+
+
+async def _post(url: str, body: Any, *, raw: bytes | None = None) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as session:
+        kwargs: dict[str, Any] = (
+            {"data": raw, "headers": {"Content-Type": "application/json"}} if raw else {"json": body}
+        )
+        async with session.post(url, **kwargs) as resp:
+            return resp.status, await resp.json(content_type=None)
+
+
+def _openai_error(body: Any, status: int) -> dict[str, Any]:
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    error: dict[str, Any] = body["error"]
+    assert set(error) == OPENAI_ERROR_KEYS, error
+    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
+# --- answers -------------------------------------------------------------------------------------
+
+
+async def test_completion_is_deterministic_with_usage(client: openai.AsyncOpenAI) -> None:
+    first = await client.chat.completions.create(
+        model="smollm2-135m-instruct", messages=COLORS, temperature=0, seed=7, max_tokens=40
+    )
+    assert first.object == "chat.completion"
+    assert first.id.startswith("chatcmpl-")
+    choice = first.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == COLORS_ANSWER
+    assert choice.finish_reason == "stop"
+    assert first.usage is not None
+    assert first.usage.prompt_tokens > 10
+    assert 0 < first.usage.completion_tokens < 40
+    assert first.usage.total_tokens == first.usage.prompt_tokens + first.usage.completion_tokens
+    again = await client.chat.completions.create(
+        model="gpt-4o-mini", messages=COLORS, temperature=0, seed=7, max_tokens=40
+    )
+    assert again.choices[0].message.content == COLORS_ANSWER
+    assert again.model == "smollm2-135m-instruct"  # the alias answers with the default model
+
+
+async def test_stream_matches_the_completion_and_reports_usage(client: openai.AsyncOpenAI) -> None:
+    stream = await client.chat.completions.create(
+        model="gpt-4o-mini",
+        messages=COLORS,
+        temperature=0,
+        seed=7,
+        max_tokens=40,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    deltas: list[str] = []
+    finish: list[str] = []
+    usage = None
+    roles = []
+    async for chunk in stream:
+        assert chunk.object == "chat.completion.chunk"
+        if chunk.usage is not None:
+            assert chunk.choices == []
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.role:
+                roles.append(choice.delta.role)
+            if choice.delta.content:
+                deltas.append(choice.delta.content)
+            if choice.finish_reason:
+                finish.append(choice.finish_reason)
+    assert roles == ["assistant"]
+    assert len(deltas) > 3  # streamed token by token, not in one piece
+    assert "".join(deltas) == COLORS_ANSWER
+    assert finish == ["stop"]
+    assert usage is not None and usage.completion_tokens == len(deltas)
+
+
+async def test_max_tokens_and_max_completion_tokens_stop_at_length(client: openai.AsyncOpenAI) -> None:
+    results = [
+        await client.chat.completions.create(model="gpt-4o-mini", messages=STORY, temperature=0, max_tokens=5),
+        await client.chat.completions.create(
+            model="gpt-4o-mini", messages=STORY, temperature=0, max_completion_tokens=5
+        ),
+    ]
+    for result in results:
+        assert result.choices[0].finish_reason == "length"
+        assert result.usage is not None and result.usage.completion_tokens == 5
+
+
+async def test_stop_sequence_cuts_the_answer(client: openai.AsyncOpenAI) -> None:
+    result = await client.chat.completions.create(
+        model="gpt-4o-mini", messages=COLORS, temperature=0, max_tokens=40, stop=["Blue"]
+    )
+    assert result.choices[0].message.content == "1. Red\n2. "
+    assert result.choices[0].finish_reason == "stop"
+
+
+async def test_text_parts_system_and_history_are_accepted(client: openai.AsyncOpenAI) -> None:
+    result = await client.chat.completions.create(
+        model="gpt-4o-mini",
+        messages=[
+            {"role": "developer", "content": "You answer in lists."},
+            {"role": "user", "content": [{"type": "text", "text": "Name three "}, {"type": "text", "text": "colors."}]},
+            {"role": "assistant", "content": COLORS_ANSWER},
+            {"role": "user", "content": "And three animals?"},
+        ],
+        temperature=0,
+        max_tokens=30,
+    )
+    assert result.choices[0].message.content
+    assert result.usage is not None and result.usage.prompt_tokens > 40
+
+
+async def test_models_list_has_the_llm_with_its_kind(server: Any) -> None:
+    async with aiohttp.ClientSession() as session, session.get(f"{server.url}/v1/models") as resp:
+        body = await resp.json()
+    kinds = {m["id"]: m.get("kind") for m in body["data"]}
+    assert kinds["smollm2-135m-instruct"] == "llm"
+    assert kinds["gpt-4o-mini"] == "llm"
+    assert kinds["text-embedding-3-small"] == "embedding"
+    assert kinds["tiny.en"] == "asr" and kinds["whisper-1"] == "asr"
+
+
+# --- bad input: 400 in OpenAI's shape ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"model": "gpt-4o-mini"}, "messages", "required"),
+        ({"model": "gpt-4o-mini", "messages": []}, "messages", "at least 1"),
+        ({"model": "gpt-4o-mini", "messages": [{"role": "robot", "content": "hi"}]}, "messages", "role"),
+        ({"model": "gpt-4o-mini", "messages": [{"role": "tool", "content": "hi"}]}, "messages", "role"),
+        ({"model": "gpt-4o-mini", "messages": COLORS, "n": 2}, "n", "n must be 1"),
+        ({"model": "gpt-4o-mini", "messages": COLORS, "max_tokens": 0}, "max_tokens", "at least 1"),
+        ({"model": "gpt-4o-mini", "messages": COLORS, "max_tokens": -3}, "max_tokens", "at least 1"),
+        ({"model": "gpt-4o-mini", "messages": COLORS, "max_tokens": 100000}, "max_tokens", "at most 1024"),
+        ({"model": "gpt-4o-mini", "messages": COLORS, "max_completion_tokens": 5000}, "max_completion_tokens", "1024"),
+        ({"model": "no-such-model", "messages": COLORS}, "model", "smollm2-135m-instruct"),
+        ({"model": "gpt-4o-mini", "messages": COLORS, "temperature": 3}, "temperature", "less than or equal"),
+        ({"model": "gpt-4o-mini", "messages": COLORS, "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+        ({"model": "gpt-4o-mini", "messages": COLORS, "tools": [{"type": "function"}]}, "tools", "not supported"),
+        ([1, 2], "body", "JSON object"),
+    ],
+)
+async def test_bad_requests_are_400(server: Any, body: Any, param: str, words: str) -> None:
+    status, answer = await _post(f"{server.url}/v1/chat/completions", body)
+    assert status == 400, answer
+    error = _openai_error(answer, status)
+    assert error["param"] == param
+    assert words in error["message"]
+
+
+async def test_non_json_body_is_400(server: Any) -> None:
+    status, answer = await _post(f"{server.url}/v1/chat/completions", None, raw=b"{not json")
+    assert status == 400
+    assert "not valid JSON" in _openai_error(answer, status)["message"]
+
+
+async def test_prompt_over_the_context_window_is_400(client: openai.AsyncOpenAI) -> None:
+    long_text = "The quick brown fox jumps over the lazy dog. " * 500  # ~5000 tokens
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": long_text}])
+    assert caught.value.code == "context_length_exceeded"
+    assert "tokens" in caught.value.message
+
+
+async def test_sdk_raises_bad_request_for_n(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model="gpt-4o-mini", messages=COLORS, n=3)
+    assert caught.value.param == "n"
+
+
+# --- disconnects, gating ---------------------------------------------------------------------------
+
+
+async def _wait_idle(llm: LlmService, timeout_s: float = 30.0) -> None:
+    backend = await llm.backend(llm.sources.source("smollm2-135m-instruct"))
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while backend.active:  # type: ignore[attr-defined]
+        assert asyncio.get_running_loop().time() < deadline, "the worker is still generating"
+        await asyncio.sleep(0.01)
+
+
+async def test_client_disconnect_mid_stream_stops_the_worker(server: Any, llm_service: LlmService) -> None:
+    backend: Any = await llm_service.backend(llm_service.sources.source("smollm2-135m-instruct"))
+    await _wait_idle(llm_service)
+    before = backend.generated_tokens
+    body = {"model": "gpt-4o-mini", "messages": STORY, "max_tokens": 1000, "stream": True, "temperature": 0}
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(f"{server.url}/v1/chat/completions", json=body)
+        chunks = 0
+        async for line in resp.content:
+            if line.startswith(b"data: {"):
+                chunk = json.loads(line[6:])
+                if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                    chunks += 1
+            if chunks >= 3:
+                break
+        assert backend.active
+        resp.close()  # hang up mid-answer
+    await _wait_idle(llm_service)
+    generated = backend.generated_tokens - before
+    # The server notices at its next write and the worker stops before its next token.
+    assert 3 <= generated < 50, generated
+
+
+async def test_llm_disabled_is_503_naming_the_reason(server_factory: Any) -> None:
+    off = await server_factory(llm_enabled=False)
+    status, answer = await _post(f"{off.url}/v1/chat/completions", {"model": "gpt-4o-mini", "messages": COLORS})
+    assert status == 503
+    error = _openai_error(answer, status)
+    assert error["code"] == "feature_disabled"
+    assert "llm_enabled=false" in error["message"]
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{off.url}/health") as resp:
+            health = await resp.json()
+        async with session.get(f"{off.url}/v1/models") as resp:
+            models = await resp.json()
+        async with session.get(f"{off.url}/api/chatbot", params={"text": "hi"}) as resp:
+            assert resp.status == 503
+            assert "llm_enabled=false" in (await resp.json())["error"]
+    assert health["features"]["llm"] == {"enabled": False, "reason": "switched off in settings (llm_enabled=false)"}
+    assert all(m["kind"] == "asr" for m in models["data"])
+
+
+async def test_health_says_the_llm_is_on(server: Any) -> None:
+    async with aiohttp.ClientSession() as session, session.get(f"{server.url}/health") as resp:
+        health = await resp.json()
+    assert health["features"]["llm"]["enabled"] is True
+
+
+async def test_metrics_count_llm_tokens(client: openai.AsyncOpenAI, server: Any) -> None:
+    await client.chat.completions.create(model="gpt-4o-mini", messages=COLORS, temperature=0, max_tokens=20)
+    async with aiohttp.ClientSession() as session, session.get(f"{server.url}/metrics") as resp:
+        text = await resp.text()
+    for name in (
+        'mediaserver_llm_requests_total{backend="llama.cpp",model="smollm2-135m-instruct",outcome="ok"}',
+        'mediaserver_llm_prompt_tokens_total{model="smollm2-135m-instruct"}',
+        'mediaserver_llm_completion_tokens_total{model="smollm2-135m-instruct"}',
+        "mediaserver_llm_time_to_first_token_seconds_count",
+        "mediaserver_llm_tokens_per_second_count",
+    ):
+        assert name in text, name
+
+
+async def test_an_error_after_the_stream_started_is_an_error_event(
+    server_factory: Any, base_settings: Any, asr_service: Any
+) -> None:
+    """The deadline passes mid-answer: the SSE stream ends with an OpenAI error, which the SDK raises."""
+    settings = base_settings.model_copy(update={"llm_request_timeout_s": 5.0})
+    service = LlmService(settings, asr_service.metrics)
+    await service.start()
+    try:
+        live = await server_factory(llm=service)
+        async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as sdk:
+            stream = await sdk.chat.completions.create(
+                model="gpt-4o-mini", messages=STORY, temperature=0, max_tokens=1000, stream=True
+            )
+            received = []
+            with pytest.raises(openai.APIError) as caught:
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        received.append(chunk.choices[0].delta.content)
+    finally:
+        await service.aclose()
+    assert received  # the answer had started
+    assert "llm_request_timeout_s" in caught.value.message

@@ -1,0 +1,69 @@
+"""The legacy WIS chatbot: GET /api/chatbot → {"response"} and WS /api/ws/chatbot (text in, text out)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from mediaserver.llm.service import LlmService
+
+
+async def test_chatbot_answers_in_wis_shape(server: Any) -> None:
+    params = {"text": "Name three colors.", "temperature": "0", "max_new_tokens": "40"}
+    async with aiohttp.ClientSession() as session, session.get(f"{server.url}/api/chatbot", params=params) as resp:
+        assert resp.status == 200
+        body = await resp.json()
+    assert set(body) == {"response"}
+    assert isinstance(body["response"], str) and body["response"].strip() == body["response"] != ""
+
+
+async def test_chatbot_bad_input_is_400_in_wis_shape(server: Any) -> None:
+    async with aiohttp.ClientSession() as session:
+        for params, param in (
+            ({}, "text"),
+            ({"text": "   "}, "text"),
+            ({"text": "hi", "max_new_tokens": "0"}, "max_new_tokens"),
+            ({"text": "hi", "max_new_tokens": "99999"}, "max_new_tokens"),
+            ({"text": "hi", "temperature": "hot"}, "temperature"),
+        ):
+            async with session.get(f"{server.url}/api/chatbot", params=params) as resp:
+                assert resp.status == 400, params
+                body = await resp.json()
+            assert set(body) == {"error", "code"}
+            assert param in body["error"]
+
+
+async def test_ws_chatbot_text_frame_in_text_frame_out(server: Any) -> None:
+    async with aiohttp.ClientSession() as session, session.ws_connect(f"{server.url}/api/ws/chatbot") as ws:
+        await ws.send_str("Name three colors.")
+        first = await ws.receive(timeout=60)
+        assert first.type == aiohttp.WSMsgType.TEXT
+        assert first.data and not first.data.startswith("error:")
+        await ws.send_bytes(b"\x00\x01")
+        refused = await ws.receive(timeout=10)
+        assert refused.type == aiohttp.WSMsgType.TEXT and refused.data.startswith("error:")
+        await ws.send_str("Say hello.")
+        second = await ws.receive(timeout=60)
+        assert second.type == aiohttp.WSMsgType.TEXT and not second.data.startswith("error:")
+
+
+async def test_ws_chatbot_hang_up_mid_answer_stops_the_worker(server: Any, llm_service: LlmService) -> None:
+    backend: Any = await llm_service.backend(llm_service.sources.source("smollm2-135m-instruct"))
+    async with aiohttp.ClientSession() as session:
+        ws = await session.ws_connect(f"{server.url}/api/ws/chatbot")
+        await ws.send_str("Tell me a long story about a cat who travels the world.")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while not (backend.active and backend.generated_tokens):
+            assert loop.time() < deadline
+            await asyncio.sleep(0.01)
+        started_at = backend.generated_tokens
+        await ws.close()
+    deadline = loop.time() + 30
+    while backend.active:
+        assert loop.time() < deadline, "the worker kept generating after the client left"
+        await asyncio.sleep(0.01)
+    # The story would run to hundreds of tokens; the close stops it within a few.
+    assert backend.generated_tokens - started_at < 20

@@ -1,0 +1,173 @@
+"""The LLM service as the voice loop uses it: ``async for delta in llm.stream(messages, params)``.
+
+Real SmolLM2 generations on the session's shared service. Cancellation is checked on the worker
+itself (its token counter and its busy flag), not only on the consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from mediaserver.config import Settings
+from mediaserver.errors import InvalidParameter, Overloaded, UnknownModel
+from mediaserver.llm.llama_cpp import PromptTooLong
+from mediaserver.llm.service import LlmService, LlmTimeout
+from mediaserver.llm.types import ChatMessage, GenerationParams
+from mediaserver.metrics import Metrics
+
+STORY = [ChatMessage("user", "Tell me a long story about a cat who travels the world.")]
+COLORS = [ChatMessage("user", "Name three colors.")]
+GREEDY = GenerationParams(temperature=0.0, seed=3, max_tokens=40)
+
+
+async def _backend(llm: LlmService) -> Any:
+    return await llm.backend(llm.sources.source("smollm2-135m-instruct"))
+
+
+async def _until_idle(backend: Any, timeout_s: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while backend.active:
+        assert loop.time() < deadline, "the worker did not stop"
+        await asyncio.sleep(0.005)
+
+
+async def test_deltas_concatenate_to_the_answer_with_usage(llm_service: LlmService) -> None:
+    async with llm_service.stream(COLORS, GREEDY) as answer:
+        deltas = [delta async for delta in answer]
+    assert "".join(deltas) == "1. Red\n2. Blue\n3. Green"
+    assert answer.finish_reason == "stop"
+    assert answer.usage is not None and answer.usage.completion_tokens == len(deltas)
+    assert answer.time_to_first_token_s is not None and answer.time_to_first_token_s > 0
+    completion = await llm_service.complete(COLORS, GREEDY)
+    assert completion.text == "".join(deltas)
+
+
+async def test_breaking_out_stops_the_worker_within_one_token(llm_service: LlmService) -> None:
+    backend = await _backend(llm_service)
+    await _until_idle(backend)
+    params = GenerationParams(temperature=0.0, max_tokens=500)
+    stream = llm_service.stream(STORY, params)
+    async for _ in stream:
+        if backend.generated_tokens and backend.active:
+            break
+    await stream.aclose()  # what ``async with`` does; breaking alone sets the cancel flag too
+    at_cancel = backend.generated_tokens
+    await _until_idle(backend)
+    assert backend.generated_tokens - at_cancel <= 1
+    assert stream.finish_reason in (None, "cancelled")
+
+
+async def test_cancelling_the_consumer_task_stops_the_worker_within_one_token(llm_service: LlmService) -> None:
+    backend = await _backend(llm_service)
+    await _until_idle(backend)
+    received: list[str] = []
+    started = asyncio.Event()
+
+    async def consume() -> None:
+        async for delta in llm_service.stream(STORY, GenerationParams(temperature=0.0, max_tokens=500)):
+            received.append(delta)
+            if len(received) == 5:
+                started.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(started.wait(), 60)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    at_cancel = backend.generated_tokens
+    await _until_idle(backend)
+    assert backend.generated_tokens - at_cancel <= 1
+    assert len(received) < 500
+
+
+async def test_dropping_the_stream_sets_its_cancel_flag(llm_service: LlmService) -> None:
+    """A consumer that forgets the stream (no aclose) still stops the worker."""
+    backend = await _backend(llm_service)
+    await _until_idle(backend)
+    stream = llm_service.stream(STORY, GenerationParams(temperature=0.0, max_tokens=500))
+    await anext(stream)
+    cancel: threading.Event = stream._cancel
+    del stream
+    assert cancel.is_set()
+    await _until_idle(backend)
+
+
+async def test_generation_runs_off_the_event_loop(llm_service: LlmService) -> None:
+    ticks = 0
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            await asyncio.sleep(0)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    answer = llm_service.stream(STORY, GenerationParams(temperature=0.0, max_tokens=30))
+    text = await answer.text()
+    stop.set()
+    await task
+    assert answer.usage is not None and answer.usage.completion_tokens == 30 and text
+    # A blocked loop would tick about once per token; a free one spins many times per token.
+    assert ticks > 20 * answer.usage.completion_tokens
+
+
+async def test_stop_strings_split_across_tokens(llm_service: LlmService) -> None:
+    params = GenerationParams(temperature=0.0, max_tokens=40, stop=("2. Bl",))
+    assert (await llm_service.complete(COLORS, params)).text == "1. Red\n"
+
+
+async def test_seeded_sampling_repeats_whatever_ran_before(llm_service: LlmService) -> None:
+    params = GenerationParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=25)
+    first = await llm_service.complete(STORY, params)
+    # The same prompt again (now cached in llama.cpp's KV), and after another prompt.
+    second = await llm_service.complete(STORY, params)
+    await llm_service.complete(COLORS, GenerationParams(max_tokens=5))
+    third = await llm_service.complete(STORY, params)
+    assert first.text == second.text == third.text
+    other_seed = await llm_service.complete(STORY, GenerationParams(temperature=0.9, seed=99, max_tokens=25))
+    assert other_seed.text != first.text
+
+
+async def test_limits_are_errors_before_any_work(llm_service: LlmService) -> None:
+    with pytest.raises(InvalidParameter, match="at most 1024"):
+        llm_service.stream(COLORS, GenerationParams(max_tokens=1025))
+    with pytest.raises(InvalidParameter, match="at least 1"):
+        llm_service.stream(COLORS, GenerationParams(max_tokens=0))
+    with pytest.raises(InvalidParameter, match="at least one message"):
+        llm_service.stream([], GREEDY)
+    with pytest.raises(UnknownModel):
+        llm_service.stream(COLORS, GREEDY, model="gpt-9-ultra")
+    with pytest.raises(PromptTooLong) as caught:
+        await llm_service.complete([ChatMessage("user", "lorem ipsum dolor " * 2000)], GREEDY)
+    assert caught.value.status == 400
+
+
+async def test_full_queue_is_overloaded_and_timeouts_are_504(base_settings: Settings) -> None:
+    settings = base_settings.model_copy(update={"llm_max_queue": 1, "llm_request_timeout_s": 3.0})
+    service = LlmService(settings, Metrics())
+    await service.start()
+    try:
+        params = GenerationParams(temperature=0.0, max_tokens=1000)
+        running = service.stream(STORY, params)
+        await anext(running)  # holds the model
+        waiting = service.stream(STORY, params)
+        waiter = asyncio.create_task(anext(waiting))
+        await asyncio.sleep(0.2)  # the second one is now in the queue
+        with pytest.raises(Overloaded, match="llm_max_queue"):
+            await anext(service.stream(STORY, params))
+        with pytest.raises(LlmTimeout, match="llm_request_timeout_s"):
+            async for _ in running:
+                pass
+        await running.aclose()
+        assert isinstance(await waiter, str)  # the queued one runs once the model is free
+        await waiting.aclose()
+        metrics = service.metrics_registry.render().decode()
+        assert 'outcome="rejected"' in metrics and 'outcome="timeout"' in metrics
+    finally:
+        await service.aclose()

@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""Time to first token and tokens/s through /v1/chat/completions vs llama.cpp called in-process.
+
+In one run, on the same prompts, with the same GGUF, thread count and greedy decoding:
+  1. direct: llama-cpp-python's ``Llama.create_chat_completion(stream=True)`` in this process,
+     the way an application embeds llama.cpp itself;
+  2. server: ``POST /v1/chat/completions`` with ``stream=true`` to a mediaserver child process
+     (``python -m mediaserver``, default settings), SSE read by aiohttp as it arrives.
+
+Both sides run alone (one request at a time, alternating direct and server so that load from
+other processes hits both alike) and with 4 concurrent clients (4 requests at once; one llama.cpp
+context serves them one after another on both sides, so the direct side runs the 4 back to back
+from the same start). Every request asks for exactly ``--tokens`` tokens of a story that does not
+end sooner, so tokens/s compares equal work; each prompt is different so the prompt is really
+evaluated (llama.cpp reuses a cached prefix) and the system prompt part is the same everywhere.
+
+Time to first token is measured from sending the request (or calling the library) to the first
+non-empty text; tokens/s is (tokens - 1) / (time of the last token - time of the first). With 4
+clients the figures are means over the clients, and tokens/s is the aggregate (all tokens over
+the wall time from the first start to the last token).
+
+Prints the figures and ratios (targets: server TTFT ≤ 1.10 × direct, tokens/s ≥ 0.95 × direct)
+and writes ``bench-results/bench-llm.png`` and ``.json``.
+
+Usage: python tools/bench_llm.py [--url http://127.0.0.1:19001] [--rounds 5] [--tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+TARGET_TTFT_RATIO = 1.10
+TARGET_TPS_RATIO = 0.95
+CONCURRENCY = 4
+SYSTEM = "You are a storyteller. You always write long, detailed stories."
+TOPICS = (
+    "a cat who travels the world",
+    "a lighthouse keeper and a storm",
+    "a robot learning to cook",
+    "two friends lost in a forest",
+    "a dragon who is afraid of fire",
+    "a city under the sea",
+    "a clockmaker's last invention",
+    "a train that never stops",
+    "a garden that grows at night",
+    "a letter delivered fifty years late",
+)
+
+
+@dataclass
+class Run:
+    side: str  # "direct" or "server"
+    mode: str  # "alone" or "concurrent"
+    ttft_s: float
+    tokens: int
+    first_s: float  # from this request's start to its first token (== ttft_s)
+    last_s: float  # from this request's start to its last token
+    start_s: float  # start, relative to the batch's start (concurrent runs)
+
+
+def messages(index: int) -> list[dict[str, str]]:
+    topic = TOPICS[index % len(TOPICS)]
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"Story number {index}: tell me a long story about {topic}."},
+    ]
+
+
+# ----------------------------------------------------------------------------- direct
+
+
+class Direct:
+    """llama.cpp in this process, loaded as the server loads it (same GGUF, threads, context)."""
+
+    def __init__(self) -> None:
+        from llama_cpp import Llama
+
+        from mediaserver.config import Settings
+        from mediaserver.llm.llama_cpp import _llama_kwargs
+        from mediaserver.llm.registry import LlmRegistry
+
+        settings = Settings()
+        registry = LlmRegistry(settings)
+        source = registry.source(registry.default_name or "")
+        self.kwargs = _llama_kwargs(settings, None)
+        self.llama: Any = Llama(model_path=source.location, **self.kwargs)
+
+    def run(self, index: int, tokens: int, started: float) -> tuple[Run, str]:
+        begin = time.perf_counter()
+        first = last = None
+        count = 0
+        text: list[str] = []
+        stream = self.llama.create_chat_completion(
+            messages=messages(index), max_tokens=tokens, temperature=0.0, stream=True
+        )
+        finish = None
+        for chunk in stream:
+            choice = chunk["choices"][0]
+            content = choice["delta"].get("content")
+            finish = choice.get("finish_reason") or finish
+            if content:
+                now = time.perf_counter()
+                first = first if first is not None else now
+                last = now
+                count += 1
+                text.append(content)
+        assert first is not None and last is not None, "no tokens"
+        # A chunk can hold more than one token (a character split across tokens); a "length" finish
+        # means exactly max_tokens were generated.
+        count = tokens if finish == "length" else count
+        return Run("direct", "", first - begin, count, first - begin, last - begin, begin - started), "".join(text)
+
+
+# ----------------------------------------------------------------------------- server
+
+
+async def server_run(url: str, index: int, tokens: int, started: float) -> tuple[Run, str, int]:
+    import aiohttp
+
+    body = {"model": "gpt-4o-mini", "messages": messages(index), "max_tokens": tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+        begin = time.perf_counter()
+        first = last = None
+        count = 0
+        usage = 0
+        text: list[str] = []
+        async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+            if resp.status != 200:
+                raise SystemExit(f"server answered {resp.status}: {await resp.text()}")
+            async for line in resp.content:
+                if not line.startswith(b"data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    usage = int(chunk["usage"]["completion_tokens"])
+                for choice in chunk["choices"]:
+                    content = choice["delta"].get("content")
+                    if content:
+                        now = time.perf_counter()
+                        first = first if first is not None else now
+                        last = now
+                        count += 1
+                        text.append(content)
+    assert first is not None and last is not None, "no tokens"
+    run = Run("server", "", first - begin, usage or count, first - begin, last - begin, begin - started)
+    return run, "".join(text), usage
+
+
+# ----------------------------------------------------------------------------- child server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.loads(response.read())
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def child_server(log_path: Path, startup_timeout_s: float) -> Iterator[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-llm-certs-") as cert_dir, open(log_path, "wb") as log_file:
+        command = [
+            sys.executable, "-m", "mediaserver", "--http-port", str(port), "--host", "127.0.0.1",
+            "--https-port", str(free_port()), "--cert-dir", cert_dir, "--log-level", "WARNING",
+        ]  # fmt: skip
+        env = dict(os.environ)
+        env.setdefault("MEDIASERVER_WYOMING_HOST", "127.0.0.1")
+        env.setdefault("MEDIASERVER_WYOMING_PORT", str(free_port()))
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + startup_timeout_s
+            while get_json(f"{url}/health") is None:
+                if process.poll() is not None:
+                    raise SystemExit(f"the server exited with {process.returncode}; see {log_path}")
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"no /health within {startup_timeout_s:g} s; see {log_path}")
+                time.sleep(0.2)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=15)
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def tokens_per_s(run: Run) -> float:
+    return (run.tokens - 1) / (run.last_s - run.first_s) if run.last_s > run.first_s else 0.0
+
+
+def summary(runs: list[Run], concurrent: bool) -> dict[str, float]:
+    ttft = statistics.median(r.ttft_s for r in runs) if not concurrent else statistics.mean(r.ttft_s for r in runs)
+    if concurrent:
+        # Aggregate over each batch of CONCURRENCY requests: all tokens over the batch's wall time.
+        rates = []
+        for start in range(0, len(runs), CONCURRENCY):
+            batch = runs[start : start + CONCURRENCY]
+            wall = max(r.start_s + r.last_s for r in batch) - min(r.start_s for r in batch)
+            rates.append(sum(r.tokens for r in batch) / wall)
+        tps = statistics.median(rates)
+    else:
+        tps = statistics.median(tokens_per_s(r) for r in runs)
+    return {"ttft_s": ttft, "tokens_per_s": tps, "tokens": statistics.mean(r.tokens for r in runs)}
+
+
+async def measure(url: str, direct: Direct, rounds: int, tokens: int) -> dict[str, Any]:
+    results: dict[str, list[Run]] = {"direct-alone": [], "server-alone": [], "direct-concurrent": [],
+                                     "server-concurrent": []}  # fmt: skip
+    mismatches = 0
+    usage_mismatch = 0
+    index = 100
+    # Warm up both (first call pays page faults and thread start-up).
+    await asyncio.to_thread(direct.run, 0, 4, time.perf_counter())
+    await server_run(url, 1, 4, time.perf_counter())
+    for round_ in range(rounds):
+        order = ("direct", "server") if round_ % 2 == 0 else ("server", "direct")
+        index += 1
+        texts = {}
+        for side in order:
+            if side == "direct":
+                run, text = await asyncio.to_thread(direct.run, index, tokens, time.perf_counter())
+            else:
+                run, text, usage = await server_run(url, index, tokens, time.perf_counter())
+                usage_mismatch += usage != tokens
+            run.mode = "alone"
+            results[f"{side}-alone"].append(run)
+            texts[side] = text
+        mismatches += texts["direct"] != texts["server"]
+        print(f"  alone round {round_ + 1}/{rounds}: direct ttft {results['direct-alone'][-1].ttft_s * 1000:.0f} ms, "
+              f"server ttft {results['server-alone'][-1].ttft_s * 1000:.0f} ms", flush=True)  # fmt: skip
+    for round_ in range(rounds):
+        order = ("direct", "server") if round_ % 2 == 0 else ("server", "direct")
+        indices = list(range(index + 1, index + 1 + CONCURRENCY))
+        index += CONCURRENCY
+        for side in order:
+            started = time.perf_counter()
+            if side == "direct":  # one context: the 4 requests, back to back, all from ``started``
+                batch = []
+                for i in indices:
+                    run, _ = await asyncio.to_thread(direct.run, i, tokens, started)
+                    run.ttft_s = run.start_s + run.first_s  # waiting for the earlier ones counts
+                    batch.append(run)
+            else:
+                outcomes = await asyncio.gather(*(server_run(url, i, tokens, started) for i in indices))
+                batch = []
+                for run, _, _ in outcomes:
+                    run.ttft_s = run.start_s + run.first_s
+                    batch.append(run)
+            for run in batch:
+                run.mode = "concurrent"
+            results[f"{side}-concurrent"].extend(batch)
+        print(f"  concurrent round {round_ + 1}/{rounds} done", flush=True)
+    return {"runs": results, "text_mismatches": mismatches, "usage_mismatches": usage_mismatch}
+
+
+def plot(figures: dict[str, dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    modes = ("alone", f"{CONCURRENCY} clients")
+    keys = ("alone", "concurrent")
+    width = 0.35
+    for offset, side, color in ((-width / 2, "direct", "#888888"), (width / 2, "server", "#2a7ab9")):
+        ttft = [figures[f"{side}-{k}"]["ttft_s"] * 1000 for k in keys]
+        tps = [figures[f"{side}-{k}"]["tokens_per_s"] for k in keys]
+        label = "llama.cpp in-process" if side == "direct" else "/v1/chat/completions"
+        ax1.bar([i + offset for i in range(2)], ttft, width, label=label, color=color)
+        ax2.bar([i + offset for i in range(2)], tps, width, label=label, color=color)
+    ax1.set_title("time to first token (ms, lower is better)")
+    ax2.set_title("tokens/s (higher is better)")
+    for ax in (ax1, ax2):
+        ax.set_xticks(range(2), modes)
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="a running server (default: start one as a child process)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=64, help="tokens per answer (exactly: the story goes on)")
+    parser.add_argument("--plot", type=Path, default=REPO / "bench-results" / "bench-llm.png")
+    parser.add_argument("--startup-timeout-s", type=float, default=300.0)
+    args = parser.parse_args()
+
+    direct = Direct()
+    print(f"llama.cpp in-process: {direct.kwargs}", flush=True)
+    with contextlib.ExitStack() as stack:
+        log_path = args.plot.with_suffix(".server.log")
+        url = args.url or stack.enter_context(child_server(log_path, args.startup_timeout_s))
+        health = get_json(f"{url}/health") or {}
+        print(f"server {url}: llm {health.get('features', {}).get('llm')}", flush=True)
+        raw = asyncio.run(measure(url, direct, args.rounds, args.tokens))
+
+    figures = {key: summary(runs, key.endswith("concurrent")) for key, runs in raw["runs"].items()}
+    print(f"\n{args.rounds} rounds, {args.tokens} tokens per answer, {os.cpu_count()} cores, {platform.processor()}")
+    print(f"{'':22}{'TTFT ms':>10}{'tokens/s':>10}")
+    for key, fig in figures.items():
+        print(f"{key:22}{fig['ttft_s'] * 1000:10.1f}{fig['tokens_per_s']:10.1f}")
+    verdicts = []
+    ratios: dict[str, dict[str, float]] = {}
+    for mode in ("alone", "concurrent"):
+        d, s = figures[f"direct-{mode}"], figures[f"server-{mode}"]
+        ttft_ratio = s["ttft_s"] / d["ttft_s"]
+        tps_ratio = s["tokens_per_s"] / d["tokens_per_s"]
+        ratios[mode] = {"ttft": ttft_ratio, "tokens_per_s": tps_ratio}
+        ok_ttft = ttft_ratio <= TARGET_TTFT_RATIO
+        ok_tps = tps_ratio >= TARGET_TPS_RATIO
+        verdicts += [ok_ttft, ok_tps]
+        print(
+            f"{mode:10} server/direct: TTFT {ttft_ratio:.3f}× (target ≤ {TARGET_TTFT_RATIO}: "
+            f"{'met' if ok_ttft else 'NOT met'}), tokens/s {tps_ratio:.3f}× (target ≥ {TARGET_TPS_RATIO}: "
+            f"{'met' if ok_tps else 'NOT met'})"
+        )
+    print(f"answers that differ between direct and server (greedy, same prompt): {raw['text_mismatches']}")
+    print(f"server usage.completion_tokens != {args.tokens}: {raw['usage_mismatches']}")
+    plot(figures, args.plot)
+    result = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "figures": figures,
+        "ratios": ratios,
+        "text_mismatches": raw["text_mismatches"],
+        "runs": {k: [asdict(r) for r in v] for k, v in raw["runs"].items()},
+    }
+    args.plot.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.plot} and {args.plot.with_suffix('.json')}")
+    if not all(verdicts):
+        print("some targets were not met (see above)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,13 @@
-"""The legacy WIS chatbot (willow-contract.md §6): GET /api/chatbot and WS /api/ws/chatbot.
+"""The legacy WIS chatbot (willow-contract.md §6): GET /api/chatbot and /api/chatbot/tts, WS /api/ws/chatbot.
 
 ``GET /api/chatbot?text=…&max_new_tokens=&temperature=&top_p=&repetition_penalty=`` answers
-``{"response": "…"}``. The WebSocket takes a plain text frame (the question) and answers with a
-plain text frame (the answer), no JSON, as WIS's ``chatbot.js`` expects; a failure is answered as a
-text frame starting with ``error:``. WIS prompted Vicuna with ``USER: …\\nASSISTANT:``; here the
-model's own chat template is used, with ``llm_system_prompt`` as the system message. Each question
-stands alone, as in WIS.
+``{"response": "…"}``. ``GET /api/chatbot/tts`` takes the same plus ``format`` and ``speaker`` (as
+``/api/tts``) and answers with the answer spoken (streamed sentence by sentence as it is
+synthesized), its text in ``X-Response`` (percent-encoded UTF-8). The WebSocket takes a plain text
+frame (the question) and answers with a plain text frame (the answer), no JSON, as WIS's
+``chatbot.js`` expects; a failure is answered as a text frame starting with ``error:``. WIS prompted
+Vicuna with ``USER: …\nASSISTANT:``; here the model's own chat template is used, with
+``llm_system_prompt`` as the system message. Each question stands alone, as in WIS.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from urllib.parse import quote
 
 from aiohttp import WSMsgType, web
 
@@ -22,6 +25,9 @@ from mediaserver.llm.service import LlmService
 from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.state import CAPABILITIES, LLM, SETTINGS
 from mediaserver.transport.common import parse_float, parse_int
+from mediaserver.transport.tts_http import SpeechRequest, respond_with_speech, tts_of
+from mediaserver.transport.wis_tts import parse_format
+from mediaserver.tts.types import SynthesisParams
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +40,7 @@ def _messages(settings: Settings, text: str) -> list[ChatMessage]:
     return [*messages, ChatMessage("user", text)]
 
 
-async def chatbot_handler(request: web.Request) -> web.Response:
-    request.app[CAPABILITIES].require("llm")
+def _question(request: web.Request) -> tuple[str, GenerationParams]:
     settings = request.app[SETTINGS]
     query = request.query
     text = (query.get("text") or "").strip()
@@ -53,8 +58,31 @@ async def chatbot_handler(request: web.Request) -> web.Response:
         top_p=parse_float(query, "top_p", None, minimum=0.01, maximum=1.0),
         repeat_penalty=parse_float(query, "repetition_penalty", None, minimum=0.5, maximum=2.0),
     )
-    completion = await request.app[LLM].complete(_messages(settings, text), params)
+    return text, params
+
+
+async def chatbot_handler(request: web.Request) -> web.Response:
+    request.app[CAPABILITIES].require("llm")
+    text, params = _question(request)
+    completion = await request.app[LLM].complete(_messages(request.app[SETTINGS], text), params)
     return web.json_response({"response": completion.text.strip()})
+
+
+async def chatbot_tts_handler(request: web.Request) -> web.StreamResponse:
+    """GET /api/chatbot/tts: the answer, spoken (WIS's chatbot with its TTS)."""
+    request.app[CAPABILITIES].require("llm")
+    tts = tts_of(request)
+    settings = request.app[SETTINGS]
+    query = request.query
+    text, params = _question(request)
+    fmt = parse_format(query.get("format"), settings.tts_wis_default_format)
+    voice = await tts.voice(query.get("speaker") or query.get("voice"), language=query.get("language") or None)
+    # The whole answer first: the response header carries its text, and a WIS client expects a file.
+    completion = await request.app[LLM].complete(_messages(settings, text), params)
+    answer = completion.text.strip() or "I have no answer to that."
+    spoken = SpeechRequest(answer[: settings.tts_max_input_chars], voice, SynthesisParams(), fmt)
+    headers = {"X-Response": quote(answer, safe=" ,.?!'")}
+    return await respond_with_speech(request, spoken, cache=False, headers=headers)
 
 
 async def _answer_questions(
@@ -108,4 +136,5 @@ async def ws_chatbot_handler(request: web.Request) -> web.WebSocketResponse:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/chatbot", chatbot_handler)
+    app.router.add_get("/api/chatbot/tts", chatbot_tts_handler)
     app.router.add_get("/api/ws/chatbot", ws_chatbot_handler)

@@ -1,12 +1,20 @@
-"""The legacy WIS chatbot: GET /api/chatbot → {"response"} and WS /api/ws/chatbot (text in, text out)."""
+"""The legacy WIS chatbot: GET /api/chatbot → {"response"}, GET /api/chatbot/tts → the answer spoken,
+and WS /api/ws/chatbot (text in, text out)."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
+import av
+import numpy as np
 
+from mediaserver.asr.service import AsrService
+from mediaserver.audio.decode import resample_mono
+from mediaserver.events import TranscriptionOptions
 from mediaserver.llm.service import LlmService
 
 
@@ -33,6 +41,26 @@ async def test_chatbot_bad_input_is_400_in_wis_shape(server: Any) -> None:
                 body = await resp.json()
             assert set(body) == {"error", "code"}
             assert param in body["error"]
+
+
+async def test_chatbot_tts_speaks_the_answer(server: Any, asr_service: AsrService, wer: Any) -> None:
+    params = {"text": "Name three colors.", "temperature": "0", "max_new_tokens": "40", "format": "wav"}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{server.url}/api/chatbot/tts", params=params) as resp:
+            assert resp.status == 200, await resp.text()
+            assert resp.content_type == "audio/wav"
+            answer = unquote(resp.headers["X-Response"])
+            body = await resp.read()
+        async with session.get(f"{server.url}/api/chatbot/tts", params={**params, "format": "aiff"}) as bad:
+            assert bad.status == 400
+            assert "formats: WAV, FLAC, OGG, MP3" in (await bad.json())["error"]
+    with av.open(io.BytesIO(body), mode="r") as container:
+        stream = container.streams.audio[0]
+        rate = stream.sample_rate
+        samples = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(stream)])
+    audio = resample_mono(samples.astype(np.float32) / 32768.0, rate)
+    heard = await asr_service.transcribe(audio, TranscriptionOptions(language="en", with_segment_timestamps=False))
+    assert answer and wer(answer, heard.text) <= 0.25, (answer, heard.text)
 
 
 async def test_ws_chatbot_text_frame_in_text_frame_out(server: Any) -> None:

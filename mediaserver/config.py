@@ -140,6 +140,7 @@ class Settings(BaseSettings):
     ws_max_message_bytes: int = Field(1024 * 1024, ge=1024)
     ws_heartbeat_s: float = Field(20.0, gt=0)
     ws_idle_timeout_s: float = Field(300.0, gt=0)
+    ws_answer_lead_ms: int = Field(200, ge=0, description="answer audio sent ahead of real time (voice loop)")
 
     # --- Wyoming (Home Assistant) --------------------------------------------------------------
     wyoming_enabled: bool = True
@@ -226,6 +227,26 @@ class Settings(BaseSettings):
     llm_embedding_max_inputs: int = Field(256, ge=1, description="inputs per request")
     llm_embedding_max_input_tokens: int = Field(512, ge=8, description="longer inputs get a 400")
     llm_embedding_cache_entries: int = Field(4096, ge=0, description="LRU cache of embeddings; 0 = off")
+
+    # --- the voice loop: answers spoken back on WebRTC and device sockets (mediaserver/assistant) --
+    assistant_system_prompt: str = Field(
+        "You are a friendly voice assistant. Answer in one to three short sentences of plain spoken "
+        "language, without lists or markup.",
+        description="the system prompt of spoken conversations (a client may send its own)",
+    )
+    assistant_speak: bool = Field(True, description="speak answers (false: text only)")
+    assistant_voice: str | None = Field(None, description="TTS voice of answers; none = tts_default_voice")
+    assistant_llm_model: str | None = Field(None, description="LLM of answers; none = llm_model")
+    assistant_max_answer_tokens: int = Field(200, ge=1, description="cap on one spoken answer")
+    assistant_temperature: float | None = Field(None, ge=0, le=2, description="none = llm_default_temperature")
+    assistant_history_turns: int = Field(8, ge=0, description="earlier user turns sent with each question")
+    assistant_history_tokens: int = Field(
+        1500, ge=0, description="and at most this much history (estimated at 4 characters a token)"
+    )
+    assistant_turn_timeout_s: float = Field(
+        30.0, gt=0, description="an answer not generated and synthesized within this ends with an error"
+    )
+    assistant_barge_in: bool = Field(True, description="the user speaking stops the answer being played")
 
     # --- misc ----------------------------------------------------------------------------------
     save_audio_dir: Path = Path("audio")

@@ -132,4 +132,47 @@ class StreamError:
     audio_end_ms: int | None = None
 
 
-SessionEvent = SpeechStarted | SpeechStopped | PartialTranscript | FinalTranscript | StreamError
+# --- the assistant's side of a conversation (the voice loop) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class AssistantText:
+    """A piece of the answer to turn ``turn``: ``delta`` is new text, ``text`` all of it so far."""
+
+    turn: int
+    delta: str
+    text: str
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class AssistantAudioStarted:
+    """The first audio of turn ``turn`` was handed to the transport."""
+
+    turn: int
+
+
+@dataclass(frozen=True)
+class AssistantAudioStopped:
+    """Turn ``turn``'s audio ended: played to the end, or ``interrupted`` (barge-in, a reset).
+
+    ``heard`` is the text the user actually heard, which is what the history keeps."""
+
+    turn: int
+    interrupted: bool
+    heard: str
+
+
+@dataclass(frozen=True)
+class AssistantError:
+    """A turn failed at ``stage`` (``llm``, ``tts``); the session stays up for the next turn."""
+
+    turn: int
+    stage: str
+    code: str
+    message: str
+
+
+AssistantEvent = AssistantText | AssistantAudioStarted | AssistantAudioStopped | AssistantError
+
+SessionEvent = SpeechStarted | SpeechStopped | PartialTranscript | FinalTranscript | StreamError | AssistantEvent

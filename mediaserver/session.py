@@ -86,6 +86,16 @@ def _agreed_prefix(a: str, b: str) -> str:
     return " ".join(agreed)
 
 
+class Answerer(Protocol):
+    """What the session needs of a voice-loop assistant (``mediaserver.assistant.turns.Assistant``)."""
+
+    async def answer(self, user_text: str, *, speech_ended_at: float | None = None) -> None: ...
+
+    async def interrupt(self) -> bool: ...
+
+    def observe_transcript(self, seconds: float) -> None: ...
+
+
 class StreamSession:
     """The transport-neutral core of one live audio stream.
 
@@ -94,6 +104,10 @@ class StreamSession:
     extends it), and the tasks that wait on the shared ASR service (partials, and finals chained so
     they arrive in order). Transports feed it 16 kHz audio and translate the events it emits; they
     never call the ASR service themselves, so every transport segments and transcribes alike.
+
+    With an ``assistant`` attached (the voice loop), each final transcript is answered, and the user
+    starting to speak while an answer plays interrupts it (barge-in); the assistant's events come
+    out of the same emit callback.
     """
 
     def __init__(
@@ -120,6 +134,8 @@ class StreamSession:
         self._tasks: set[asyncio.Task[object]] = set()
         self._final_chain: asyncio.Future[None] | None = None
         self._closed = False
+        self.assistant: Answerer | None = None
+        self.barge_in = settings.assistant_barge_in
         self.last_activity = time.monotonic()
         self.samples_received = 0
         self.utterances = 0
@@ -158,6 +174,8 @@ class StreamSession:
     async def _on_segment(self, event: SpeechStart | Utterance | Discarded) -> None:
         if isinstance(event, SpeechStart):
             self._begin_utterance()
+            if self.assistant is not None and self.barge_in:
+                await self.assistant.interrupt()  # the user talks over the answer: stop it first
             await self._emit(SpeechStarted(event.start_ms))
         elif isinstance(event, Utterance):
             await self._emit(SpeechStopped(event.end_ms))
@@ -182,11 +200,12 @@ class StreamSession:
 
     async def stop_recording(self) -> FinalTranscript:
         """End a push-to-talk utterance and wait for its final transcript."""
+        ended_at = time.monotonic()
         self._recording = False
         audio = self.recorded_audio()
         self._recorded = []
         self._cancel_partials()
-        return await self._final(audio, 0, int(audio.size * 1000 / SAMPLE_RATE_HZ))
+        return await self._final(audio, 0, int(audio.size * 1000 / SAMPLE_RATE_HZ), ended_at=ended_at)
 
     async def commit(self) -> FinalTranscript | None:
         """Finish whatever audio is buffered (server VAD) now; None when nothing was being said.
@@ -203,11 +222,12 @@ class StreamSession:
             await self._emit(SpeechStopped(event.end_ms, discarded=True))
             return None
         await self._emit(SpeechStopped(event.end_ms))
+        ended_at = time.monotonic()
         previous = self._final_chain
         if previous is not None:
             with contextlib.suppress(Exception):
                 await previous
-        return await self._final(event.audio, event.start_ms, event.end_ms)
+        return await self._final(event.audio, event.start_ms, event.end_ms, ended_at=ended_at)
 
     def clear(self) -> None:
         """Drop buffered audio and any utterance in progress."""
@@ -286,6 +306,7 @@ class StreamSession:
         """Queue a final without blocking the audio path; finals of a session arrive in order."""
         previous = self._final_chain
         committed = self._committed
+        ended_at = time.monotonic()
         self._cancel_partials()
         self._committed = ""
         self._last_hypothesis = ""
@@ -295,7 +316,7 @@ class StreamSession:
                 with contextlib.suppress(Exception):
                     await previous
             try:
-                await self._final(audio, start_ms, end_ms, committed=committed)
+                await self._final(audio, start_ms, end_ms, committed=committed, ended_at=ended_at)
             except ApiError:
                 pass  # _final already reported it as a StreamError
             except Exception:
@@ -308,8 +329,16 @@ class StreamSession:
         task.add_done_callback(self._tasks.discard)
 
     async def _final(
-        self, audio: AudioArray, start_ms: int, end_ms: int, *, committed: str | None = None
+        self,
+        audio: AudioArray,
+        start_ms: int,
+        end_ms: int,
+        *,
+        committed: str | None = None,
+        ended_at: float | None = None,
     ) -> FinalTranscript:
+        """Transcribe an utterance; ``ended_at`` is when its speech ended (monotonic)."""
+        ended_at = time.monotonic() if ended_at is None else ended_at
         committed = self._committed if committed is None else committed
         self._cancel_partials()
         started = time.perf_counter()
@@ -331,6 +360,9 @@ class StreamSession:
             self._committed = ""
             self._last_hypothesis = ""
         await self._emit(final)
+        if self.assistant is not None and text.strip() and not self._closed:
+            self.assistant.observe_transcript(time.monotonic() - ended_at)
+            await self.assistant.answer(text, speech_ended_at=ended_at)
         return final
 
     async def aclose(self) -> None:

@@ -7,8 +7,15 @@ BYE, which aiortc would take as the end of the track. Like WIS we ignore BYE on 
 flows again into the same session when the browser resumes with ``replaceTrack(track)``.
 
 Data channel (willow-contract.md §7.3): messages are ``{"type", "message", "obj"}`` JSON. WIS
-clients get exactly WIS's messages; the extensions (hands-free server VAD, partials, speech events)
-are only sent to a client that asked for them in ``start.obj``.
+clients get exactly WIS's messages; the extensions (hands-free server VAD, partials, speech events,
+the assistant) are only sent to a client that asked for them in ``start.obj``.
+
+The voice loop: when the offer's audio is ``sendrecv``, the answer carries an outbound audio track
+(``rtc_audio.AssistantAudioTrack``) that sends nothing until there is an answer to speak. A client
+that starts with ``"assistant": true`` gets each final transcript answered by the LLM: ``assistant``
+messages with the text as it is written, the speech on that track, ``assistant_audio_started`` /
+``assistant_audio_stopped``; speaking over an answer (or ``interrupt``) stops it, ``reset`` forgets
+the conversation.
 """
 
 from __future__ import annotations
@@ -30,10 +37,16 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
 from aiortc.rtp import RtcpByePacket
 
+from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import (
     SAMPLE_RATE_HZ,
+    AssistantAudioStarted,
+    AssistantAudioStopped,
+    AssistantError,
+    AssistantText,
     FinalTranscript,
     PartialTranscript,
     SessionEvent,
@@ -44,6 +57,8 @@ from mediaserver.events import (
 from mediaserver.session import StreamOptions, StreamSession
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.common import stream_options_from
+from mediaserver.transport.rtc_audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
+from mediaserver.transport.voice import new_assistant, update_assistant
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +104,7 @@ class RtcSession:
     """A peer connection, its track reader, its data channel and the StreamSession behind them."""
 
     def __init__(self, app: web.Application, options: StreamOptions, settings: Settings) -> None:
+        self.app = app
         self.settings = settings
         self.sessions = app[SESSIONS]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(settings)))
@@ -104,6 +120,10 @@ class RtcSession:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
         self.frames_received = 0
+        # The voice loop: an outbound track when the offer can receive audio, an assistant on request.
+        self.audio_out: AudioOut | None = None
+        self.out_track: AssistantAudioTrack | None = None
+        self.assistant: Assistant | None = None
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("track", self._on_track)
         self.pc.on("connectionstatechange", self._on_connection_state)
@@ -140,6 +160,18 @@ class RtcSession:
                     await self.stream.feed(samples)
         except MediaStreamError:
             log.debug("session %s: track ended", self.id)
+
+    def add_outbound_track(self) -> None:
+        """Answer a ``sendrecv`` audio offer with a track for spoken answers (silent until used)."""
+        wants_audio = any(
+            t.kind == "audio" and getattr(t, "_offerDirection", None) in ("sendrecv", "recvonly")
+            for t in self.pc.getTransceivers()
+        )
+        if not wants_audio:
+            return
+        self.audio_out = AudioOut(RTC_SAMPLE_RATE_HZ)
+        self.out_track = AssistantAudioTrack(self.audio_out)
+        self.pc.addTrack(self.out_track)
 
     def _on_connection_state(self) -> None:
         state = self.pc.connectionState
@@ -186,6 +218,13 @@ class RtcSession:
                 await self._stop(obj)
             elif kind == "ping":
                 self.send(message("pong", parsed.get("message")))
+            elif kind == "interrupt":
+                if self.assistant is not None:
+                    await self.assistant.interrupt()
+            elif kind == "reset":
+                if self.assistant is not None:
+                    await self.assistant.reset()
+                self.send(message("log", "conversation reset"))
             else:
                 self.send(message("error", f'unknown message type "{kind}"'))
         except ApiError as exc:
@@ -196,6 +235,19 @@ class RtcSession:
 
     async def _start(self, obj: Mapping[str, Any]) -> None:
         options = self._options(obj, base=self.base_options)
+        wants_assistant = obj.get("assistant", False)
+        if not isinstance(wants_assistant, bool):
+            raise InvalidParameter("'assistant' must be true or false", param="assistant")
+        if wants_assistant:
+            if self.assistant is None:
+                self.assistant = new_assistant(self.app, self.stream, self._on_event, self.audio_out, obj)
+            else:
+                update_assistant(self.assistant, obj)
+            self.extensions = True
+        elif self.assistant is not None:
+            await self.assistant.aclose()
+            self.assistant = None
+            self.stream.assistant = None
         self.hands_free = bool(obj.get("hands_free", False))
         self.extensions = self.extensions or self.hands_free or bool(obj.get("partials", False))
         self.stream.configure(
@@ -248,6 +300,23 @@ class RtcSession:
         self.send(message("log", f"ASR Speedup: {speedup}x faster than realtime"))
 
     async def _on_event(self, event: SessionEvent) -> None:
+        if isinstance(event, AssistantText):
+            self.send(message("assistant", None, {"text": event.delta, "full": event.text, "final": event.final}))
+            return
+        if isinstance(event, AssistantAudioStarted):
+            self.send(message("assistant_audio_started", None, {"turn": event.turn}))
+            return
+        if isinstance(event, AssistantAudioStopped):
+            stopped = {"turn": event.turn, "interrupted": event.interrupted, "heard": event.heard}
+            self.send(message("assistant_audio_stopped", None, stopped))
+            return
+        if isinstance(event, AssistantError):
+            self.send(
+                message(
+                    "error", f"assistant {event.stage}: {event.message}", {"stage": event.stage, "code": event.code}
+                )
+            )
+            return
         if isinstance(event, FinalTranscript):
             obj: dict[str, Any] = {"text": event.transcript.text}
             if self.extensions:
@@ -276,6 +345,10 @@ class RtcSession:
             return
         self.closed = True
         self.sessions.discard(self.id)
+        if self.assistant is not None:
+            await self.assistant.aclose()
+        elif self.audio_out is not None:
+            self.audio_out.close()
         await self.stream.aclose()
         current = asyncio.current_task()
         for task in list(self._tasks):
@@ -314,6 +387,7 @@ async def offer_handler(request: web.Request) -> web.Response:
             raise InvalidParameter(f"malformed SDP offer: {exc}", param="sdp") from None
         if not any(t.kind == "audio" for t in session.pc.getTransceivers()) and session.pc.sctp is None:
             raise InvalidParameter("the SDP offer has neither an audio track nor a data channel", param="sdp")
+        session.add_outbound_track()
         answer = await session.pc.createAnswer()
         await session.pc.setLocalDescription(answer)
     except BaseException:

@@ -16,6 +16,7 @@ connection ends, ``WsSession.aclose`` leaves nothing running.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -27,12 +28,18 @@ from typing import Any, Final, Literal
 from aiohttp import WSCloseCode, web
 
 from mediaserver.asr.models import ModelRegistry
+from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.turns import Assistant
 from mediaserver.audio.decode import PcmFormat
 from mediaserver.audio.stream_decode import PcmStreamDecoder
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidAudio, InvalidParameter, Overloaded
 from mediaserver.events import (
     SAMPLE_RATE_HZ,
+    AssistantAudioStarted,
+    AssistantAudioStopped,
+    AssistantError,
+    AssistantText,
     AudioArray,
     FinalTranscript,
     PartialTranscript,
@@ -45,6 +52,7 @@ from mediaserver.session import SessionLimitReached, StreamOptions, StreamSessio
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.common import parse_bool, parse_int, stream_options_from
 from mediaserver.transport.socket_session import Limits, SocketSession, close_reason
+from mediaserver.transport.voice import new_assistant, update_assistant
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +94,15 @@ START_KEYS: Final = frozenset(
         "beam_size",
         "task",
         "prompt",
+        "assistant",
+        "speak",
+        "voice",
+        "system_prompt",
+        "audio_sample_rate",
     }
 )
+# Answer audio (binary frames to the client) is 16-bit PCM at one of these rates.
+_ANSWER_RATES_HZ: Final = (8000, 16000, 22050, 24000, 44100, 48000)
 
 
 # --- configuration ------------------------------------------------------------------------------
@@ -104,6 +119,10 @@ class StreamConfig:
     mode: Mode = "server_vad"
     partials: bool = False
     segments: bool = False
+    # The voice loop: answer each final (text messages, and speech as binary PCM frames).
+    assistant: bool = False
+    assistant_values: tuple[tuple[str, object], ...] = ()  # system_prompt / voice / speak as sent
+    audio_sample_rate_hz: int = SAMPLE_RATE_HZ
 
     @property
     def pcm_format(self) -> PcmFormat:
@@ -137,7 +156,7 @@ class StreamConfig:
             "beam_size": t.beam_size,
             "task": t.task,
             "prompt": t.initial_prompt,
-        }
+        } | ({"assistant": True, "audio_sample_rate": self.audio_sample_rate_hz} if self.assistant else {})
 
 
 def _text(value: object) -> str | None:
@@ -190,6 +209,24 @@ def parse_start(
     options = stream_options_from(option_values, settings, base=base.options if base else None)
     model = models.resolve(options.model)
     models.check_options(model, options.transcription)
+    assistant = parse_bool(text, "assistant", base.assistant if base else False)
+    audio_rate = parse_int(
+        text, "audio_sample_rate", base.audio_sample_rate_hz if base else SAMPLE_RATE_HZ, minimum=8000, maximum=48000
+    )
+    if audio_rate not in _ANSWER_RATES_HZ:
+        raise InvalidParameter(
+            f"audio_sample_rate must be one of {', '.join(map(str, _ANSWER_RATES_HZ))}, got {audio_rate}",
+            param="audio_sample_rate",
+        )
+    assistant_values = dict(base.assistant_values) if base else {}
+    for key, kind in (("system_prompt", str), ("voice", str), ("speak", bool)):
+        if key in values and values[key] is not None:
+            value = values[key]
+            if key == "speak" and isinstance(value, str):
+                value = parse_bool(text, "speak")
+            if not isinstance(value, kind):
+                raise InvalidParameter(f"{key} must be a {'string' if kind is str else 'boolean'}", param=key)
+            assistant_values[key] = value
     return StreamConfig(
         options=replace(options, model=model),
         sample_rate_hz=sample_rate,
@@ -198,6 +235,9 @@ def parse_start(
         mode=mode,
         partials=partials,
         segments=segments,
+        assistant=assistant,
+        assistant_values=tuple(assistant_values.items()),
+        audio_sample_rate_hz=audio_rate,
     )
 
 
@@ -242,6 +282,8 @@ class WsSession(SocketSession):
         self._recording = False  # push-to-talk: between start and stop (reader's view)
         self._told_not_started = False
         self._dropping = False
+        self.audio_out: AudioOut | None = None
+        self.assistant: Assistant | None = None
 
     # --- sending ----------------------------------------------------------------------------------
 
@@ -255,7 +297,16 @@ class WsSession(SocketSession):
         self.send_error(exc.code, exc.message, exc.param)
 
     async def _on_event(self, event: SessionEvent) -> None:
-        if isinstance(event, FinalTranscript):
+        if isinstance(event, AssistantText):
+            self.send_json({"type": "assistant", "delta": event.delta, "text": event.text, "final": event.final})
+        elif isinstance(event, AssistantAudioStarted):
+            rate = self.audio_out.sample_rate_hz if self.audio_out is not None else SAMPLE_RATE_HZ
+            self.send_json({"type": "assistant_audio_started", "sample_rate": rate, "encoding": "pcm16"})
+        elif isinstance(event, AssistantAudioStopped):
+            self.send_json({"type": "assistant_audio_stopped", "interrupted": event.interrupted, "heard": event.heard})
+        elif isinstance(event, AssistantError):
+            self.send_json({"type": "error", "code": event.code, "message": event.message, "stage": event.stage})
+        elif isinstance(event, FinalTranscript):
             self.send_json(self._final_message(event))
         elif isinstance(event, PartialTranscript):
             self.send_json({"type": "partial", "delta": event.delta, "text": event.text})
@@ -355,8 +406,17 @@ class WsSession(SocketSession):
                 self._accept_start(parse_start(parsed, self.settings, self.models, self.config))
             elif kind == "ping":
                 self._enqueue_control(_Ping())
+            elif kind in ("interrupt", "reset"):
+                # Not queued behind audio: barge-in must not wait for the worker.
+                if self.assistant is not None:
+                    self.spawn(
+                        self.assistant.interrupt() if kind == "interrupt" else self.assistant.reset(), "ws-" + kind
+                    )
             elif kind not in ("stop", "clear"):
-                self.send_error("unknown_type", f"unknown message type {kind!r}; expected start, stop, clear or ping")
+                self.send_error(
+                    "unknown_type",
+                    f"unknown message type {kind!r}; expected start, stop, clear, ping, interrupt or reset",
+                )
             elif self.config is None or self._decoder is None:
                 self.send_error("not_started", f'"{kind}" before "start"')
             elif kind == "clear":
@@ -408,7 +468,44 @@ class WsSession(SocketSession):
             config.channels,
             config.options.model,
         )
+        self._apply_assistant(config)
         self.send_json({"type": "ready", "session_id": self.id, **config.describe()})
+
+    def _apply_assistant(self, config: StreamConfig) -> None:
+        values = dict(config.assistant_values)
+        if not config.assistant:
+            if self.assistant is not None:
+                self.spawn(self.assistant.aclose(), "ws-assistant-close")
+                self.assistant = None
+                self.stream.assistant = None
+            return
+        if self.assistant is not None and self.audio_out is not None:
+            if self.audio_out.sample_rate_hz == config.audio_sample_rate_hz:
+                update_assistant(self.assistant, values)
+                return
+            self.spawn(self.assistant.aclose(), "ws-assistant-close")
+        self.audio_out = AudioOut(config.audio_sample_rate_hz)
+        self.assistant = new_assistant(self.app, self.stream, self._on_event, self.audio_out, values)
+        self.spawn(self._send_answers(self.audio_out), "ws-answer-audio")
+
+    async def _send_answers(self, out: AudioOut) -> None:
+        """Answer audio as binary frames, paced at real time with a little lead, so a barge-in drops
+        what the device has not received yet rather than what it has already buffered."""
+        lead_s = self.settings.ws_answer_lead_ms / 1000.0
+        frame_s = out.frame_samples / out.sample_rate_hz
+        due: float | None = None
+        while True:
+            try:
+                frame = await out.next_frame()
+            except EOFError:
+                return
+            now = time.monotonic()
+            if due is None or now - due > 0.1:
+                due = now  # the first frame of an answer (or after a stall): send at once
+            elif due - now > lead_s:
+                await asyncio.sleep(due - now - lead_s)
+            due += frame_s
+            self.send_raw(frame)
 
     async def _finish_utterance(self) -> None:
         started = time.perf_counter()
@@ -430,6 +527,8 @@ class WsSession(SocketSession):
     # --- closing ----------------------------------------------------------------------------------
 
     async def close_streams(self) -> None:
+        if self.assistant is not None:
+            await self.assistant.aclose()
         await self.stream.aclose()
 
     def summary(self) -> str:

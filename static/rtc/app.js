@@ -23,6 +23,13 @@ const state = {
   models: [],
   logs: [],
   errors: [],
+  // Assistant mode: answers as they are written, whether one is being spoken, the answer track.
+  assistant: false,
+  answer: "",
+  answers: [], // {text, heard, interrupted}
+  assistantSpeaking: false,
+  assistantTrack: false,
+  audioPlaying: false,
 };
 window.mediaserver = { client, state };
 
@@ -99,8 +106,13 @@ function renderConnection() {
   $("connect").disabled = state.connected || state.connecting;
   $("disconnect").disabled = !(state.connected || state.connecting);
   $("talk").disabled = !state.connected || state.handsFree;
-  $("hands-free").disabled = !state.connected || (state.recording && !state.handsFree);
+  $("hands-free").disabled = !state.connected || (state.recording && !state.handsFree) || state.assistant;
   $("hands-free").checked = state.handsFree;
+  $("assistant").disabled = !state.connected || (state.recording && !state.assistant);
+  $("assistant").checked = state.assistant;
+  $("assistant-card").hidden = !state.assistant && state.answers.length === 0;
+  $("interrupt").disabled = !state.assistantSpeaking;
+  $("assistant-state").textContent = state.assistant ? (state.assistantSpeaking ? "speaking" : "listening") : "";
   $("talk").classList.toggle("recording", state.recording && !state.handsFree);
   $("talk-label").textContent = state.handsFree
     ? "Hands-free listening"
@@ -156,7 +168,10 @@ client.addEventListener("statechange", (ev) => {
 client.addEventListener("recording", (ev) => {
   state.recording = ev.detail.recording;
   state.handsFree = ev.detail.handsFree;
-  if (!state.recording) state.speaking = false;
+  if (!state.recording) {
+    state.speaking = false;
+    state.assistant = false;
+  }
   renderConnection();
 });
 client.addEventListener("log", (ev) => log(ev.detail.message));
@@ -181,6 +196,39 @@ client.addEventListener("speech_stopped", () => {
   state.speaking = false;
   renderConnection();
 });
+client.addEventListener("assistant", (ev) => {
+  state.answer = ev.detail.full;
+  $("answer").textContent = state.answer;
+});
+client.addEventListener("assistant_audio_started", () => {
+  state.assistantSpeaking = true;
+  renderConnection();
+});
+client.addEventListener("assistant_audio_stopped", (ev) => {
+  state.assistantSpeaking = false;
+  const { heard, interrupted } = ev.detail;
+  state.answers.push({ text: state.answer, heard, interrupted });
+  const li = document.createElement("li");
+  if (interrupted) li.className = "interrupted";
+  const text = document.createElement("span");
+  text.className = "text";
+  text.textContent = interrupted ? heard || "(interrupted)" : state.answer;
+  li.append(text);
+  $("answers").append(li);
+  state.answer = "";
+  $("answer").textContent = "";
+  renderConnection();
+});
+client.addEventListener("assistant_track", (ev) => {
+  state.assistantTrack = true;
+  const audio = $("assistant-audio");
+  audio.srcObject = ev.detail.stream;
+  audio.play().catch(() => {}); // autoplay needs a user gesture on some browsers: Connect is one
+});
+$("assistant-audio").addEventListener("playing", () => {
+  state.audioPlaying = true;
+});
+
 client.addEventListener("bitrate", (ev) => {
   state.bitrate = { ...ev.detail };
   $("kbps-audio").textContent = fmtKbps(ev.detail.audioKbps);
@@ -275,6 +323,35 @@ $("clear").addEventListener("click", () => {
 });
 $("hands-free").addEventListener("change", (ev) => setHandsFree(ev.target.checked));
 
+async function setAssistant(on) {
+  if (!state.connected) return;
+  try {
+    if (on) {
+      state.partial = "";
+      renderPartial();
+      await client.start({ ...options(), handsFree: true, partials: true, assistant: true });
+      state.assistant = true;
+      log("assistant: listening; talk, and talk over an answer to interrupt it");
+    } else {
+      await client.stop(options());
+      state.assistant = false;
+    }
+  } catch (err) {
+    log(`assistant: ${err.message}`, "error");
+  }
+  renderConnection();
+}
+$("assistant").addEventListener("change", (ev) => setAssistant(ev.target.checked));
+$("interrupt").addEventListener("click", () => {
+  if (state.connected) client.interrupt();
+});
+$("reset").addEventListener("click", () => {
+  if (state.connected) client.resetConversation();
+  state.answers.length = 0;
+  $("answers").replaceChildren();
+  renderConnection();
+});
+
 const talk = $("talk");
 talk.addEventListener("pointerdown", (ev) => {
   if (ev.button !== 0) return;
@@ -309,4 +386,8 @@ selectValue($("beam-size"), params.get("beam_size"));
 selectValue($("language"), params.get("language"));
 renderConnection();
 loadModels();
-if (params.get("autoconnect") === "1") connect();
+if (params.get("autoconnect") === "1") {
+  connect().then(() => {
+    if (params.get("assistant") === "1" && state.connected) setAssistant(true);
+  });
+}

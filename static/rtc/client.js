@@ -20,6 +20,9 @@
 //   partial      {text, full, obj}           partial transcript of the current utterance
 //   speech_started / speech_stopped  {obj}  server VAD (hands-free only)
 //   pong         {message, rttMs}
+//   assistant    {delta, full, final}        the assistant's answer as it is written (assistant mode)
+//   assistant_audio_started {turn} / assistant_audio_stopped {turn, interrupted, heard}
+//   assistant_track {stream, track}          the server's outbound audio (answers), for an <audio>
 //   bitrate      {audioKbps, audioPayloadKbps, totalKbps, intervalMs, bytesSent}
 //   message      {msg}                       every data channel message, parsed
 //   recording    {recording, handsFree}
@@ -39,6 +42,11 @@ export function serverOptions(options = {}) {
     detectLanguage: "detect_language",
     detect_language: "detect_language",
     task: "task",
+    assistant: "assistant",
+    systemPrompt: "system_prompt",
+    system_prompt: "system_prompt",
+    voice: "voice",
+    speak: "speak",
   };
   const out = {};
   for (const [key, value] of Object.entries(options)) {
@@ -92,7 +100,9 @@ export class MediaserverClient extends EventTarget {
     this._connecting = false;
     this.apiBase = options.apiBase ?? DEFAULT_API_BASE;
     this.apiKey = options.apiKey ?? null;
-    this.audioConstraints = options.audio ?? true;
+    // Echo cancellation matters in assistant mode: the answer played by the speakers must not be
+    // heard by the server as the user talking (that would interrupt the answer).
+    this.audioConstraints = options.audio ?? { echoCancellation: true, noiseSuppression: true, autoGainControl: true };
     this.statsIntervalMs = options.statsIntervalMs ?? 1000;
     this.iceGatheringTimeoutMs = options.iceGatheringTimeoutMs ?? 5000;
     this.connectTimeoutMs = options.connectTimeoutMs ?? 30000;
@@ -105,6 +115,7 @@ export class MediaserverClient extends EventTarget {
     this.sender = null;
     this.stream = null;
     this.track = null;
+    this.remoteStream = null;
     this.recording = false;
     this.handsFree = false;
     this.connected = false;
@@ -239,6 +250,13 @@ export class MediaserverClient extends EventTarget {
     });
     dc.addEventListener("message", (ev) => {
       if (this.dc === dc) this._onMessage(ev);
+    });
+
+    // The server's answers arrive on a track of its own (silent between answers).
+    pc.addEventListener("track", (ev) => {
+      if (this.pc !== pc || ev.track.kind !== "audio") return;
+      this.remoteStream = ev.streams && ev.streams[0] ? ev.streams[0] : new MediaStream([ev.track]);
+      this._emit("assistant_track", { stream: this.remoteStream, track: ev.track });
     });
 
     this.sender = pc.addTrack(this.track, stream);
@@ -376,6 +394,16 @@ export class MediaserverClient extends EventTarget {
     this._emit("recording", { recording: false, handsFree: false });
   }
 
+  /** Stop the answer being spoken (the server keeps what was heard in the conversation). */
+  interrupt() {
+    this.send({ type: "interrupt" });
+  }
+
+  /** Forget the conversation. */
+  resetConversation() {
+    this.send({ type: "reset" });
+  }
+
   /** Round trip on the data channel; resolves with the RTT in ms. */
   ping(message) {
     const id = message ?? `p${++this._pingSeq}`;
@@ -442,6 +470,19 @@ export class MediaserverClient extends EventTarget {
       }
       case "partial":
         this._emit("partial", { text: (obj && obj.text) || "", full: obj && obj.full, obj });
+        break;
+      case "assistant":
+        this._emit("assistant", { delta: (obj && obj.text) || "", full: (obj && obj.full) || "", final: !!(obj && obj.final) });
+        break;
+      case "assistant_audio_started":
+        this._emit("assistant_audio_started", { turn: obj && obj.turn });
+        break;
+      case "assistant_audio_stopped":
+        this._emit("assistant_audio_stopped", {
+          turn: obj && obj.turn,
+          interrupted: !!(obj && obj.interrupted),
+          heard: (obj && obj.heard) || "",
+        });
         break;
       case "speech_started":
         this._speechStoppedAt = null;

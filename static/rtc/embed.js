@@ -2,6 +2,7 @@
 //
 // Query parameters:
 //   hands_free=1      listen continuously after connecting; the button pauses/resumes listening
+//   assistant=1       answer aloud what is said (implies hands_free); talking over an answer stops it
 //   toggle=1          tap to start, tap to stop (default: hold to talk)
 //   model, beam_size, language   Whisper options (language=auto detects the language)
 //   theme=auto|light|dark|transparent   (default auto: follows the OS)
@@ -18,7 +19,8 @@ const flag = (name, fallback = false) => {
 };
 
 const config = {
-  handsFree: flag("hands_free"),
+  assistant: flag("assistant"),
+  handsFree: flag("hands_free") || flag("assistant"),
   toggle: flag("toggle"),
   autoconnect: flag("autoconnect", true),
   theme: params.get("theme") || "auto",
@@ -57,6 +59,10 @@ const state = {
   errors: [],
   problem: environmentProblem(),
   config,
+  answer: "",
+  answers: [],
+  assistantSpeaking: false,
+  audioPlaying: false,
 };
 window.mediaserver = { client, state };
 
@@ -157,6 +163,27 @@ client.addEventListener("speech_stopped", () => {
 client.addEventListener("bitrate", (ev) => {
   state.bitrate = { ...ev.detail };
 });
+client.addEventListener("assistant", (ev) => {
+  state.answer = ev.detail.full;
+  showLine(state.answer, false);
+});
+client.addEventListener("assistant_audio_started", () => {
+  state.assistantSpeaking = true;
+});
+client.addEventListener("assistant_audio_stopped", (ev) => {
+  state.assistantSpeaking = false;
+  state.answers.push({ text: state.answer, heard: ev.detail.heard, interrupted: ev.detail.interrupted });
+});
+client.addEventListener("assistant_track", (ev) => {
+  const audio = document.createElement("audio");
+  audio.autoplay = true;
+  audio.srcObject = ev.detail.stream;
+  audio.addEventListener("playing", () => {
+    state.audioPlaying = true;
+  });
+  document.body.append(audio);
+  audio.play().catch(() => {});
+});
 
 // --- connection, with reconnection for dashboards that stay open for days --------------------
 
@@ -200,7 +227,7 @@ async function connect({ retry = false } = {}) {
 async function listen(on) {
   if (on) {
     state.partial = "";
-    await client.start({ ...options(), handsFree: config.handsFree, partials: true });
+    await client.start({ ...options(), handsFree: config.handsFree, partials: true, assistant: config.assistant });
   } else {
     await client.stop(options());
   }

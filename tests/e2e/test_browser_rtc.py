@@ -315,3 +315,31 @@ async def test_speak_panel_plays_speech(server: LiveServer, browser: Browser) ->
         assert speak["peakDb"] is not None and speak["peakDb"] > -40, speak
         assert "first audio after" in await page.page.text_content("#speak-status")
         assert page.errors == []
+
+
+async def test_assistant_mode_answers_aloud(
+    server_factory: Callable[..., Any], browser: Browser, fake_microphone: FakeMicrophone
+) -> None:
+    """Assistant mode: the fake microphone's sentence is answered; the answer is shown as it is
+    written and its audio arrives on the server's track, which the page plays in an <audio>."""
+    server: LiveServer = await server_factory(assistant_temperature=0.0, assistant_max_answer_tokens=40)
+    async with open_page(browser, f"{server.url}/rtc/") as page:
+        await connect(page)
+        await page.wait_for("window.mediaserver.state.assistantTrack", timeout_s=10)
+        await page.page.click("#assistant")
+        await page.wait_for("window.mediaserver.state.assistant", timeout_s=5)
+        await page.wait_for(
+            "window.mediaserver.state.answer.trim() || window.mediaserver.state.answers.length > 0",
+            timeout_s=fake_microphone.loop_s + 60,
+        )
+        await page.wait_for("window.mediaserver.state.audioPlaying", timeout_s=60)
+        await page.wait_for("window.mediaserver.state.answers.length > 0", timeout_s=60)
+        state = await page.state()
+        first = state["answers"][0]
+        print(f"assistant: heard {state['transcript'][:1]}, answered {first}")
+        assert first["text"].strip() or first["heard"].strip(), state["answers"]
+        assert await page.page.evaluate("document.getElementById('assistant-audio').srcObject !== null")
+        assert state["errors"] == [], state["errors"]
+        await page.page.click("#assistant")  # off again
+        await page.wait_for("!window.mediaserver.state.assistant", timeout_s=5)
+        assert page.errors == []

@@ -1,0 +1,371 @@
+"""The turn pipeline: a final transcript answered by the LLM, spoken by TTS, played to the user.
+
+One ``Assistant`` per session that asked for answers. For each user turn it streams the LLM's
+answer (the session's history and a system prompt in, text deltas out), feeds the deltas to TTS
+as they come (sentence by sentence: the first sentence is synthesized while the LLM still writes
+the second), and queues the audio on the session's ``AudioOut``, which the transport drains (a
+WebRTC track, binary socket frames). Text deltas and audio start/stop go out as typed events
+through the session's emit callback, so every transport translates the same events.
+
+A turn is one task, one cancellation scope. ``interrupt`` (barge-in: the user started to speak,
+or the client asked) drops the queued audio at once, cancels the task (the LLM stops within a
+token, pending sentences leave the TTS queue), and records in the history what the user heard:
+the sentences played and the one being played cut where playback stopped.
+
+Failures are per turn: the LLM or TTS failing or timing out ends that turn with an
+``AssistantError`` naming the stage; the session and the next turn are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+from prometheus_client import Histogram
+
+from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.config import Settings
+from mediaserver.errors import ApiError
+from mediaserver.events import (
+    AssistantAudioStarted,
+    AssistantAudioStopped,
+    AssistantError,
+    AssistantText,
+    SessionEvent,
+)
+from mediaserver.llm.service import LlmService, LlmStream
+from mediaserver.llm.types import ChatMessage, GenerationParams
+from mediaserver.metrics import Metrics
+from mediaserver.tts.service import Speech, TtsService
+from mediaserver.tts.types import SynthesisParams
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[SessionEvent], Awaitable[None]]
+CHARS_PER_TOKEN = 4  # the history budget is estimated in characters: no tokenizer is needed for it
+
+
+@dataclass(frozen=True)
+class AssistantOptions:
+    """What a session asked of its assistant (defaults from the ``assistant_*`` settings)."""
+
+    system_prompt: str
+    speak: bool = True
+    voice: str | None = None
+    model: str | None = None
+    max_answer_tokens: int = 200
+    temperature: float | None = None
+    history_turns: int = 8
+    history_tokens: int = 1500
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AssistantOptions:
+        return cls(
+            system_prompt=settings.assistant_system_prompt,
+            speak=settings.assistant_speak,
+            voice=settings.assistant_voice,
+            model=settings.assistant_llm_model,
+            max_answer_tokens=settings.assistant_max_answer_tokens,
+            temperature=settings.assistant_temperature,
+            history_turns=settings.assistant_history_turns,
+            history_tokens=settings.assistant_history_tokens,
+        )
+
+
+class StageFailed(Exception):
+    def __init__(self, stage: str, code: str, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.code = code
+        self.message = message
+
+
+_VOICE_METRICS: weakref.WeakKeyDictionary[Metrics, VoiceMetrics] = weakref.WeakKeyDictionary()
+
+
+class VoiceMetrics:
+    """Per-stage latency from the end of the user's speech, one histogram with a ``stage`` label."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.stage_seconds = Histogram(
+            "mediaserver_voice_latency_seconds",
+            "From the end of the user's speech to: the final transcript (transcript), the LLM's first "
+            "token (llm_first_token), the first TTS audio (tts_first_audio), the first audio frame sent "
+            "to the client (first_audio_sent)",
+            ["stage"],
+            buckets=(0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30),
+            registry=metrics.registry,
+        )
+
+    @classmethod
+    def of(cls, metrics: Metrics) -> VoiceMetrics:
+        found = _VOICE_METRICS.get(metrics)
+        if found is None:
+            found = _VOICE_METRICS[metrics] = cls(metrics)
+        return found
+
+    def observe(self, stage: str, seconds: float) -> None:
+        self.stage_seconds.labels(stage).observe(max(0.0, seconds))
+
+
+class Assistant:
+    """One session's side of a spoken conversation: history, the running turn, its audio."""
+
+    def __init__(
+        self,
+        llm: LlmService | None,
+        tts: TtsService | None,
+        settings: Settings,
+        options: AssistantOptions,
+        emit: Emit,
+        out: AudioOut | None,
+        metrics: Metrics,
+        *,
+        name: str = "assistant",
+        unavailable: dict[str, str] | None = None,
+    ) -> None:
+        self.llm = llm
+        self.tts = tts
+        self.settings = settings
+        self.options = options
+        self._emit = emit
+        self.out = out
+        self.metrics = VoiceMetrics.of(metrics)
+        self.name = name
+        self._unavailable = unavailable or {}  # why a stage is off ("llm", "tts"), for the error
+        self.history: list[ChatMessage] = []
+        self._turns = itertools.count(1)
+        self._task: asyncio.Task[None] | None = None
+        self._helpers: set[asyncio.Task[None]] = set()
+        self._turn = 0
+        self._turn_start_sample = 0
+        self._answer = ""
+        self._audio_started = False
+        self._closed = False
+
+    # --- state --------------------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """A turn is being generated or its audio is still playing."""
+        return self._task is not None and not self._task.done()
+
+    def configure(self, options: AssistantOptions) -> None:
+        self.options = options
+
+    async def reset(self) -> None:
+        """Forget the conversation (and stop an answer in progress)."""
+        await self.interrupt()
+        self.history.clear()
+
+    def messages(self, user_text: str) -> list[ChatMessage]:
+        """The system prompt and as much recent history as the budget allows, then the new turn."""
+        budget = self.options.history_tokens * CHARS_PER_TOKEN - len(self.options.system_prompt) - len(user_text)
+        kept: list[ChatMessage] = []
+        turns = 0
+        for message in reversed(self.history):
+            if message.role == "user":
+                turns += 1
+            if turns > self.options.history_turns or budget - len(message.content) < 0:
+                break
+            budget -= len(message.content)
+            kept.append(message)
+        while kept and kept[-1].role != "user":  # never start the kept history mid-turn
+            kept.pop()
+        system = [ChatMessage("system", self.options.system_prompt)] if self.options.system_prompt else []
+        return [*system, *reversed(kept), ChatMessage("user", user_text)]
+
+    # --- turns --------------------------------------------------------------------------------
+
+    async def answer(self, user_text: str, *, speech_ended_at: float | None = None) -> None:
+        """Start answering ``user_text`` (an answer still playing is interrupted first)."""
+        if self._closed or not user_text.strip():
+            return
+        await self.interrupt()
+        self._turn = next(self._turns)
+        self._answer = ""
+        self._audio_started = False
+        self._turn_start_sample = self.out.written_samples if self.out is not None else 0
+        ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(self._turn, user_text, ended), name=f"assistant-turn-{self.name}"
+        )
+
+    async def interrupt(self) -> bool:
+        """Barge-in: stop the audio now, cancel the turn, keep what was heard. True if one was running."""
+        task = self._task
+        if task is None or task.done():
+            return False
+        dropped = self.out.clear() if self.out is not None else 0
+        self._cancel_helpers()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        heard = self.out.heard(since=self._turn_start_sample) if self.out is not None else self._answer
+        if self.out is None or not self.options.speak:
+            heard = self._answer  # text only: the whole text so far was shown
+        log.info("%s: turn %d interrupted (%d samples of audio dropped)", self.name, self._turn, dropped)
+        self._remember(heard)
+        if self._audio_started or not self.options.speak:
+            await self._emit(AssistantAudioStopped(self._turn, True, heard))
+        return True
+
+    def _cancel_helpers(self) -> None:
+        for helper in list(self._helpers):
+            helper.cancel()
+
+    def _remember(self, answer: str) -> None:
+        if answer.strip():
+            self.history.append(ChatMessage("assistant", answer.strip()))
+
+    async def _run(self, turn: int, user_text: str, speech_ended_at: float) -> None:
+        messages = self.messages(user_text)
+        self.history.append(ChatMessage("user", user_text))
+        try:
+            async with asyncio.timeout(self.settings.assistant_turn_timeout_s):
+                await self._generate(turn, messages, speech_ended_at)
+        except StageFailed as exc:
+            await self._fail(turn, exc.stage, exc.code, exc.message)
+            return
+        except TimeoutError:
+            stage = "tts" if self._answer and self.options.speak else "llm"
+            await self._fail(
+                turn,
+                stage,
+                "timeout",
+                f"the answer was not ready within {self.settings.assistant_turn_timeout_s:g} s "
+                "(assistant_turn_timeout_s)",
+            )
+            return
+        await self._emit(AssistantText(turn, "", self._answer, final=True))
+        if self.out is not None and self.options.speak and self._audio_started:
+            self.out.end_of_answer()
+            await self.out.drained()
+            await self._emit(AssistantAudioStopped(turn, False, self._answer))
+        self._remember(self._answer)
+
+    async def _fail(self, turn: int, stage: str, code: str, message: str) -> None:
+        log.warning("%s: turn %d failed at %s: %s", self.name, turn, stage, message)
+        if self.out is not None:
+            self.out.clear()
+        self._remember(self._answer if stage == "tts" else "")
+        await self._emit(AssistantError(turn, stage, code, message))
+        if self._audio_started:
+            await self._emit(AssistantAudioStopped(turn, True, self._answer))
+
+    async def _generate(self, turn: int, messages: list[ChatMessage], speech_ended_at: float) -> None:
+        if self.llm is None:
+            why = self._unavailable.get("llm", "not configured")
+            raise StageFailed("llm", "feature_disabled", f"the LLM is disabled on this server: {why}")
+        try:
+            stream = self.llm.stream(
+                messages,
+                GenerationParams(max_tokens=self.options.max_answer_tokens, temperature=self.options.temperature),
+                model=self.options.model,
+            )
+        except ApiError as exc:
+            raise StageFailed("llm", exc.code, exc.message) from None
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(stream)
+            if not self.options.speak or self.out is None:
+                await self._read_llm(turn, stream, speech_ended_at, None)
+                return
+            if self.tts is None:
+                why = self._unavailable.get("tts", "not configured")
+                raise StageFailed("tts", "feature_disabled", f"TTS is disabled on this server: {why}")
+            try:
+                voice = await self.tts.voice(self.options.voice)
+                speech = await stack.enter_async_context(
+                    self.tts.open(voice, SynthesisParams(), sample_rate_hz=self.out.sample_rate_hz)
+                )
+            except ApiError as exc:
+                raise StageFailed("tts", exc.code, exc.message) from None
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._read_llm(turn, stream, speech_ended_at, speech))
+                    group.create_task(self._play(turn, speech, speech_ended_at))
+            except* StageFailed as failures:
+                raise failures.exceptions[0] from None
+
+    async def _read_llm(self, turn: int, stream: LlmStream, speech_ended_at: float, speech: Speech | None) -> None:
+        first = True
+        try:
+            async for delta in stream:
+                if first:
+                    first = False
+                    self.metrics.observe("llm_first_token", time.monotonic() - speech_ended_at)
+                self._answer += delta
+                await self._emit(AssistantText(turn, delta, self._answer))
+                if speech is not None:
+                    speech.feed(delta)
+        except ApiError as exc:
+            raise StageFailed("llm", exc.code, exc.message) from None
+        finally:
+            if speech is not None and not speech.closed:
+                speech.end()
+
+    async def _play(self, turn: int, speech: Speech, speech_ended_at: float) -> None:
+        assert self.out is not None
+        try:
+            async for chunk in speech:
+                if not chunk.pcm:
+                    continue
+                mark = self.out.write(chunk.pcm, chunk.sentence)
+                if not self._audio_started:
+                    self._audio_started = True
+                    self.metrics.observe("tts_first_audio", time.monotonic() - speech_ended_at)
+                    await self._emit(AssistantAudioStarted(turn))
+                    helper = asyncio.get_running_loop().create_task(
+                        self._first_sent(mark.start, speech_ended_at), name=f"assistant-first-sent-{self.name}"
+                    )
+                    self._helpers.add(helper)
+                    helper.add_done_callback(self._helpers.discard)
+        except ApiError as exc:
+            raise StageFailed("tts", exc.code, exc.message) from None
+
+    async def _first_sent(self, sample_index: int, speech_ended_at: float) -> None:
+        assert self.out is not None
+        sent_at = await self.out.taken(sample_index)
+        self.metrics.observe("first_audio_sent", sent_at - speech_ended_at)
+
+    def observe_transcript(self, seconds: float) -> None:
+        self.metrics.observe("transcript", seconds)
+
+    async def aclose(self) -> None:
+        """Stop everything; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._cancel_helpers()
+        task = self._task
+        if task is not None and not task.done():
+            if self.out is not None:
+                self.out.clear()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.out is not None:
+            self.out.close()
+
+
+def assistant_options_from(values: dict[str, object], base: AssistantOptions) -> AssistantOptions:
+    """Apply a client's ``system_prompt`` / ``voice`` / ``speak`` to ``base``; wrong types are a 400."""
+    from mediaserver.errors import InvalidParameter
+
+    changes: dict[str, object] = {}
+    for key in ("system_prompt", "voice"):
+        if key in values and values[key] is not None:
+            if not isinstance(values[key], str):
+                raise InvalidParameter(f"{key!r} must be a string", param=key)
+            changes[key] = values[key]
+    if "speak" in values and values["speak"] is not None:
+        if not isinstance(values["speak"], bool):
+            raise InvalidParameter("'speak' must be true or false", param="speak")
+        changes["speak"] = values["speak"]
+    return replace(base, **changes)  # type: ignore[arg-type]

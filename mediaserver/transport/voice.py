@@ -1,0 +1,36 @@
+"""What the streaming transports share to run the voice loop: an assistant built from the app's
+services and a client's options, attached to the session's ``StreamSession``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.turns import Assistant, AssistantOptions, assistant_options_from
+from mediaserver.session import Emit, StreamSession
+from mediaserver.state import CAPABILITIES, LLM, METRICS, SETTINGS, TTS
+
+
+def new_assistant(
+    app: web.Application, stream: StreamSession, emit: Emit, out: AudioOut | None, values: Mapping[str, object]
+) -> Assistant:
+    """An assistant for ``stream`` with the client's ``system_prompt`` / ``voice`` / ``speak``.
+
+    Disabled features are not an error here: the first turn reports the stage that is missing
+    (``AssistantError``), and the session stays up. Wrong option types are (``InvalidParameter``).
+    """
+    settings = app[SETTINGS]
+    capabilities = app[CAPABILITIES]
+    options = assistant_options_from(dict(values), AssistantOptions.from_settings(settings))
+    llm = app.get(LLM) if capabilities.enabled("llm") else None
+    tts = app.get(TTS) if capabilities.enabled("tts") else None
+    unavailable = {name: capabilities.reason(name) for name in ("llm", "tts") if not capabilities.enabled(name)}
+    assistant = Assistant(llm, tts, settings, options, emit, out, app[METRICS], name=stream.id, unavailable=unavailable)
+    stream.assistant = assistant
+    return assistant
+
+
+def update_assistant(assistant: Assistant, values: Mapping[str, object]) -> None:
+    assistant.configure(assistant_options_from(dict(values), assistant.options))

@@ -1,0 +1,317 @@
+"""The voice loop with real parts: speech in over WebRTC (an aiortc peer) or the device WebSocket,
+the server's ASR, the bundled LLM (greedy) and Piper, and the answer's audio back on the outbound
+track or as binary frames, transcribed again by the server's own ASR."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from mediaserver.asr.service import AsrService
+from mediaserver.audio.decode import resample_mono
+from mediaserver.config import Settings
+from mediaserver.events import TranscriptionOptions
+from mediaserver.llm.service import LlmService
+from mediaserver.metrics import Metrics
+from mediaserver.state import SESSIONS
+from mediaserver.tts.service import TtsService
+from tests.conftest import Clip, LiveServer
+from tests.rtc_peer import Peer, connect
+
+# SmolLM2-135M (greedy) answers these in plain English, which the server's ASR can hear back.
+QUESTION = "What color is the sky?"
+LONG_QUESTION = "Tell me a long story about a brave little fox who lived in a forest."
+VOICE_SETTINGS: dict[str, Any] = {
+    "assistant_temperature": 0.0,  # greedy: the same answer every run
+    "assistant_max_answer_tokens": 60,
+    "assistant_system_prompt": "You are a helpful voice assistant. Answer in one or two short sentences.",
+}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def voice_server(server_factory: Callable[..., Any]) -> LiveServer:
+    server: LiveServer = await server_factory(**VOICE_SETTINGS)
+    return server
+
+
+async def transcribe(asr: AsrService, audio: np.ndarray, rate_hz: int) -> str:
+    audio16 = resample_mono(audio.astype(np.float32), rate_hz)
+    result = await asr.transcribe(audio16, TranscriptionOptions(language="en", with_segment_timestamps=False))
+    return result.text
+
+
+async def answer_turn(peer: Peer, timeout: float = 60.0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Messages up to the end of one answer's audio, and that last message."""
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = await peer.next(timeout=max(0.05, deadline - time.monotonic()))
+        got.append(msg)
+        if msg["type"] in ("assistant_audio_stopped", "error"):
+            return got, msg
+
+
+def answer_text(messages: list[dict[str, Any]]) -> str:
+    finals = [m["obj"]["full"] for m in messages if m["type"] == "assistant" and m["obj"]["final"]]
+    assert finals, [m["type"] for m in messages]
+    return str(finals[-1])
+
+
+def llm_busy(llm: LlmService) -> bool:
+    return any(getattr(backend, "active", False) for backend in llm._backends.values())
+
+
+def tts_open_streams(tts: TtsService) -> int:
+    return sum(loaded.scheduler.open_streams for loaded in tts._loaded.values())
+
+
+# --- WebRTC ------------------------------------------------------------------------------------
+
+
+async def test_rtc_answer_is_spoken_on_the_track_and_the_track_idles(
+    voice_server: LiveServer, asr_service: AsrService, speech: Callable[[str], Clip], wer: Any
+) -> None:
+    peer = await connect(voice_server)
+    try:
+        assert peer.remote_tracks == 1  # a sendrecv offer gets the outbound track
+        peer.send("start", {"hands_free": True, "assistant": True})
+        assert (await peer.next("log"))["message"].startswith("ASR hands-free")
+        peer.track.play(speech(QUESTION), silence_after_s=1.0)
+        messages, last = await answer_turn(peer)
+        kinds = [m["type"] for m in messages]
+        assert last["type"] == "assistant_audio_stopped" and last["obj"]["interrupted"] is False, messages
+        infer = next(m for m in messages if m["type"] == "infer")
+        assert wer(QUESTION, infer["obj"]["text"]) <= 0.2
+        assert kinds.index("infer") < kinds.index("assistant") < kinds.index("assistant_audio_started")
+        answer = answer_text(messages)
+        assert "blue" in answer.lower(), answer
+        await asyncio.sleep(0.5)  # the last frames in flight
+        heard = await transcribe(asr_service, peer.received_audio(), 48000)
+        assert wer(answer, heard) <= 0.15, (answer, heard)
+
+        # Idle: no RTP at all from the server for 10 s, then a new turn on the same connection.
+        frames_before = len(peer.received)
+        await asyncio.sleep(10.0)
+        assert len(peer.received) == frames_before
+        mark = time.monotonic()
+        peer.track.play(speech("What do bees make?"), silence_after_s=1.0)
+        messages, last = await answer_turn(peer)
+        assert last["type"] == "assistant_audio_stopped", messages
+        assert "honey" in answer_text(messages).lower()
+        assert len(peer.received_audio(since=mark)) > 48000 // 2  # the second answer was spoken too
+    finally:
+        await peer.close()
+
+
+async def test_rtc_barge_in_stops_the_answer_and_the_llm(
+    voice_server: LiveServer,
+    llm_service: LlmService,
+    speech: Callable[[str], Clip],
+) -> None:
+    peer = await connect(voice_server)
+    try:
+        peer.send("start", {"hands_free": True, "assistant": True, "system_prompt": "You tell long stories."})
+        await peer.next("log")
+        peer.track.play(speech(LONG_QUESTION), silence_after_s=1.0)
+        await peer.next("assistant_audio_started", timeout=60)
+        deadline = time.monotonic() + 20
+        while not peer.received and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        first_audio = peer.received[0].at
+        await asyncio.sleep(max(0.0, first_audio + 0.5 - time.monotonic()))  # 0.5 s into the answer
+        peer.track.play(speech("Stop please."), silence_after_s=1.0)
+        stopped = await peer.next("assistant_audio_stopped", timeout=20)
+        assert stopped["obj"]["interrupted"] is True
+        speech_start = peer.track.playing_from
+        assert speech_start is not None
+        await asyncio.sleep(1.0)
+        late = [r for r in peer.received if r.at > speech_start + 0.3]
+        assert not late, f"{len(late)} answer frames arrived later than 300 ms after the user spoke"
+        assert not llm_busy(llm_service)  # the generation was cancelled, not left running
+        heard = stopped["obj"]["heard"]
+        assert len(heard) < 400  # what was heard in ~0.5 s, not the whole story
+    finally:
+        await peer.close()
+
+
+async def test_rtc_bad_assistant_options_are_an_error_and_the_session_stays(voice_server: LiveServer) -> None:
+    peer = await connect(voice_server)
+    try:
+        for obj in ({"assistant": "yes"}, {"assistant": True, "speak": "loud"}, {"assistant": True, "voice": 3}):
+            peer.send("start", obj)
+            error = await peer.next("error")
+            assert "must be" in error["message"], error
+        peer.send("ping", message="still here")
+        assert (await peer.next("pong"))["message"] == "still here"
+    finally:
+        await peer.close()
+
+
+# --- device WebSocket ---------------------------------------------------------------------------
+
+
+class WsClient:
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.messages: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.audio: list[bytes] = []
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        async for msg in self.ws:
+            if msg.type == aiohttp.WSMsgType.TEXT:
+                self.messages.put_nowait(json.loads(msg.data))
+            elif msg.type == aiohttp.WSMsgType.BINARY:
+                self.audio.append(msg.data)
+        self.messages.put_nowait(None)
+
+    async def until(self, *kinds: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+        got: list[dict[str, Any]] = []
+        async with asyncio.timeout(timeout):
+            while True:
+                msg = await self.messages.get()
+                assert msg is not None, f"closed: {got}"
+                got.append(msg)
+                if msg["type"] in kinds:
+                    return got
+
+    async def speak(self, clip: Clip, silence_s: float = 1.0) -> None:
+        pcm = np.clip(np.concatenate([clip.audio16k, np.zeros(int(16000 * silence_s), np.float32)]), -1, 1) * 32767
+        data = pcm.astype("<i2").tobytes()
+        frame = 640  # 20 ms
+        started = time.monotonic()
+        for offset in range(0, len(data), frame):
+            await self.ws.send_bytes(data[offset : offset + frame])
+            wait = started + (offset + frame) / 32000 - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def ws_client(voice_server: LiveServer) -> AsyncIterator[WsClient]:
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{voice_server.url}/api/ws/asr") as ws:
+        client = WsClient(ws)
+        yield client
+
+
+async def test_ws_answer_arrives_as_binary_audio(
+    voice_server: LiveServer, ws_client: WsClient, asr_service: AsrService, speech: Callable[[str], Clip], wer: Any
+) -> None:
+    await ws_client.ws.send_str(json.dumps({"type": "start", "mode": "server_vad", "assistant": True}))
+    ready = (await ws_client.until("ready"))[-1]
+    assert ready["assistant"] is True and ready["audio_sample_rate"] == 16000
+    await ws_client.speak(speech(QUESTION))
+    messages = await ws_client.until("assistant_audio_stopped", "error")
+    assert messages[-1]["type"] == "assistant_audio_stopped", messages
+    started = next(m for m in messages if m["type"] == "assistant_audio_started")
+    assert (started["sample_rate"], started["encoding"]) == (16000, "pcm16")
+    answer = next(m["text"] for m in messages if m["type"] == "assistant" and m["final"])
+    pcm = np.frombuffer(b"".join(ws_client.audio), dtype="<i2").astype(np.float32) / 32768.0
+    heard = await transcribe(asr_service, pcm, 16000)
+    assert wer(answer, heard) <= 0.15, (answer, heard)
+    # Every stage's latency was measured.
+    async with aiohttp.ClientSession() as http, http.get(f"{voice_server.url}/metrics") as resp:
+        metrics = await resp.text()
+    for stage in ("transcript", "llm_first_token", "tts_first_audio", "first_audio_sent"):
+        line = f'mediaserver_voice_latency_seconds_count{{stage="{stage}"}}'
+        count = next((float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(line)), 0.0)
+        assert count >= 1, stage
+
+
+async def test_ws_answer_audio_rate_is_the_clients_choice(ws_client: WsClient) -> None:
+    await ws_client.ws.send_str(json.dumps({"type": "start", "assistant": True, "audio_sample_rate": 44100}))
+    assert (await ws_client.until("ready"))[-1]["audio_sample_rate"] == 44100
+    await ws_client.ws.send_str(json.dumps({"type": "start", "assistant": True, "audio_sample_rate": 12345}))
+    error = (await ws_client.until("error"))[-1]
+    assert error["param"] == "audio_sample_rate"
+
+
+@pytest.mark.parametrize(("disabled", "stage"), [("llm_enabled", "llm"), ("tts_enabled", "tts")])
+async def test_a_disabled_stage_is_an_error_naming_it_and_the_session_stays(
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip], wer: Any, disabled: str, stage: str
+) -> None:
+    server: LiveServer = await server_factory(**VOICE_SETTINGS, **{disabled: False})
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
+        client = WsClient(ws)
+        await ws.send_str(json.dumps({"type": "start", "mode": "server_vad", "assistant": True}))
+        await client.until("ready")
+        await client.speak(speech(QUESTION))
+        messages = await client.until("error")
+        error = messages[-1]
+        assert error["stage"] == stage and error["code"] == "feature_disabled", error
+        # the transcript still came, and the session keeps transcribing
+        await client.speak(speech("kitchen"))
+        final = (await client.until("final"))[-1]
+        assert wer("Turn on the kitchen lights and close the garage door.", final["text"]) <= 0.2
+
+
+async def test_an_llm_that_hangs_ends_the_turn_with_a_timeout(
+    server_factory: Callable[..., Any], base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    # A real upstream cannot be made to hang on demand: a socket that accepts and never answers.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    settings = base_settings.model_copy(
+        update={
+            "llm_upstream_url": f"http://127.0.0.1:{port}/v1",
+            "llm_upstream_models": ["hanging"],
+            "llm_model": "hanging",
+            "llm_upstream_timeout_s": 30.0,
+        }
+    )
+    service = LlmService(settings, Metrics())
+    await service.start()
+    try:
+        server: LiveServer = await server_factory(llm=service, **VOICE_SETTINGS, assistant_turn_timeout_s=2.0)
+        async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
+            client = WsClient(ws)
+            await ws.send_str(json.dumps({"type": "start", "mode": "server_vad", "assistant": True}))
+            await client.until("ready")
+            await client.speak(speech(QUESTION))
+            await client.until("final")
+            final_at = time.monotonic()
+            messages = await client.until("error", timeout=15)
+            error = messages[-1]
+            assert (error["stage"], error["code"]) == ("llm", "timeout"), error
+            assert "assistant_turn_timeout_s" in error["message"]
+            assert time.monotonic() - final_at < 6.0
+    finally:
+        await service.aclose()
+        listener.close()
+
+
+async def test_hanging_up_mid_answer_stops_generation_and_synthesis(
+    voice_server: LiveServer,
+    llm_service: LlmService,
+    tts_service: TtsService,
+    speech: Callable[[str], Clip],
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(f"{voice_server.url}/api/ws/asr")
+        client = WsClient(ws)
+        await ws.send_str(json.dumps({"type": "start", "assistant": True, "system_prompt": "You tell long stories."}))
+        ready = (await client.until("ready"))[-1]
+        session_id = ready["session_id"]
+        await client.speak(speech(LONG_QUESTION))
+        await client.until("assistant_audio_started")
+        await ws.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (
+        session_id in voice_server.app[SESSIONS].ids() or llm_busy(llm_service) or tts_open_streams(tts_service)
+    ):
+        await asyncio.sleep(0.05)
+    assert session_id not in voice_server.app[SESSIONS].ids()
+    assert not llm_busy(llm_service)
+    assert tts_open_streams(tts_service) == 0
+    assert not [t.get_name() for t in asyncio.all_tasks() if session_id in t.get_name()]

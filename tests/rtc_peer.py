@@ -1,0 +1,156 @@
+"""A WebRTC peer for tests: an aiortc client with a microphone stand-in that plays clips in real
+time, the WIS data channel, and a recorder of the audio the server sends back (the assistant)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fractions
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import av
+import numpy as np
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtp import RtcpByePacket
+
+from tests.conftest import Clip, resample_to
+
+RATE = 48000
+FRAME = 960  # 20 ms
+
+
+class ClipTrack(MediaStreamTrack):
+    """A microphone stand-in: plays queued clips in real time, silence otherwise."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue = np.zeros(0, np.int16)
+        self._pts = 0
+        self._started: float | None = None
+        self.playing_from: float | None = None  # when the latest clip's first frame went out
+
+    def play(self, clip: Clip, silence_after_s: float = 0.8) -> float:
+        pcm = (np.clip(resample_to(clip, RATE), -1, 1) * 32767).astype(np.int16)
+        pcm = np.concatenate([pcm, np.zeros(int(silence_after_s * RATE), np.int16)])
+        self._queue = np.concatenate([self._queue, pcm])
+        self.playing_from = None
+        return len(self._queue) / RATE
+
+    async def recv(self) -> av.AudioFrame:
+        if self._started is None:
+            self._started = time.monotonic()
+        wait = self._started + self._pts / RATE - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if self._queue.size and self.playing_from is None:
+            self.playing_from = time.monotonic()
+        chunk, self._queue = self._queue[:FRAME], self._queue[FRAME:]
+        if chunk.size < FRAME:
+            chunk = np.concatenate([chunk, np.zeros(FRAME - chunk.size, np.int16)])
+        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = RATE
+        frame.pts = self._pts
+        frame.time_base = fractions.Fraction(1, RATE)
+        self._pts += FRAME
+        return frame
+
+
+@dataclass
+class Received:
+    """A frame of the server's outbound audio: when it arrived (monotonic) and its 48 kHz samples."""
+
+    at: float
+    pcm: np.ndarray
+
+
+@dataclass
+class Peer:
+    pc: RTCPeerConnection
+    channel: RTCDataChannel
+    sender: RTCRtpSender
+    track: ClipTrack
+    messages: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    received: list[Received] = field(default_factory=list)
+    remote_tracks: int = 0
+    _readers: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def _read_remote(self, track: MediaStreamTrack) -> None:
+        """Always read an incoming track (aiortc buffers an unread one without bound)."""
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                assert isinstance(frame, av.AudioFrame)
+                samples = frame.to_ndarray()
+                mono = samples.reshape(-1, len(frame.layout.channels))[:, 0] if samples.ndim > 1 else samples
+                self.received.append(Received(time.monotonic(), np.asarray(mono).reshape(-1).copy()))
+
+    def received_audio(self, since: float = 0.0, until: float = float("inf")) -> np.ndarray:
+        """The server's audio received in [since, until), as 48 kHz float32."""
+        parts = [r.pcm for r in self.received if since <= r.at < until]
+        if not parts:
+            return np.zeros(0, np.float32)
+        return np.concatenate(parts).astype(np.float32) / 32768.0
+
+    async def close(self) -> None:
+        for reader in self._readers:
+            reader.cancel()
+        await self.pc.close()
+
+    def send(self, kind: str, obj: Any = None, message: Any = None) -> None:
+        self.channel.send(json.dumps({"type": kind, "message": message, "obj": obj}))
+
+    async def next(self, kind: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = await asyncio.wait_for(self.messages.get(), timeout=max(0.01, deadline - time.monotonic()))
+            if kind is None or msg["type"] == kind:
+                return msg
+
+    async def pause(self) -> None:
+        """What Chrome does on replaceTrack(null): stop sending, and an RTCP BYE for the stream."""
+        self.sender.replaceTrack(None)
+        await self.sender._send_rtcp([RtcpByePacket(sources=[self.sender._ssrc])])
+
+    def resume(self) -> None:
+        self.sender.replaceTrack(self.track)
+
+
+async def connect(server: Any, query: str = "") -> Peer:
+    pc = RTCPeerConnection()
+    channel = pc.createDataChannel("chat", ordered=True)
+    track = ClipTrack()
+    sender = pc.addTrack(track)
+    peer = Peer(pc, channel, sender, track)
+    opened = asyncio.Event()
+    channel.on("open", opened.set)
+
+    @pc.on("track")
+    def on_track(remote: MediaStreamTrack) -> None:
+        peer.remote_tracks += 1
+        peer._readers.append(asyncio.get_running_loop().create_task(peer._read_remote(remote)))
+
+    @channel.on("message")
+    def on_message(data: str) -> None:
+        peer.messages.put_nowait(json.loads(data))
+
+    await pc.setLocalDescription(await pc.createOffer())
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{server.url}/api/rtc/asr{query}",
+            json={"sdp": pc.localDescription.sdp, "type": pc.localDescription.type},
+        ) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        answer = await resp.json()
+    assert answer["type"] == "answer"
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
+    await asyncio.wait_for(opened.wait(), timeout=15)
+    return peer

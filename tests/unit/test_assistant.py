@@ -1,0 +1,88 @@
+"""The voice loop's pieces that need no model: the outbound audio queue and the history budget."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.turns import Assistant, AssistantOptions, assistant_options_from
+from mediaserver.config import Settings
+from mediaserver.errors import InvalidParameter
+from mediaserver.events import SessionEvent
+from mediaserver.llm.types import ChatMessage
+from mediaserver.metrics import Metrics
+
+RATE = 16000
+FRAME = RATE // 50  # 20 ms
+
+
+def pcm(samples: int) -> bytes:
+    return b"\x01\x00" * samples
+
+
+async def test_audio_out_frames_idles_and_clears() -> None:
+    out = AudioOut(RATE)
+    assert not out.busy and out.take() is None
+    waiting = asyncio.ensure_future(out.next_frame())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # idle: nothing is produced, not even silence
+    out.write(pcm(FRAME * 2 + 100), "Hello there.")
+    assert len(await waiting) == FRAME * 2
+    assert out.take() is not None
+    assert out.queued_samples == 100  # a partial frame waits for more audio or the end of the answer
+    out.end_of_answer()
+    last = out.take()
+    assert last is not None and last[200:] == bytes(len(last) - 200)  # padded with silence
+    assert out.take() == bytes(FRAME * 2)  # and one frame of silence to flush an encoder
+    assert out.take() is None and not out.busy
+    out.write(pcm(FRAME * 10))
+    assert out.clear() == FRAME * 10
+    assert out.take() is None
+    await asyncio.wait_for(out.drained(), 1)
+
+
+async def test_audio_out_knows_what_was_heard() -> None:
+    out = AudioOut(RATE)
+    out.write(pcm(FRAME * 10), "The first sentence.")
+    out.write(pcm(FRAME * 10), "A second one with six words.")
+    for _ in range(15):  # all of the first, half of the second
+        out.take()
+    assert out.heard() == "The first sentence. A second one"
+    sent = asyncio.ensure_future(out.taken(FRAME * 18))
+    await asyncio.sleep(0)
+    assert not sent.done()
+    for _ in range(5):
+        out.take()
+    assert isinstance(await asyncio.wait_for(sent, 1), float)
+    assert out.heard(since=FRAME * 10) == "A second one with six words."
+
+
+def assistant(**options: object) -> Assistant:
+    settings = Settings(_env_file=None)
+    base = AssistantOptions.from_settings(settings)
+
+    async def emit(event: SessionEvent) -> None:
+        pass
+
+    return Assistant(None, None, settings, assistant_options_from(dict(options), base), emit, None, Metrics())
+
+
+def test_history_is_kept_within_its_budget_and_whole_turns() -> None:
+    helper = assistant(system_prompt="Be brief.")
+    helper.options = AssistantOptions(system_prompt="Be brief.", history_turns=2, history_tokens=1000)
+    for n in range(5):
+        helper.history += [ChatMessage("user", f"question {n}"), ChatMessage("assistant", f"answer {n}")]
+    messages = helper.messages("question 5")
+    assert messages[0] == ChatMessage("system", "Be brief.")
+    assert [m.content for m in messages[1:]] == ["question 3", "answer 3", "question 4", "answer 4", "question 5"]
+    helper.options = AssistantOptions(system_prompt="", history_turns=8, history_tokens=5)  # 20 characters
+    assert [m.content for m in helper.messages("q")] == ["question 4", "answer 4", "q"]
+
+
+def test_client_options_are_checked() -> None:
+    assert assistant(voice="en_US-joe-medium", speak=False).options.speak is False
+    for bad in ({"voice": 3}, {"speak": "yes"}, {"system_prompt": ["a"]}):
+        with pytest.raises(InvalidParameter):
+            assistant(**bad)

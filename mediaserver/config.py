@@ -127,6 +127,12 @@ class Settings(BaseSettings):
     stream_min_speech_ms: int = Field(200, ge=0, description="shorter bursts are ignored")
     stream_max_utterance_s: float = Field(28.0, gt=1.0, le=29.5)
     stream_partial_interval_ms: int = Field(600, ge=100)
+    stream_gap_fill_ms: int = Field(
+        120,
+        ge=0,
+        description="no audio for this long while someone speaks counts as silence (Opus DTX, paused tracks, "
+        "devices that stop sending in silence), so the utterance still ends on time; 0 = off",
+    )
 
     # --- WebRTC --------------------------------------------------------------------------------
     rtc_ice_servers: list[str] = Field(default_factory=list, description="stun:/turn: URLs; none = host candidates")
@@ -135,6 +141,7 @@ class Settings(BaseSettings):
     rtc_udp_port_min: int = Field(0, ge=0, le=65535, description="0 = any ephemeral port")
     rtc_udp_port_max: int = Field(0, ge=0, le=65535)
     rtc_connect_timeout_s: float = Field(30.0, gt=0)
+    rtc_opus_dtx: bool = Field(True, description="ask browsers for Opus DTX (silence costs ~2 kbps, not ~25)")
 
     # --- WebSocket streams ---------------------------------------------------------------------
     ws_max_message_bytes: int = Field(1024 * 1024, ge=1024)
@@ -244,9 +251,14 @@ class Settings(BaseSettings):
         1500, ge=0, description="and at most this much history (estimated at 4 characters a token)"
     )
     assistant_turn_timeout_s: float = Field(
-        30.0, gt=0, description="an answer not generated and synthesized within this ends with an error"
+        30.0, gt=0, description="an answer whose LLM and TTS produce nothing for this long ends with an error"
     )
     assistant_barge_in: bool = Field(True, description="the user speaking stops the answer being played")
+    assistant_first_clause_words: int = Field(
+        4,
+        ge=0,
+        description="speak the answer's first clause (at a comma) once it has this many words; 0 = whole sentences",
+    )
 
     # --- misc ----------------------------------------------------------------------------------
     save_audio_dir: Path = Path("audio")

@@ -136,6 +136,12 @@ class StreamSession:
         self._closed = False
         self.assistant: Answerer | None = None
         self.barge_in = settings.assistant_barge_in
+        # Gaps: a sender that stops sending mid-utterance (Opus DTX, a paused track, a device that
+        # sends nothing in silence) must not keep the utterance open: see _watch_gaps.
+        self._segment_lock = asyncio.Lock()
+        self._last_audio_at = time.monotonic()
+        self._gap_filled_s = 0.0
+        self._gap_task: asyncio.Task[None] | None = None
         self.last_activity = time.monotonic()
         self.samples_received = 0
         self.utterances = 0
@@ -159,17 +165,50 @@ class StreamSession:
         """Audio from the transport: 16 kHz mono float32, any length."""
         if self._closed or samples.size == 0:
             return
-        self.last_activity = time.monotonic()
+        self.last_activity = self._last_audio_at = time.monotonic()
+        self._gap_filled_s = 0.0
         self.samples_received += samples.size
         if not self.options.server_vad:
             if self._recording:
                 self._recorded.append(samples)
                 self._ensure_partials()
             return
-        for event in self._segmenter.push(samples):
-            await self._on_segment(event)
+        await self._segment(samples)
         if self._segmenter.in_speech:
             self._ensure_partials()
+            self._ensure_gap_watch()
+
+    async def _segment(self, samples: AudioArray) -> None:
+        async with self._segment_lock:  # the gap watcher pushes too: keep events in stream order
+            for event in self._segmenter.push(samples):
+                await self._on_segment(event)
+
+    def _ensure_gap_watch(self) -> None:
+        if self.settings.stream_gap_fill_ms <= 0 or self._gap_task is not None or self._closed:
+            return
+        self._gap_task = asyncio.get_running_loop().create_task(self._watch_gaps(), name=f"gaps-{self.id}")
+
+    async def _watch_gaps(self) -> None:
+        """While someone speaks, time without audio counts as silence once it passes
+        ``stream_gap_fill_ms``: the segmenter then hears the silence it would have heard, so an
+        utterance ends ``stream_vad_hangover_ms`` after speech stops whether or not packets keep
+        coming (Opus DTX sends one every ~400 ms or none). Only during speech: the pre-roll before
+        an onset keeps the real audio that arrived."""
+        threshold_s = self.settings.stream_gap_fill_ms / 1000.0
+        try:
+            while self.options.server_vad and self._segmenter.in_speech and not self._closed:
+                await asyncio.sleep(threshold_s / 2)
+                silent_for = time.monotonic() - self._last_audio_at
+                if silent_for <= threshold_s:
+                    continue
+                missing = int((silent_for - self._gap_filled_s) * SAMPLE_RATE_HZ)
+                if missing <= 0:
+                    continue
+                self._gap_filled_s += missing / SAMPLE_RATE_HZ
+                await self._segment(np.zeros(missing, np.float32))
+        finally:
+            if self._gap_task is asyncio.current_task():
+                self._gap_task = None
 
     async def _on_segment(self, event: SpeechStart | Utterance | Discarded) -> None:
         if isinstance(event, SpeechStart):
@@ -370,6 +409,9 @@ class StreamSession:
             return
         self._closed = True
         self._cancel_partials()
+        if self._gap_task is not None:
+            self._gap_task.cancel()
+            self._gap_task = None
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

@@ -25,7 +25,12 @@ FRAME = 960  # 20 ms
 
 
 class ClipTrack(MediaStreamTrack):
-    """A microphone stand-in: plays queued clips in real time, silence otherwise."""
+    """A microphone stand-in: plays queued clips in real time, silence otherwise.
+
+    ``go_quiet`` makes it send nothing at all for a while once the queued audio has played, as a
+    browser does with Opus DTX during silence or a paused track; timestamps keep following the
+    clock across the gap.
+    """
 
     kind = "audio"
 
@@ -35,6 +40,11 @@ class ClipTrack(MediaStreamTrack):
         self._pts = 0
         self._started: float | None = None
         self.playing_from: float | None = None  # when the latest clip's first frame went out
+        self._quiet_s = 0.0  # after the queue empties: send no frames for this long
+        self.quiet_from: float | None = None
+
+    def go_quiet(self, seconds: float) -> None:
+        self._quiet_s = seconds
 
     def play(self, clip: Clip, silence_after_s: float = 0.8) -> float:
         pcm = (np.clip(resample_to(clip, RATE), -1, 1) * 32767).astype(np.int16)
@@ -49,6 +59,13 @@ class ClipTrack(MediaStreamTrack):
         wait = self._started + self._pts / RATE - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
+        elif wait < -0.1:  # the loop was busy: a microphone does not catch up in a burst
+            self._started -= wait
+        if not self._queue.size and self._quiet_s > 0:
+            quiet_s, self._quiet_s = self._quiet_s, 0.0
+            self.quiet_from = time.monotonic()
+            await asyncio.sleep(quiet_s)  # no frame, so no RTP packet, for quiet_s
+            self._pts += int(quiet_s * RATE) // FRAME * FRAME
         if self._queue.size and self.playing_from is None:
             self.playing_from = time.monotonic()
         chunk, self._queue = self._queue[:FRAME], self._queue[FRAME:]

@@ -24,8 +24,9 @@ import itertools
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
+from typing import Any
 
 from prometheus_client import Histogram
 
@@ -147,6 +148,7 @@ class Assistant:
         self._turn_start_sample = 0
         self._answer = ""
         self._audio_started = False
+        self._progress_at = time.monotonic()
         self._closed = False
 
     # --- state --------------------------------------------------------------------------------
@@ -228,8 +230,7 @@ class Assistant:
         messages = self.messages(user_text)
         self.history.append(ChatMessage("user", user_text))
         try:
-            async with asyncio.timeout(self.settings.assistant_turn_timeout_s):
-                await self._generate(turn, messages, speech_ended_at)
+            await self._within_progress_deadline(self._generate(turn, messages, speech_ended_at))
         except StageFailed as exc:
             await self._fail(turn, exc.stage, exc.code, exc.message)
             return
@@ -239,8 +240,7 @@ class Assistant:
                 turn,
                 stage,
                 "timeout",
-                f"the answer was not ready within {self.settings.assistant_turn_timeout_s:g} s "
-                "(assistant_turn_timeout_s)",
+                f"no progress for {self.settings.assistant_turn_timeout_s:g} s (assistant_turn_timeout_s)",
             )
             return
         await self._emit(AssistantText(turn, "", self._answer, final=True))
@@ -249,6 +249,28 @@ class Assistant:
             await self.out.drained()
             await self._emit(AssistantAudioStopped(turn, False, self._answer))
         self._remember(self._answer)
+
+    async def _within_progress_deadline(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` while it makes progress: a turn whose LLM and TTS produce nothing (no token,
+        no audio) for ``assistant_turn_timeout_s`` raises TimeoutError. A long answer that keeps
+        coming is never cut, however busy the server is; an upstream that hangs is."""
+        limit_s = self.settings.assistant_turn_timeout_s
+        self._progress_at = time.monotonic()
+        task = asyncio.get_running_loop().create_task(work, name=f"assistant-generate-{self.name}")
+        try:
+            while True:
+                idle_s = time.monotonic() - self._progress_at
+                if idle_s >= limit_s:
+                    raise TimeoutError
+                done, _ = await asyncio.wait({task}, timeout=limit_s - idle_s)
+                if task in done:
+                    task.result()
+                    return
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     async def _fail(self, turn: int, stage: str, code: str, message: str) -> None:
         log.warning("%s: turn %d failed at %s: %s", self.name, turn, stage, message)
@@ -282,7 +304,12 @@ class Assistant:
             try:
                 voice = await self.tts.voice(self.options.voice)
                 speech = await stack.enter_async_context(
-                    self.tts.open(voice, SynthesisParams(), sample_rate_hz=self.out.sample_rate_hz)
+                    self.tts.open(
+                        voice,
+                        SynthesisParams(),
+                        sample_rate_hz=self.out.sample_rate_hz,
+                        first_clause_words=self.settings.assistant_first_clause_words,
+                    )
                 )
             except ApiError as exc:
                 raise StageFailed("tts", exc.code, exc.message) from None
@@ -301,6 +328,7 @@ class Assistant:
                     first = False
                     self.metrics.observe("llm_first_token", time.monotonic() - speech_ended_at)
                 self._answer += delta
+                self._progress_at = time.monotonic()
                 await self._emit(AssistantText(turn, delta, self._answer))
                 if speech is not None:
                     speech.feed(delta)
@@ -317,6 +345,7 @@ class Assistant:
                 if not chunk.pcm:
                     continue
                 mark = self.out.write(chunk.pcm, chunk.sentence)
+                self._progress_at = time.monotonic()
                 if not self._audio_started:
                     self._audio_started = True
                     self.metrics.observe("tts_first_audio", time.monotonic() - speech_ended_at)

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -94,6 +95,38 @@ def ice_servers(settings: Settings) -> list[RTCIceServer]:
         else:
             servers.append(RTCIceServer(urls=url))
     return servers
+
+
+_OPUS_RTPMAP = re.compile(r"^a=rtpmap:(\d+) opus/48000(?:/2)?$", re.IGNORECASE)
+
+
+def with_opus_dtx(sdp: str) -> str:
+    """Ask the browser for Opus DTX and in-band FEC in an SDP answer.
+
+    With ``usedtx=1`` a browser sends a packet every ~400 ms (or none) while the microphone hears
+    silence instead of 50 a second: a hands-free session idles at 1-3 kbps instead of ~25. The
+    server's segmenter counts missing audio as silence (``stream_gap_fill_ms``), so utterances
+    still end on time. aiortc writes no ``fmtp`` for Opus; an existing one is extended.
+    """
+    eol = "\r\n" if "\r\n" in sdp else "\n"
+    lines = sdp.split(eol)
+    for line in list(lines):
+        match = _OPUS_RTPMAP.match(line)
+        if match is None:
+            continue
+        prefix = f"a=fmtp:{match.group(1)} "
+        existing = next((i for i, other in enumerate(lines) if other.startswith(prefix)), None)
+        if existing is None:
+            lines.insert(lines.index(line) + 1, f"{prefix}usedtx=1;useinbandfec=1")
+            continue
+        params: dict[str, str] = {}
+        for part in lines[existing][len(prefix) :].split(";"):
+            if part:
+                key, _, value = part.partition("=")
+                params[key] = value
+        params.update(usedtx="1", useinbandfec="1")
+        lines[existing] = prefix + ";".join(f"{k}={v}" if v else k for k, v in params.items())
+    return eol.join(lines)
 
 
 def message(kind: str, text: str | None = None, obj: Any = None) -> str:
@@ -396,7 +429,8 @@ async def offer_handler(request: web.Request) -> web.Response:
     session._spawn(session.watch_connect(), "rtc-connect-watch")
     log.info("session %s: answered offer", session.id)
     local = session.pc.localDescription
-    return web.json_response({"sdp": local.sdp, "type": local.type})
+    sdp = with_opus_dtx(local.sdp) if settings.rtc_opus_dtx else local.sdp
+    return web.json_response({"sdp": sdp, "type": local.type})
 
 
 async def config_handler(request: web.Request) -> web.Response:

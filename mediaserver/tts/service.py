@@ -68,12 +68,15 @@ class Speech:
         voice: VoiceInfo,
         *,
         sample_rate_hz: int | None,
+        first_clause_words: int = 0,
     ) -> None:
         self._service = service
         self._stream = stream
         self.voice = voice
         self.sample_rate_hz = sample_rate_hz or voice.sample_rate_hz
-        self._splitter = SentenceSplitter(max_sentence_chars=service.settings.tts_max_sentence_chars)
+        self._splitter = SentenceSplitter(
+            max_sentence_chars=service.settings.tts_max_sentence_chars, first_clause_words=first_clause_words
+        )
         self._metrics = service.metrics
         self._started = time.perf_counter()
         self.first_audio_s: float | None = None
@@ -247,15 +250,21 @@ class TtsService:
 
     @contextlib.asynccontextmanager
     async def open(
-        self, voice: VoiceInfo, params: SynthesisParams, *, sample_rate_hz: int | None = None
+        self,
+        voice: VoiceInfo,
+        params: SynthesisParams,
+        *,
+        sample_rate_hz: int | None = None,
+        first_clause_words: int = 0,
     ) -> AsyncIterator[Speech]:
         """A request with its own place in the voice's queue (``Overloaded`` → 503 when full).
 
-        On leaving, whatever was not synthesized yet is dropped.
+        On leaving, whatever was not synthesized yet is dropped. ``first_clause_words``: see
+        ``SentenceSplitter`` (a conversation's answer starts sooner at its first clause).
         """
         loaded = await self.load(voice)
         stream = loaded.scheduler.open(params)
-        speech = Speech(self, stream, voice, sample_rate_hz=sample_rate_hz)
+        speech = Speech(self, stream, voice, sample_rate_hz=sample_rate_hz, first_clause_words=first_clause_words)
         try:
             yield speech
         finally:

@@ -76,11 +76,18 @@ class SentenceSplitter:
 
     ``push`` returns the sentences a delta completed; ``flush`` (at the end of the text) returns
     what is left. Sentences come back cleaned (``clean_text``) and never empty.
+
+    ``first_clause_words``: the first piece of the text may end at a clause mark (comma, semicolon,
+    colon, dash) once it has this many words, rather than at the end of the first sentence: a spoken
+    answer then starts before the LLM has written (and Piper synthesized) a whole first sentence.
+    0 waits for whole sentences, as a text that is read out should.
     """
 
-    def __init__(self, *, max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS) -> None:
+    def __init__(self, *, max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS, first_clause_words: int = 0) -> None:
         self.max_sentence_chars = max(20, max_sentence_chars)
+        self.first_clause_words = first_clause_words
         self._pending = ""
+        self._emitted = False
 
     @property
     def pending(self) -> str:
@@ -100,6 +107,14 @@ class SentenceSplitter:
         while len(self._pending) > self.max_sentence_chars:
             head, self._pending = _cut_long(self._pending, self.max_sentence_chars)
             out += self._emit([head])
+        if not out and not self._emitted and self.first_clause_words:
+            for match in _SOFT_BREAK.finditer(self._pending):
+                head = self._pending[: match.end()]
+                if len(head.split()) >= self.first_clause_words:
+                    out += self._emit([head])
+                    self._pending = self._pending[match.end() :]
+                    break
+        self._emitted = self._emitted or bool(out)
         return out
 
     def flush(self) -> list[str]:

@@ -101,3 +101,21 @@ def test_nothing_to_say(text: str) -> None:
 
 def test_lone_punctuation_joins_the_sentence_before() -> None:
     assert split_sentences("Really... ?! Yes.") == ["Really... ?!", "Yes."]
+
+
+def test_a_conversation_may_start_speaking_at_its_first_clause() -> None:
+    def pieces(text: str, words: int) -> list[str]:
+        splitter = SentenceSplitter(first_clause_words=words)
+        out: list[str] = []
+        for token in text.split(" "):
+            out += splitter.push(token + " ")
+        return out + splitter.flush()
+
+    answer = "The sky is often described as a deep shade of blue, but in reality, it is purple. Truly."
+    assert pieces(answer, 4) == [
+        "The sky is often described as a deep shade of blue,",
+        "but in reality, it is purple.",  # only the first piece is a clause
+        "Truly.",
+    ]
+    assert pieces(answer, 0)[0] == "The sky is often described as a deep shade of blue, but in reality, it is purple."
+    assert pieces("Yes, it is 3,5 degrees. Fine.", 4) == ["Yes, it is 3,5 degrees.", "Fine."]  # too short, a decimal

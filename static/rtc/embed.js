@@ -92,7 +92,11 @@ function render() {
     status = state.problem;
   } else if (state.connected) {
     dot.className = "connected";
-    if (state.handsFree) status = state.speaking ? "hearing you" : "listening";
+    if (state.handsFree) {
+      // What listening costs right now (with Opus DTX, ~2 kbps while it is quiet).
+      const kbps = state.bitrate && state.bitrate.totalKbps !== null ? ` · ${state.bitrate.totalKbps.toFixed(1)} kbps` : "";
+      status = (state.speaking ? "hearing you" : "listening") + kbps;
+    }
     else if (state.recording) status = "recording";
     else status = config.handsFree ? "paused · tap to listen" : config.toggle ? "tap to talk" : "hold to talk";
   } else if (state.connecting) {
@@ -162,6 +166,7 @@ client.addEventListener("speech_stopped", () => {
 });
 client.addEventListener("bitrate", (ev) => {
   state.bitrate = { ...ev.detail };
+  if (state.handsFree) render();
 });
 client.addEventListener("assistant", (ev) => {
   state.answer = ev.detail.full;

@@ -69,7 +69,7 @@ class RemoteModel(BaseModel):
     triton_pad_s: float = Field(
         30.0, ge=0, le=30, description="triton concurrent mode: pad each WAV to this length so Triton can batch them"
     )
-    max_new_tokens: int = Field(96, ge=1, le=448, description="triton: MAX_NEW_TOKENS per 30 s window")
+    max_new_tokens: int = Field(224, ge=1, le=448, description="triton: MAX_NEW_TOKENS per 30 s window")
 
 
 class Settings(BaseSettings):

@@ -65,6 +65,7 @@ class ManagedProcess:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     cwd: Path = ROOT
+    ports: dict[str, int] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -152,3 +153,49 @@ async def front_server(
     finally:
         await runner.cleanup()
         await service.aclose()
+
+
+# --- Triton -------------------------------------------------------------------------------------
+
+TRITON_VENV = ROOT / ".triton-venv"
+TRITON_REQUIREMENTS = ROOT / "tools" / "triton-requirements.txt"
+# PyTriton's stub embeds Debian's libpython3.11: the venv must be made with that interpreter.
+DEBIAN_PYTHON = Path(os.environ.get("MEDIASERVER_TEST_TRITON_PYTHON", "/usr/bin/python3.11"))
+
+
+def ensure_triton_venv() -> tuple[Path, float]:
+    """The Triton venv's python (made from PyPI on first use, kept while its requirements match),
+    and the seconds spent making it (0 when it was there)."""
+    stamp = TRITON_VENV / ".requirements"
+    wanted = TRITON_REQUIREMENTS.read_text()
+    python = TRITON_VENV / "bin" / "python"
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return python, 0.0
+    if not DEBIAN_PYTHON.exists():
+        raise FileNotFoundError(f"{DEBIAN_PYTHON} (Debian's python3.11) is needed for the Triton venv")
+    started = time.monotonic()
+    subprocess.run([str(DEBIAN_PYTHON), "-m", "venv", "--clear", str(TRITON_VENV)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "-r", str(TRITON_REQUIREMENTS)], check=True)
+    stamp.write_text(wanted)
+    return python, time.monotonic() - started
+
+
+def triton_process(python: Path, model_dir: str, log_dir: Path, *, model_name: str = "infer_bls") -> ManagedProcess:
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    argv = [
+        str(python),
+        str(ROOT / "tools" / "triton_whisper_server.py"),
+        "--model-dir",
+        model_dir,
+        "--model-name",
+        model_name,
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(metrics_port),
+    ]
+    ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
+    return ManagedProcess(argv, log_dir / "triton.log", {"PYTHONUNBUFFERED": "1"}, ports=ports)

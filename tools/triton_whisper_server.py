@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=8002)
     parser.add_argument("--max-batch-size", type=int, default=8)
     parser.add_argument("--max-queue-delay-us", type=int, default=2000, help="Triton's dynamic batcher delay")
-    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--max-new-tokens", type=int, default=224)
     parser.add_argument("--cpu-threads", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -199,3 +199,22 @@ def triton_process(python: Path, model_dir: str, log_dir: Path, *, model_name: s
     ]
     ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
     return ManagedProcess(argv, log_dir / "triton.log", {"PYTHONUNBUFFERED": "1"}, ports=ports)
+
+
+# --- HAProxy ------------------------------------------------------------------------------------
+
+HAPROXY_CONFIG = ROOT / "deploy" / "haproxy.cfg"
+
+
+def haproxy_process(log_dir: Path, replicas: list[dict[str, int]]) -> ManagedProcess:
+    """HAProxy running ``deploy/haproxy.cfg`` as shipped, its addresses set for two loopback replicas
+    (each ``{"http": port, "wyoming": port}``)."""
+    assert len(replicas) == 2, "deploy/haproxy.cfg lists two replicas"
+    http_port, wyoming_port = free_port(), free_port()
+    env = {"MS_HTTP_BIND": f"127.0.0.1:{http_port}", "MS_WYOMING_BIND": f"127.0.0.1:{wyoming_port}"}
+    for number, ports in enumerate(replicas, start=1):
+        env[f"MS_R{number}_HTTP"] = f"127.0.0.1:{ports['http']}"
+        env[f"MS_R{number}_WYOMING"] = f"127.0.0.1:{ports['wyoming']}"
+        env[f"MS_R{number}_HEALTH_PORT"] = str(ports["http"])
+    argv = ["haproxy", "-db", "-f", str(HAPROXY_CONFIG)]
+    return ManagedProcess(argv, log_dir / "haproxy.log", env, ports={"http": http_port, "wyoming": wyoming_port})

@@ -10,10 +10,12 @@ The front server reaches it through ``tritonclient``, over gRPC and over HTTP.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,6 +26,7 @@ import pytest_asyncio
 from mediaserver.asr.models import bundled_tiny_en_dir
 from mediaserver.config import RemoteModel, Settings
 from tests.conftest import Clip, long_clip
+from tests.integration.test_bench_dataset import run_tool, write_manifest
 from tests.integration.test_ws_stream import connect, pcm16, silence
 from tests.processes import ManagedProcess, ensure_triton_venv, front_server, triton_process, wait_http_ok
 
@@ -167,6 +170,17 @@ async def test_an_unknown_triton_model_is_a_502_and_the_other_model_works(
         async with http.get(f"{front.url}/health") as resp:
             info = await resp.json()
         assert info["backends"]["missing"]["state"] == "down" and info["status"] == "degraded"
+
+
+async def test_bench_dataset_measures_triton_directly(
+    triton: ManagedProcess, tmp_path: Path, speech: Callable[[str], Clip]
+) -> None:
+    manifest = write_manifest(tmp_path, speech)
+    url = f"grpc://127.0.0.1:{triton.ports['grpc']}"
+    argv = [str(manifest), "--target", "triton", "--url", url, "--num-tasks", "2", "--no-progress"]
+    assert await run_tool([*argv, "--summary", str(tmp_path / "summary.json")]) == 0
+    level = json.loads((tmp_path / "summary.json").read_text())["levels"][0]
+    assert level["utterances"] == 3 and level["errors"] == 0 and level["wer"] <= 0.1, level
 
 
 async def test_zz_triton_gone_is_a_502(

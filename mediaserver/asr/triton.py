@@ -39,7 +39,7 @@ from mediaserver.asr.remote import RemoteEngine, Unreachable
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, Transcript
 
 _WINDOW_S = 28.0  # leaves room for the model's own 30 s window
-_SEARCH_S = 4.0  # where to look for a quiet cut before the window's end
+_SEARCH_S = 10.0  # where to look for a quiet cut before the window's end
 _TAG = re.compile(r"<\|[^|>]*\|>")
 
 

@@ -56,12 +56,11 @@ class WhisperBatcher:
         self.eot = self.hf.token_to_id("<|endoftext|>")
         self.lock = threading.Lock()
 
-    def prompt(self, text_prefix: str) -> tuple[list[int], str, int]:
-        """Token ids for a TEXT_PREFIX, the plain text in it (what the transcript must start with),
+    def prompt(self, text_prefix: str) -> tuple[list[int], int]:
+        """Token ids for a TEXT_PREFIX (special tokens, then the text the transcript must start with),
         and how many special tokens it has."""
         ids: list[int] = []
         special = 0
-        forced = []
         for part in _SPECIAL.split(text_prefix):
             if not part:
                 continue
@@ -72,11 +71,10 @@ class WhisperBatcher:
                 ids.append(token)
                 special += 1
             elif part.strip():
-                forced.append(part.strip())
                 ids.extend(self.hf.encode(" " + part.strip(), add_special_tokens=False).ids)
         if not ids or ids[0] != self.sot:
             raise ValueError("TEXT_PREFIX must start with <|startoftranscript|>")
-        return ids, " ".join(forced), special
+        return ids, special
 
     def decode(self, clips: list[np.ndarray], prefixes: list[str], max_new_tokens: list[int]) -> list[str]:
         from faster_whisper.audio import pad_or_trim
@@ -88,7 +86,7 @@ class WhisperBatcher:
         # CTranslate2 decodes a batch together only when every row has as many task tokens after
         # <|startoftranscript|>: rows are grouped by their special-token prompt.
         groups: dict[int, list[int]] = {}
-        for row, (_, _, special) in enumerate(prompts):
+        for row, (_, special) in enumerate(prompts):
             groups.setdefault(special, []).append(row)
         sequences: dict[int, list[int]] = {}
         with self.lock:  # one CTranslate2 call at a time; it uses every CPU thread itself

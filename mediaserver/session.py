@@ -29,7 +29,7 @@ from mediaserver.asr.scheduler import DeadlineExceeded, Superseded
 from mediaserver.asr.service import AsrService
 from mediaserver.audio.segmenter import Discarded, SegmenterConfig, SpeechStart, Utterance, VadSegmenter
 from mediaserver.config import Settings
-from mediaserver.errors import ApiError, Overloaded
+from mediaserver.errors import ApiError, BackendTimeout, BackendUnavailable, Overloaded
 from mediaserver.events import (
     SAMPLE_RATE_HZ,
     AudioArray,
@@ -315,7 +315,7 @@ class StreamSession:
                         priority=Priority.PARTIAL,
                         supersede_key=self.id,
                     )
-                except (Superseded, Overloaded, DeadlineExceeded):
+                except (Superseded, Overloaded, DeadlineExceeded, BackendTimeout, BackendUnavailable):
                     continue  # a partial that cannot run now is simply skipped
                 if not self.in_speech:
                     return

@@ -29,10 +29,10 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import Clip
-from tests.integration.test_rtc import connect as rtc_connect
 from tests.integration.test_rtc import push_to_talk
 from tests.integration.test_wyoming import home_assistant_stt
 from tests.processes import ManagedProcess, free_port, haproxy_process, mediaserver_process, wait_http_ok
+from tests.rtc_peer import connect as rtc_connect
 
 KITCHEN = "Turn on the kitchen lights and close the garage door."
 WEATHER = "What is the weather like in Paris this afternoon?"

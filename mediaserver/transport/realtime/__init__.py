@@ -53,6 +53,14 @@ The package: ``config`` parses and validates session configuration (pure functio
 translates speech and transcript events into server events, ``session`` is the connection.
 """
 
-from mediaserver.transport.realtime.session import PATH, add_routes
+from aiohttp import web
+
+from mediaserver.transport.realtime import calls, session
+from mediaserver.transport.realtime.session import PATH
 
 __all__ = ["PATH", "add_routes"]
+
+
+def add_routes(app: web.Application) -> None:
+    session.add_routes(app)
+    calls.add_routes(app)

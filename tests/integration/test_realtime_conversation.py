@@ -254,6 +254,9 @@ async def test_sdk_interruption_cancels_and_truncate_trims(
             "cancelled",
             "turn_detected",
         )
+        deadline = time.monotonic() + 5  # the generation stops within a token (on the LLM's thread)
+        while llm_busy(llm_service) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         assert not llm_busy(llm_service)
         written = "".join(e.delta for e in events if e.type == "response.output_audio_transcript.delta").split()
         sent = next(e for e in during if e.type == "response.output_audio_transcript.done").transcript.split()

@@ -41,7 +41,9 @@ from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.realtime.config import EventError, RealtimeConfig, new_id, session_kind
 from mediaserver.transport.realtime.conversation_config import ConversationConfig, parse_conversation_session
-from mediaserver.transport.realtime.session import RealtimeSession, check_voice, default_conversation, is_llm_model
+from mediaserver.transport.realtime.lookups import check_voice, is_llm_model
+from mediaserver.transport.realtime.session import RealtimeSession
+from mediaserver.transport.realtime.websocket import default_conversation
 from mediaserver.transport.rtc import ice_servers, read_audio_track
 from mediaserver.transport.rtc_audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 

@@ -31,23 +31,24 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Coroutine
+from dataclasses import replace
 from typing import Any, Final, Literal, Protocol
 
 import numpy as np
 
 from mediaserver.asr.service import AsrService
 from mediaserver.assistant.audio_out import AudioOut
-from mediaserver.assistant.turns import Assistant, AssistantOptions, Turn, TurnOutcome
+from mediaserver.assistant.turns import Assistant, AssistantOptions, TurnOutcome
 from mediaserver.audio.stream_decode import encode_g711
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import AssistantAudioStarted, AssistantText, Priority, SessionEvent
-from mediaserver.llm.types import ChatMessage, Usage
+from mediaserver.llm.types import ChatMessage
 from mediaserver.transport.realtime.config import EventError, InputFormat, new_id
 from mediaserver.transport.realtime.conversation_config import ConversationConfig, ResponseOptions
 from mediaserver.transport.realtime.items import ContentKind, Item, Items, NewItem, parse_item
+from mediaserver.transport.realtime.responses import Response, describe_response, status_of
 
 log = logging.getLogger(__name__)
 
@@ -75,36 +76,6 @@ class Host(Protocol):
     ) -> None: ...
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
-
-
-@dataclass
-class Response:
-    id: str
-    options: ResponseOptions
-    context: list[ChatMessage] | None  # its own input (response.input), else the conversation's
-    task: asyncio.Task[None] | None = None
-    item: Item | None = None
-    turn: Turn | None = None
-    reason: str | None = None  # why it was cancelled
-    audio_started: bool = False
-
-
-def _usage(usage: Usage | None) -> dict[str, Any]:
-    prompt = usage.prompt_tokens if usage is not None else 0
-    completion = usage.completion_tokens if usage is not None else 0
-    return {
-        "total_tokens": prompt + completion,
-        "input_tokens": prompt,
-        "output_tokens": completion,
-        "input_token_details": {
-            "text_tokens": prompt,
-            "audio_tokens": 0,
-            "image_tokens": 0,
-            "cached_tokens": 0,
-            "cached_tokens_details": {"text_tokens": 0, "audio_tokens": 0, "image_tokens": 0},
-        },
-        "output_token_details": {"text_tokens": completion, "audio_tokens": 0},
-    }
 
 
 class Conversation:
@@ -330,7 +301,7 @@ class Conversation:
         response = Response(new_id("resp"), options, context)
         self.response = response
         self.responses += 1
-        self.host.send("response.created", response=self._describe(response, "in_progress"))
+        self.host.send("response.created", response=describe_response(response, "in_progress", beta=self.host.beta))
         limit = options.max_output_tokens or self.settings.assistant_max_answer_tokens
         self.host.send(
             "rate_limits.updated",
@@ -441,27 +412,11 @@ class Conversation:
         out = self.assistant.out
         return out.sample_rate_hz if out is not None else 24000
 
-    def _status(self, response: Response, outcome: TurnOutcome | None) -> tuple[str, dict[str, Any] | None]:
-        if outcome is None or outcome.status == "interrupted":
-            reason = response.reason or "client_cancelled"
-            return "cancelled", {"type": "cancelled", "reason": reason}
-        if outcome.status == "failed":
-            error = outcome.error
-            details = {
-                "type": "server_error",
-                "code": error.code if error else "internal_error",
-                "message": f"{error.stage}: {error.message}" if error else "the answer failed",
-            }
-            return "failed", {"type": "failed", "error": details}
-        if outcome.finish_reason == "length":
-            return "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}
-        return "completed", None
-
     def _finish(self, response: Response, outcome: TurnOutcome | None) -> None:
         """Close the response's parts and send ``response.done`` (never awaits)."""
         if self.response is response:
             self.response = None
-        status, details = self._status(response, outcome)
+        status, details = status_of(response, outcome)
         item = response.item
         send = self.host.send
         ids = {"response_id": response.id}
@@ -497,29 +452,9 @@ class Conversation:
         if self.audio == "track" and response.audio_started and status == "cancelled":
             send("output_audio_buffer.cleared", **ids)
         usage = outcome.usage if outcome is not None else None
-        send("response.done", response=self._describe(response, status, details, usage))
+        send("response.done", response=describe_response(response, status, details, usage, beta=self.host.beta))
         if self.audio == "track" and response.audio_started and status != "cancelled":
             send("output_audio_buffer.stopped", **ids)
-
-    def _describe(
-        self,
-        response: Response,
-        status: str,
-        details: dict[str, Any] | None = None,
-        usage: Usage | None = None,
-    ) -> dict[str, Any]:
-        output = [response.item.describe(beta=self.host.beta)] if response.item is not None else []
-        return {
-            "id": response.id,
-            "object": "realtime.response",
-            "status": status,
-            "status_details": details,
-            "output": output,
-            "conversation_id": response.options.conversation_id,
-            **response.options.describe(beta=self.host.beta),
-            "usage": _usage(usage) if status != "in_progress" else None,
-            "metadata": dict(response.options.metadata) if response.options.metadata is not None else None,
-        }
 
     # --- the assistant's events -----------------------------------------------------------------
 
@@ -625,12 +560,3 @@ class VoiceTurns:
 
     def observe_transcript(self, seconds: float) -> None:
         self.conversation.assistant.observe_transcript(seconds)
-
-
-def item_param(event: Mapping[str, Any], key: str) -> str:
-    value = event.get(key)
-    if value is None:
-        raise EventError("missing_required_parameter", f"Missing required parameter: '{key}'.", key)
-    if not isinstance(value, str):
-        raise EventError("invalid_type", f"Invalid type for '{key}': expected a string.", key)
-    return value

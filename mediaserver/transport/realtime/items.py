@@ -257,3 +257,12 @@ def parse_item(value: object, *, max_audio_bytes: int, param: str = "item") -> N
         return NewItem(item_id, "user", "input_audio", text, audio)
     kind_of: ContentKind = "output_text" if role == "assistant" else "input_text"
     return NewItem(item_id, role, kind_of, text or "")
+
+
+def required_id(event: Mapping[str, Any], key: str) -> str:
+    value = event.get(key)
+    if value is None:
+        raise EventError("missing_required_parameter", f"Missing required parameter: '{key}'.", key)
+    if not isinstance(value, str):
+        raise EventError("invalid_type", f"Invalid type for '{key}': expected a string.", key)
+    return value

@@ -10,14 +10,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from aiohttp import WSCloseCode, web
+from aiohttp import web
 
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.config import Settings
-from mediaserver.errors import ApiError, UnknownModel
+from mediaserver.errors import ApiError
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent, SpeechStarted
 from mediaserver.session import Emit, StreamSession
-from mediaserver.state import ASR, CAPABILITIES, LLM, SESSIONS, SETTINGS, TTS
+from mediaserver.state import ASR
 from mediaserver.transport.realtime.config import (
     EventError,
     RealtimeConfig,
@@ -26,10 +26,9 @@ from mediaserver.transport.realtime.config import (
     integer,
     new_id,
     parse_session,
-    session_kind,
     type_name,
 )
-from mediaserver.transport.realtime.conversation import AudioMode, Conversation, VoiceTurns, item_param
+from mediaserver.transport.realtime.conversation import AudioMode, Conversation, VoiceTurns
 from mediaserver.transport.realtime.conversation_config import (
     ConversationConfig,
     ResponseOptions,
@@ -37,13 +36,12 @@ from mediaserver.transport.realtime.conversation_config import (
     parse_response_options,
 )
 from mediaserver.transport.realtime.events import InputTranscription, Item
-from mediaserver.transport.realtime.items import NewItem, parse_item
-from mediaserver.transport.socket_session import LimitedWebSocket, Limits, MessageSocket, SocketSession
+from mediaserver.transport.realtime.items import NewItem, parse_item, required_id
+from mediaserver.transport.realtime.lookups import check_voice, is_llm_model
+from mediaserver.transport.socket_session import Limits, MessageSocket, SocketSession
 from mediaserver.transport.voice import make_assistant
 
 log = logging.getLogger(__name__)
-
-PATH: Final = "/v1/realtime"
 
 MAX_AUDIO_BYTES_PER_EVENT: Final = 15 * 1024 * 1024
 # base64 of the largest append plus room for the JSON around it; larger frames close the socket (1009).
@@ -326,9 +324,9 @@ class RealtimeSession(SocketSession):
                 parse_item(event["item"], max_audio_bytes=MAX_AUDIO_BYTES_PER_EVENT), previous, client_event_id
             )
         if kind in ("conversation.item.delete", "conversation.item.retrieve"):
-            return _ItemOp(kind.rsplit(".", 1)[1], item_param(event, "item_id"), client_event_id)
+            return _ItemOp(kind.rsplit(".", 1)[1], required_id(event, "item_id"), client_event_id)
         if kind == "conversation.item.truncate":
-            item_id = item_param(event, "item_id")
+            item_id = required_id(event, "item_id")
             for key in ("content_index", "audio_end_ms"):
                 if key not in event:
                     raise EventError("missing_required_parameter", f"Missing required parameter: '{key}'.", key)
@@ -553,109 +551,3 @@ class RealtimeSession(SocketSession):
         finally:
             self.items.muted_errors -= 1
         return None
-
-
-# --- HTTP -----------------------------------------------------------------------------------------------
-
-
-class UpgradeRequired(ApiError):
-    status = 426
-    code = "upgrade_required"
-
-
-def _is_beta(request: web.Request) -> bool:
-    header = request.headers.get("OpenAI-Beta", "").replace(" ", "").lower()
-    protocols = request.headers.get("Sec-WebSocket-Protocol", "").replace(" ", "").lower().split(",")
-    return "realtime=v1" in header.split(",") or "openai-beta.realtime-v1" in protocols
-
-
-def check_voice(app: web.Application, name: str, param: str) -> None:
-    """An unknown voice is an ``invalid_value`` error (a Piper voice the server may download is known)."""
-    tts = app.get(TTS)
-    if tts is None or not app[CAPABILITIES].enabled("tts"):
-        return  # a response that asks for audio reports the missing stage
-    if tts.voices.find(name) is None and not tts.voices.downloadable(name):
-        voices = ", ".join(tts.voices.names()) or "none"
-        raise EventError(
-            "invalid_value",
-            f"Invalid '{param}': unknown voice {name!r}. Voices: {voices}, and OpenAI's voice names.",
-            param,
-        )
-
-
-def is_llm_model(app: web.Application, name: str) -> bool:
-    """The app's LLM registry knows ``name`` (a model or an alias)."""
-    llm = app.get(LLM)
-    if llm is None:
-        return False
-    try:
-        llm.sources.resolve(name)
-    except UnknownModel:
-        return False
-    return True
-
-
-def default_conversation(
-    settings: Settings, config: RealtimeConfig, llm_model: str | None, model: str | None
-) -> ConversationConfig:
-    """A new conversation session: the voice loop's settings, in OpenAI's terms."""
-    return ConversationConfig(
-        input=config,
-        model=model or "gpt-realtime",
-        llm_model=llm_model,
-        instructions=settings.assistant_system_prompt,
-        voice=settings.assistant_voice or settings.tts_default_voice,
-        modality="audio" if settings.assistant_speak else "text",
-    )
-
-
-def open_session(
-    request: web.Request, settings: Settings
-) -> tuple[SessionKind, RealtimeConfig, ConversationConfig | None]:
-    """What the URL asks for (``config.session_kind``); a bad query is a 400 before any upgrade."""
-    app = request.app
-    kind, config, llm_model = session_kind(
-        settings, app[ASR].models, request.query, lambda name: is_llm_model(app, name)
-    )
-    if kind == "transcription":
-        return kind, config, None
-    model = request.query.get("model", "").strip() or None
-    return kind, config, default_conversation(settings, config, llm_model, model)
-
-
-async def realtime_handler(request: web.Request) -> web.StreamResponse:
-    """GET /v1/realtime: upgrade, register the session, read until it closes, clean up."""
-    settings = request.app[SETTINGS]
-    kind, config, conversation = open_session(request, settings)
-    ws = LimitedWebSocket(
-        heartbeat=settings.ws_heartbeat_s,
-        max_msg_size=max(settings.ws_max_message_bytes, MAX_FRAME_BYTES),
-        protocols=("realtime",),
-    )
-    if not ws.can_prepare(request).ok:
-        raise UpgradeRequired(
-            "GET /v1/realtime is a WebSocket endpoint (the OpenAI Realtime API); upgrade the connection"
-        )
-    session = RealtimeSession(request.app, ws, settings, config, beta=_is_beta(request), conversation=conversation)
-    try:
-        request.app[SESSIONS].add(session.id, session)  # over the cap: a 503 before the upgrade
-    except ApiError:
-        await session.aclose()
-        raise
-    try:
-        await ws.prepare(request)
-        session.start()
-        log.info(
-            "realtime session %s: %s opened from %s (model %s)", session.id, kind, request.remote, config.resolved_model
-        )
-        session.send_session("session.created", config, conversation)
-        if session.beta and conversation is None:
-            session.send_session("transcription_session.created", config)
-        await session.run()
-    finally:
-        await session.aclose(WSCloseCode.GOING_AWAY, "session closed")
-    return ws
-
-
-def add_routes(app: web.Application) -> None:
-    app.router.add_get(PATH, realtime_handler)

@@ -17,7 +17,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.llm.service import LlmService
 from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
-from tests.integration.test_voice_loop import QUESTION, VOICE_SETTINGS, llm_busy, transcribe
+from tests.integration.test_voice_loop import LONG_QUESTION, QUESTION, VOICE_SETTINGS, llm_busy, transcribe
 from tests.rtc_peer import Peer, connect_call
 
 
@@ -81,6 +81,26 @@ async def test_call_answers_on_the_track_and_events_on_the_channel(
         await asyncio.sleep(0.5)  # the last frames in flight
         heard = await transcribe(asr_service, peer.received_audio(), 48000)
         assert wer(transcript, heard) <= 0.2, (transcript, heard)
+
+        # Speaking over a long answer cuts it off: the track stops, the answer keeps what was played.
+        peer.channel.send(json.dumps({"type": "session.update", "session": {"instructions": "You tell long stories."}}))
+        await peer.next("session.updated")
+        peer.track.play(speech(LONG_QUESTION), silence_after_s=1.0)
+        before = await events_until(peer, "output_audio_buffer.started")
+        await asyncio.sleep(1.0)  # a second of the story plays
+        peer.track.play(speech("Stop please."), silence_after_s=1.0)
+        during = await events_until(peer, "response.done")
+        kinds = [e["type"] for e in during]
+        expected = ["input_audio_buffer.speech_started", "output_audio_buffer.cleared", "response.done"]
+        positions = [kinds.index(k) for k in expected]
+        assert positions == sorted(positions), kinds
+        done = during[-1]["response"]
+        assert (done["status"], done["status_details"]["reason"]) == ("cancelled", "turn_detected")
+        written = "".join(
+            e["delta"] for e in before + during if e["type"] == "response.output_audio_transcript.delta"
+        ).split()
+        played = done["output"][0]["content"][0]["transcript"].split()
+        assert played == written[: len(played)] and len(played) < len(written), (played, written)
 
         # An event the server does not know is an error on the channel; the call goes on.
         peer.channel.send(json.dumps({"type": "nope", "event_id": "e1"}))

@@ -488,6 +488,28 @@ async def test_bad_input_is_an_error_event_and_the_session_stays(raw: Callable[.
     assert "blue" in done["output"][0]["content"][0]["text"].lower()
 
 
+async def test_user_audio_item_is_transcribed_then_answered(
+    raw: Callable[..., Any], speech: Callable[[str], Clip], wer: Any
+) -> None:
+    client = await raw()
+    await client.until("session.created")
+    audio = base64.b64encode(pcm16(speech(QUESTION))).decode("ascii")
+    item = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}
+    await client.send({"type": "conversation.item.create", "item": item})
+    await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+    events = await client.until("response.done")
+    kinds = [e["type"] for e in events]
+    added = next(e for e in events if e["type"] == "conversation.item.added")["item"]
+    assert added["content"] == [{"type": "input_audio", "transcript": None}]
+    completed = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert completed["item_id"] == added["id"] and wer(QUESTION, completed["transcript"]) <= 0.2, completed
+    # The response waited for the transcript before answering it.
+    assert kinds.index("conversation.item.input_audio_transcription.completed") < kinds.index(
+        "response.output_item.added"
+    )
+    assert "blue" in events[-1]["response"]["output"][0]["content"][0]["text"].lower()
+
+
 async def test_oversized_message_closes_with_a_reason(raw: Callable[..., Any]) -> None:
     client = await raw()
     await client.until("session.created")

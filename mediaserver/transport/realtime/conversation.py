@@ -36,6 +36,7 @@ from dataclasses import replace
 from typing import Any, Final, Literal, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from mediaserver.asr.service import AsrService
 from mediaserver.assistant.audio_out import AudioOut
@@ -76,6 +77,13 @@ class Host(Protocol):
     ) -> None: ...
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
+
+
+def _decode(fmt: InputFormat, audio: bytes) -> npt.NDArray[np.float32]:
+    decoder = fmt.decoder()
+    samples = decoder.decode(audio)
+    tail = decoder.flush()
+    return np.concatenate([samples, tail]) if tail.size else samples
 
 
 class Conversation:
@@ -150,12 +158,7 @@ class Conversation:
             self.host.spawn(self._transcribe(item, new.audio, new.text), "realtime-item-transcribe")
 
     async def _transcribe(self, item: Item, audio: bytes, text: str | None) -> None:
-        fmt = self.config.input.input_format
-        decoder = fmt.decoder()
-        samples = decoder.decode(audio)
-        tail = decoder.flush()
-        if tail.size:
-            samples = np.concatenate([samples, tail])
+        samples = await asyncio.to_thread(_decode, self.config.input.input_format, audio)  # up to 15 MiB
         options = self.config.input.stream_options(self.settings).transcription
         try:
             result = await self.asr.transcribe(

@@ -122,11 +122,11 @@ class Peer:
         self.sender.replaceTrack(self.track)
 
 
-async def connect(server: Any, query: str = "") -> Peer:
+async def connect(server: Any, query: str = "", *, direction: str = "sendrecv") -> Peer:
     pc = RTCPeerConnection()
     channel = pc.createDataChannel("chat", ordered=True)
     track = ClipTrack()
-    sender = pc.addTrack(track)
+    sender = pc.addTrack(track) if direction == "sendrecv" else pc.addTransceiver(track, direction=direction).sender
     peer = Peer(pc, channel, sender, track)
     opened = asyncio.Event()
     channel.on("open", opened.set)
@@ -157,7 +157,7 @@ async def connect(server: Any, query: str = "") -> Peer:
 
 
 async def connect_call(
-    server: Any, session: dict[str, Any] | None = None, *, raw_sdp: bool = False
+    server: Any, session: dict[str, Any] | None = None, *, raw_sdp: bool = False, direction: str = "sendrecv"
 ) -> tuple[Peer, str]:
     """An OpenAI Realtime WebRTC call: the offer posted to /v1/realtime/calls with the openai SDK (the
     multipart form with ``session``) or as a raw application/sdp body; events on ``oai-events``.
@@ -167,7 +167,7 @@ async def connect_call(
     pc = RTCPeerConnection()
     channel = pc.createDataChannel("oai-events", ordered=True)
     track = ClipTrack()
-    sender = pc.addTrack(track)
+    sender = pc.addTransceiver(track, direction=direction).sender  # "sendonly": no answers' audio
     peer = Peer(pc, channel, sender, track)
     opened = asyncio.Event()
     channel.on("open", opened.set)

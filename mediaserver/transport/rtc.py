@@ -115,6 +115,15 @@ async def read_audio_track(
                 await feed(np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1))
 
 
+def can_send_audio(pc: RTCPeerConnection) -> bool:
+    """The remote offer can receive audio (``sendrecv`` or ``recvonly`` on its side). aiortc keeps
+    each transceiver's offered direction reversed, from this side: ``sendrecv`` or ``sendonly``."""
+    return any(
+        t.kind == "audio" and getattr(t, "_offerDirection", None) in ("sendrecv", "sendonly")
+        for t in pc.getTransceivers()
+    )
+
+
 def message(kind: str, text: str | None = None, obj: Any = None) -> str:
     return json.dumps({"type": kind, "message": text, "obj": obj})
 
@@ -174,12 +183,8 @@ class RtcSession:
         self.frames_received += 1
 
     def add_outbound_track(self) -> None:
-        """Answer a ``sendrecv`` audio offer with a track for spoken answers (silent until used)."""
-        wants_audio = any(
-            t.kind == "audio" and getattr(t, "_offerDirection", None) in ("sendrecv", "recvonly")
-            for t in self.pc.getTransceivers()
-        )
-        if not wants_audio:
+        """Answer an offer that can receive audio with a track for spoken answers (silent until used)."""
+        if not can_send_audio(self.pc):
             return
         self.audio_out = AudioOut(RTC_SAMPLE_RATE_HZ)
         self.out_track = AssistantAudioTrack(self.audio_out)

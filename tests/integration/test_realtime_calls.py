@@ -116,11 +116,20 @@ async def test_call_answers_on_the_track_and_events_on_the_channel(
     assert not [t.get_name() for t in asyncio.all_tasks() if call_id in t.get_name()]
 
 
-async def test_raw_sdp_offer_and_bad_offers(call_server: LiveServer) -> None:
-    peer, location = await connect_call(call_server, raw_sdp=True)
+async def test_raw_sdp_offer_without_a_way_back_for_audio_and_bad_offers(
+    call_server: LiveServer, speech: Callable[[str], Clip]
+) -> None:
+    peer, location = await connect_call(call_server, raw_sdp=True, direction="sendonly")
     call_id = location.rsplit("/", 1)[1]
     try:
         assert (await peer.next("session.created"))["session"]["type"] == "realtime"
+        assert peer.remote_tracks == 0  # the offer cannot receive audio: answers are their transcripts
+        peer.track.play(speech(QUESTION), silence_after_s=1.0)
+        events = await events_until(peer, "response.done")
+        assert "output_audio_buffer.started" not in [e["type"] for e in events]
+        done = events[-1]["response"]
+        assert done["status"] in ("completed", "incomplete"), done
+        assert "blue" in done["output"][0]["content"][0]["transcript"].lower()
     finally:
         await peer.close()
     deadline = time.monotonic() + 10  # the peer connection closing ends the call

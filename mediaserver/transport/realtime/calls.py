@@ -44,7 +44,7 @@ from mediaserver.transport.realtime.conversation_config import ConversationConfi
 from mediaserver.transport.realtime.lookups import check_voice, is_llm_model
 from mediaserver.transport.realtime.session import RealtimeSession
 from mediaserver.transport.realtime.websocket import default_conversation
-from mediaserver.transport.rtc import ice_servers, read_audio_track
+from mediaserver.transport.rtc import can_send_audio, ice_servers, read_audio_track
 from mediaserver.transport.rtc_audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 
 log = logging.getLogger(__name__)
@@ -190,13 +190,14 @@ class RealtimeCall:
             )
 
     def add_outbound_track(self) -> None:
-        """Answers play on a track when the offer can receive audio (silent until there is one)."""
-        wants_audio = any(
-            t.kind == "audio" and getattr(t, "_offerDirection", None) in ("sendrecv", "recvonly")
-            for t in self.pc.getTransceivers()
-        )
-        if wants_audio:
+        """Answers play on a track when the offer can receive audio (silent until there is one);
+        an offer that cannot gets the answers' transcripts only."""
+        if can_send_audio(self.pc):
             self.pc.addTrack(AssistantAudioTrack(self.audio_out))
+        elif self.session.conversation is not None:
+            # Nothing could play an answer: answers are their transcripts only.
+            self.session.conversation.assistant.out = None
+            self.audio_out.close()
 
     def _on_connection_state(self) -> None:
         state = self.pc.connectionState

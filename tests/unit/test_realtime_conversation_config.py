@@ -266,8 +266,13 @@ def test_items_keep_their_order_and_make_the_context() -> None:
 def test_items_past_the_cap_forget_the_oldest() -> None:
     items = Items(max_items=3)
     for n in range(5):
-        items.add(Item(f"i{n}", "user", "input_text", str(n)))
+        assert items.add(Item(f"i{n}", "user", "input_text", str(n))) == (f"i{n - 1}" if n else None)
     assert items.ids() == ["i2", "i3", "i4"] and "i0" not in items
+    # An insertion reports the item before it even when the oldest item made room for it.
+    assert items.add(Item("mid", "user", "input_text", "x"), "i3") == "i3"
+    assert items.ids() == ["i3", "mid", "i4"]
+    # At the start of a full conversation an item is the oldest one: forgotten at once.
+    assert items.add(Item("early", "user", "input_text", "x"), ROOT) is None and "early" not in items
 
 
 def test_truncation_keeps_the_words_played() -> None:

@@ -127,12 +127,13 @@ class Items:
             index = 0
         else:
             index = self._order.index(previous_item_id) + 1
+        previous = self._order[index - 1] if index > 0 else None
         self._order.insert(index, item.id)
         self._items[item.id] = item
         while len(self._order) > self.max_items:
             forgotten = self._order.pop(0)
             del self._items[forgotten]
-        return self._order[index - 1] if index > 0 and item.id in self._items else None
+        return previous if previous in self._items else None
 
     def check_insert(self, item_id: str | None, previous_item_id: str | None) -> None:
         if item_id is not None and item_id in self._items:

@@ -17,6 +17,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.llm.service import LlmService
 from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
+from tests.integration.test_realtime_conversation import GA_EVENTS
 from tests.integration.test_voice_loop import LONG_QUESTION, QUESTION, VOICE_SETTINGS, llm_busy, transcribe
 from tests.rtc_peer import Peer, connect_call
 
@@ -32,6 +33,7 @@ async def events_until(peer: Peer, kind: str, timeout: float = 60.0) -> list[dic
     deadline = time.monotonic() + timeout
     while True:
         event = await peer.next(timeout=max(0.05, deadline - time.monotonic()))
+        GA_EVENTS.validate_python(event)  # the SDK's models accept every event
         got.append(event)
         if event["type"] == kind:
             return got

@@ -16,6 +16,9 @@ import openai
 import pytest
 import pytest_asyncio
 import websockets
+from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
+from openai.types.realtime import RealtimeServerEvent
+from pydantic import TypeAdapter
 
 from mediaserver.asr.service import AsrService
 from mediaserver.llm.service import LlmService
@@ -62,12 +65,17 @@ def sdk(server: LiveServer) -> Any:
     return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
+# Every server event is validated against the SDK's models (the SDK itself only constructs them).
+GA_EVENTS: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
+BETA_EVENTS: TypeAdapter[Any] = TypeAdapter(BetaServerEvent)
+
+
 async def until(connection: Any, *kinds: str, timeout: float = 60.0) -> list[Any]:
-    """Events up to and including the first of ``kinds``."""
+    """Events up to and including the first of ``kinds``, each validated by the SDK's models."""
     got: list[Any] = []  # the SDK's typed events, read by attribute
     async with asyncio.timeout(timeout):
         while True:
-            event = await connection.recv()
+            event = GA_EVENTS.validate_json(await connection.recv_bytes())
             got.append(event)
             if event.type in kinds:
                 return got
@@ -289,11 +297,13 @@ async def test_sdk_interruption_cancels_and_truncate_trims(
 
 
 class Raw:
-    """A raw Realtime client over ``websockets``: JSON events out, every server event kept."""
+    """A raw Realtime client over ``websockets``: JSON events out, every server event kept (and
+    validated by the SDK's GA or beta models)."""
 
-    def __init__(self, connection: Any) -> None:
+    def __init__(self, connection: Any, *, beta: bool) -> None:
         self.connection = connection
         self.events: list[dict[str, Any]] = []
+        self.models = BETA_EVENTS if beta else GA_EVENTS
 
     async def send(self, event: dict[str, Any] | str) -> None:
         await self.connection.send(event if isinstance(event, str) else json.dumps(event))
@@ -303,6 +313,7 @@ class Raw:
         async with asyncio.timeout(timeout):
             while True:
                 event = json.loads(await self.connection.recv())
+                self.models.validate_python(event)
                 self.events.append(event)
                 got.append(event)
                 if event["type"] in kinds:
@@ -320,7 +331,7 @@ async def raw(conv_server: LiveServer) -> AsyncIterator[Callable[..., Any]]:
             target.url.replace("http", "ws") + "/v1/realtime" + query, additional_headers=headers, max_size=None
         )
         opened.append(connection)
-        return Raw(connection)
+        return Raw(connection, beta=beta)
 
     yield open_raw
     for connection in opened:

@@ -188,6 +188,15 @@ class Settings(BaseSettings):
     ws_idle_timeout_s: float = Field(300.0, gt=0)
     ws_answer_lead_ms: int = Field(200, ge=0, description="answer audio sent ahead of real time (voice loop)")
 
+    # --- OpenAI Realtime conversations (/v1/realtime, /v1/realtime/calls) ------------------------
+    realtime_audio_lead_ms: int = Field(
+        1000, ge=0, description="WebSocket answer audio sent at most this far ahead of real time"
+    )
+    realtime_max_items: int = Field(1000, ge=2, description="conversation items kept; older ones are forgotten")
+    realtime_max_call_bytes: int = Field(
+        256 * 1024, ge=1024, description="POST /v1/realtime/calls body (the SDP offer and the session)"
+    )
+
     # --- Wyoming (Home Assistant) --------------------------------------------------------------
     wyoming_enabled: bool = True
     wyoming_host: str = "0.0.0.0"

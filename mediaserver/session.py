@@ -440,6 +440,9 @@ class SessionRegistry:
     def ids(self) -> list[str]:
         return list(self._sessions)
 
+    def get(self, session_id: str) -> Closable | None:
+        return self._sessions.get(session_id)
+
     def add(self, session_id: str, session: Closable) -> None:
         if len(self._sessions) >= self.settings.max_sessions:
             raise SessionLimitReached(f"too many open sessions (max_sessions={self.settings.max_sessions})")
@@ -483,6 +486,7 @@ class SessionRegistry:
 class Closable(Protocol):
     """What the registry needs of a session: its last activity time and an idempotent close."""
 
-    last_activity: float
+    @property
+    def last_activity(self) -> float: ...
 
     async def aclose(self) -> None: ...

@@ -146,6 +146,24 @@ async def test_rtc_barge_in_stops_the_answer_and_the_llm(
         await peer.close()
 
 
+async def test_rtc_offer_that_cannot_receive_audio_gets_text_answers(
+    voice_server: LiveServer, speech: Callable[[str], Clip]
+) -> None:
+    peer = await connect(voice_server, direction="sendonly")
+    try:
+        assert peer.remote_tracks == 0  # no outbound track: nothing would play the answer
+        peer.send("start", {"hands_free": True, "assistant": True})
+        await peer.next("log")
+        peer.track.play(speech(QUESTION), silence_after_s=1.0)
+        messages: list[dict[str, Any]] = []
+        while not (messages and messages[-1]["type"] == "assistant" and messages[-1]["obj"]["final"]):
+            messages.append(await peer.next(timeout=60))
+        assert "assistant_audio_started" not in [m["type"] for m in messages], messages
+        assert "blue" in answer_text(messages).lower()
+    finally:
+        await peer.close()
+
+
 async def test_rtc_bad_assistant_options_are_an_error_and_the_session_stays(voice_server: LiveServer) -> None:
     peer = await connect(voice_server)
     try:

@@ -156,6 +156,14 @@ class Settings(BaseSettings):
         1.0, ge=0, description="and only when encoding each waiting job alone would take longer than this"
     )
     asr_speech_pad_ms: int = Field(300, ge=0, le=2000)
+    asr_replicas: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="CTranslate2 replicas of each local model (weights shared); the scheduler runs this many "
+        "batches at once, so one batch's decoding overlaps the next one's encoding; on the CPU the threads "
+        "(cpu_threads) are split between them",
+    )
     asr_partial_window_s: float = Field(
         10.0,
         ge=1.0,

@@ -103,8 +103,9 @@ class WhisperEngine:
     It owns the model, the batched decoder, the packing policy and the decode counters. A batch is
     planned job by job (no speech, faster-whisper's own loop, or 30 s windows), packed when the
     policy says so, decoded window group by window group, retried where a packed job's text could
-    not be told apart, and assembled back per job. Not thread-safe: the scheduler calls it from
-    its one worker thread.
+    not be told apart, and assembled back per job. With ``replicas`` > 1 the scheduler calls
+    ``transcribe_batch`` from that many threads at once (CTranslate2 runs each call on its own
+    replica); a call keeps its state in its own ``BatchRun``, and only the counters are shared.
     """
 
     def __init__(
@@ -121,6 +122,7 @@ class WhisperEngine:
         batching: bool = True,
         packing: PackingConfig | None = None,
         speech_pad_s: float = 0.3,
+        replicas: int = 1,
     ) -> None:
         from faster_whisper import WhisperModel
 
@@ -140,8 +142,9 @@ class WhisperEngine:
             device_index=list(device_index),
             compute_type=compute_type,
             cpu_threads=cpu_threads,
-            num_workers=1,
+            num_workers=replicas,  # CTranslate2 inter_threads: batches run at once, weights shared
         )
+        self.replicas = replicas
         self.multilingual: bool = bool(self.model.model.is_multilingual)
         self._decoder = BatchDecoder(self.model)
         self._decoder.on_encode = self.packing_policy.observe_encoder

@@ -156,6 +156,12 @@ class Settings(BaseSettings):
         1.0, ge=0, description="and only when encoding each waiting job alone would take longer than this"
     )
     asr_speech_pad_ms: int = Field(300, ge=0, le=2000)
+    asr_encoder_max_windows: int = Field(
+        2,
+        ge=0,
+        description="on the CPU, windows per encoder call (a batch is encoded in chunks: same result, the "
+        "attention memory of a chunk, not of the batch); 0 = the whole batch at once",
+    )
     asr_replicas: int = Field(
         1,
         ge=1,
@@ -182,6 +188,9 @@ class Settings(BaseSettings):
     stream_max_utterance_s: float = Field(28.0, gt=1.0, le=29.5)
     stream_partial_interval_ms: int = Field(
         300, ge=50, description="a partial decode starts at most this often (from the start of the last one)"
+    )
+    stream_partial_agreement: int = Field(
+        2, ge=2, le=5, description="consecutive partial hypotheses that must agree on a word before it is sent"
     )
     stream_partial_min_audio_ms: int = Field(
         500, ge=100, description="the first partial decode starts once the utterance (with pre-roll) is this long"

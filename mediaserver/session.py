@@ -15,6 +15,7 @@ cancels every task the session started.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -145,7 +146,9 @@ class StreamSession:
         self._recording = False
         self._recorded: list[AudioArray] = []
         self._committed = ""  # partial text already sent for the current utterance
-        self._last_hypothesis = ""
+        self._hypotheses: collections.deque[str] = collections.deque(
+            maxlen=max(1, settings.stream_partial_agreement - 1)
+        )
         self._partial_task: asyncio.Task[None] | None = None
         self._early_final: _EarlyFinal | None = None
         self._tasks: set[asyncio.Task[object]] = set()
@@ -339,7 +342,7 @@ class StreamSession:
         self._cancel_partials()
         self._drop_early_final()
         self._committed = ""
-        self._last_hypothesis = ""
+        self._hypotheses.clear()
 
     # --- transcription ------------------------------------------------------------------------
 
@@ -347,7 +350,7 @@ class StreamSession:
         self._cancel_partials()
         self._drop_early_final()
         self._committed = ""
-        self._last_hypothesis = ""
+        self._hypotheses.clear()
 
     def _current_audio(self) -> AudioArray:
         return self.recorded_audio() if not self.options.server_vad else self._segmenter.current_audio()
@@ -405,9 +408,16 @@ class StreamSession:
                 self._partial_task = None
 
     async def _advance_partial(self, hypothesis: str) -> None:
-        """Send the words two consecutive hypotheses agree on, beyond what was already sent."""
-        agreed = _words(_agreed_prefix(self._last_hypothesis, hypothesis))
-        self._last_hypothesis = hypothesis
+        """Send the words ``stream_partial_agreement`` consecutive hypotheses agree on, beyond what
+        was already sent."""
+        earlier = list(self._hypotheses)
+        self._hypotheses.append(hypothesis)
+        if len(earlier) < max(1, self.settings.stream_partial_agreement - 1):
+            return
+        agreed_text = hypothesis
+        for other in earlier:
+            agreed_text = _agreed_prefix(other, agreed_text)
+        agreed = _words(agreed_text)
         committed = _words(self._committed)
         if len(agreed) <= len(committed) or agreed[: len(committed)] != committed:
             return
@@ -430,7 +440,7 @@ class StreamSession:
         ended_at = time.monotonic()
         self._cancel_partials()
         self._committed = ""
-        self._last_hypothesis = ""
+        self._hypotheses.clear()
 
         async def run() -> None:
             if previous is not None:
@@ -499,7 +509,7 @@ class StreamSession:
         final = FinalTranscript(transcript, delta, start_ms, end_ms, (time.perf_counter() - started) * 1000.0)
         if committed == self._committed:
             self._committed = ""
-            self._last_hypothesis = ""
+            self._hypotheses.clear()
         await self._emit(final)
         if self.assistant is not None and text.strip() and not self._closed:
             self.assistant.observe_transcript(time.monotonic() - ended_at)

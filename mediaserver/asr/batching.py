@@ -346,7 +346,13 @@ class BatchDecoder:
     prompt shape and beam size (``run`` groups them).
     """
 
-    def __init__(self, whisper_model: Any, *, is_oom: Callable[[BaseException], bool] | None = None) -> None:
+    def __init__(
+        self,
+        whisper_model: Any,
+        *,
+        is_oom: Callable[[BaseException], bool] | None = None,
+        max_encoder_windows: int = 0,
+    ) -> None:
         from faster_whisper.tokenizer import Tokenizer
         from faster_whisper.transcribe import get_suppressed_tokens
 
@@ -355,6 +361,10 @@ class BatchDecoder:
         self._tokenizer_cls = Tokenizer
         self._suppressed = get_suppressed_tokens(self.tokenizer(None, "transcribe"), (-1,))
         self._is_oom = is_oom or _is_out_of_memory
+        # On the CPU, at most this many windows per encoder call (0 = all): the encoder's attention
+        # scores take (windows x heads x frames²) floats, 430 MB for 8 full windows of tiny.en,
+        # and CTranslate2's allocator keeps its peak.
+        self.max_encoder_windows = max_encoder_windows
         # Called with (windows, seconds) after every encoder pass: the packing policy's measurement.
         self.on_encode: Callable[[int, float], None] | None = None
 
@@ -420,7 +430,7 @@ class BatchDecoder:
             return []
         features = self.features(windows)
         encode_started = time.perf_counter()
-        encoder_output = self.wm.encode(features)
+        encoder_output = self._encode(features)
         if self.on_encode is not None:
             self.on_encode(len(windows), time.perf_counter() - encode_started)
         prompts = self._prompts(windows, encoder_output)
@@ -440,6 +450,16 @@ class BatchDecoder:
             for output, result, prompt in zip(outputs, results, prompts, strict=True):
                 output.capped = len(prompt.tokens) + len(result.sequences_ids[0]) >= max_length - 1
         return outputs
+
+    def _encode(self, features: np.ndarray) -> Any:
+        """The encoder output of all windows, computed ``max_encoder_windows`` at a time on the CPU."""
+        step = self.max_encoder_windows
+        if step <= 0 or len(features) <= step or self.wm.model.device != "cpu":
+            return self.wm.encode(features)
+        import ctranslate2
+
+        parts = [np.asarray(self.wm.encode(features[i : i + step])) for i in range(0, len(features), step)]
+        return ctranslate2.StorageView.from_array(np.concatenate(parts))
 
     def _prompts(self, windows: Sequence[Window], encoder_output: Any) -> list[_Prompt]:
         """Each window's language (given, or detected on the encoder output) and decoder prompt."""

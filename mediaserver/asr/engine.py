@@ -123,6 +123,7 @@ class WhisperEngine:
         packing: PackingConfig | None = None,
         speech_pad_s: float = 0.3,
         replicas: int = 1,
+        max_encoder_windows: int = 0,
     ) -> None:
         from faster_whisper import WhisperModel
 
@@ -146,7 +147,7 @@ class WhisperEngine:
         )
         self.replicas = replicas
         self.multilingual: bool = bool(self.model.model.is_multilingual)
-        self._decoder = BatchDecoder(self.model)
+        self._decoder = BatchDecoder(self.model, max_encoder_windows=max_encoder_windows)
         self._decoder.on_encode = self.packing_policy.observe_encoder
         # Counters for benchmarks and logs: how often the fast path had to fall back.
         self.counters: dict[str, int] = {

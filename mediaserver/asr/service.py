@@ -121,6 +121,7 @@ class AsrService:
                 ),
                 speech_pad_s=self.settings.asr_speech_pad_ms / 1000.0,
                 replicas=self.settings.asr_replicas,
+                max_encoder_windows=self.settings.asr_encoder_max_windows,
             )
 
         try:

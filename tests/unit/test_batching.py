@@ -392,3 +392,27 @@ def test_a_short_window_that_runs_on_is_decoded_again_with_the_full_window(
     assert seen == [10.0, 30.0]
     assert packed_engine.counters["short_window_retries"] == before + 1
     assert isinstance(result, Transcript) and wer(SENTENCES["kitchen"], result.text) <= 0.2
+
+
+def test_an_encoder_pass_in_chunks_gives_the_same_transcripts(packed_engine: WhisperEngine, speech: Any) -> None:
+    keys = ["kitchen", "weather", "remind", "music", "story"]
+    windows = [
+        Window(speech(k).audio16k, [Member(i, 0.0, 0.0, 0.0)], OPTIONS, with_timestamps=False, language="en")
+        for i, k in enumerate(keys)
+    ]
+    whole = BatchDecoder(packed_engine.model).run(windows)
+    chunked_decoder = BatchDecoder(packed_engine.model, max_encoder_windows=2)
+    calls: list[int] = []
+    real_encode = packed_engine.model.encode
+
+    def counting_encode(features: np.ndarray) -> Any:
+        calls.append(len(features))
+        return real_encode(features)
+
+    packed_engine.model.encode = counting_encode
+    try:
+        chunked = chunked_decoder.run(windows)
+    finally:
+        del packed_engine.model.encode
+    assert calls == [2, 2, 1]
+    assert [o.segments[0]["text"] for o in chunked] == [o.segments[0]["text"] for o in whole]

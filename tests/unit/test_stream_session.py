@@ -285,3 +285,21 @@ async def test_partials_start_with_enough_audio_and_keep_their_cadence(
     # Words promised early are forced into the final: one early mishearing can stay ("the old white
     # house keeper" was seen once here), so this bound is wider than for a final decoded alone.
     assert wer(SENTENCES["story"], final.transcript.text) <= 0.35
+
+
+@pytest.mark.parametrize(
+    ("agreement", "sent"),
+    [(2, ["turn on", "turn on the", "turn on the kitchen"]), (3, ["turn on", "turn on the"])],
+)
+async def test_a_word_is_sent_once_enough_consecutive_hypotheses_agree(
+    asr_service: AsrService, base_settings: Settings, agreement: int, sent: list[str]
+) -> None:
+    settings = base_settings.model_copy(update={"stream_partial_agreement": agreement})
+    recorder = Recorder()
+    session = session_for(asr_service, settings, recorder, server_vad=True, partials=True)
+    try:
+        for hypothesis in ("turn on", "turn on the", "turn on the kitchen", "turn on the kitchen lights"):
+            await session._advance_partial(hypothesis)
+    finally:
+        await session.aclose()
+    assert [p.text for p in recorder.of(PartialTranscript)] == sent

@@ -345,6 +345,9 @@ class Settings(BaseSettings):
     )
 
     # --- misc ----------------------------------------------------------------------------------
+    malloc_arena_max: int = Field(
+        2, ge=0, description="glibc malloc arenas (as MALLOC_ARENA_MAX); fewer keep RSS down; 0 = glibc's default"
+    )
     save_audio_dir: Path = Path("audio")
     allow_save_audio: bool = True
     log_level: str = "INFO"

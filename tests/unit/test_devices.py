@@ -135,3 +135,13 @@ def test_this_machine_has_no_gpu() -> None:
     assert choice.compute_type == "int8"
     assert choice.cpu_threads == (os.cpu_count() or 1)
     assert choice.gpus == ()
+
+
+def test_malloc_arenas_are_capped_on_glibc() -> None:
+    import sys
+
+    from mediaserver.cli import limit_malloc_arenas
+
+    assert limit_malloc_arenas(0) is False  # 0 keeps glibc's default
+    if sys.platform.startswith("linux"):
+        assert limit_malloc_arenas(2) is True

@@ -190,7 +190,7 @@ class Settings(BaseSettings):
         300, ge=50, description="a partial decode starts at most this often (from the start of the last one)"
     )
     stream_partial_agreement: int = Field(
-        2, ge=2, le=5, description="consecutive partial hypotheses that must agree on a word before it is sent"
+        3, ge=2, le=5, description="consecutive partial hypotheses that must agree on a word before it is sent"
     )
     stream_partial_min_audio_ms: int = Field(
         500, ge=100, description="the first partial decode starts once the utterance (with pre-roll) is this long"

@@ -423,6 +423,7 @@ class StreamSession:
 class SessionLimitReached(ApiError):
     status = 503
     code = "too_many_sessions"
+    retryable = True
 
 
 class SessionRegistry:

@@ -171,3 +171,18 @@ async def connect(server: Any, query: str = "") -> Peer:
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
     await asyncio.wait_for(opened.wait(), timeout=15)
     return peer
+
+
+async def make_offer(*, data_channel: bool = True, audio: str | None = "sendrecv") -> tuple[RTCPeerConnection, str]:
+    """A real aiortc offer: a data channel or not, and audio ``sendrecv``, ``sendonly``, ``recvonly``
+    or none. The caller closes the peer connection (its candidates are real sockets)."""
+    pc = RTCPeerConnection()
+    if data_channel:
+        pc.createDataChannel("chat", ordered=True)
+    if audio == "recvonly":
+        pc.addTransceiver("audio", direction="recvonly")
+    elif audio is not None:
+        transceiver = pc.addTransceiver(ClipTrack(), direction="sendrecv")
+        transceiver.direction = audio
+    await pc.setLocalDescription(await pc.createOffer())
+    return pc, pc.localDescription.sdp

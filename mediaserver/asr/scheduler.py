@@ -117,7 +117,8 @@ class AsrScheduler:
                 self._metrics.rejected.labels(self.model_name).inc()
             raise Overloaded(
                 f"server overloaded: {self._queue.qsize()} ASR jobs are already queued for model "
-                f"{self.model_name!r}; retry later"
+                f"{self.model_name!r}; retry later",
+                retry_after_s=self.drain_estimate_s(),
             )
         self.start()
         now = time.monotonic()
@@ -143,6 +144,12 @@ class AsrScheduler:
         finally:
             if supersede_key is not None and self._latest.get(supersede_key) is pending:
                 del self._latest[supersede_key]
+
+    def drain_estimate_s(self) -> float:
+        """How long the jobs queued now take to run: batches of ``max_batch`` at the measured batch
+        time. What a refused client is told to wait (``Retry-After``): then its job finds room."""
+        batches = -(-self._queue.qsize() // self._max_batch)
+        return max(1, batches) * self.estimated_batch_s
 
     def _update_depth(self) -> None:
         if self._metrics:

@@ -7,6 +7,10 @@ any handler runs. ``LenientAppRunner`` puts a request handler in front of the pa
 percent-encodes such a target (spaces as ``%20``, bytes ≥ 0x80 as ``%XX``) when a GET or HEAD
 request line starts a received block and ends in `` HTTP/1.x``; every other byte is passed on
 untouched. A new connection per request (what Willow does) always starts with its request line.
+
+The same handler keeps a client's malformed request out of the error log: aiohttp answers it with a
+400 and would log it at ERROR with a traceback; here it is one INFO line (its reason and the client).
+Server errors are logged as before.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import re
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 _REQUEST_LINE = re.compile(rb"^(GET|HEAD) (/[^\r\n]*?) (HTTP/1\.[01])\r?\n")
 _MAX_LINE = 16 * 1024
@@ -40,6 +45,17 @@ class LenientRequestHandler(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(fix_request_line(data))
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        exc = kw.get("exc_info")
+        if isinstance(exc, (HttpProcessingError, RequestPayloadError)):
+            # The client's mistake (a malformed request line, header or body): aiohttp answers 400.
+            reason = " ".join((getattr(exc, "message", "") or str(exc)).split())
+            reason = reason.removeprefix("400, message: ") or type(exc).__name__
+            client = args[1] if len(args) > 1 else None
+            self.logger.info("malformed HTTP request%s: %s", f" from {client}" if client else "", reason)
+            return
+        super().log_exception(*args, **kw)
 
 
 class _LenientServer(web.Server):

@@ -41,7 +41,7 @@ from aiortc.rtp import RtcpByePacket
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
-from mediaserver.errors import ApiError, InvalidParameter
+from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
 from mediaserver.events import (
     SAMPLE_RATE_HZ,
     AssistantAudioStarted,
@@ -57,7 +57,8 @@ from mediaserver.events import (
 )
 from mediaserver.session import StreamOptions, StreamSession
 from mediaserver.state import ASR, SESSIONS, SETTINGS
-from mediaserver.transport.common import stream_options_from
+from mediaserver.transport import rtc_liveness
+from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from
 from mediaserver.transport.rtc_audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 from mediaserver.transport.voice import new_assistant, update_assistant
 
@@ -150,6 +151,8 @@ class RtcSession:
         self.started = False
         self.closed = False
         self.last_activity = time.monotonic()
+        self.opened_at = time.monotonic()
+        self.remote = "unknown"  # the signalling client's address
         self._tasks: set[asyncio.Task[Any]] = set()
         self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
         self.frames_received = 0
@@ -163,10 +166,17 @@ class RtcSession:
 
     # --- peer connection ------------------------------------------------------------------------
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        """Forget a finished task; a failure is logged here (a bug), never left unretrieved."""
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("session %s: task %s failed", self.id, task.get_name(), exc_info=exc)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
@@ -208,15 +218,38 @@ class RtcSession:
 
     def _on_connection_state(self) -> None:
         state = self.pc.connectionState
-        log.info("session %s: connection %s", self.id, state)
+        if state == "connected":
+            log.info("session %s: connected (%s)", self.id, self.remote)
+        else:
+            log.log(logging.INFO if state == "failed" else logging.DEBUG, "session %s: %s", self.id, state)
         if state in ("failed", "closed"):
             self._spawn(self.aclose(), "rtc-close")
 
     async def watch_connect(self) -> None:
         await asyncio.sleep(self.settings.rtc_connect_timeout_s)
         if self.pc.connectionState != "connected" and not self.closed:
-            log.info("session %s: not connected after %.0f s, closing", self.id, self.settings.rtc_connect_timeout_s)
+            log.info("session %s: not connected after %g s, closing", self.id, self.settings.rtc_connect_timeout_s)
             await self.aclose()
+
+    async def watch_liveness(self) -> None:
+        """Close a connected peer that has sent nothing for ``rtc_dead_peer_timeout_s`` (see rtc_liveness)."""
+        timeout_s = self.settings.rtc_dead_peer_timeout_s
+        if timeout_s <= 0:
+            return
+        probing: asyncio.Task[Any] | None = None
+        while not self.closed:
+            await asyncio.sleep(min(0.5, timeout_s / 4))
+            if self.pc.connectionState != "connected":
+                continue  # connecting: watch_connect's business; failed or closed: already closing
+            silent_s = rtc_liveness.silent_for(self.pc)
+            if silent_s is None:
+                continue
+            if silent_s > timeout_s:
+                log.info("session %s: the peer sent nothing for %.1f s, closing", self.id, silent_s)
+                self._spawn(self.aclose(), "rtc-close")
+                return
+            if silent_s > timeout_s / 2 and (probing is None or probing.done()):
+                probing = self._spawn(rtc_liveness.probe(self.pc), "rtc-probe")
 
     # --- data channel ---------------------------------------------------------------------------
 
@@ -234,7 +267,7 @@ class RtcSession:
 
     async def _handle_message(self, data: str | bytes) -> None:
         try:
-            parsed = json.loads(data)
+            parsed = loads_json(data)
         except (ValueError, TypeError):
             self.send(message("error", "could not parse message"))
             return
@@ -374,36 +407,76 @@ class RtcSession:
             self.send(message("speech_stopped", None, {"ms": event.audio_end_ms}))
 
     async def aclose(self) -> None:
+        """Idempotent, and never raises: whatever state the peer connection was left in (a
+        malformed offer can leave it half built), everything it opened is closed."""
         if self.closed:
             return
         self.closed = True
         self.sessions.discard(self.id)
-        if self.assistant is not None:
-            await self.assistant.aclose()
-        elif self.audio_out is not None:
-            self.audio_out.close()
-        await self.stream.aclose()
         current = asyncio.current_task()
         for task in list(self._tasks):
             if task is not current:
                 task.cancel()
-        await self.pc.close()
-        for task in list(self._tasks):
-            if task is not current:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        try:
+            if self.assistant is not None:
+                await self.assistant.aclose()
+            elif self.audio_out is not None:
+                self.audio_out.close()
+            await self.stream.aclose()
+        finally:
+            await close_peer_connection(self.pc, self.id)
+            for task in list(self._tasks):
+                if task is not current:
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+            log.log(
+                logging.INFO if self.frames_received or self.channel is not None else logging.DEBUG,
+                "session %s: closed after %.1f s",
+                self.id,
+                time.monotonic() - self.opened_at,
+            )
+
+
+async def close_peer_connection(pc: RTCPeerConnection, session_id: str) -> None:
+    """``pc.close()``, and when it fails (aiortc stops at the first transceiver without a transport,
+    which a malformed offer leaves behind), stop every transport it created one by one."""
+    try:
+        await pc.close()
+        return
+    except Exception as exc:
+        log.debug("session %s: closing the peer connection: %r; stopping its transports", session_id, exc)
+    dtls_transports = list(getattr(pc, "_RTCPeerConnection__dtlsTransports", ()))
+    ice_transports = list(getattr(pc, "_RTCPeerConnection__iceTransports", ()))
+    steps: list[Any] = [t.stop for t in pc.getTransceivers()]
+    if pc.sctp is not None:
+        steps.append(pc.sctp.stop)
+    steps += [t.stop for t in dtls_transports] + [t.stop for t in ice_transports]
+    for step in steps:
+        with contextlib.suppress(Exception):
+            await step()
+    pc.remove_all_listeners()
+
+
+def _sdp_problem(exc: Exception) -> str:
+    """A client-facing reason for an offer aiortc could not take. Its ValueErrors and RTC errors
+    say what is wrong ("RTCP mux is not enabled"); an assertion or a missing attribute deep in the
+    parser only says that the SDP is incomplete."""
+    reason = str(exc).strip()
+    internal = isinstance(exc, (AssertionError, AttributeError, KeyError, IndexError, TypeError))
+    if internal or not reason or reason.endswith("is not in list"):
+        reason = "a required line is missing or malformed"
+    return f"malformed SDP offer: {reason}"
 
 
 async def offer_handler(request: web.Request) -> web.Response:
     """POST /api/rtc/asr: SDP offer in, SDP answer out (non-trickle ICE)."""
     settings = request.app[SETTINGS]
-    if request.content_length is not None and request.content_length > MAX_SDP_BYTES:
-        raise InvalidParameter(f"offer too large (max {MAX_SDP_BYTES} bytes)", param="sdp")
-    raw = await request.content.read(MAX_SDP_BYTES + 1)
-    if len(raw) > MAX_SDP_BYTES:
-        raise InvalidParameter(f"offer too large (max {MAX_SDP_BYTES} bytes)", param="sdp")
     try:
-        body = json.loads(raw)
+        raw = await read_body_limited(request, max_bytes=MAX_SDP_BYTES, idle_timeout_s=settings.body_read_timeout_s)
+    except AudioTooLarge:
+        raise InvalidParameter(f"offer too large (max {MAX_SDP_BYTES} bytes)", param="sdp") from None
+    try:
+        body = loads_json(raw)
     except ValueError:
         raise InvalidParameter('body must be JSON {"sdp": "...", "type": "offer"}', param="body") from None
     if not isinstance(body, dict) or not isinstance(body.get("sdp"), str) or body.get("type") != "offer":
@@ -416,18 +489,23 @@ async def offer_handler(request: web.Request) -> web.Response:
     try:
         try:
             await session.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type="offer"))
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-            raise InvalidParameter(f"malformed SDP offer: {exc}", param="sdp") from None
-        if not any(t.kind == "audio" for t in session.pc.getTransceivers()) and session.pc.sctp is None:
-            raise InvalidParameter("the SDP offer has neither an audio track nor a data channel", param="sdp")
-        session.add_outbound_track()
-        answer = await session.pc.createAnswer()
-        await session.pc.setLocalDescription(answer)
+            if not any(t.kind == "audio" for t in session.pc.getTransceivers()) and session.pc.sctp is None:
+                raise InvalidParameter("the SDP offer has neither an audio track nor a data channel", param="sdp")
+            session.add_outbound_track()
+            answer = await session.pc.createAnswer()
+            await session.pc.setLocalDescription(answer)
+        except (ApiError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # aiortc's parser and negotiation: anything a mangled offer makes them raise
+            log.info("session %s: refused the offer: %r", session.id, exc)
+            raise InvalidParameter(_sdp_problem(exc), param="sdp") from None
     except BaseException:
         await session.aclose()
         raise
     session._spawn(session.watch_connect(), "rtc-connect-watch")
-    log.info("session %s: answered offer", session.id)
+    session._spawn(session.watch_liveness(), "rtc-liveness")
+    session.remote = request.remote or "unknown"
+    log.debug("session %s: answered an offer from %s", session.id, session.remote)
     local = session.pc.localDescription
     sdp = with_opus_dtx(local.sdp) if settings.rtc_opus_dtx else local.sdp
     return web.json_response({"sdp": sdp, "type": local.type})

@@ -62,6 +62,14 @@ class Limits:
     max_backlog_s: float
     max_outbox: int
     idle_timeout_s: float
+    max_message_bytes: int = 0  # > 0: a larger message closes with 1009 (see ws_max_msg_size)
+
+
+def ws_max_msg_size(settings: Settings) -> int:
+    """aiohttp's ``max_msg_size`` for a limit of ``ws_max_message_bytes``: aiohttp refuses a message
+    whose size *reaches* its limit, the documented limit is the largest size accepted. (The reader
+    checks the limit again on the message itself, which also covers compressed messages.)"""
+    return settings.ws_max_message_bytes + 1
 
 
 class SocketSession:
@@ -218,6 +226,9 @@ class SocketSession:
                 self.on_idle(idle_s)
                 await self.aclose(CLOSE_IDLE_TIMEOUT, "idle timeout")
                 return
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY) and self._too_big(msg.data):
+                await self.aclose(WSCloseCode.MESSAGE_TOO_BIG, "message too big")
+                return
             if msg.type == WSMsgType.TEXT:
                 self.last_activity = time.monotonic()
                 await self.on_text(msg.data)
@@ -231,6 +242,16 @@ class SocketSession:
                 return
             else:  # CLOSE, CLOSING, CLOSED
                 return
+
+    def _too_big(self, data: str | bytes) -> bool:
+        limit = self.limits.max_message_bytes
+        if limit <= 0 or len(data) <= limit // 4:  # a str holds at least a byte per character
+            return False
+        size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8"))
+        if size > limit:
+            log.info("%s session %s: a message of %d bytes exceeds %d, closing", self.kind, self.id, size, limit)
+            return True
+        return False
 
     def _idle_left(self, idle_s: float) -> float:
         return self.last_activity + idle_s - time.monotonic()

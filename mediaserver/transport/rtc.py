@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -60,6 +59,7 @@ from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport import rtc_liveness
 from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from
 from mediaserver.transport.rtc_audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
+from mediaserver.transport.rtc_sdp import check_offer, sdp_problem, with_opus_dtx
 from mediaserver.transport.voice import new_assistant, update_assistant
 
 log = logging.getLogger(__name__)
@@ -96,38 +96,6 @@ def ice_servers(settings: Settings) -> list[RTCIceServer]:
         else:
             servers.append(RTCIceServer(urls=url))
     return servers
-
-
-_OPUS_RTPMAP = re.compile(r"^a=rtpmap:(\d+) opus/48000(?:/2)?$", re.IGNORECASE)
-
-
-def with_opus_dtx(sdp: str) -> str:
-    """Ask the browser for Opus DTX and in-band FEC in an SDP answer.
-
-    With ``usedtx=1`` a browser sends a packet every ~400 ms (or none) while the microphone hears
-    silence instead of 50 a second: a hands-free session idles at 1-3 kbps instead of ~25. The
-    server's segmenter counts missing audio as silence (``stream_gap_fill_ms``), so utterances
-    still end on time. aiortc writes no ``fmtp`` for Opus; an existing one is extended.
-    """
-    eol = "\r\n" if "\r\n" in sdp else "\n"
-    lines = sdp.split(eol)
-    for line in list(lines):
-        match = _OPUS_RTPMAP.match(line)
-        if match is None:
-            continue
-        prefix = f"a=fmtp:{match.group(1)} "
-        existing = next((i for i, other in enumerate(lines) if other.startswith(prefix)), None)
-        if existing is None:
-            lines.insert(lines.index(line) + 1, f"{prefix}usedtx=1;useinbandfec=1")
-            continue
-        params: dict[str, str] = {}
-        for part in lines[existing][len(prefix) :].split(";"):
-            if part:
-                key, _, value = part.partition("=")
-                params[key] = value
-        params.update(usedtx="1", useinbandfec="1")
-        lines[existing] = prefix + ";".join(f"{k}={v}" if v else k for k, v in params.items())
-    return eol.join(lines)
 
 
 def message(kind: str, text: str | None = None, obj: Any = None) -> str:
@@ -457,17 +425,6 @@ async def close_peer_connection(pc: RTCPeerConnection, session_id: str) -> None:
     pc.remove_all_listeners()
 
 
-def _sdp_problem(exc: Exception) -> str:
-    """A client-facing reason for an offer aiortc could not take. Its ValueErrors and RTC errors
-    say what is wrong ("RTCP mux is not enabled"); an assertion or a missing attribute deep in the
-    parser only says that the SDP is incomplete."""
-    reason = str(exc).strip()
-    internal = isinstance(exc, (AssertionError, AttributeError, KeyError, IndexError, TypeError))
-    if internal or not reason or reason.endswith("is not in list"):
-        reason = "a required line is missing or malformed"
-    return f"malformed SDP offer: {reason}"
-
-
 async def offer_handler(request: web.Request) -> web.Response:
     """POST /api/rtc/asr: SDP offer in, SDP answer out (non-trickle ICE)."""
     settings = request.app[SETTINGS]
@@ -488,6 +445,7 @@ async def offer_handler(request: web.Request) -> web.Response:
     request.app[SESSIONS].add(session.id, session)
     try:
         try:
+            check_offer(body["sdp"])
             await session.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type="offer"))
             if not any(t.kind == "audio" for t in session.pc.getTransceivers()) and session.pc.sctp is None:
                 raise InvalidParameter("the SDP offer has neither an audio track nor a data channel", param="sdp")
@@ -498,7 +456,7 @@ async def offer_handler(request: web.Request) -> web.Response:
             raise
         except Exception as exc:  # aiortc's parser and negotiation: anything a mangled offer makes them raise
             log.info("session %s: refused the offer: %r", session.id, exc)
-            raise InvalidParameter(_sdp_problem(exc), param="sdp") from None
+            raise InvalidParameter(sdp_problem(exc), param="sdp") from None
     except BaseException:
         await session.aclose()
         raise

@@ -185,6 +185,13 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         response = await handler(request)
         status = response.status
         return response
+    except asyncio.CancelledError:
+        # The server cancels a handler whose client hung up (handler_cancellation): its queued work is
+        # withdrawn at once. That is the client's doing, counted as 499 like a hang-up mid-upload.
+        if _client_gone(request):
+            status = CLIENT_CLOSED_REQUEST
+            log.info("%s %s: the client closed the connection before the answer", request.method, request.path)
+        raise
     finally:
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
         request.app[METRICS].requests.labels(route, str(status)).inc()

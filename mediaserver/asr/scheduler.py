@@ -84,6 +84,7 @@ class AsrScheduler:
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
         self._latest: dict[str, _Pending] = {}
+        self.open_jobs = 0  # callers waiting in submit (a caller that went away is not counted)
         self.batches_run = 0
         self.last_batch_size = 0
         # Smoothed engine time of one batch: the slack a job needs to still meet its deadline.
@@ -131,6 +132,7 @@ class AsrScheduler:
             self._latest[supersede_key] = pending
         self._queue.put_nowait(pending)
         self._update_depth()
+        self.open_jobs += 1
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout=timeout_s)
         except asyncio.CancelledError:
@@ -142,6 +144,7 @@ class AsrScheduler:
                 f"the transcription did not finish within {timeout_s:g} s (model {self.model_name!r}); retry later"
             ) from None
         finally:
+            self.open_jobs -= 1
             if supersede_key is not None and self._latest.get(supersede_key) is pending:
                 del self._latest[supersede_key]
 

@@ -206,16 +206,21 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 async def health_handler(request: web.Request) -> web.Response:
     asr = request.app[ASR]
-    return web.json_response(
-        {
-            "status": "ok",
-            "device": asr.device.device,
-            "compute_type": asr.device.compute_type,
-            "models_loaded": asr.loaded_models,
-            "models_available": asr.models.names(),
-            "features": request.app[CAPABILITIES].as_dict(),
-        }
-    )
+    backends = asr.backend_status()
+    # A remote backend that is down degrades this server but does not fail the probe: the other
+    # models still work, and replicas sharing one backend must not all leave a load balancer.
+    down = any(b["state"] == "down" for b in backends.values())
+    body = {
+        "status": "degraded" if down else "ok",
+        "device": asr.device.device,
+        "compute_type": asr.device.compute_type,
+        "models_loaded": asr.loaded_models,
+        "models_available": asr.models.names(),
+        "features": request.app[CAPABILITIES].as_dict(),
+    }
+    if backends:
+        body["backends"] = backends
+    return web.json_response(body)
 
 
 async def metrics_handler(request: web.Request) -> web.Response:

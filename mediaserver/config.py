@@ -11,7 +11,7 @@ import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL_ALIASES: dict[str, str] = {
@@ -48,6 +48,41 @@ DEFAULT_EMBEDDING_ALIASES: dict[str, str] = {
 }
 
 
+class RemoteModel(BaseModel):
+    """A model served by a remote ASR engine instead of a local CTranslate2 copy (``remote_models``).
+
+    ``backend`` ``openai``: any OpenAI-compatible ``/v1/audio/transcriptions`` (vLLM, speaches,
+    another mediaserver); ``url`` is its base URL up to and including ``/v1``. ``triton``: NVIDIA
+    Triton's KServe v2 protocol; ``url`` is ``grpc://host:8001`` or ``http://host:8000``, and
+    ``model`` names the Triton model with the TensorRT-LLM Whisper example's ``infer_bls`` tensors.
+    """
+
+    model_config = {"extra": "forbid"}
+
+    backend: Literal["openai", "triton"]
+    url: str
+    model: str = Field("", description="upstream model name; empty = whisper-1 (openai) or infer_bls (triton)")
+    api_key: SecretStr | None = Field(None, description="openai: sent as a Bearer token")
+    multilingual: bool = Field(True, description="whether the upstream model transcribes other languages")
+    timeout_s: float = Field(60.0, gt=0, description="one upstream request; a 504 naming the backend past it")
+    connect_timeout_s: float = Field(5.0, gt=0)
+    retries: int = Field(2, ge=0, le=10, description="retries after a connection error (never after a sent request)")
+    retry_backoff_ms: float = Field(200.0, ge=0)
+    max_concurrency: int = Field(8, ge=1, le=1024, description="upstream requests in flight at once")
+    probe_interval_s: float = Field(10.0, gt=0, description="how often /health's view of the backend is refreshed")
+    response_format: Literal["verbose_json", "json"] = Field(
+        "verbose_json", description="openai: verbose_json brings language and segments; json is the widest support"
+    )
+    triton_batching: Literal["request", "concurrent"] = Field(
+        "request", description="triton: a scheduler batch as one request of N rows, or N requests at once"
+    )
+    triton_max_batch: int = Field(8, ge=1, description="triton: rows per request (the model's max_batch_size)")
+    triton_pad_s: float = Field(
+        30.0, ge=0, le=30, description="triton concurrent mode: pad each WAV to this length so Triton can batch them"
+    )
+    max_new_tokens: int = Field(224, ge=1, le=448, description="triton: MAX_NEW_TOKENS per 30 s window")
+
+
 class Settings(BaseSettings):
     """All configuration; see README "Configuration" for the environment variable names."""
 
@@ -72,6 +107,10 @@ class Settings(BaseSettings):
     extra_models: dict[str, str] = Field(
         default_factory=dict,
         description="name -> local CTranslate2 directory or Hugging Face repo id",
+    )
+    remote_models: dict[str, RemoteModel] = Field(
+        default_factory=dict,
+        description="name -> a remote ASR engine (Triton or OpenAI-compatible); wins over a local model of that name",
     )
     model_aliases: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODEL_ALIASES))
     wis_size_fallback: bool = True
@@ -158,6 +197,15 @@ class Settings(BaseSettings):
     ws_heartbeat_s: float = Field(20.0, gt=0)
     ws_idle_timeout_s: float = Field(300.0, gt=0)
     ws_answer_lead_ms: int = Field(200, ge=0, description="answer audio sent ahead of real time (voice loop)")
+
+    # --- OpenAI Realtime conversations (/v1/realtime, /v1/realtime/calls) ------------------------
+    realtime_audio_lead_ms: int = Field(
+        1000, ge=0, description="WebSocket answer audio sent at most this far ahead of real time"
+    )
+    realtime_max_items: int = Field(1000, ge=2, description="conversation items kept; older ones are forgotten")
+    realtime_max_call_bytes: int = Field(
+        256 * 1024, ge=1024, description="POST /v1/realtime/calls body (the SDP offer and the session)"
+    )
 
     # --- Wyoming (Home Assistant) --------------------------------------------------------------
     wyoming_enabled: bool = True

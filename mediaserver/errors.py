@@ -92,3 +92,15 @@ class Timeout(ApiError, TimeoutError):
 
     status = 504
     code = "timeout"
+
+
+class BackendUnavailable(ApiError):
+    """A remote ASR backend (Triton, an OpenAI-compatible server) is down, refused the work, or answered
+    something that is not a transcript: a 502 whose message names the backend."""
+
+    status = 502
+    code = "backend_unavailable"
+
+
+class BackendTimeout(Timeout):
+    """A remote ASR backend did not answer within its timeout: a 504 whose message names the backend."""

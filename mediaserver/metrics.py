@@ -59,6 +59,26 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.backend_requests = Counter(
+            "mediaserver_asr_backend_requests",
+            "Requests to remote ASR backends by model, backend kind and outcome (ok, error, timeout, unreachable)",
+            ["model", "backend", "outcome"],
+            registry=self.registry,
+        )
+        self.backend_seconds = Histogram(
+            "mediaserver_asr_backend_seconds",
+            "Time of one request to a remote ASR backend",
+            ["model", "backend"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+        self.backend_up = Gauge(
+            "mediaserver_asr_backend_up",
+            "1 when the remote ASR backend answered its last probe or request, else 0",
+            ["model", "backend"],
+            registry=self.registry,
+        )
+
     def watch_engines(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
         """Expose each loaded engine's decode counters (read at scrape time, nothing on the hot path)."""
         self.registry.register(_EngineCounters(source))

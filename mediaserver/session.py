@@ -29,7 +29,7 @@ from mediaserver.asr.scheduler import DeadlineExceeded, Superseded
 from mediaserver.asr.service import AsrService
 from mediaserver.audio.segmenter import Discarded, SegmenterConfig, SpeechStart, Utterance, VadSegmenter
 from mediaserver.config import Settings
-from mediaserver.errors import ApiError, Overloaded
+from mediaserver.errors import ApiError, BackendTimeout, BackendUnavailable, Overloaded
 from mediaserver.events import (
     SAMPLE_RATE_HZ,
     AudioArray,
@@ -315,7 +315,7 @@ class StreamSession:
                         priority=Priority.PARTIAL,
                         supersede_key=self.id,
                     )
-                except (Superseded, Overloaded, DeadlineExceeded):
+                except (Superseded, Overloaded, DeadlineExceeded, BackendTimeout, BackendUnavailable):
                     continue  # a partial that cannot run now is simply skipped
                 if not self.in_speech:
                     return
@@ -441,6 +441,9 @@ class SessionRegistry:
     def ids(self) -> list[str]:
         return list(self._sessions)
 
+    def get(self, session_id: str) -> Closable | None:
+        return self._sessions.get(session_id)
+
     def add(self, session_id: str, session: Closable) -> None:
         if len(self._sessions) >= self.settings.max_sessions:
             raise SessionLimitReached(f"too many open sessions (max_sessions={self.settings.max_sessions})")
@@ -484,6 +487,7 @@ class SessionRegistry:
 class Closable(Protocol):
     """What the registry needs of a session: its last activity time and an idempotent close."""
 
-    last_activity: float
+    @property
+    def last_activity(self) -> float: ...
 
     async def aclose(self) -> None: ...

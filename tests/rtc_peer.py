@@ -139,11 +139,11 @@ class Peer:
         self.sender.replaceTrack(self.track)
 
 
-async def connect(server: Any, query: str = "") -> Peer:
+async def connect(server: Any, query: str = "", *, direction: str = "sendrecv") -> Peer:
     pc = RTCPeerConnection()
     channel = pc.createDataChannel("chat", ordered=True)
     track = ClipTrack()
-    sender = pc.addTrack(track)
+    sender = pc.addTrack(track) if direction == "sendrecv" else pc.addTransceiver(track, direction=direction).sender
     peer = Peer(pc, channel, sender, track)
     opened = asyncio.Event()
     channel.on("open", opened.set)
@@ -186,3 +186,52 @@ async def make_offer(*, data_channel: bool = True, audio: str | None = "sendrecv
         transceiver.direction = audio
     await pc.setLocalDescription(await pc.createOffer())
     return pc, pc.localDescription.sdp
+
+
+async def connect_call(
+    server: Any, session: dict[str, Any] | None = None, *, raw_sdp: bool = False, direction: str = "sendrecv"
+) -> tuple[Peer, str]:
+    """An OpenAI Realtime WebRTC call: the offer posted to /v1/realtime/calls with the openai SDK (the
+    multipart form with ``session``) or as a raw application/sdp body; events on ``oai-events``.
+    Returns the peer and the call's Location."""
+    import openai
+
+    pc = RTCPeerConnection()
+    channel = pc.createDataChannel("oai-events", ordered=True)
+    track = ClipTrack()
+    sender = pc.addTransceiver(track, direction=direction).sender  # "sendonly": no answers' audio
+    peer = Peer(pc, channel, sender, track)
+    opened = asyncio.Event()
+    channel.on("open", opened.set)
+
+    @pc.on("track")
+    def on_track(remote: MediaStreamTrack) -> None:
+        peer.remote_tracks += 1
+        peer._readers.append(asyncio.get_running_loop().create_task(peer._read_remote(remote)))
+
+    @channel.on("message")
+    def on_message(data: str) -> None:
+        peer.messages.put_nowait(json.loads(data))
+
+    await pc.setLocalDescription(await pc.createOffer())
+    offer = pc.localDescription.sdp
+    if raw_sdp:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{server.url}/v1/realtime/calls", data=offer, headers={"Content-Type": "application/sdp"}
+            ) as resp,
+        ):
+            assert resp.status == 201, await resp.text()
+            assert resp.content_type == "application/sdp"
+            answer, location = await resp.text(), resp.headers["Location"]
+    else:
+        client: Any = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        raw = await client.realtime.calls.with_raw_response.create(
+            sdp=offer, **({"session": session} if session is not None else {})
+        )
+        assert raw.status_code == 201, raw.text
+        answer, location = raw.parse().text, raw.headers["location"]
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+    await asyncio.wait_for(opened.wait(), timeout=15)
+    return peer, location

@@ -16,7 +16,10 @@ The server's own overhead is ``speech_stopped → first packet`` over the in-pro
 server's VAD hangover, which the in-process pipeline has no equivalent of, is left out of that
 ratio and shown on its own). ``--sessions 1,4`` runs 1 and 4 concurrent sessions.
 
-    python tools/bench_voice_loop.py [--sessions 1,4] [--turns 4] [--plot bench-results/voice-loop.png]
+    python tools/bench_voice_loop.py [--sessions 1,4] [--turns 4] [--realtime] [--plot bench-results/voice-loop.png]
+
+``--realtime`` adds the OpenAI Realtime WebSocket face on the same server (tools/bench_realtime_face.py:
+end of the question's audio → first ``response.output_audio.delta``).
 
 Targets (issue #9): median end of speech → first audio packet ≤ 1.5 s with 1 session; server
 overhead ≤ 1.15×.
@@ -48,6 +51,8 @@ QUESTIONS = (  # SmolLM2-135M answers these in plain English
 SYSTEM_PROMPT = "You are a helpful voice assistant. Answer in one or two short sentences."
 MAX_ANSWER_TOKENS = 60
 STAGES = ("speech_stopped", "transcript", "llm_first_token", "tts_first_audio", "first_audio_packet")
+# The Realtime WebSocket face (tools/bench_realtime_face.py), by session count: its per-turn samples.
+realtime: dict[str, list[dict[str, Any]]] = {}
 
 
 @dataclass
@@ -201,6 +206,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Turn], list[Baseline], lis
     turns: list[Turn] = []
     baselines: list[Baseline] = []
     failed: list[str] = []
+    realtime.clear()
     log_path = Path(args.plot).with_suffix(".server.log")
     with child_server(log_path, 180.0, env) as (url, _process):
         server = _Server(url)
@@ -232,6 +238,14 @@ async def run(args: argparse.Namespace) -> tuple[list[Turn], list[Baseline], lis
             finally:
                 for peer in peers:
                     await peer.close()
+        if args.realtime:
+            from bench_realtime_face import measure as measure_realtime
+            from bench_realtime_face import print_figures
+
+            for sessions in args.sessions:
+                samples = await measure_realtime(url, sessions=sessions, turns=args.turns)
+                print_figures(f"Realtime WS, {sessions} session(s)", samples)
+                realtime[str(sessions)] = [asdict(sample) for sample in samples]
     return turns, baselines, failed
 
 
@@ -323,12 +337,20 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4, help="questions per session count")
     parser.add_argument("--timeout-s", type=float, default=90.0)
     parser.add_argument("--plot", default=str(REPO / "bench-results" / "voice-loop.png"))
+    parser.add_argument(
+        "--realtime", action="store_true", help="also the OpenAI Realtime WebSocket face (first output_audio.delta)"
+    )
     args = parser.parse_args()
     turns, baselines, failed = asyncio.run(run(args))
     summary = report(turns, baselines, failed)
     path = Path(args.plot)
     plot(summary, path)
-    payload = {"summary": summary, "turns": [asdict(t) for t in turns], "baselines": [asdict(b) for b in baselines]}
+    payload = {
+        "summary": summary,
+        "turns": [asdict(t) for t in turns],
+        "baselines": [asdict(b) for b in baselines],
+        "realtime": realtime,
+    }
     path.with_suffix(".json").write_text(json.dumps(payload, indent=2))
     print(f"\nwrote {path} and {path.with_suffix('.json')}")
 

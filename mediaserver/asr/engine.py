@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -47,6 +47,23 @@ log = logging.getLogger(__name__)
 class AsrJob:
     audio: AudioArray
     options: TranscriptionOptions
+
+
+class AsrEngine(Protocol):
+    """What the service and its scheduler need of an engine that runs in the scheduler's worker thread.
+
+    ``WhisperEngine`` (local CTranslate2) is one. Remote engines (``asr/remote.py``: Triton, an
+    OpenAI-compatible server) have the same attributes but an async batch call, which the scheduler
+    awaits on the event loop instead of a thread.
+    """
+
+    name: str
+    multilingual: bool
+    counters: dict[str, int]
+
+    def transcribe_batch(self, jobs: Sequence[AsrJob], backlog: int = 0) -> list[Transcript | BaseException]:
+        """One result per job, in order; a failed job is its exception and fails alone."""
+        ...
 
 
 class Route(enum.Enum):

@@ -60,7 +60,7 @@ _REQUIRED_FILES = ("model.bin", "config.json")
 
 @dataclass(frozen=True)
 class ModelSource:
-    """Where a named model comes from; ``kind`` is bundled, local or huggingface."""
+    """Where a named model comes from; ``kind`` is bundled, local, huggingface or remote (``remote_models``)."""
 
     name: str
     kind: str
@@ -188,6 +188,8 @@ class ModelRegistry:
             self._sources["base"] = ModelSource("base", "bundled", "base", multilingual=True)
         for name, location in settings.extra_models.items():
             self._sources[name] = self._source_for(name, location)
+        for name, remote in settings.remote_models.items():  # a remote engine wins over a local model
+            self._sources[name] = ModelSource(name, "remote", f"{remote.backend}:{remote.url}", remote.multilingual)
         for name in (settings.default_model, settings.translation_model, *settings.preload_models):
             if name not in self._sources and name not in settings.model_aliases and name not in WIS_SIZES:
                 self._sources[name] = self._source_for(name, name)

@@ -16,7 +16,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 # (jobs, backlog): the jobs of one batch and how many more wait behind them.
 BatchFn = Callable[[Sequence[AsrJob], int], list[Transcript | BaseException]]
+# The same for a remote engine, awaited on the event loop (asr/remote.py).
+AsyncBatchFn = Callable[[Sequence[AsrJob], int], Awaitable[list[Transcript | BaseException]]]
 
 
 class DeadlineExceeded(Timeout):
@@ -58,21 +60,33 @@ class AsrScheduler:
     by deadline), the batching decision (how long to keep collecting), and the engine's thread, so
     jobs from any number of sessions reach the model in batches and never concurrently. Cancelling
     a caller withdraws its job; a newer partial of the same stream supersedes an older one.
+
+    A remote engine gives ``async_batch_fn`` instead of ``batch_fn``: its batches are awaited on the
+    event loop, up to ``max_inflight_batches`` at once (the backend does the work, so the next batch
+    need not wait for the last), and a batch whose callers have all gone is cancelled, which
+    cancels its upstream requests.
     """
 
     def __init__(
         self,
         model_name: str,
-        batch_fn: BatchFn,
+        batch_fn: BatchFn | None,
         *,
         max_batch: int = 8,
         max_wait_ms: float = 5.0,
         max_collect_ms: float = 50.0,
         max_queue: int = 64,
         metrics: Metrics | None = None,
+        async_batch_fn: AsyncBatchFn | None = None,
+        max_inflight_batches: int = 1,
     ) -> None:
+        if (batch_fn is None) == (async_batch_fn is None):
+            raise ValueError("give exactly one of batch_fn and async_batch_fn")
         self.model_name = model_name
         self._batch_fn = batch_fn
+        self._async_batch_fn = async_batch_fn
+        self._inflight = asyncio.Semaphore(max_inflight_batches)
+        self._inflight_tasks: set[asyncio.Task[None]] = set()
         self._max_batch = max_batch
         self._max_wait_s = max_wait_ms / 1000.0
         self._max_collect_s = max(max_collect_ms, max_wait_ms) / 1000.0
@@ -138,7 +152,9 @@ class AsrScheduler:
         except asyncio.CancelledError:
             future.cancel()
             raise
-        except TimeoutError:
+        except TimeoutError as exc:
+            if isinstance(exc, Timeout):  # the engine's own (a remote backend's), not this wait's
+                raise
             future.cancel()
             raise DeadlineExceeded(
                 f"the transcription did not finish within {timeout_s:g} s (model {self.model_name!r}); retry later"
@@ -181,7 +197,10 @@ class AsrScheduler:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        remote = self._async_batch_fn is not None
         while True:
+            if remote:  # collect once a batch can be sent: what waits meanwhile joins it
+                await self._inflight.acquire()
             batch = await self._collect()
             self._update_depth()
             now = time.monotonic()
@@ -200,11 +219,19 @@ class AsrScheduler:
                 item.started = True
                 live.append(item)
             if not live:
+                if remote:
+                    self._inflight.release()
                 continue
             if self._metrics:
                 for item in live:
                     self._metrics.queue_wait_seconds.labels(self.model_name).observe(now - item.enqueued_at)
                 self._metrics.batch_size.labels(self.model_name).observe(len(live))
+            if remote:
+                task = loop.create_task(self._run_remote(live), name=f"asr-batch-{self.model_name}")
+                self._inflight_tasks.add(task)
+                task.add_done_callback(self._inflight_tasks.discard)
+                continue
+            assert self._batch_fn is not None
             started = time.perf_counter()
             try:
                 results = await loop.run_in_executor(
@@ -213,26 +240,59 @@ class AsrScheduler:
             except Exception as exc:
                 log.exception("ASR batch failed on model %s", self.model_name)
                 results = [exc] * len(live)
-            elapsed = time.perf_counter() - started
-            self.batches_run += 1
-            self.estimated_batch_s = 0.8 * self.estimated_batch_s + 0.2 * elapsed
-            self.last_batch_size = len(live)
-            log.debug(
-                "model %s: batch of %d job(s) in %.3f s, %d still queued",
-                self.model_name,
-                len(live),
-                elapsed,
-                self._queue.qsize(),
-            )
-            if self._metrics:
-                self._metrics.inference_seconds.labels(self.model_name).observe(elapsed)
-            for item, result in zip(live, results, strict=True):
-                if item.future.done():
-                    continue
-                if isinstance(result, BaseException):
-                    item.future.set_exception(result)
-                else:
-                    item.future.set_result(result)
+            self._finish(live, results, time.perf_counter() - started)
+
+    async def _run_remote(self, live: list[_Pending]) -> None:
+        """One batch of a remote engine; cancelled (with its upstream requests) once no caller waits."""
+        assert self._async_batch_fn is not None
+        task = asyncio.current_task()
+        waiting = len(live)
+        finishing = False
+
+        def caller_gone(_: asyncio.Future[Transcript]) -> None:
+            nonlocal waiting
+            waiting -= 1
+            if waiting == 0 and not finishing and task is not None:
+                task.cancel()
+
+        for item in live:
+            item.future.add_done_callback(caller_gone)
+        started = time.perf_counter()
+        try:
+            try:
+                results = await self._async_batch_fn([item.job for item in live], self._queue.qsize())
+            except Exception as exc:
+                log.warning("ASR batch failed on model %s: %s", self.model_name, exc)
+                results = [exc] * len(live)
+            finishing = True
+            self._finish(live, results, time.perf_counter() - started)
+        except asyncio.CancelledError:
+            log.debug("model %s: batch of %d cancelled, no caller waits for it", self.model_name, len(live))
+        finally:
+            for item in live:
+                item.future.remove_done_callback(caller_gone)
+            self._inflight.release()
+
+    def _finish(self, live: list[_Pending], results: Sequence[Transcript | BaseException], elapsed: float) -> None:
+        self.batches_run += 1
+        self.estimated_batch_s = 0.8 * self.estimated_batch_s + 0.2 * elapsed
+        self.last_batch_size = len(live)
+        log.debug(
+            "model %s: batch of %d job(s) in %.3f s, %d still queued",
+            self.model_name,
+            len(live),
+            elapsed,
+            self._queue.qsize(),
+        )
+        if self._metrics:
+            self._metrics.inference_seconds.labels(self.model_name).observe(elapsed)
+        for item, result in zip(live, results, strict=True):
+            if item.future.done():
+                continue
+            if isinstance(result, BaseException):
+                item.future.set_exception(result)
+            else:
+                item.future.set_result(result)
 
     async def aclose(self) -> None:
         """Stop the worker, fail what is queued, and release the thread. Idempotent."""
@@ -243,6 +303,11 @@ class AsrScheduler:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
+        for task in list(self._inflight_tasks):
+            task.cancel()
+        for task in list(self._inflight_tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         while not self._queue.empty():
             item = self._queue.get_nowait()
             if not item.future.done():

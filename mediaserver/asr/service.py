@@ -10,10 +10,13 @@ import asyncio
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
+from mediaserver.asr.backends import build_remote_engine
 from mediaserver.asr.batching import PackingConfig
-from mediaserver.asr.engine import AsrJob, WhisperEngine
+from mediaserver.asr.engine import AsrEngine, AsrJob, WhisperEngine
 from mediaserver.asr.models import ModelRegistry
+from mediaserver.asr.remote import RemoteEngine
 from mediaserver.asr.scheduler import AsrScheduler
 from mediaserver.audio.vad import VadConfig
 from mediaserver.config import Settings
@@ -28,7 +31,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class LoadedModel:
     name: str
-    engine: WhisperEngine
+    engine: AsrEngine | RemoteEngine
     scheduler: AsrScheduler
 
 
@@ -63,6 +66,16 @@ class AsrService:
     async def start(self) -> None:
         for name in self.settings.preload_models:
             await self.get_model(name)
+        for name in self.settings.remote_models:  # cheap, and /health shows their state from the start
+            await self.get_model(name)
+
+    def backend_status(self) -> dict[str, dict[str, Any]]:
+        """Each remote model's backend as last seen (cached: never waits for the backend)."""
+        return {
+            name: loaded.engine.status()
+            for name, loaded in self._loaded.items()
+            if isinstance(loaded.engine, RemoteEngine)
+        }
 
     async def get_model(self, requested: str | None) -> LoadedModel:
         name = self.models.resolve(requested)
@@ -81,6 +94,10 @@ class AsrService:
             return loaded
 
     async def _load(self, name: str) -> LoadedModel:
+        remote = self.settings.remote_models.get(name)
+        if remote is not None:
+            return self._load_remote(name)
+
         def load() -> WhisperEngine:
             model_dir = self.models.materialize(name)
             return WhisperEngine(
@@ -128,9 +145,48 @@ class AsrService:
         scheduler.start()
         return LoadedModel(name, engine, scheduler)
 
+    def _load_remote(self, name: str) -> LoadedModel:
+        config = self.settings.remote_models[name]
+        engine = build_remote_engine(
+            name,
+            config,
+            vad=VadConfig(
+                self.settings.vad_aggressiveness, self.settings.vad_frame_ms, self.settings.vad_min_speech_ms
+            ),
+            metrics=self.metrics,
+            default_language=self.settings.default_language,
+        )
+        engine.start()
+        self.models.learn(name, engine.multilingual)
+        scheduler = AsrScheduler(
+            name,
+            None,
+            async_batch_fn=engine.transcribe_batch_async,
+            max_inflight_batches=config.max_concurrency,
+            max_batch=self.settings.asr_max_batch,
+            max_wait_ms=self.settings.asr_max_wait_ms,
+            max_collect_ms=self.settings.asr_max_collect_ms,
+            max_queue=self.settings.asr_max_queue,
+            metrics=self.metrics,
+        )
+        scheduler.start()
+        log.info("model %s is served by %s", name, engine.label)
+        return LoadedModel(name, engine, scheduler)
+
     async def _evict_over_limit(self) -> None:
-        while len(self._loaded) > self.settings.max_loaded_models:
-            victim_name = next((n for n, m in self._loaded.items() if m.scheduler.depth == 0), None)
+        # Remote engines hold no weights here: only local models count against the limit.
+        def local() -> int:
+            return sum(not isinstance(m.engine, RemoteEngine) for m in self._loaded.values())
+
+        while local() > self.settings.max_loaded_models:
+            victim_name = next(
+                (
+                    n
+                    for n, m in self._loaded.items()
+                    if m.scheduler.depth == 0 and not isinstance(m.engine, RemoteEngine)
+                ),
+                None,
+            )
             if victim_name is None:
                 return
             victim = self._loaded.pop(victim_name)
@@ -161,4 +217,6 @@ class AsrService:
         self._closed = True
         for loaded in list(self._loaded.values()):
             await loaded.scheduler.aclose()
+            if isinstance(loaded.engine, RemoteEngine):
+                await loaded.engine.aclose()
         self._loaded.clear()

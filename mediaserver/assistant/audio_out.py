@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 _MAX_MARKS = 256
@@ -24,6 +25,23 @@ class Mark:
     text: str
     start: int
     end: int
+
+
+def played_text(marks: Iterable[Mark], until: int, *, since: int = 0) -> str:
+    """The text of the audio in samples ``[since, until)``: the sentences wholly inside, and the one
+    ``until`` falls into cut in proportion (at a word boundary). What a user heard when playback
+    stopped at ``until``, or what is left of an answer truncated there."""
+    parts: list[str] = []
+    for mark in marks:
+        if mark.end <= since or not mark.text:
+            continue
+        if mark.end <= until:
+            parts.append(mark.text)
+        elif mark.start < until:
+            share = (until - mark.start) / max(1, mark.end - mark.start)
+            words = mark.text.split()
+            parts.append(" ".join(words[: int(len(words) * share)]))
+    return " ".join(p.strip() for p in parts if p.strip())
 
 
 class AudioOut:
@@ -145,17 +163,7 @@ class AudioOut:
     def heard(self, since: int = 0) -> str:
         """The text of what was taken since sample ``since``: whole sentences, and the sentence
         being played cut in proportion to how much of it was played (at a word boundary)."""
-        parts: list[str] = []
-        for mark in self.marks:
-            if mark.end <= since or not mark.text:
-                continue
-            if mark.end <= self.taken_samples:
-                parts.append(mark.text)
-            elif mark.start < self.taken_samples:
-                share = (self.taken_samples - mark.start) / max(1, mark.end - mark.start)
-                words = mark.text.split()
-                parts.append(" ".join(words[: int(len(words) * share)]))
-        return " ".join(p.strip() for p in parts if p.strip())
+        return played_text(self.marks, self.taken_samples, since=since)
 
     def close(self) -> None:
         self._closed = True

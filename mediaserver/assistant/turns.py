@@ -14,6 +14,12 @@ the sentences played and the one being played cut where playback stopped.
 
 Failures are per turn: the LLM or TTS failing or timing out ends that turn with an
 ``AssistantError`` naming the stage; the session and the next turn are unaffected.
+
+Two ways to start a turn. ``answer(text)`` is the voice loop's: the assistant keeps the history.
+``respond(context, options)`` answers a conversation its caller keeps (the OpenAI Realtime items),
+with per-turn options (instructions, text only or spoken, voice, token cap); it returns the ``Turn``,
+whose ``outcome()`` says how it ended (completed, interrupted, failed), what the user heard, the
+token usage, and whose ``marks`` place each spoken sentence in the outbound audio (truncation).
 """
 
 from __future__ import annotations
@@ -24,13 +30,13 @@ import itertools
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import Histogram
 
-from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.audio_out import AudioOut, Mark, played_text
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import (
@@ -41,7 +47,7 @@ from mediaserver.events import (
     SessionEvent,
 )
 from mediaserver.llm.service import LlmService, LlmStream
-from mediaserver.llm.types import ChatMessage, GenerationParams
+from mediaserver.llm.types import ChatMessage, FinishReason, GenerationParams, Usage
 from mediaserver.metrics import Metrics
 from mediaserver.tts.service import Speech, TtsService
 from mediaserver.tts.types import SynthesisParams
@@ -64,6 +70,7 @@ class AssistantOptions:
     temperature: float | None = None
     history_turns: int = 8
     history_tokens: int = 1500
+    speed: float = 1.0  # TTS speed of the answer
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AssistantOptions:
@@ -115,6 +122,52 @@ class VoiceMetrics:
         self.stage_seconds.labels(stage).observe(max(0.0, seconds))
 
 
+TurnStatus = Literal["completed", "interrupted", "failed"]
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """How a turn ended. ``text`` is all the LLM wrote; ``heard`` what reached the user (for a
+    spoken answer the audio a transport took, for a text answer the text)."""
+
+    status: TurnStatus
+    text: str
+    heard: str
+    usage: Usage | None = None
+    finish_reason: FinishReason | None = None
+    error: AssistantError | None = None
+
+
+class Turn:
+    """One answer: its number (the events carry it), its options, where its audio starts in the
+    ``AudioOut`` stream, the marks of its spoken sentences, and (once settled) its outcome."""
+
+    def __init__(self, number: int, options: AssistantOptions, start_sample: int, *, record: bool) -> None:
+        self.number = number
+        self.options = options
+        self.start_sample = start_sample
+        self.record = record  # the assistant keeps this turn in its own history (``answer``)
+        self.marks: list[Mark] = []
+        self.text = ""
+        self.audio_started = False
+        self.progress_at = time.monotonic()  # the last token or audio (the progress deadline)
+        self.usage: Usage | None = None
+        self.finish_reason: FinishReason | None = None
+        self._outcome: asyncio.Future[TurnOutcome] = asyncio.get_running_loop().create_future()
+
+    @property
+    def settled(self) -> bool:
+        return self._outcome.done()
+
+    def settle(self, outcome: TurnOutcome) -> None:
+        if not self._outcome.done():
+            self._outcome.set_result(outcome)
+
+    async def outcome(self) -> TurnOutcome:
+        """Wait for the end of the turn (cancelling the wait does not cancel the turn)."""
+        return await asyncio.shield(self._outcome)
+
+
 class Assistant:
     """One session's side of a spoken conversation: history, the running turn, its audio."""
 
@@ -143,12 +196,8 @@ class Assistant:
         self.history: list[ChatMessage] = []
         self._turns = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
+        self._current: Turn | None = None
         self._helpers: set[asyncio.Task[None]] = set()
-        self._turn = 0
-        self._turn_start_sample = 0
-        self._answer = ""
-        self._audio_started = False
-        self._progress_at = time.monotonic()
         self._closed = False
 
     # --- state --------------------------------------------------------------------------------
@@ -161,6 +210,11 @@ class Assistant:
     def configure(self, options: AssistantOptions) -> None:
         self.options = options
 
+    def unavailable(self, stage: str) -> str | None:
+        """Why ``stage`` ("llm", "tts") cannot run here, or None when it can."""
+        service = self.llm if stage == "llm" else self.tts
+        return None if service is not None else self._unavailable.get(stage, "not configured")
+
     async def reset(self) -> None:
         """Forget the conversation (and stop an answer in progress)."""
         await self.interrupt()
@@ -168,20 +222,29 @@ class Assistant:
 
     def messages(self, user_text: str) -> list[ChatMessage]:
         """The system prompt and as much recent history as the budget allows, then the new turn."""
-        budget = self.options.history_tokens * CHARS_PER_TOKEN - len(self.options.system_prompt) - len(user_text)
+        return self.prompt([*self.history, ChatMessage("user", user_text)])
+
+    def prompt(self, context: Sequence[ChatMessage], options: AssistantOptions | None = None) -> list[ChatMessage]:
+        """The system prompt, then the last message of ``context`` and as many before it as the
+        history budget allows (whole turns: the kept history never starts with an answer)."""
+        options = options or self.options
+        system = [ChatMessage("system", options.system_prompt)] if options.system_prompt else []
+        if not context:
+            return system
+        *earlier, last = context
+        budget = options.history_tokens * CHARS_PER_TOKEN - len(options.system_prompt) - len(last.content)
         kept: list[ChatMessage] = []
         turns = 0
-        for message in reversed(self.history):
+        for message in reversed(earlier):
             if message.role == "user":
                 turns += 1
-            if turns > self.options.history_turns or budget - len(message.content) < 0:
+            if turns > options.history_turns or budget - len(message.content) < 0:
                 break
             budget -= len(message.content)
             kept.append(message)
         while kept and kept[-1].role != "user":  # never start the kept history mid-turn
             kept.pop()
-        system = [ChatMessage("system", self.options.system_prompt)] if self.options.system_prompt else []
-        return [*system, *reversed(kept), ChatMessage("user", user_text)]
+        return [*system, *reversed(kept), last]
 
     # --- turns --------------------------------------------------------------------------------
 
@@ -190,32 +253,73 @@ class Assistant:
         if self._closed or not user_text.strip():
             return
         await self.interrupt()
-        self._turn = next(self._turns)
-        self._answer = ""
-        self._audio_started = False
-        self._turn_start_sample = self.out.written_samples if self.out is not None else 0
+        messages = self.messages(user_text)
+        self.history.append(ChatMessage("user", user_text))
+        self._start(messages, self.options, speech_ended_at, record=True)
+
+    async def respond(
+        self,
+        context: Sequence[ChatMessage],
+        options: AssistantOptions | None = None,
+        *,
+        speech_ended_at: float | None = None,
+    ) -> Turn:
+        """Start answering a conversation the caller keeps (nothing goes into ``history``).
+
+        ``options`` hold for this turn only. An answer still playing is interrupted first.
+        """
+        await self.interrupt()
+        options = options or self.options
+        if self._closed:
+            turn = Turn(next(self._turns), options, 0, record=False)
+            turn.settle(TurnOutcome("interrupted", "", ""))
+            return turn
+        return self._start(self.prompt(context, options), options, speech_ended_at, record=False)
+
+    def _start(
+        self, messages: list[ChatMessage], options: AssistantOptions, speech_ended_at: float | None, *, record: bool
+    ) -> Turn:
+        start = self.out.written_samples if self.out is not None else 0
+        turn = Turn(next(self._turns), options, start, record=record)
         ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
-        self._task = asyncio.get_running_loop().create_task(
-            self._run(self._turn, user_text, ended), name=f"assistant-turn-{self.name}"
+        task = asyncio.get_running_loop().create_task(
+            self._run(turn, messages, ended), name=f"assistant-turn-{self.name}"
         )
+        # However the task ends (even cancelled before it ran), the turn is settled.
+        task.add_done_callback(lambda _: turn.settle(self._interrupted(turn)))
+        self._task = task
+        self._current = turn
+        return turn
+
+    def _spoken(self, turn: Turn) -> bool:
+        return self.out is not None and turn.options.speak
+
+    def heard(self, turn: Turn) -> str:
+        """What the user has got of ``turn`` so far: the audio taken, or (text only) the text."""
+        if self.out is None or not self._spoken(turn):
+            return turn.text
+        return played_text(turn.marks, self.out.taken_samples, since=turn.start_sample)
+
+    def _interrupted(self, turn: Turn) -> TurnOutcome:
+        return TurnOutcome("interrupted", turn.text, self.heard(turn), turn.usage, turn.finish_reason)
 
     async def interrupt(self) -> bool:
         """Barge-in: stop the audio now, cancel the turn, keep what was heard. True if one was running."""
-        task = self._task
-        if task is None or task.done():
+        task, turn = self._task, self._current
+        if task is None or task.done() or turn is None:
             return False
         dropped = self.out.clear() if self.out is not None else 0
         self._cancel_helpers()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
-        heard = self.out.heard(since=self._turn_start_sample) if self.out is not None else self._answer
-        if self.out is None or not self.options.speak:
-            heard = self._answer  # text only: the whole text so far was shown
-        log.info("%s: turn %d interrupted (%d samples of audio dropped)", self.name, self._turn, dropped)
-        self._remember(heard)
-        if self._audio_started or not self.options.speak:
-            await self._emit(AssistantAudioStopped(self._turn, True, heard))
+        outcome = self._interrupted(turn)
+        log.info("%s: turn %d interrupted (%d samples of audio dropped)", self.name, turn.number, dropped)
+        if turn.record:
+            self._remember(outcome.heard)
+        if turn.audio_started or not self._spoken(turn):
+            await self._emit(AssistantAudioStopped(turn.number, True, outcome.heard))
+        turn.settle(outcome)
         return True
 
     def _cancel_helpers(self) -> None:
@@ -226,16 +330,14 @@ class Assistant:
         if answer.strip():
             self.history.append(ChatMessage("assistant", answer.strip()))
 
-    async def _run(self, turn: int, user_text: str, speech_ended_at: float) -> None:
-        messages = self.messages(user_text)
-        self.history.append(ChatMessage("user", user_text))
+    async def _run(self, turn: Turn, messages: list[ChatMessage], speech_ended_at: float) -> None:
         try:
-            await self._within_progress_deadline(self._generate(turn, messages, speech_ended_at))
+            await self._within_progress_deadline(turn, self._generate(turn, messages, speech_ended_at))
         except StageFailed as exc:
             await self._fail(turn, exc.stage, exc.code, exc.message)
             return
         except TimeoutError:
-            stage = "tts" if self._answer and self.options.speak else "llm"
+            stage = "tts" if turn.text and self._spoken(turn) else "llm"
             await self._fail(
                 turn,
                 stage,
@@ -243,23 +345,25 @@ class Assistant:
                 f"no progress for {self.settings.assistant_turn_timeout_s:g} s (assistant_turn_timeout_s)",
             )
             return
-        await self._emit(AssistantText(turn, "", self._answer, final=True))
-        if self.out is not None and self.options.speak and self._audio_started:
+        await self._emit(AssistantText(turn.number, "", turn.text, final=True))
+        if self.out is not None and self._spoken(turn) and turn.audio_started:
             self.out.end_of_answer()
             await self.out.drained()
-            await self._emit(AssistantAudioStopped(turn, False, self._answer))
-        self._remember(self._answer)
+            await self._emit(AssistantAudioStopped(turn.number, False, turn.text))
+        if turn.record:
+            self._remember(turn.text)
+        turn.settle(TurnOutcome("completed", turn.text, turn.text, turn.usage, turn.finish_reason))
 
-    async def _within_progress_deadline(self, work: Coroutine[Any, Any, None]) -> None:
+    async def _within_progress_deadline(self, turn: Turn, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` while it makes progress: a turn whose LLM and TTS produce nothing (no token,
         no audio) for ``assistant_turn_timeout_s`` raises TimeoutError. A long answer that keeps
         coming is never cut, however busy the server is; an upstream that hangs is."""
         limit_s = self.settings.assistant_turn_timeout_s
-        self._progress_at = time.monotonic()
+        turn.progress_at = time.monotonic()
         task = asyncio.get_running_loop().create_task(work, name=f"assistant-generate-{self.name}")
         try:
             while True:
-                idle_s = time.monotonic() - self._progress_at
+                idle_s = time.monotonic() - turn.progress_at
                 if idle_s >= limit_s:
                     raise TimeoutError
                 done, _ = await asyncio.wait({task}, timeout=limit_s - idle_s)
@@ -272,41 +376,45 @@ class Assistant:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    async def _fail(self, turn: int, stage: str, code: str, message: str) -> None:
-        log.warning("%s: turn %d failed at %s: %s", self.name, turn, stage, message)
+    async def _fail(self, turn: Turn, stage: str, code: str, message: str) -> None:
+        log.warning("%s: turn %d failed at %s: %s", self.name, turn.number, stage, message)
         if self.out is not None:
             self.out.clear()
-        self._remember(self._answer if stage == "tts" else "")
-        await self._emit(AssistantError(turn, stage, code, message))
-        if self._audio_started:
-            await self._emit(AssistantAudioStopped(turn, True, self._answer))
+        if turn.record:
+            self._remember(turn.text if stage == "tts" else "")
+        error = AssistantError(turn.number, stage, code, message)
+        await self._emit(error)
+        if turn.audio_started:
+            await self._emit(AssistantAudioStopped(turn.number, True, turn.text))
+        turn.settle(TurnOutcome("failed", turn.text, self.heard(turn), turn.usage, turn.finish_reason, error))
 
-    async def _generate(self, turn: int, messages: list[ChatMessage], speech_ended_at: float) -> None:
+    async def _generate(self, turn: Turn, messages: list[ChatMessage], speech_ended_at: float) -> None:
+        options = turn.options
         if self.llm is None:
             why = self._unavailable.get("llm", "not configured")
             raise StageFailed("llm", "feature_disabled", f"the LLM is disabled on this server: {why}")
         try:
             stream = self.llm.stream(
                 messages,
-                GenerationParams(max_tokens=self.options.max_answer_tokens, temperature=self.options.temperature),
-                model=self.options.model,
+                GenerationParams(max_tokens=options.max_answer_tokens, temperature=options.temperature),
+                model=options.model,
             )
         except ApiError as exc:
             raise StageFailed("llm", exc.code, exc.message) from None
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(stream)
-            if not self.options.speak or self.out is None:
+            if not self._spoken(turn) or self.out is None:
                 await self._read_llm(turn, stream, speech_ended_at, None)
                 return
             if self.tts is None:
                 why = self._unavailable.get("tts", "not configured")
                 raise StageFailed("tts", "feature_disabled", f"TTS is disabled on this server: {why}")
             try:
-                voice = await self.tts.voice(self.options.voice)
+                voice = await self.tts.voice(options.voice)
                 speech = await stack.enter_async_context(
                     self.tts.open(
                         voice,
-                        SynthesisParams(),
+                        SynthesisParams(speed=options.speed),
                         sample_rate_hz=self.out.sample_rate_hz,
                         first_clause_words=self.settings.assistant_first_clause_words,
                     )
@@ -320,36 +428,38 @@ class Assistant:
             except* StageFailed as failures:
                 raise failures.exceptions[0] from None
 
-    async def _read_llm(self, turn: int, stream: LlmStream, speech_ended_at: float, speech: Speech | None) -> None:
+    async def _read_llm(self, turn: Turn, stream: LlmStream, speech_ended_at: float, speech: Speech | None) -> None:
         first = True
         try:
             async for delta in stream:
                 if first:
                     first = False
                     self.metrics.observe("llm_first_token", time.monotonic() - speech_ended_at)
-                self._answer += delta
-                self._progress_at = time.monotonic()
-                await self._emit(AssistantText(turn, delta, self._answer))
+                turn.text += delta
+                turn.progress_at = time.monotonic()
+                await self._emit(AssistantText(turn.number, delta, turn.text))
                 if speech is not None:
                     speech.feed(delta)
+            turn.usage, turn.finish_reason = stream.usage, stream.finish_reason
         except ApiError as exc:
             raise StageFailed("llm", exc.code, exc.message) from None
         finally:
             if speech is not None and not speech.closed:
                 speech.end()
 
-    async def _play(self, turn: int, speech: Speech, speech_ended_at: float) -> None:
+    async def _play(self, turn: Turn, speech: Speech, speech_ended_at: float) -> None:
         assert self.out is not None
         try:
             async for chunk in speech:
                 if not chunk.pcm:
                     continue
                 mark = self.out.write(chunk.pcm, chunk.sentence)
-                self._progress_at = time.monotonic()
-                if not self._audio_started:
-                    self._audio_started = True
+                turn.progress_at = time.monotonic()
+                turn.marks.append(mark)
+                if not turn.audio_started:
+                    turn.audio_started = True
                     self.metrics.observe("tts_first_audio", time.monotonic() - speech_ended_at)
-                    await self._emit(AssistantAudioStarted(turn))
+                    await self._emit(AssistantAudioStarted(turn.number))
                     helper = asyncio.get_running_loop().create_task(
                         self._first_sent(mark.start, speech_ended_at), name=f"assistant-first-sent-{self.name}"
                     )

@@ -40,6 +40,28 @@ ULAW_TO_PCM16: Final = _ulaw_table()
 ALAW_TO_PCM16: Final = _alaw_table()
 
 
+def _encoder_table(decoded: npt.NDArray[np.int16]) -> npt.NDArray[np.uint8]:
+    """Every 16-bit sample (indexed as its uint16 bit pattern) → the code that decodes nearest to it."""
+    order = np.argsort(decoded, kind="stable")
+    values = decoded[order].astype(np.int32)
+    samples = np.arange(-32768, 32768, dtype=np.int32)
+    right = np.clip(np.searchsorted(values, samples), 1, len(values) - 1)
+    left = right - 1
+    nearest = np.where(samples - values[left] <= values[right] - samples, left, right)
+    table = np.empty(65536, np.uint8)
+    table[samples & 0xFFFF] = order[nearest]
+    return table
+
+
+_PCM16_TO_G711: Final = {"ulaw": _encoder_table(ULAW_TO_PCM16), "alaw": _encoder_table(ALAW_TO_PCM16)}
+
+
+def encode_g711(pcm16: bytes, law: Literal["ulaw", "alaw"]) -> bytes:
+    """Little-endian PCM16 → G.711 bytes (one per sample; the rate is the caller's, 8 kHz on the wire)."""
+    samples = np.frombuffer(pcm16[: len(pcm16) - len(pcm16) % 2], dtype="<i2").view(np.uint16)
+    return bytes(_PCM16_TO_G711[law][samples].tobytes())
+
+
 class StreamDecoder(Protocol):
     def decode(self, data: bytes) -> AudioArray: ...
 

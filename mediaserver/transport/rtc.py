@@ -26,7 +26,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import av
@@ -47,6 +47,7 @@ from mediaserver.events import (
     AssistantAudioStopped,
     AssistantError,
     AssistantText,
+    AudioArray,
     FinalTranscript,
     PartialTranscript,
     SessionEvent,
@@ -96,6 +97,33 @@ def ice_servers(settings: Settings) -> list[RTCIceServer]:
         else:
             servers.append(RTCIceServer(urls=url))
     return servers
+
+
+async def read_audio_track(
+    track: MediaStreamTrack,
+    resampler: av.AudioResampler,
+    feed: Callable[[AudioArray], Awaitable[None]],
+    on_frame: Callable[[], None],
+) -> None:
+    """Read an incoming audio track until it ends: each frame resampled (16 kHz mono float) and fed."""
+    with contextlib.suppress(MediaStreamError):
+        while True:
+            frame = await track.recv()
+            on_frame()
+            if not isinstance(frame, av.AudioFrame):
+                continue
+            frame.pts = None
+            for out in resampler.resample(frame):
+                await feed(np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1))
+
+
+def can_send_audio(pc: RTCPeerConnection) -> bool:
+    """The remote offer can receive audio (``sendrecv`` or ``recvonly`` on its side). aiortc keeps
+    each transceiver's offered direction reversed, from this side: ``sendrecv`` or ``sendonly``."""
+    return any(
+        t.kind == "audio" and getattr(t, "_offerDirection", None) in ("sendrecv", "sendonly")
+        for t in pc.getTransceivers()
+    )
 
 
 def message(kind: str, text: str | None = None, obj: Any = None) -> str:
@@ -158,27 +186,16 @@ class RtcSession:
                 await track.recv()
 
     async def _read_track(self, track: MediaStreamTrack) -> None:
-        try:
-            while True:
-                frame = await track.recv()
-                self.last_activity = time.monotonic()
-                self.frames_received += 1
-                if not isinstance(frame, av.AudioFrame):
-                    continue
-                frame.pts = None
-                for out in self._resampler.resample(frame):
-                    samples = np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1)
-                    await self.stream.feed(samples)
-        except MediaStreamError:
-            log.debug("session %s: track ended", self.id)
+        await read_audio_track(track, self._resampler, self.stream.feed, self._on_frame)
+        log.debug("session %s: track ended", self.id)
+
+    def _on_frame(self) -> None:
+        self.last_activity = time.monotonic()
+        self.frames_received += 1
 
     def add_outbound_track(self) -> None:
-        """Answer a ``sendrecv`` audio offer with a track for spoken answers (silent until used)."""
-        wants_audio = any(
-            t.kind == "audio" and getattr(t, "_offerDirection", None) in ("sendrecv", "recvonly")
-            for t in self.pc.getTransceivers()
-        )
-        if not wants_audio:
+        """Answer an offer that can receive audio with a track for spoken answers (silent until used)."""
+        if not can_send_audio(self.pc):
             return
         self.audio_out = AudioOut(RTC_SAMPLE_RATE_HZ)
         self.out_track = AssistantAudioTrack(self.audio_out)

@@ -28,9 +28,9 @@ import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from mediaserver.config import Settings
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
@@ -49,11 +49,47 @@ def close_reason(text: str) -> bytes:
     return text.encode("utf-8")[:MAX_CLOSE_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
 
 
+class LimitedWebSocket(web.WebSocketResponse):
+    """A ``WebSocketResponse`` whose close for an oversize message (1009) says what the limit is:
+    aiohttp closes by itself with an empty reason, which leaves a client guessing."""
+
+    def __init__(self, *, max_msg_size: int, **kwargs: Any) -> None:
+        super().__init__(max_msg_size=max_msg_size, **kwargs)
+        self.max_message_bytes = max_msg_size
+
+    async def close(self, *, code: int = WSCloseCode.OK, message: bytes = b"", drain: bool = True) -> bool:
+        if code == WSCloseCode.MESSAGE_TOO_BIG and not message:
+            message = close_reason(f"message too big: at most {self.max_message_bytes} bytes per message")
+        return await super().close(code=code, message=message, drain=drain)
+
+
 @dataclass(frozen=True)
 class AudioWork:
     """Decoded audio for the worker to feed, in order with the other work."""
 
     samples: AudioArray = field(repr=False)
+
+
+class MessageSocket(Protocol):
+    """What the shell needs of a connection: an aiohttp ``WebSocketResponse``, or a WebRTC data
+    channel made to look like one (transport/realtime/calls.py)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def prepared(self) -> bool: ...
+
+    @property
+    def close_code(self) -> int | None: ...
+
+    async def receive(self) -> WSMessage: ...
+
+    async def send_str(self, data: str, compress: int | None = None) -> None: ...
+
+    async def send_bytes(self, data: bytes, compress: int | None = None) -> None: ...
+
+    async def close(self, *, code: int = WSCloseCode.OK, message: bytes = b"", drain: bool = True) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -78,7 +114,7 @@ class SocketSession:
     kind = "socket"  # names tasks and log lines
 
     def __init__(
-        self, app: web.Application, ws: web.WebSocketResponse, settings: Settings, session_id: str, limits: Limits
+        self, app: web.Application, ws: MessageSocket, settings: Settings, session_id: str, limits: Limits
     ) -> None:
         self.id = session_id
         self.app = app

@@ -13,21 +13,26 @@ from mediaserver.session import Emit, StreamSession
 from mediaserver.state import CAPABILITIES, LLM, METRICS, SETTINGS, TTS
 
 
-def new_assistant(
-    app: web.Application, stream: StreamSession, emit: Emit, out: AudioOut | None, values: Mapping[str, object]
+def make_assistant(
+    app: web.Application, name: str, emit: Emit, out: AudioOut | None, values: Mapping[str, object]
 ) -> Assistant:
-    """An assistant for ``stream`` with the client's ``system_prompt`` / ``voice`` / ``speak``.
-
-    Disabled features are not an error here: the first turn reports the stage that is missing
-    (``AssistantError``), and the session stays up. Wrong option types are (``InvalidParameter``).
-    """
+    """An assistant built from the app's services, with the client's ``system_prompt`` / ``voice`` /
+    ``speak``. Disabled features are not an error here: the first turn reports the stage that is
+    missing (``AssistantError``). Wrong option types are (``InvalidParameter``)."""
     settings = app[SETTINGS]
     capabilities = app[CAPABILITIES]
     options = assistant_options_from(dict(values), AssistantOptions.from_settings(settings))
     llm = app.get(LLM) if capabilities.enabled("llm") else None
     tts = app.get(TTS) if capabilities.enabled("tts") else None
     unavailable = {name: capabilities.reason(name) for name in ("llm", "tts") if not capabilities.enabled(name)}
-    assistant = Assistant(llm, tts, settings, options, emit, out, app[METRICS], name=stream.id, unavailable=unavailable)
+    return Assistant(llm, tts, settings, options, emit, out, app[METRICS], name=name, unavailable=unavailable)
+
+
+def new_assistant(
+    app: web.Application, stream: StreamSession, emit: Emit, out: AudioOut | None, values: Mapping[str, object]
+) -> Assistant:
+    """An assistant answering ``stream``'s final transcripts (the voice loop of WebRTC and the device socket)."""
+    assistant = make_assistant(app, stream.id, emit, out, values)
     stream.assistant = assistant
     return assistant
 

@@ -86,3 +86,24 @@ def test_client_options_are_checked() -> None:
     for bad in ({"voice": 3}, {"speak": "yes"}, {"system_prompt": ["a"]}):
         with pytest.raises(InvalidParameter):
             assistant(**bad)
+
+
+async def test_respond_settles_its_turn_and_keeps_no_history() -> None:
+    events: list[SessionEvent] = []
+
+    async def emit(event: SessionEvent) -> None:
+        events.append(event)
+
+    settings = Settings(_env_file=None)
+    options = AssistantOptions.from_settings(settings)
+    helper = Assistant(None, None, settings, options, emit, None, Metrics(), unavailable={"llm": "llm_enabled is off"})
+    assert helper.unavailable("llm") == "llm_enabled is off" and helper.unavailable("tts") == "not configured"
+    context = [ChatMessage("user", "What color is the sky?")]
+    assert helper.prompt(context, options)[-1] == context[0]
+    turn = await helper.respond(context, AssistantOptions(system_prompt="Say hi.", speak=False))
+    outcome = await asyncio.wait_for(turn.outcome(), 5)
+    assert outcome.status == "failed" and outcome.error is not None
+    assert (outcome.error.stage, outcome.error.code, outcome.error.turn) == ("llm", "feature_disabled", turn.number)
+    assert "llm_enabled is off" in outcome.error.message and events == [outcome.error]
+    assert helper.history == []  # the caller keeps this conversation
+    assert not await helper.interrupt()  # nothing is running any more

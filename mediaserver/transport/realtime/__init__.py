@@ -1,11 +1,17 @@
-"""OpenAI Realtime API transcription sessions over WebSocket at ``GET /v1/realtime``.
+"""OpenAI Realtime API sessions: ``GET /v1/realtime`` (WebSocket) and ``POST /v1/realtime/calls`` (WebRTC).
 
-The wire contract is OpenAI's (shared/reference/protocols.md, "Realtime API"), so the official SDKs
+The wire contract is OpenAI's (docs/realtime.md lists what is implemented), so the official SDKs
 connect with only the base URL changed: ``AsyncOpenAI(base_url=".../v1").realtime.connect(...)``
 opens ``ws://.../v1/realtime?model=...`` (or ``?intent=transcription``) with ``Authorization:
-Bearer``, which the app's auth middleware checks like any other request. Only transcription
-sessions exist here: any ``?model=`` the registry does not know but that names an OpenAI model
-(``gpt-...``, ``whisper-...``) means the server's default model.
+Bearer``, which the app's auth middleware checks like any other request.
+
+Two kinds of session (``config.session_kind`` decides from the URL). A **transcription** session
+(``?intent=transcription``, or a speech recognition model name such as ``whisper-1``) is described
+below. A **conversation** (no intent; no model, ``gpt-realtime`` or another ``gpt-...`` name, or a
+chat model the LLM knows) adds items and responses over the voice loop: ``conversation`` (responses
+are turns of the session's ``Assistant``), ``items``, ``responses``, ``conversation_config``
+(``session.update`` / ``response.create`` of a conversation); ``calls`` carries it over WebRTC, its
+events on the ``oai-events`` data channel through the same ``RealtimeSession``.
 
 Client events: ``session.update`` (GA nested shape ``session.audio.input.{format, transcription,
 turn_detection}``) and ``transcription_session.update`` (beta flat shape ``input_audio_format``,
@@ -50,9 +56,18 @@ queued events in order. Closing always ends in ``RealtimeSession.aclose``: the s
 ``app[SESSIONS]`` and every task it started (all carry the session id in their names) is cancelled.
 
 The package: ``config`` parses and validates session configuration (pure functions), ``events``
-translates speech and transcript events into server events, ``session`` is the connection.
+translates speech and transcript events into server events, ``session`` is the connection,
+``websocket`` and ``calls`` the endpoints, ``lookups`` what the app knows (LLM models, voices).
 """
 
-from mediaserver.transport.realtime.session import PATH, add_routes
+from aiohttp import web
+
+from mediaserver.transport.realtime import calls, websocket
+from mediaserver.transport.realtime.websocket import PATH
 
 __all__ = ["PATH", "add_routes"]
+
+
+def add_routes(app: web.Application) -> None:
+    websocket.add_routes(app)
+    calls.add_routes(app)

@@ -8,7 +8,7 @@ shape and error text is unit-tested directly (tests/unit/test_realtime_config.py
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -89,6 +89,9 @@ class TurnDetection:
     prefix_padding_ms: int | None = None
     silence_duration_ms: int | None = None
     eagerness: str | None = None
+    # Conversation sessions: answer each turn by itself, and stop an answer when the user speaks.
+    create_response: bool = True
+    interrupt_response: bool = True
 
     def segmenter(self, settings: Settings) -> SegmenterConfig:
         # Every detected start of speech becomes an item, as with OpenAI: no minimum speech length.
@@ -104,7 +107,7 @@ class TurnDetection:
             overrides["aggressiveness"] = min(3, int(self.threshold * 4))
         return segmenter_config(settings, **overrides)
 
-    def describe(self, settings: Settings) -> dict[str, Any]:
+    def describe(self, settings: Settings, *, conversation: bool = False) -> dict[str, Any]:
         described: dict[str, Any] = {"type": self.type}
         if self.type == "semantic_vad":
             described["eagerness"] = self.eagerness or "auto"
@@ -117,6 +120,8 @@ class TurnDetection:
                 settings.stream_vad_hangover_ms if self.silence_duration_ms is None else self.silence_duration_ms
             ),
         )
+        if conversation:
+            described.update(create_response=self.create_response, interrupt_response=self.interrupt_response)
         return described
 
 
@@ -206,6 +211,14 @@ def as_object(value: object, param: str) -> Mapping[str, Any]:
     return value
 
 
+def as_bool(value: object, param: str) -> bool:
+    if not isinstance(value, bool):
+        raise EventError(
+            "invalid_type", f"Invalid type for '{param}': expected a boolean, but got {type_name(value)}.", param
+        )
+    return value
+
+
 def _optional_str(value: object, param: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
@@ -214,7 +227,7 @@ def _optional_str(value: object, param: str) -> str | None:
     )
 
 
-def _number(value: object, param: str, minimum: float, maximum: float) -> float:
+def number(value: object, param: str, minimum: float, maximum: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise EventError(
             "invalid_type", f"Invalid type for '{param}': expected a number, but got {type_name(value)}.", param
@@ -226,7 +239,7 @@ def _number(value: object, param: str, minimum: float, maximum: float) -> float:
     return float(value)
 
 
-def _integer(value: object, param: str, minimum: int, maximum: int) -> int:
+def integer(value: object, param: str, minimum: int, maximum: int) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -261,7 +274,7 @@ def parse_format(value: object, param: str) -> InputFormat:
         )
     raw_rate = spec.get("rate")
     if kind == "audio/pcm":
-        rate = 24000 if raw_rate is None else _integer(raw_rate, f"{param}.rate", 1, 1_000_000)
+        rate = 24000 if raw_rate is None else integer(raw_rate, f"{param}.rate", 1, 1_000_000)
         if rate not in _PCM_RATES_HZ:
             raise EventError(
                 "invalid_value",
@@ -270,7 +283,7 @@ def parse_format(value: object, param: str) -> InputFormat:
                 f"{param}.rate",
             )
         return InputFormat(kind, rate)
-    if raw_rate is not None and _integer(raw_rate, f"{param}.rate", 1, 1_000_000) != G711_RATE_HZ:
+    if raw_rate is not None and integer(raw_rate, f"{param}.rate", 1, 1_000_000) != G711_RATE_HZ:
         raise EventError(
             "invalid_value", f"Invalid '{param}.rate': {raw_rate}. G.711 audio is 8000 Hz.", f"{param}.rate"
         )
@@ -301,15 +314,23 @@ def parse_turn_detection(value: object, param: str) -> TurnDetection | None:
         )
     return TurnDetection(
         kind,
-        threshold=None if threshold is None else _number(threshold, f"{param}.threshold", 0.0, 1.0),
+        threshold=None if threshold is None else number(threshold, f"{param}.threshold", 0.0, 1.0),
         prefix_padding_ms=None
         if prefix_ms is None
-        else _integer(prefix_ms, f"{param}.prefix_padding_ms", 0, MAX_VAD_MS),
+        else integer(prefix_ms, f"{param}.prefix_padding_ms", 0, MAX_VAD_MS),
         silence_duration_ms=(
-            None if silence_ms is None else _integer(silence_ms, f"{param}.silence_duration_ms", 0, MAX_VAD_MS)
+            None if silence_ms is None else integer(silence_ms, f"{param}.silence_duration_ms", 0, MAX_VAD_MS)
         ),
         eagerness=eagerness if kind == "semantic_vad" else None,
+        # idle_timeout_ms is accepted and not acted on.
+        create_response=_flag(spec, "create_response", param),
+        interrupt_response=_flag(spec, "interrupt_response", param),
     )
+
+
+def _flag(spec: Mapping[str, Any], key: str, param: str) -> bool:
+    value = spec.get(key)
+    return True if value is None else as_bool(value, f"{param}.{key}")
 
 
 def _language(value: object, param: str) -> str | None:
@@ -333,15 +354,22 @@ def resolve_model(models: ModelRegistry, requested: str | None, param: str) -> s
 
 
 def parse_session(session: Mapping[str, Any], base: RealtimeConfig, models: ModelRegistry) -> RealtimeConfig:
-    """Apply a ``session`` object (GA nested or beta flat shape) to ``base``; all or nothing."""
+    """Apply a transcription ``session`` object (GA nested or beta flat shape) to ``base``; all or nothing."""
     session_type = session.get("type")
     if session_type is not None and session_type != "transcription":
         raise EventError(
             "invalid_value",
-            f"Invalid 'session.type': {session_type!r}. This server only runs transcription sessions "
-            "(session.type = 'transcription').",
+            f"Invalid 'session.type': {session_type!r}. This connection only runs transcription sessions "
+            "(session.type = 'transcription'); a conversation (session.type = 'realtime') is a connection "
+            "without ?intent=transcription.",
             "session.type",
         )
+    return parse_input(session, base, models)
+
+
+def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelRegistry) -> RealtimeConfig:
+    """The input side of a ``session`` object (format, transcription, turn detection), which
+    transcription and conversation sessions share; all or nothing."""
     fmt = base.input_format
     turn = base.turn_detection
     model, language, prompt = base.model, base.language, base.prompt
@@ -423,3 +451,36 @@ def default_config(settings: Settings, models: ModelRegistry, query: Mapping[str
             except EventError as exc:
                 raise InvalidParameter(exc.message, param="model") from None
     return RealtimeConfig(model, resolve_model(models, model, "model"), language=settings.default_language or None)
+
+
+SessionKind = Literal["transcription", "conversation"]
+
+
+def session_kind(
+    settings: Settings, models: ModelRegistry, query: Mapping[str, str], is_llm: Callable[[str], bool]
+) -> tuple[SessionKind, RealtimeConfig, str | None]:
+    """What ``GET /v1/realtime?...`` opens: a transcription or a conversation session, the input
+    configuration, and for a conversation the LLM the URL named (None: the assistant's default).
+
+    ``intent=transcription`` is a transcription session. Otherwise ``model`` decides: a speech
+    recognition model or alias (``tiny.en``, ``whisper-1``, ``gpt-4o-transcribe`` ...) keeps opening a
+    transcription session, as beta clients do; no model, a chat model the LLM registry knows, or any
+    other OpenAI name (``gpt-realtime``, ``gpt-4o-realtime-preview`` ...) opens a conversation.
+    Anything else is a 400 before the upgrade.
+    """
+    intent = query.get("intent", "").strip()
+    requested = query.get("model", "").strip()
+    if intent or not requested:
+        config = default_config(settings, models, query)  # refuses other intents
+        return ("transcription" if intent else "conversation"), config, None
+    try:
+        models.resolve(requested)
+        return "transcription", default_config(settings, models, query), None
+    except UnknownModel:
+        pass
+    without_model = {k: v for k, v in query.items() if k != "model"}
+    if is_llm(requested):
+        return "conversation", default_config(settings, models, without_model), requested
+    if requested.lower().startswith("gpt-"):
+        return "conversation", default_config(settings, models, without_model), None
+    return "transcription", default_config(settings, models, query), None  # whisper-*, or a 400

@@ -45,6 +45,18 @@ class EventSink(Protocol):
     ) -> None: ...
 
 
+class UserItems(Protocol):
+    """A conversation that keeps the user's audio items (``conversation.Conversation``)."""
+
+    def user_audio(self, item_id: str) -> str | None:
+        """Add a committed audio item; returns the id of the item before it."""
+        ...
+
+    def transcribed(self, item_id: str, transcript: str | None) -> None:
+        """The item's transcript (None: transcription failed)."""
+        ...
+
+
 @dataclass
 class Item:
     """A user audio item: its id and the transcript text its delta events have carried so far."""
@@ -56,8 +68,9 @@ class Item:
 class InputTranscription:
     """Translates one session's speech and transcript events into input-audio server events."""
 
-    def __init__(self, sink: EventSink) -> None:
+    def __init__(self, sink: EventSink, conversation: UserItems | None = None) -> None:
         self._sink = sink
+        self.conversation = conversation  # a conversation session: committed audio becomes its items
         self.speaking: Item | None = None  # server VAD: the item being spoken
         self._awaiting: dict[int, Item] = {}  # server VAD: audio_start_ms → item awaiting its transcript
         self.last_item_id: str | None = None
@@ -97,9 +110,15 @@ class InputTranscription:
         elif isinstance(event, StreamError) and not self.muted_errors:
             kind = "invalid_request_error" if event.code in CLIENT_ERROR_CODES else "server_error"
             self._sink.send_error(event.code, event.message, kind=kind)
+            if self.conversation is not None and server_vad and event.audio_start_ms is not None:
+                failed = self._awaiting.pop(event.audio_start_ms + offset_ms, None)
+                if failed is not None:  # no transcript will come: a response must not wait for it
+                    self.conversation.transcribed(failed.id, None)
 
     def committed(self, item: Item) -> None:
         send = self._sink.send
+        if self.conversation is not None:
+            self.last_item_id = self.conversation.user_audio(item.id)
         send("input_audio_buffer.committed", previous_item_id=self.last_item_id, item_id=item.id)
         user_item = {
             "id": item.id,
@@ -137,9 +156,13 @@ class InputTranscription:
             usage={"type": "duration", "seconds": round(seconds, 3)},
         )
         self.items_completed += 1
+        if self.conversation is not None:
+            self.conversation.transcribed(item.id, transcript)
 
     def failed(self, item: Item, code: str, message: str, kind: str = "server_error") -> None:
         self.forget(item)
+        if self.conversation is not None:
+            self.conversation.transcribed(item.id, None)
         self._sink.send(
             "conversation.item.input_audio_transcription.failed",
             item_id=item.id,

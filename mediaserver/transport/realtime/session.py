@@ -10,28 +10,38 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from aiohttp import WSCloseCode, web
+from aiohttp import web
 
+from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
-from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent
+from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent, SpeechStarted
 from mediaserver.session import Emit, StreamSession
-from mediaserver.state import ASR, SESSIONS, SETTINGS
+from mediaserver.state import ASR
 from mediaserver.transport.realtime.config import (
     EventError,
     RealtimeConfig,
+    SessionKind,
     as_object,
-    default_config,
+    integer,
     new_id,
     parse_session,
     type_name,
 )
+from mediaserver.transport.realtime.conversation import AudioMode, Conversation, VoiceTurns
+from mediaserver.transport.realtime.conversation_config import (
+    ConversationConfig,
+    ResponseOptions,
+    parse_conversation_session,
+    parse_response_options,
+)
 from mediaserver.transport.realtime.events import InputTranscription, Item
-from mediaserver.transport.socket_session import Limits, SocketSession
+from mediaserver.transport.realtime.items import NewItem, parse_item, required_id
+from mediaserver.transport.realtime.lookups import check_voice, is_llm_model
+from mediaserver.transport.socket_session import Limits, MessageSocket, SocketSession
+from mediaserver.transport.voice import make_assistant
 
 log = logging.getLogger(__name__)
-
-PATH: Final = "/v1/realtime"
 
 MAX_AUDIO_BYTES_PER_EVENT: Final = 15 * 1024 * 1024
 # base64 of the largest append plus room for the JSON around it; larger frames close the socket (1009).
@@ -62,12 +72,26 @@ _SUPPORTED_EVENTS: Final = (
     "input_audio_buffer.commit",
     "input_audio_buffer.clear",
 )
+_CONVERSATION_EVENTS: Final = (
+    "session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "input_audio_buffer.clear",
+    "conversation.item.create",
+    "conversation.item.retrieve",
+    "conversation.item.truncate",
+    "conversation.item.delete",
+    "response.create",
+    "response.cancel",
+    "output_audio_buffer.clear",
+)
 
 
 @dataclass(frozen=True)
 class _Configure:
     config: RealtimeConfig
     reply: str  # "session.updated" or "transcription_session.updated"
+    conversation: ConversationConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -80,14 +104,44 @@ class _Clear:
     pass
 
 
-_Work = _Configure | _Commit | _Clear
+@dataclass(frozen=True)
+class _CreateItem:
+    item: NewItem
+    previous_item_id: str | None
+    client_event_id: str | None
+
+
+@dataclass(frozen=True)
+class _ItemOp:
+    op: str  # "delete", "retrieve", "truncate"
+    item_id: str
+    client_event_id: str | None
+    content_index: int = 0
+    audio_end_ms: int = 0
+
+
+@dataclass(frozen=True)
+class _CreateResponse:
+    options: ResponseOptions
+    client_event_id: str | None
+
+
+@dataclass(frozen=True)
+class _CancelResponse:
+    response_id: str | None
+    client_event_id: str | None
+    from_client: bool = True  # response.cancel (an error when nothing runs), not output_audio_buffer.clear
+
+
+_Work = _Configure | _Commit | _Clear | _CreateItem | _ItemOp | _CreateResponse | _CancelResponse
 
 
 class RealtimeSession(SocketSession):
     """One Realtime connection: the OpenAI event format over a ``SocketSession``.
 
     It owns a ``StreamSession`` per turn-detection setting (a segmenter is fixed for a stream's
-    life; the retired ones still deliver their queued finals) and the input items' bookkeeping.
+    life; the retired ones still deliver their queued finals) and the input items' bookkeeping; a
+    conversation session also owns a ``Conversation`` (items, responses, the assistant).
     """
 
     kind = "realtime"
@@ -95,28 +149,45 @@ class RealtimeSession(SocketSession):
     def __init__(
         self,
         app: web.Application,
-        ws: web.WebSocketResponse,
+        ws: MessageSocket,
         settings: Settings,
         config: RealtimeConfig,
         *,
         beta: bool,
+        conversation: ConversationConfig | None = None,
+        audio: AudioMode = "deltas",
+        audio_out: AudioOut | None = None,
+        session_id: str | None = None,
     ) -> None:
         limits = Limits(MAX_QUEUED_WORK, MAX_BACKLOG_S, MAX_QUEUED_EVENTS, settings.ws_idle_timeout_s)
-        super().__init__(app, ws, settings, new_id("sess"), limits)
+        super().__init__(app, ws, settings, session_id or new_id("sess"), limits)
         self.asr = app[ASR]
         self.models = self.asr.models
         self.beta = beta  # send beta event names (conversation.item.created)
         # The reader's view: what the latest valid session.update said.
         self.config = config
+        self.conversation_config = conversation
         self._decoder = config.input_format.decoder()
         self._buffered_ms = 0.0  # manual mode: uncommitted audio
         # The worker's view.
         self._applied = config
         self._segmenter = config.segmenter(settings)
         self._fed_samples = 0
-        self.items = InputTranscription(self)
+        self.conversation: Conversation | None = None
+        if conversation is not None:
+            assistant = make_assistant(app, self.id, self._on_assistant_event, audio_out, {})
+            self.conversation = Conversation(self, settings, self.asr, assistant, conversation, audio)
+        self.items = InputTranscription(self, self.conversation)
         self.stream = self._new_stream(config)
         self._retired: list[StreamSession] = []
+
+    @property
+    def session_kind(self) -> SessionKind:
+        return "transcription" if self.conversation is None else "conversation"
+
+    async def _on_assistant_event(self, event: SessionEvent) -> None:
+        if self.conversation is not None:
+            await self.conversation.on_assistant_event(event)
 
     def _new_stream(self, config: RealtimeConfig) -> StreamSession:
         """A StreamSession for one turn-detection setting (its segmenter and mode are fixed for its life)."""
@@ -128,20 +199,30 @@ class RealtimeSession(SocketSession):
         stream.configure(config.stream_options(self.settings))
         if not config.server_vad:
             stream.start_recording()
+        if self.conversation is not None:
+            # Finals create responses through the session core; barge-in is handled in the emitter,
+            # after input_audio_buffer.speech_started has been sent.
+            stream.assistant = VoiceTurns(self.conversation)
+            stream.barge_in = False
         return stream
 
     def _emitter(self, offset_ms: int, *, server_vad: bool) -> Emit:
         async def emit(event: SessionEvent) -> None:
             self.items.on_event(event, offset_ms, server_vad=server_vad)
+            if self.conversation is not None and isinstance(event, SpeechStarted):
+                await self.conversation.on_speech_started()
 
         return emit
 
     async def close_streams(self) -> None:
+        if self.conversation is not None:
+            await self.conversation.aclose()
         for stream in (self.stream, *self._retired):
             await stream.aclose()
 
     def summary(self) -> str:
-        return f"{self.items.items_completed} items, {self._fed_samples / SAMPLE_RATE_HZ:.1f} s audio"
+        responses = f", {self.conversation.responses} responses" if self.conversation is not None else ""
+        return f"{self.items.items_completed} items{responses}, {self._fed_samples / SAMPLE_RATE_HZ:.1f} s audio"
 
     # --- sending ------------------------------------------------------------------------------------
 
@@ -163,8 +244,11 @@ class RealtimeSession(SocketSession):
             error={"type": kind, "code": code, "message": message, "param": param, "event_id": client_event_id},
         )
 
-    def send_session(self, kind: str, config: RealtimeConfig) -> None:
-        if kind.startswith("transcription_session."):
+    def send_session(self, kind: str, config: RealtimeConfig, conversation: ConversationConfig | None = None) -> None:
+        if conversation is not None:
+            describe = conversation.describe_beta if self.beta else conversation.describe_ga
+            self.send(kind, session=describe(self.id, self.settings))
+        elif kind.startswith("transcription_session."):
             self.send(kind, session=config.describe_beta(self.id, self.settings))
         else:
             self.send(kind, session=config.describe_ga(self.id, self.settings))
@@ -204,9 +288,11 @@ class RealtimeSession(SocketSession):
             raise EventError(
                 "invalid_type", f"Invalid type for 'type': expected a string, but got {type_name(kind)}.", "type"
             )
+        raw_id = event.get("event_id")
+        client_event_id = raw_id if isinstance(raw_id, str) else None
         if kind == "input_audio_buffer.append":
             self._append(event)
-        elif kind in ("session.update", "transcription_session.update"):
+        elif kind == "session.update" or (kind == "transcription_session.update" and self.conversation is None):
             self._update(event, kind)
         elif kind == "input_audio_buffer.commit":
             self._commit(event)
@@ -214,11 +300,61 @@ class RealtimeSession(SocketSession):
             self._decoder.reset()
             self._buffered_ms = 0.0
             self._enqueue(_Clear())
+        elif self.conversation is not None and kind in _CONVERSATION_EVENTS:
+            self._enqueue(self._conversation_work(kind, event, client_event_id))
         elif kind in _UNSUPPORTED_EVENTS:
             raise EventError("unsupported_event", f"'{kind}' is not supported in a transcription session.", "type")
         else:
-            supported = ", ".join(f"'{k}'" for k in _SUPPORTED_EVENTS)
+            names = _CONVERSATION_EVENTS if self.conversation is not None else _SUPPORTED_EVENTS
+            supported = ", ".join(f"'{k}'" for k in names)
             raise EventError("invalid_value", f"Invalid value: {kind!r}. Supported values are: {supported}.", "type")
+
+    def _conversation_work(self, kind: str, event: Mapping[str, Any], client_event_id: str | None) -> _Work:
+        """Validate a conversation event at once (reader side); the worker applies it in order."""
+        assert self.conversation_config is not None
+        if kind == "conversation.item.create":
+            if "item" not in event:
+                raise EventError("missing_required_parameter", "Missing required parameter: 'item'.", "item")
+            previous = event.get("previous_item_id")
+            if previous is not None and not isinstance(previous, str):
+                raise EventError(
+                    "invalid_type", "Invalid type for 'previous_item_id': expected a string.", "previous_item_id"
+                )
+            return _CreateItem(
+                parse_item(event["item"], max_audio_bytes=MAX_AUDIO_BYTES_PER_EVENT), previous, client_event_id
+            )
+        if kind in ("conversation.item.delete", "conversation.item.retrieve"):
+            return _ItemOp(kind.rsplit(".", 1)[1], required_id(event, "item_id"), client_event_id)
+        if kind == "conversation.item.truncate":
+            item_id = required_id(event, "item_id")
+            for key in ("content_index", "audio_end_ms"):
+                if key not in event:
+                    raise EventError("missing_required_parameter", f"Missing required parameter: '{key}'.", key)
+            content_index = integer(event["content_index"], "content_index", 0, 1_000_000)
+            audio_end_ms = integer(event["audio_end_ms"], "audio_end_ms", 0, 2**31)
+            return _ItemOp("truncate", item_id, client_event_id, content_index, audio_end_ms)
+        if kind == "response.create":
+            options = parse_response_options(
+                event.get("response"), self.conversation_config, check_voice=self._check_voice
+            )
+            return _CreateResponse(options, client_event_id)
+        if kind == "output_audio_buffer.clear" and self.conversation is not None and self.conversation.audio != "track":
+            raise EventError(
+                "unsupported_event",
+                "'output_audio_buffer.clear' is for WebRTC calls; over WebSocket send "
+                "'response.cancel' and 'conversation.item.truncate'.",
+                "type",
+            )
+        response_id = event.get("response_id")  # response.cancel, output_audio_buffer.clear
+        if response_id is not None and not isinstance(response_id, str):
+            raise EventError("invalid_type", "Invalid type for 'response_id': expected a string.", "response_id")
+        return _CancelResponse(response_id, client_event_id, kind == "response.cancel")
+
+    def _check_voice(self, name: str, param: str) -> None:
+        check_voice(self.app, name, param)
+
+    def _is_llm(self, name: str) -> bool:
+        return is_llm_model(self.app, name)
 
     def _enqueue(self, work: _Work) -> None:
         if not self.enqueue(work):
@@ -233,14 +369,23 @@ class RealtimeSession(SocketSession):
     def _update(self, event: Mapping[str, Any], kind: str) -> None:
         if "session" not in event:
             raise EventError("missing_required_parameter", "Missing required parameter: 'session'.", "session")
-        config = parse_session(as_object(event["session"], "session"), self.config, self.models)
+        session = as_object(event["session"], "session")
+        conversation: ConversationConfig | None = None
+        if self.conversation_config is not None:
+            conversation = parse_conversation_session(
+                session, self.conversation_config, self.models, check_voice=self._check_voice, is_llm=self._is_llm
+            )
+            config = conversation.input
+        else:
+            config = parse_session(session, self.config, self.models)
         if kind == "transcription_session.update":
             self.beta = True
         if config.input_format != self.config.input_format or config.server_vad != self.config.server_vad:
             self._decoder = config.input_format.decoder()
             self._buffered_ms = 0.0
         self.config = config
-        self._enqueue(_Configure(config, kind.replace(".update", ".updated")))
+        self.conversation_config = conversation
+        self._enqueue(_Configure(config, kind.replace(".update", ".updated"), conversation))
 
     def _append(self, event: Mapping[str, Any]) -> None:
         audio = event.get("audio")
@@ -319,13 +464,39 @@ class RealtimeSession(SocketSession):
     async def apply(self, work: _Work) -> None:
         if isinstance(work, _Configure):
             await self._apply(work.config)
-            self.send_session(work.reply, work.config)
+            if self.conversation is not None and work.conversation is not None:
+                self.conversation.config = work.conversation
+            self.send_session(work.reply, work.config, work.conversation)
         elif isinstance(work, _Commit):
             await self._commit_buffer(work.client_event_id)
-        else:
+        elif isinstance(work, _Clear):
             self.stream.clear()
             self.items.drop_speaking()
             self.send("input_audio_buffer.cleared")
+        else:
+            try:
+                await self._apply_conversation(work)
+            except EventError as exc:
+                self.send_error(exc.code, exc.message, param=exc.param, client_event_id=work.client_event_id)
+
+    async def _apply_conversation(self, work: _CreateItem | _ItemOp | _CreateResponse | _CancelResponse) -> None:
+        conversation = self.conversation
+        assert conversation is not None
+        if isinstance(work, _CreateItem):
+            await conversation.create_item(work.item, work.previous_item_id, work.client_event_id)
+        elif isinstance(work, _ItemOp):
+            if work.op == "delete":
+                await conversation.delete_item(work.item_id, work.client_event_id)
+            elif work.op == "retrieve":
+                conversation.retrieve_item(work.item_id)
+            else:
+                await conversation.truncate_item(work.item_id, work.content_index, work.audio_end_ms)
+        elif isinstance(work, _CreateResponse):
+            await conversation.create_response(work.options, work.client_event_id)
+        else:
+            await conversation.cancel_response(
+                "client_cancelled", from_client=work.from_client, response_id=work.response_id
+            )
 
     async def _apply(self, config: RealtimeConfig) -> None:
         old = self._applied
@@ -380,49 +551,3 @@ class RealtimeSession(SocketSession):
         finally:
             self.items.muted_errors -= 1
         return None
-
-
-# --- HTTP -----------------------------------------------------------------------------------------------
-
-
-class UpgradeRequired(ApiError):
-    status = 426
-    code = "upgrade_required"
-
-
-def _is_beta(request: web.Request) -> bool:
-    header = request.headers.get("OpenAI-Beta", "").replace(" ", "").lower()
-    protocols = request.headers.get("Sec-WebSocket-Protocol", "").replace(" ", "").lower().split(",")
-    return "realtime=v1" in header.split(",") or "openai-beta.realtime-v1" in protocols
-
-
-async def realtime_handler(request: web.Request) -> web.StreamResponse:
-    """GET /v1/realtime: upgrade, register the session, read until it closes, clean up."""
-    settings = request.app[SETTINGS]
-    config = default_config(settings, request.app[ASR].models, request.query)
-    ws = web.WebSocketResponse(
-        heartbeat=settings.ws_heartbeat_s,
-        max_msg_size=max(settings.ws_max_message_bytes, MAX_FRAME_BYTES),
-        protocols=("realtime",),
-    )
-    if not ws.can_prepare(request).ok:
-        raise UpgradeRequired(
-            "GET /v1/realtime is a WebSocket endpoint (the OpenAI Realtime API); upgrade the connection"
-        )
-    session = RealtimeSession(request.app, ws, settings, config, beta=_is_beta(request))
-    request.app[SESSIONS].add(session.id, session)  # over the cap: a 503 before the upgrade
-    try:
-        await ws.prepare(request)
-        session.start()
-        log.info("realtime session %s: opened from %s (model %s)", session.id, request.remote, config.resolved_model)
-        session.send_session("session.created", config)
-        if session.beta:
-            session.send_session("transcription_session.created", config)
-        await session.run()
-    finally:
-        await session.aclose(WSCloseCode.GOING_AWAY, "session closed")
-    return ws
-
-
-def add_routes(app: web.Application) -> None:
-    app.router.add_get(PATH, realtime_handler)

@@ -1,0 +1,577 @@
+"""OpenAI Realtime conversation sessions at /v1/realtime against the live server: the official SDK's
+realtime client and raw beta-shaped events over ``websockets``, answered by the real voice loop
+(the bundled SmolLM2, greedy, and Piper), the answer's audio decoded and transcribed back."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+import pytest_asyncio
+import websockets
+from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
+from openai.types.realtime import RealtimeServerEvent
+from pydantic import TypeAdapter
+
+from mediaserver.asr.service import AsrService
+from mediaserver.llm.service import LlmService
+from mediaserver.state import SESSIONS
+from mediaserver.tts.service import TtsService
+from tests.conftest import Clip, LiveServer
+from tests.integration.test_realtime import RATE, chunks, pcm16
+from tests.integration.test_voice_loop import (
+    ANSWER_WORD,
+    LONG_QUESTION,
+    QUESTION,
+    VOICE_SETTINGS,
+    llm_busy,
+    transcribe,
+    tts_open_streams,
+)
+
+ERROR_KEYS = {"type", "code", "message", "param", "event_id"}
+TEXT_ONLY = {"type": "realtime", "output_modalities": ["text"]}
+ANSWER_EVENTS_GA = [
+    "response.created",
+    "response.output_item.added",
+    "conversation.item.added",
+    "response.content_part.added",
+    "response.output_audio_transcript.delta",
+    "response.output_audio.delta",
+    "response.output_audio.done",
+    "response.output_audio_transcript.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "conversation.item.done",
+    "response.done",
+]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def conv_server(server_factory: Callable[..., Any]) -> LiveServer:
+    # Answer audio as fast as it is synthesized, as OpenAI sends it (the interruption test paces it).
+    server: LiveServer = await server_factory(**VOICE_SETTINGS, realtime_audio_lead_ms=600_000)
+    return server
+
+
+def sdk(server: LiveServer) -> Any:
+    """The SDK's client, typed loosely: its events are a union of 46 models, read here by attribute."""
+    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+# Every server event is validated against the SDK's models (the SDK itself only constructs them).
+GA_EVENTS: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
+BETA_EVENTS: TypeAdapter[Any] = TypeAdapter(BetaServerEvent)
+
+
+async def until(connection: Any, *kinds: str, timeout: float = 60.0) -> list[Any]:
+    """Events up to and including the first of ``kinds``, each validated by the SDK's models."""
+    got: list[Any] = []  # the SDK's typed events, read by attribute
+    async with asyncio.timeout(timeout):
+        while True:
+            event = GA_EVENTS.validate_json(await connection.recv_bytes())
+            got.append(event)
+            if event.type in kinds:
+                return got
+
+
+def in_order(kinds: list[str], expected: list[str]) -> bool:
+    """``expected`` is a subsequence of ``kinds`` (each found after the one before it)."""
+    position = 0
+    for kind in expected:
+        if kind not in kinds[position:]:
+            return False
+        position = kinds.index(kind, position) + 1
+    return True
+
+
+def audio_of(events: list[Any], kind: str = "response.output_audio.delta") -> np.ndarray:
+    data = b"".join(
+        base64.b64decode(e.delta if hasattr(e, "delta") else e["delta"]) for e in events if _type(e) == kind
+    )
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def _type(event: Any) -> str:
+    return str(event["type"] if isinstance(event, dict) else event.type)
+
+
+# --- the SDK -------------------------------------------------------------------------------------------
+
+
+async def test_sdk_text_turn(conv_server: LiveServer) -> None:
+    async with sdk(conv_server).realtime.connect(model="gpt-realtime") as connection:
+        created = await connection.recv()
+        assert created.type == "session.created"
+        session = created.session
+        assert session.type == "realtime" and session.object == "realtime.session" and session.model == "gpt-realtime"
+        assert session.output_modalities == ["audio"] and session.audio.output.format.rate == 24000
+        await connection.session.update(
+            session={**TEXT_ONLY, "instructions": VOICE_SETTINGS["assistant_system_prompt"]}
+        )
+        updated = await connection.recv()
+        assert updated.type == "session.updated" and updated.session.output_modalities == ["text"]
+        await connection.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}
+        )
+        added = await connection.recv()
+        assert added.type == "conversation.item.added" and added.item.role == "user"
+        assert added.item.content[0].text == QUESTION
+        assert (await connection.recv()).type == "conversation.item.done"
+        await connection.response.create(response={"metadata": {"client_event_id": "turn-1"}})
+        events = await until(connection, "response.done")
+    kinds = [e.type for e in events]
+    assert in_order(
+        kinds,
+        [
+            "response.created",
+            "response.output_item.added",
+            "conversation.item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "conversation.item.done",
+            "response.done",
+        ],
+    ), kinds
+    assert "response.output_audio.delta" not in kinds
+    created_response = events[0].response
+    assert created_response.status == "in_progress" and created_response.metadata == {"client_event_id": "turn-1"}
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    done_text = next(e for e in events if e.type == "response.output_text.done").text
+    assert done_text == text and ANSWER_WORD in text.lower(), text
+    response = events[-1].response
+    assert response.status == "completed" and response.id == created_response.id
+    assert response.output[0].content[0].text == text and response.output[0].status == "completed"
+    assert response.usage.output_tokens > 0 and response.usage.input_tokens > 0
+    assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
+
+
+async def test_sdk_audio_turn_is_heard_back(
+    conv_server: LiveServer, asr_service: AsrService, speech: Callable[[str], Clip], wer: Any
+) -> None:
+    async with sdk(conv_server).realtime.connect(model="gpt-realtime") as connection:
+        await until(connection, "session.created")
+        await connection.session.update(
+            session={"type": "realtime", "audio": {"input": {"turn_detection": None}, "output": {"voice": "alloy"}}}
+        )
+        await until(connection, "session.updated")
+        for piece in chunks(pcm16(speech(QUESTION)), 2 * RATE // 5):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode("ascii"))
+        await connection.input_audio_buffer.commit()
+        await connection.response.create()
+        events = await until(connection, "response.done")
+    kinds = [e.type for e in events]
+    completed = next(e for e in events if e.type == "conversation.item.input_audio_transcription.completed")
+    assert wer(QUESTION, completed.transcript) <= 0.2, completed.transcript
+    assert kinds.index("conversation.item.input_audio_transcription.completed") < kinds.index(
+        "response.output_item.added"
+    )
+    assert in_order(kinds, ANSWER_EVENTS_GA), kinds
+    done = events[-1].response
+    assert done.status == "completed" and done.audio.output.format.type == "audio/pcm"
+    transcript = next(e for e in events if e.type == "response.output_audio_transcript.done").transcript
+    deltas = "".join(e.delta for e in events if e.type == "response.output_audio_transcript.delta")
+    assert transcript == deltas == done.output[0].content[0].transcript
+    assert ANSWER_WORD in transcript.lower(), transcript
+    audio = audio_of(events)
+    assert audio.size > RATE  # more than a second of answer
+    heard = await transcribe(asr_service, audio, RATE)
+    assert wer(transcript, heard) <= 0.15, (transcript, heard)
+
+
+async def test_sdk_server_vad_answers_by_itself(conv_server: LiveServer, speech: Callable[[str], Clip]) -> None:
+    async with sdk(conv_server).realtime.connect(model="gpt-realtime") as connection:
+        created = await until(connection, "session.created")
+        turn = created[-1].session.audio.input.turn_detection
+        assert turn.type == "server_vad" and turn.create_response is True and turn.interrupt_response is True
+        for piece in chunks(pcm16(speech("What do bees make?"), silence_after_s=1.0), 2 * RATE // 10):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode("ascii"))
+        events = await until(connection, "response.done")
+    kinds = [e.type for e in events]
+    assert in_order(
+        kinds,
+        [
+            "input_audio_buffer.speech_started",
+            "input_audio_buffer.speech_stopped",
+            "input_audio_buffer.committed",
+            "conversation.item.added",
+            "conversation.item.input_audio_transcription.completed",
+            *ANSWER_EVENTS_GA,
+        ],
+    ), kinds
+    user_item = next(e for e in events if e.type == "input_audio_buffer.committed").item_id
+    answer_item = next(e for e in events if e.type == "response.output_item.added").item
+    added = [e for e in events if e.type == "conversation.item.added"]
+    assert added[-1].item.id == answer_item.id and added[-1].previous_item_id == user_item
+    done = events[-1].response
+    # The answer may reach the 60-token cap of VOICE_SETTINGS: that is "incomplete", as with OpenAI.
+    assert done.status == "completed" or (done.status, done.status_details.reason) == (
+        "incomplete",
+        "max_output_tokens",
+    )
+    assert "honey" in done.output[0].content[0].transcript.lower()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def paced_server(server_factory: Callable[..., Any]) -> LiveServer:
+    # The default: answer audio at most realtime_audio_lead_ms (1 s) ahead of real time.
+    server: LiveServer = await server_factory(**VOICE_SETTINGS)
+    return server
+
+
+async def test_sdk_interruption_cancels_and_truncate_trims(
+    paced_server: LiveServer, llm_service: LlmService, speech: Callable[[str], Clip]
+) -> None:
+    async with sdk(paced_server).realtime.connect(model="gpt-realtime") as connection:
+        await until(connection, "session.created")
+        await connection.session.update(session={"type": "realtime", "instructions": "You tell long stories."})
+        await until(connection, "session.updated")
+        for piece in chunks(pcm16(speech(LONG_QUESTION), silence_after_s=1.0), 2 * RATE // 10):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode("ascii"))
+        before = await until(connection, "response.output_audio.delta")
+        answer_id = next(e for e in before if e.type == "response.output_item.added").item.id
+        for piece in chunks(pcm16(speech("Stop please."), silence_after_s=1.0), 2 * RATE // 10):
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode("ascii"))
+        during = await until(connection, "response.done")
+        events = before + during
+        kinds = [e.type for e in during]
+        # The user's speech cancels the answer; the events of the cancelled answer still close it.
+        assert in_order(
+            kinds,
+            [
+                "input_audio_buffer.speech_started",
+                "response.output_audio.done",
+                "response.output_audio_transcript.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.done",
+            ],
+        ), kinds
+        done = during[-1].response
+        assert (done.status, done.status_details.type, done.status_details.reason) == (
+            "cancelled",
+            "cancelled",
+            "turn_detected",
+        )
+        deadline = time.monotonic() + 5  # the generation stops within a token (on the LLM's thread)
+        while llm_busy(llm_service) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert not llm_busy(llm_service)
+        written = "".join(e.delta for e in events if e.type == "response.output_audio_transcript.delta").split()
+        sent = next(e for e in during if e.type == "response.output_audio_transcript.done").transcript.split()
+        assert sent and sent == written[: len(sent)] and len(sent) < len(written), (sent, written)
+        assert done.output[0].status == "incomplete" and done.output[0].content[0].transcript.split() == sent
+        played_ms = round(audio_of(events).size / RATE * 1000)
+        assert 0 < played_ms < 10_000  # at most what was sent: paced, not the whole story
+
+        # The client played less than it got: truncate the answer to that.
+        await connection.send(
+            {
+                "type": "conversation.item.truncate",
+                "item_id": answer_id,
+                "content_index": 0,
+                "audio_end_ms": played_ms + 1000,
+            }
+        )
+        error = (await until(connection, "error"))[-1]
+        assert error.error.code == "invalid_value" and error.error.param == "audio_end_ms", error
+        await connection.conversation.item.truncate(item_id=answer_id, content_index=0, audio_end_ms=300)
+        truncated = (await until(connection, "conversation.item.truncated"))[-1]
+        assert (truncated.item_id, truncated.audio_end_ms, truncated.content_index) == (answer_id, 300, 0)
+        await connection.conversation.item.retrieve(item_id=answer_id)
+        retrieved = (await until(connection, "conversation.item.retrieved"))[-1]
+        kept = (retrieved.item.content[0].transcript or "").split()
+        assert kept == sent[: len(kept)] and len(kept) < len(sent), (kept, sent)
+
+
+# --- raw beta events over websockets ----------------------------------------------------------------------
+
+
+class Raw:
+    """A raw Realtime client over ``websockets``: JSON events out, every server event kept (and
+    validated by the SDK's GA or beta models)."""
+
+    def __init__(self, connection: Any, *, beta: bool) -> None:
+        self.connection = connection
+        self.events: list[dict[str, Any]] = []
+        self.models = BETA_EVENTS if beta else GA_EVENTS
+
+    async def send(self, event: dict[str, Any] | str) -> None:
+        await self.connection.send(event if isinstance(event, str) else json.dumps(event))
+
+    async def until(self, *kinds: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+        got: list[dict[str, Any]] = []
+        async with asyncio.timeout(timeout):
+            while True:
+                event = json.loads(await self.connection.recv())
+                self.models.validate_python(event)
+                self.events.append(event)
+                got.append(event)
+                if event["type"] in kinds:
+                    return got
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def raw(conv_server: LiveServer) -> AsyncIterator[Callable[..., Any]]:
+    opened: list[Any] = []
+
+    async def open_raw(query: str = "?model=gpt-4o-realtime-preview", beta: bool = False, server: Any = None) -> Raw:
+        target = server or conv_server
+        headers = {"OpenAI-Beta": "realtime=v1"} if beta else {}
+        connection = await websockets.connect(
+            target.url.replace("http", "ws") + "/v1/realtime" + query, additional_headers=headers, max_size=None
+        )
+        opened.append(connection)
+        return Raw(connection, beta=beta)
+
+    yield open_raw
+    for connection in opened:
+        await connection.close()
+
+
+def assert_error(event: dict[str, Any], code: str, param: str | None = None, event_id: str | None = None) -> None:
+    assert event["type"] == "error", event
+    error = event["error"]
+    assert set(error) == ERROR_KEYS and error["message"], error
+    assert (error["code"], error["param"], error["event_id"]) == (code, param, event_id), error
+
+
+async def test_beta_client_text_then_g711_audio(raw: Callable[..., Any], asr_service: AsrService, wer: Any) -> None:
+    from mediaserver.audio.stream_decode import ULAW_TO_PCM16
+
+    client = await raw(beta=True)
+    session = (await client.until("session.created"))[-1]["session"]
+    assert session["object"] == "realtime.session" and session["model"] == "gpt-4o-realtime-preview"
+    assert session["modalities"] == ["audio", "text"] and session["input_audio_format"] == "pcm16"
+    assert session["output_audio_format"] == "pcm16" and session["turn_detection"]["create_response"] is True
+    await client.send(
+        {
+            "type": "session.update",
+            "session": {
+                "modalities": ["text"],
+                "instructions": VOICE_SETTINGS["assistant_system_prompt"],
+                "voice": "alloy",
+                "output_audio_format": "g711_ulaw",
+                "turn_detection": None,
+                "temperature": 0.0,
+            },
+        }
+    )
+    updated = (await client.until("session.updated"))[-1]["session"]
+    assert (updated["modalities"], updated["output_audio_format"], updated["turn_detection"]) == (
+        ["text"],
+        "g711_ulaw",
+        None,
+    )
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}
+    await client.send({"type": "conversation.item.create", "item": user})
+    created = (await client.until("conversation.item.created"))[-1]
+    user_id = created["item"]["id"]
+    await client.send({"type": "response.create"})
+    events = await client.until("response.done")
+    kinds = [e["type"] for e in events]
+    assert in_order(
+        kinds,
+        [
+            "response.created",
+            "response.output_item.added",
+            "conversation.item.created",
+            "response.content_part.added",
+            "response.text.delta",
+            "response.text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.done",
+        ],
+    ), kinds
+    assert not [k for k in kinds if k.startswith("response.output_") and "item" not in k]  # beta names only
+    assert "conversation.item.added" not in kinds and "conversation.item.done" not in kinds
+    done = events[-1]["response"]
+    assert done["modalities"] == ["text"] and done["output"][0]["content"][0]["type"] == "text"
+    assert ANSWER_WORD in done["output"][0]["content"][0]["text"].lower()
+
+    # The next answer spoken, in G.711 μ-law at 8 kHz as the session asked.
+    await client.send(
+        {
+            "type": "response.create",
+            "response": {"modalities": ["audio", "text"], "instructions": "Answer in one short sentence."},
+        }
+    )
+    events = await client.until("response.done")
+    kinds = [e["type"] for e in events]
+    assert "response.audio.delta" in kinds and "response.audio_transcript.delta" in kinds, kinds
+    done = events[-1]["response"]
+    assert done["status"] in ("completed", "incomplete") and done["output_audio_format"] == "g711_ulaw"
+    transcript = next(e for e in events if e["type"] == "response.audio_transcript.done")["transcript"]
+    ulaw = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.audio.delta")
+    audio = ULAW_TO_PCM16[np.frombuffer(ulaw, np.uint8)].astype(np.float32) / 32768.0
+    heard = await transcribe(asr_service, audio, 8000)
+    # Telephone audio (8 kHz, 8 bits): tiny.en hears it less well than 24 kHz PCM.
+    assert wer(transcript, heard) <= 0.35 and ANSWER_WORD in heard.lower(), (transcript, heard)
+
+    await client.send({"type": "conversation.item.delete", "item_id": user_id, "event_id": "del"})
+    deleted = (await client.until("conversation.item.deleted"))[-1]
+    assert deleted["item_id"] == user_id
+
+
+async def test_bad_input_is_an_error_event_and_the_session_stays(raw: Callable[..., Any]) -> None:
+    client = await raw()
+    await client.until("session.created")
+    big = "A" * 20
+    cases: list[tuple[dict[str, Any] | str, str, str | None]] = [
+        ("not json", "invalid_json", None),
+        ({"type": "response.nonsense"}, "invalid_value", "type"),
+        ({"type": "input_audio_buffer.append", "audio": "@@not base64!"}, "invalid_value", "audio"),
+        (
+            {
+                "type": "session.update",
+                "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 44100}}}},
+            },
+            "invalid_value",
+            "session.audio.input.format.rate",
+        ),
+        (
+            {"type": "session.update", "session": {"audio": {"output": {"format": {"type": "audio/mp3"}}}}},
+            "invalid_value",
+            "session.audio.output.format.type",
+        ),
+        ({"type": "session.update", "session": {"type": "transcription"}}, "invalid_value", "session.type"),
+        (
+            {"type": "session.update", "session": {"audio": {"output": {"voice": "nobody-" + big}}}},
+            "invalid_value",
+            "session.audio.output.voice",
+        ),
+        (
+            {"type": "session.update", "session": {"output_modalities": ["video"]}},
+            "invalid_value",
+            "session.output_modalities",
+        ),
+        ({"type": "conversation.item.create"}, "missing_required_parameter", "item"),
+        ({"type": "conversation.item.create", "item": {"type": "function_call"}}, "invalid_value", "item.type"),
+        (
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": "%%%"}]},
+            },
+            "invalid_value",
+            "item.content[0].audio",
+        ),
+        (
+            {"type": "conversation.item.truncate", "item_id": "item_nope", "content_index": 0, "audio_end_ms": 10},
+            "item_truncate_invalid_item_id",
+            "item_id",
+        ),
+        ({"type": "conversation.item.delete", "item_id": "item_nope"}, "item_delete_invalid_item_id", "item_id"),
+        ({"type": "conversation.item.retrieve", "item_id": "item_nope"}, "item_retrieve_invalid_item_id", "item_id"),
+        ({"type": "response.cancel"}, "response_cancel_not_active", None),
+        (
+            {"type": "response.create", "response": {"output_modalities": "text"}},
+            "invalid_value",
+            "response.output_modalities",
+        ),
+        ({"type": "output_audio_buffer.clear"}, "unsupported_event", "type"),
+    ]
+    for index, (event, code, param) in enumerate(cases):
+        event_id = None if isinstance(event, str) else f"e{index}"
+        await client.send(event if isinstance(event, str) else {**event, "event_id": event_id})
+        assert_error((await client.until("error"))[-1], code, param, event_id)
+    # A response in progress refuses a second one; then both end and the session still answers.
+    await client.send({"type": "session.update", "session": TEXT_ONLY})
+    await client.until("session.updated")
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}
+    await client.send({"type": "conversation.item.create", "item": user})
+    await client.send({"type": "response.create", "event_id": "first"})
+    await client.send({"type": "response.create", "event_id": "second"})
+    events = await client.until("error")
+    first = next(e for e in events if e["type"] == "response.created")["response"]["id"]
+    assert_error(events[-1], "conversation_already_has_active_response", None, "second")
+    assert first in events[-1]["error"]["message"]
+    done = (await client.until("response.done"))[-1]["response"]
+    assert done["id"] == first and done["status"] == "completed"
+    assert ANSWER_WORD in done["output"][0]["content"][0]["text"].lower()
+
+
+async def test_user_audio_item_is_transcribed_then_answered(
+    raw: Callable[..., Any], speech: Callable[[str], Clip], wer: Any
+) -> None:
+    client = await raw()
+    await client.until("session.created")
+    audio = base64.b64encode(pcm16(speech(QUESTION))).decode("ascii")
+    item = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}
+    await client.send({"type": "conversation.item.create", "item": item})
+    await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+    events = await client.until("response.done")
+    kinds = [e["type"] for e in events]
+    added = next(e for e in events if e["type"] == "conversation.item.added")["item"]
+    assert added["content"] == [{"type": "input_audio", "transcript": None}]
+    completed = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert completed["item_id"] == added["id"] and wer(QUESTION, completed["transcript"]) <= 0.2, completed
+    # The response waited for the transcript before answering it.
+    assert kinds.index("conversation.item.input_audio_transcription.completed") < kinds.index(
+        "response.output_item.added"
+    )
+    assert ANSWER_WORD in events[-1]["response"]["output"][0]["content"][0]["text"].lower()
+
+
+async def test_oversized_message_closes_with_a_reason(raw: Callable[..., Any]) -> None:
+    client = await raw()
+    await client.until("session.created")
+    await client.send(json.dumps({"type": "input_audio_buffer.append", "audio": "A" * (24 * 1024 * 1024)}))
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await client.until("never")
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009, closed.value
+    assert closed.value.rcvd.reason.startswith("message too big: at most "), closed.value.rcvd.reason
+
+
+async def test_hanging_up_mid_response_leaves_nothing_running(
+    paced_server: LiveServer,
+    raw: Callable[..., Any],
+    llm_service: LlmService,
+    tts_service: TtsService,
+    speech: Callable[[str], Clip],
+) -> None:
+    client = await raw(server=paced_server)
+    session_id = (await client.until("session.created"))[-1]["session"]["id"]
+    await client.send({"type": "session.update", "session": {"instructions": "You tell long stories."}})
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": LONG_QUESTION}]}
+    await client.send({"type": "conversation.item.create", "item": user})
+    await client.send({"type": "response.create"})
+    await client.until("response.output_audio.delta")
+    client.connection.transport.abort()  # no close frame: the TCP connection just goes away
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+        session_id in paced_server.app[SESSIONS].ids() or llm_busy(llm_service) or tts_open_streams(tts_service)
+    ):
+        await asyncio.sleep(0.05)
+    assert session_id not in paced_server.app[SESSIONS].ids()
+    assert not llm_busy(llm_service)
+    assert tts_open_streams(tts_service) == 0
+    await asyncio.sleep(0.2)
+    assert not [t.get_name() for t in asyncio.all_tasks() if session_id in t.get_name()]
+
+
+async def test_without_tts_audio_is_a_clear_error_and_text_works(
+    server_factory: Callable[..., Any], raw: Callable[..., Any]
+) -> None:
+    server: LiveServer = await server_factory(**VOICE_SETTINGS, tts_enabled=False)
+    client = await raw(server=server)
+    await client.until("session.created")
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}
+    await client.send({"type": "conversation.item.create", "item": user})
+    await client.send({"type": "response.create", "event_id": "speak"})
+    error = (await client.until("error"))[-1]
+    assert_error(error, "feature_disabled", "session.output_modalities", "speak")
+    assert "TTS is disabled" in error["error"]["message"] and "['text']" in error["error"]["message"]
+    await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+    done = (await client.until("response.done"))[-1]["response"]
+    assert done["status"] == "completed" and ANSWER_WORD in done["output"][0]["content"][0]["text"].lower()

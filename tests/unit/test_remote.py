@@ -1,0 +1,117 @@
+"""Pieces of the remote engines that need no server: prefix alignment, long-audio windows, URLs,
+settings, and the scheduler's async path (batches in flight at once, cancelled when nobody waits)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from mediaserver.asr.engine import AsrJob
+from mediaserver.asr.remote import force_prefix, redact_url
+from mediaserver.asr.scheduler import AsrScheduler
+from mediaserver.asr.triton import split_long
+from mediaserver.config import Settings
+from mediaserver.events import Transcript, TranscriptionOptions
+
+
+@pytest.mark.parametrize(
+    ("prefix", "text", "expected"),
+    [
+        (None, "hello there", "hello there"),
+        ("Turn on the", "Turn on the kitchen lights.", "Turn on the kitchen lights."),
+        ("Turn on the", "turn on the kitchen lights.", "Turn on the kitchen lights."),  # case and punctuation
+        ("Turn on, the", "Turn on the kitchen lights.", "Turn on, the kitchen lights."),
+        ("What is the weather", "What's the weather like?", "What is the weather like?"),  # merged words
+        ("Set a timer", "Set the timer for ten minutes.", "Set a timer for ten minutes."),  # promised words win
+        ("Hello", "", "Hello"),
+    ],
+)
+def test_force_prefix_keeps_what_partials_promised(prefix: str | None, text: str, expected: str) -> None:
+    assert force_prefix(prefix, text) == expected
+
+
+def test_split_long_cuts_at_the_quiet_frames_and_keeps_every_sample() -> None:
+    rng = np.random.default_rng(0)
+    second = 16000
+    speech = [rng.standard_normal(10 * second).astype(np.float32) * 0.3 for _ in range(7)]
+    gaps = [np.zeros(second // 2, np.float32) for _ in range(7)]
+    audio = np.concatenate([part for pair in zip(speech, gaps, strict=True) for part in pair])  # 73.5 s
+    pieces = split_long(audio)
+    assert sum(p.size for p in pieces) == audio.size
+    assert np.array_equal(np.concatenate(pieces), audio)
+    assert all(p.size <= 28 * second for p in pieces) and len(pieces) == 4
+    for piece in pieces[:-1]:  # each cut fell in a gap: the piece ends in silence
+        assert float(np.abs(piece[-240:]).max()) == 0.0
+    assert split_long(audio[: 5 * second])[0].size == 5 * second
+
+
+def test_redact_url() -> None:
+    assert redact_url("http://user:secret@host:8000/v1") == "http://host:8000/v1"
+    assert redact_url("grpc://triton:8001") == "grpc://triton:8001"
+
+
+def test_remote_models_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "MEDIASERVER_REMOTE_MODELS",
+        '{"large": {"backend": "openai", "url": "http://vllm:8000/v1", "api_key": "sk-secret", "max_concurrency": 32}}',
+    )
+    remote = Settings().remote_models["large"]
+    assert remote.backend == "openai" and remote.max_concurrency == 32 and remote.timeout_s == 60.0
+    assert remote.api_key is not None and remote.api_key.get_secret_value() == "sk-secret"
+    assert "sk-secret" not in repr(remote)
+    monkeypatch.setenv("MEDIASERVER_REMOTE_MODELS", '{"x": {"backend": "grpc", "url": "u"}}')
+    with pytest.raises(ValueError, match="backend"):
+        Settings()
+
+
+def _transcript(job: AsrJob) -> Transcript:
+    return Transcript(text="ok", language="en", language_probability=1.0, duration_s=job.audio.size / 16000)
+
+
+async def test_async_batches_run_side_by_side_and_are_cancelled_when_nobody_waits() -> None:
+    # The batch function stands in for a remote backend: the scheduler's contract is what is tested.
+    release = asyncio.Event()
+    running = 0
+    most = 0
+    cancelled = 0
+
+    async def batch(jobs: Sequence[AsrJob], backlog: int) -> list[Transcript | BaseException]:
+        nonlocal running, most, cancelled
+        running += 1
+        most = max(most, running)
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cancelled += 1
+            raise
+        finally:
+            running -= 1
+        return [_transcript(job) for job in jobs]
+
+    scheduler = AsrScheduler("m", None, async_batch_fn=batch, max_batch=1, max_inflight_batches=3, max_wait_ms=0)
+    job = AsrJob(np.zeros(16000, np.float32), TranscriptionOptions())
+    try:
+        waiting = [asyncio.create_task(scheduler.submit(job)) for _ in range(4)]
+        while running < 3:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert most == 3 and scheduler.depth == 1  # three in flight, the fourth queued
+        waiting[0].cancel()  # its batch has no other caller: cancelled with it
+        while cancelled < 1:
+            await asyncio.sleep(0.01)
+        release.set()
+        results = await asyncio.gather(*waiting[1:])
+        assert [r.text for r in results] == ["ok"] * 3
+        with pytest.raises(asyncio.CancelledError):
+            await waiting[0]
+        assert not scheduler._inflight_tasks
+    finally:
+        await scheduler.aclose()
+
+
+def test_exactly_one_batch_function() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        AsrScheduler("m", None)

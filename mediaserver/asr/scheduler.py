@@ -86,6 +86,7 @@ class AsrScheduler:
         self._batch_fn = batch_fn
         self._async_batch_fn = async_batch_fn
         self._inflight = asyncio.Semaphore(max_inflight_batches)
+        self._max_inflight_batches = max_inflight_batches
         self._inflight_tasks: set[asyncio.Task[None]] = set()
         self._max_batch = max_batch
         self._max_wait_s = max_wait_ms / 1000.0
@@ -166,9 +167,11 @@ class AsrScheduler:
 
     def drain_estimate_s(self) -> float:
         """How long the jobs queued now take to run: batches of ``max_batch`` at the measured batch
-        time. What a refused client is told to wait (``Retry-After``): then its job finds room."""
+        time, ``max_inflight_batches`` at once (a remote engine). What a refused client is told to
+        wait (``Retry-After``): then its job finds room."""
         batches = -(-self._queue.qsize() // self._max_batch)
-        return max(1, batches) * self.estimated_batch_s
+        rounds = -(-max(1, batches) // self._max_inflight_batches)
+        return rounds * self.estimated_batch_s
 
     def _update_depth(self) -> None:
         if self._metrics:

@@ -50,12 +50,17 @@ def close_reason(text: str) -> bytes:
 
 
 class LimitedWebSocket(web.WebSocketResponse):
-    """A ``WebSocketResponse`` whose close for an oversize message (1009) says what the limit is:
-    aiohttp closes by itself with an empty reason, which leaves a client guessing."""
+    """A ``WebSocketResponse`` that takes messages of up to ``max_message_bytes`` (that size
+    included), and whose close for a larger one (1009) says what the limit is: aiohttp closes by
+    itself with an empty reason, which leaves a client guessing.
 
-    def __init__(self, *, max_msg_size: int, **kwargs: Any) -> None:
-        super().__init__(max_msg_size=max_msg_size, **kwargs)
-        self.max_message_bytes = max_msg_size
+    aiohttp refuses a message whose size *reaches* its ``max_msg_size``, so it gets one more byte.
+    (A compressed message is refused only past it: the session's reader checks the limit again on
+    the message itself, ``Limits.max_message_bytes``.)"""
+
+    def __init__(self, *, max_message_bytes: int, **kwargs: Any) -> None:
+        super().__init__(max_msg_size=max_message_bytes + 1, **kwargs)
+        self.max_message_bytes = max_message_bytes
 
     async def close(self, *, code: int = WSCloseCode.OK, message: bytes = b"", drain: bool = True) -> bool:
         if code == WSCloseCode.MESSAGE_TOO_BIG and not message:
@@ -98,14 +103,7 @@ class Limits:
     max_backlog_s: float
     max_outbox: int
     idle_timeout_s: float
-    max_message_bytes: int = 0  # > 0: a larger message closes with 1009 (see ws_max_msg_size)
-
-
-def ws_max_msg_size(settings: Settings) -> int:
-    """aiohttp's ``max_msg_size`` for a limit of ``ws_max_message_bytes``: aiohttp refuses a message
-    whose size *reaches* its limit, the documented limit is the largest size accepted. (The reader
-    checks the limit again on the message itself, which also covers compressed messages.)"""
-    return settings.ws_max_message_bytes + 1
+    max_message_bytes: int = 0  # > 0: a larger message closes with 1009 (see LimitedWebSocket)
 
 
 class SocketSession:

@@ -51,7 +51,7 @@ from mediaserver.events import (
 from mediaserver.session import SessionLimitReached, StreamOptions, StreamSession
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.common import loads_json, parse_bool, parse_int, stream_options_from
-from mediaserver.transport.socket_session import Limits, SocketSession, close_reason, ws_max_msg_size
+from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
 from mediaserver.transport.voice import new_assistant, update_assistant
 
 log = logging.getLogger(__name__)
@@ -540,7 +540,7 @@ class WsSession(SocketSession):
 async def stream_handler(request: web.Request) -> web.WebSocketResponse:
     """GET /api/ws/asr: upgrade, register the session, read until it closes, clean up."""
     settings = request.app[SETTINGS]
-    ws = web.WebSocketResponse(heartbeat=settings.ws_heartbeat_s, max_msg_size=ws_max_msg_size(settings))
+    ws = LimitedWebSocket(heartbeat=settings.ws_heartbeat_s, max_message_bytes=settings.ws_max_message_bytes)
     await ws.prepare(request)
     session = WsSession(request.app, ws, settings)
     try:

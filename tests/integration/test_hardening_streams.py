@@ -21,6 +21,7 @@ import websockets
 
 from mediaserver.config import Settings
 from mediaserver.state import SESSIONS
+from mediaserver.transport.realtime.session import max_message_bytes
 from tests.conftest import LiveServer
 from tests.faults import eventually, server_errors
 from tests.rtc_peer import connect, make_offer
@@ -107,6 +108,27 @@ async def test_a_message_of_exactly_the_limit_is_accepted_one_more_byte_is_1009(
         with pytest.raises(websockets.ConnectionClosed) as closed:
             await asyncio.wait_for(client.recv(), 10)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+async def test_realtime_takes_a_message_of_exactly_its_limit(server: LiveServer) -> None:
+    """The same rule on /v1/realtime, whose limit is never below one full audio append (~22 MB)."""
+    limit = max_message_bytes(server.app[SESSIONS].settings)
+    event = '{"type": "no.such.event"}'
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"{server.url}/v1/realtime?intent=transcription", max_msg_size=0) as ws,
+    ):
+        assert (await _ws_next(ws))["type"] == "session.created"
+        await ws.send_str(event + " " * (limit - len(event)))
+        error = await _ws_next(ws, timeout=30)
+        assert error["type"] == "error" and error["error"]["code"] == "invalid_value", error
+    uri = server.url.replace("http://", "ws://") + "/v1/realtime?intent=transcription"
+    async with websockets.connect(uri, max_size=None, compression=None) as client:
+        with pytest.raises(websockets.ConnectionClosed) as closed:  # while sending or after
+            await client.send(event + " " * (limit + 1 - len(event)))
+            await asyncio.wait_for(client.recv(), 30)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+        assert closed.value.rcvd.reason == f"message too big: at most {limit} bytes per message"
 
 
 # --- 8. dead peers and offers that never connect --------------------------------------------------------

@@ -18,6 +18,7 @@ from aiortc import RTCDataChannel, RTCPeerConnection, RTCRtpSender, RTCSessionDe
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtp import RtcpByePacket
 
+from mediaserver.transport.rtc_liveness import ice_connections
 from tests.conftest import Clip, resample_to
 
 RATE = 48000
@@ -137,6 +138,13 @@ class Peer:
 
     def resume(self) -> None:
         self.sender.replaceTrack(self.track)
+
+    def vanish(self) -> None:
+        """The peer's sockets go quiet without a goodbye (no DTLS close, no SCTP abort): what a killed
+        process or a lost network looks like from the server. ``close`` it once the server let go."""
+        for connection in ice_connections(self.pc):
+            for protocol in connection._protocols:
+                protocol.transport.close()
 
 
 async def connect(server: Any, query: str = "", *, direction: str = "sendrecv") -> Peer:

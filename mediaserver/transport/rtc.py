@@ -126,6 +126,37 @@ def can_send_audio(pc: RTCPeerConnection) -> bool:
     )
 
 
+def log_task_failure(task: asyncio.Task[Any], session_id: str) -> None:
+    """A session task's done callback: a failure is logged here (a bug), never left for asyncio to
+    report as "Task exception was never retrieved"."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("session %s: task %s failed", session_id, task.get_name(), exc_info=exc)
+
+
+async def answer_offer(
+    pc: RTCPeerConnection, sdp: str, *, session_id: str, prepare: Callable[[], None], opus_dtx: bool
+) -> str:
+    """Take a client's SDP offer and answer it (no trickle ICE: the answer carries the candidates).
+
+    ``prepare`` runs between the two: it checks what the endpoint needs of the offer (raising an
+    ApiError) and adds outbound tracks. Whatever a mangled offer makes aiortc raise (its parser's
+    asserts, negotiation ValueErrors, errors on a half-built connection) is a 400 naming the problem,
+    logged in one INFO line. On any error the caller closes ``pc`` (``close_peer_connection``).
+    """
+    try:
+        check_offer(sdp)
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        prepare()
+        await pc.setLocalDescription(await pc.createAnswer())
+    except (ApiError, asyncio.CancelledError):
+        raise
+    except Exception as exc:  # aiortc's parser and negotiation: anything a mangled offer makes them raise
+        log.info("session %s: refused the offer: %r", session_id, exc)
+        raise InvalidParameter(sdp_problem(exc), param="sdp") from None
+    answer = pc.localDescription.sdp
+    return with_opus_dtx(answer) if opus_dtx else answer
+
+
 def message(kind: str, text: str | None = None, obj: Any = None) -> str:
     return json.dumps({"type": kind, "message": text, "obj": obj})
 
@@ -169,10 +200,8 @@ class RtcSession:
         return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
-        """Forget a finished task; a failure is logged here (a bug), never left unretrieved."""
         self._tasks.discard(task)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("session %s: task %s failed", self.id, task.get_name(), exc_info=exc)
+        log_task_failure(task, self.id)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
@@ -221,20 +250,10 @@ class RtcSession:
         timeout_s = self.settings.rtc_dead_peer_timeout_s
         if timeout_s <= 0:
             return
-        probing: asyncio.Task[Any] | None = None
-        while not self.closed:
-            await asyncio.sleep(min(0.5, timeout_s / 4))
-            if self.pc.connectionState != "connected":
-                continue  # connecting: watch_connect's business; failed or closed: already closing
-            silent_s = rtc_liveness.silent_for(self.pc)
-            if silent_s is None:
-                continue
-            if silent_s > timeout_s:
-                log.info("session %s: the peer sent nothing for %.1f s, closing", self.id, silent_s)
-                self._spawn(self.aclose(), "rtc-close")
-                return
-            if silent_s > timeout_s / 2 and (probing is None or probing.done()):
-                probing = self._spawn(rtc_liveness.probe(self.pc), "rtc-probe")
+        silent_s = await rtc_liveness.until_silent(self.pc, timeout_s, f"rtc-probe-{self.id}")
+        if silent_s is not None and not self.closed:
+            log.info("session %s: the peer sent nothing for %.1f s, closing", self.id, silent_s)
+            self._spawn(self.aclose(), "rtc-close")
 
     # --- data channel ---------------------------------------------------------------------------
 
@@ -459,21 +478,17 @@ async def offer_handler(request: web.Request) -> web.Response:
     # Check the model name now, so a bad query is a 400 here rather than an error later.
     request.app[ASR].models.resolve(options.model)
     session = RtcSession(request.app, options, settings)
-    request.app[SESSIONS].add(session.id, session)
+
+    def prepare() -> None:
+        if not any(t.kind == "audio" for t in session.pc.getTransceivers()) and session.pc.sctp is None:
+            raise InvalidParameter("the SDP offer has neither an audio track nor a data channel", param="sdp")
+        session.add_outbound_track()
+
     try:
-        try:
-            check_offer(body["sdp"])
-            await session.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type="offer"))
-            if not any(t.kind == "audio" for t in session.pc.getTransceivers()) and session.pc.sctp is None:
-                raise InvalidParameter("the SDP offer has neither an audio track nor a data channel", param="sdp")
-            session.add_outbound_track()
-            answer = await session.pc.createAnswer()
-            await session.pc.setLocalDescription(answer)
-        except (ApiError, asyncio.CancelledError):
-            raise
-        except Exception as exc:  # aiortc's parser and negotiation: anything a mangled offer makes them raise
-            log.info("session %s: refused the offer: %r", session.id, exc)
-            raise InvalidParameter(sdp_problem(exc), param="sdp") from None
+        request.app[SESSIONS].add(session.id, session)  # over the cap: a 503 (with Retry-After)
+        sdp = await answer_offer(
+            session.pc, body["sdp"], session_id=session.id, prepare=prepare, opus_dtx=settings.rtc_opus_dtx
+        )
     except BaseException:
         await session.aclose()
         raise
@@ -481,9 +496,7 @@ async def offer_handler(request: web.Request) -> web.Response:
     session._spawn(session.watch_liveness(), "rtc-liveness")
     session.remote = request.remote or "unknown"
     log.debug("session %s: answered an offer from %s", session.id, session.remote)
-    local = session.pc.localDescription
-    sdp = with_opus_dtx(local.sdp) if settings.rtc_opus_dtx else local.sdp
-    return web.json_response({"sdp": sdp, "type": local.type})
+    return web.json_response({"sdp": sdp, "type": "answer"})
 
 
 async def config_handler(request: web.Request) -> web.Response:

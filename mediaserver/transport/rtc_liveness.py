@@ -4,9 +4,10 @@ aiortc notices a vanished peer (a killed browser tab, a laptop lid closed, a net
 through ICE consent freshness (RFC 7675): aioice checks every ~5 s and gives up after six failures,
 so a dead peer holds its session for 30–34 s. Here every datagram a peer connection's ICE sockets
 receive (STUN, DTLS, SRTP, SRTCP, SCTP: all of it) stamps the time on its ICE connection, and the
-session's watchdog (``RtcSession.watch_liveness``) closes a connected peer that has sent nothing
-for ``rtc_dead_peer_timeout_s``. A live peer is never quiet that long: browsers send their own ICE
-checks every ~2.5 s and answer ours; a paused or DTX track still has those. To be sure, once a peer
+session's watchdog (``until_silent``: ``RtcSession`` on /api/rtc/asr, ``RealtimeCall`` on
+/v1/realtime/calls) closes a connected peer that has sent nothing for ``rtc_dead_peer_timeout_s``.
+A live peer is never quiet that long: browsers send their own ICE checks every ~2.5 s and answer
+ours; a paused or DTX track still has those. To be sure, once a peer
 has been silent for half the timeout the watchdog sends it one ICE consent check (a STUN binding
 request with two retransmissions), which a live peer answers within a round trip; so an idle
 connection costs nothing extra, and a dead one is reaped within the timeout.
@@ -14,12 +15,16 @@ connection costs nothing extra, and a dead one is reaped within the timeout.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
 from typing import Any
 
 from aioice import ice, stun
 from aiortc import RTCPeerConnection
+
+log = logging.getLogger(__name__)
 
 _STAMP = "_mediaserver_last_rx"
 PROBE_RETRANSMISSIONS = 2  # sent at 0, 0.5 and 1.5 s (aioice's RTO doubles from 0.5 s)
@@ -82,3 +87,38 @@ async def probe(pc: RTCPeerConnection) -> bool:
                 )
                 answered = True
     return answered
+
+
+async def until_silent(pc: RTCPeerConnection, timeout_s: float, probe_name: str) -> float | None:
+    """Wait until the connected peer has sent nothing for ``timeout_s``: the seconds it was silent.
+    None when the connection ends first (closed or failed: its owner is closing it already).
+
+    Once the peer has been silent for half the timeout, one consent check (``probe``) makes a live
+    peer answer; the probe runs as a task named ``probe_name`` (so it carries the session id) and
+    ends with this watch.
+    """
+    probing: asyncio.Task[bool] | None = None
+    try:
+        while pc.connectionState not in ("closed", "failed"):
+            await asyncio.sleep(min(0.5, timeout_s / 4))
+            if pc.connectionState != "connected":
+                continue  # still connecting: the connect timeout's business
+            silent_s = silent_for(pc)
+            if silent_s is None:
+                continue
+            if silent_s > timeout_s:
+                return silent_s
+            if silent_s > timeout_s / 2 and (probing is None or probing.done()):
+                probing = asyncio.get_running_loop().create_task(probe(pc), name=probe_name)
+                probing.add_done_callback(_log_failure)
+        return None
+    finally:
+        if probing is not None and not probing.done():
+            probing.cancel()
+
+
+def _log_failure(task: asyncio.Task[bool]) -> None:
+    """``probe`` expects the failures of a vanished peer; anything else is a bug, logged, never left
+    for asyncio to report as "never retrieved"."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("%s failed", task.get_name(), exc_info=exc)

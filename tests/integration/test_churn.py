@@ -1,28 +1,32 @@
-"""Leaks under churn (issue #14): many WebRTC and device WebSocket sessions opened and closed, half
-of them abruptly (a TCP reset mid-stream; a WebRTC peer whose sockets simply go silent; an offer
-whose peer never connects), then the server is back where it started: no session in the registry or
-the gauge, no task and no file descriptor more than before."""
+"""Leaks under churn (issue #14): many WebRTC, device WebSocket and OpenAI Realtime sessions (over
+WebSocket, transcription and conversation, and WebRTC calls) opened and closed, half of them
+abruptly (a TCP reset mid-stream; a WebRTC peer whose sockets simply go silent; an offer whose peer
+never connects), then the server is back where it started: no session in the registry or the
+gauge, no task and no file descriptor more than before."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
 import time
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
 import pytest_asyncio
 
 from mediaserver.state import SESSIONS
-from mediaserver.transport.rtc_liveness import ice_connections
 from tests.conftest import Clip, LiveServer
 from tests.faults import metric_samples, open_fds, server_errors
-from tests.rtc_peer import Peer, connect, make_offer
+from tests.rtc_peer import Peer, connect, connect_call, make_offer
 
 WS_CYCLES = 200
 RTC_CYCLES = 30
+REALTIME_WS_CYCLES = 40
+CALL_CYCLES = 9
 DEAD_PEER_S = 2.0
 CONNECT_TIMEOUT_S = 2.0
 
@@ -52,14 +56,6 @@ async def ws_cycle(server: LiveServer, http: aiohttp.ClientSession, pcm: bytes, 
         await ws.close()
 
 
-def vanish(peer: Peer) -> None:
-    """The peer's sockets go quiet without a goodbye (no DTLS close, no SCTP abort): what a killed
-    process or a lost network looks like from the server."""
-    for connection in ice_connections(peer.pc):
-        for protocol in connection._protocols:
-            protocol.transport.close()
-
-
 async def rtc_cycle(server: LiveServer, kind: str, clip: Clip) -> Peer | None:
     if kind == "never connects":
         pc, sdp = await make_offer()
@@ -78,8 +74,42 @@ async def rtc_cycle(server: LiveServer, kind: str, clip: Clip) -> Peer | None:
     if kind == "closes":
         await peer.close()
         return None
-    vanish(peer)
+    peer.vanish()
     return peer  # closed by the caller once the server has let go of it
+
+
+async def realtime_ws_cycle(server: LiveServer, http: aiohttp.ClientSession, audio: str, n: int) -> None:
+    """A Realtime session over WebSocket (transcription or conversation), some audio, then gone."""
+    query = "intent=transcription" if n % 4 < 2 else "model=gpt-realtime"
+    ws = await http.ws_connect(f"{server.url}/v1/realtime?{query}", max_msg_size=0)
+    assert (await ws.receive_json(timeout=30))["type"] == "session.created"
+    await ws.send_json({"type": "input_audio_buffer.append", "audio": audio})
+    if n % 2:
+        ws._response.connection.transport.abort()  # type: ignore[union-attr]
+    await ws.close()
+
+
+async def call_cycle(server: LiveServer, kind: str, clip: Clip) -> Peer | None:
+    """An OpenAI Realtime call (/v1/realtime/calls) that closes, vanishes or never connects."""
+    if kind == "never connects":
+        pc, sdp = await make_offer()
+        await pc.close()
+        headers = {"Content-Type": "application/sdp"}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{server.url}/v1/realtime/calls", data=sdp, headers=headers) as resp,
+        ):
+            assert resp.status == 201
+        return None
+    peer, _ = await connect_call(server, raw_sdp=True)
+    await peer.next("session.created")
+    peer.track.play(clip, silence_after_s=0.0)
+    await asyncio.sleep(0.5)
+    if kind == "closes":
+        await peer.close()
+        return None
+    peer.vanish()
+    return peer
 
 
 async def settled(server: LiveServer, baseline_tasks: int, baseline_fds: int, timeout_s: float) -> None:
@@ -114,6 +144,9 @@ async def test_ws_and_rtc_churn_leaves_nothing_behind(
         started = time.monotonic()
         for batch in range(0, WS_CYCLES, 10):
             await asyncio.gather(*(ws_cycle(churn_server, http, pcm, abrupt=(batch + i) % 2 == 1) for i in range(10)))
+        audio24k = base64.b64encode(np.repeat(np.frombuffer(pcm, "<i2"), 3)[::2].tobytes()).decode()  # 16 → 24 kHz
+        for batch in range(0, REALTIME_WS_CYCLES, 8):
+            await asyncio.gather(*(realtime_ws_cycle(churn_server, http, audio24k, batch + i) for i in range(8)))
         ws_s = time.monotonic() - started
 
     started = time.monotonic()
@@ -121,6 +154,9 @@ async def test_ws_and_rtc_churn_leaves_nothing_behind(
     vanished: list[Peer] = []
     for batch in range(0, RTC_CYCLES, 6):
         peers = await asyncio.gather(*(rtc_cycle(churn_server, kinds[(batch + i) % 3], clip) for i in range(6)))
+        vanished += [p for p in peers if p is not None]
+    for batch in range(0, CALL_CYCLES, 3):
+        peers = await asyncio.gather(*(call_cycle(churn_server, kinds[(batch + i) % 3], clip) for i in range(3)))
         vanished += [p for p in peers if p is not None]
     await settled_sessions(churn_server, DEAD_PEER_S + CONNECT_TIMEOUT_S + 10)
     rtc_s = time.monotonic() - started
@@ -130,7 +166,10 @@ async def test_ws_and_rtc_churn_leaves_nothing_behind(
     await settled(churn_server, baseline_tasks, baseline_fds, 15)
     samples = await metric_samples(churn_server.url)
     assert samples[("mediaserver_sessions", ())] == 0
-    print(f"{WS_CYCLES} WebSocket cycles in {ws_s:.1f} s, {RTC_CYCLES} WebRTC cycles reaped in {rtc_s:.1f} s")
+    print(
+        f"{WS_CYCLES} device and {REALTIME_WS_CYCLES} Realtime WebSocket cycles in {ws_s:.1f} s, "
+        f"{RTC_CYCLES} WebRTC and {CALL_CYCLES} Realtime call cycles reaped in {rtc_s:.1f} s"
+    )
     assert server_errors(caplog) == []
 
 

@@ -1,8 +1,9 @@
 """Fuzzing the WebRTC transport, seeded and bounded: mangled SDP offers (captured aiortc and Chromium
 offers, with and without a data channel, every audio direction: truncated after every line, every
-line deleted, some duplicated, seeded mutations) and random control JSON on the data channel.
-Only documented answers may come back (200 with an answer, or a 400 naming the SDP; ``error``
-messages on the channel), nothing is logged at ERROR, and a real session works right after."""
+line deleted, some duplicated, seeded mutations) to /api/rtc/asr and to OpenAI Realtime calls
+(/v1/realtime/calls), and random control JSON on the data channel. Only documented answers may come
+back (200/201 with an answer, or a 400 naming the SDP; ``error`` messages on the channel), nothing
+is logged at ERROR, and a real session works right after."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from mediaserver.state import SESSIONS
 from tests.conftest import LiveServer
 from tests.faults import eventually, open_fds, server_errors
 from tests.fuzzgen import control_messages, sdp_fixtures, sdp_mutations, sdp_sweeps
-from tests.rtc_peer import connect
+from tests.rtc_peer import connect, connect_call
 
 SEED = 14
 CONNECT_TIMEOUT_S = 1.0  # answered offers nobody connects to give their slot back quickly
@@ -84,6 +85,55 @@ async def test_sdp_fuzz(fuzz_server: LiveServer, caplog: pytest.LogCaptureFixtur
     finally:
         await peer.close()
     # Every answered offer gives its slot back, and no refused one left a socket open.
+    await eventually(lambda: len(fuzz_server.app[SESSIONS]) == 0, CONNECT_TIMEOUT_S + 15)
+    await eventually(lambda: open_fds() <= fds_before, 10)
+    assert server_errors(caplog) == []
+
+
+def call_sdp_cases() -> list[tuple[str, str]]:
+    """For /v1/realtime/calls: every fixture as captured, without each line in turn, and mutated."""
+    rng = random.Random(SEED + 2)
+    cases: list[tuple[str, str]] = []
+    for name, sdp in sdp_fixtures().items():
+        cases.append((f"{name}: as captured", sdp))
+        cases += [(f"{name}: {c}", m) for c, m in sdp_sweeps(sdp, truncate=False, delete=True, duplicate=False)]
+        cases += [(f"{name}: {c}", m) for c, m in sdp_mutations(sdp, rng, 10)]
+    return cases
+
+
+async def test_realtime_calls_sdp_fuzz(fuzz_server: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
+    """The same offers as raw SDP bodies to OpenAI Realtime calls: 201 with an answer or a 400."""
+    cases = call_sdp_cases()
+    assert 200 <= len(cases) <= 400
+    fds_before = open_fds()
+    limit = asyncio.Semaphore(8)
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as http:
+
+        async def offer(label: str, sdp: str) -> tuple[str, int, Any]:
+            headers = {"Content-Type": "application/sdp"}
+            async with limit, http.post(f"{fuzz_server.url}/v1/realtime/calls", data=sdp, headers=headers) as r:
+                return label, r.status, await (r.json() if r.status >= 400 else r.text())
+
+        outcomes = await asyncio.gather(*(offer(label, sdp) for label, sdp in cases))
+    counts = Counter(status for _, status, _ in outcomes)
+    print(f"{len(cases)} call offers in {time.monotonic() - started:.1f} s: {dict(counts)}")
+    for label, status, body in outcomes:
+        assert status in (201, 400), (label, status, body)
+        if status == 400:
+            error = body["error"]
+            assert error["code"] == "invalid_parameter" and "SDP" in error["message"], (label, body)
+            assert "NoneType" not in error["message"], (label, body)
+        else:
+            assert body.startswith("v=0"), (label, body)
+        if label.endswith("as captured") and "datachannel" in label:
+            assert status == 201, (label, body)
+    assert counts[400] >= 50 and counts[201] >= 20
+    peer, _ = await connect_call(fuzz_server, raw_sdp=True)  # a real call right after works
+    try:
+        assert (await peer.next("session.created", timeout=10))["type"] == "session.created"
+    finally:
+        await peer.close()
     await eventually(lambda: len(fuzz_server.app[SESSIONS]) == 0, CONNECT_TIMEOUT_S + 15)
     await eventually(lambda: open_fds() <= fds_before, 10)
     assert server_errors(caplog) == []

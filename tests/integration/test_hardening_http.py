@@ -73,6 +73,70 @@ async def test_malformed_offers_are_400_and_leave_nothing_behind(
     assert server_errors(caplog) == []
 
 
+def _call_form(sdp: str, session: str | None = None, boundary: str = "cut") -> bytes:
+    """The multipart form the openai SDK posts to /v1/realtime/calls."""
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="sdp"\r\n\r\n{sdp}\r\n']
+    if session is not None:
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="session"\r\n\r\n{session}\r\n')
+    return ("".join(parts) + f"--{boundary}--\r\n").encode()
+
+
+FORM = "multipart/form-data; boundary=cut"
+
+
+@pytest.mark.parametrize(
+    ("mangle", "content_type", "message_part"),
+    [
+        (lambda sdp: b"v=0\r\nm=audio", "application/sdp", "malformed SDP offer"),
+        (lambda sdp: _without(sdp, "a=sendrecv").encode(), "application/sdp", "malformed SDP"),
+        (lambda sdp: _without(sdp, "a=mid:0").encode(), "application/sdp", "malformed SDP"),
+        (lambda sdp: _without(sdp, "a=fingerprint").encode(), "application/sdp", "a=fingerprint"),
+        (lambda sdp: _call_form(_without(sdp, "a=mid:0")), FORM, "malformed SDP"),
+        (lambda sdp: _call_form(sdp, NESTED), FORM, "'session' must be a JSON object"),  # RecursionError
+        (lambda sdp: _call_form(sdp)[:-12], FORM, "malformed multipart"),  # cut before the closing boundary
+        (lambda sdp: b"garbage", FORM, "malformed multipart"),  # no starting boundary
+        (lambda sdp: _call_form(sdp), "multipart/form-data", "malformed multipart"),  # no boundary parameter
+    ],
+    ids=[
+        "truncated",
+        "no-direction",
+        "no-mid",
+        "no-fingerprint",
+        "form-no-mid",
+        "form-nested-session",
+        "form-cut",
+        "form-garbage",
+        "form-no-boundary",
+    ],
+)
+async def test_malformed_realtime_calls_are_400_and_leave_nothing_behind(
+    server: LiveServer,
+    caplog: pytest.LogCaptureFixture,
+    mangle: Callable[[str], bytes],
+    content_type: str,
+    message_part: str,
+) -> None:
+    """The same for OpenAI Realtime calls (POST /v1/realtime/calls): the raw SDP body or the SDK's form."""
+    pc, sdp = await make_offer()
+    try:
+        body = mangle(sdp)
+    finally:
+        await pc.close()
+    sessions_before, fds_before = set(server.app[SESSIONS].ids()), open_fds()
+    headers = {"Content-Type": content_type}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{server.url}/v1/realtime/calls", data=body, headers=headers) as resp,
+    ):
+        assert resp.status == 400, await resp.text()
+        error = (await resp.json())["error"]
+    assert error["code"] == "invalid_parameter" and message_part in error["message"], error
+    assert "NoneType" not in error["message"] and "not in list" not in error["message"]
+    assert not set(server.app[SESSIONS].ids()) - sessions_before
+    await eventually(lambda: open_fds() <= fds_before, 5)
+    assert server_errors(caplog) == []
+
+
 # --- 2. Content-Encoding that the body does not match --------------------------------------------------
 
 
@@ -91,6 +155,7 @@ ENDPOINTS = {
     "/api/asr": ("form", "audio_file"),
     "/v1/audio/transcriptions": ("form", "file"),
     "/api/rtc/asr": ("json", None),
+    "/v1/realtime/calls": ("sdp", None),
 }
 
 
@@ -105,6 +170,8 @@ async def test_a_body_that_is_not_what_its_content_encoding_says_is_400(
         body, content_type = await _form_bytes(field, speech("kitchen").wav_bytes(), {"model": "whisper-1"})
     elif kind == "json":
         body, content_type = json.dumps({"type": "offer", "sdp": "v=0"}).encode(), "application/json"
+    elif kind == "sdp":
+        body, content_type = b"v=0\r\n", "application/sdp"
     else:
         body, content_type = speech("kitchen").pcm16k_bytes, "application/octet-stream"
     headers = {"Content-Encoding": encoding, "Content-Type": content_type}
@@ -179,6 +246,12 @@ async def test_the_session_cap_is_a_503_with_retry_after(server_factory: Any) ->
             async with http.post(f"{capped.url}/api/rtc/asr", json={"type": "offer", "sdp": sdp}) as resp:
                 assert resp.status == 503
                 assert (await resp.json())["code"] == "too_many_sessions"
+                assert resp.headers["Retry-After"] == "7"
+            async with http.post(
+                f"{capped.url}/v1/realtime/calls", data=sdp, headers={"Content-Type": "application/sdp"}
+            ) as resp:
+                assert resp.status == 503
+                assert (await resp.json())["error"]["code"] == "too_many_sessions"
                 assert resp.headers["Retry-After"] == "7"
             async with http.get(f"{capped.url}/v1/realtime", headers={"Upgrade": "websocket"}) as resp:
                 assert resp.status in (503, 426)

@@ -24,7 +24,7 @@ from mediaserver.state import SESSIONS
 from mediaserver.transport.realtime.session import max_message_bytes
 from tests.conftest import LiveServer
 from tests.faults import eventually, server_errors
-from tests.rtc_peer import connect, make_offer
+from tests.rtc_peer import connect, connect_call, make_offer
 
 NESTED = "[" * 5000 + "]" * 5000
 REPO = Path(__file__).resolve().parents[2]
@@ -164,6 +164,28 @@ async def test_a_killed_peer_is_reaped_within_the_dead_peer_timeout(
     took = await eventually(lambda: not set(server.app[SESSIONS].ids()) & new, timeout_s + 3)
     print(f"dead peer reaped {took:.1f} s after SIGKILL (rtc_dead_peer_timeout_s={timeout_s:g})")
     assert time.monotonic() - killed_at >= timeout_s * 0.9  # not before the timeout: a quiet peer is no dead peer
+    assert server_errors(caplog) == []
+
+
+async def test_a_vanished_realtime_call_is_reaped_within_the_dead_peer_timeout(
+    server_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same watchdog on OpenAI Realtime calls (/v1/realtime/calls): without it a call whose peer
+    vanished held its session, its conversation and its tracks until ICE consent expired (30-34 s)."""
+    timeout_s = 2.0
+    quick: LiveServer = await server_factory(rtc_dead_peer_timeout_s=timeout_s, wyoming_enabled=False)
+    peer, location = await connect_call(quick)
+    call_id = location.rsplit("/", 1)[1]
+    try:
+        await peer.next("session.created", timeout=10)
+        await asyncio.sleep(0.5)  # connected, audio flowing
+        peer.vanish()
+        took = await eventually(lambda: call_id not in quick.app[SESSIONS].ids(), timeout_s + 3)
+    finally:
+        await peer.close()
+    print(f"vanished call reaped after {took:.1f} s (rtc_dead_peer_timeout_s={timeout_s:g})")
+    assert took >= timeout_s * 0.9
+    await eventually(lambda: not [t for t in asyncio.all_tasks() if call_id in t.get_name()], 2)
     assert server_errors(caplog) == []
 
 

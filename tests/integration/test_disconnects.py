@@ -1,7 +1,8 @@
 """A client that goes away at every stage (issue #14): mid-upload, after the upload before the answer,
-mid-stream, after ``stop`` before the final, mid-answer in the voice loop, on every transport. Each
-time the server has let go of everything within 2 s (the session, its tasks, queued ASR work, the
-LLM generation, the TTS sentences) and logged nothing at ERROR.
+mid-stream, after ``stop`` before the final, mid-answer (the voice loop on WebRTC and the device
+socket, OpenAI Realtime conversations over WebSocket and WebRTC calls, streamed chat completions and
+speech), on every transport. Each time the server has let go of everything within 2 s (the session,
+its tasks, queued ASR work, the LLM generation, the TTS sentences) and logged nothing at ERROR.
 
 A WebRTC peer that closes says so (DTLS close, SCTP abort) and is gone at once; one that vanishes
 without a word is found by the dead-peer watchdog (``rtc_dead_peer_timeout_s``, tested with a
@@ -27,7 +28,7 @@ from mediaserver.tts.service import TtsService
 from tests.conftest import Clip, LiveServer
 from tests.faults import eventually, requests_with_status, server_errors
 from tests.integration.test_voice_loop import LONG_QUESTION, VOICE_SETTINGS, llm_busy, tts_open_streams
-from tests.rtc_peer import Peer, connect
+from tests.rtc_peer import Peer, connect, connect_call
 
 CLEANUP_S = 2.0
 SENTENCE = "Please remind me to call my mother tomorrow morning."
@@ -101,6 +102,40 @@ async def test_http_hang_up_while_the_llm_answers(
     await eventually(lambda: llm_busy(llm_service), 30, interval_s=0.01)
     writer.transport.abort()
     await eventually(lambda: not llm_busy(llm_service), CLEANUP_S)
+    assert server_errors(caplog) == []
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/audio/speech"])
+async def test_http_hang_up_mid_streamed_answer(
+    voice_server: LiveServer,
+    caplog: pytest.LogCaptureFixture,
+    llm_service: LlmService,
+    tts_service: TtsService,
+    path: str,
+) -> None:
+    """A streamed answer (server-sent chat deltas; speech audio sentence by sentence): the client reads
+    the first bytes and goes away; the generation or the synthesis stops."""
+    if path == "/v1/chat/completions":
+        request: dict[str, Any] = {
+            "model": "gpt-4o-mini",
+            "max_tokens": 1000,
+            "stream": True,
+            "messages": [{"role": "user", "content": LONG_QUESTION}],
+        }
+    else:
+        request = {"model": "tts-1", "voice": "alloy", "input": " ".join([SENTENCE, LONG_QUESTION] * 8)}
+    body = json.dumps(request).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    reader, writer = await asyncio.open_connection(voice_server.host, voice_server.port)
+    writer.write(head.encode() + body)
+    await writer.drain()
+    received = b""
+    async with asyncio.timeout(60):
+        while b"\r\n\r\n" not in received or len(received) < received.index(b"\r\n\r\n") + 200:
+            received += await reader.read(4096)  # the headers and the first of the answer
+    assert received.startswith(b"HTTP/1.1 200"), received[:200]
+    writer.transport.abort()
+    await eventually(lambda: not llm_busy(llm_service) and tts_open_streams(tts_service) == 0, CLEANUP_S)
     assert server_errors(caplog) == []
 
 
@@ -244,6 +279,44 @@ async def test_realtime_hang_up_mid_stream(
         await _ws_until(ws, "input_audio_buffer.speech_started")
         _abort(ws)
         await _all_gone(voice_server, session_id)
+    assert server_errors(caplog) == []
+
+
+async def test_realtime_conversation_hang_up_mid_answer(
+    voice_server: LiveServer, caplog: pytest.LogCaptureFixture, llm_service: LlmService, tts_service: TtsService
+) -> None:
+    before = set(voice_server.app[SESSIONS].ids())
+    async with aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(f"{voice_server.url}/v1/realtime?model=gpt-realtime", max_msg_size=0)
+        session_id = await _rtc_session(voice_server, before)
+        await ws.send_json({"type": "session.update", "session": {"type": "realtime", "instructions": "Tell stories."}})
+        user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": LONG_QUESTION}]}
+        await ws.send_json({"type": "conversation.item.create", "item": user})
+        await ws.send_json({"type": "response.create"})
+        await _ws_until(ws, "response.output_audio.delta")  # the answer is being spoken (and still written)
+        _abort(ws)
+        await _all_gone(voice_server, session_id)
+    await eventually(lambda: not llm_busy(llm_service) and tts_open_streams(tts_service) == 0, CLEANUP_S)
+    assert server_errors(caplog) == []
+
+
+async def test_realtime_call_hang_up_mid_answer(
+    voice_server: LiveServer,
+    caplog: pytest.LogCaptureFixture,
+    speech: Callable[[str], Clip],
+    llm_service: LlmService,
+    tts_service: TtsService,
+) -> None:
+    peer, location = await connect_call(voice_server, raw_sdp=True)
+    session_id = location.rsplit("/", 1)[1]
+    try:
+        await peer.next("session.created")
+        peer.track.play(speech(LONG_QUESTION), silence_after_s=1.0)
+        await peer.next("output_audio_buffer.started", timeout=60)  # the answer plays on the track
+    finally:
+        await peer.close()
+    await _all_gone(voice_server, session_id)
+    await eventually(lambda: not llm_busy(llm_service) and tts_open_streams(tts_service) == 0, CLEANUP_S)
     assert server_errors(caplog) == []
 
 

@@ -157,6 +157,27 @@ class Settings(BaseSettings):
         1.0, ge=0, description="and only when encoding each waiting job alone would take longer than this"
     )
     asr_speech_pad_ms: int = Field(300, ge=0, le=2000)
+    asr_encoder_max_windows: int = Field(
+        2,
+        ge=0,
+        description="on the CPU, windows per encoder call (a batch is encoded in chunks: same result, the "
+        "attention memory of a chunk, not of the batch); 0 = the whole batch at once",
+    )
+    asr_replicas: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="CTranslate2 replicas of each local model (weights shared); the scheduler runs this many "
+        "batches at once, so one batch's decoding overlaps the next one's encoding; on the CPU the threads "
+        "(cpu_threads) are split between them",
+    )
+    asr_partial_window_s: float = Field(
+        10.0,
+        ge=1.0,
+        le=30.0,
+        description="encoder window of partial transcripts (doubled while the speech does not fit; "
+        "finals keep Whisper's 30 s); 30 = the full window",
+    )
 
     # --- streaming sessions (WebRTC, WebSocket, Realtime) --------------------------------------
     max_sessions: int = Field(64, ge=1)
@@ -166,7 +187,22 @@ class Settings(BaseSettings):
     stream_vad_preroll_ms: int = Field(300, ge=0, description="audio kept from before speech starts")
     stream_min_speech_ms: int = Field(200, ge=0, description="shorter bursts are ignored")
     stream_max_utterance_s: float = Field(28.0, gt=1.0, le=29.5)
-    stream_partial_interval_ms: int = Field(600, ge=100)
+    stream_partial_interval_ms: int = Field(
+        300, ge=50, description="a partial decode starts at most this often (from the start of the last one)"
+    )
+    stream_partial_agreement: int = Field(
+        2, ge=2, le=5, description="consecutive partial hypotheses that must agree on a word before it is sent"
+    )
+    stream_partial_min_audio_ms: int = Field(
+        500, ge=100, description="the first partial decode starts once the utterance (with pre-roll) is this long"
+    )
+    stream_final_early_ms: int = Field(
+        300,
+        ge=0,
+        description="start the final this long before the utterance ends: once the speech has been silent for "
+        "stream_vad_hangover_ms minus this, the final is decoded on the audio so far (speech that resumes cancels "
+        "it), so it is ready about when the utterance ends; 0 = decode after the end",
+    )
     stream_gap_fill_ms: int = Field(
         120,
         ge=0,

@@ -15,6 +15,7 @@ cancels every task the session started.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -40,6 +41,7 @@ from mediaserver.events import (
     SpeechStarted,
     SpeechStopped,
     StreamError,
+    Transcript,
     TranscriptionOptions,
 )
 from mediaserver.metrics import Metrics
@@ -70,6 +72,21 @@ def segmenter_config(settings: Settings, **overrides: int | float) -> SegmenterC
     }
     values.update(overrides)
     return SegmenterConfig(**values)  # type: ignore[arg-type]
+
+
+@dataclass
+class _EarlyFinal:
+    """A final decoded during the trailing silence, before the segmenter ends the utterance.
+
+    It is the utterance's final if the utterance ends on this silence: then its audio is
+    ``samples`` long plus exactly the rest of the hangover (any voiced frame would have restarted
+    the silence and made the utterance longer).
+    """
+
+    task: asyncio.Task[Transcript]
+    samples: int
+    silence_ms: int
+    committed: str
 
 
 def _words(text: str) -> list[str]:
@@ -129,8 +146,11 @@ class StreamSession:
         self._recording = False
         self._recorded: list[AudioArray] = []
         self._committed = ""  # partial text already sent for the current utterance
-        self._last_hypothesis = ""
+        self._hypotheses: collections.deque[str] = collections.deque(
+            maxlen=max(1, settings.stream_partial_agreement - 1)
+        )
         self._partial_task: asyncio.Task[None] | None = None
+        self._early_final: _EarlyFinal | None = None
         self._tasks: set[asyncio.Task[object]] = set()
         self._final_chain: asyncio.Future[None] | None = None
         self._closed = False
@@ -182,6 +202,51 @@ class StreamSession:
         async with self._segment_lock:  # the gap watcher pushes too: keep events in stream order
             for event in self._segmenter.push(samples):
                 await self._on_segment(event)
+            self._watch_trailing_silence()
+
+    def _watch_trailing_silence(self) -> None:
+        """Start the final early once the speech has been silent long enough; drop it if speech resumed."""
+        early = self._early_final
+        silence_ms = self._segmenter.silence_ms
+        if early is not None and self._segmenter.in_speech and silence_ms < early.silence_ms:
+            self._drop_early_final()  # voiced again: this silence was a pause, not the end
+            early = None
+        early_ms = self.settings.stream_final_early_ms
+        if early_ms <= 0 or early is not None or not self._segmenter.in_speech or self._closed:
+            return
+        config = self._segmenter.config
+        if silence_ms < max(config.frame_ms, config.hangover_ms - early_ms):
+            return
+        self._cancel_partials()  # the committed text must not change under the early final
+        audio = self._segmenter.current_audio()
+        committed = self._committed
+        options = replace(self.options.transcription, prefix=committed or None)
+        task = asyncio.get_running_loop().create_task(
+            self.asr.transcribe(audio, options, model=self.options.model, priority=Priority.FINAL),
+            name=f"early-final-{self.id}",
+        )
+        task.add_done_callback(_retrieve_exception)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self._early_final = _EarlyFinal(task, audio.size, silence_ms, committed)
+
+    def _drop_early_final(self) -> None:
+        if self._early_final is not None:
+            self._early_final.task.cancel()
+            self._early_final = None
+
+    def _take_early_final(self, utterance: Utterance) -> _EarlyFinal | None:
+        """The early final if it is this utterance's (it ended on the silence the final started in)."""
+        early, self._early_final = self._early_final, None
+        if early is None:
+            return None
+        config = self._segmenter.config
+        ending_silence_ms = -(-config.hangover_ms // config.frame_ms) * config.frame_ms  # whole frames
+        rest = (ending_silence_ms - early.silence_ms) * SAMPLE_RATE_HZ // 1000
+        if utterance.reason == "silence" and utterance.audio.size == early.samples + rest:
+            return early
+        early.task.cancel()
+        return None
 
     def _ensure_gap_watch(self) -> None:
         if self.settings.stream_gap_fill_ms <= 0 or self._gap_task is not None or self._closed:
@@ -218,9 +283,10 @@ class StreamSession:
             await self._emit(SpeechStarted(event.start_ms))
         elif isinstance(event, Utterance):
             await self._emit(SpeechStopped(event.end_ms))
-            self._submit_final(event.audio, event.start_ms, event.end_ms)
+            self._submit_final(event.audio, event.start_ms, event.end_ms, early=self._take_early_final(event))
         else:
             self._cancel_partials()
+            self._drop_early_final()
             await self._emit(SpeechStopped(event.end_ms, discarded=True))
 
     # --- push-to-talk ---------------------------------------------------------------------------
@@ -256,6 +322,7 @@ class StreamSession:
         event = self._segmenter.flush()
         if event is None:
             return None
+        self._drop_early_final()  # committed now: the whole audio, as it is
         if isinstance(event, Discarded):
             self._cancel_partials()
             await self._emit(SpeechStopped(event.end_ms, discarded=True))
@@ -273,21 +340,23 @@ class StreamSession:
         self._recorded = []
         self._segmenter.reset()
         self._cancel_partials()
+        self._drop_early_final()
         self._committed = ""
-        self._last_hypothesis = ""
+        self._hypotheses.clear()
 
     # --- transcription ------------------------------------------------------------------------
 
     def _begin_utterance(self) -> None:
         self._cancel_partials()
+        self._drop_early_final()
         self._committed = ""
-        self._last_hypothesis = ""
+        self._hypotheses.clear()
 
     def _current_audio(self) -> AudioArray:
         return self.recorded_audio() if not self.options.server_vad else self._segmenter.current_audio()
 
     def _ensure_partials(self) -> None:
-        if not self.options.partials or self._partial_task is not None or self._closed:
+        if not self.options.partials or self._partial_task is not None or self._early_final is not None or self._closed:
             return
         self._partial_task = asyncio.get_running_loop().create_task(self._partials_loop(), name=f"partials-{self.id}")
 
@@ -297,15 +366,25 @@ class StreamSession:
             self._partial_task = None
 
     async def _partials_loop(self) -> None:
+        """Partial decodes on a fixed cadence: one starts ``stream_partial_interval_ms`` after the
+        last one started (or as soon as it returns, if it took longer), the first once the
+        utterance holds ``stream_partial_min_audio_ms`` of audio."""
         interval_s = self.settings.stream_partial_interval_ms / 1000.0
+        min_samples = self.settings.stream_partial_min_audio_ms * SAMPLE_RATE_HZ // 1000
         last_size = 0
+        next_at = 0.0
         try:
             while self.in_speech and not self._closed:
-                await asyncio.sleep(interval_s)
                 audio = self._current_audio()
-                if audio.size <= last_size or audio.size < SAMPLE_RATE_HZ // 2:
+                now = time.monotonic()
+                wait_s = max(next_at - now, (min_samples - audio.size) / SAMPLE_RATE_HZ)
+                if audio.size <= last_size:
+                    wait_s = max(wait_s, 0.02)
+                if wait_s > 0:
+                    await asyncio.sleep(wait_s)
                     continue
                 last_size = audio.size
+                next_at = now + interval_s
                 options = replace(self.options.transcription, prefix=self._committed or None)
                 try:
                     result = await self.asr.transcribe(
@@ -329,9 +408,16 @@ class StreamSession:
                 self._partial_task = None
 
     async def _advance_partial(self, hypothesis: str) -> None:
-        """Send the words two consecutive hypotheses agree on, beyond what was already sent."""
-        agreed = _words(_agreed_prefix(self._last_hypothesis, hypothesis))
-        self._last_hypothesis = hypothesis
+        """Send the words ``stream_partial_agreement`` consecutive hypotheses agree on, beyond what
+        was already sent."""
+        earlier = list(self._hypotheses)
+        self._hypotheses.append(hypothesis)
+        if len(earlier) < max(1, self.settings.stream_partial_agreement - 1):
+            return
+        agreed_text = hypothesis
+        for other in earlier:
+            agreed_text = _agreed_prefix(other, agreed_text)
+        agreed = _words(agreed_text)
         committed = _words(self._committed)
         if len(agreed) <= len(committed) or agreed[: len(committed)] != committed:
             return
@@ -341,21 +427,29 @@ class StreamSession:
         self._committed += delta
         await self._emit(PartialTranscript(delta, self._committed))
 
-    def _submit_final(self, audio: AudioArray, start_ms: int, end_ms: int) -> None:
-        """Queue a final without blocking the audio path; finals of a session arrive in order."""
+    def _submit_final(self, audio: AudioArray, start_ms: int, end_ms: int, *, early: _EarlyFinal | None = None) -> None:
+        """Queue a final without blocking the audio path; finals of a session arrive in order.
+
+        With ``early``, the final decoded during the trailing silence is this utterance's.
+        """
         previous = self._final_chain
         committed = self._committed
+        if early is not None and early.committed != committed:
+            early.task.cancel()
+            early = None
         ended_at = time.monotonic()
         self._cancel_partials()
         self._committed = ""
-        self._last_hypothesis = ""
+        self._hypotheses.clear()
 
         async def run() -> None:
             if previous is not None:
                 with contextlib.suppress(Exception):
                     await previous
             try:
-                await self._final(audio, start_ms, end_ms, committed=committed, ended_at=ended_at)
+                await self._final(
+                    audio, start_ms, end_ms, committed=committed, ended_at=ended_at, early=early.task if early else None
+                )
             except ApiError:
                 pass  # _final already reported it as a StreamError
             except Exception:
@@ -375,15 +469,33 @@ class StreamSession:
         *,
         committed: str | None = None,
         ended_at: float | None = None,
+        early: asyncio.Task[Transcript] | None = None,
     ) -> FinalTranscript:
-        """Transcribe an utterance; ``ended_at`` is when its speech ended (monotonic)."""
+        """Transcribe an utterance; ``ended_at`` is when its speech ended (monotonic).
+
+        ``early`` is its transcription already under way (started in the trailing silence); if
+        that failed, the utterance is transcribed again here.
+        """
         ended_at = time.monotonic() if ended_at is None else ended_at
         committed = self._committed if committed is None else committed
         self._cancel_partials()
         started = time.perf_counter()
         options = replace(self.options.transcription, prefix=committed or None)
+        transcript: Transcript | None = None
+        if early is not None:
+            try:
+                transcript = await early
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+            except Exception:
+                log.debug("session %s: the early final failed; transcribing again", self.id)
         try:
-            transcript = await self.asr.transcribe(audio, options, model=self.options.model, priority=Priority.FINAL)
+            if transcript is None:
+                transcript = await self.asr.transcribe(
+                    audio, options, model=self.options.model, priority=Priority.FINAL
+                )
         except ApiError as exc:
             await self._emit(StreamError(exc.message, exc.code, start_ms, end_ms))
             raise
@@ -397,7 +509,7 @@ class StreamSession:
         final = FinalTranscript(transcript, delta, start_ms, end_ms, (time.perf_counter() - started) * 1000.0)
         if committed == self._committed:
             self._committed = ""
-            self._last_hypothesis = ""
+            self._hypotheses.clear()
         await self._emit(final)
         if self.assistant is not None and text.strip() and not self._closed:
             self.assistant.observe_transcript(time.monotonic() - ended_at)
@@ -409,6 +521,7 @@ class StreamSession:
             return
         self._closed = True
         self._cancel_partials()
+        self._drop_early_final()
         if self._gap_task is not None:
             self._gap_task.cancel()
             self._gap_task = None
@@ -418,6 +531,12 @@ class StreamSession:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+
+
+def _retrieve_exception(task: asyncio.Task[Transcript]) -> None:
+    """An early final that is dropped or fails is not an error of its own (the final retries)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class SessionLimitReached(ApiError):

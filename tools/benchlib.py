@@ -48,9 +48,15 @@ def median(values: Sequence[float]) -> float:
 
 @contextlib.contextmanager
 def child_server(
-    log_path: Path, startup_timeout_s: float, env_overrides: Mapping[str, str] | None = None
+    log_path: Path,
+    startup_timeout_s: float,
+    env_overrides: Mapping[str, str] | None = None,
+    cwd: Path = REPO,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``python -m mediaserver`` on free loopback ports (HTTP, HTTPS, Wyoming); yields (url, process)."""
+    """``python -m mediaserver`` on free loopback ports (HTTP, HTTPS, Wyoming); yields (url, process).
+
+    ``cwd`` is the source tree the server runs from (another commit unpacked somewhere, say).
+    """
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +69,9 @@ def child_server(
         env.setdefault("MEDIASERVER_WYOMING_HOST", "127.0.0.1")
         env.setdefault("MEDIASERVER_WYOMING_PORT", str(free_port()))
         env.update(env_overrides or {})
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        if cwd != REPO:
+            env["PYTHONPATH"] = str(cwd)
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + startup_timeout_s
             while get_json(f"{url}/health") is None:

@@ -58,6 +58,8 @@ class Window:
     options: TranscriptionOptions
     with_timestamps: bool
     language: str | None = None
+    # Seconds of mel frames the encoder sees: Whisper's 30 s, or a shorter window for a partial.
+    encoder_s: float = WINDOW_S
 
     @property
     def packed(self) -> bool:
@@ -80,6 +82,8 @@ class WindowOutput:
     # Window time up to which the text is final. Whisper drops a segment it could not finish
     # (usually the last one in a full window); the audio after this point must be decoded again.
     complete_until_s: float = float("inf")
+    # The decode stopped at its token cap, not at end-of-text (a short window's run-on decode).
+    capped: bool = False
 
     @property
     def is_silence(self) -> bool:
@@ -159,6 +163,30 @@ class PackingPolicy:
         cost = elapsed_s / windows
         current = self.encode_s_per_window
         self.encode_s_per_window = cost if current is None else 0.7 * current + 0.3 * cost
+
+
+# Audio a short encoder window leaves silent after the speech: Whisper, trained on 30 s windows,
+# runs on (repeats itself) when speech reaches the end of a short one.
+SHORT_WINDOW_MARGIN_S = 2.0
+# Tokens a short window may generate per second of audio (speech is 2-5 tokens a second), beyond
+# a fixed allowance: the cap that stops a run-on decode early.
+SHORT_WINDOW_TOKENS_PER_S = 8.0
+SHORT_WINDOW_EXTRA_TOKENS = 12
+
+
+def encoder_window_s(samples: int, min_window_s: float) -> float:
+    """The encoder window for audio of ``samples`` that may use windows from ``min_window_s`` up.
+
+    The window doubles from ``min_window_s`` until the audio fits with ``SHORT_WINDOW_MARGIN_S``
+    of silence after it, and is Whisper's 30 s past that; few sizes, so several sessions'
+    partials share one encoder call.
+    """
+    if min_window_s >= WINDOW_S:
+        return WINDOW_S
+    window = max(min_window_s, 1.0)
+    while window < WINDOW_S and samples / SAMPLE_RATE_HZ > window - SHORT_WINDOW_MARGIN_S:
+        window *= 2
+    return min(window, WINDOW_S)
 
 
 def split_into_windows(spans: Sequence[Span], total_samples: int, pad_samples: int) -> list[Span]:
@@ -318,7 +346,13 @@ class BatchDecoder:
     prompt shape and beam size (``run`` groups them).
     """
 
-    def __init__(self, whisper_model: Any, *, is_oom: Callable[[BaseException], bool] | None = None) -> None:
+    def __init__(
+        self,
+        whisper_model: Any,
+        *,
+        is_oom: Callable[[BaseException], bool] | None = None,
+        max_encoder_windows: int = 0,
+    ) -> None:
         from faster_whisper.tokenizer import Tokenizer
         from faster_whisper.transcribe import get_suppressed_tokens
 
@@ -327,6 +361,10 @@ class BatchDecoder:
         self._tokenizer_cls = Tokenizer
         self._suppressed = get_suppressed_tokens(self.tokenizer(None, "transcribe"), (-1,))
         self._is_oom = is_oom or _is_out_of_memory
+        # On the CPU, at most this many windows per encoder call (0 = all): the encoder's attention
+        # scores take (windows x heads x frames²) floats, 430 MB for 8 full windows of tiny.en,
+        # and CTranslate2's allocator keeps its peak.
+        self.max_encoder_windows = max_encoder_windows
         # Called with (windows, seconds) after every encoder pass: the packing policy's measurement.
         self.on_encode: Callable[[int, float], None] | None = None
 
@@ -339,9 +377,13 @@ class BatchDecoder:
         )
 
     def features(self, windows: Sequence[Window]) -> np.ndarray:
+        """Log-mel features padded to 30 s, cut to the windows' encoder length (one per call)."""
         from faster_whisper.audio import pad_or_trim
 
-        return np.stack([pad_or_trim(self.wm.feature_extractor(w.audio)[..., :-1]) for w in windows]).astype(np.float32)
+        frames = round(windows[0].encoder_s * self.wm.frames_per_second)
+        return np.stack(
+            [pad_or_trim(self.wm.feature_extractor(w.audio)[..., :-1])[..., :frames] for w in windows]
+        ).astype(np.float32)
 
     def prompt_shape(self, window: Window) -> tuple[int, bool, int]:
         """CTranslate2 needs <|startoftranscript|> at the same index and the same number of task
@@ -361,10 +403,11 @@ class BatchDecoder:
         return tokens[: self.wm.max_length // 2 - 1]
 
     def run(self, windows: Sequence[Window]) -> list[WindowOutput]:
-        """Decode windows of one beam size: one encoder pass and generate call per prompt shape."""
-        groups: dict[tuple[int, bool, int], list[int]] = defaultdict(list)
+        """Decode windows of one beam size: one encoder pass and generate call per prompt shape
+        and encoder window length."""
+        groups: dict[tuple[tuple[int, bool, int], float], list[int]] = defaultdict(list)
         for index, window in enumerate(windows):
-            groups[self.prompt_shape(window)].append(index)
+            groups[self.prompt_shape(window), window.encoder_s].append(index)
         outputs: list[WindowOutput | None] = [None] * len(windows)
         for indices in groups.values():
             for index, output in zip(indices, self._run_split_on_oom([windows[i] for i in indices]), strict=True):
@@ -387,15 +430,36 @@ class BatchDecoder:
             return []
         features = self.features(windows)
         encode_started = time.perf_counter()
-        encoder_output = self.wm.encode(features)
+        encoder_output = self._encode(features)
         if self.on_encode is not None:
             self.on_encode(len(windows), time.perf_counter() - encode_started)
         prompts = self._prompts(windows, encoder_output)
-        results = self._generate(encoder_output, [p.tokens for p in prompts], windows[0].options.beam_size)
-        return [
+        max_length = self.wm.max_length
+        if windows[0].encoder_s < WINDOW_S:
+            longest_s = max(w.duration_s for w in windows)
+            budget = round(longest_s * SHORT_WINDOW_TOKENS_PER_S) + SHORT_WINDOW_EXTRA_TOKENS
+            max_length = min(max_length, max(len(p.tokens) for p in prompts) + budget)
+        results = self._generate(
+            encoder_output, [p.tokens for p in prompts], windows[0].options.beam_size, max_length=max_length
+        )
+        outputs = [
             self._parse(window, result, prompt)
             for window, result, prompt in zip(windows, results, prompts, strict=True)
         ]
+        if max_length < self.wm.max_length:
+            for output, result, prompt in zip(outputs, results, prompts, strict=True):
+                output.capped = len(prompt.tokens) + len(result.sequences_ids[0]) >= max_length - 1
+        return outputs
+
+    def _encode(self, features: np.ndarray) -> Any:
+        """The encoder output of all windows, computed ``max_encoder_windows`` at a time on the CPU."""
+        step = self.max_encoder_windows
+        if step <= 0 or len(features) <= step or self.wm.model.device != "cpu":
+            return self.wm.encode(features)
+        import ctranslate2
+
+        parts = [np.asarray(self.wm.encode(features[i : i + step])) for i in range(0, len(features), step)]
+        return ctranslate2.StorageView.from_array(np.concatenate(parts))
 
     def _prompts(self, windows: Sequence[Window], encoder_output: Any) -> list[_Prompt]:
         """Each window's language (given, or detected on the encoder output) and decoder prompt."""
@@ -423,14 +487,14 @@ class BatchDecoder:
             prompts.append(_Prompt(tokens, tokenizer, language, float(probability)))
         return prompts
 
-    def _generate(self, encoder_output: Any, prompts: list[list[int]], beam_size: int) -> Any:
+    def _generate(self, encoder_output: Any, prompts: list[list[int]], beam_size: int, *, max_length: int) -> Any:
         return self.wm.model.generate(
             encoder_output,
             prompts,
             beam_size=beam_size,
             patience=1.0,
             length_penalty=1.0,
-            max_length=self.wm.max_length,
+            max_length=max_length,
             return_scores=True,
             return_no_speech_prob=True,
             suppress_blank=True,

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mediaserver.asr.batching import (
+    WINDOW_S,
     BatchDecoder,
     JobResult,
     Member,
@@ -25,6 +26,7 @@ from mediaserver.asr.batching import (
     Window,
     WindowOutput,
     assign_segments,
+    encoder_window_s,
     pack_windows,
     split_into_windows,
     text_loops,
@@ -47,6 +49,10 @@ log = logging.getLogger(__name__)
 class AsrJob:
     audio: AudioArray
     options: TranscriptionOptions
+    # The shortest encoder window this job may use, in seconds (Whisper's own is 30 s). A partial
+    # transcript tolerates a little error, and tiny.en encodes a 10 s window about 4x faster than
+    # a 30 s one; finals and uploads keep the full window. See ``encoder_window_s``.
+    min_window_s: float = WINDOW_S
 
 
 class AsrEngine(Protocol):
@@ -97,8 +103,9 @@ class WhisperEngine:
     It owns the model, the batched decoder, the packing policy and the decode counters. A batch is
     planned job by job (no speech, faster-whisper's own loop, or 30 s windows), packed when the
     policy says so, decoded window group by window group, retried where a packed job's text could
-    not be told apart, and assembled back per job. Not thread-safe: the scheduler calls it from
-    its one worker thread.
+    not be told apart, and assembled back per job. With ``replicas`` > 1 the scheduler calls
+    ``transcribe_batch`` from that many threads at once (CTranslate2 runs each call on its own
+    replica); a call keeps its state in its own ``BatchRun``, and only the counters are shared.
     """
 
     def __init__(
@@ -115,6 +122,8 @@ class WhisperEngine:
         batching: bool = True,
         packing: PackingConfig | None = None,
         speech_pad_s: float = 0.3,
+        replicas: int = 1,
+        max_encoder_windows: int = 0,
     ) -> None:
         from faster_whisper import WhisperModel
 
@@ -134,10 +143,11 @@ class WhisperEngine:
             device_index=list(device_index),
             compute_type=compute_type,
             cpu_threads=cpu_threads,
-            num_workers=1,
+            num_workers=replicas,  # CTranslate2 inter_threads: batches run at once, weights shared
         )
+        self.replicas = replicas
         self.multilingual: bool = bool(self.model.model.is_multilingual)
-        self._decoder = BatchDecoder(self.model)
+        self._decoder = BatchDecoder(self.model, max_encoder_windows=max_encoder_windows)
         self._decoder.on_encode = self.packing_policy.observe_encoder
         # Counters for benchmarks and logs: how often the fast path had to fall back.
         self.counters: dict[str, int] = {
@@ -148,6 +158,8 @@ class WhisperEngine:
             "sequential": 0,
             "jobs_packed": 0,
             "jobs_alone": 0,
+            "short_windows": 0,
+            "short_window_retries": 0,
         }
         log.info(
             "loaded model %s from %s on %s/%s in %.2f s (multilingual=%s)",
@@ -188,6 +200,7 @@ class WhisperEngine:
                     and len(plan) == 1
                     and plan[0].language is not None
                     and plan[0].duration_s <= self._packing.max_job_s
+                    and plan[0].encoder_s >= WINDOW_S  # a short window is cheaper alone
                 ):
                     singles.append(plan[0])
                 else:
@@ -195,6 +208,7 @@ class WhisperEngine:
         if singles:
             windows.extend(pack_windows(singles, gap_s=self._packing.gap_s, max_window_s=self._packing.max_window_s))
         self.counters["windows"] += len(windows)
+        self.counters["short_windows"] += sum(w.encoder_s < WINDOW_S for w in windows)
         self.counters["packed_windows"] += sum(w.packed for w in windows)
         packed_jobs = sum(len(w.members) for w in windows if w.packed)
         self.counters["jobs_packed"] += packed_jobs
@@ -259,6 +273,8 @@ class WhisperEngine:
     def _plan_windows(self, index: int, job: AsrJob) -> list[Window]:
         audio = job.audio
         spans = split_into_windows(self._speech_spans(audio), audio.size, int(self._speech_pad_s * SAMPLE_RATE_HZ))
+        # A short encoder window only for a job that fits in one (a partial of an utterance so far).
+        short = job.min_window_s < WINDOW_S and len(spans) == 1
         windows = []
         for number, span in enumerate(spans):
             # A forced prefix belongs to the start of the audio, so only to the first window.
@@ -273,6 +289,7 @@ class WhisperEngine:
                     with_timestamps=not options.prefix
                     and (options.with_segment_timestamps or (span.end - span.start) > 20 * SAMPLE_RATE_HZ),
                     language=self._language_of(job),
+                    encoder_s=encoder_window_s(span.end - span.start, job.min_window_s) if short else WINDOW_S,
                 )
             )
         return windows
@@ -333,6 +350,10 @@ class WhisperEngine:
     def _take_single(self, window: Window, output: WindowOutput, run: BatchRun) -> Window | None:
         """Record a one-job window's segments; return its unfinished tail, if any."""
         member = window.members[0]
+        if window.encoder_s < WINDOW_S and (output.capped or output.needs_fallback or text_loops(output.segments)):
+            # A short window's decode that looks wrong gets the full window before any fallback.
+            self.counters["short_window_retries"] += 1
+            return replace(window, encoder_s=WINDOW_S)
         if output.needs_fallback:
             run.fall_back(member.job_index)
             return None

@@ -64,7 +64,8 @@ class AsrScheduler:
     A remote engine gives ``async_batch_fn`` instead of ``batch_fn``: its batches are awaited on the
     event loop, up to ``max_inflight_batches`` at once (the backend does the work, so the next batch
     need not wait for the last), and a batch whose callers have all gone is cancelled, which
-    cancels its upstream requests.
+    cancels its upstream requests. A local engine with several replicas runs up to
+    ``max_inflight_batches`` batches at once too, each in a thread of its own.
     """
 
     def __init__(
@@ -95,7 +96,9 @@ class AsrScheduler:
         self._metrics = metrics
         self._queue: asyncio.PriorityQueue[_Pending] = asyncio.PriorityQueue()
         self._seq = itertools.count()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"asr-{model_name}")
+        self._concurrent = async_batch_fn is not None or max_inflight_batches > 1
+        workers = max_inflight_batches if batch_fn is not None else 1
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"asr-{model_name}")
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
         self._latest: dict[str, _Pending] = {}
@@ -200,9 +203,9 @@ class AsrScheduler:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        remote = self._async_batch_fn is not None
+        concurrent = self._concurrent
         while True:
-            if remote:  # collect once a batch can be sent: what waits meanwhile joins it
+            if concurrent:  # collect once a batch can be sent: what waits meanwhile joins it
                 await self._inflight.acquire()
             batch = await self._collect()
             self._update_depth()
@@ -222,28 +225,44 @@ class AsrScheduler:
                 item.started = True
                 live.append(item)
             if not live:
-                if remote:
+                if concurrent:
                     self._inflight.release()
                 continue
             if self._metrics:
                 for item in live:
                     self._metrics.queue_wait_seconds.labels(self.model_name).observe(now - item.enqueued_at)
                 self._metrics.batch_size.labels(self.model_name).observe(len(live))
-            if remote:
-                task = loop.create_task(self._run_remote(live), name=f"asr-batch-{self.model_name}")
+            if concurrent:
+                run = (
+                    self._run_remote(live) if self._async_batch_fn is not None else self._run_local(live, release=True)
+                )
+                task = loop.create_task(run, name=f"asr-batch-{self.model_name}")
                 self._inflight_tasks.add(task)
                 task.add_done_callback(self._inflight_tasks.discard)
                 continue
-            assert self._batch_fn is not None
-            started = time.perf_counter()
+            await self._run_local(live)
+
+    async def _run_local(self, live: list[_Pending], *, release: bool = False) -> None:
+        """One batch on the local engine's thread; ``release`` frees its in-flight slot after."""
+        assert self._batch_fn is not None
+        started = time.perf_counter()
+        try:
             try:
-                results = await loop.run_in_executor(
+                results = await asyncio.get_running_loop().run_in_executor(
                     self._executor, self._batch_fn, [item.job for item in live], self._queue.qsize()
                 )
             except Exception as exc:
                 log.exception("ASR batch failed on model %s", self.model_name)
                 results = [exc] * len(live)
             self._finish(live, results, time.perf_counter() - started)
+        except asyncio.CancelledError:  # shutting down: nobody waits on this batch any more
+            for item in live:
+                if not item.future.done():
+                    item.future.set_exception(Overloaded("the ASR service is shutting down"))
+            raise
+        finally:
+            if release:
+                self._inflight.release()
 
     async def _run_remote(self, live: list[_Pending]) -> None:
         """One batch of a remote engine; cancelled (with its upstream requests) once no caller waits."""

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from mediaserver.asr.backends import build_remote_engine
-from mediaserver.asr.batching import PackingConfig
+from mediaserver.asr.batching import WINDOW_S, PackingConfig
 from mediaserver.asr.engine import AsrEngine, AsrJob, WhisperEngine
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.remote import RemoteEngine
@@ -105,7 +106,7 @@ class AsrService:
                 model_dir,
                 device=self.device.device,
                 compute_type=self.device.compute_type,
-                cpu_threads=self.device.cpu_threads,
+                cpu_threads=self._threads_per_replica(),
                 device_index=self.device.device_index,
                 vad=VadConfig(
                     self.settings.vad_aggressiveness,
@@ -123,6 +124,8 @@ class AsrService:
                     min_saving_s=self.settings.asr_pack_min_saving_s,
                 ),
                 speech_pad_s=self.settings.asr_speech_pad_ms / 1000.0,
+                replicas=self.settings.asr_replicas,
+                max_encoder_windows=self.settings.asr_encoder_max_windows,
             )
 
         try:
@@ -141,9 +144,17 @@ class AsrService:
             max_collect_ms=self.settings.asr_max_collect_ms,
             max_queue=self.settings.asr_max_queue,
             metrics=self.metrics,
+            max_inflight_batches=self.settings.asr_replicas,
         )
         scheduler.start()
         return LoadedModel(name, engine, scheduler)
+
+    def _threads_per_replica(self) -> int:
+        """On the CPU the cores are split between replicas (0 keeps CTranslate2's default)."""
+        if self.device.device != "cpu" or self.settings.asr_replicas == 1:
+            return self.device.cpu_threads
+        cores = self.device.cpu_threads or os.cpu_count() or 1
+        return max(1, cores // self.settings.asr_replicas)
 
     def _load_remote(self, name: str) -> LoadedModel:
         config = self.settings.remote_models[name]
@@ -204,8 +215,9 @@ class AsrService:
     ) -> Transcript:
         loaded = await self.get_model(model)
         self.models.check_options(loaded.name, options)
+        partial = priority is Priority.PARTIAL
         return await loaded.scheduler.submit(
-            AsrJob(audio, options),
+            AsrJob(audio, options, min_window_s=self.settings.asr_partial_window_s if partial else WINDOW_S),
             priority=priority,
             timeout_s=self.settings.asr_request_timeout_s,
             supersede_key=supersede_key,

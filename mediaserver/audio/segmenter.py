@@ -75,6 +75,11 @@ class VadSegmenter:
         return self._in_speech
 
     @property
+    def silence_ms(self) -> int:
+        """Continuous silence at the end of the utterance in progress (0 when idle or voiced)."""
+        return self._silence_ms if self._in_speech else 0
+
+    @property
     def position_ms(self) -> int:
         return self._position_ms
 

@@ -19,6 +19,7 @@ from mediaserver.asr.batching import (
     Window,
     WindowOutput,
     assign_segments,
+    encoder_window_s,
     pack_windows,
     split_into_windows,
     text_loops,
@@ -165,6 +166,14 @@ def test_a_loop_is_judged_on_one_jobs_text_not_the_whole_window() -> None:
     assignment = assign_segments(window, _output([(0.0, 3.0, sentence), (4.0, 7.0, sentence)]))
     assert not assignment.unsure
     assert not any(text_loops(segs) for segs in assignment.segments.values())
+
+
+def test_a_short_encoder_window_doubles_until_the_speech_fits_with_silence_after_it() -> None:
+    assert encoder_window_s(3 * SR, 10.0) == 10.0
+    assert encoder_window_s(8 * SR, 10.0) == 10.0  # 2 s of silence left
+    assert encoder_window_s(8 * SR + 1, 10.0) == 20.0
+    assert encoder_window_s(18 * SR + 1, 10.0) == 30.0  # never past Whisper's window
+    assert encoder_window_s(SR, 30.0) == 30.0  # a final or an upload: the full window
 
 
 def test_packing_policy_packs_only_a_backlog_deeper_than_one_batch() -> None:
@@ -337,3 +346,73 @@ def test_other_errors_are_not_split(packed_engine: WhisperEngine, speech: Any) -
     with pytest.raises(RuntimeError, match="some other failure"):
         decoder.run([window, window, window])
     assert sizes == [3]
+
+
+def _spy_windows(engine: WhisperEngine, seen: list[float], capped: bool = False) -> None:
+    real_run = engine._decoder._run
+
+    def spy(windows: Sequence[Window]) -> list[WindowOutput]:
+        assert len({w.encoder_s for w in windows}) == 1  # one encoder length per call
+        seen.extend(w.encoder_s for w in windows)
+        outputs = real_run(windows)
+        if capped and windows[0].encoder_s < 30.0:  # as if the decode had run on to its token cap
+            for output in outputs:
+                output.capped = True
+        return outputs
+
+    engine._decoder._run = spy  # type: ignore[method-assign]
+
+
+def test_a_partial_uses_a_short_encoder_window_and_a_final_the_full_one(
+    packed_engine: WhisperEngine, speech: Any, wer: Any
+) -> None:
+    seen: list[float] = []
+    _spy_windows(packed_engine, seen)
+    try:
+        partial_job = AsrJob(speech("weather").audio16k, OPTIONS, min_window_s=10.0)
+        final_job = AsrJob(speech("weather").audio16k, OPTIONS)
+        partial, final = packed_engine.transcribe_batch([partial_job, final_job])
+    finally:
+        del packed_engine._decoder._run
+    assert sorted(seen) == [10.0, 30.0]
+    assert isinstance(partial, Transcript) and isinstance(final, Transcript)
+    assert wer(SENTENCES["weather"], partial.text) <= 0.2, partial.text
+
+
+def test_a_short_window_that_runs_on_is_decoded_again_with_the_full_window(
+    packed_engine: WhisperEngine, speech: Any, wer: Any
+) -> None:
+    seen: list[float] = []
+    before = packed_engine.counters["short_window_retries"]
+    _spy_windows(packed_engine, seen, capped=True)
+    try:
+        [result] = packed_engine.transcribe_batch([AsrJob(speech("kitchen").audio16k, OPTIONS, min_window_s=10.0)])
+    finally:
+        del packed_engine._decoder._run
+    assert seen == [10.0, 30.0]
+    assert packed_engine.counters["short_window_retries"] == before + 1
+    assert isinstance(result, Transcript) and wer(SENTENCES["kitchen"], result.text) <= 0.2
+
+
+def test_an_encoder_pass_in_chunks_gives_the_same_transcripts(packed_engine: WhisperEngine, speech: Any) -> None:
+    keys = ["kitchen", "weather", "remind", "music", "story"]
+    windows = [
+        Window(speech(k).audio16k, [Member(i, 0.0, 0.0, 0.0)], OPTIONS, with_timestamps=False, language="en")
+        for i, k in enumerate(keys)
+    ]
+    whole = BatchDecoder(packed_engine.model).run(windows)
+    chunked_decoder = BatchDecoder(packed_engine.model, max_encoder_windows=2)
+    calls: list[int] = []
+    real_encode = packed_engine.model.encode
+
+    def counting_encode(features: np.ndarray) -> Any:
+        calls.append(len(features))
+        return real_encode(features)
+
+    packed_engine.model.encode = counting_encode
+    try:
+        chunked = chunked_decoder.run(windows)
+    finally:
+        del packed_engine.model.encode
+    assert calls == [2, 2, 1]
+    assert [o.segments[0]["text"] for o in chunked] == [o.segments[0]["text"] for o in whole]

@@ -269,3 +269,40 @@ async def test_mixed_languages_tasks_and_options_in_one_batch(
     assert results[1].language == "en" and results[1].language_probability > 0.5
     assert results[2].task == "translate"
     assert results[0].segments and results[4].segments
+
+
+async def test_with_two_replicas_two_batches_run_at_once(
+    tiny_two_replicas: WhisperEngine, speech: Any, wer: Any
+) -> None:
+    """The second batch starts while the first is still in the engine, each on a replica of its own."""
+    inside = 0
+    most_inside = 0
+    lock = threading.Lock()
+
+    def batch_fn(jobs: Sequence[AsrJob], backlog: int) -> list[Transcript | BaseException]:
+        nonlocal inside, most_inside
+        with lock:
+            inside += 1
+            most_inside = max(most_inside, inside)
+        try:
+            return tiny_two_replicas.transcribe_batch(jobs, backlog)
+        finally:
+            with lock:
+                inside -= 1
+
+    scheduler = AsrScheduler("tiny.en", batch_fn, max_batch=2, max_wait_ms=5, max_inflight_batches=2)
+    keys = ["kitchen", "weather", "remind", "music", "story", "garden"]
+    try:
+        results = await asyncio.gather(*(scheduler.submit(job(speech, k)) for k in keys))
+    finally:
+        await scheduler.aclose()
+    assert most_inside == 2
+    for key, result in zip(keys, results, strict=True):
+        assert wer(SENTENCES[key], result.text) <= 0.2, (key, result.text)
+
+
+@pytest.fixture(scope="module")
+def tiny_two_replicas() -> WhisperEngine:
+    path = bundled_tiny_en_dir()
+    assert path is not None
+    return WhisperEngine("tiny.en", str(path), cpu_threads=1, replicas=2)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -15,10 +17,13 @@ from mediaserver.errors import InvalidParameter
 from mediaserver.events import (
     SAMPLE_RATE_HZ,
     FinalTranscript,
+    PartialTranscript,
+    Priority,
     SessionEvent,
     SpeechStarted,
     SpeechStopped,
     StreamError,
+    Transcript,
     TranscriptionOptions,
 )
 from mediaserver.session import StreamOptions, StreamSession
@@ -164,3 +169,137 @@ async def test_close_cancels_everything_and_is_idempotent(
     received = session.samples_received
     await session.feed(speech("garden").audio16k)  # a closed session ignores audio
     assert session.samples_received == received
+
+
+class CountingAsr:
+    """The real ASR service, with a record of what each transcription was asked for."""
+
+    def __init__(self, asr: AsrService) -> None:
+        self.asr = asr
+        self.calls: list[tuple[float, Priority, int]] = []  # (monotonic start, priority, samples)
+
+    async def transcribe(
+        self,
+        audio: np.ndarray,
+        options: TranscriptionOptions,
+        *,
+        model: str | None = None,
+        priority: Priority = Priority.FILE,
+        supersede_key: str | None = None,
+    ) -> Transcript:
+        self.calls.append((time.monotonic(), priority, audio.size))
+        return await self.asr.transcribe(audio, options, model=model, priority=priority, supersede_key=supersede_key)
+
+    def of(self, priority: Priority) -> list[tuple[float, Priority, int]]:
+        return [c for c in self.calls if c[1] is priority]
+
+
+def counting_session(
+    asr_service: AsrService, settings: Settings, recorder: Recorder, **options: Any
+) -> tuple[StreamSession, CountingAsr]:
+    counting = CountingAsr(asr_service)
+    return session_for(cast(AsrService, counting), settings, recorder, **options), counting
+
+
+async def test_the_final_started_in_the_trailing_silence_is_the_utterances_final(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], wer: Any
+) -> None:
+    settings = base_settings.model_copy(update={"stream_vad_hangover_ms": 500, "stream_final_early_ms": 300})
+    recorder = Recorder()
+    session, counting = counting_session(asr_service, settings, recorder, server_vad=True)
+    try:
+        await feed(session, np.concatenate([silence(0.5), speech("weather").audio16k, silence(1.0)]))
+        await until(lambda: len(recorder.of(FinalTranscript)) == 1)
+    finally:
+        await session.aclose()
+    [final] = recorder.of(FinalTranscript)
+    assert wer(SENTENCES["weather"], final.transcript.text) <= 0.2
+    # One decode only: the one started 200 ms into the silence, without the rest of the hangover.
+    [(_, _, samples)] = counting.of(Priority.FINAL)
+    utterance_ms = final.audio_end_ms - final.audio_start_ms
+    assert samples < utterance_ms * SAMPLE_RATE_HZ // 1000 - SAMPLE_RATE_HZ // 5
+
+
+async def test_speech_resuming_after_a_pause_drops_the_early_final(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], wer: Any
+) -> None:
+    settings = base_settings.model_copy(update={"stream_vad_hangover_ms": 500, "stream_final_early_ms": 300})
+    recorder = Recorder()
+    session, counting = counting_session(asr_service, settings, recorder, server_vad=True)
+    try:
+        audio = [silence(0.5), speech("kitchen").audio16k, silence(0.35), speech("music").audio16k, silence(1.0)]
+        await feed(session, np.concatenate(audio))
+        await until(lambda: len(recorder.of(FinalTranscript)) == 1)
+    finally:
+        await session.aclose()
+    [final] = recorder.of(FinalTranscript)  # a pause is not the end: one utterance with both sentences
+    assert wer(f"{SENTENCES['kitchen']} {SENTENCES['music']}", final.transcript.text) <= 0.2
+    assert len(recorder.of(SpeechStopped)) == 1
+    # The early final of the pause was dropped (cancelled, before or while it ran); the one decoded
+    # holds both sentences.
+    spoken = speech("kitchen").audio16k.size + speech("music").audio16k.size
+    assert counting.of(Priority.FINAL)[-1][2] > spoken
+
+
+async def test_without_early_finals_the_final_decodes_the_whole_utterance(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    settings = base_settings.model_copy(update={"stream_final_early_ms": 0})
+    recorder = Recorder()
+    session, counting = counting_session(asr_service, settings, recorder, server_vad=True)
+    try:
+        await feed(session, np.concatenate([silence(0.5), speech("weather").audio16k, silence(1.0)]))
+        await until(lambda: len(recorder.of(FinalTranscript)) == 1)
+    finally:
+        await session.aclose()
+    [final] = recorder.of(FinalTranscript)
+    [(_, _, samples)] = counting.of(Priority.FINAL)
+    assert samples == (final.audio_end_ms - final.audio_start_ms) * SAMPLE_RATE_HZ // 1000
+
+
+async def test_partials_start_with_enough_audio_and_keep_their_cadence(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], wer: Any
+) -> None:
+    settings = base_settings.model_copy(update={"stream_partial_interval_ms": 300, "stream_partial_min_audio_ms": 500})
+    recorder = Recorder()
+    session, counting = counting_session(asr_service, settings, recorder, server_vad=True, partials=True)
+    try:
+        audio = np.concatenate([silence(0.3), speech("story").audio16k, silence(1.0)])
+        for start in range(0, audio.size, CHUNK):  # in real time, so the partials run while it speaks
+            await session.feed(audio[start : start + CHUNK])
+            await asyncio.sleep(CHUNK / SAMPLE_RATE_HZ)
+        await until(lambda: len(recorder.of(FinalTranscript)) == 1)
+    finally:
+        await session.aclose()
+    partial_calls = counting.of(Priority.PARTIAL)
+    assert len(partial_calls) >= 2
+    assert partial_calls[0][2] >= SAMPLE_RATE_HZ // 2  # the first once the utterance holds 500 ms
+    starts = [c[0] for c in partial_calls]
+    assert all(b - a >= 0.3 - 1e-3 for a, b in itertools.pairwise(starts))  # never more often
+    sizes = [c[2] for c in partial_calls]
+    assert sizes == sorted(set(sizes))  # each on newer audio
+    partials = recorder.of(PartialTranscript)
+    assert partials, "no partial while speaking"
+    [final] = recorder.of(FinalTranscript)
+    assert final.transcript.text.startswith(partials[-1].text)  # append-only
+    # Words promised early are forced into the final: one early mishearing can stay ("the old white
+    # house keeper" was seen once here), so this bound is wider than for a final decoded alone.
+    assert wer(SENTENCES["story"], final.transcript.text) <= 0.35
+
+
+@pytest.mark.parametrize(
+    ("agreement", "sent"),
+    [(2, ["turn on", "turn on the", "turn on the kitchen"]), (3, ["turn on", "turn on the"])],
+)
+async def test_a_word_is_sent_once_enough_consecutive_hypotheses_agree(
+    asr_service: AsrService, base_settings: Settings, agreement: int, sent: list[str]
+) -> None:
+    settings = base_settings.model_copy(update={"stream_partial_agreement": agreement})
+    recorder = Recorder()
+    session = session_for(asr_service, settings, recorder, server_vad=True, partials=True)
+    try:
+        for hypothesis in ("turn on", "turn on the", "turn on the kitchen", "turn on the kitchen lights"):
+            await session._advance_partial(hypothesis)
+    finally:
+        await session.aclose()
+    assert [p.text for p in recorder.of(PartialTranscript)] == sent

@@ -11,7 +11,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from aiohttp.typedefs import Middleware
+from aiohttp.web_protocol import RequestPayloadError
 
 from mediaserver import openapi
 from mediaserver.asr.models import ModelRegistry
@@ -19,7 +21,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.capabilities import Feature, FeatureRequest, decide
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice, choose_device
-from mediaserver.errors import ApiError, Unauthorized, VoiceNotAuthorized
+from mediaserver.errors import ApiError, InvalidBody, Unauthorized, VoiceNotAuthorized, retry_after_header
 from mediaserver.llm.registry import LlmRegistry
 from mediaserver.llm.service import LlmService
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -44,8 +46,9 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Open without credentials: probes, and static pages that hold no secrets (a dashboard frame
-# cannot send credentials for them; the APIs they call stay protected).
-_PUBLIC_PATHS = frozenset({"/health", "/rtc", "/api/docs"})
+# cannot send credentials for them; the APIs they call stay protected). The OpenAPI document is
+# what /api/docs loads: it describes the API, it holds nothing secret.
+_PUBLIC_PATHS = frozenset({"/health", "/rtc", "/api/docs", "/api/openapi.json"})
 _PUBLIC_PREFIXES = ("/rtc/", "/static/")
 
 
@@ -64,6 +67,37 @@ def error_response(
     return web.json_response({"error": message, "code": code}, status=status)
 
 
+# Not a registered HTTP status: nginx's "client closed request". Counted in
+# mediaserver_requests_total for requests whose client hung up before the answer (never sent).
+CLIENT_CLOSED_REQUEST = 499
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def _body_error(request: web.Request, exc: Exception) -> web.Response:
+    """A request body aiohttp could not decode: a 400 in the API's format, and the connection closed
+    afterwards (the parser has lost its place in the stream)."""
+    encoding = request.headers.get("Content-Encoding", "").strip()
+    if isinstance(exc, ContentEncodingError) or "content-encoding" in str(exc).lower():
+        message = f"the request body is not valid {encoding or 'compressed'} data (Content-Encoding: {encoding})"
+    else:
+        message = "the request body is malformed (its framing or length does not match what was sent)"
+    log.info("%s %s: %s", request.method, request.path, message)
+    # The payload is spent: mark it finished so aiohttp does not try to read the rest of it again.
+    request.content.feed_eof()
+    response = error_response(request, 400, InvalidBody.code, message, "body")
+    response.force_close()
+    return response
+
+
+def _retry_after(request: web.Request, exc: ApiError) -> str:
+    seconds = exc.retry_after_s if exc.retry_after_s is not None else request.app[SETTINGS].retry_after_fallback_s
+    return retry_after_header(seconds)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -74,6 +108,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = error_response(request, exc.status, exc.code, exc.message, exc.param)
         if isinstance(exc, Unauthorized):
             response.headers["WWW-Authenticate"] = 'Basic realm="mediaserver", charset="UTF-8"'
+        if exc.retryable and exc.status in (429, 503):
+            response.headers["Retry-After"] = _retry_after(request, exc)
         return response
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -92,6 +128,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(request, 504, "timeout", "the request did not finish in time; retry later")
     except asyncio.CancelledError:
         raise
+    except (ConnectionError, RequestPayloadError, HttpProcessingError) as exc:
+        if _client_gone(request):
+            # The client's doing (it hung up mid-upload or before the answer): one line, no traceback.
+            log.info("%s %s: the client closed the connection (%s)", request.method, request.path, type(exc).__name__)
+            return web.Response(status=CLIENT_CLOSED_REQUEST)
+        if isinstance(exc, ConnectionError):
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return error_response(request, 500, "internal_error", "internal server error")
+        return _body_error(request, exc)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(request, 500, "internal_error", "internal server error")
@@ -140,6 +185,13 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         response = await handler(request)
         status = response.status
         return response
+    except asyncio.CancelledError:
+        # The server cancels a handler whose client hung up (handler_cancellation): its queued work is
+        # withdrawn at once. That is the client's doing, counted as 499 like a hang-up mid-upload.
+        if _client_gone(request):
+            status = CLIENT_CLOSED_REQUEST
+            log.info("%s %s: the client closed the connection before the answer", request.method, request.path)
+        raise
     finally:
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
         request.app[METRICS].requests.labels(route, str(status)).inc()

@@ -98,6 +98,15 @@ def limit_malloc_arenas(arenas: int) -> bool:
         return False
 
 
+def configure_logging(level: str) -> None:
+    """The log format, and libraries kept to what an operator needs: aioice logs every ICE candidate
+    pair check at INFO (half a dozen lines per WebRTC session); the sessions log their own one line
+    each way. At DEBUG everything is shown."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("aioice").setLevel(logging.WARNING)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -106,10 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mediaserver: invalid settings: {exc}", file=sys.stderr)
         return 2
     limit_malloc_arenas(settings.malloc_arena_max)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings.log_level)
     try:
         asyncio.run(serve(settings))
     except OSError as exc:

@@ -7,6 +7,7 @@ looking up the code (``max_upload_bytes``, ``asr_max_wait_ms``).
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
@@ -215,7 +216,16 @@ class Settings(BaseSettings):
     rtc_turn_password: str | None = None
     rtc_udp_port_min: int = Field(0, ge=0, le=65535, description="0 = any ephemeral port")
     rtc_udp_port_max: int = Field(0, ge=0, le=65535)
-    rtc_connect_timeout_s: float = Field(30.0, gt=0)
+    rtc_connect_timeout_s: float = Field(
+        10.0, gt=0, description="an answered offer whose peer has not connected by then is closed (frees its slot)"
+    )
+    rtc_dead_peer_timeout_s: float = Field(
+        5.0,
+        ge=0,
+        description="a connected peer that sends nothing at all (no media, RTCP, data or ICE) for this long is "
+        "closed; after half of it the server sends an ICE consent check to make a live peer answer; 0 = off "
+        "(then only ICE consent expiry, ~30 s, ends it)",
+    )
     rtc_opus_dtx: bool = Field(True, description="ask browsers for Opus DTX (silence costs ~2 kbps, not ~25)")
 
     # --- WebSocket streams ---------------------------------------------------------------------
@@ -235,7 +245,18 @@ class Settings(BaseSettings):
 
     # --- Wyoming (Home Assistant) --------------------------------------------------------------
     wyoming_enabled: bool = True
-    wyoming_host: str = "0.0.0.0"
+    wyoming_host: str | None = Field(
+        None,
+        description="address the Wyoming server listens on; unset = 0.0.0.0, or 127.0.0.1 when auth is on "
+        "(Wyoming clients cannot send credentials: exposing it then is an explicit choice)",
+    )
+    wyoming_allowed_networks: list[str] = Field(
+        default_factory=list, description="client networks (CIDRs) allowed to connect; empty = any"
+    )
+    wyoming_max_connections: int = Field(32, ge=1, description="open Wyoming connections; more get an error")
+    wyoming_max_buffered_audio_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="audio held for transcription across all Wyoming connections"
+    )
     wyoming_port: int = Field(10300, ge=0, le=65535)
     wyoming_zeroconf: bool = False
     wyoming_zeroconf_name: str = "mediaserver"
@@ -348,6 +369,9 @@ class Settings(BaseSettings):
     malloc_arena_max: int = Field(
         2, ge=0, description="glibc malloc arenas (as MALLOC_ARENA_MAX); fewer keep RSS down; 0 = glibc's default"
     )
+    retry_after_fallback_s: float = Field(
+        5.0, gt=0, description="Retry-After of a transient 503 the server cannot estimate (session cap, shutdown)"
+    )
     save_audio_dir: Path = Path("audio")
     allow_save_audio: bool = True
     log_level: str = "INFO"
@@ -356,6 +380,23 @@ class Settings(BaseSettings):
     @classmethod
     def _lower(cls, value: str) -> str:
         return value.strip().lower()
+
+    @field_validator("wyoming_allowed_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            ipaddress.ip_network(network.strip(), strict=False)  # ValueError names the bad entry
+        return [network.strip() for network in value]
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys) or self.basic_auth_user is not None
+
+    def wyoming_bind_host(self) -> str:
+        """Where Wyoming listens: ``wyoming_host`` when set, else loopback when auth is on, else all."""
+        if self.wyoming_host is not None:
+            return self.wyoming_host
+        return "127.0.0.1" if self.auth_enabled else "0.0.0.0"
 
     def cert_paths(self) -> tuple[Path, Path]:
         return self.cert_dir / "cert.pem", self.cert_dir / "key.pem"

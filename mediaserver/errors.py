@@ -6,15 +6,30 @@ request came in on (WIS ``{"error": ...}`` or OpenAI ``{"error": {"message", "ty
 
 from __future__ import annotations
 
+import math
+
 
 class ApiError(Exception):
+    """A client-facing error. ``retryable`` errors (a full queue, the session cap) are transient:
+    HTTP answers carry ``Retry-After``, from ``retry_after_s`` when the raiser could estimate it
+    (queue depth × measured work time), else the ``retry_after_fallback_s`` setting."""
+
     status: int = 400
     code: str = "bad_request"
+    retryable: bool = False
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.retry_after_s = retry_after_s
+
+
+def retry_after_header(seconds: float) -> str:
+    """An HTTP ``Retry-After`` value (RFC 9110: whole seconds); at least 1, rounded up."""
+    if not math.isfinite(seconds):
+        seconds = 1.0
+    return str(max(1, math.ceil(seconds)))
 
 
 class InvalidAudio(ApiError):
@@ -45,6 +60,7 @@ class ModelUnavailable(ApiError):
 class Overloaded(ApiError):
     status = 503
     code = "overloaded"
+    retryable = True
 
 
 class Unauthorized(ApiError):
@@ -55,6 +71,13 @@ class Unauthorized(ApiError):
 class VoiceNotAuthorized(ApiError):
     status = 406
     code = "unauthorized_voice"
+
+
+class InvalidBody(ApiError):
+    """The request body could not be read as sent (a Content-Encoding it does not match, bad framing)."""
+
+    status = 400
+    code = "invalid_body"
 
 
 class RequestTimeout(ApiError):

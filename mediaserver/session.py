@@ -542,6 +542,7 @@ def _retrieve_exception(task: asyncio.Task[Transcript]) -> None:
 class SessionLimitReached(ApiError):
     status = 503
     code = "too_many_sessions"
+    retryable = True
 
 
 class SessionRegistry:

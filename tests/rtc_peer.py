@@ -18,6 +18,7 @@ from aiortc import RTCDataChannel, RTCPeerConnection, RTCRtpSender, RTCSessionDe
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtp import RtcpByePacket
 
+from mediaserver.transport.rtc_liveness import ice_connections
 from tests.conftest import Clip, resample_to
 
 RATE = 48000
@@ -138,6 +139,13 @@ class Peer:
     def resume(self) -> None:
         self.sender.replaceTrack(self.track)
 
+    def vanish(self) -> None:
+        """The peer's sockets go quiet without a goodbye (no DTLS close, no SCTP abort): what a killed
+        process or a lost network looks like from the server. ``close`` it once the server let go."""
+        for connection in ice_connections(self.pc):
+            for protocol in connection._protocols:
+                protocol.transport.close()
+
 
 async def connect(server: Any, query: str = "", *, direction: str = "sendrecv") -> Peer:
     pc = RTCPeerConnection()
@@ -171,6 +179,21 @@ async def connect(server: Any, query: str = "", *, direction: str = "sendrecv") 
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
     await asyncio.wait_for(opened.wait(), timeout=15)
     return peer
+
+
+async def make_offer(*, data_channel: bool = True, audio: str | None = "sendrecv") -> tuple[RTCPeerConnection, str]:
+    """A real aiortc offer: a data channel or not, and audio ``sendrecv``, ``sendonly``, ``recvonly``
+    or none. The caller closes the peer connection (its candidates are real sockets)."""
+    pc = RTCPeerConnection()
+    if data_channel:
+        pc.createDataChannel("chat", ordered=True)
+    if audio == "recvonly":
+        pc.addTransceiver("audio", direction="recvonly")
+    elif audio is not None:
+        transceiver = pc.addTransceiver(ClipTrack(), direction="sendrecv")
+        transceiver.direction = audio
+    await pc.setLocalDescription(await pc.createOffer())
+    return pc, pc.localDescription.sdp
 
 
 async def connect_call(

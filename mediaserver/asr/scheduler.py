@@ -87,6 +87,7 @@ class AsrScheduler:
         self._batch_fn = batch_fn
         self._async_batch_fn = async_batch_fn
         self._inflight = asyncio.Semaphore(max_inflight_batches)
+        self._max_inflight_batches = max_inflight_batches
         self._inflight_tasks: set[asyncio.Task[None]] = set()
         self._max_batch = max_batch
         self._max_wait_s = max_wait_ms / 1000.0
@@ -101,6 +102,7 @@ class AsrScheduler:
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
         self._latest: dict[str, _Pending] = {}
+        self.open_jobs = 0  # callers waiting in submit (a caller that went away is not counted)
         self.batches_run = 0
         self.last_batch_size = 0
         # Smoothed engine time of one batch: the slack a job needs to still meet its deadline.
@@ -134,7 +136,8 @@ class AsrScheduler:
                 self._metrics.rejected.labels(self.model_name).inc()
             raise Overloaded(
                 f"server overloaded: {self._queue.qsize()} ASR jobs are already queued for model "
-                f"{self.model_name!r}; retry later"
+                f"{self.model_name!r}; retry later",
+                retry_after_s=self.drain_estimate_s(),
             )
         self.start()
         now = time.monotonic()
@@ -147,6 +150,7 @@ class AsrScheduler:
             self._latest[supersede_key] = pending
         self._queue.put_nowait(pending)
         self._update_depth()
+        self.open_jobs += 1
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout=timeout_s)
         except asyncio.CancelledError:
@@ -160,8 +164,17 @@ class AsrScheduler:
                 f"the transcription did not finish within {timeout_s:g} s (model {self.model_name!r}); retry later"
             ) from None
         finally:
+            self.open_jobs -= 1
             if supersede_key is not None and self._latest.get(supersede_key) is pending:
                 del self._latest[supersede_key]
+
+    def drain_estimate_s(self) -> float:
+        """How long the jobs queued now take to run: batches of ``max_batch`` at the measured batch
+        time, ``max_inflight_batches`` at once (a remote engine). What a refused client is told to
+        wait (``Retry-After``): then its job finds room."""
+        batches = -(-self._queue.qsize() // self._max_batch)
+        rounds = -(-max(1, batches) // self._max_inflight_batches)
+        return rounds * self.estimated_batch_s
 
     def _update_depth(self) -> None:
         if self._metrics:

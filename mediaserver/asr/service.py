@@ -60,6 +60,10 @@ class AsrService:
     def loaded_models(self) -> list[str]:
         return list(self._loaded)
 
+    def open_jobs(self) -> int:
+        """Jobs whose callers still wait for them, queued or running, across every model."""
+        return sum(loaded.scheduler.open_jobs for loaded in self._loaded.values())
+
     async def start(self) -> None:
         for name in self.settings.preload_models:
             await self.get_model(name)

@@ -70,7 +70,18 @@ class _Gate:
     """The bounded queue of one model: ``slots`` generations run, at most ``max_queue`` wait."""
 
     slots: asyncio.Semaphore
+    concurrency: int = 1
     waiting: int = 0
+    generation_s: float | None = None  # smoothed time of a finished generation
+
+    def observe(self, seconds: float) -> None:
+        self.generation_s = seconds if self.generation_s is None else 0.8 * self.generation_s + 0.2 * seconds
+
+    def drain_estimate_s(self) -> float | None:
+        """How long the generations waiting now take (None before one finished): ``Retry-After``."""
+        if self.generation_s is None:
+            return None
+        return max(1, self.waiting) / self.concurrency * self.generation_s
 
 
 @dataclass(frozen=True)
@@ -168,7 +179,10 @@ async def _generate(
     gate = service.gate(model, backend.max_concurrency)
     if gate.waiting >= service.settings.llm_max_queue:
         metrics.requests.labels(model, backend.kind, "rejected").inc()
-        raise Overloaded(f"the LLM queue for {model!r} is full ({gate.waiting} waiting, llm_max_queue); retry later")
+        raise Overloaded(
+            f"the LLM queue for {model!r} is full ({gate.waiting} waiting, llm_max_queue); retry later",
+            retry_after_s=gate.drain_estimate_s(),
+        )
     queued_at = time.monotonic()
     gate.waiting += 1
     metrics.queue_depth.labels(model).inc()
@@ -209,6 +223,8 @@ async def _generate(
         finally:
             await events.aclose()
         result = "cancelled" if outcome.finish_reason == "cancelled" else "ok"
+        if result == "ok":
+            gate.observe(time.monotonic() - started)
         usage = outcome.usage
         if usage is not None:
             metrics.prompt_tokens.labels(model).inc(usage.prompt_tokens)
@@ -300,7 +316,7 @@ class LlmService:
     def gate(self, model: str, concurrency: int) -> _Gate:
         gate = self._gates.get(model)
         if gate is None:
-            gate = self._gates[model] = _Gate(asyncio.Semaphore(concurrency))
+            gate = self._gates[model] = _Gate(asyncio.Semaphore(concurrency), concurrency)
         return gate
 
     async def backend(self, source: LlmSource) -> ChatBackend:

@@ -26,6 +26,15 @@ log = logging.getLogger(__name__)
 RETRY_BACKOFF_S = 0.25
 
 
+def _retry_after_s(exc: openai.APIStatusError) -> float | None:
+    """The upstream's own ``Retry-After`` (seconds form), passed on to our client."""
+    try:
+        value = float(exc.response.headers.get("retry-after", ""))
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return value if value >= 0 else None
+
+
 class UpstreamError(ApiError):
     status = 502
     code = "upstream_error"
@@ -67,7 +76,10 @@ class UpstreamChat:
         message = _upstream_message(exc)
         status = exc.status_code
         if status == 429:
-            return Overloaded(f"the upstream LLM at {self.base_url} is rate limiting (429): {message}")
+            return Overloaded(
+                f"the upstream LLM at {self.base_url} is rate limiting (429): {message}",
+                retry_after_s=_retry_after_s(exc),
+            )
         if 400 <= status < 500 and status not in (401, 403, 404):
             # The request itself (a prompt over the upstream's context window ...): the client's to fix.
             return InvalidParameter(f"the upstream LLM at {self.base_url} refused the request ({status}): {message}")

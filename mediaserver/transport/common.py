@@ -6,8 +6,10 @@ Every value is validated once here, into a typed value or an ApiError naming the
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from aiohttp import BodyPartReader, web
 
@@ -19,6 +21,15 @@ from mediaserver.session import StreamOptions
 
 _TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
 _FALSE = frozenset({"0", "false", "no", "off", "f", "n", ""})
+
+
+def loads_json(raw: str | bytes | bytearray) -> Any:
+    """``json.loads`` for untrusted input: a ValueError for anything that is not JSON, including
+    nesting too deep for the parser (``"[" * 5000``), which ``json`` reports as a RecursionError."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def parse_bool(params: Mapping[str, str], name: str, default: bool = False) -> bool:

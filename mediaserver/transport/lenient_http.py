@@ -7,6 +7,14 @@ any handler runs. ``LenientAppRunner`` puts a request handler in front of the pa
 percent-encodes such a target (spaces as ``%20``, bytes ≥ 0x80 as ``%XX``) when a GET or HEAD
 request line starts a received block and ends in `` HTTP/1.x``; every other byte is passed on
 untouched. A new connection per request (what Willow does) always starts with its request line.
+
+The runner also turns on aiohttp's ``handler_cancellation``: when a client hangs up, its handler
+is cancelled at once, so a transcription (or a generation) it was waiting for leaves the queue
+instead of running for nobody; the metrics count it as a 499.
+
+The same handler keeps a client's malformed request out of the error log: aiohttp answers it with a
+400 and would log it at ERROR with a traceback; here it is one INFO line (its reason and the client).
+Server errors are logged as before.
 """
 
 from __future__ import annotations
@@ -15,7 +23,8 @@ import re
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 _REQUEST_LINE = re.compile(rb"^(GET|HEAD) (/[^\r\n]*?) (HTTP/1\.[01])\r?\n")
 _MAX_LINE = 16 * 1024
@@ -41,6 +50,17 @@ class LenientRequestHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         super().data_received(fix_request_line(data))
 
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        exc = kw.get("exc_info")
+        if isinstance(exc, (HttpProcessingError, RequestPayloadError)):
+            # The client's mistake (a malformed request line, header or body): aiohttp answers 400.
+            reason = " ".join((getattr(exc, "message", "") or str(exc)).split())
+            reason = reason.removeprefix("400, message: ") or type(exc).__name__
+            client = args[1] if len(args) > 1 else None
+            self.logger.info("malformed HTTP request%s: %s", f" from {client}" if client else "", reason)
+            return
+        super().log_exception(*args, **kw)
+
 
 class _LenientServer(web.Server):
     def __call__(self) -> RequestHandler:
@@ -48,9 +68,11 @@ class _LenientServer(web.Server):
 
 
 class LenientAppRunner(web.AppRunner):
-    """``web.AppRunner`` whose connections accept Willow's unencoded request lines."""
+    """``web.AppRunner`` whose connections accept Willow's unencoded request lines, log a client's
+    malformed request in one line, and cancel the handler of a client that hung up."""
 
     def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        kwargs.setdefault("handler_cancellation", True)
         super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:

@@ -24,7 +24,7 @@ from mediaserver.llm.registry import DEFAULT_ALIAS, EMBEDDING_ALIAS
 from mediaserver.llm.service import LlmStream
 from mediaserver.llm.types import ChatMessage, GenerationParams, Role
 from mediaserver.state import CAPABILITIES, LLM, SETTINGS
-from mediaserver.transport.common import read_body_limited
+from mediaserver.transport.common import loads_json, read_body_limited
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,8 @@ async def _read_json(request: web.Request) -> Any:
     except AudioTooLarge as exc:
         raise RequestTooLarge(f"{exc.message} (llm_max_request_bytes)") from None
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = loads_json(raw)
+    except ValueError:
         raise InvalidParameter("the request body is not valid JSON", param="body") from None
     if not isinstance(body, dict):
         raise InvalidParameter("the request body must be a JSON object", param="body")

@@ -12,13 +12,13 @@ base64 pieces of the encoded file, then ``speech.audio.done``). Errors use OpenA
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from mediaserver.errors import InvalidParameter, UnknownModel
+from mediaserver.transport.common import loads_json
 from mediaserver.transport.tts_http import SpeechRequest, respond_with_speech, tts_of
 from mediaserver.tts.encode import FORMATS
 from mediaserver.tts.types import SynthesisParams
@@ -57,7 +57,7 @@ def _validation_error(exc: ValidationError) -> InvalidParameter:
 
 async def _body(request: web.Request) -> SpeechBody:
     try:
-        raw: Any = await request.json(loads=json.loads)
+        raw: Any = await request.json(loads=loads_json)
     except (ValueError, UnicodeDecodeError):
         raise InvalidParameter("the request body must be a JSON object", param=None) from None
     if not isinstance(raw, dict):

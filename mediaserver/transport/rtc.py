@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -41,7 +40,7 @@ from aiortc.rtp import RtcpByePacket
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
-from mediaserver.errors import ApiError, InvalidParameter
+from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
 from mediaserver.events import (
     SAMPLE_RATE_HZ,
     AssistantAudioStarted,
@@ -58,8 +57,10 @@ from mediaserver.events import (
 )
 from mediaserver.session import StreamOptions, StreamSession
 from mediaserver.state import ASR, SESSIONS, SETTINGS
-from mediaserver.transport.common import stream_options_from
+from mediaserver.transport import rtc_liveness
+from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from
 from mediaserver.transport.rtc_audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
+from mediaserver.transport.rtc_sdp import check_offer, sdp_problem, with_opus_dtx
 from mediaserver.transport.voice import new_assistant, update_assistant
 
 log = logging.getLogger(__name__)
@@ -98,38 +99,6 @@ def ice_servers(settings: Settings) -> list[RTCIceServer]:
     return servers
 
 
-_OPUS_RTPMAP = re.compile(r"^a=rtpmap:(\d+) opus/48000(?:/2)?$", re.IGNORECASE)
-
-
-def with_opus_dtx(sdp: str) -> str:
-    """Ask the browser for Opus DTX and in-band FEC in an SDP answer.
-
-    With ``usedtx=1`` a browser sends a packet every ~400 ms (or none) while the microphone hears
-    silence instead of 50 a second: a hands-free session idles at 1-3 kbps instead of ~25. The
-    server's segmenter counts missing audio as silence (``stream_gap_fill_ms``), so utterances
-    still end on time. aiortc writes no ``fmtp`` for Opus; an existing one is extended.
-    """
-    eol = "\r\n" if "\r\n" in sdp else "\n"
-    lines = sdp.split(eol)
-    for line in list(lines):
-        match = _OPUS_RTPMAP.match(line)
-        if match is None:
-            continue
-        prefix = f"a=fmtp:{match.group(1)} "
-        existing = next((i for i, other in enumerate(lines) if other.startswith(prefix)), None)
-        if existing is None:
-            lines.insert(lines.index(line) + 1, f"{prefix}usedtx=1;useinbandfec=1")
-            continue
-        params: dict[str, str] = {}
-        for part in lines[existing][len(prefix) :].split(";"):
-            if part:
-                key, _, value = part.partition("=")
-                params[key] = value
-        params.update(usedtx="1", useinbandfec="1")
-        lines[existing] = prefix + ";".join(f"{k}={v}" if v else k for k, v in params.items())
-    return eol.join(lines)
-
-
 async def read_audio_track(
     track: MediaStreamTrack,
     resampler: av.AudioResampler,
@@ -157,6 +126,37 @@ def can_send_audio(pc: RTCPeerConnection) -> bool:
     )
 
 
+def log_task_failure(task: asyncio.Task[Any], session_id: str) -> None:
+    """A session task's done callback: a failure is logged here (a bug), never left for asyncio to
+    report as "Task exception was never retrieved"."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("session %s: task %s failed", session_id, task.get_name(), exc_info=exc)
+
+
+async def answer_offer(
+    pc: RTCPeerConnection, sdp: str, *, session_id: str, prepare: Callable[[], None], opus_dtx: bool
+) -> str:
+    """Take a client's SDP offer and answer it (no trickle ICE: the answer carries the candidates).
+
+    ``prepare`` runs between the two: it checks what the endpoint needs of the offer (raising an
+    ApiError) and adds outbound tracks. Whatever a mangled offer makes aiortc raise (its parser's
+    asserts, negotiation ValueErrors, errors on a half-built connection) is a 400 naming the problem,
+    logged in one INFO line. On any error the caller closes ``pc`` (``close_peer_connection``).
+    """
+    try:
+        check_offer(sdp)
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        prepare()
+        await pc.setLocalDescription(await pc.createAnswer())
+    except (ApiError, asyncio.CancelledError):
+        raise
+    except Exception as exc:  # aiortc's parser and negotiation: anything a mangled offer makes them raise
+        log.info("session %s: refused the offer: %r", session_id, exc)
+        raise InvalidParameter(sdp_problem(exc), param="sdp") from None
+    answer = pc.localDescription.sdp
+    return with_opus_dtx(answer) if opus_dtx else answer
+
+
 def message(kind: str, text: str | None = None, obj: Any = None) -> str:
     return json.dumps({"type": kind, "message": text, "obj": obj})
 
@@ -178,6 +178,8 @@ class RtcSession:
         self.started = False
         self.closed = False
         self.last_activity = time.monotonic()
+        self.opened_at = time.monotonic()
+        self.remote = "unknown"  # the signalling client's address
         self._tasks: set[asyncio.Task[Any]] = set()
         self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
         self.frames_received = 0
@@ -191,10 +193,15 @@ class RtcSession:
 
     # --- peer connection ------------------------------------------------------------------------
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        log_task_failure(task, self.id)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
@@ -225,15 +232,28 @@ class RtcSession:
 
     def _on_connection_state(self) -> None:
         state = self.pc.connectionState
-        log.info("session %s: connection %s", self.id, state)
+        if state == "connected":
+            log.info("session %s: connected (%s)", self.id, self.remote)
+        else:
+            log.log(logging.INFO if state == "failed" else logging.DEBUG, "session %s: %s", self.id, state)
         if state in ("failed", "closed"):
             self._spawn(self.aclose(), "rtc-close")
 
     async def watch_connect(self) -> None:
         await asyncio.sleep(self.settings.rtc_connect_timeout_s)
         if self.pc.connectionState != "connected" and not self.closed:
-            log.info("session %s: not connected after %.0f s, closing", self.id, self.settings.rtc_connect_timeout_s)
+            log.info("session %s: not connected after %g s, closing", self.id, self.settings.rtc_connect_timeout_s)
             await self.aclose()
+
+    async def watch_liveness(self) -> None:
+        """Close a connected peer that has sent nothing for ``rtc_dead_peer_timeout_s`` (see rtc_liveness)."""
+        timeout_s = self.settings.rtc_dead_peer_timeout_s
+        if timeout_s <= 0:
+            return
+        silent_s = await rtc_liveness.until_silent(self.pc, timeout_s, f"rtc-probe-{self.id}")
+        if silent_s is not None and not self.closed:
+            log.info("session %s: the peer sent nothing for %.1f s, closing", self.id, silent_s)
+            self._spawn(self.aclose(), "rtc-close")
 
     # --- data channel ---------------------------------------------------------------------------
 
@@ -251,7 +271,7 @@ class RtcSession:
 
     async def _handle_message(self, data: str | bytes) -> None:
         try:
-            parsed = json.loads(data)
+            parsed = loads_json(data)
         except (ValueError, TypeError):
             self.send(message("error", "could not parse message"))
             return
@@ -391,36 +411,65 @@ class RtcSession:
             self.send(message("speech_stopped", None, {"ms": event.audio_end_ms}))
 
     async def aclose(self) -> None:
+        """Idempotent, and never raises: whatever state the peer connection was left in (a
+        malformed offer can leave it half built), everything it opened is closed."""
         if self.closed:
             return
         self.closed = True
         self.sessions.discard(self.id)
-        if self.assistant is not None:
-            await self.assistant.aclose()
-        elif self.audio_out is not None:
-            self.audio_out.close()
-        await self.stream.aclose()
         current = asyncio.current_task()
         for task in list(self._tasks):
             if task is not current:
                 task.cancel()
-        await self.pc.close()
-        for task in list(self._tasks):
-            if task is not current:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        try:
+            if self.assistant is not None:
+                await self.assistant.aclose()
+            elif self.audio_out is not None:
+                self.audio_out.close()
+            await self.stream.aclose()
+        finally:
+            await close_peer_connection(self.pc, self.id)
+            for task in list(self._tasks):
+                if task is not current:
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+            log.log(
+                logging.INFO if self.frames_received or self.channel is not None else logging.DEBUG,
+                "session %s: closed after %.1f s",
+                self.id,
+                time.monotonic() - self.opened_at,
+            )
+
+
+async def close_peer_connection(pc: RTCPeerConnection, session_id: str) -> None:
+    """``pc.close()``, and when it fails (aiortc stops at the first transceiver without a transport,
+    which a malformed offer leaves behind), stop every transport it created one by one."""
+    try:
+        await pc.close()
+        return
+    except Exception as exc:
+        log.debug("session %s: closing the peer connection: %r; stopping its transports", session_id, exc)
+    dtls_transports = list(getattr(pc, "_RTCPeerConnection__dtlsTransports", ()))
+    ice_transports = list(getattr(pc, "_RTCPeerConnection__iceTransports", ()))
+    steps: list[Any] = [t.stop for t in pc.getTransceivers()]
+    if pc.sctp is not None:
+        steps.append(pc.sctp.stop)
+    steps += [t.stop for t in dtls_transports] + [t.stop for t in ice_transports]
+    for step in steps:
+        with contextlib.suppress(Exception):
+            await step()
+    pc.remove_all_listeners()
 
 
 async def offer_handler(request: web.Request) -> web.Response:
     """POST /api/rtc/asr: SDP offer in, SDP answer out (non-trickle ICE)."""
     settings = request.app[SETTINGS]
-    if request.content_length is not None and request.content_length > MAX_SDP_BYTES:
-        raise InvalidParameter(f"offer too large (max {MAX_SDP_BYTES} bytes)", param="sdp")
-    raw = await request.content.read(MAX_SDP_BYTES + 1)
-    if len(raw) > MAX_SDP_BYTES:
-        raise InvalidParameter(f"offer too large (max {MAX_SDP_BYTES} bytes)", param="sdp")
     try:
-        body = json.loads(raw)
+        raw = await read_body_limited(request, max_bytes=MAX_SDP_BYTES, idle_timeout_s=settings.body_read_timeout_s)
+    except AudioTooLarge:
+        raise InvalidParameter(f"offer too large (max {MAX_SDP_BYTES} bytes)", param="sdp") from None
+    try:
+        body = loads_json(raw)
     except ValueError:
         raise InvalidParameter('body must be JSON {"sdp": "...", "type": "offer"}', param="body") from None
     if not isinstance(body, dict) or not isinstance(body.get("sdp"), str) or body.get("type") != "offer":
@@ -429,25 +478,25 @@ async def offer_handler(request: web.Request) -> web.Response:
     # Check the model name now, so a bad query is a 400 here rather than an error later.
     request.app[ASR].models.resolve(options.model)
     session = RtcSession(request.app, options, settings)
-    request.app[SESSIONS].add(session.id, session)
-    try:
-        try:
-            await session.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type="offer"))
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-            raise InvalidParameter(f"malformed SDP offer: {exc}", param="sdp") from None
+
+    def prepare() -> None:
         if not any(t.kind == "audio" for t in session.pc.getTransceivers()) and session.pc.sctp is None:
             raise InvalidParameter("the SDP offer has neither an audio track nor a data channel", param="sdp")
         session.add_outbound_track()
-        answer = await session.pc.createAnswer()
-        await session.pc.setLocalDescription(answer)
+
+    try:
+        request.app[SESSIONS].add(session.id, session)  # over the cap: a 503 (with Retry-After)
+        sdp = await answer_offer(
+            session.pc, body["sdp"], session_id=session.id, prepare=prepare, opus_dtx=settings.rtc_opus_dtx
+        )
     except BaseException:
         await session.aclose()
         raise
     session._spawn(session.watch_connect(), "rtc-connect-watch")
-    log.info("session %s: answered offer", session.id)
-    local = session.pc.localDescription
-    sdp = with_opus_dtx(local.sdp) if settings.rtc_opus_dtx else local.sdp
-    return web.json_response({"sdp": sdp, "type": local.type})
+    session._spawn(session.watch_liveness(), "rtc-liveness")
+    session.remote = request.remote or "unknown"
+    log.debug("session %s: answered an offer from %s", session.id, session.remote)
+    return web.json_response({"sdp": sdp, "type": "answer"})
 
 
 async def config_handler(request: web.Request) -> web.Response:

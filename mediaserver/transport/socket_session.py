@@ -50,12 +50,17 @@ def close_reason(text: str) -> bytes:
 
 
 class LimitedWebSocket(web.WebSocketResponse):
-    """A ``WebSocketResponse`` whose close for an oversize message (1009) says what the limit is:
-    aiohttp closes by itself with an empty reason, which leaves a client guessing."""
+    """A ``WebSocketResponse`` that takes messages of up to ``max_message_bytes`` (that size
+    included), and whose close for a larger one (1009) says what the limit is: aiohttp closes by
+    itself with an empty reason, which leaves a client guessing.
 
-    def __init__(self, *, max_msg_size: int, **kwargs: Any) -> None:
-        super().__init__(max_msg_size=max_msg_size, **kwargs)
-        self.max_message_bytes = max_msg_size
+    aiohttp refuses a message whose size *reaches* its ``max_msg_size``, so it gets one more byte.
+    (A compressed message is refused only past it: the session's reader checks the limit again on
+    the message itself, ``Limits.max_message_bytes``.)"""
+
+    def __init__(self, *, max_message_bytes: int, **kwargs: Any) -> None:
+        super().__init__(max_msg_size=max_message_bytes + 1, **kwargs)
+        self.max_message_bytes = max_message_bytes
 
     async def close(self, *, code: int = WSCloseCode.OK, message: bytes = b"", drain: bool = True) -> bool:
         if code == WSCloseCode.MESSAGE_TOO_BIG and not message:
@@ -98,6 +103,7 @@ class Limits:
     max_backlog_s: float
     max_outbox: int
     idle_timeout_s: float
+    max_message_bytes: int = 0  # > 0: a larger message closes with 1009 (see LimitedWebSocket)
 
 
 class SocketSession:
@@ -254,6 +260,9 @@ class SocketSession:
                 self.on_idle(idle_s)
                 await self.aclose(CLOSE_IDLE_TIMEOUT, "idle timeout")
                 return
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY) and self._too_big(msg.data):
+                await self.aclose(WSCloseCode.MESSAGE_TOO_BIG, "message too big")
+                return
             if msg.type == WSMsgType.TEXT:
                 self.last_activity = time.monotonic()
                 await self.on_text(msg.data)
@@ -267,6 +276,16 @@ class SocketSession:
                 return
             else:  # CLOSE, CLOSING, CLOSED
                 return
+
+    def _too_big(self, data: str | bytes) -> bool:
+        limit = self.limits.max_message_bytes
+        if limit <= 0 or len(data) <= limit // 4:  # a str holds at least a byte per character
+            return False
+        size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8"))
+        if size > limit:
+            log.info("%s session %s: a message of %d bytes exceeds %d, closing", self.kind, self.id, size, limit)
+            return True
+        return False
 
     def _idle_left(self, idle_s: float) -> float:
         return self.last_activity + idle_s - time.monotonic()

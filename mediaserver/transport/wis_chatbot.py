@@ -25,6 +25,7 @@ from mediaserver.llm.service import LlmService
 from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.state import CAPABILITIES, LLM, SETTINGS
 from mediaserver.transport.common import parse_float, parse_int
+from mediaserver.transport.socket_session import LimitedWebSocket
 from mediaserver.transport.tts_http import SpeechRequest, respond_with_speech, tts_of
 from mediaserver.transport.wis_tts import parse_format
 from mediaserver.tts.types import SynthesisParams
@@ -107,7 +108,7 @@ async def ws_chatbot_handler(request: web.Request) -> web.WebSocketResponse:
     request.app[CAPABILITIES].require("llm")
     settings = request.app[SETTINGS]
     llm = request.app[LLM]
-    ws = web.WebSocketResponse(heartbeat=settings.ws_heartbeat_s, max_msg_size=settings.ws_max_message_bytes)
+    ws = LimitedWebSocket(heartbeat=settings.ws_heartbeat_s, max_message_bytes=settings.ws_max_message_bytes)
     await ws.prepare(request)
     questions: asyncio.Queue[str] = asyncio.Queue(WS_MAX_PENDING_QUESTIONS)
     # Answers run beside the reader, so a client that hangs up mid-answer stops the generation.

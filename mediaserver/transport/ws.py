@@ -50,8 +50,8 @@ from mediaserver.events import (
 )
 from mediaserver.session import SessionLimitReached, StreamOptions, StreamSession
 from mediaserver.state import ASR, SESSIONS, SETTINGS
-from mediaserver.transport.common import parse_bool, parse_int, stream_options_from
-from mediaserver.transport.socket_session import Limits, SocketSession, close_reason
+from mediaserver.transport.common import loads_json, parse_bool, parse_int, stream_options_from
+from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
 from mediaserver.transport.voice import new_assistant, update_assistant
 
 log = logging.getLogger(__name__)
@@ -273,7 +273,9 @@ class WsSession(SocketSession):
     kind = "ws"
 
     def __init__(self, app: web.Application, ws: web.WebSocketResponse, settings: Settings) -> None:
-        limits = Limits(MAX_QUEUED_MESSAGES, MAX_BACKLOG_S, MAX_OUTBOX, settings.ws_idle_timeout_s)
+        limits = Limits(
+            MAX_QUEUED_MESSAGES, MAX_BACKLOG_S, MAX_OUTBOX, settings.ws_idle_timeout_s, settings.ws_max_message_bytes
+        )
         super().__init__(app, ws, settings, f"ws-{uuid.uuid4().hex[:12]}", limits)
         self.models = app[ASR].models
         self.stream = StreamSession(app[ASR], settings, self._on_event, session_id=self.id)
@@ -393,7 +395,7 @@ class WsSession(SocketSession):
 
     async def on_text(self, data: str) -> None:
         try:
-            parsed = json.loads(data)
+            parsed = loads_json(data)
         except ValueError:
             self.send_error("invalid_message", "text messages must be JSON objects with a string 'type'")
             return
@@ -538,7 +540,7 @@ class WsSession(SocketSession):
 async def stream_handler(request: web.Request) -> web.WebSocketResponse:
     """GET /api/ws/asr: upgrade, register the session, read until it closes, clean up."""
     settings = request.app[SETTINGS]
-    ws = web.WebSocketResponse(heartbeat=settings.ws_heartbeat_s, max_msg_size=settings.ws_max_message_bytes)
+    ws = LimitedWebSocket(heartbeat=settings.ws_heartbeat_s, max_message_bytes=settings.ws_max_message_bytes)
     await ws.prepare(request)
     session = WsSession(request.app, ws, settings)
     try:

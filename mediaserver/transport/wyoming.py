@@ -6,10 +6,8 @@ Framing, exactly as the Wyoming spec: each event is one UTF-8 JSON header line e
 of JSON merged over ``data``, then ``payload_length`` bytes of binary payload (PCM here). Events are
 the ``wyoming`` package's own types (``Event`` and its ``Eventable`` classes), written with its
 ``async_write_event``; each connection is a ``wyoming.server.AsyncEventHandler``. Only reading is
-ours: the package's ``async_read_event`` has no size limit (a header claiming a 4 GB payload is
-read into memory) and turns a malformed event into a silent end of stream, so ``read_event`` below
-checks every length before anything is allocated and answers a malformed event with a clear
-``error``.
+ours (``wyoming_framing.read_event``): the package's reader has no size limit and turns a malformed
+event into a silent end of stream; ours checks every length first and answers with a clear ``error``.
 
 Conversation, per connection (Home Assistant opens one per utterance; several cycles on one
 connection work too): ``describe`` → ``info``; ``transcribe{name?, language?}`` →
@@ -22,6 +20,13 @@ and discards what the client still sends for a moment before closing (closing a 
 input makes the kernel send a reset, which can destroy the error before the client reads it). Home
 Assistant reads until ``transcript`` without a timeout, so an error that left the connection open
 would leave it waiting; a closed connection ends its request at once.
+
+Access and memory. Wyoming has no authentication (Home Assistant connects with a host and a port
+only), so when the HTTP API requires credentials the server listens on loopback unless
+``wyoming_host`` says otherwise, and ``wyoming_allowed_networks`` restricts clients by address
+(others get ``error{code: "forbidden"}``). At most ``wyoming_max_connections`` connections are open
+(``too_many_connections``), and the audio all connections hold for transcription is bounded by
+``wyoming_max_buffered_audio_bytes`` (``audio_buffer_full``), besides each utterance's own limits.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import asyncio
 import contextlib
 import functools
 import importlib
-import json
+import ipaddress
 import logging
 import socket
 import time
@@ -54,17 +59,16 @@ from mediaserver.asr.service import AsrService
 from mediaserver.audio.decode import PcmFormat, pcm_to_float
 from mediaserver.capabilities import Capabilities
 from mediaserver.config import Settings
-from mediaserver.errors import ApiError, AudioTooLarge, InvalidAudio, InvalidParameter
+from mediaserver.errors import ApiError, AudioTooLarge, InvalidAudio, InvalidParameter, Overloaded
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, Priority, Transcript, TranscriptionOptions
 from mediaserver.languages import WHISPER_LANGUAGES, normalize_language
 from mediaserver.state import ASR, CAPABILITIES, SETTINGS, TTS
+from mediaserver.transport.wyoming_framing import MAX_HEADER_LINE_BYTES, WyomingProtocolError, read_event
 from mediaserver.transport.wyoming_tts import WyomingTts, tts_program
 from mediaserver.tts.service import TtsService
 
 log = logging.getLogger(__name__)
 
-# Longest accepted header line; real headers are ~150 bytes (data goes in the data_length block).
-MAX_HEADER_LINE_BYTES: Final = 64 * 1024
 # How long an error's sender waits for the client to stop sending before closing outright.
 LINGER_S: Final = 2.0
 LINGER_MAX_BYTES: Final = 16 * 1024 * 1024
@@ -74,81 +78,6 @@ _PROGRAM_ATTRIBUTION: Final = Attribution(
     name="mediaserver (faster-whisper)", url="https://github.com/SYSTRAN/faster-whisper"
 )
 _MODEL_ATTRIBUTION: Final = Attribution(name="OpenAI", url="https://github.com/openai/whisper")
-
-
-# --- framing -----------------------------------------------------------------------------------
-
-
-class WyomingProtocolError(Exception):
-    """A malformed event; the connection it came from cannot be trusted any further."""
-
-    def __init__(self, message: str, code: str = "invalid_event") -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-
-
-def _json_object(raw: bytes, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise WyomingProtocolError(f"{what} is not valid UTF-8 JSON") from None
-    if not isinstance(value, dict):
-        raise WyomingProtocolError(f"{what} must be a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _length(header: dict[str, Any], key: str) -> int:
-    value = header.get(key)
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise WyomingProtocolError(f"{key} must be an integer, got {value!r}")
-    if value < 0:
-        raise WyomingProtocolError(f"{key} must not be negative, got {value}")
-    return value
-
-
-async def read_event(reader: asyncio.StreamReader, *, max_event_bytes: int) -> Event | None:
-    """Read one event; None on a clean end of stream between events.
-
-    Raises WyomingProtocolError for anything malformed or larger than ``max_event_bytes`` (header,
-    data and payload together), and asyncio.IncompleteReadError when the peer leaves mid-event.
-    The reader's own limit must be at least MAX_HEADER_LINE_BYTES.
-    """
-    max_line = min(MAX_HEADER_LINE_BYTES, max_event_bytes)
-    try:
-        line = await reader.readuntil(b"\n")
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise
-    except asyncio.LimitOverrunError:
-        raise WyomingProtocolError(f"header line is longer than {max_line} bytes", "event_too_large") from None
-    if len(line) > max_line:
-        raise WyomingProtocolError(f"header line is longer than {max_line} bytes", "event_too_large")
-    header = _json_object(line, "header line")
-    event_type = header.get("type")
-    if not isinstance(event_type, str) or not event_type:
-        raise WyomingProtocolError("header has no 'type' string")
-    data = header.get("data")
-    if data is None:
-        data = {}
-    elif not isinstance(data, dict):
-        raise WyomingProtocolError(f"'data' must be a JSON object, got {type(data).__name__}")
-    data_length = _length(header, "data_length")
-    payload_length = _length(header, "payload_length")
-    total = len(line) + data_length + payload_length
-    if total > max_event_bytes:
-        raise WyomingProtocolError(
-            f"event of {total} bytes (data_length={data_length}, payload_length={payload_length}) "
-            f"exceeds the limit of {max_event_bytes} bytes",
-            "event_too_large",
-        )
-    if data_length:
-        data = {**data, **_json_object(await reader.readexactly(data_length), "data block")}
-    payload = await reader.readexactly(payload_length) if payload_length else None
-    return Event(event_type, data, payload)
 
 
 # --- info --------------------------------------------------------------------------------------
@@ -267,6 +196,29 @@ def transcript_chunks(transcript: Transcript) -> list[str]:
     return texts
 
 
+class AudioBufferFull(Overloaded):
+    code = "audio_buffer_full"
+
+
+class AudioBudget:
+    """Audio bytes held for transcription across every connection of a server."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.used_bytes = 0
+
+    def reserve(self, size: int) -> None:
+        if self.used_bytes + size > self.limit_bytes:
+            raise AudioBufferFull(
+                f"the server already holds {self.used_bytes} bytes of audio for transcription "
+                f"(wyoming_max_buffered_audio_bytes = {self.limit_bytes}); retry later"
+            )
+        self.used_bytes += size
+
+    def release(self, size: int) -> None:
+        self.used_bytes = max(0, self.used_bytes - size)
+
+
 class WyomingConnection(AsyncEventHandler):
     """One client: reads events, answers them, and owns its socket until it is closed.
 
@@ -283,7 +235,17 @@ class WyomingConnection(AsyncEventHandler):
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
         self._utterance: _Utterance | None = None
         self._pending: tuple[str | None, str | None] | None = None  # (model, language) of a transcribe
+        self._held_bytes = 0  # this connection's share of the server's AudioBudget
         self._tts = WyomingTts(server.tts, server.capabilities, self.send, self.peer)
+
+    async def refuse(self, text: str, code: str) -> None:
+        """Turn the connection away with an error (it is closed afterwards)."""
+        log.info("wyoming %s: refused: %s", self.peer, text)
+        await self._fail(text, code)
+
+    def _release_audio(self) -> None:
+        self._server.budget.release(self._held_bytes)
+        self._held_bytes = 0
 
     async def run(self) -> None:
         try:
@@ -302,6 +264,7 @@ class WyomingConnection(AsyncEventHandler):
             log.exception("wyoming %s: unexpected error", self.peer)
             await self._fail("internal server error", "internal_error")
         finally:
+            self._release_audio()
             await self._tts.aclose()
             await self.disconnect()
 
@@ -328,6 +291,7 @@ class WyomingConnection(AsyncEventHandler):
         elif Transcribe.is_type(kind):
             self._pending = self._parse_transcribe(event.data)
             self._utterance = None
+            self._release_audio()
         elif AudioStart.is_type(kind):
             self._start_utterance(_audio_format(event.data, None))
         elif AudioChunk.is_type(kind):
@@ -359,6 +323,7 @@ class WyomingConnection(AsyncEventHandler):
         model, language = self._pending if self._pending is not None else (None, self._settings.default_language)
         self._pending = None
         self._utterance = _Utterance(model, language, fmt)
+        self._release_audio()
         return self._utterance
 
     def _add_chunk(self, event: Event) -> None:
@@ -369,6 +334,8 @@ class WyomingConnection(AsyncEventHandler):
         if fmt is None:
             raise InvalidAudio("Invalid audio: audio-chunk without rate/width/channels and no audio-start before it")
         if event.payload:
+            self._server.budget.reserve(len(event.payload))
+            self._held_bytes += len(event.payload)
             utterance.add(
                 fmt,
                 event.payload,
@@ -380,13 +347,17 @@ class WyomingConnection(AsyncEventHandler):
         utterance = self._utterance or self._start_utterance(None)
         self._utterance = None
         started = time.perf_counter()
-        audio = await asyncio.to_thread(utterance.to_float, self._settings.max_audio_duration_s)
-        if audio.size == 0:
-            language = utterance.language or self._settings.default_language
-            transcript = Transcript(text="", language=language, language_probability=0.0, duration_s=0.0)
-        else:
-            options = TranscriptionOptions(language=utterance.language, beam_size=self._settings.default_beam_size)
-            transcript = await self._asr.transcribe(audio, options, model=utterance.model, priority=Priority.FINAL)
+        try:  # the audio is held (and counted) until its transcript is made
+            audio = await asyncio.to_thread(utterance.to_float, self._settings.max_audio_duration_s)
+            del utterance.runs[:]
+            if audio.size == 0:
+                language = utterance.language or self._settings.default_language
+                transcript = Transcript(text="", language=language, language_probability=0.0, duration_s=0.0)
+            else:
+                options = TranscriptionOptions(language=utterance.language, beam_size=self._settings.default_beam_size)
+                transcript = await self._asr.transcribe(audio, options, model=utterance.model, priority=Priority.FINAL)
+        finally:
+            self._release_audio()
         log.info(
             "wyoming %s: %.2f s of audio transcribed in %.0f ms",
             self.peer,
@@ -452,6 +423,8 @@ class WyomingServer:
         self._zeroconf: Any = None
         self._service_info: Any = None
         self._closed = False
+        self._allowed = [ipaddress.ip_network(n, strict=False) for n in settings.wyoming_allowed_networks]
+        self.budget = AudioBudget(settings.wyoming_max_buffered_audio_bytes)
         self.port: int | None = None
 
     @property
@@ -485,11 +458,33 @@ class WyomingServer:
         self._tasks[task] = connection
         log.debug("wyoming %s: connected", connection.peer)
         try:
-            await connection.run()
+            if not self.allows(writer.get_extra_info("peername")):
+                await connection.refuse(
+                    f"{connection.peer} is not in this server's wyoming_allowed_networks", "forbidden"
+                )
+            elif len(self._tasks) > self.settings.wyoming_max_connections:
+                await connection.refuse(
+                    f"too many open connections (wyoming_max_connections = {self.settings.wyoming_max_connections})",
+                    "too_many_connections",
+                )
+            else:
+                await connection.run()
         finally:
             self._tasks.pop(task, None)
             await connection.aclose()
             log.debug("wyoming %s: closed", connection.peer)
+
+    def allows(self, peername: Any) -> bool:
+        """Whether a client address is in ``wyoming_allowed_networks`` (always, when that is empty)."""
+        if not self._allowed:
+            return True
+        try:
+            address = ipaddress.ip_address(str(peername[0]).split("%", 1)[0])
+        except (TypeError, IndexError, ValueError):
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return any(address in network for network in self._allowed)
 
     async def _announce(self, host: str, port: int) -> None:
         try:
@@ -557,8 +552,23 @@ async def wyoming_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     server = WyomingServer(settings, app[ASR], tts=app.get(TTS), capabilities=app.get(CAPABILITIES))
+    host = settings.wyoming_bind_host()
+    if settings.auth_enabled and settings.wyoming_host is None:
+        log.info(
+            "wyoming: the HTTP API requires credentials and Wyoming clients cannot send any, so Wyoming listens "
+            "on %s only; set wyoming_host (and wyoming_allowed_networks) to expose it",
+            host,
+        )
+    elif host not in ("127.0.0.1", "::1", "localhost") and not settings.wyoming_allowed_networks:
+        level = logging.WARNING if settings.auth_enabled else logging.INFO
+        log.log(
+            level,
+            "wyoming: listening on %s without authentication (the protocol has none): any client that reaches "
+            "this port can transcribe and synthesize; wyoming_allowed_networks restricts it",
+            host,
+        )
     try:
-        app[WYOMING_PORT] = await server.start(settings.wyoming_host, settings.wyoming_port)
+        app[WYOMING_PORT] = await server.start(host, settings.wyoming_port)
         app[WYOMING_SERVER] = server
         yield
     finally:

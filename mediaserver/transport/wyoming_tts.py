@@ -31,7 +31,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from mediaserver import __version__
 from mediaserver.capabilities import Capabilities, FeatureDisabled
 from mediaserver.errors import InvalidParameter
-from mediaserver.tts.service import Speech, TtsService
+from mediaserver.tts.service import Speech, TextTooLong, TtsService
 from mediaserver.tts.types import SynthesisParams, TtsChunk, VoiceInfo
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ class WyomingTts:
         self._speech: Speech | None = None
         self._speech_cm: AbstractAsyncContextManager[Speech] | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._streamed_chars = 0
 
     @staticmethod
     def handles(event_type: str) -> bool:
@@ -133,6 +134,14 @@ class WyomingTts:
                 raise InvalidParameter("synthesize-chunk needs a 'text' string", param="text")
             if self._speech is None:
                 raise InvalidParameter("synthesize-chunk before synthesize-start", param="text")
+            self._streamed_chars += len(text)
+            limit = self._service().settings.tts_max_input_chars
+            if self._streamed_chars > limit:  # a stream is one answer: bounded like any other text
+                raise TextTooLong(
+                    f"the streamed text has {self._streamed_chars} characters; the limit is {limit} "
+                    "(tts_max_input_chars)",
+                    param="text",
+                )
             self._speech.feed(text)
         elif SynthesizeStop.is_type(kind):
             await self._stop()
@@ -163,6 +172,7 @@ class WyomingTts:
         voice, params = await self._voice(data)
         self._speech_cm = tts.open(voice, params)
         self._speech = await self._speech_cm.__aenter__()
+        self._streamed_chars = 0
         self._writer = asyncio.get_running_loop().create_task(self._write(self._speech), name="wyoming-tts-writer")
 
     async def _write(self, speech: Speech) -> None:

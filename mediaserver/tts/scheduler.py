@@ -163,6 +163,14 @@ class TtsScheduler:
     def open_streams(self) -> int:
         return len(self._streams)
 
+    def drain_estimate_s(self) -> float | None:
+        """How long the sentences queued now take at the measured time per sentence (None before
+        any was measured); what a refused request is told to wait (``Retry-After``)."""
+        if not self.sentences_done:
+            return None
+        queued = sum(len(stream._pending) + stream._inflight for stream in self._streams)
+        return max(1, queued) * (self.busy_s / self.sentences_done) / self._workers_wanted
+
     def start(self) -> None:
         if not self._tasks and not self._closed:
             loop = asyncio.get_running_loop()
@@ -178,7 +186,8 @@ class TtsScheduler:
             self._metrics.rejected.labels(self.voice).inc()
             raise Overloaded(
                 f"server overloaded: {len(self._streams)} speech requests are already queued for voice "
-                f"{self.voice!r}; retry later"
+                f"{self.voice!r}; retry later",
+                retry_after_s=self.drain_estimate_s(),
             )
         self.start()
         stream = SentenceStream(self, params, next(self._ids))

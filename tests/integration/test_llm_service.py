@@ -7,6 +7,7 @@ itself (its token counter and its busy flag), not only on the consumer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Any
 
@@ -159,14 +160,30 @@ async def test_full_queue_is_overloaded_and_timeouts_are_504(base_settings: Sett
         waiting = service.stream(STORY, params)
         waiter = asyncio.create_task(anext(waiting))
         await asyncio.sleep(0.2)  # the second one is now in the queue
-        with pytest.raises(Overloaded, match="llm_max_queue"):
+        with pytest.raises(Overloaded, match="llm_max_queue") as refused:
             await anext(service.stream(STORY, params))
+        assert refused.value.retryable and refused.value.retry_after_s is None  # nothing measured yet
         with pytest.raises(LlmTimeout, match="llm_request_timeout_s"):
             async for _ in running:
                 pass
         await running.aclose()
         assert isinstance(await waiter, str)  # the queued one runs once the model is free
         await waiting.aclose()
+        # A generation that finishes is measured, and the next refusal's Retry-After comes from it.
+        assert await service.stream(STORY, GenerationParams(temperature=0.0, max_tokens=8)).text()
+        held = service.stream(STORY, GenerationParams(temperature=0.0, max_tokens=200))
+        await anext(held)
+        queued = service.stream(STORY, params)
+        queued_first = asyncio.create_task(anext(queued))
+        await asyncio.sleep(0.2)
+        with pytest.raises(Overloaded) as refused:
+            await anext(service.stream(STORY, params))
+        assert refused.value.retry_after_s is not None and refused.value.retry_after_s > 0
+        queued_first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await queued_first
+        await held.aclose()
+        await queued.aclose()
         metrics = service.metrics_registry.render().decode()
         assert 'outcome="rejected"' in metrics and 'outcome="timeout"' in metrics
     finally:

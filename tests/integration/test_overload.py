@@ -33,7 +33,9 @@ async def test_full_queue_is_503_and_nothing_else_fails(base_settings: Settings,
 
             async def post() -> tuple[int, dict[str, Any]]:
                 async with session.post(f"http://127.0.0.1:{port}/api/willow", data=body) as resp:
-                    return resp.status, await resp.json()
+                    payload = await resp.json()
+                    payload["retry_after"] = resp.headers.get("Retry-After")
+                    return resp.status, payload
 
             results = await asyncio.gather(*(post() for _ in range(6)))
             async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
@@ -47,6 +49,8 @@ async def test_full_queue_is_503_and_nothing_else_fails(base_settings: Settings,
     for status, payload in results:
         if status == 503:
             assert payload["code"] == "overloaded" and "retry later" in payload["error"]
+            # How long the queue ahead takes at the measured batch time, in whole seconds (RFC 9110).
+            assert payload["retry_after"] is not None and int(payload["retry_after"]) >= 1
         else:
             assert wer("Turn on the kitchen lights and close the garage door.", payload["text"]) <= 0.2
     assert 'mediaserver_asr_rejected_total{model="tiny.en"}' in metrics

@@ -18,7 +18,7 @@ from mediaserver.llm.service import LlmService
 from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
 from tests.integration.test_realtime_conversation import GA_EVENTS
-from tests.integration.test_voice_loop import LONG_QUESTION, QUESTION, VOICE_SETTINGS, llm_busy, transcribe
+from tests.integration.test_voice_loop import ANSWER_WORD, LONG_QUESTION, QUESTION, VOICE_SETTINGS, llm_busy, transcribe
 from tests.rtc_peer import Peer, connect_call
 
 
@@ -79,7 +79,7 @@ async def test_call_answers_on_the_track_and_events_on_the_channel(
         done = events[kinds.index("response.done")]["response"]
         assert done["status"] in ("completed", "incomplete"), done
         transcript = done["output"][0]["content"][0]["transcript"]
-        assert "blue" in transcript.lower(), transcript
+        assert ANSWER_WORD in transcript.lower(), transcript
         await asyncio.sleep(0.5)  # the last frames in flight
         heard = await transcribe(asr_service, peer.received_audio(), 48000)
         assert wer(transcript, heard) <= 0.2, (transcript, heard)
@@ -131,7 +131,7 @@ async def test_raw_sdp_offer_without_a_way_back_for_audio_and_bad_offers(
         assert "output_audio_buffer.started" not in [e["type"] for e in events]
         done = events[-1]["response"]
         assert done["status"] in ("completed", "incomplete"), done
-        assert "blue" in done["output"][0]["content"][0]["transcript"].lower()
+        assert ANSWER_WORD in done["output"][0]["content"][0]["transcript"].lower()
     finally:
         await peer.close()
     deadline = time.monotonic() + 10  # the peer connection closing ends the call

@@ -27,6 +27,7 @@ from mediaserver.tts.service import TtsService
 from tests.conftest import Clip, LiveServer
 from tests.integration.test_realtime import RATE, chunks, pcm16
 from tests.integration.test_voice_loop import (
+    ANSWER_WORD,
     LONG_QUESTION,
     QUESTION,
     VOICE_SETTINGS,
@@ -147,7 +148,7 @@ async def test_sdk_text_turn(conv_server: LiveServer) -> None:
     assert created_response.status == "in_progress" and created_response.metadata == {"client_event_id": "turn-1"}
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     done_text = next(e for e in events if e.type == "response.output_text.done").text
-    assert done_text == text and "blue" in text.lower(), text
+    assert done_text == text and ANSWER_WORD in text.lower(), text
     response = events[-1].response
     assert response.status == "completed" and response.id == created_response.id
     assert response.output[0].content[0].text == text and response.output[0].status == "completed"
@@ -181,7 +182,7 @@ async def test_sdk_audio_turn_is_heard_back(
     transcript = next(e for e in events if e.type == "response.output_audio_transcript.done").transcript
     deltas = "".join(e.delta for e in events if e.type == "response.output_audio_transcript.delta")
     assert transcript == deltas == done.output[0].content[0].transcript
-    assert "blue" in transcript.lower(), transcript
+    assert ANSWER_WORD in transcript.lower(), transcript
     audio = audio_of(events)
     assert audio.size > RATE  # more than a second of answer
     heard = await transcribe(asr_service, audio, RATE)
@@ -397,7 +398,7 @@ async def test_beta_client_text_then_g711_audio(raw: Callable[..., Any], asr_ser
     assert "conversation.item.added" not in kinds and "conversation.item.done" not in kinds
     done = events[-1]["response"]
     assert done["modalities"] == ["text"] and done["output"][0]["content"][0]["type"] == "text"
-    assert "blue" in done["output"][0]["content"][0]["text"].lower()
+    assert ANSWER_WORD in done["output"][0]["content"][0]["text"].lower()
 
     # The next answer spoken, in G.711 μ-law at 8 kHz as the session asked.
     await client.send(
@@ -416,7 +417,7 @@ async def test_beta_client_text_then_g711_audio(raw: Callable[..., Any], asr_ser
     audio = ULAW_TO_PCM16[np.frombuffer(ulaw, np.uint8)].astype(np.float32) / 32768.0
     heard = await transcribe(asr_service, audio, 8000)
     # Telephone audio (8 kHz, 8 bits): tiny.en hears it less well than 24 kHz PCM.
-    assert wer(transcript, heard) <= 0.35 and "blue" in heard.lower(), (transcript, heard)
+    assert wer(transcript, heard) <= 0.35 and ANSWER_WORD in heard.lower(), (transcript, heard)
 
     await client.send({"type": "conversation.item.delete", "item_id": user_id, "event_id": "del"})
     deleted = (await client.until("conversation.item.deleted"))[-1]
@@ -497,7 +498,7 @@ async def test_bad_input_is_an_error_event_and_the_session_stays(raw: Callable[.
     assert first in events[-1]["error"]["message"]
     done = (await client.until("response.done"))[-1]["response"]
     assert done["id"] == first and done["status"] == "completed"
-    assert "blue" in done["output"][0]["content"][0]["text"].lower()
+    assert ANSWER_WORD in done["output"][0]["content"][0]["text"].lower()
 
 
 async def test_user_audio_item_is_transcribed_then_answered(
@@ -519,7 +520,7 @@ async def test_user_audio_item_is_transcribed_then_answered(
     assert kinds.index("conversation.item.input_audio_transcription.completed") < kinds.index(
         "response.output_item.added"
     )
-    assert "blue" in events[-1]["response"]["output"][0]["content"][0]["text"].lower()
+    assert ANSWER_WORD in events[-1]["response"]["output"][0]["content"][0]["text"].lower()
 
 
 async def test_oversized_message_closes_with_a_reason(raw: Callable[..., Any]) -> None:
@@ -573,4 +574,4 @@ async def test_without_tts_audio_is_a_clear_error_and_text_works(
     assert "TTS is disabled" in error["error"]["message"] and "['text']" in error["error"]["message"]
     await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
     done = (await client.until("response.done"))[-1]["response"]
-    assert done["status"] == "completed" and "blue" in done["output"][0]["content"][0]["text"].lower()
+    assert done["status"] == "completed" and ANSWER_WORD in done["output"][0]["content"][0]["text"].lower()

@@ -250,6 +250,8 @@ async def test_64_requests_on_a_queue_of_8(small_queue_server: LiveServer) -> No
         async def one(i: int) -> tuple[int, bytes, str]:
             params = {"text": f"Request number {i} is done.", "nocache": "1"}
             async with session.get(f"{small_queue_server.url}/api/tts", params=params) as resp:
+                if resp.status == 503:  # a transient 503 says when to come back, in whole seconds
+                    assert int(resp.headers["Retry-After"]) >= 1
                 return resp.status, await resp.read(), resp.headers.get("Content-Type", "")
 
         results = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(64))), timeout=170)

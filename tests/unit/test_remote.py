@@ -14,6 +14,7 @@ from mediaserver.asr.remote import force_prefix, redact_url
 from mediaserver.asr.scheduler import AsrScheduler
 from mediaserver.asr.triton import split_long
 from mediaserver.config import Settings
+from mediaserver.errors import Overloaded
 from mediaserver.events import Transcript, TranscriptionOptions
 
 
@@ -108,6 +109,38 @@ async def test_async_batches_run_side_by_side_and_are_cancelled_when_nobody_wait
         with pytest.raises(asyncio.CancelledError):
             await waiting[0]
         assert not scheduler._inflight_tasks
+    finally:
+        await scheduler.aclose()
+
+
+async def test_retry_after_counts_the_batches_a_remote_engine_runs_side_by_side() -> None:
+    """A full queue's Retry-After: queued batches / ``max_inflight_batches`` x the measured batch time."""
+    release = asyncio.Event()
+    running = 0
+
+    async def batch(jobs: Sequence[AsrJob], backlog: int) -> list[Transcript | BaseException]:
+        nonlocal running
+        running += 1
+        await release.wait()
+        return [_transcript(job) for job in jobs]
+
+    scheduler = AsrScheduler(
+        "m", None, async_batch_fn=batch, max_batch=1, max_inflight_batches=3, max_wait_ms=0, max_queue=6
+    )
+    job = AsrJob(np.zeros(16000, np.float32), TranscriptionOptions())
+    try:
+        waiting = [asyncio.create_task(scheduler.submit(job)) for _ in range(3)]
+        while running < 3:
+            await asyncio.sleep(0.01)
+        waiting += [asyncio.create_task(scheduler.submit(job)) for _ in range(6)]
+        while scheduler.depth < 6:
+            await asyncio.sleep(0.01)
+        scheduler.estimated_batch_s = 1.5  # as if measured
+        with pytest.raises(Overloaded) as refused:
+            await scheduler.submit(job)
+        assert refused.value.retry_after_s == pytest.approx(6 / 3 * 1.5)  # not 6 x 1.5: three at a time
+        release.set()
+        await asyncio.gather(*waiting)
     finally:
         await scheduler.aclose()
 

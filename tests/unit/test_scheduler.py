@@ -107,8 +107,11 @@ async def test_full_queue_refuses_new_work(engine: WhisperEngine, speech: Any) -
         await asyncio.to_thread(recorder.started.wait, 10)
         queued = [asyncio.ensure_future(scheduler.submit(job(speech, k))) for k in ("music", "story")]
         await asyncio.sleep(0.01)
-        with pytest.raises(Overloaded, match="overloaded"):
+        scheduler.estimated_batch_s = 1.7  # as if measured
+        with pytest.raises(Overloaded, match="overloaded") as refused:
             await scheduler.submit(job(speech, "garden"))
+        # Retry-After: the two queued jobs take two batches of one at the measured batch time.
+        assert refused.value.retryable and refused.value.retry_after_s == pytest.approx(2 * 1.7)
         recorder.gate.set()
         results = await asyncio.gather(running, *queued)
     finally:

@@ -16,22 +16,23 @@ audio (server VAD finds the turns); answers play on the outbound Opus track of t
 ``cleared`` say when the track plays, and an interrupted answer keeps the words that were played.
 
 A call ends when the peer connection fails or closes, the data channel closes, the client hangs
-up, it stays idle (``ws_idle_timeout_s``: no event and no audio), or the server shuts down; in every
-case ``RealtimeCall.aclose`` leaves nothing running.
+up, it stays idle (``ws_idle_timeout_s``: no event and no audio), the peer never connects
+(``rtc_connect_timeout_s``) or vanishes (nothing received for ``rtc_dead_peer_timeout_s``, as on
+/api/rtc/asr), or the server shuts down; in every case ``RealtimeCall.aclose`` leaves nothing
+running. A malformed offer or form is a 400, never a 500.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from typing import Any, Final
 
 import av
 from aiohttp import BodyPartReader, WSCloseCode, WSMessage, WSMsgType, web
-from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamTrack
 
 from mediaserver.assistant.audio_out import AudioOut
@@ -39,12 +40,21 @@ from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
 from mediaserver.state import ASR, SESSIONS, SETTINGS
+from mediaserver.transport import rtc_liveness
+from mediaserver.transport.common import loads_json
 from mediaserver.transport.realtime.config import EventError, RealtimeConfig, new_id, session_kind
 from mediaserver.transport.realtime.conversation_config import ConversationConfig, parse_conversation_session
 from mediaserver.transport.realtime.lookups import check_voice, is_llm_model
 from mediaserver.transport.realtime.session import RealtimeSession
 from mediaserver.transport.realtime.websocket import default_conversation
-from mediaserver.transport.rtc import can_send_audio, ice_servers, read_audio_track, with_opus_dtx
+from mediaserver.transport.rtc import (
+    answer_offer,
+    can_send_audio,
+    close_peer_connection,
+    ice_servers,
+    log_task_failure,
+    read_audio_track,
+)
 from mediaserver.transport.rtc_audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 
 log = logging.getLogger(__name__)
@@ -163,7 +173,11 @@ class RealtimeCall:
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        log_task_failure(task, self.id)
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label == EVENTS_CHANNEL and self.socket.channel is None:
@@ -210,6 +224,7 @@ class RealtimeCall:
         self.session.send_session("session.created", self.session.config, self.session.conversation_config)
         self._spawn(self._run(), "call-events")
         self._spawn(self._watch_connect(), "call-connect-watch")
+        self._spawn(self._watch_liveness(), "call-liveness")
 
     async def _run(self) -> None:
         try:
@@ -223,18 +238,30 @@ class RealtimeCall:
             log.info("call %s: not connected after %.0f s, closing", self.id, self.settings.rtc_connect_timeout_s)
             await self.aclose()
 
+    async def _watch_liveness(self) -> None:
+        """Close a call whose peer has sent nothing for ``rtc_dead_peer_timeout_s`` (see rtc_liveness)."""
+        timeout_s = self.settings.rtc_dead_peer_timeout_s
+        if timeout_s <= 0:
+            return
+        silent_s = await rtc_liveness.until_silent(self.pc, timeout_s, f"call-probe-{self.id}")
+        if silent_s is not None and not self._closed:
+            log.info("call %s: the peer sent nothing for %.1f s, closing", self.id, silent_s)
+            self._spawn(self.aclose(), "call-close")
+
     async def aclose(self) -> None:
         """Idempotent: the session (its conversation, turn and streams), the tracks, the connection."""
         if self._closed:
             return
         self._closed = True
         self.app[SESSIONS].discard(self.id)
-        await self.session.aclose(WSCloseCode.GOING_AWAY, "call ended")
         current = asyncio.current_task()
-        for task in list(self._tasks):
-            if task is not current:
-                task.cancel()
-        await self.pc.close()
+        try:
+            await self.session.aclose(WSCloseCode.GOING_AWAY, "call ended")
+        finally:
+            for task in list(self._tasks):
+                if task is not current:
+                    task.cancel()
+            await close_peer_connection(self.pc, self.id)  # never raises, even half built
         for task in list(self._tasks):
             if task is not current:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -259,13 +286,16 @@ async def read_offer(request: web.Request, limit: int) -> tuple[str, dict[str, A
         raise InvalidParameter(f"the offer is too large (realtime_max_call_bytes={limit})", param="sdp")
     fields: dict[str, bytes] = {}
     if request.content_type == "multipart/form-data":
-        reader = await request.multipart()
-        total = 0
-        async for part in reader:
-            if not isinstance(part, BodyPartReader) or part.name not in ("sdp", "session"):
-                continue
-            fields[part.name] = await _read_limited(part.read_chunk, limit - total)
-            total += len(fields[part.name])
+        try:
+            reader = await request.multipart()
+            total = 0
+            async for part in reader:
+                if not isinstance(part, BodyPartReader) or part.name not in ("sdp", "session"):
+                    continue
+                fields[part.name] = await _read_limited(part.read_chunk, limit - total)
+                total += len(fields[part.name])
+        except (ValueError, AssertionError) as exc:  # aiohttp's multipart reader on a broken form
+            raise InvalidParameter(f"malformed multipart body: {exc}", param="body") from None
     else:
         fields["sdp"] = await _read_limited(request.content.read, limit)
     sdp = fields.get("sdp", b"").decode("utf-8", "replace")
@@ -274,7 +304,7 @@ async def read_offer(request: web.Request, limit: int) -> tuple[str, dict[str, A
     session: dict[str, Any] | None = None
     if "session" in fields:
         try:
-            parsed = json.loads(fields["session"])
+            parsed = loads_json(fields["session"])
         except ValueError:
             raise InvalidParameter("'session' must be a JSON object", param="session") from None
         if not isinstance(parsed, dict):
@@ -320,29 +350,26 @@ async def calls_handler(request: web.Request) -> web.Response:
     except ApiError:
         await call.aclose()
         raise
-    try:
-        try:
-            await call.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-            raise InvalidParameter(f"malformed SDP offer: {exc}", param="sdp") from None
+
+    def prepare() -> None:
         if call.pc.sctp is None:
             raise InvalidParameter(
                 f"the SDP offer has no data channel; open one labelled {EVENTS_CHANNEL!r} for the events",
                 param="sdp",
             )
         call.add_outbound_track()
-        await call.pc.setLocalDescription(await call.pc.createAnswer())
+
+    try:
+        answer = await answer_offer(
+            call.pc, sdp, session_id=call.id, prepare=prepare, opus_dtx=request.app[SETTINGS].rtc_opus_dtx
+        )
     except BaseException:
         await call.aclose()
         raise
     call.start()
     log.info("call %s: answered offer from %s", call.id, request.remote)
-    answer = call.pc.localDescription.sdp
     return web.Response(
-        status=201,
-        text=with_opus_dtx(answer) if request.app[SETTINGS].rtc_opus_dtx else answer,
-        content_type="application/sdp",
-        headers={"Location": f"{PATH}/{call.id}"},
+        status=201, text=answer, content_type="application/sdp", headers={"Location": f"{PATH}/{call.id}"}
     )
 
 

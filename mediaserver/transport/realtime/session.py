@@ -53,6 +53,12 @@ MAX_QUEUED_WORK: Final = 8192
 MAX_QUEUED_EVENTS: Final = 10000  # server events a client has not read yet; beyond: closed
 MAX_RETIRED_STREAMS: Final = 4
 
+
+def max_message_bytes(settings: Settings) -> int:
+    """The largest client event taken: ``ws_max_message_bytes``, and never less than one full append."""
+    return max(settings.ws_max_message_bytes, MAX_FRAME_BYTES)
+
+
 # Client events of the full Realtime API that a transcription session has no use for.
 _UNSUPPORTED_EVENTS: Final = frozenset(
     {
@@ -159,7 +165,9 @@ class RealtimeSession(SocketSession):
         audio_out: AudioOut | None = None,
         session_id: str | None = None,
     ) -> None:
-        limits = Limits(MAX_QUEUED_WORK, MAX_BACKLOG_S, MAX_QUEUED_EVENTS, settings.ws_idle_timeout_s)
+        limits = Limits(
+            MAX_QUEUED_WORK, MAX_BACKLOG_S, MAX_QUEUED_EVENTS, settings.ws_idle_timeout_s, max_message_bytes(settings)
+        )
         super().__init__(app, ws, settings, session_id or new_id("sess"), limits)
         self.asr = app[ASR]
         self.models = self.asr.models

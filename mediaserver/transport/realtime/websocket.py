@@ -14,7 +14,7 @@ from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.realtime.config import RealtimeConfig, SessionKind, session_kind
 from mediaserver.transport.realtime.conversation_config import ConversationConfig
 from mediaserver.transport.realtime.lookups import is_llm_model
-from mediaserver.transport.realtime.session import MAX_FRAME_BYTES, RealtimeSession
+from mediaserver.transport.realtime.session import RealtimeSession, max_message_bytes
 from mediaserver.transport.socket_session import LimitedWebSocket
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ async def realtime_handler(request: web.Request) -> web.StreamResponse:
     kind, config, conversation = open_session(request, settings)
     ws = LimitedWebSocket(
         heartbeat=settings.ws_heartbeat_s,
-        max_msg_size=max(settings.ws_max_message_bytes, MAX_FRAME_BYTES),
+        max_message_bytes=max_message_bytes(settings),
         protocols=("realtime",),
     )
     if not ws.can_prepare(request).ok:

@@ -1,0 +1,97 @@
+"""Helpers for the hardening tests: raw sockets for requests no well-behaved client sends, the server's
+own log records and metrics, and the process's file descriptors and tasks (to find leaks)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+# Libraries whose ERROR lines are the server's (the tests' own clients log elsewhere or not at all).
+SERVER_LOGGERS = ("mediaserver", "aiohttp", "aiortc", "aioice", "asyncio", "wyoming")
+
+
+def server_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """ERROR (and worse) records of the server so far. Collects garbage first: asyncio reports a task
+    whose exception nobody retrieved only when the task is freed."""
+    gc.collect()
+    return [
+        f"{r.name}: {r.getMessage()}"
+        for r in caplog.records
+        if r.levelno >= logging.ERROR and r.name.split(".")[0] in SERVER_LOGGERS
+    ]
+
+
+async def raw_exchange(host: str, port: int, data: bytes, *, timeout_s: float = 10.0, half_close: bool = True) -> bytes:
+    """Send raw bytes, then read whatever comes back until the server closes (or ``timeout_s``)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        if half_close and writer.can_write_eof():
+            writer.write_eof()
+        received = bytearray()
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                block = await asyncio.wait_for(reader.read(65536), timeout=left)
+            except (TimeoutError, ConnectionError):
+                break
+            if not block:
+                break
+            received += block
+        return bytes(received)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await writer.wait_closed()
+
+
+def statuses(response: bytes) -> list[int]:
+    """The status codes of every HTTP/1.1 response in a raw byte stream."""
+    found = []
+    for line in response.split(b"\r\n"):
+        if line.startswith(b"HTTP/1.1 "):
+            found.append(int(line.split()[1]))
+    return found
+
+
+async def metric_samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def requests_with_status(url: str, status: int) -> float:
+    samples = await metric_samples(url)
+    return sum(
+        value
+        for (name, labels), value in samples.items()
+        if name == "mediaserver_requests_total" and dict(labels).get("status") == str(status)
+    )
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> float:
+    """Poll ``check`` until it holds; the seconds it took. Fails the test at ``timeout_s``."""
+    started = time.monotonic()
+    while not check():
+        if time.monotonic() - started > timeout_s:
+            raise AssertionError(f"not true within {timeout_s:g} s")
+        await asyncio.sleep(interval_s)
+    return time.monotonic() - started

@@ -197,11 +197,12 @@ class Settings(BaseSettings):
         500, ge=100, description="the first partial decode starts once the utterance (with pre-roll) is this long"
     )
     stream_final_early_ms: int = Field(
-        300,
+        200,
         ge=0,
         description="start the final this long before the utterance ends: once the speech has been silent for "
         "stream_vad_hangover_ms minus this, the final is decoded on the audio so far (speech that resumes cancels "
-        "it), so it is ready about when the utterance ends; 0 = decode after the end",
+        "it), so it is ready about when the utterance ends; 0 = decode after the end. At 300 (200 ms of silence "
+        "with the default hangover) a final through an OpenAI-compatible remote engine lost its last words",
     )
     stream_gap_fill_ms: int = Field(
         120,

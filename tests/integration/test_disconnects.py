@@ -53,6 +53,17 @@ async def _all_gone(server: LiveServer, session_id: str) -> float:
     )
 
 
+async def _new_session(server: LiveServer, before: set[str]) -> str:
+    """The one session opened since ``before`` was taken."""
+    (new,) = set(server.app[SESSIONS].ids()) - before
+    return new
+
+
+async def _answer_stopped(llm: LlmService, tts: TtsService) -> None:
+    """Within CLEANUP_S the LLM generates nothing and no TTS stream is open (fails past it)."""
+    await eventually(lambda: not llm_busy(llm) and tts_open_streams(tts) == 0, CLEANUP_S)
+
+
 def _pcm(clip: Clip, silence_s: float = 0.0) -> bytes:
     audio = np.concatenate([clip.audio16k, np.zeros(int(16000 * silence_s), np.float32)])
     return bytes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
@@ -135,7 +146,7 @@ async def test_http_hang_up_mid_streamed_answer(
             received += await reader.read(4096)  # the headers and the first of the answer
     assert received.startswith(b"HTTP/1.1 200"), received[:200]
     writer.transport.abort()
-    await eventually(lambda: not llm_busy(llm_service) and tts_open_streams(tts_service) == 0, CLEANUP_S)
+    await _answer_stopped(llm_service, tts_service)
     assert server_errors(caplog) == []
 
 
@@ -197,16 +208,11 @@ async def test_device_socket_hang_up_mid_answer(
         await _ws_until(ws, "assistant_audio_started")  # the answer is being spoken (and still written)
         _abort(ws)
         await _all_gone(voice_server, session_id)
-    await eventually(lambda: not llm_busy(llm_service) and tts_open_streams(tts_service) == 0, CLEANUP_S)
+    await _answer_stopped(llm_service, tts_service)
     assert server_errors(caplog) == []
 
 
 # --- WebRTC -------------------------------------------------------------------------------------------
-
-
-async def _rtc_session(server: LiveServer, before: set[str]) -> str:
-    (new,) = set(server.app[SESSIONS].ids()) - before
-    return new
 
 
 @pytest.mark.parametrize("stage", ["mid-stream", "after stop before the final"])
@@ -216,7 +222,7 @@ async def test_rtc_hang_ups(
     before = set(voice_server.app[SESSIONS].ids())
     peer: Peer = await connect(voice_server)
     try:
-        session_id = await _rtc_session(voice_server, before)
+        session_id = await _new_session(voice_server, before)
         if stage == "mid-stream":
             peer.send("start", {"hands_free": True, "partials": True})
             await peer.next("log")
@@ -246,7 +252,7 @@ async def test_rtc_hang_up_mid_answer(
     before = set(voice_server.app[SESSIONS].ids())
     peer = await connect(voice_server)
     try:
-        session_id = await _rtc_session(voice_server, before)
+        session_id = await _new_session(voice_server, before)
         peer.send("start", {"hands_free": True, "assistant": True, "system_prompt": "You tell long stories."})
         await peer.next("log")
         peer.track.play(speech(LONG_QUESTION), silence_after_s=1.0)
@@ -254,7 +260,7 @@ async def test_rtc_hang_up_mid_answer(
     finally:
         await peer.close()
     await _all_gone(voice_server, session_id)
-    await eventually(lambda: not llm_busy(llm_service) and tts_open_streams(tts_service) == 0, CLEANUP_S)
+    await _answer_stopped(llm_service, tts_service)
     assert server_errors(caplog) == []
 
 
@@ -272,7 +278,7 @@ async def test_realtime_hang_up_mid_stream(
     audio = (np.clip(pcm24, -1, 1) * 32767).astype("<i2").tobytes()
     async with aiohttp.ClientSession() as http:
         ws = await http.ws_connect(f"{voice_server.url}/v1/realtime?intent=transcription", max_msg_size=0)
-        session_id = await _rtc_session(voice_server, before)
+        session_id = await _new_session(voice_server, before)
         for offset in range(0, len(audio) // 2, 4800):
             chunk = base64.b64encode(audio[offset : offset + 4800]).decode()
             await ws.send_json({"type": "input_audio_buffer.append", "audio": chunk})
@@ -288,7 +294,7 @@ async def test_realtime_conversation_hang_up_mid_answer(
     before = set(voice_server.app[SESSIONS].ids())
     async with aiohttp.ClientSession() as http:
         ws = await http.ws_connect(f"{voice_server.url}/v1/realtime?model=gpt-realtime", max_msg_size=0)
-        session_id = await _rtc_session(voice_server, before)
+        session_id = await _new_session(voice_server, before)
         await ws.send_json({"type": "session.update", "session": {"type": "realtime", "instructions": "Tell stories."}})
         user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": LONG_QUESTION}]}
         await ws.send_json({"type": "conversation.item.create", "item": user})
@@ -296,7 +302,7 @@ async def test_realtime_conversation_hang_up_mid_answer(
         await _ws_until(ws, "response.output_audio.delta")  # the answer is being spoken (and still written)
         _abort(ws)
         await _all_gone(voice_server, session_id)
-    await eventually(lambda: not llm_busy(llm_service) and tts_open_streams(tts_service) == 0, CLEANUP_S)
+    await _answer_stopped(llm_service, tts_service)
     assert server_errors(caplog) == []
 
 
@@ -316,7 +322,7 @@ async def test_realtime_call_hang_up_mid_answer(
     finally:
         await peer.close()
     await _all_gone(voice_server, session_id)
-    await eventually(lambda: not llm_busy(llm_service) and tts_open_streams(tts_service) == 0, CLEANUP_S)
+    await _answer_stopped(llm_service, tts_service)
     assert server_errors(caplog) == []
 
 

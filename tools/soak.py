@@ -19,7 +19,8 @@ sentence it sent has its final (``--drain-s`` at most), then the run reports:
 - WER over all answered sentences (jiwer, lower case, no punctuation);
 - latency percentiles: end of the sentence's audio → its final at the client (this includes the
   VAD's ``stream_vad_hangover_ms`` of silence, 500 ms by default), overall and per transport, and
-  the server's own ``latency_ms`` (time after the utterance ended);
+  the server's own ``latency_ms`` (from a final's submission, after the session's earlier finals,
+  to its transcript);
 - the server's RSS and CPU (with its pid) and its ASR queue depth (``/metrics``) every 2 s: RSS
   start, peak and end, plotted with the latencies over time into ``OUT.png``, everything into
   ``OUT.json``. The client runs on the same machine: on a small one it takes a share of the CPU;

@@ -51,6 +51,8 @@ import numpy.typing as npt
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
+from benchlib import CpuWatch  # noqa: E402
 
 AudioArray = npt.NDArray[np.float32]
 
@@ -421,47 +423,6 @@ class RssSampler:
         if self._task is not None:
             self._task.cancel()
         self.sample()
-
-
-class CpuWatch:
-    """CPU time used by other processes (neither the server nor this benchmark) over an interval.
-
-    A noise indicator: the machine may be shared, and other work skews every figure here.
-    """
-
-    def __init__(self, server_pid: int | None) -> None:
-        import psutil
-
-        self._self = psutil.Process()
-        self._server: Any = psutil.Process(server_pid) if server_pid is not None else None
-        self._start: tuple[float, float, float, float] | None = None
-
-    def _snapshot(self) -> tuple[float, float, float, float]:
-        import psutil
-
-        t = psutil.cpu_times()
-        busy = sum(float(getattr(t, name, 0.0)) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
-        own = self._self.cpu_times()
-        server = 0.0
-        if self._server is not None:
-            with contextlib.suppress(psutil.Error):
-                st = self._server.cpu_times()
-                server = float(st.user + st.system)
-        return time.monotonic(), busy, float(own.user + own.system), server
-
-    def start(self) -> None:
-        self._start = self._snapshot()
-
-    def stop(self) -> float | None:
-        """Average cores busy with other processes since start() (None if never started)."""
-        if self._start is None:
-            return None
-        end = self._snapshot()
-        wall = end[0] - self._start[0]
-        if wall <= 0:
-            return None
-        other = (end[1] - self._start[1]) - (end[2] - self._start[2]) - (end[3] - self._start[3])
-        return max(0.0, other / wall)
 
 
 def clip_for(clips: Sequence[Clip], client: int, index: int, concurrency: int) -> Clip:

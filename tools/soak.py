@@ -4,21 +4,27 @@
     python tools/soak.py --sessions 30 --rtc 6 --minutes 3 --out bench-results/soak
     python tools/soak.py --url http://127.0.0.1:19001 --server-pid 1234   # a running server
 
-Each session is a device that never stops talking: sentences of the 64-sentence Piper corpus
-(tools/speech_corpus.py) separated by 1.2-2.4 s of silence (seeded), sent as 20 ms frames paced
-by the wall clock, over the device WebSocket (``/api/ws/asr``, server VAD) or WebRTC (an aiortc
-peer, hands-free on the data channel). The server's VAD ends each utterance; every final it sends
+Each session is a device spoken to again and again: sentences of the 64-sentence Piper corpus
+(tools/speech_corpus.py) separated by 3-6 s of silence (seeded; ``--pause-s``: about 26 sentences
+per session in 3 minutes, the load of the soak in issue #14; ``--pause-s 1.2 2.4`` is a talker who
+never stops, more than a 2-core machine transcribes), sent as 20 ms frames paced by the wall
+clock, over the device WebSocket (``/api/ws/asr``, server VAD) or WebRTC (an aiortc peer,
+hands-free on the data channel). The server's VAD ends each utterance; every final it sends
 carries the stream time of its audio, which is matched to the sentence sent there (a sentence
 split in two finals is joined). After the last frame each client keeps listening until every
 sentence it sent has its final (``--drain-s`` at most), then the run reports:
 
-- sent, answered and **lost** (sentences no final covers; must be 0), spurious finals, errors;
+- sent, answered and **lost** (sentences no final covers by the end of the drain; must be 0),
+  spurious finals, errors;
 - WER over all answered sentences (jiwer, lower case, no punctuation);
 - latency percentiles: end of the sentence's audio → its final at the client (this includes the
-  VAD's ``stream_vad_hangover_ms`` of silence, 500 ms by default), and the server's own
-  ``latency_ms`` (time after the utterance ended);
-- the server's RSS (and CPU) every 2 s: start, peak and end, plotted with the latencies over
-  time into ``OUT.png``, everything into ``OUT.json``.
+  VAD's ``stream_vad_hangover_ms`` of silence, 500 ms by default), overall and per transport, and
+  the server's own ``latency_ms`` (from a final's submission, after the session's earlier finals,
+  to its transcript);
+- the server's RSS and CPU (with its pid) and its ASR queue depth (``/metrics``) every 2 s: RSS
+  start, peak and end, plotted with the latencies over time into ``OUT.png``, everything into
+  ``OUT.json``. The client runs on the same machine: on a small one it takes a share of the CPU;
+  what other processes used meanwhile is reported too (a shared machine skews every figure).
 
 Needs the dev extras (jiwer, psutil, matplotlib) and the Piper voice. The child server inherits
 ``MEDIASERVER_*`` variables and gets ``max_sessions`` large enough for the run.
@@ -41,11 +47,12 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, child_server, percentile
+from benchlib import REPO, CpuWatch, child_server, percentile
 from speech_corpus import Utterance, synthesize
 
 RATE = 16000
 FRAME_S = 0.02
+QUEUE_METRIC = "mediaserver_asr_queue_depth{"
 
 
 @dataclass
@@ -68,7 +75,9 @@ class SessionLog:
     arrived: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # set by each final
 
 
-def schedule(corpus: list[Utterance], session: int, seconds: float, seed: int) -> tuple[np.ndarray, list[Sent]]:
+def schedule(
+    corpus: list[Utterance], session: int, seconds: float, seed: int, pause_s: tuple[float, float]
+) -> tuple[np.ndarray, list[Sent]]:
     """The audio one session sends: sentences and pauses, and where each sentence lies."""
     rng = random.Random(seed * 1000 + session)
     parts: list[np.ndarray] = [np.zeros(int(RATE * rng.uniform(0.3, 2.0)), np.float32)]
@@ -82,7 +91,7 @@ def schedule(corpus: list[Utterance], session: int, seconds: float, seed: int) -
         parts.append(utterance.audio)
         position += utterance.audio.size
         sent.append(Sent(session, utterance.text, start * 1000 // RATE, position * 1000 // RATE))
-        pause = np.zeros(int(RATE * rng.uniform(1.2, 2.4)), np.float32)
+        pause = np.zeros(int(RATE * rng.uniform(*pause_s)), np.float32)
         parts.append(pause)
         position += pause.size
     return np.concatenate(parts), sent
@@ -225,6 +234,8 @@ async def rtc_session(url: str, log: SessionLog, audio: np.ndarray, drain_s: flo
         silence = asyncio.create_task(paced(np.zeros(int(RATE * drain_s), np.float32), [], send))
         await drain(log, drain_s)  # the microphone goes on hearing silence meanwhile
         silence.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await silence
     finally:
         await pc.close()
 
@@ -246,23 +257,35 @@ def match(log: SessionLog) -> list[dict[str, Any]]:
 
 
 class Sampler:
-    """The server's RSS and CPU every ``period_s``."""
+    """The server's RSS and CPU (with its pid) and its ASR queue depth (from /metrics) every ``period_s``."""
 
-    def __init__(self, pid: int | None, period_s: float = 2.0) -> None:
+    def __init__(self, url: str, pid: int | None, period_s: float = 2.0) -> None:
         import psutil
 
+        self.url = url
         self.process = psutil.Process(pid) if pid else None
         self.period_s = period_s
-        self.samples: list[tuple[float, float, float]] = []  # (t, rss MB, cpu %)
+        self.samples: list[tuple[float, float, float, float]] = []  # (t, rss MB, cpu %, ASR jobs queued)
 
     async def run(self, started: float) -> None:
-        if self.process is None:
-            return
-        self.process.cpu_percent()
-        while True:
-            memory = self.process.memory_info().rss / 2**20
-            self.samples.append((time.monotonic() - started, memory, self.process.cpu_percent()))
-            await asyncio.sleep(self.period_s)
+        import aiohttp
+
+        if self.process is not None:
+            self.process.cpu_percent()
+        async with aiohttp.ClientSession() as http:
+            while True:
+                memory = self.process.memory_info().rss / 2**20 if self.process else float("nan")
+                cpu = self.process.cpu_percent() if self.process else float("nan")
+                self.samples.append((time.monotonic() - started, memory, cpu, await self._queued(http)))
+                await asyncio.sleep(self.period_s)
+
+    async def _queued(self, http: Any) -> float:
+        try:
+            async with http.get(f"{self.url}/metrics") as resp:
+                text = await resp.text()
+        except OSError:
+            return float("nan")
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(QUEUE_METRIC))
 
 
 def wer(references: list[str], hypotheses: list[str]) -> float:
@@ -281,21 +304,27 @@ def wer(references: list[str], hypotheses: list[str]) -> float:
 
 
 def plot(
-    path: Path, samples: list[tuple[float, float, float]], latencies: list[tuple[float, float]], title: str
+    path: Path, samples: list[tuple[float, float, float, float]], latencies: list[tuple[float, float, str]], title: str
 ) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(10, 9), sharex=True, height_ratios=(3, 1.5, 3))
     if samples:
-        top.plot([s[0] for s in samples], [s[1] for s in samples], label="server RSS (MB)")
+        times = [s[0] for s in samples]
+        top.plot(times, [s[1] for s in samples], label="server RSS (MB)")
         top.set_ylabel("RSS (MB)")
         cpu = top.twinx()
-        cpu.plot([s[0] for s in samples], [s[2] for s in samples], color="tab:gray", alpha=0.4, label="CPU %")
+        cpu.plot(times, [s[2] for s in samples], color="tab:gray", alpha=0.4, label="CPU %")
         cpu.set_ylabel("server CPU (%)")
-    bottom.scatter([t for t, _ in latencies], [v for _, v in latencies], s=6)
+        middle.plot(times, [s[3] for s in samples], color="tab:red")
+    middle.set_ylabel("ASR jobs queued")
+    for transport, color in (("ws", "tab:blue"), ("rtc", "tab:orange")):
+        points = [(t, v) for t, v, kind in latencies if kind == transport]
+        bottom.scatter([t for t, _ in points], [v for _, v in points], s=6, color=color, label=transport)
+    bottom.legend(loc="upper left")
     bottom.set_ylabel("end of speech → final (s)")
     bottom.set_xlabel("time since start (s)")
     fig.suptitle(title)
@@ -309,10 +338,12 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> dict[str,
     logs: list[SessionLog] = []
     audios: list[np.ndarray] = []
     for index in range(args.sessions):
-        audio, sent = schedule(corpus, index, seconds, args.seed)
+        audio, sent = schedule(corpus, index, seconds, args.seed, tuple(args.pause_s))
         logs.append(SessionLog(index, "rtc" if index < args.rtc else "ws", sent))
         audios.append(audio)
-    sampler = Sampler(pid)
+    sampler = Sampler(url, pid)
+    others = CpuWatch(pid)
+    others.start()
     started = time.monotonic()
     sampling = asyncio.create_task(sampler.run(started))
 
@@ -325,18 +356,33 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> dict[str,
             log.errors.append(f"session failed: {exc!r}")
 
     await asyncio.gather(*(run(log, audio) for log, audio in zip(logs, audios, strict=True)))
+    other_cpu_cores = others.stop()
     sampling.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await sampling
     sentences = [s for log in logs for s in log.sent if s.end_sent_at]  # the run ended before the rest
     spurious = [f for log in logs for f in match(log)]
     answered = [s for s in sentences if s.finals]
+    transports = {log.index: log.transport for log in logs}
     latencies = [
-        (min(f["at"] for f in s.finals) - started, max(f["at"] for f in s.finals) - s.end_sent_at) for s in answered
+        (
+            min(f["at"] for f in s.finals) - started,
+            max(f["at"] for f in s.finals) - s.end_sent_at,
+            transports[s.session],
+        )
+        for s in answered
     ]
     server_ms = [f["latency_ms"] for s in answered for f in s.finals]
-    delays = [v for _, v in latencies]
-    rss = [s[1] for s in sampler.samples]
+    delays = [v for _, v, _ in latencies]
+    rss = [s[1] for s in sampler.samples if s[1] == s[1]]  # not NaN (no pid)
+    by_transport = {
+        transport: {
+            "sent": sum(1 for s in sentences if transports[s.session] == transport),
+            "lost": sum(1 for s in sentences if transports[s.session] == transport and not s.finals),
+            "latency_s": {q: percentile([v for _, v, k in latencies if k == transport], q) for q in (50, 95)},
+        }
+        for transport in sorted(set(transports.values()))
+    }
     return {
         "command": " ".join(sys.argv),
         "sessions": args.sessions,
@@ -356,6 +402,9 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> dict[str,
         else None,
         "latency_s": {q: percentile(delays, q) for q in (50, 90, 95, 99)} | {"max": max(delays, default=float("nan"))},
         "server_latency_ms": {q: percentile(server_ms, q) for q in (50, 95, 99)},
+        "by_transport": by_transport,
+        "other_cpu_cores": other_cpu_cores,
+        "asr_queued_max": max((s[3] for s in sampler.samples if s[3] == s[3]), default=None),
         "rss_mb": {"start": rss[0], "peak": max(rss), "end": rss[-1]} if rss else None,
         "samples": sampler.samples,
         "latencies": latencies,
@@ -372,6 +421,14 @@ def main() -> int:
     )
     parser.add_argument("--ramp-s", type=float, default=5.0, help="start the sessions spread over this long")
     parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument(
+        "--pause-s",
+        type=float,
+        nargs=2,
+        default=(3.0, 6.0),
+        metavar=("MIN", "MAX"),
+        help="silence between a session's sentences, drawn uniformly (1.2 2.4: a talker who never stops)",
+    )
     parser.add_argument("--url", help="a running server (default: start one)")
     parser.add_argument("--server-pid", type=int, help="its pid, for RSS")
     parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "soak")
@@ -386,6 +443,8 @@ def main() -> int:
             report = asyncio.run(soak(args, url, process.pid))
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     title = f"{args.sessions} sessions ({args.rtc} WebRTC) × {args.minutes:g} min: {report['lost']} lost"
+    if report["other_cpu_cores"] is not None:
+        title += f" (other processes: {report['other_cpu_cores']:.2f} cores)"
     plot(args.out.with_suffix(".png"), report["samples"], report["latencies"], title)
     print(f"sessions {report['sessions']} ({report['rtc_sessions']} WebRTC), {report['minutes']:g} min")
     print(f"sentences sent {report['sent']}, answered {report['answered']}, LOST {report['lost']}")
@@ -399,6 +458,12 @@ def main() -> int:
     )
     server = report["server_latency_ms"]
     print(f"server latency_ms: p50 {server[50]:.0f}, p95 {server[95]:.0f}, p99 {server[99]:.0f}")
+    for transport, row in report["by_transport"].items():
+        lat = row["latency_s"]
+        print(f"  {transport}: sent {row['sent']}, lost {row['lost']}, p50 {lat[50]:.2f} s, p95 {lat[95]:.2f} s")
+    print(f"ASR jobs queued at most {report['asr_queued_max']}")
+    if report["other_cpu_cores"] is not None:
+        print(f"other processes (neither the server nor this client) kept {report['other_cpu_cores']:.2f} cores busy")
     if report["rss_mb"]:
         rss = report["rss_mb"]
         print(f"server RSS: start {rss['start']:.0f} MB, peak {rss['peak']:.0f} MB, end {rss['end']:.0f} MB")

@@ -33,6 +33,7 @@ import av
 import numpy as np
 from aiohttp import web
 from aiortc import RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc.exceptions import InvalidStateError
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
 from aiortc.rtp import RtcpByePacket
@@ -85,6 +86,35 @@ def _install_bye_filter() -> None:
 
 
 _install_bye_filter()
+
+
+def _install_connect_guard() -> None:
+    """Keep aiortc's connect task quiet once its peer connection is closing.
+
+    ``setLocalDescription`` starts ``RTCPeerConnection.__connect`` as a task nobody awaits. A peer
+    connection closed while that task is still starting its transports (an offer whose peer never
+    connects, closed after ``rtc_connect_timeout_s``; a refused offer) can make it start one that
+    is already closed: ``InvalidStateError``, which asyncio then logs at ERROR as "Task exception
+    was never retrieved". Once the connection is closing that is expected, and logged at DEBUG; any
+    other failure of the task propagates as before.
+    """
+    original = RTCPeerConnection._RTCPeerConnection__connect  # type: ignore[attr-defined]
+    if getattr(original, "_mediaserver_guarded", False):
+        return
+
+    async def connect(self: RTCPeerConnection) -> None:
+        try:
+            await original(self)
+        except (InvalidStateError, ConnectionError) as exc:
+            if getattr(self, "_RTCPeerConnection__isClosed", None) is None:
+                raise
+            log.debug("a peer connection closed while it was connecting: %r", exc)
+
+    connect._mediaserver_guarded = True  # type: ignore[attr-defined]
+    RTCPeerConnection._RTCPeerConnection__connect = connect  # type: ignore[attr-defined]
+
+
+_install_connect_guard()
 
 
 def ice_servers(settings: Settings) -> list[RTCIceServer]:

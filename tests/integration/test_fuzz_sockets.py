@@ -1,8 +1,9 @@
 """Fuzzing the socket protocols, seeded and bounded: random control JSON and binary frames on the
-device WebSocket and on OpenAI Realtime, and Wyoming framing (bad header lines, lying lengths,
-non-UTF-8, wrong types, odd audio). Only documented answers may come back (``error`` events with a
-documented code, never ``internal_error``), no session is dropped for a client's mistake, nothing
-is logged at ERROR, and a well-formed request right after succeeds."""
+device WebSocket and on OpenAI Realtime (transcription and conversation sessions), and Wyoming
+framing (bad header lines, lying lengths, non-UTF-8, wrong types, odd audio). Only documented
+answers may come back (``error`` events with a documented code, never ``internal_error``), no
+session is dropped for a client's mistake, nothing is logged at ERROR, and a well-formed request
+right after succeeds."""
 
 from __future__ import annotations
 
@@ -102,6 +103,41 @@ async def test_realtime_fuzz(server: LiveServer, caplog: pytest.LogCaptureFixtur
     kinds = Counter(e["type"] for e in events)
     errors = [e["error"] for e in events if e["type"] == "error"]
     print(f"{len(messages)} realtime events: answers {dict(kinds)}")
+    assert len(errors) >= 50
+    for error in errors:
+        assert {"type", "code", "message"} <= set(error), error
+        assert error["code"] != "internal_error", error
+    assert server_errors(caplog) == []
+
+
+async def test_realtime_conversation_fuzz(server: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
+    """The same on a Realtime conversation (items, responses, truncation, session.update of a
+    conversation): error events for the client's mistakes, never a close, never internal_error."""
+    rng = random.Random(SEED + 3)
+    types = ["session.update", "conversation.item.create", "conversation.item.delete"]
+    types += ["conversation.item.retrieve", "conversation.item.truncate", "response.create", "response.cancel"]
+    types += ["output_audio_buffer.clear", "input_audio_buffer.append", "input_audio_buffer.commit", "hello.world"]
+    messages: list[str | bytes] = [*control_messages(rng, types, 200, obj_key=None)]
+    messages += [bytes(rng.randrange(256) for _ in range(rng.randint(0, 50))) for _ in range(10)]
+    rng.shuffle(messages)
+    before = set(server.app[SESSIONS].ids())
+    events: list[dict[str, Any]] = []
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"{server.url}/v1/realtime?model=gpt-realtime", max_msg_size=0) as ws,
+    ):
+        for message in messages:
+            await (ws.send_str(message) if isinstance(message, str) else ws.send_bytes(message))
+        await ws.send_json({"type": "session.update", "session": {"type": "realtime", "instructions": MARK}})
+        while not (events and events[-1]["type"] == "session.updated" and MARK in json.dumps(events[-1])):
+            msg = await ws.receive(timeout=120)
+            assert msg.type == aiohttp.WSMsgType.TEXT, (msg.type, msg.data, ws.close_code)
+            events.append(json.loads(msg.data))
+            assert not (events[-1]["type"] == "error" and MARK in json.dumps(events[-1])), events[-1]
+        assert len(set(server.app[SESSIONS].ids()) - before) == 1  # the session is still open
+    kinds = Counter(e["type"] for e in events)
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    print(f"{len(messages)} realtime conversation events: answers {dict(kinds)}")
     assert len(errors) >= 50
     for error in errors:
         assert {"type", "code", "message"} <= set(error), error

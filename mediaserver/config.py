@@ -204,6 +204,12 @@ class Settings(BaseSettings):
         "it), so it is ready about when the utterance ends; 0 = decode after the end. At 300 (200 ms of silence "
         "with the default hangover) a final through an OpenAI-compatible remote engine lost its last words",
     )
+    stream_max_pending_finals: int = Field(
+        8,
+        ge=1,
+        description="utterances of one session waiting for their transcripts; one more is dropped with an "
+        "`overloaded` error instead of queueing without bound",
+    )
     stream_gap_fill_ms: int = Field(
         120,
         ge=0,

@@ -59,6 +59,12 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.stream_dropped = Counter(
+            "mediaserver_stream_utterances_dropped",
+            "Utterances of a streaming session dropped with an `overloaded` error: stream_max_pending_finals "
+            "of its finals were already waiting",
+            registry=self.registry,
+        )
         self.backend_requests = Counter(
             "mediaserver_asr_backend_requests",
             "Requests to remote ASR backends by model, backend kind and outcome (ok, error, timeout, unreachable)",

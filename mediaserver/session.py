@@ -8,8 +8,8 @@ consecutive partials agree on are sent, so partials are append-only and the fina
 with the same prefix, always extends them. Model work goes through the shared ``AsrService``; the
 session only submits jobs (partials with its id as supersede key, so stale ones are dropped).
 
-``SessionRegistry`` caps the number of sessions and closes idle ones. Closing is idempotent and
-cancels every task the session started.
+Closing is idempotent and cancels every task the session started. ``mediaserver.sessions`` holds
+the registry of open sessions (the cap, idle reaping).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -44,11 +44,11 @@ from mediaserver.events import (
     Transcript,
     TranscriptionOptions,
 )
-from mediaserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 Emit = Callable[[SessionEvent], Awaitable[None]]
+_T = TypeVar("_T")
 _ids = itertools.count(1)
 
 
@@ -153,6 +153,7 @@ class StreamSession:
         self._early_final: _EarlyFinal | None = None
         self._tasks: set[asyncio.Task[object]] = set()
         self._final_chain: asyncio.Future[None] | None = None
+        self._pending_finals = 0  # utterances submitted whose final was not yet sent
         self._closed = False
         self.assistant: Answerer | None = None
         self.barge_in = settings.assistant_barge_in
@@ -221,13 +222,11 @@ class StreamSession:
         audio = self._segmenter.current_audio()
         committed = self._committed
         options = replace(self.options.transcription, prefix=committed or None)
-        task = asyncio.get_running_loop().create_task(
+        task = self._start_task(
             self.asr.transcribe(audio, options, model=self.options.model, priority=Priority.FINAL),
-            name=f"early-final-{self.id}",
+            f"early-final-{self.id}",
         )
         task.add_done_callback(_retrieve_exception)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
         self._early_final = _EarlyFinal(task, audio.size, silence_ms, committed)
 
     def _drop_early_final(self) -> None:
@@ -283,7 +282,7 @@ class StreamSession:
             await self._emit(SpeechStarted(event.start_ms))
         elif isinstance(event, Utterance):
             await self._emit(SpeechStopped(event.end_ms))
-            self._submit_final(event.audio, event.start_ms, event.end_ms, early=self._take_early_final(event))
+            await self._submit_final(event.audio, event.start_ms, event.end_ms, early=self._take_early_final(event))
         else:
             self._cancel_partials()
             self._drop_early_final()
@@ -427,10 +426,16 @@ class StreamSession:
         self._committed += delta
         await self._emit(PartialTranscript(delta, self._committed))
 
-    def _submit_final(self, audio: AudioArray, start_ms: int, end_ms: int, *, early: _EarlyFinal | None = None) -> None:
-        """Queue a final without blocking the audio path; finals of a session arrive in order.
+    async def _submit_final(
+        self, audio: AudioArray, start_ms: int, end_ms: int, *, early: _EarlyFinal | None = None
+    ) -> None:
+        """Start a final without blocking the audio path; finals of a session arrive in order.
 
-        With ``early``, the final decoded during the trailing silence is this utterance's.
+        The transcription enters the shared ASR queue at once (so the service's ``asr_max_queue``
+        bounds every session's waiting finals together, and a session's backlog fills batches);
+        only the results wait for the earlier utterances'. With ``early``, the final decoded during
+        the trailing silence is this utterance's. A session with ``stream_max_pending_finals``
+        finals already waiting drops the utterance with an ``overloaded`` error.
         """
         previous = self._final_chain
         committed = self._committed
@@ -441,25 +446,56 @@ class StreamSession:
         self._cancel_partials()
         self._committed = ""
         self._hypotheses.clear()
+        limit = self.settings.stream_max_pending_finals
+        if self._pending_finals >= limit:
+            if early is not None:
+                early.task.cancel()
+            self.asr.metrics.stream_dropped.inc()
+            log.info("session %s: utterance %d-%d ms dropped, %d finals waiting", self.id, start_ms, end_ms, limit)
+            await self._emit(
+                StreamError(
+                    f"server overloaded: {limit} earlier utterances of this session are still waiting for their "
+                    "transcripts (stream_max_pending_finals); this one was dropped",
+                    Overloaded.code,
+                    start_ms,
+                    end_ms,
+                )
+            )
+            return
+        if early is not None:
+            transcription = early.task
+        else:
+            options = replace(self.options.transcription, prefix=committed or None)
+            transcription = self._start_task(
+                self.asr.transcribe(audio, options, model=self.options.model, priority=Priority.FINAL),
+                f"transcribe-{self.id}",
+            )
+            transcription.add_done_callback(_retrieve_exception)
+        self._pending_finals += 1
 
         async def run() -> None:
-            if previous is not None:
-                with contextlib.suppress(Exception):
-                    await previous
             try:
-                await self._final(
-                    audio, start_ms, end_ms, committed=committed, ended_at=ended_at, early=early.task if early else None
-                )
+                if previous is not None:
+                    with contextlib.suppress(Exception):
+                        await previous
+                await self._final(audio, start_ms, end_ms, committed=committed, ended_at=ended_at, early=transcription)
             except ApiError:
                 pass  # _final already reported it as a StreamError
             except Exception:
                 log.exception("session %s: final transcription failed", self.id)
                 await self._emit(StreamError("transcription failed", "internal_error", start_ms, end_ms))
+            finally:
+                self._pending_finals -= 1
+                transcription.cancel()  # only if this final was cancelled before it was done
 
-        task = asyncio.get_running_loop().create_task(run(), name=f"final-{self.id}")
-        self._final_chain = task
+        self._final_chain = self._start_task(run(), f"final-{self.id}")
+
+    def _start_task(self, coro: Coroutine[object, object, _T], name: str) -> asyncio.Task[_T]:
+        """A task of this session: ``aclose`` cancels it."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _final(
         self,
@@ -473,13 +509,13 @@ class StreamSession:
     ) -> FinalTranscript:
         """Transcribe an utterance; ``ended_at`` is when its speech ended (monotonic).
 
-        ``early`` is its transcription already under way (started in the trailing silence); if
-        that failed, the utterance is transcribed again here.
+        ``early`` is its transcription already under way (started in the trailing silence, or when
+        the utterance ended); if that was refused or failed, the utterance is transcribed again
+        here, once: not after it already waited ``asr_request_timeout_s``.
         """
         ended_at = time.monotonic() if ended_at is None else ended_at
         committed = self._committed if committed is None else committed
         self._cancel_partials()
-        started = time.perf_counter()
         options = replace(self.options.transcription, prefix=committed or None)
         transcript: Transcript | None = None
         if early is not None:
@@ -489,8 +525,11 @@ class StreamSession:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise
+            except DeadlineExceeded as exc:
+                await self._emit(StreamError(exc.message, exc.code, start_ms, end_ms))
+                raise
             except Exception:
-                log.debug("session %s: the early final failed; transcribing again", self.id)
+                log.debug("session %s: the started final failed; transcribing again", self.id)
         try:
             if transcript is None:
                 transcript = await self.asr.transcribe(
@@ -506,7 +545,7 @@ class StreamSession:
             transcript = replace(transcript, text=text)
         delta = text[len(committed) :] if committed else text
         self.utterances += 1
-        final = FinalTranscript(transcript, delta, start_ms, end_ms, (time.perf_counter() - started) * 1000.0)
+        final = FinalTranscript(transcript, delta, start_ms, end_ms, (time.monotonic() - ended_at) * 1000.0)
         if committed == self._committed:
             self._committed = ""
             self._hypotheses.clear()
@@ -537,76 +576,3 @@ def _retrieve_exception(task: asyncio.Task[Transcript]) -> None:
     """An early final that is dropped or fails is not an error of its own (the final retries)."""
     if not task.cancelled():
         task.exception()
-
-
-class SessionLimitReached(ApiError):
-    status = 503
-    code = "too_many_sessions"
-    retryable = True
-
-
-class SessionRegistry:
-    """All open streaming sessions of the app: a cap, idle reaping and close-all on shutdown."""
-
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
-        self.settings = settings
-        self._metrics = metrics
-        self._sessions: dict[str, Closable] = {}
-        self._reaper: asyncio.Task[None] | None = None
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def ids(self) -> list[str]:
-        return list(self._sessions)
-
-    def get(self, session_id: str) -> Closable | None:
-        return self._sessions.get(session_id)
-
-    def add(self, session_id: str, session: Closable) -> None:
-        if len(self._sessions) >= self.settings.max_sessions:
-            raise SessionLimitReached(f"too many open sessions (max_sessions={self.settings.max_sessions})")
-        self._sessions[session_id] = session
-        self._update_gauge()
-        if self._reaper is None:
-            self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="session-reaper")
-
-    def discard(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
-        self._update_gauge()
-
-    def _update_gauge(self) -> None:
-        if self._metrics is not None:
-            self._metrics.sessions.set(len(self._sessions))
-
-    async def _reap(self) -> None:
-        period_s = min(60.0, self.settings.session_idle_timeout_s / 4)
-        while True:
-            await asyncio.sleep(period_s)
-            now = time.monotonic()
-            for session_id, session in list(self._sessions.items()):
-                if now - session.last_activity > self.settings.session_idle_timeout_s:
-                    log.info("closing idle session %s", session_id)
-                    self.discard(session_id)
-                    await session.aclose()
-
-    async def aclose(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
-            self._reaper = None
-        sessions = list(self._sessions.values())
-        self._sessions.clear()
-        self._update_gauge()
-        for session in sessions:
-            await session.aclose()
-
-
-class Closable(Protocol):
-    """What the registry needs of a session: its last activity time and an idempotent close."""
-
-    @property
-    def last_activity(self) -> float: ...
-
-    async def aclose(self) -> None: ...

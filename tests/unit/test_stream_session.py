@@ -176,6 +176,8 @@ class CountingAsr:
 
     def __init__(self, asr: AsrService) -> None:
         self.asr = asr
+        self.metrics = asr.metrics
+        self.gate: asyncio.Event | None = None  # when set up, finals wait for it (an engine that is behind)
         self.calls: list[tuple[float, Priority, int]] = []  # (monotonic start, priority, samples)
 
     async def transcribe(
@@ -188,6 +190,8 @@ class CountingAsr:
         supersede_key: str | None = None,
     ) -> Transcript:
         self.calls.append((time.monotonic(), priority, audio.size))
+        if self.gate is not None and priority is Priority.FINAL:
+            await self.gate.wait()
         return await self.asr.transcribe(audio, options, model=model, priority=priority, supersede_key=supersede_key)
 
     def of(self, priority: Priority) -> list[tuple[float, Priority, int]]:
@@ -255,6 +259,47 @@ async def test_without_early_finals_the_final_decodes_the_whole_utterance(
     [final] = recorder.of(FinalTranscript)
     [(_, _, samples)] = counting.of(Priority.FINAL)
     assert samples == (final.audio_end_ms - final.audio_start_ms) * SAMPLE_RATE_HZ // 1000
+
+
+async def test_a_session_bounds_its_waiting_finals_and_says_which_utterances_it_dropped(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], wer: Any
+) -> None:
+    """Finals that cannot keep up are not held without bound: past ``stream_max_pending_finals``
+    an utterance gets an ``overloaded`` error with its times, the waiting ones all arrive, in order.
+
+    The engine falling behind is the one fault made here (a gate in front of the real ASR): a real
+    backlog is not reproducible at a chosen moment."""
+    settings = base_settings.model_copy(update={"stream_max_pending_finals": 2, "stream_final_early_ms": 0})
+    recorder = Recorder()
+    session, counting = counting_session(asr_service, settings, recorder, server_vad=True)
+    counting.gate = asyncio.Event()
+    dropped_before = counting.metrics.stream_dropped._value.get()
+    names = ["weather", "music", "kitchen", "garden"]
+    try:
+        for name in names:
+            await feed(session, np.concatenate([speech(name).audio16k, silence(1.0)]))
+        starts, stops = recorder.of(SpeechStarted), recorder.of(SpeechStopped)
+        assert len(starts) == len(stops) == 4
+        # The two waiting finals went to the ASR queue at once, not one after the other.
+        await until(lambda: len(counting.of(Priority.FINAL)) == 2, timeout_s=5.0)
+        errors = recorder.of(StreamError)
+        assert [(e.code, e.audio_start_ms, e.audio_end_ms) for e in errors] == [
+            ("overloaded", start.audio_start_ms, stop.audio_end_ms) for start, stop in zip(starts, stops, strict=True)
+        ][2:]
+        assert "stream_max_pending_finals" in errors[0].message
+        assert counting.metrics.stream_dropped._value.get() == dropped_before + 2
+        counting.gate.set()
+        await until(lambda: len(recorder.of(FinalTranscript)) == 2)
+        # Room again once they are done: the next utterance is transcribed.
+        await feed(session, np.concatenate([speech("remind").audio16k, silence(1.0)]))
+        await until(lambda: len(recorder.of(FinalTranscript)) == 3)
+    finally:
+        await session.aclose()
+    finals = recorder.of(FinalTranscript)
+    for final, name in zip(finals, ["weather", "music", "remind"], strict=True):
+        assert wer(SENTENCES[name], final.transcript.text) <= 0.2
+    assert [f.audio_start_ms for f in finals[:2]] == [s.audio_start_ms for s in starts[:2]]
+    assert len(recorder.of(StreamError)) == 2
 
 
 async def test_partials_start_with_enough_audio_and_keep_their_cadence(

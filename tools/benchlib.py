@@ -52,6 +52,7 @@ def child_server(
     startup_timeout_s: float,
     env_overrides: Mapping[str, str] | None = None,
     cwd: Path = REPO,
+    log_level: str = "WARNING",
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``python -m mediaserver`` on free loopback ports (HTTP, HTTPS, Wyoming); yields (url, process).
 
@@ -63,7 +64,7 @@ def child_server(
     with tempfile.TemporaryDirectory(prefix="bench-certs-") as cert_dir, open(log_path, "wb") as log_file:
         command = [
             sys.executable, "-m", "mediaserver", "--http-port", str(port), "--host", "127.0.0.1",
-            "--https-port", str(free_port()), "--cert-dir", cert_dir, "--log-level", "WARNING",
+            "--https-port", str(free_port()), "--cert-dir", cert_dir, "--log-level", log_level,
         ]  # fmt: skip
         env = dict(os.environ)
         env.setdefault("MEDIASERVER_WYOMING_HOST", "127.0.0.1")

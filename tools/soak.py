@@ -14,8 +14,9 @@ carries the stream time of its audio, which is matched to the sentence sent ther
 split in two finals is joined). After the last frame each client keeps listening until every
 sentence it sent has its final (``--drain-s`` at most), then the run reports:
 
-- sent, answered and **lost** (sentences no final covers by the end of the drain; must be 0),
-  spurious finals, errors;
+- sent, answered, refused (no final, but an error event naming the sentence's audio: the server
+  said it dropped it, e.g. ``overloaded``) and **lost** (neither by the end of the drain; must be
+  0), spurious finals, errors;
 - WER over all answered sentences (jiwer, lower case, no punctuation);
 - latency percentiles: end of the sentence's audio → its final at the client (this includes the
   VAD's ``stream_vad_hangover_ms`` of silence, 500 ms by default), overall and per transport, and
@@ -72,6 +73,7 @@ class SessionLog:
     sent: list[Sent] = field(default_factory=list)
     finals: list[dict[str, Any]] = field(default_factory=list)  # {text, start_ms, end_ms, at, latency_ms}
     errors: list[str] = field(default_factory=list)
+    refused: list[dict[str, Any]] = field(default_factory=list)  # error events naming an utterance's audio
     arrived: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # set by each final
 
 
@@ -97,13 +99,21 @@ def schedule(
     return np.concatenate(parts), sent
 
 
+def overlaps(event: dict[str, Any], sent: Sent) -> bool:
+    return bool(min(event["end_ms"], sent.end_ms) > max(event["start_ms"], sent.start_ms))
+
+
 def answered_all(log: SessionLog) -> bool:
-    """Every sentence sent so far has a final whose audio overlaps it."""
-    return all(
-        any(min(f["end_ms"], s.end_ms) > max(f["start_ms"], s.start_ms) for f in log.finals)
-        for s in log.sent
-        if s.end_sent_at
-    )
+    """Every sentence sent so far has a final, or an error naming its audio, that overlaps it."""
+    return all(any(overlaps(f, s) for f in [*log.finals, *log.refused]) for s in log.sent if s.end_sent_at)
+
+
+def note_error(log: SessionLog, code: object, message: object, detail: dict[str, Any]) -> None:
+    """An error; one that carries an utterance's times stands in for its final (refused, not lost)."""
+    log.errors.append(f"{code}: {message}")
+    if "audio_start_ms" in detail and "audio_end_ms" in detail:
+        log.refused.append({"code": code, "start_ms": detail["audio_start_ms"], "end_ms": detail["audio_end_ms"]})
+        log.arrived.set()
 
 
 async def drain(log: SessionLog, drain_s: float) -> None:
@@ -160,7 +170,7 @@ async def ws_session(url: str, log: SessionLog, audio: np.ndarray, drain_s: floa
                     )
                     log.arrived.set()
                 elif event["type"] == "error":
-                    log.errors.append(f"{event.get('code')}: {event.get('message')}")
+                    note_error(log, event.get("code"), event.get("message"), event)
 
         reader = asyncio.create_task(read())
         await paced(audio, log.sent, send)
@@ -215,8 +225,9 @@ async def rtc_session(url: str, log: SessionLog, audio: np.ndarray, drain_s: flo
             )
             log.arrived.set()
         elif event["type"] == "error":
-            log.errors.append(str(event.get("message")))
+            note_error(log, obj.get("code"), event.get("message"), obj)
 
+    started_at = time.monotonic()
     try:
         await pc.setLocalDescription(await pc.createOffer())
         async with aiohttp.ClientSession() as http:
@@ -224,6 +235,16 @@ async def rtc_session(url: str, log: SessionLog, audio: np.ndarray, drain_s: flo
             async with http.post(f"{url}/api/rtc/asr", json=offer) as resp:
                 answer = await resp.json()
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
+
+        @pc.on("connectionstatechange")
+        def on_state() -> None:
+            if pc.connectionState in ("failed", "closed"):
+                log.errors.append(f"connection {pc.connectionState} at {time.monotonic() - started_at:.1f} s")
+
+        @channel.on("close")
+        def on_close() -> None:
+            log.errors.append(f"data channel closed at {time.monotonic() - started_at:.1f} s")
+
         await asyncio.wait_for(opened.wait(), 30)
         channel.send(json.dumps({"type": "start", "obj": {"hands_free": True}}))
 
@@ -363,6 +384,12 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> dict[str,
     sentences = [s for log in logs for s in log.sent if s.end_sent_at]  # the run ended before the rest
     spurious = [f for log in logs for f in match(log)]
     answered = [s for s in sentences if s.finals]
+    refused = [
+        s
+        for s in sentences
+        if not s.finals and any(overlaps(r, s) for log in logs if log.index == s.session for r in log.refused)
+    ]
+    lost = [s for s in sentences if not s.finals and s not in refused]
     transports = {log.index: log.transport for log in logs}
     latencies = [
         (
@@ -378,7 +405,8 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> dict[str,
     by_transport = {
         transport: {
             "sent": sum(1 for s in sentences if transports[s.session] == transport),
-            "lost": sum(1 for s in sentences if transports[s.session] == transport and not s.finals),
+            "refused": sum(1 for s in refused if transports[s.session] == transport),
+            "lost": sum(1 for s in lost if transports[s.session] == transport),
             "latency_s": {q: percentile([v for _, v, k in latencies if k == transport], q) for q in (50, 95)},
         }
         for transport in sorted(set(transports.values()))
@@ -390,10 +418,10 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> dict[str,
         "minutes": args.minutes,
         "sent": len(sentences),
         "answered": len(answered),
-        "lost": len(sentences) - len(answered),
-        "lost_examples": [{k: v for k, v in asdict(s).items() if k != "finals"} for s in sentences if not s.finals][
-            :10
-        ],
+        "refused": len(refused),
+        "refused_codes": sorted({str(r["code"]) for log in logs for r in log.refused}),
+        "lost": len(lost),
+        "lost_examples": [{k: v for k, v in asdict(s).items() if k != "finals"} for s in lost][:10],
         "split": sum(1 for s in answered if len(s.finals) > 1),
         "spurious_finals": len(spurious),
         "errors": [e for log in logs for e in log.errors],
@@ -406,6 +434,16 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> dict[str,
         "other_cpu_cores": other_cpu_cores,
         "asr_queued_max": max((s[3] for s in sampler.samples if s[3] == s[3]), default=None),
         "rss_mb": {"start": rss[0], "peak": max(rss), "end": rss[-1]} if rss else None,
+        "sessions_detail": [
+            {
+                "index": log.index,
+                "transport": log.transport,
+                "sent": [(s.start_ms, s.end_ms, s.text) for s in log.sent if s.end_sent_at],
+                "finals": [(f["start_ms"], f["end_ms"], f["text"]) for f in log.finals],
+                "refused": [(r["start_ms"], r["end_ms"], r["code"]) for r in log.refused],
+            }
+            for log in logs
+        ],
         "samples": sampler.samples,
         "latencies": latencies,
     }
@@ -439,15 +477,21 @@ def main() -> int:
         report = asyncio.run(soak(args, args.url.rstrip("/"), args.server_pid))
     else:
         env = {"MEDIASERVER_MAX_SESSIONS": str(max(64, args.sessions * 2))}
-        with child_server(args.out.with_suffix(".server.log"), 180, env) as (url, process):
+        with child_server(args.out.with_suffix(".server.log"), 180, env, log_level="INFO") as (url, process):
             report = asyncio.run(soak(args, url, process.pid))
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    title = f"{args.sessions} sessions ({args.rtc} WebRTC) × {args.minutes:g} min: {report['lost']} lost"
+    title = (
+        f"{args.sessions} sessions ({args.rtc} WebRTC) × {args.minutes:g} min: "
+        f"{report['refused']} refused, {report['lost']} lost"
+    )
     if report["other_cpu_cores"] is not None:
         title += f" (other processes: {report['other_cpu_cores']:.2f} cores)"
     plot(args.out.with_suffix(".png"), report["samples"], report["latencies"], title)
     print(f"sessions {report['sessions']} ({report['rtc_sessions']} WebRTC), {report['minutes']:g} min")
-    print(f"sentences sent {report['sent']}, answered {report['answered']}, LOST {report['lost']}")
+    print(
+        f"sentences sent {report['sent']}, answered {report['answered']}, refused with an error naming them "
+        f"{report['refused']} {report['refused_codes']}, LOST {report['lost']}"
+    )
     print(f"split over two finals {report['split']}, spurious finals {report['spurious_finals']}")
     print(f"errors {len(report['errors'])}: {sorted(set(report['errors']))[:5]}")
     print(f"WER {report['wer']:.3f}" if report["wer"] is not None else "WER n/a")
@@ -460,7 +504,10 @@ def main() -> int:
     print(f"server latency_ms: p50 {server[50]:.0f}, p95 {server[95]:.0f}, p99 {server[99]:.0f}")
     for transport, row in report["by_transport"].items():
         lat = row["latency_s"]
-        print(f"  {transport}: sent {row['sent']}, lost {row['lost']}, p50 {lat[50]:.2f} s, p95 {lat[95]:.2f} s")
+        print(
+            f"  {transport}: sent {row['sent']}, refused {row['refused']}, lost {row['lost']}, "
+            f"p50 {lat[50]:.2f} s, p95 {lat[95]:.2f} s"
+        )
     print(f"ASR jobs queued at most {report['asr_queued_max']}")
     if report["other_cpu_cores"] is not None:
         print(f"other processes (neither the server nor this client) kept {report['other_cpu_cores']:.2f} cores busy")

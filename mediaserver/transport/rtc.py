@@ -430,7 +430,13 @@ class RtcSession:
                 )
             self.send(message("infer", None, obj))
         elif isinstance(event, StreamError):
-            self.send(message("error", event.message))
+            detail: dict[str, object] | None = None
+            if self.extensions:
+                detail = {"code": event.code}
+                if event.audio_start_ms is not None and event.audio_end_ms is not None:
+                    # The utterance failed: it stands in for that utterance's final.
+                    detail.update(audio_start_ms=event.audio_start_ms, audio_end_ms=event.audio_end_ms)
+            self.send(message("error", event.message, detail))
         elif not self.extensions:
             return
         elif isinstance(event, PartialTranscript):

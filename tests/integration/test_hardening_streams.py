@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
 import websockets
 
+from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
+from mediaserver.errors import Overloaded
+from mediaserver.events import TranscriptionOptions
 from mediaserver.state import SESSIONS
 from mediaserver.transport.realtime.session import max_message_bytes
 from tests.conftest import LiveServer
@@ -69,6 +73,48 @@ async def test_nested_json_on_the_data_channel_is_an_error_and_the_session_goes_
     finally:
         await peer.close()
     assert server_errors(caplog) == []  # no "Task exception was never retrieved"
+
+
+async def test_an_utterance_that_cannot_be_transcribed_is_an_error_naming_its_audio_on_the_data_channel(
+    server: LiveServer, asr_service: AsrService, speech: Any
+) -> None:
+    """With extensions on, a failed utterance's ``error`` carries its code and audio times and stands
+    in for its ``infer`` (as on the device socket), so a client can tell which utterance was lost.
+    The failure is a real one: the shared ASR queue is kept full of file jobs."""
+    scheduler = (await asr_service.get_model(None)).scheduler
+    long_audio = np.tile(speech("story").audio16k, 8)[: 25 * 16000]
+    stop = asyncio.Event()
+
+    async def fill() -> None:
+        while not stop.is_set():
+            try:
+                await asr_service.transcribe(long_audio, TranscriptionOptions(language="en"))
+            except Overloaded:
+                await asyncio.sleep(0.005)
+
+    fillers = [asyncio.create_task(fill()) for _ in range(scheduler._max_queue + 16)]
+    peer = await connect(server)
+    try:
+        peer.send("start", {"hands_free": True})
+        await peer.next("log")
+        await eventually(lambda: scheduler._queue.qsize() >= scheduler._max_queue, timeout_s=10)
+        peer.track.play(speech("kitchen"), silence_after_s=1.0)
+        started = await peer.next("speech_started", timeout=30)
+        stopped = await peer.next("speech_stopped", timeout=30)
+        error = await peer.next("error", timeout=30)
+        assert peer.messages.empty() or (await peer.next(timeout=1))["type"] != "infer"
+    finally:
+        stop.set()
+        for task in fillers:
+            task.cancel()
+        await asyncio.gather(*fillers, return_exceptions=True)
+        await peer.close()
+    assert error["obj"] == {
+        "code": "overloaded",
+        "audio_start_ms": started["obj"]["ms"],
+        "audio_end_ms": stopped["obj"]["ms"],
+    }, error
+    assert "overloaded" in error["message"]
 
 
 # --- 7. a message of exactly ws_max_message_bytes -------------------------------------------------------

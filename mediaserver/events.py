@@ -105,10 +105,14 @@ class SpeechStopped:
 
 @dataclass(frozen=True)
 class PartialTranscript:
-    """Append-only: ``delta`` is new text after everything sent before; ``text`` is all of it so far."""
+    """Append-only: ``delta`` is new text after everything sent before; ``text`` is all of it so far.
+
+    ``unstable`` (only for a session that asked for it) is the latest hypothesis' words after
+    ``text``: not promised, the next partial or the final replaces them."""
 
     delta: str
     text: str
+    unstable: str = ""
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,9 @@ class StreamOptions:
     )
     server_vad: bool = False
     partials: bool = False
+    # Partials also carry the latest hypothesis' words after the agreed ones (may change), and are
+    # sent whenever those change: words on screen one decode after the speech, not three.
+    unstable_partials: bool = False
 
 
 def segmenter_config(settings: Settings, **overrides: int | float) -> SegmenterConfig:
@@ -146,6 +149,7 @@ class StreamSession:
         self._recording = False
         self._recorded: list[AudioArray] = []
         self._committed = ""  # partial text already sent for the current utterance
+        self._unstable = ""  # the words after it in the last partial (unstable_partials)
         self._hypotheses: collections.deque[str] = collections.deque(
             maxlen=max(1, settings.stream_partial_agreement - 1)
         )
@@ -341,6 +345,7 @@ class StreamSession:
         self._cancel_partials()
         self._drop_early_final()
         self._committed = ""
+        self._unstable = ""
         self._hypotheses.clear()
 
     # --- transcription ------------------------------------------------------------------------
@@ -349,6 +354,7 @@ class StreamSession:
         self._cancel_partials()
         self._drop_early_final()
         self._committed = ""
+        self._unstable = ""
         self._hypotheses.clear()
 
     def _current_audio(self) -> AudioArray:
@@ -408,23 +414,34 @@ class StreamSession:
 
     async def _advance_partial(self, hypothesis: str) -> None:
         """Send the words ``stream_partial_agreement`` consecutive hypotheses agree on, beyond what
-        was already sent."""
+        was already sent; with ``unstable_partials``, also the latest hypothesis' words after them
+        whenever they change (``unstable``: shown at once, replaced by the next partial)."""
         earlier = list(self._hypotheses)
         self._hypotheses.append(hypothesis)
+        delta = self._agreed_delta(hypothesis, earlier)
+        if delta:
+            self._committed += delta
+        unstable = self._unstable
+        if self.options.unstable_partials:
+            words, committed = _words(hypothesis), _words(self._committed)
+            unstable = " ".join(words[len(committed) :]) if words[: len(committed)] == committed else ""
+        if delta or unstable != self._unstable:
+            self._unstable = unstable
+            await self._emit(PartialTranscript(delta, self._committed, unstable))
+
+    def _agreed_delta(self, hypothesis: str, earlier: list[str]) -> str:
+        """The text to append to what was sent: the words all the hypotheses agree on beyond it."""
         if len(earlier) < max(1, self.settings.stream_partial_agreement - 1):
-            return
+            return ""
         agreed_text = hypothesis
         for other in earlier:
             agreed_text = _agreed_prefix(other, agreed_text)
         agreed = _words(agreed_text)
         committed = _words(self._committed)
         if len(agreed) <= len(committed) or agreed[: len(committed)] != committed:
-            return
+            return ""
         delta = " ".join(agreed[len(committed) :])
-        if self._committed:
-            delta = " " + delta
-        self._committed += delta
-        await self._emit(PartialTranscript(delta, self._committed))
+        return " " + delta if self._committed else delta
 
     async def _submit_final(
         self, audio: AudioArray, start_ms: int, end_ms: int, *, early: _EarlyFinal | None = None
@@ -445,6 +462,7 @@ class StreamSession:
         ended_at = time.monotonic()
         self._cancel_partials()
         self._committed = ""
+        self._unstable = ""
         self._hypotheses.clear()
         limit = self.settings.stream_max_pending_finals
         if self._pending_finals >= limit:
@@ -548,6 +566,7 @@ class StreamSession:
         final = FinalTranscript(transcript, delta, start_ms, end_ms, (time.monotonic() - ended_at) * 1000.0)
         if committed == self._committed:
             self._committed = ""
+            self._unstable = ""
             self._hypotheses.clear()
         await self._emit(final)
         if self.assistant is not None and text.strip() and not self._closed:

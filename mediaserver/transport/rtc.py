@@ -356,6 +356,7 @@ class RtcSession:
                 transcription=options.transcription,
                 server_vad=self.hands_free,
                 partials=bool(obj.get("partials", False)),
+                unstable_partials=bool(obj.get("partials", False)) and bool(obj.get("unstable", False)),
             )
         )
         self.started = True
@@ -440,7 +441,10 @@ class RtcSession:
         elif not self.extensions:
             return
         elif isinstance(event, PartialTranscript):
-            self.send(message("partial", None, {"text": event.delta, "full": event.text}))
+            partial = {"text": event.delta, "full": event.text}
+            if self.stream.options.unstable_partials:
+                partial["unstable"] = event.unstable
+            self.send(message("partial", None, partial))
         elif isinstance(event, SpeechStarted):
             self.send(message("speech_started", None, {"ms": event.audio_start_ms}))
         elif isinstance(event, SpeechStopped):

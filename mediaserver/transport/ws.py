@@ -88,6 +88,7 @@ START_KEYS: Final = frozenset(
         "channels",
         "mode",
         "partials",
+        "unstable",
         "segments",
         "language",
         "detect_language",
@@ -119,6 +120,7 @@ class StreamConfig:
     channels: int = 1
     mode: Mode = "server_vad"
     partials: bool = False
+    unstable: bool = False  # partials also carry the latest hypothesis' unpromised words
     segments: bool = False
     # The voice loop: answer each final (text messages, and speech as binary PCM frames).
     assistant: bool = False
@@ -141,6 +143,7 @@ class StreamConfig:
             transcription=transcription,
             server_vad=self.server_vad,
             partials=self.partials,
+            unstable_partials=self.partials and self.unstable,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -151,6 +154,7 @@ class StreamConfig:
             "channels": self.channels,
             "mode": self.mode,
             "partials": self.partials,
+            "unstable": self.unstable,
             "segments": self.segments,
             "language": t.language,
             "model": self.options.model,
@@ -200,6 +204,7 @@ def parse_start(
             raise InvalidParameter(f"mode must be 'push_to_talk' or 'server_vad', got {raw_mode!r}", param="mode")
         mode = "push_to_talk" if raw_mode == "push_to_talk" else "server_vad"
     partials = parse_bool(text, "partials", base.partials if base else False)
+    unstable = parse_bool(text, "unstable", base.unstable if base else False)
     segments = parse_bool(text, "segments", base.segments if base else False)
 
     option_values: dict[str, object] = dict(values)
@@ -235,6 +240,7 @@ def parse_start(
         channels=channels,
         mode=mode,
         partials=partials,
+        unstable=unstable,
         segments=segments,
         assistant=assistant,
         assistant_values=tuple(assistant_values.items()),
@@ -312,7 +318,10 @@ class WsSession(SocketSession):
         elif isinstance(event, FinalTranscript):
             self.send_json(self._final_message(event))
         elif isinstance(event, PartialTranscript):
-            self.send_json({"type": "partial", "delta": event.delta, "text": event.text})
+            partial = {"type": "partial", "delta": event.delta, "text": event.text}
+            if self.stream.options.unstable_partials:
+                partial["unstable"] = event.unstable
+            self.send_json(partial)
         elif isinstance(event, SpeechStarted):
             self.send_json({"type": "speech_started", "audio_start_ms": event.audio_start_ms})
         elif isinstance(event, SpeechStopped):

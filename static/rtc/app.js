@@ -17,6 +17,7 @@ const state = {
   transcript: [], // {text, final, latencyMs, at}
   lastText: "",
   partial: "",
+  unstable: "", // the latest guess after the agreed words (greyed; may change)
   partialCount: 0, // partial messages received (all utterances)
   bitrate: null, // {audioKbps, audioPayloadKbps, totalKbps, intervalMs}
   micLevelDb: null,
@@ -125,7 +126,14 @@ function renderConnection() {
 }
 
 function renderPartial() {
-  $("partial").textContent = state.partial;
+  const line = $("partial");
+  line.textContent = state.partial;
+  if (state.unstable) {
+    const guess = document.createElement("span");
+    guess.className = "unstable";
+    guess.textContent = (state.partial ? " " : "") + state.unstable;
+    line.append(guess);
+  }
 }
 
 function addTranscript(entry) {
@@ -177,14 +185,16 @@ client.addEventListener("recording", (ev) => {
 client.addEventListener("log", (ev) => log(ev.detail.message));
 client.addEventListener("error", (ev) => log(`${ev.detail.source} error: ${ev.detail.message}`, "error"));
 client.addEventListener("partial", (ev) => {
-  const { text, full } = ev.detail;
+  const { text, full, unstable } = ev.detail;
   state.partialCount += 1;
   state.partial = typeof full === "string" ? full : state.partial + text;
+  state.unstable = unstable || "";
   renderPartial();
 });
 client.addEventListener("infer", (ev) => {
   const { text, final, latencyMs } = ev.detail;
   state.partial = "";
+  state.unstable = "";
   renderPartial();
   addTranscript({ text, final, latencyMs, at: Date.now() });
 });
@@ -268,6 +278,7 @@ function disconnect() {
   state.handsFree = false;
   state.speaking = false;
   state.partial = "";
+  state.unstable = "";
   renderPartial();
   renderConnection();
   log("disconnected");
@@ -279,9 +290,10 @@ async function pttDown() {
   if (!state.connected || state.handsFree || pttActive) return;
   pttActive = true;
   state.partial = "";
+  state.unstable = "";
   renderPartial();
   try {
-    await client.start({ ...options(), partials: true });
+    await client.start({ ...options(), partials: true, unstable: true });
   } catch (err) {
     pttActive = false;
     log(`start failed: ${err.message}`, "error");
@@ -303,8 +315,9 @@ async function setHandsFree(on) {
   try {
     if (on) {
       state.partial = "";
+      state.unstable = "";
       renderPartial();
-      await client.start({ ...options(), handsFree: true, partials: true });
+      await client.start({ ...options(), handsFree: true, partials: true, unstable: true });
     } else {
       await client.stop(options());
     }
@@ -328,8 +341,9 @@ async function setAssistant(on) {
   try {
     if (on) {
       state.partial = "";
+      state.unstable = "";
       renderPartial();
-      await client.start({ ...options(), handsFree: true, partials: true, assistant: true });
+      await client.start({ ...options(), handsFree: true, partials: true, unstable: true, assistant: true });
       state.assistant = true;
       log("assistant: listening; talk, and talk over an answer to interrupt it");
     } else {

@@ -17,7 +17,8 @@
 //   infer        {text, final, latencyMs, obj} a transcript; latencyMs from stop() (push-to-talk)
 //                                            or from `speech_stopped` (hands-free) to its arrival;
 //                                            obj is the server's (with extensions: final, language...)
-//   partial      {text, full, obj}           partial transcript of the current utterance
+//   partial      {text, full, unstable, obj} partial transcript of the current utterance; `unstable`
+//                                            (with {unstable: true}): the latest guess after `full`
 //   speech_started / speech_stopped  {obj}  server VAD (hands-free only)
 //   pong         {message, rttMs}
 //   assistant    {delta, full, final}        the assistant's answer as it is written (assistant mode)
@@ -35,6 +36,7 @@ export function serverOptions(options = {}) {
     handsFree: "hands_free",
     hands_free: "hands_free",
     partials: "partials",
+    unstable: "unstable",
     model: "model",
     beamSize: "beam_size",
     beam_size: "beam_size",
@@ -365,7 +367,7 @@ export class MediaserverClient extends EventTarget {
   }
 
   /**
-   * Start recording. options: {handsFree, partials, model, beamSize, language, detectLanguage}.
+   * Start recording. options: {handsFree, partials, unstable, model, beamSize, language, detectLanguage}.
    * hands-free: the server's VAD ends each utterance and sends `infer` by itself until stop().
    */
   async start(options = {}) {
@@ -386,6 +388,7 @@ export class MediaserverClient extends EventTarget {
     const obj = serverOptions(options);
     delete obj.hands_free;
     delete obj.partials;
+    delete obj.unstable;
     await this._setSending(false);
     this._stopAt = performance.now();
     this.recording = false;
@@ -469,7 +472,12 @@ export class MediaserverClient extends EventTarget {
         break;
       }
       case "partial":
-        this._emit("partial", { text: (obj && obj.text) || "", full: obj && obj.full, obj });
+        this._emit("partial", {
+          text: (obj && obj.text) || "",
+          full: obj && obj.full,
+          unstable: (obj && obj.unstable) || "",
+          obj,
+        });
         break;
       case "assistant":
         this._emit("assistant", { delta: (obj && obj.text) || "", full: (obj && obj.full) || "", final: !!(obj && obj.final) });

@@ -142,10 +142,11 @@ client.addEventListener("error", (ev) => {
   console.warn("mediaserver:", ev.detail.message);
 });
 client.addEventListener("partial", (ev) => {
-  const { text, full } = ev.detail;
+  const { text, full, unstable } = ev.detail;
   state.partialCount += 1;
   state.partial = typeof full === "string" ? full : state.partial + text;
-  showLine(state.partial, true);
+  // The agreed words, then the latest guess after them (it may change with the next partial).
+  showLine([state.partial, unstable].filter(Boolean).join(" "), true);
 });
 client.addEventListener("infer", (ev) => {
   const { text, final, latencyMs } = ev.detail;
@@ -232,7 +233,7 @@ async function connect({ retry = false } = {}) {
 async function listen(on) {
   if (on) {
     state.partial = "";
-    await client.start({ ...options(), handsFree: config.handsFree, partials: true, assistant: config.assistant });
+    await client.start({ ...options(), handsFree: config.handsFree, partials: true, unstable: true, assistant: config.assistant });
   } else {
     await client.stop(options());
   }

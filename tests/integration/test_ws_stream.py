@@ -131,6 +131,7 @@ async def test_server_vad_realtime_with_append_only_partials(
             "channels": 1,
             "mode": "server_vad",
             "partials": True,
+            "unstable": False,
             "segments": False,
             "language": "en",
             "model": "tiny.en",
@@ -157,6 +158,27 @@ async def test_server_vad_realtime_with_append_only_partials(
     assert 0 < final["audio_start_ms"] < 1000 < final["audio_end_ms"]
     assert got[0]["audio_start_ms"] == final["audio_start_ms"]
     assert final["latency_ms"] > 0
+
+
+async def test_unstable_partials_show_the_latest_guess_beside_the_promised_text(
+    server: LiveServer, speech: Callable[[str], Clip], wer: Callable[[str, str], float]
+) -> None:
+    clip = speech(LONG_SENTENCE)
+    async with connect(server) as client:
+        ready = await client.start(mode="server_vad", partials=True, unstable=True)
+        assert (ready["partials"], ready["unstable"]) == (True, True)
+        audio = pcm16(np.concatenate([silence(0.5), clip.audio16k, silence(1.2)]))
+        await client.send_audio(audio, 640, realtime_bytes_per_s=2 * RATE)
+        got = await client.until("final")
+    partials = [m for m in got if m["type"] == "partial"]
+    assert partials and all(isinstance(p["unstable"], str) for p in partials), partials
+    assert any(p["unstable"] for p in partials), partials  # guesses were shown
+    # More messages than promised words: a partial goes out whenever the guess changes...
+    assert len(partials) > sum(1 for p in partials if p["delta"])
+    # ...and the promised text is still append-only, extended by the final.
+    assert "".join(p["delta"] for p in partials) == partials[-1]["text"]
+    final = got[-1]
+    assert final["text"].startswith(partials[-1]["text"]) and wer(clip.text, final["text"]) <= 0.35, final
 
 
 async def test_two_utterances_in_one_stream_give_two_finals_in_order(

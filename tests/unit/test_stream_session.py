@@ -348,3 +348,38 @@ async def test_a_word_is_sent_once_enough_consecutive_hypotheses_agree(
     finally:
         await session.aclose()
     assert [p.text for p in recorder.of(PartialTranscript)] == sent
+
+
+async def test_unstable_partials_show_each_hypothesis_tail_and_keep_the_promised_text_append_only(
+    asr_service: AsrService, base_settings: Settings
+) -> None:
+    settings = base_settings.model_copy(update={"stream_partial_agreement": 2})
+    recorder = Recorder()
+    session = session_for(asr_service, settings, recorder, server_vad=True, partials=True, unstable_partials=True)
+    try:
+        for hypothesis in ("turn", "turn on the", "turn on a", "turn on a kitchen", "turn on a kitchen"):
+            await session._advance_partial(hypothesis)
+    finally:
+        await session.aclose()
+    sent = [(p.delta, p.text, p.unstable) for p in recorder.of(PartialTranscript)]
+    assert sent == [
+        ("", "", "turn"),  # the first decode is on screen at once, promised nothing
+        ("turn", "turn", "on the"),
+        (" on", "turn on", "a"),  # "the" was a guess: replaced, never promised
+        (" a", "turn on a", "kitchen"),
+        (" kitchen", "turn on a kitchen", ""),
+    ]
+
+
+async def test_without_unstable_partials_only_agreed_words_are_sent(
+    asr_service: AsrService, base_settings: Settings
+) -> None:
+    settings = base_settings.model_copy(update={"stream_partial_agreement": 2})
+    recorder = Recorder()
+    session = session_for(asr_service, settings, recorder, server_vad=True, partials=True)
+    try:
+        for hypothesis in ("turn", "turn on the", "turn on a", "turn on a kitchen"):
+            await session._advance_partial(hypothesis)
+    finally:
+        await session.aclose()
+    assert [(p.delta, p.unstable) for p in recorder.of(PartialTranscript)] == [("turn", ""), (" on", ""), (" a", "")]

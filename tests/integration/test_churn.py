@@ -20,7 +20,7 @@ import pytest_asyncio
 
 from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
-from tests.faults import metric_samples, open_fds, server_errors
+from tests.faults import abort_ws, metric_samples, open_fds, server_errors
 from tests.rtc_peer import Peer, connect, connect_call, make_offer
 
 WS_CYCLES = 200
@@ -47,7 +47,7 @@ async def ws_cycle(server: LiveServer, http: aiohttp.ClientSession, pcm: bytes, 
     for offset in range(0, len(pcm), 3200):
         await ws.send_bytes(pcm[offset : offset + 3200])
     if abrupt:
-        ws._response.connection.transport.abort()  # type: ignore[union-attr]
+        abort_ws(ws)
         await ws.close()
     else:
         await ws.send_json({"type": "ping"})
@@ -85,7 +85,7 @@ async def realtime_ws_cycle(server: LiveServer, http: aiohttp.ClientSession, aud
     assert (await ws.receive_json(timeout=30))["type"] == "session.created"
     await ws.send_json({"type": "input_audio_buffer.append", "audio": audio})
     if n % 2:
-        ws._response.connection.transport.abort()  # type: ignore[union-attr]
+        abort_ws(ws)
     await ws.close()
 
 

@@ -107,6 +107,22 @@ async def push_to_talk(client: Client, clip: Clip, **config: Any) -> Message:
     return (await client.until("final"))[-1]
 
 
+async def check_streamed_partials(
+    server: LiveServer, speech: Callable[[str], Clip], wer: Callable[[str, str], float]
+) -> None:
+    """A stream with partials through ``server`` (its ASR behind a remote backend, say), paced in real time:
+    the partials' deltas are the start of the final, the final's delta the rest, and the final is right."""
+    clip = speech(LONG_SENTENCE)
+    async with connect(server) as ws:
+        await ws.start(mode="server_vad", partials=True)
+        await ws.send_audio(pcm16(np.concatenate([clip.audio16k, silence(1.2)])), 640, realtime_bytes_per_s=32000)
+        got = await ws.until("final", timeout=60)
+    partials = "".join(m["delta"] for m in got if m["type"] == "partial")
+    final = got[-1]
+    assert final["text"].startswith(partials) and partials + final["delta"] == final["text"]
+    assert wer(LONG_SENTENCE, final["text"]) <= 0.25, final
+
+
 async def gone(server: LiveServer, session_id: str, timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while session_id in server.app[SESSIONS].ids() and time.monotonic() < deadline:

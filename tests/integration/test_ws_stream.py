@@ -17,6 +17,7 @@ import pytest
 
 from mediaserver.state import SESSIONS
 from tests.conftest import SENTENCES, Clip, LiveServer, resample_to
+from tests.faults import abort_ws, session_tasks
 
 RATE = 16000
 LONG_SENTENCE = "The old lighthouse keeper walked slowly along the rocky shore, and the seagulls followed him home."
@@ -371,11 +372,10 @@ async def test_abrupt_disconnect_mid_utterance_leaves_nothing_behind(
         await client.send_audio(audio, 640, realtime_bytes_per_s=2 * RATE)
         assert (await client.until("speech_started"))[-1]
         assert any(session_id in t.get_name() for t in asyncio.all_tasks())  # the worker at least
-        client.ws._response.connection.transport.abort()  # type: ignore[union-attr]
+        abort_ws(client.ws)
         assert await gone(server, session_id)
     await asyncio.sleep(0.2)
-    leftover = [t.get_name() for t in asyncio.all_tasks() if session_id in t.get_name()]
-    assert leftover == []
+    assert session_tasks(session_id) == []
 
 
 async def test_idle_session_is_closed(server_factory: Callable[..., Any]) -> None:

@@ -29,6 +29,7 @@ from mediaserver.events import (
 )
 from mediaserver.session import StreamOptions, StreamSession
 from tests.conftest import SENTENCES, Clip
+from tests.faults import session_tasks
 
 CHUNK = SAMPLE_RATE_HZ // 50  # 20 ms, as a WebRTC or device frame
 
@@ -160,7 +161,7 @@ async def test_close_cancels_everything_and_is_idempotent(
     await session.aclose()
     await session.aclose()
     assert session.closed
-    assert not [t.get_name() for t in asyncio.all_tasks() if session.id in t.get_name()]
+    assert not session_tasks(session.id)
     received = session.samples_received
     await session.feed(speech("garden").audio16k)  # a closed session ignores audio
     assert session.samples_received == received

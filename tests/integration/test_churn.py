@@ -56,6 +56,18 @@ async def ws_cycle(server: LiveServer, http: aiohttp.ClientSession, pcm: bytes, 
         await ws.close()
 
 
+async def speak_then_leave(peer: Peer, kind: str, clip: Clip) -> Peer | None:
+    """Half a second of ``clip`` on the peer's track, then it closes or vanishes (``kind``); a vanished
+    peer is returned, to be closed by the caller once the server has let go of it."""
+    peer.track.play(clip, silence_after_s=0.0)
+    await asyncio.sleep(0.5)
+    if kind == "closes":
+        await peer.close()
+        return None
+    peer.vanish()
+    return peer
+
+
 async def rtc_cycle(server: LiveServer, kind: str, clip: Clip) -> Peer | None:
     if kind == "never connects":
         pc, sdp = await make_offer()
@@ -69,13 +81,7 @@ async def rtc_cycle(server: LiveServer, kind: str, clip: Clip) -> Peer | None:
     peer = await connect(server)
     peer.send("start", {"hands_free": True, "partials": True})
     await peer.next("log")
-    peer.track.play(clip, silence_after_s=0.0)
-    await asyncio.sleep(0.5)
-    if kind == "closes":
-        await peer.close()
-        return None
-    peer.vanish()
-    return peer  # closed by the caller once the server has let go of it
+    return await speak_then_leave(peer, kind, clip)
 
 
 async def realtime_ws_cycle(server: LiveServer, http: aiohttp.ClientSession, audio: str, n: int) -> None:
@@ -103,13 +109,7 @@ async def call_cycle(server: LiveServer, kind: str, clip: Clip) -> Peer | None:
         return None
     peer, _ = await connect_call(server, raw_sdp=True)
     await peer.next("session.created")
-    peer.track.play(clip, silence_after_s=0.0)
-    await asyncio.sleep(0.5)
-    if kind == "closes":
-        await peer.close()
-        return None
-    peer.vanish()
-    return peer
+    return await speak_then_leave(peer, kind, clip)
 
 
 async def settled(server: LiveServer, baseline_tasks: int, baseline_fds: int, timeout_s: float) -> None:

@@ -87,6 +87,16 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def session_tasks(session_id: str) -> list[str]:
+    """The names of the running tasks named for a session (the server names them after its id)."""
+    return [t.get_name() for t in asyncio.all_tasks() if session_id in t.get_name()]
+
+
+def abort_ws(ws: aiohttp.ClientWebSocketResponse) -> None:
+    """Drop a client WebSocket's TCP connection: no close frame, the client just goes away."""
+    ws._response.connection.transport.abort()  # type: ignore[union-attr]
+
+
 async def eventually(check: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> float:
     """Poll ``check`` until it holds; the seconds it took. Fails the test at ``timeout_s``."""
     started = time.monotonic()

@@ -33,20 +33,16 @@ import contextlib
 import json
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import REPO, child_server, get_json
+
 sys.path.insert(0, str(REPO))
 
 TARGET_TTFT_RATIO = 1.10
@@ -167,55 +163,6 @@ async def server_run(url: str, index: int, tokens: int, started: float) -> tuple
     return run, "".join(text), usage
 
 
-# ----------------------------------------------------------------------------- child server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def get_json(url: str) -> Any:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return json.loads(response.read())
-    except (OSError, urllib.error.URLError, ValueError):
-        return None
-
-
-@contextlib.contextmanager
-def child_server(log_path: Path, startup_timeout_s: float) -> Iterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="bench-llm-certs-") as cert_dir, open(log_path, "wb") as log_file:
-        command = [
-            sys.executable, "-m", "mediaserver", "--http-port", str(port), "--host", "127.0.0.1",
-            "--https-port", str(free_port()), "--cert-dir", cert_dir, "--log-level", "WARNING",
-        ]  # fmt: skip
-        env = dict(os.environ)
-        env.setdefault("MEDIASERVER_WYOMING_HOST", "127.0.0.1")
-        env.setdefault("MEDIASERVER_WYOMING_PORT", str(free_port()))
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + startup_timeout_s
-            while get_json(f"{url}/health") is None:
-                if process.poll() is not None:
-                    raise SystemExit(f"the server exited with {process.returncode}; see {log_path}")
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"no /health within {startup_timeout_s:g} s; see {log_path}")
-                time.sleep(0.2)
-            yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=15)
-
-
 # ----------------------------------------------------------------------------- measuring
 
 
@@ -327,7 +274,7 @@ def main() -> None:
     print(f"llama.cpp in-process: {direct.kwargs}", flush=True)
     with contextlib.ExitStack() as stack:
         log_path = args.plot.with_suffix(".server.log")
-        url = args.url or stack.enter_context(child_server(log_path, args.startup_timeout_s))
+        url = args.url or stack.enter_context(child_server(log_path, args.startup_timeout_s))[0]
         health = get_json(f"{url}/health") or {}
         print(f"server {url}: llm {health.get('features', {}).get('llm')}", flush=True)
         raw = asyncio.run(measure(url, direct, args.rounds, args.tokens))

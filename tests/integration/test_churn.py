@@ -20,7 +20,7 @@ import pytest_asyncio
 
 from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
-from tests.faults import metric_samples, open_fds, server_errors
+from tests.faults import abort_ws, metric_samples, open_fds, server_errors
 from tests.rtc_peer import Peer, connect, connect_call, make_offer
 
 WS_CYCLES = 200
@@ -47,13 +47,25 @@ async def ws_cycle(server: LiveServer, http: aiohttp.ClientSession, pcm: bytes, 
     for offset in range(0, len(pcm), 3200):
         await ws.send_bytes(pcm[offset : offset + 3200])
     if abrupt:
-        ws._response.connection.transport.abort()  # type: ignore[union-attr]
+        abort_ws(ws)
         await ws.close()
     else:
         await ws.send_json({"type": "ping"})
         while (await ws.receive_json(timeout=30))["type"] != "pong":
             pass
         await ws.close()
+
+
+async def speak_then_leave(peer: Peer, kind: str, clip: Clip) -> Peer | None:
+    """Half a second of ``clip`` on the peer's track, then it closes or vanishes (``kind``); a vanished
+    peer is returned, to be closed by the caller once the server has let go of it."""
+    peer.track.play(clip, silence_after_s=0.0)
+    await asyncio.sleep(0.5)
+    if kind == "closes":
+        await peer.close()
+        return None
+    peer.vanish()
+    return peer
 
 
 async def rtc_cycle(server: LiveServer, kind: str, clip: Clip) -> Peer | None:
@@ -69,13 +81,7 @@ async def rtc_cycle(server: LiveServer, kind: str, clip: Clip) -> Peer | None:
     peer = await connect(server)
     peer.send("start", {"hands_free": True, "partials": True})
     await peer.next("log")
-    peer.track.play(clip, silence_after_s=0.0)
-    await asyncio.sleep(0.5)
-    if kind == "closes":
-        await peer.close()
-        return None
-    peer.vanish()
-    return peer  # closed by the caller once the server has let go of it
+    return await speak_then_leave(peer, kind, clip)
 
 
 async def realtime_ws_cycle(server: LiveServer, http: aiohttp.ClientSession, audio: str, n: int) -> None:
@@ -85,7 +91,7 @@ async def realtime_ws_cycle(server: LiveServer, http: aiohttp.ClientSession, aud
     assert (await ws.receive_json(timeout=30))["type"] == "session.created"
     await ws.send_json({"type": "input_audio_buffer.append", "audio": audio})
     if n % 2:
-        ws._response.connection.transport.abort()  # type: ignore[union-attr]
+        abort_ws(ws)
     await ws.close()
 
 
@@ -103,13 +109,7 @@ async def call_cycle(server: LiveServer, kind: str, clip: Clip) -> Peer | None:
         return None
     peer, _ = await connect_call(server, raw_sdp=True)
     await peer.next("session.created")
-    peer.track.play(clip, silence_after_s=0.0)
-    await asyncio.sleep(0.5)
-    if kind == "closes":
-        await peer.close()
-        return None
-    peer.vanish()
-    return peer
+    return await speak_then_leave(peer, kind, clip)
 
 
 async def settled(server: LiveServer, baseline_tasks: int, baseline_fds: int, timeout_s: float) -> None:

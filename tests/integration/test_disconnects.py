@@ -26,7 +26,7 @@ from mediaserver.state import ASR, METRICS, SESSIONS
 from mediaserver.transport.wyoming import WYOMING_SERVER
 from mediaserver.tts.service import TtsService
 from tests.conftest import Clip, LiveServer
-from tests.faults import eventually, requests_with_status, server_errors
+from tests.faults import abort_ws, eventually, requests_with_status, server_errors, session_tasks
 from tests.integration.test_voice_loop import LONG_QUESTION, VOICE_SETTINGS, llm_busy, tts_open_streams
 from tests.rtc_peer import Peer, connect, connect_call
 
@@ -42,14 +42,10 @@ async def voice_server(server_factory: Callable[..., Any]) -> LiveServer:
     return server
 
 
-def _tasks_of(session_id: str) -> list[str]:
-    return [t.get_name() for t in asyncio.all_tasks() if session_id in t.get_name()]
-
-
 async def _all_gone(server: LiveServer, session_id: str) -> float:
     """Seconds until the session left the registry and its tasks ended (fails past CLEANUP_S)."""
     return await eventually(
-        lambda: session_id not in server.app[SESSIONS].ids() and not _tasks_of(session_id), CLEANUP_S
+        lambda: session_id not in server.app[SESSIONS].ids() and not session_tasks(session_id), CLEANUP_S
     )
 
 
@@ -169,10 +165,6 @@ async def _ws_until(ws: Any, kind: str, timeout: float = 60) -> dict[str, Any]:
                 return dict(event)
 
 
-def _abort(ws: Any) -> None:
-    ws._response.connection.transport.abort()
-
-
 @pytest.mark.parametrize("stage", ["mid-stream", "after stop before the final"])
 async def test_device_socket_hang_ups(
     voice_server: LiveServer, caplog: pytest.LogCaptureFixture, speech: Callable[[str], Clip], stage: str
@@ -189,7 +181,7 @@ async def test_device_socket_hang_ups(
             await ws.send_bytes(pcm)
             await ws.send_json({"type": "stop"})
             await asyncio.sleep(0.05)  # the final is being made
-        _abort(ws)
+        abort_ws(ws)
         await _all_gone(voice_server, session_id)
     await eventually(lambda: voice_server.app[ASR].open_jobs() == 0, CLEANUP_S)
     assert server_errors(caplog) == []
@@ -206,7 +198,7 @@ async def test_device_socket_hang_up_mid_answer(
         ws, session_id = await _ws_open(voice_server, http, mode="server_vad", assistant=True)
         await ws.send_bytes(_pcm(speech(LONG_QUESTION), silence_s=1.0))
         await _ws_until(ws, "assistant_audio_started")  # the answer is being spoken (and still written)
-        _abort(ws)
+        abort_ws(ws)
         await _all_gone(voice_server, session_id)
     await _answer_stopped(llm_service, tts_service)
     assert server_errors(caplog) == []
@@ -283,7 +275,7 @@ async def test_realtime_hang_up_mid_stream(
             chunk = base64.b64encode(audio[offset : offset + 4800]).decode()
             await ws.send_json({"type": "input_audio_buffer.append", "audio": chunk})
         await _ws_until(ws, "input_audio_buffer.speech_started")
-        _abort(ws)
+        abort_ws(ws)
         await _all_gone(voice_server, session_id)
     assert server_errors(caplog) == []
 
@@ -300,7 +292,7 @@ async def test_realtime_conversation_hang_up_mid_answer(
         await ws.send_json({"type": "conversation.item.create", "item": user})
         await ws.send_json({"type": "response.create"})
         await _ws_until(ws, "response.output_audio.delta")  # the answer is being spoken (and still written)
-        _abort(ws)
+        abort_ws(ws)
         await _all_gone(voice_server, session_id)
     await _answer_stopped(llm_service, tts_service)
     assert server_errors(caplog) == []

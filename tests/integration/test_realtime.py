@@ -30,6 +30,7 @@ from openai.types.realtime import (
 
 from mediaserver.state import SESSIONS
 from tests.conftest import SENTENCES, Clip, resample_to
+from tests.faults import session_tasks
 
 RATE = 24000
 ERROR_KEYS = {"type", "code", "message", "param", "event_id"}
@@ -500,8 +501,7 @@ async def test_abrupt_disconnect_mid_utterance_leaves_nothing_behind(server: Any
         await asyncio.sleep(0.05)
     assert session_id not in sessions.ids()
     await asyncio.sleep(0.2)
-    leftover = [t.get_name() for t in asyncio.all_tasks() if session_id in t.get_name()]
-    assert leftover == []
+    assert session_tasks(session_id) == []
 
 
 async def test_auth_idle_timeout_and_plain_get(server_factory: Any, speech: Any) -> None:

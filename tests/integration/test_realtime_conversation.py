@@ -25,6 +25,7 @@ from mediaserver.llm.service import LlmService
 from mediaserver.state import SESSIONS
 from mediaserver.tts.service import TtsService
 from tests.conftest import Clip, LiveServer
+from tests.faults import session_tasks
 from tests.integration.test_realtime import RATE, chunks, pcm16
 from tests.integration.test_voice_loop import (
     ANSWER_WORD,
@@ -557,7 +558,7 @@ async def test_hanging_up_mid_response_leaves_nothing_running(
     assert not llm_busy(llm_service)
     assert tts_open_streams(tts_service) == 0
     await asyncio.sleep(0.2)
-    assert not [t.get_name() for t in asyncio.all_tasks() if session_id in t.get_name()]
+    assert not session_tasks(session_id)
 
 
 async def test_without_tts_audio_is_a_clear_error_and_text_works(

@@ -25,7 +25,7 @@ from mediaserver.config import RemoteModel, Settings
 from mediaserver.state import ASR
 from mediaserver.tts.service import TtsService
 from tests.conftest import Clip, LiveServer
-from tests.integration.test_ws_stream import connect, pcm16, silence
+from tests.integration.test_ws_stream import check_streamed_partials, connect, pcm16, silence
 from tests.processes import free_port, front_server, mediaserver_process, wait_http_ok
 
 KITCHEN = "Turn on the kitchen lights and close the garage door."
@@ -134,16 +134,8 @@ async def test_a_streaming_session_keeps_its_promises_through_the_backend(
     speech: Callable[[str], Clip],
     wer: Callable[[str, str], float],
 ) -> None:
-    text = "The old lighthouse keeper walked slowly along the rocky shore, and the seagulls followed him home."
-    clip = speech(text)
-    async with front_server(base_settings, remote_models={"tiny.en": remote(upstream)}) as front, connect(front) as ws:
-        await ws.start(mode="server_vad", partials=True)
-        await ws.send_audio(pcm16(np.concatenate([clip.audio16k, silence(1.2)])), 640, realtime_bytes_per_s=32000)
-        got = await ws.until("final", timeout=60)
-    partials = "".join(m["delta"] for m in got if m["type"] == "partial")
-    final = got[-1]
-    assert final["text"].startswith(partials) and partials + final["delta"] == final["text"]
-    assert wer(text, final["text"]) <= 0.25, final
+    async with front_server(base_settings, remote_models={"tiny.en": remote(upstream)}) as front:
+        await check_streamed_partials(front, speech, wer)
 
 
 async def test_an_error_answer_is_a_502_naming_the_backend_and_the_next_request_works(

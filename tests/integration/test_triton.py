@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 import pytest
 import pytest_asyncio
 
@@ -27,7 +26,7 @@ from mediaserver.asr.models import bundled_tiny_en_dir
 from mediaserver.config import RemoteModel, Settings
 from tests.conftest import Clip, long_clip
 from tests.integration.test_bench_dataset import run_tool, write_manifest
-from tests.integration.test_ws_stream import connect, pcm16, silence
+from tests.integration.test_ws_stream import check_streamed_partials
 from tests.processes import ManagedProcess, ensure_triton_venv, front_server, triton_process, wait_http_ok
 
 log = logging.getLogger(__name__)
@@ -139,19 +138,8 @@ async def test_a_stream_through_triton_keeps_its_partials(
     speech: Callable[[str], Clip],
     wer: Callable[[str, str], float],
 ) -> None:
-    text = "The old lighthouse keeper walked slowly along the rocky shore, and the seagulls followed him home."
-    clip = speech(text)
-    async with (
-        front_server(base_settings, remote_models={"tiny.en": remote(triton)}) as front,
-        connect(front) as ws,
-    ):
-        await ws.start(mode="server_vad", partials=True)
-        await ws.send_audio(pcm16(np.concatenate([clip.audio16k, silence(1.2)])), 640, realtime_bytes_per_s=32000)
-        got = await ws.until("final", timeout=60)
-    partials = "".join(m["delta"] for m in got if m["type"] == "partial")
-    final = got[-1]
-    assert final["text"].startswith(partials) and partials + final["delta"] == final["text"]
-    assert wer(text, final["text"]) <= 0.25, final
+    async with front_server(base_settings, remote_models={"tiny.en": remote(triton)}) as front:
+        await check_streamed_partials(front, speech, wer)
 
 
 async def test_an_unknown_triton_model_is_a_502_and_the_other_model_works(

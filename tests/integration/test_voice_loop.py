@@ -25,6 +25,7 @@ from mediaserver.metrics import Metrics
 from mediaserver.state import SESSIONS
 from mediaserver.tts.service import TtsService
 from tests.conftest import Clip, LiveServer
+from tests.faults import session_tasks
 from tests.rtc_peer import Peer, connect
 
 # SmolLM2-135M (greedy) answers this in plain English that the server's ASR hears back exactly
@@ -337,4 +338,4 @@ async def test_hanging_up_mid_answer_stops_generation_and_synthesis(
     assert session_id not in voice_server.app[SESSIONS].ids()
     assert not llm_busy(llm_service)
     assert tts_open_streams(tts_service) == 0
-    assert not [t.get_name() for t in asyncio.all_tasks() if session_id in t.get_name()]
+    assert not session_tasks(session_id)

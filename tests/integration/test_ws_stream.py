@@ -17,6 +17,7 @@ import pytest
 
 from mediaserver.state import SESSIONS
 from tests.conftest import SENTENCES, Clip, LiveServer, resample_to
+from tests.faults import abort_ws, session_tasks
 
 RATE = 16000
 LONG_SENTENCE = "The old lighthouse keeper walked slowly along the rocky shore, and the seagulls followed him home."
@@ -105,6 +106,22 @@ async def push_to_talk(client: Client, clip: Clip, **config: Any) -> Message:
     await client.send_audio(clip.pcm16k_bytes, 3200)
     await client.send("stop")
     return (await client.until("final"))[-1]
+
+
+async def check_streamed_partials(
+    server: LiveServer, speech: Callable[[str], Clip], wer: Callable[[str, str], float]
+) -> None:
+    """A stream with partials through ``server`` (its ASR behind a remote backend, say), paced in real time:
+    the partials' deltas are the start of the final, the final's delta the rest, and the final is right."""
+    clip = speech(LONG_SENTENCE)
+    async with connect(server) as ws:
+        await ws.start(mode="server_vad", partials=True)
+        await ws.send_audio(pcm16(np.concatenate([clip.audio16k, silence(1.2)])), 640, realtime_bytes_per_s=32000)
+        got = await ws.until("final", timeout=60)
+    partials = "".join(m["delta"] for m in got if m["type"] == "partial")
+    final = got[-1]
+    assert final["text"].startswith(partials) and partials + final["delta"] == final["text"]
+    assert wer(LONG_SENTENCE, final["text"]) <= 0.25, final
 
 
 async def gone(server: LiveServer, session_id: str, timeout: float = 5.0) -> bool:
@@ -377,11 +394,10 @@ async def test_abrupt_disconnect_mid_utterance_leaves_nothing_behind(
         await client.send_audio(audio, 640, realtime_bytes_per_s=2 * RATE)
         assert (await client.until("speech_started"))[-1]
         assert any(session_id in t.get_name() for t in asyncio.all_tasks())  # the worker at least
-        client.ws._response.connection.transport.abort()  # type: ignore[union-attr]
+        abort_ws(client.ws)
         assert await gone(server, session_id)
     await asyncio.sleep(0.2)
-    leftover = [t.get_name() for t in asyncio.all_tasks() if session_id in t.get_name()]
-    assert leftover == []
+    assert session_tasks(session_id) == []
 
 
 async def test_idle_session_is_closed(server_factory: Callable[..., Any]) -> None:

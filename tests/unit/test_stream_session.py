@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import numpy as np
@@ -28,6 +29,7 @@ from mediaserver.events import (
 )
 from mediaserver.session import StreamOptions, StreamSession
 from tests.conftest import SENTENCES, Clip
+from tests.faults import session_tasks
 
 CHUNK = SAMPLE_RATE_HZ // 50  # 20 ms, as a WebRTC or device frame
 
@@ -57,6 +59,19 @@ def session_for(asr: AsrService, settings: Settings, recorder: Recorder, **optio
     return StreamSession(asr, settings, recorder, StreamOptions(transcription=transcription, **options))
 
 
+@contextlib.asynccontextmanager
+async def open_session(
+    asr: AsrService | CountingAsr, settings: Settings, **options: Any
+) -> AsyncIterator[tuple[StreamSession, Recorder]]:
+    """A session that records its events, closed when the block ends however it ends."""
+    recorder = Recorder()
+    session = session_for(cast(AsrService, asr), settings, recorder, **options)
+    try:
+        yield session, recorder
+    finally:
+        await session.aclose()
+
+
 async def until(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not predicate():
@@ -66,14 +81,10 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
 async def test_push_to_talk_gives_one_final(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], wer: Any
 ) -> None:
-    recorder = Recorder()
-    session = session_for(asr_service, base_settings, recorder)
-    try:
+    async with open_session(asr_service, base_settings) as (session, recorder):
         session.start_recording()
         await feed(session, speech("kitchen").audio16k)
         final = await session.stop_recording()
-    finally:
-        await session.aclose()
     assert wer(SENTENCES["kitchen"], final.transcript.text) <= 0.2
     assert recorder.of(FinalTranscript) == [final]
     assert final.delta == final.transcript.text  # no partials were promised
@@ -83,14 +94,10 @@ async def test_push_to_talk_gives_one_final(
 async def test_server_vad_ends_each_utterance_by_itself(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], wer: Any
 ) -> None:
-    recorder = Recorder()
-    session = session_for(asr_service, base_settings, recorder, server_vad=True)
-    try:
+    async with open_session(asr_service, base_settings, server_vad=True) as (session, recorder):
         audio = np.concatenate([silence(0.5), speech("weather").audio16k, silence(1.0), speech("music").audio16k])
         await feed(session, np.concatenate([audio, silence(1.0)]))
         await until(lambda: len(recorder.of(FinalTranscript)) == 2)
-    finally:
-        await session.aclose()
     speech_events = [type(e) for e in recorder.events if not isinstance(e, FinalTranscript)]
     assert speech_events == [SpeechStarted, SpeechStopped, SpeechStarted, SpeechStopped]
     # Each final comes after its own utterance's speech_stopped, and finals keep their order.
@@ -107,9 +114,7 @@ async def test_server_vad_ends_each_utterance_by_itself(
 async def test_clear_drops_the_utterance_in_progress(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
 ) -> None:
-    recorder = Recorder()
-    session = session_for(asr_service, base_settings, recorder, server_vad=True)
-    try:
+    async with open_session(asr_service, base_settings, server_vad=True) as (session, recorder):
         clip = speech("story").audio16k
         await feed(session, clip[: clip.size // 2])
         assert session.in_speech
@@ -118,21 +123,15 @@ async def test_clear_drops_the_utterance_in_progress(
         await feed(session, silence(1.0))
         assert await session.commit() is None  # nothing being said
         await asyncio.sleep(0.2)
-    finally:
-        await session.aclose()
     assert recorder.of(FinalTranscript) == [] and recorder.of(SpeechStopped) == []
 
 
 async def test_commit_finishes_speech_without_waiting_for_silence(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], wer: Any
 ) -> None:
-    recorder = Recorder()
-    session = session_for(asr_service, base_settings, recorder, server_vad=True)
-    try:
+    async with open_session(asr_service, base_settings, server_vad=True) as (session, recorder):
         await feed(session, speech("remind").audio16k)
         final = await session.commit()
-    finally:
-        await session.aclose()
     assert final is not None and wer(SENTENCES["remind"], final.transcript.text) <= 0.2
     assert [type(e) for e in recorder.events] == [SpeechStarted, SpeechStopped, FinalTranscript]
 
@@ -140,15 +139,12 @@ async def test_commit_finishes_speech_without_waiting_for_silence(
 async def test_an_error_is_an_event_and_an_exception(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
 ) -> None:
-    recorder = Recorder()
-    session = session_for(asr_service, base_settings, recorder, language="de")  # tiny.en is English-only
-    try:
+    # tiny.en is English-only
+    async with open_session(asr_service, base_settings, language="de") as (session, recorder):
         session.start_recording()
         await feed(session, speech("kitchen").audio16k)
         with pytest.raises(InvalidParameter):
             await session.stop_recording()
-    finally:
-        await session.aclose()
     [error] = recorder.of(StreamError)
     assert error.code == "invalid_parameter" and "English-only" in error.message
     assert error.audio_start_ms == 0 and error.audio_end_ms is not None and error.audio_end_ms > 2000
@@ -165,7 +161,7 @@ async def test_close_cancels_everything_and_is_idempotent(
     await session.aclose()
     await session.aclose()
     assert session.closed
-    assert not [t.get_name() for t in asyncio.all_tasks() if session.id in t.get_name()]
+    assert not session_tasks(session.id)
     received = session.samples_received
     await session.feed(speech("garden").audio16k)  # a closed session ignores audio
     assert session.samples_received == received
@@ -198,24 +194,14 @@ class CountingAsr:
         return [c for c in self.calls if c[1] is priority]
 
 
-def counting_session(
-    asr_service: AsrService, settings: Settings, recorder: Recorder, **options: Any
-) -> tuple[StreamSession, CountingAsr]:
-    counting = CountingAsr(asr_service)
-    return session_for(cast(AsrService, counting), settings, recorder, **options), counting
-
-
 async def test_the_final_started_in_the_trailing_silence_is_the_utterances_final(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], wer: Any
 ) -> None:
     settings = base_settings.model_copy(update={"stream_vad_hangover_ms": 500, "stream_final_early_ms": 300})
-    recorder = Recorder()
-    session, counting = counting_session(asr_service, settings, recorder, server_vad=True)
-    try:
+    counting = CountingAsr(asr_service)
+    async with open_session(counting, settings, server_vad=True) as (session, recorder):
         await feed(session, np.concatenate([silence(0.5), speech("weather").audio16k, silence(1.0)]))
         await until(lambda: len(recorder.of(FinalTranscript)) == 1)
-    finally:
-        await session.aclose()
     [final] = recorder.of(FinalTranscript)
     assert wer(SENTENCES["weather"], final.transcript.text) <= 0.2
     # One decode only: the one started 200 ms into the silence, without the rest of the hangover.
@@ -228,14 +214,11 @@ async def test_speech_resuming_after_a_pause_drops_the_early_final(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], wer: Any
 ) -> None:
     settings = base_settings.model_copy(update={"stream_vad_hangover_ms": 500, "stream_final_early_ms": 300})
-    recorder = Recorder()
-    session, counting = counting_session(asr_service, settings, recorder, server_vad=True)
-    try:
+    counting = CountingAsr(asr_service)
+    async with open_session(counting, settings, server_vad=True) as (session, recorder):
         audio = [silence(0.5), speech("kitchen").audio16k, silence(0.35), speech("music").audio16k, silence(1.0)]
         await feed(session, np.concatenate(audio))
         await until(lambda: len(recorder.of(FinalTranscript)) == 1)
-    finally:
-        await session.aclose()
     [final] = recorder.of(FinalTranscript)  # a pause is not the end: one utterance with both sentences
     assert wer(f"{SENTENCES['kitchen']} {SENTENCES['music']}", final.transcript.text) <= 0.2
     assert len(recorder.of(SpeechStopped)) == 1
@@ -249,13 +232,10 @@ async def test_without_early_finals_the_final_decodes_the_whole_utterance(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
 ) -> None:
     settings = base_settings.model_copy(update={"stream_final_early_ms": 0})
-    recorder = Recorder()
-    session, counting = counting_session(asr_service, settings, recorder, server_vad=True)
-    try:
+    counting = CountingAsr(asr_service)
+    async with open_session(counting, settings, server_vad=True) as (session, recorder):
         await feed(session, np.concatenate([silence(0.5), speech("weather").audio16k, silence(1.0)]))
         await until(lambda: len(recorder.of(FinalTranscript)) == 1)
-    finally:
-        await session.aclose()
     [final] = recorder.of(FinalTranscript)
     [(_, _, samples)] = counting.of(Priority.FINAL)
     assert samples == (final.audio_end_ms - final.audio_start_ms) * SAMPLE_RATE_HZ // 1000
@@ -270,12 +250,11 @@ async def test_a_session_bounds_its_waiting_finals_and_says_which_utterances_it_
     The engine falling behind is the one fault made here (a gate in front of the real ASR): a real
     backlog is not reproducible at a chosen moment."""
     settings = base_settings.model_copy(update={"stream_max_pending_finals": 2, "stream_final_early_ms": 0})
-    recorder = Recorder()
-    session, counting = counting_session(asr_service, settings, recorder, server_vad=True)
+    counting = CountingAsr(asr_service)
     counting.gate = asyncio.Event()
     dropped_before = counting.metrics.stream_dropped._value.get()
     names = ["weather", "music", "kitchen", "garden"]
-    try:
+    async with open_session(counting, settings, server_vad=True) as (session, recorder):
         for name in names:
             await feed(session, np.concatenate([speech(name).audio16k, silence(1.0)]))
         starts, stops = recorder.of(SpeechStarted), recorder.of(SpeechStopped)
@@ -293,8 +272,6 @@ async def test_a_session_bounds_its_waiting_finals_and_says_which_utterances_it_
         # Room again once they are done: the next utterance is transcribed.
         await feed(session, np.concatenate([speech("remind").audio16k, silence(1.0)]))
         await until(lambda: len(recorder.of(FinalTranscript)) == 3)
-    finally:
-        await session.aclose()
     finals = recorder.of(FinalTranscript)
     for final, name in zip(finals, ["weather", "music", "remind"], strict=True):
         assert wer(SENTENCES[name], final.transcript.text) <= 0.2
@@ -306,16 +283,13 @@ async def test_partials_start_with_enough_audio_and_keep_their_cadence(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], wer: Any
 ) -> None:
     settings = base_settings.model_copy(update={"stream_partial_interval_ms": 300, "stream_partial_min_audio_ms": 500})
-    recorder = Recorder()
-    session, counting = counting_session(asr_service, settings, recorder, server_vad=True, partials=True)
-    try:
+    counting = CountingAsr(asr_service)
+    async with open_session(counting, settings, server_vad=True, partials=True) as (session, recorder):
         audio = np.concatenate([silence(0.3), speech("story").audio16k, silence(1.0)])
         for start in range(0, audio.size, CHUNK):  # in real time, so the partials run while it speaks
             await session.feed(audio[start : start + CHUNK])
             await asyncio.sleep(CHUNK / SAMPLE_RATE_HZ)
         await until(lambda: len(recorder.of(FinalTranscript)) == 1)
-    finally:
-        await session.aclose()
     partial_calls = counting.of(Priority.PARTIAL)
     assert len(partial_calls) >= 2
     assert partial_calls[0][2] >= SAMPLE_RATE_HZ // 2  # the first once the utterance holds 500 ms
@@ -340,13 +314,9 @@ async def test_a_word_is_sent_once_enough_consecutive_hypotheses_agree(
     asr_service: AsrService, base_settings: Settings, agreement: int, sent: list[str]
 ) -> None:
     settings = base_settings.model_copy(update={"stream_partial_agreement": agreement})
-    recorder = Recorder()
-    session = session_for(asr_service, settings, recorder, server_vad=True, partials=True)
-    try:
+    async with open_session(asr_service, settings, server_vad=True, partials=True) as (session, recorder):
         for hypothesis in ("turn on", "turn on the", "turn on the kitchen", "turn on the kitchen lights"):
             await session._advance_partial(hypothesis)
-    finally:
-        await session.aclose()
     assert [p.text for p in recorder.of(PartialTranscript)] == sent
 
 

@@ -175,8 +175,16 @@ class Settings(BaseSettings):
         10.0,
         ge=1.0,
         le=30.0,
-        description="encoder window of partial transcripts (doubled while the speech does not fit; "
-        "finals keep Whisper's 30 s); 30 = the full window",
+        description="encoder window of partial transcripts (doubled while the speech does not fit); "
+        "30 = the full window",
+    )
+    asr_window_s: float = Field(
+        10.0,
+        ge=1.0,
+        le=30.0,
+        description="encoder window of finals and uploads whose speech fits one window (doubled while it "
+        "does not fit with 2 s to spare: 10, 20, 30 s; a decode that loops or hits the token cap is redone "
+        "on 30 s); 30 = Whisper's own window for everything",
     )
 
     # --- streaming sessions (WebRTC, WebSocket, Realtime) --------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mediaserver.asr.backends import build_remote_engine
-from mediaserver.asr.batching import WINDOW_S, PackingConfig
+from mediaserver.asr.batching import PackingConfig
 from mediaserver.asr.engine import AsrEngine, AsrJob, WhisperEngine
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.remote import RemoteEngine
@@ -217,7 +217,11 @@ class AsrService:
         self.models.check_options(loaded.name, options)
         partial = priority is Priority.PARTIAL
         return await loaded.scheduler.submit(
-            AsrJob(audio, options, min_window_s=self.settings.asr_partial_window_s if partial else WINDOW_S),
+            AsrJob(
+                audio,
+                options,
+                min_window_s=self.settings.asr_partial_window_s if partial else self.settings.asr_window_s,
+            ),
             priority=priority,
             timeout_s=self.settings.asr_request_timeout_s,
             supersede_key=supersede_key,

@@ -26,7 +26,9 @@ from mediaserver.asr.batching import (
 )
 from mediaserver.asr.engine import AsrJob, WhisperEngine
 from mediaserver.asr.models import bundled_tiny_en_dir
-from mediaserver.events import Transcript, TranscriptionOptions
+from mediaserver.asr.service import AsrService
+from mediaserver.config import Settings
+from mediaserver.events import Priority, Transcript, TranscriptionOptions
 from tests.conftest import SENTENCES, long_clip
 
 SR = 16000
@@ -363,20 +365,45 @@ def _spy_windows(engine: WhisperEngine, seen: list[float], capped: bool = False)
     engine._decoder._run = spy  # type: ignore[method-assign]
 
 
-def test_a_partial_uses_a_short_encoder_window_and_a_final_the_full_one(
+def test_a_job_that_allows_a_short_encoder_window_uses_it_and_one_that_does_not_the_full_one(
     packed_engine: WhisperEngine, speech: Any, wer: Any
 ) -> None:
     seen: list[float] = []
     _spy_windows(packed_engine, seen)
     try:
-        partial_job = AsrJob(speech("weather").audio16k, OPTIONS, min_window_s=10.0)
-        final_job = AsrJob(speech("weather").audio16k, OPTIONS)
-        partial, final = packed_engine.transcribe_batch([partial_job, final_job])
+        short_job = AsrJob(speech("weather").audio16k, OPTIONS, min_window_s=10.0)
+        full_job = AsrJob(speech("weather").audio16k, OPTIONS)
+        short, full = packed_engine.transcribe_batch([short_job, full_job])
     finally:
         del packed_engine._decoder._run
     assert sorted(seen) == [10.0, 30.0]
-    assert isinstance(partial, Transcript) and isinstance(final, Transcript)
-    assert wer(SENTENCES["weather"], partial.text) <= 0.2, partial.text
+    assert isinstance(short, Transcript) and isinstance(full, Transcript)
+    assert wer(SENTENCES["weather"], short.text) <= 0.2, short.text
+    assert wer(SENTENCES["weather"], full.text) <= 0.2, full.text
+
+
+async def test_the_service_gives_finals_and_uploads_asr_window_s_and_partials_asr_partial_window_s(
+    base_settings: Settings, asr_service: AsrService, speech: Any
+) -> None:
+    """The windows each kind of job may use come from the settings (the engine is the shared one)."""
+    loaded = await asr_service.get_model(None)
+    submitted: list[tuple[Priority, float]] = []
+    original = loaded.scheduler.submit
+
+    async def spy(job: AsrJob, **kwargs: Any) -> Transcript:
+        submitted.append((kwargs["priority"], job.min_window_s))
+        return await original(job, **kwargs)
+
+    loaded.scheduler.submit = spy  # type: ignore[method-assign]
+    assert (base_settings.asr_window_s, base_settings.asr_partial_window_s) == (10.0, 10.0)  # the defaults
+    asr_service.settings = base_settings.model_copy(update={"asr_window_s": 20.0, "asr_partial_window_s": 15.0})
+    try:
+        for priority in (Priority.FILE, Priority.FINAL, Priority.PARTIAL):
+            await asr_service.transcribe(speech("kitchen").audio16k, OPTIONS, priority=priority)
+    finally:
+        del loaded.scheduler.submit
+        asr_service.settings = base_settings
+    assert submitted == [(Priority.FILE, 20.0), (Priority.FINAL, 20.0), (Priority.PARTIAL, 15.0)]
 
 
 def test_a_short_window_that_runs_on_is_decoded_again_with_the_full_window(

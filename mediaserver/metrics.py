@@ -94,7 +94,8 @@ class Metrics:
 
 
 class _EngineCounters(Collector):
-    """``mediaserver_asr_windows_total{model, kind}``: 30 s windows decoded, how many were packed,
+    """``mediaserver_asr_windows_total{model, kind}``: windows decoded, how many were short (under
+    30 s) or packed, how many short ones were decoded again on 30 s (``short_window_retries``),
     and how often packed jobs had to be decoded again (repacked, then alone) or fell back to
     faster-whisper's sequential loop. ``mediaserver_asr_jobs_total{model, packing}``: jobs decoded
     in a window shared with other jobs (``packed``) or in windows of their own (``alone``)."""
@@ -105,7 +106,8 @@ class _EngineCounters(Collector):
     def collect(self) -> Iterator[Metric]:
         windows = CounterMetricFamily(
             "mediaserver_asr_windows",
-            "Engine decode counters by model and kind (windows, packed_windows, repacked, unpack_retries, sequential)",
+            "Engine decode counters by model and kind (windows, short_windows, short_window_retries, packed_windows, "
+            "repacked, unpack_retries, sequential)",
             labels=["model", "kind"],
         )
         jobs = CounterMetricFamily(

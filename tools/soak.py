@@ -228,6 +228,7 @@ async def rtc_session(url: str, log: SessionLog, audio: np.ndarray, drain_s: flo
             note_error(log, obj.get("code"), event.get("message"), obj)
 
     started_at = time.monotonic()
+    hanging_up = asyncio.Event()  # the client's own close is not an error
     try:
         await pc.setLocalDescription(await pc.createOffer())
         async with aiohttp.ClientSession() as http:
@@ -238,12 +239,13 @@ async def rtc_session(url: str, log: SessionLog, audio: np.ndarray, drain_s: flo
 
         @pc.on("connectionstatechange")
         def on_state() -> None:
-            if pc.connectionState in ("failed", "closed"):
+            if pc.connectionState in ("failed", "closed") and not hanging_up.is_set():
                 log.errors.append(f"connection {pc.connectionState} at {time.monotonic() - started_at:.1f} s")
 
         @channel.on("close")
         def on_close() -> None:
-            log.errors.append(f"data channel closed at {time.monotonic() - started_at:.1f} s")
+            if not hanging_up.is_set():
+                log.errors.append(f"data channel closed at {time.monotonic() - started_at:.1f} s")
 
         await asyncio.wait_for(opened.wait(), 30)
         channel.send(json.dumps({"type": "start", "obj": {"hands_free": True}}))
@@ -258,6 +260,7 @@ async def rtc_session(url: str, log: SessionLog, audio: np.ndarray, drain_s: flo
         with contextlib.suppress(asyncio.CancelledError):
             await silence
     finally:
+        hanging_up.set()
         await pc.close()
 
 

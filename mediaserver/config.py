@@ -242,6 +242,13 @@ class Settings(BaseSettings):
         "(then only ICE consent expiry, ~30 s, ends it)",
     )
     rtc_opus_dtx: bool = Field(True, description="ask browsers for Opus DTX (silence costs ~2 kbps, not ~25)")
+    rtc_idle_rtcp_interval_s: float = Field(
+        5.0,
+        ge=0,
+        description="RTCP reports of a stream with no media since its previous report (a paused microphone, "
+        "an assistant not speaking) come every this many seconds (± 50 %) instead of aiortc's 0.5–1.5 s; "
+        "0 = aiortc's cadence always",
+    )
 
     # --- WebSocket streams ---------------------------------------------------------------------
     ws_max_message_bytes: int = Field(1024 * 1024, ge=1024)

@@ -7,13 +7,20 @@ without Opus DTX.
    (``replaceTrack(null)`` and an RTCP BYE), then stay connected for ``--hold-s``. Reported: the
    server's CPU over the hold (% of one core, and per 10 sessions), its RSS before and after the
    sessions opened (per idle session), and at the end whether every session still answers a new
-   utterance (resume, speak, stop, transcript).
+   utterance (resume, speak, stop, transcript). Also counted, on the client side: datagrams per
+   session per second each way (RTCP sender/receiver reports, STUN), which is what an idle session
+   costs. The peers are aiortc's: a paused aiortc sender still sends a sender report every 0.5–1.5
+   s and an ICE consent check every ~5 s. ``--browser-like`` makes them idle as Chrome does instead
+   (libwebrtc's audio report interval is 5 s: reports every ~5 s while paused, and ICE checks every
+   2.5 s), which is the load the /rtc page puts on the server. ``--tree`` runs the server from
+   another source tree (``git archive main | tar -x -C /tmp/ms-main``), for a before/after.
 2. **Hands-free sessions** (``--hands-free-pages``, needs Chromium): pages in headless Chromium
    listen hands-free to a silent fake microphone, once against a server that asks for Opus DTX and
    once against one that does not (``rtc_opus_dtx``). Reported per session: send bitrate from
    ``getStats`` and the server's CPU.
 
-    python tools/bench_idle.py [--sessions 100] [--hold-s 600] [--hands-free-pages 3] [--hands-free-s 30]
+    python tools/bench_idle.py [--sessions 100] [--hold-s 600] [--browser-like] [--tree DIR]
+                               [--hands-free-pages 3] [--hands-free-s 30]
 
 Targets (issue #12): server CPU ≤ 0.5 % of a core per 10 idle sessions; every session answers at
 the end. (issue #14): a hands-free session idles at ≤ 3 kbps with DTX.
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import sys
 import time
@@ -45,12 +53,65 @@ def _cpu_s(process: Any) -> float:
     return float(times.user + times.system)
 
 
-async def paused_sessions(url: str, pid: int, sessions: int, hold_s: float) -> dict[str, Any]:
+DATAGRAMS: collections.Counter[str] = collections.Counter()
+
+
+def _kind(data: bytes) -> str:
+    """RFC 7983's demultiplexing by first byte: STUN, DTLS (the data channel), RTP/RTCP."""
+    if data[0] < 4:
+        return "stun"
+    if 128 <= data[0] <= 191:
+        return (
+            {200: "rtcp-sr", 201: "rtcp-rr", 203: "rtcp-bye"}.get(data[1], "rtcp") if 192 <= data[1] <= 223 else "rtp"
+        )
+    return "dtls" if 20 <= data[0] <= 63 else "other"
+
+
+def _count_datagrams() -> None:
+    """Count the client's datagrams by kind and direction (every send and receive of aioice's sockets)."""
+    from aioice import ice
+
+    received, sent = ice.StunProtocol.datagram_received, ice.StunProtocol.send_stun
+    send_data = ice.StunProtocol.send_data
+
+    def datagram_received(self: Any, data: Any, addr: Any) -> None:
+        DATAGRAMS["server → client " + _kind(data)] += 1
+        received(self, data, addr)
+
+    def send_stun(self: Any, message: Any, addr: Any) -> None:
+        DATAGRAMS["client → server stun"] += 1
+        sent(self, message, addr)
+
+    async def send_data_counted(self: Any, data: bytes, addr: Any) -> None:
+        DATAGRAMS["client → server " + _kind(data)] += 1
+        await send_data(self, data, addr)
+
+    ice.StunProtocol.datagram_received = datagram_received  # type: ignore[method-assign]
+    ice.StunProtocol.send_stun = send_stun  # type: ignore[method-assign]
+    ice.StunProtocol.send_data = send_data_counted  # type: ignore[method-assign]
+
+
+def _browser_like() -> None:
+    """Make this process's aiortc peers idle as Chrome does: ICE checks every 2.5 s (aiortc: ~5 s);
+    their reports are slowed per connection (``quiet_idle_reports``) once connected."""
+    from aioice import ice
+
+    setattr(ice, "CONSENT_INTERVAL", 2.5)  # noqa: B010 (an int constant, read at every check)
+
+
+async def paused_sessions(url: str, pid: int, sessions: int, hold_s: float, browser_like: bool) -> dict[str, Any]:
     import psutil
 
+    from mediaserver.transport.rtc_rtcp import quiet_idle_reports
     from tests.conftest import SENTENCES, synthesize
     from tests.rtc_peer import Peer, connect
 
+    _count_datagrams()
+    if browser_like:
+        _browser_like()
+    # Before any session opens: synthesis blocks this loop for seconds, and a peer that sends
+    # nothing for rtc_dead_peer_timeout_s is closed by the server.
+    clip = synthesize(SENTENCES["kitchen"])
     server = psutil.Process(pid)
     rss_before = server.memory_info().rss
     cpu_start, wall_start = _cpu_s(server), time.monotonic()
@@ -60,6 +121,8 @@ async def paused_sessions(url: str, pid: int, sessions: int, hold_s: float) -> d
     print(f"opening {sessions} WebRTC sessions…")
     for index in range(sessions):
         peer = await connect(_Server(url))
+        if browser_like:
+            quiet_idle_reports(peer.pc, 5.0)
         await peer.pause()
         peers.append(peer)
         if (index + 1) % 20 == 0:
@@ -68,9 +131,10 @@ async def paused_sessions(url: str, pid: int, sessions: int, hold_s: float) -> d
     rss_after = server.memory_info().rss
     print(f"holding {sessions} paused sessions for {hold_s:.0f} s…")
     cpu_start, wall_start = _cpu_s(server), time.monotonic()
+    DATAGRAMS.clear()
     await asyncio.sleep(hold_s)
     cpu_s, wall_s = _cpu_s(server) - cpu_start, time.monotonic() - wall_start
-    clip = synthesize(SENTENCES["kitchen"])
+    datagrams = {kind: count / wall_s / sessions for kind, count in sorted(DATAGRAMS.items())}
 
     async def answers(peer: Peer) -> bool:
         peer.resume()
@@ -93,6 +157,7 @@ async def paused_sessions(url: str, pid: int, sessions: int, hold_s: float) -> d
     core_pct = 100.0 * cpu_s / wall_s
     return {
         "sessions": sessions,
+        "browser_like": browser_like,
         "hold_s": wall_s,
         "server_cpu_pct_of_core": core_pct,
         "server_cpu_pct_without_sessions": idle_pct,
@@ -101,6 +166,8 @@ async def paused_sessions(url: str, pid: int, sessions: int, hold_s: float) -> d
         "rss_after_mb": rss_after / 2**20,
         "rss_per_idle_session_kb": (rss_after - rss_before) / sessions / 1024,
         "answered_at_the_end": answered,
+        "datagrams_per_session_per_s": datagrams,
+        "load_average": psutil.getloadavg(),
     }
 
 
@@ -161,8 +228,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     if args.sessions:
         env = {"MEDIASERVER_MAX_SESSIONS": str(args.sessions + 10)}
-        with child_server(REPO / "bench-results" / "bench-idle-server.log", 180.0, env) as (url, process):
-            results["paused"] = await paused_sessions(url, process.pid, args.sessions, args.hold_s)
+        log_path = REPO / "bench-results" / "bench-idle-server.log"
+        with child_server(log_path, 180.0, env, args.tree) as (url, process):
+            results["paused"] = await paused_sessions(url, process.pid, args.sessions, args.hold_s, args.browser_like)
         paused = results["paused"]
         print(
             f"\npaused: {paused['sessions']} sessions for {paused['hold_s']:.0f} s: server CPU "
@@ -170,8 +238,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             f"per 10 sessions; target ≤ 0.5 %; {paused['server_cpu_pct_without_sessions']:.2f} % with no session), "
             f"RSS {paused['rss_before_mb']:.0f} → {paused['rss_after_mb']:.0f} MB "
             f"({paused['rss_per_idle_session_kb']:.0f} KB per idle session), "
-            f"{paused['answered_at_the_end']}/{paused['sessions']} answered at the end"
+            f"{paused['answered_at_the_end']}/{paused['sessions']} answered at the end; "
+            f"{'browser-like' if args.browser_like else 'aiortc'} clients, load {paused['load_average'][0]:.1f}"
         )
+        for kind, rate in paused["datagrams_per_session_per_s"].items():
+            print(f"  {kind:28s} {rate:6.3f} per session per s")
     if args.hands_free_pages:
         import numpy as np
 
@@ -196,6 +267,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=100, help="paused WebRTC sessions (0 skips)")
     parser.add_argument("--hold-s", type=float, default=600.0)
+    parser.add_argument("--browser-like", action="store_true", help="clients idle as Chrome does (see above)")
+    parser.add_argument("--tree", type=Path, default=REPO, help="the server's source tree")
     parser.add_argument("--hands-free-pages", type=int, default=3, help="Chromium pages per DTX setting (0 skips)")
     parser.add_argument("--hands-free-s", type=float, default=30.0)
     parser.add_argument("--json", type=Path, default=REPO / "bench-results" / "bench-idle.json")

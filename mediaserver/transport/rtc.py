@@ -58,7 +58,7 @@ from mediaserver.events import (
 )
 from mediaserver.session import StreamOptions, StreamSession
 from mediaserver.state import ASR, SESSIONS, SETTINGS
-from mediaserver.transport import rtc_liveness
+from mediaserver.transport import rtc_liveness, rtc_rtcp
 from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from
 from mediaserver.transport.rtc_audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 from mediaserver.transport.rtc_sdp import check_offer, sdp_problem, with_opus_dtx
@@ -164,7 +164,13 @@ def log_task_failure(task: asyncio.Task[Any], session_id: str) -> None:
 
 
 async def answer_offer(
-    pc: RTCPeerConnection, sdp: str, *, session_id: str, prepare: Callable[[], None], opus_dtx: bool
+    pc: RTCPeerConnection,
+    sdp: str,
+    *,
+    session_id: str,
+    prepare: Callable[[], None],
+    opus_dtx: bool,
+    idle_rtcp_interval_s: float,
 ) -> str:
     """Take a client's SDP offer and answer it (no trickle ICE: the answer carries the candidates).
 
@@ -172,12 +178,14 @@ async def answer_offer(
     ApiError) and adds outbound tracks. Whatever a mangled offer makes aiortc raise (its parser's
     asserts, negotiation ValueErrors, errors on a half-built connection) is a 400 naming the problem,
     logged in one INFO line. On any error the caller closes ``pc`` (``close_peer_connection``).
+    The connection's RTCP reports slow down while its streams are idle (``rtc_rtcp``).
     """
     try:
         check_offer(sdp)
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         prepare()
         await pc.setLocalDescription(await pc.createAnswer())
+        rtc_rtcp.quiet_idle_reports(pc, idle_rtcp_interval_s)
     except (ApiError, asyncio.CancelledError):
         raise
     except Exception as exc:  # aiortc's parser and negotiation: anything a mangled offer makes them raise
@@ -527,7 +535,12 @@ async def offer_handler(request: web.Request) -> web.Response:
     try:
         request.app[SESSIONS].add(session.id, session)  # over the cap: a 503 (with Retry-After)
         sdp = await answer_offer(
-            session.pc, body["sdp"], session_id=session.id, prepare=prepare, opus_dtx=settings.rtc_opus_dtx
+            session.pc,
+            body["sdp"],
+            session_id=session.id,
+            prepare=prepare,
+            opus_dtx=settings.rtc_opus_dtx,
+            idle_rtcp_interval_s=settings.rtc_idle_rtcp_interval_s,
         )
     except BaseException:
         await session.aclose()

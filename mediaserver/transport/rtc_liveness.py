@@ -93,14 +93,18 @@ async def until_silent(pc: RTCPeerConnection, timeout_s: float, probe_name: str)
     """Wait until the connected peer has sent nothing for ``timeout_s``: the seconds it was silent.
     None when the connection ends first (closed or failed: its owner is closing it already).
 
-    Once the peer has been silent for half the timeout, one consent check (``probe``) makes a live
-    peer answer; the probe runs as a task named ``probe_name`` (so it carries the session id) and
-    ends with this watch.
+    The watch wakes only when something is due (half the timeout after the peer's latest datagram,
+    then the timeout), not on a fixed poll. Once the peer has been silent for half the timeout, one
+    consent check (``probe``) makes a live peer answer; the probe runs as a task named
+    ``probe_name`` (so it carries the session id) and ends with this watch.
     """
     probing: asyncio.Task[bool] | None = None
+    poll_s = min(0.5, timeout_s / 4)
+    delay_s = poll_s
     try:
         while pc.connectionState not in ("closed", "failed"):
-            await asyncio.sleep(min(0.5, timeout_s / 4))
+            await asyncio.sleep(delay_s)
+            delay_s = poll_s
             if pc.connectionState != "connected":
                 continue  # still connecting: the connect timeout's business
             silent_s = silent_for(pc)
@@ -111,6 +115,10 @@ async def until_silent(pc: RTCPeerConnection, timeout_s: float, probe_name: str)
             if silent_s > timeout_s / 2 and (probing is None or probing.done()):
                 probing = asyncio.get_running_loop().create_task(probe(pc), name=probe_name)
                 probing.add_done_callback(_log_failure)
+            # Nothing is due before the next mark (the probe at half the timeout, then the timeout):
+            # sleep until it rather than wake every poll_s, which an idle session would pay for.
+            mark_s = timeout_s / 2 if silent_s <= timeout_s / 2 else timeout_s
+            delay_s = max(0.05, mark_s - silent_s + 0.01)
         return None
     finally:
         if probing is not None and not probing.done():

@@ -26,6 +26,7 @@ from mediaserver.errors import Overloaded
 from mediaserver.events import TranscriptionOptions
 from mediaserver.state import SESSIONS
 from mediaserver.transport.realtime.session import max_message_bytes
+from mediaserver.transport.rtc_rtcp import quiet_idle_reports
 from tests.conftest import LiveServer
 from tests.faults import eventually, server_errors
 from tests.rtc_peer import connect, connect_call, make_offer
@@ -236,11 +237,13 @@ async def test_a_vanished_realtime_call_is_reaped_within_the_dead_peer_timeout(
 
 
 async def test_a_quiet_live_peer_is_kept(server_factory: Any) -> None:
-    """Paused (no RTP), no data-channel messages, and a dead-peer timeout shorter than aiortc's own ICE
-    consent interval: only the watchdog's probe makes the peer speak, and it must keep the session."""
+    """Paused (no RTP), no data-channel messages, RTCP reports every 30 s (the client's own aiortc
+    loops slowed as the server's are), and a dead-peer timeout shorter than aiortc's ICE consent
+    interval (~5 s): only the watchdog's probe makes the peer speak, and it must keep the session."""
     quick: LiveServer = await server_factory(rtc_dead_peer_timeout_s=2.5, wyoming_enabled=False)
     before = set(quick.app[SESSIONS].ids())
     peer = await connect(quick)
+    quiet_idle_reports(peer.pc, 30.0)
     try:
         new = set(quick.app[SESSIONS].ids()) - before
         await peer.pause()

@@ -1,5 +1,6 @@
 """WebRTC with two real aiortc peers on loopback: signalling, the data channel protocol, push-to-talk,
-hands-free with partials, pause/resume with replaceTrack(None) + RTCP BYE, and cleanup."""
+hands-free with partials, pause/resume with replaceTrack(None) + RTCP BYE, RTCP reports of a paused
+session, and cleanup."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import pytest_asyncio
 
 from mediaserver.state import SESSIONS
+from mediaserver.transport.rtc_liveness import ice_connections
 from tests.conftest import SENTENCES, Clip
 from tests.rtc_peer import Peer, connect
 
@@ -160,6 +162,63 @@ async def test_bad_offers_are_400(server: Any, body: bytes, query: str, message_
         assert r.status == 400
         assert message_part in (await r.json())["error"]
     assert not set(server.app[SESSIONS].ids()) - before
+
+
+class RtcpReports:
+    """When the client received each RTCP sender report (SR) and receiver report (RR) from the server,
+    read on the wire: every datagram its ICE sockets receive (SRTCP leaves the packet type in clear)."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.at: dict[int, list[float]] = {200: [], 201: []}
+        for connection in ice_connections(peer.pc):
+            for protocol in connection._protocols:
+                protocol.datagram_received = self._counting(protocol.datagram_received)  # type: ignore[method-assign]
+
+    def _counting(self, received: Any) -> Any:
+        def datagram_received(data: bytes, addr: Any) -> None:
+            if len(data) > 1 and 128 <= data[0] <= 191 and data[1] in self.at:
+                self.at[data[1]].append(time.monotonic())
+            received(data, addr)
+
+        return datagram_received
+
+    def count(self, since: float, until: float) -> tuple[int, int]:
+        """(SR, RR) received in [since, until)."""
+        return tuple(sum(since <= t < until for t in self.at[kind]) for kind in (200, 201))  # type: ignore[return-value]
+
+
+async def test_a_paused_session_reports_rarely_and_still_transcribes(server: Any, speech: Any, wer: Any) -> None:
+    """While the microphone is paused and the assistant silent, the server's two RTCP loops report
+    every rtc_idle_rtcp_interval_s (5 s ± 50 %) instead of aiortc's 0.5–1.5 s: in 14 s at most 6
+    of each (aiortc's own cadence: at least 9 of each), and at least one (the peer still hears from
+    the server). Resumed, the session transcribes, and receiver reports follow aiortc's cadence again."""
+    assert server.app[SESSIONS].settings.rtc_idle_rtcp_interval_s == 5.0
+    # Synthesized first: synthesis blocks the loop, which a connected peer would take for death.
+    kitchen, weather = speech("kitchen"), speech("weather")
+    peer = await connect(server)
+    try:
+        reports = RtcpReports(peer)
+        await push_to_talk(peer, kitchen)  # the server's receiver now reports on the stream
+        await peer.pause()
+        paused_at = time.monotonic()
+        await asyncio.sleep(16)
+        sr, rr = reports.count(paused_at + 2, paused_at + 16)
+        print(f"paused 14 s: {sr} sender reports, {rr} receiver reports from the server")
+        assert 1 <= sr <= 6 and 1 <= rr <= 6, (sr, rr)
+        assert peer.pc.connectionState == "connected"
+
+        peer.resume()  # the track sends again (silence between clips), as a browser's microphone does
+        resumed_at = time.monotonic()
+        received = await push_to_talk(peer, weather)
+        infer = next(m for m in received if m["type"] == "infer")
+        assert wer(SENTENCES["weather"], infer["obj"]["text"]) <= 0.2, infer
+        # The first report after the pause may come one long interval late (≤ 9 s); then every 0.5–1.5 s.
+        await asyncio.sleep(max(0.0, resumed_at + 15 - time.monotonic()))
+        _, rr = reports.count(resumed_at + 10, resumed_at + 15)
+        print(f"media flowing again: {rr} receiver reports in 5 s")
+        assert rr >= 3, rr
+    finally:
+        await peer.close()
 
 
 async def test_closing_the_peer_leaves_nothing_behind(server: Any) -> None:

@@ -361,7 +361,12 @@ async def calls_handler(request: web.Request) -> web.Response:
 
     try:
         answer = await answer_offer(
-            call.pc, sdp, session_id=call.id, prepare=prepare, opus_dtx=request.app[SETTINGS].rtc_opus_dtx
+            call.pc,
+            sdp,
+            session_id=call.id,
+            prepare=prepare,
+            opus_dtx=request.app[SETTINGS].rtc_opus_dtx,
+            idle_rtcp_interval_s=request.app[SETTINGS].rtc_idle_rtcp_interval_s,
         )
     except BaseException:
         await call.aclose()

@@ -51,6 +51,8 @@ class _Pending:
     enqueued_at: float = field(compare=False, default=0.0)
     supersede_key: str | None = field(compare=False, default=None)
     started: bool = field(compare=False, default=False)
+    popped: bool = field(compare=False, default=False)  # taken out of the queue by the worker
+    dead: bool = field(compare=False, default=False)  # done (withdrawn, superseded) while still queued
 
 
 class AsrScheduler:
@@ -103,6 +105,9 @@ class AsrScheduler:
         self._closed = False
         self._latest: dict[str, _Pending] = {}
         self.open_jobs = 0  # callers waiting in submit (a caller that went away is not counted)
+        # Queued jobs nobody waits for any more (the caller hung up, was superseded or timed out):
+        # they stay in the queue until the worker reaches them, but take no room in it.
+        self._dead = 0
         self.batches_run = 0
         self.last_batch_size = 0
         # Smoothed engine time of one batch: the slack a job needs to still meet its deadline.
@@ -110,7 +115,20 @@ class AsrScheduler:
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        """Jobs queued that someone still waits for."""
+        return self._queue.qsize() - self._dead
+
+    def _on_done(self, pending: _Pending) -> None:
+        if not pending.popped and not pending.dead:
+            pending.dead = True
+            self._dead += 1
+
+    def _popped(self, items: list[_Pending]) -> None:
+        for item in items:
+            item.popped = True
+            if item.dead:
+                item.dead = False
+                self._dead -= 1
 
     def start(self) -> None:
         if self._worker is None:
@@ -131,11 +149,11 @@ class AsrScheduler:
         """
         if self._closed:
             raise Overloaded("the ASR service is shutting down")
-        if self._queue.qsize() >= self._max_queue:
+        if self.depth >= self._max_queue:
             if self._metrics:
                 self._metrics.rejected.labels(self.model_name).inc()
             raise Overloaded(
-                f"server overloaded: {self._queue.qsize()} ASR jobs are already queued for model "
+                f"server overloaded: {self.depth} ASR jobs are already queued for model "
                 f"{self.model_name!r}; retry later",
                 retry_after_s=self.drain_estimate_s(),
             )
@@ -143,6 +161,7 @@ class AsrScheduler:
         now = time.monotonic()
         future: asyncio.Future[Transcript] = asyncio.get_running_loop().create_future()
         pending = _Pending(int(priority), now + timeout_s, next(self._seq), job, future, now, supersede_key)
+        future.add_done_callback(lambda _: self._on_done(pending))
         if supersede_key is not None:
             older = self._latest.get(supersede_key)
             if older is not None and not older.started and not older.future.done():
@@ -172,13 +191,13 @@ class AsrScheduler:
         """How long the jobs queued now take to run: batches of ``max_batch`` at the measured batch
         time, ``max_inflight_batches`` at once (a remote engine). What a refused client is told to
         wait (``Retry-After``): then its job finds room."""
-        batches = -(-self._queue.qsize() // self._max_batch)
+        batches = -(-self.depth // self._max_batch)
         rounds = -(-max(1, batches) // self._max_inflight_batches)
         return rounds * self.estimated_batch_s
 
     def _update_depth(self) -> None:
         if self._metrics:
-            self._metrics.queue_depth.labels(self.model_name).set(self._queue.qsize())
+            self._metrics.queue_depth.labels(self.model_name).set(self.depth)
 
     async def _collect(self) -> list[_Pending]:
         first = await self._queue.get()
@@ -208,6 +227,7 @@ class AsrScheduler:
             if concurrent:  # collect once a batch can be sent: what waits meanwhile joins it
                 await self._inflight.acquire()
             batch = await self._collect()
+            self._popped(batch)
             self._update_depth()
             now = time.monotonic()
             live: list[_Pending] = []
@@ -249,7 +269,7 @@ class AsrScheduler:
         try:
             try:
                 results = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, self._batch_fn, [item.job for item in live], self._queue.qsize()
+                    self._executor, self._batch_fn, [item.job for item in live], self.depth
                 )
             except Exception as exc:
                 log.exception("ASR batch failed on model %s", self.model_name)
@@ -282,7 +302,7 @@ class AsrScheduler:
         started = time.perf_counter()
         try:
             try:
-                results = await self._async_batch_fn([item.job for item in live], self._queue.qsize())
+                results = await self._async_batch_fn([item.job for item in live], self.depth)
             except Exception as exc:
                 log.warning("ASR batch failed on model %s: %s", self.model_name, exc)
                 results = [exc] * len(live)
@@ -304,7 +324,7 @@ class AsrScheduler:
             self.model_name,
             len(live),
             elapsed,
-            self._queue.qsize(),
+            self.depth,
         )
         if self._metrics:
             self._metrics.inference_seconds.labels(self.model_name).observe(elapsed)

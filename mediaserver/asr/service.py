@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mediaserver.asr.backends import build_remote_engine
-from mediaserver.asr.batching import PackingConfig
+from mediaserver.asr.batching import WINDOW_S, PackingConfig
 from mediaserver.asr.engine import AsrEngine, AsrJob, WhisperEngine
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.remote import RemoteEngine
@@ -220,7 +220,9 @@ class AsrService:
             AsrJob(
                 audio,
                 options,
-                min_window_s=self.settings.asr_partial_window_s if partial else self.settings.asr_window_s,
+                min_window_s=self.settings.asr_partial_window_s
+                if partial
+                else self.settings.asr_window_s.get(loaded.name, WINDOW_S),
             ),
             priority=priority,
             timeout_s=self.settings.asr_request_timeout_s,

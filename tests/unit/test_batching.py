@@ -382,28 +382,42 @@ def test_a_job_that_allows_a_short_encoder_window_uses_it_and_one_that_does_not_
     assert wer(SENTENCES["weather"], full.text) <= 0.2, full.text
 
 
-async def test_the_service_gives_finals_and_uploads_asr_window_s_and_partials_asr_partial_window_s(
+async def test_the_service_gives_finals_and_uploads_their_models_window_and_partials_asr_partial_window_s(
     base_settings: Settings, asr_service: AsrService, speech: Any
 ) -> None:
-    """The windows each kind of job may use come from the settings (the engine is the shared one)."""
-    loaded = await asr_service.get_model(None)
-    submitted: list[tuple[Priority, float]] = []
-    original = loaded.scheduler.submit
+    """The windows each kind of job may use come from the settings (the engine is the shared one):
+    ``asr_window_s`` per model (30 s for a model it does not list), ``asr_partial_window_s``."""
+    submitted: list[tuple[str, Priority, float]] = []
+    originals = {}
+    for name in ("tiny.en", "base"):
+        loaded = await asr_service.get_model(name)
+        originals[name] = loaded.scheduler
 
-    async def spy(job: AsrJob, **kwargs: Any) -> Transcript:
-        submitted.append((kwargs["priority"], job.min_window_s))
-        return await original(job, **kwargs)
+        async def spy(job: AsrJob, *, _name: str = name, _orig: Any = loaded.scheduler.submit, **kwargs: Any) -> Any:
+            submitted.append((_name, kwargs["priority"], job.min_window_s))
+            return await _orig(job, **kwargs)
 
-    loaded.scheduler.submit = spy  # type: ignore[method-assign]
-    assert (base_settings.asr_window_s, base_settings.asr_partial_window_s) == (10.0, 10.0)  # the defaults
-    asr_service.settings = base_settings.model_copy(update={"asr_window_s": 20.0, "asr_partial_window_s": 15.0})
+        loaded.scheduler.submit = spy  # type: ignore[method-assign]
+    assert base_settings.asr_window_s == {"tiny.en": 10.0} and base_settings.asr_partial_window_s == 10.0  # defaults
+    asr_service.settings = base_settings.model_copy(
+        update={"asr_window_s": {"tiny.en": 20.0}, "asr_partial_window_s": 15.0}
+    )
     try:
-        for priority in (Priority.FILE, Priority.FINAL, Priority.PARTIAL):
-            await asr_service.transcribe(speech("kitchen").audio16k, OPTIONS, priority=priority)
+        for name in ("tiny.en", "base"):
+            for priority in (Priority.FILE, Priority.FINAL, Priority.PARTIAL):
+                await asr_service.transcribe(speech("kitchen").audio16k, OPTIONS, model=name, priority=priority)
     finally:
-        del loaded.scheduler.submit
+        for scheduler in originals.values():
+            del scheduler.submit
         asr_service.settings = base_settings
-    assert submitted == [(Priority.FILE, 20.0), (Priority.FINAL, 20.0), (Priority.PARTIAL, 15.0)]
+    assert submitted == [
+        ("tiny.en", Priority.FILE, 20.0),
+        ("tiny.en", Priority.FINAL, 20.0),
+        ("tiny.en", Priority.PARTIAL, 15.0),
+        ("base", Priority.FILE, 30.0),
+        ("base", Priority.FINAL, 30.0),
+        ("base", Priority.PARTIAL, 15.0),
+    ]
 
 
 def test_a_short_window_that_runs_on_is_decoded_again_with_the_full_window(

@@ -119,6 +119,39 @@ async def test_full_queue_refuses_new_work(engine: WhisperEngine, speech: Any) -
     assert all(r.text for r in results)
 
 
+async def test_jobs_nobody_waits_for_take_no_room_in_the_queue(engine: WhisperEngine, speech: Any) -> None:
+    """Callers that hung up (cancelled), timed out or were superseded leave their jobs in the queue
+    until the worker reaches them, but a new caller is not refused for them."""
+    recorder = Recorder(engine)
+    scheduler = AsrScheduler("tiny.en", recorder, max_batch=1, max_wait_ms=0, max_queue=3)
+    recorder.gate.clear()
+    try:
+        running = asyncio.ensure_future(scheduler.submit(job(speech, "kitchen")))
+        await asyncio.to_thread(recorder.started.wait, 10)
+        gone = [asyncio.ensure_future(scheduler.submit(job(speech, k))) for k in ("music", "story")]
+        with pytest.raises(TimeoutError):
+            await scheduler.submit(job(speech, "remind"), timeout_s=0.05)
+        await asyncio.sleep(0.01)
+        assert scheduler.depth == 2  # the timed-out one no longer counts
+        for task in gone:
+            task.cancel()
+        await asyncio.gather(*gone, return_exceptions=True)
+        assert scheduler.depth == 0
+        # Three queued jobs are still in the queue, none counts: three new ones fit, a fourth does not.
+        waiting = [asyncio.ensure_future(scheduler.submit(job(speech, k))) for k in ("garden", "weather", "music")]
+        await asyncio.sleep(0.01)
+        assert scheduler.depth == 3
+        with pytest.raises(Overloaded):
+            await scheduler.submit(job(speech, "story"))
+        recorder.gate.set()
+        results = await asyncio.gather(running, *waiting)
+        assert scheduler.depth == 0
+    finally:
+        await scheduler.aclose()
+    assert all(r.text for r in results)
+    assert [b[0] for b in recorder.batches] == ["kitchen", "garden", "weather", "music"]
+
+
 async def test_a_failing_job_fails_alone(base_engine: WhisperEngine, speech: Any, wer: Any) -> None:
     recorder = Recorder(base_engine)
     scheduler = AsrScheduler("base", recorder, max_batch=4, max_wait_ms=50, max_queue=16)

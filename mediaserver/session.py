@@ -225,12 +225,7 @@ class StreamSession:
         self._cancel_partials()  # the committed text must not change under the early final
         audio = self._segmenter.current_audio()
         committed = self._committed
-        options = replace(self.options.transcription, prefix=committed or None)
-        task = self._start_task(
-            self.asr.transcribe(audio, options, model=self.options.model, priority=Priority.FINAL),
-            f"early-final-{self.id}",
-        )
-        task.add_done_callback(_retrieve_exception)
+        task = self._start_final(audio, committed, f"early-final-{self.id}")
         self._early_final = _EarlyFinal(task, audio.size, silence_ms, committed)
 
     def _drop_early_final(self) -> None:
@@ -344,18 +339,14 @@ class StreamSession:
         self._segmenter.reset()
         self._cancel_partials()
         self._drop_early_final()
-        self._committed = ""
-        self._unstable = ""
-        self._hypotheses.clear()
+        self._forget_partials()
 
     # --- transcription ------------------------------------------------------------------------
 
     def _begin_utterance(self) -> None:
         self._cancel_partials()
         self._drop_early_final()
-        self._committed = ""
-        self._unstable = ""
-        self._hypotheses.clear()
+        self._forget_partials()
 
     def _current_audio(self) -> AudioArray:
         return self.recorded_audio() if not self.options.server_vad else self._segmenter.current_audio()
@@ -461,9 +452,7 @@ class StreamSession:
             early = None
         ended_at = time.monotonic()
         self._cancel_partials()
-        self._committed = ""
-        self._unstable = ""
-        self._hypotheses.clear()
+        self._forget_partials()
         limit = self.settings.stream_max_pending_finals
         if self._pending_finals >= limit:
             if early is not None:
@@ -483,12 +472,7 @@ class StreamSession:
         if early is not None:
             transcription = early.task
         else:
-            options = replace(self.options.transcription, prefix=committed or None)
-            transcription = self._start_task(
-                self.asr.transcribe(audio, options, model=self.options.model, priority=Priority.FINAL),
-                f"transcribe-{self.id}",
-            )
-            transcription.add_done_callback(_retrieve_exception)
+            transcription = self._start_final(audio, committed, f"transcribe-{self.id}")
         self._pending_finals += 1
 
         async def run() -> None:
@@ -507,6 +491,21 @@ class StreamSession:
                 transcription.cancel()  # only if this final was cancelled before it was done
 
         self._final_chain = self._start_task(run(), f"final-{self.id}")
+
+    def _start_final(self, audio: AudioArray, committed: str, name: str) -> asyncio.Task[Transcript]:
+        """Put a final's transcription (forced to start with ``committed``) in the ASR queue now."""
+        options = replace(self.options.transcription, prefix=committed or None)
+        task = self._start_task(
+            self.asr.transcribe(audio, options, model=self.options.model, priority=Priority.FINAL), name
+        )
+        task.add_done_callback(_retrieve_exception)  # whoever awaits it handles a failure
+        return task
+
+    def _forget_partials(self) -> None:
+        """The next utterance starts with nothing promised or shown."""
+        self._committed = ""
+        self._unstable = ""
+        self._hypotheses.clear()
 
     def _start_task(self, coro: Coroutine[object, object, _T], name: str) -> asyncio.Task[_T]:
         """A task of this session: ``aclose`` cancels it."""
@@ -565,9 +564,7 @@ class StreamSession:
         self.utterances += 1
         final = FinalTranscript(transcript, delta, start_ms, end_ms, (time.monotonic() - ended_at) * 1000.0)
         if committed == self._committed:
-            self._committed = ""
-            self._unstable = ""
-            self._hypotheses.clear()
+            self._forget_partials()
         await self._emit(final)
         if self.assistant is not None and text.strip() and not self._closed:
             self.assistant.observe_transcript(time.monotonic() - ended_at)

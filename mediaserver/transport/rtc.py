@@ -437,6 +437,8 @@ class RtcSession:
                     audio_end_ms=event.audio_end_ms,
                     latency_ms=round(event.latency_ms, 1),
                 )
+                if event.transcript.guard is not None:
+                    obj["guard"] = event.transcript.guard
             self.send(message("infer", None, obj))
         elif isinstance(event, StreamError):
             detail: dict[str, object] | None = None

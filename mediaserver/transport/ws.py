@@ -344,6 +344,8 @@ class WsSession(SocketSession):
             "audio_end_ms": event.audio_end_ms,
             "latency_ms": round(event.latency_ms, 1),
         }
+        if transcript.guard is not None:
+            message["guard"] = transcript.guard  # the first decode looped: this is the safe redecode
         if self.stream.options.transcription.with_segment_timestamps:
             message["segments"] = [
                 {

@@ -213,6 +213,13 @@ class Settings(BaseSettings):
     stream_partial_agreement: int = Field(
         3, ge=2, le=5, description="consecutive partial hypotheses that must agree on a word before it is sent"
     )
+    stream_partial_commit_lag_ms: int = Field(
+        1000,
+        ge=0,
+        description="a word is promised only once a partial decode of at least this much more audio than the decode "
+        "that first agreed on it still has it: the first second of an utterance alone is often misheard ('How do you "
+        "marry' for 'Had he married'), and a promised word cannot be taken back",
+    )
     stream_partial_min_audio_ms: int = Field(
         500, ge=100, description="the first partial decode starts once the utterance (with pre-roll) is this long"
     )

@@ -167,9 +167,8 @@ class StreamSession:
         self._recorded: list[AudioArray] = []
         self._committed = ""  # partial text already sent for the current utterance
         self._unstable = ""  # the words after it in the last partial (unstable_partials)
-        self._hypotheses: collections.deque[str] = collections.deque(
-            maxlen=max(1, settings.stream_partial_agreement - 1)
-        )
+        # The latest partial hypotheses and the audio (samples) each was decoded on.
+        self._hypotheses: collections.deque[tuple[str, int]] = collections.deque(maxlen=32)
         self._partial_task: asyncio.Task[None] | None = None
         self._early_final: _EarlyFinal | None = None
         self._tasks: set[asyncio.Task[object]] = set()
@@ -414,7 +413,7 @@ class StreamSession:
                     return
                 if result.guard is not None:
                     continue  # a loop or text on no speech: the next decode comes soon
-                await self._advance_partial(result.text)
+                await self._advance_partial(result.text, audio.size)
         except asyncio.CancelledError:
             pass
         except ApiError as exc:
@@ -423,16 +422,18 @@ class StreamSession:
             if self._partial_task is asyncio.current_task():
                 self._partial_task = None
 
-    async def _advance_partial(self, hypothesis: str) -> None:
+    async def _advance_partial(self, hypothesis: str, audio_samples: int | None = None) -> None:
         """Send the words ``stream_partial_agreement`` consecutive hypotheses agree on, beyond what
         was already sent; with ``unstable_partials``, also the latest hypothesis' words after them
         whenever they change (``unstable``: shown at once, replaced by the next partial).
 
         Each hypothesis is a decode of the utterance so far; what it says after the promised words
         is found by lining them up with its start (``continuation``), so a hypothesis that spells
-        or punctuates a promised word differently still counts."""
-        earlier = list(self._hypotheses)
-        self._hypotheses.append(hypothesis)
+        or punctuates a promised word differently still counts. ``audio_samples`` is the length of
+        the audio it was decoded on (None: as long as needed, for tests of the agreement alone)."""
+        samples = audio_samples if audio_samples is not None else (len(self._hypotheses) + 1) * 10**9
+        earlier = self._agreeing_window(samples)
+        self._hypotheses.append((hypothesis, samples))
         tail = continuation(self._committed, hypothesis).split()
         agreed = self._agreed_words(tail, earlier)
         delta = ""
@@ -444,12 +445,26 @@ class StreamSession:
             self._unstable = unstable
             await self._emit(PartialTranscript(delta, self._committed, unstable))
 
+    def _agreeing_window(self, samples: int) -> list[str]:
+        """The earlier hypotheses a new one (decoded on ``samples``) must agree with: the last
+        ``stream_partial_agreement - 1``, and back to one decoded on ``stream_partial_commit_lag_ms``
+        less audio, so a promised word has survived that much more context. Empty until enough
+        hypotheses have come."""
+        needed = max(1, self.settings.stream_partial_agreement - 1)
+        lag = self.settings.stream_partial_commit_lag_ms * SAMPLE_RATE_HZ // 1000
+        window: list[str] = []
+        for hypothesis, size in reversed(self._hypotheses):
+            window.append(hypothesis)
+            if len(window) >= needed and samples - size >= lag:
+                return window
+        return []
+
     def _agreed_words(self, tail: list[str], earlier: list[str]) -> list[str]:
         """The words at the start of ``tail`` (the latest hypothesis after the promised text) that
         every earlier hypothesis has there too, short of each one's last word: the word at the edge
         of the audio heard so far may still change, its punctuation above all ("Americans." becomes
         "Americans, ask" once the next words are heard)."""
-        if len(earlier) < max(1, self.settings.stream_partial_agreement - 1):
+        if not earlier:
             return []
         agreed = [_key(word) for word in tail[:-1]]
         for other in earlier:

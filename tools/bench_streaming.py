@@ -115,6 +115,8 @@ class Spoken:
     partials: list[tuple[float, str, str]] = field(default_factory=list)  # (arrival, delta, unstable)
     stops: list[float] = field(default_factory=list)  # arrivals of speech_stopped
     finals: list[tuple[float, str, str]] = field(default_factory=list)  # (arrival, text, delta)
+    guards: list[str | None] = field(default_factory=list)  # each final's loop guard, if one fired
+    latencies_ms: list[float] = field(default_factory=list)  # each final's server-side latency_ms
 
     def metrics(self) -> dict[str, Any]:
         arrivals = [t for t, delta, unstable in self.partials if delta or unstable]
@@ -139,6 +141,8 @@ class Spoken:
             "end_rel_s": self.end_at - self.onset_at,
             "stops_rel_s": [t - self.onset_at for t in self.stops],
             "finals_rel_s": [t - self.onset_at for t, _, _ in self.finals],
+            "guards": list(self.guards),
+            "server_latency_ms": list(self.latencies_ms),
         }
 
 
@@ -189,7 +193,10 @@ async def stream_session(url: str, clips: Sequence[Clip], delay_s: float) -> lis
                         final_queue.append(current[0])
                     current[0] = None
                 elif kind == "final" and final_queue:
-                    final_queue.pop(0).finals.append((now, event["text"], event["delta"]))
+                    owner = final_queue.pop(0)
+                    owner.finals.append((now, event["text"], event["delta"]))
+                    owner.guards.append(event.get("guard"))
+                    owner.latencies_ms.append(float(event.get("latency_ms", "nan")))
                     finals += 1
                     if finals >= expected_finals and not final_queue:
                         done.set()

@@ -355,3 +355,28 @@ async def test_without_unstable_partials_only_agreed_words_are_sent(
     finally:
         await session.aclose()
     assert [(p.delta, p.unstable) for p in recorder.of(PartialTranscript)] == [("turn on", ""), (" a", "")]
+
+
+async def test_a_word_is_promised_only_once_a_second_more_audio_still_has_it(
+    asr_service: AsrService, base_settings: Settings
+) -> None:
+    # Real speech (librivox 0920): three decodes of the utterance's first second agreed on "How do you
+    # marry the" where the whole sentence says "Had he married a more amiable woman"; promised, the
+    # mishearing could never be taken back.
+    settings = base_settings.model_copy(update={"stream_partial_agreement": 3, "stream_partial_commit_lag_ms": 1000})
+    second = SAMPLE_RATE_HZ
+    decodes = [
+        ("How do you marry the", 0.9),
+        ("How do you marry the more", 1.2),
+        ("How do you marry the more", 1.5),
+        ("Had he married a more amiable", 2.1),
+        ("Had he married a more amiable", 2.4),
+        ("Had he married a more amiable woman", 2.7),
+        ("Had he married a more amiable woman he", 3.0),
+        ("Had he married a more amiable woman he might", 3.3),
+    ]
+    async with open_session(asr_service, settings, server_vad=True, partials=True) as (session, recorder):
+        for hypothesis, seconds in decodes:
+            await session._advance_partial(hypothesis, int(seconds * second))
+    promised = [p.text for p in recorder.of(PartialTranscript) if p.delta]
+    assert promised == ["Had he married a more"], promised  # "amiable" was the edge of the 2.1 s decode

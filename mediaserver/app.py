@@ -25,7 +25,7 @@ from mediaserver.errors import ApiError, InvalidBody, Unauthorized, VoiceNotAuth
 from mediaserver.llm.registry import LlmRegistry
 from mediaserver.llm.service import LlmService
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
-from mediaserver.sessions import SessionRegistry
+from mediaserver.session_registry import SessionRegistry
 from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, TTS
 from mediaserver.transport import (
     openai_chat,

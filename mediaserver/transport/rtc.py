@@ -56,8 +56,8 @@ from mediaserver.events import (
     SpeechStopped,
     StreamError,
 )
-from mediaserver.session import StreamOptions, StreamSession
 from mediaserver.state import ASR, SESSIONS, SETTINGS
+from mediaserver.stream_session import StreamOptions, StreamSession
 from mediaserver.transport import rtc_liveness, rtc_rtcp
 from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from
 from mediaserver.transport.rtc_audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack

@@ -48,9 +48,9 @@ from mediaserver.events import (
     SpeechStopped,
     StreamError,
 )
-from mediaserver.session import StreamOptions, StreamSession
-from mediaserver.sessions import SessionLimitReached
+from mediaserver.session_registry import SessionLimitReached
 from mediaserver.state import ASR, SESSIONS, SETTINGS
+from mediaserver.stream_session import StreamOptions, StreamSession
 from mediaserver.transport.common import loads_json, parse_bool, parse_int, stream_options_from
 from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
 from mediaserver.transport.voice import new_assistant, update_assistant

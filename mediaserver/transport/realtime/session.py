@@ -16,8 +16,8 @@ from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent, SpeechStarted
-from mediaserver.session import Emit, StreamSession
 from mediaserver.state import ASR
+from mediaserver.stream_session import Emit, StreamSession
 from mediaserver.transport.realtime.config import (
     EventError,
     RealtimeConfig,

@@ -23,7 +23,7 @@ from mediaserver.audio.decode import resample_mono
 from mediaserver.capabilities import Capabilities, Feature
 from mediaserver.config import Settings
 from mediaserver.events import TranscriptionOptions
-from mediaserver.transport.wyoming import WyomingServer
+from mediaserver.transport.wyoming.server import WyomingServer
 from mediaserver.tts.service import TtsService
 
 HOST = "127.0.0.1"

@@ -9,7 +9,7 @@ import pytest
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
-from mediaserver.transport.realtime.config import (
+from mediaserver.transport.openai.realtime.config import (
     EventError,
     InputFormat,
     RealtimeConfig,

@@ -8,7 +8,7 @@ from aiortc.rtcrtpreceiver import RTCRtpReceiver
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.rtp import RtcpByePacket, RtcpReceiverInfo, RtcpRrPacket, RtcpSenderInfo, RtcpSrPacket
 
-from mediaserver.transport import rtc_rtcp
+from mediaserver.transport.webrtc import rtcp as rtc_rtcp
 
 
 def test_installed_on_both_report_loops() -> None:

@@ -27,7 +27,7 @@ from mediaserver.events import SAMPLE_RATE_HZ, Priority
 from mediaserver.state import ASR, METRICS, SETTINGS
 from mediaserver.transport.common import parse_float, read_multipart
 from mediaserver.transport.tts_http import SpeechRequest, respond_with_speech, tts_of
-from mediaserver.transport.willow import parse_wis_query
+from mediaserver.transport.wis.willow import parse_wis_query
 from mediaserver.tts.encode import FORMATS, AudioFormat, encode_all, output_rate
 from mediaserver.tts.types import SynthesisParams
 

@@ -58,11 +58,12 @@ from mediaserver.events import (
 )
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.stream_session import StreamOptions, StreamSession
-from mediaserver.transport import rtc_liveness, rtc_rtcp
 from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from
-from mediaserver.transport.rtc_audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
-from mediaserver.transport.rtc_sdp import check_offer, sdp_problem, with_opus_dtx
 from mediaserver.transport.voice import new_assistant, update_assistant
+from mediaserver.transport.webrtc import liveness as rtc_liveness
+from mediaserver.transport.webrtc import rtcp as rtc_rtcp
+from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
+from mediaserver.transport.webrtc.sdp import check_offer, sdp_problem, with_opus_dtx
 
 log = logging.getLogger(__name__)
 

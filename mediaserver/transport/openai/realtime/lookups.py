@@ -6,7 +6,7 @@ from aiohttp import web
 
 from mediaserver.errors import UnknownModel
 from mediaserver.state import CAPABILITIES, LLM, TTS
-from mediaserver.transport.realtime.config import EventError
+from mediaserver.transport.openai.realtime.config import EventError
 
 
 def check_voice(app: web.Application, name: str, param: str) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 from mediaserver.assistant.turns import Turn, TurnOutcome
 from mediaserver.llm.types import ChatMessage, Usage
-from mediaserver.transport.realtime.conversation_config import ResponseOptions
-from mediaserver.transport.realtime.items import Item
+from mediaserver.transport.openai.realtime.conversation_config import ResponseOptions
+from mediaserver.transport.openai.realtime.items import Item
 
 
 @dataclass

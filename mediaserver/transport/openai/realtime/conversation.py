@@ -46,10 +46,10 @@ from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import AssistantAudioStarted, AssistantText, Priority, SessionEvent
 from mediaserver.llm.types import ChatMessage
-from mediaserver.transport.realtime.config import EventError, InputFormat, new_id
-from mediaserver.transport.realtime.conversation_config import ConversationConfig, ResponseOptions
-from mediaserver.transport.realtime.items import ContentKind, Item, Items, NewItem, parse_item
-from mediaserver.transport.realtime.responses import Response, describe_response, status_of
+from mediaserver.transport.openai.realtime.config import EventError, InputFormat, new_id
+from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, ResponseOptions
+from mediaserver.transport.openai.realtime.items import ContentKind, Item, Items, NewItem, parse_item
+from mediaserver.transport.openai.realtime.responses import Response, describe_response, status_of
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from mediaserver.errors import InvalidParameter
 from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, Task, Transcript, TranscriptionOptions
 from mediaserver.languages import language_name
 from mediaserver.state import ASR, METRICS, SETTINGS
-from mediaserver.transport import openai_chat
 from mediaserver.transport.common import parse_float, parse_language, read_multipart
+from mediaserver.transport.openai import chat as openai_chat
 
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 GRANULARITIES = ("word", "segment")

@@ -19,7 +19,7 @@ from typing import Any, Final, Literal
 
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.config import Settings
-from mediaserver.transport.realtime.config import (
+from mediaserver.transport.openai.realtime.config import (
     EventError,
     InputFormat,
     RealtimeConfig,

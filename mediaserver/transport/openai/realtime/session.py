@@ -18,7 +18,7 @@ from mediaserver.errors import ApiError
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent, SpeechStarted
 from mediaserver.state import ASR
 from mediaserver.stream_session import Emit, StreamSession
-from mediaserver.transport.realtime.config import (
+from mediaserver.transport.openai.realtime.config import (
     EventError,
     RealtimeConfig,
     SessionKind,
@@ -28,16 +28,16 @@ from mediaserver.transport.realtime.config import (
     parse_session,
     type_name,
 )
-from mediaserver.transport.realtime.conversation import AudioMode, Conversation, VoiceTurns
-from mediaserver.transport.realtime.conversation_config import (
+from mediaserver.transport.openai.realtime.conversation import AudioMode, Conversation, VoiceTurns
+from mediaserver.transport.openai.realtime.conversation_config import (
     ConversationConfig,
     ResponseOptions,
     parse_conversation_session,
     parse_response_options,
 )
-from mediaserver.transport.realtime.events import InputTranscription, Item
-from mediaserver.transport.realtime.items import NewItem, parse_item, required_id
-from mediaserver.transport.realtime.lookups import check_voice, is_llm_model
+from mediaserver.transport.openai.realtime.events import InputTranscription, Item
+from mediaserver.transport.openai.realtime.items import NewItem, parse_item, required_id
+from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
 from mediaserver.transport.socket_session import Limits, MessageSocket, SocketSession
 from mediaserver.transport.voice import make_assistant
 

@@ -62,8 +62,8 @@ translates speech and transcript events into server events, ``session`` is the c
 
 from aiohttp import web
 
-from mediaserver.transport.realtime import calls, websocket
-from mediaserver.transport.realtime.websocket import PATH
+from mediaserver.transport.openai.realtime import calls, websocket
+from mediaserver.transport.openai.realtime.websocket import PATH
 
 __all__ = ["PATH", "add_routes"]
 

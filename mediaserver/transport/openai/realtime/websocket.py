@@ -11,10 +11,10 @@ from aiohttp import WSCloseCode, web
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.state import ASR, SESSIONS, SETTINGS
-from mediaserver.transport.realtime.config import RealtimeConfig, SessionKind, session_kind
-from mediaserver.transport.realtime.conversation_config import ConversationConfig
-from mediaserver.transport.realtime.lookups import is_llm_model
-from mediaserver.transport.realtime.session import RealtimeSession, max_message_bytes
+from mediaserver.transport.openai.realtime.config import RealtimeConfig, SessionKind, session_kind
+from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig
+from mediaserver.transport.openai.realtime.lookups import is_llm_model
+from mediaserver.transport.openai.realtime.session import RealtimeSession, max_message_bytes
 from mediaserver.transport.socket_session import LimitedWebSocket
 
 log = logging.getLogger(__name__)

@@ -63,8 +63,8 @@ from mediaserver.errors import ApiError, AudioTooLarge, InvalidAudio, InvalidPar
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, Priority, Transcript, TranscriptionOptions
 from mediaserver.languages import WHISPER_LANGUAGES, normalize_language
 from mediaserver.state import ASR, CAPABILITIES, SETTINGS, TTS
-from mediaserver.transport.wyoming_framing import MAX_HEADER_LINE_BYTES, WyomingProtocolError, read_event
-from mediaserver.transport.wyoming_tts import WyomingTts, tts_program
+from mediaserver.transport.wyoming.framing import MAX_HEADER_LINE_BYTES, WyomingProtocolError, read_event
+from mediaserver.transport.wyoming.tts import WyomingTts, tts_program
 from mediaserver.tts.service import TtsService
 
 log = logging.getLogger(__name__)

@@ -28,6 +28,7 @@ from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
 from mediaserver.session_registry import SessionRegistry
 from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, TTS
 from mediaserver.transport.openai import chat as openai_chat
+from mediaserver.transport.openai import models as openai_models
 from mediaserver.transport.openai import realtime
 from mediaserver.transport.openai import speech as openai_speech
 from mediaserver.transport.openai import transcriptions as openai_rest
@@ -358,6 +359,7 @@ def create_app(
     app.cleanup_ctx.append(wyoming_ctx)
     willow.add_routes(app)
     openai_rest.add_routes(app)
+    openai_models.add_routes(app)
     rtc.add_routes(app)
     ws.add_routes(app)
     realtime.add_routes(app)

@@ -1,4 +1,4 @@
-"""OpenAI chat and embeddings: POST /v1/chat/completions, POST /v1/embeddings, LLM entries of /v1/models.
+"""OpenAI chat and embeddings: POST /v1/chat/completions, POST /v1/embeddings.
 
 Shapes follow OpenAI's API so the official SDKs work with only ``base_url`` changed: streaming is
 SSE ``chat.completion.chunk`` events ending with ``data: [DONE]`` (and a usage chunk with
@@ -20,7 +20,6 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
-from mediaserver.llm.registry import DEFAULT_ALIAS, EMBEDDING_ALIAS
 from mediaserver.llm.service import LlmStream
 from mediaserver.llm.types import ChatMessage, GenerationParams, Role
 from mediaserver.state import CAPABILITIES, LLM, SETTINGS
@@ -286,40 +285,6 @@ async def embeddings_handler(request: web.Request) -> web.Response:
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
         }
     )
-
-
-# --- /v1/models ----------------------------------------------------------------------------------
-def model_entries(app: web.Application) -> list[dict[str, Any]]:
-    """The LLM's entries for ``GET /v1/models`` (none while the LLM is disabled)."""
-    if not app[CAPABILITIES].enabled("llm") or LLM not in app:
-        return []
-    llm = app[LLM]
-    settings = app[SETTINGS]
-    entries: list[dict[str, Any]] = []
-    for info in llm.models():
-        owner = "upstream" if info.backend == "upstream" else "mediaserver"
-        entries.append(
-            {
-                "id": info.name,
-                "object": "model",
-                "created": 0,
-                "owned_by": owner,
-                "kind": info.kind,
-                "backend": info.backend,
-            }
-        )
-    names = {e["id"] for e in entries}
-    if llm.sources.default_name:
-        for alias, target in settings.llm_model_aliases.items():
-            if target == DEFAULT_ALIAS and alias not in names:
-                entries.append({"id": alias, "object": "model", "created": 0, "owned_by": "mediaserver", "kind": "llm"})
-    if llm.sources.embedding_name:
-        for alias, target in settings.llm_embedding_aliases.items():
-            if target == EMBEDDING_ALIAS and alias not in names:
-                entries.append(
-                    {"id": alias, "object": "model", "created": 0, "owned_by": "mediaserver", "kind": "embedding"}
-                )
-    return entries
 
 
 def add_routes(app: web.Application) -> None:

@@ -1,4 +1,4 @@
-"""OpenAI audio REST API: /v1/audio/transcriptions, /v1/audio/translations, /v1/models (every kind).
+"""OpenAI audio REST API: /v1/audio/transcriptions, /v1/audio/translations.
 
 Shapes follow the OpenAI spec (shared/reference/protocols.md) so the official SDKs work with only
 ``base_url`` changed. OpenAI model names (``whisper-1`` ...) map to the server's default model.
@@ -18,7 +18,6 @@ from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, Task, Trans
 from mediaserver.languages import language_name
 from mediaserver.state import ASR, METRICS, SETTINGS
 from mediaserver.transport.common import parse_float, parse_language, read_multipart
-from mediaserver.transport.openai import chat as openai_chat
 
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 GRANULARITIES = ("word", "segment")
@@ -155,22 +154,6 @@ async def translations_handler(request: web.Request) -> web.StreamResponse:
     return await _handle(request, "translate")
 
 
-async def models_handler(request: web.Request) -> web.Response:
-    settings = request.app[SETTINGS]
-    asr = request.app[ASR]
-    names = asr.models.names() + [n for n in settings.model_aliases if n not in asr.models.names()]
-    return web.json_response(
-        {
-            "object": "list",
-            "data": [
-                {"id": n, "object": "model", "created": 0, "owned_by": "mediaserver", "kind": "asr"} for n in names
-            ]
-            + openai_chat.model_entries(request.app),
-        }
-    )
-
-
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/audio/transcriptions", transcriptions_handler)
     app.router.add_post("/v1/audio/translations", translations_handler)
-    app.router.add_get("/v1/models", models_handler)

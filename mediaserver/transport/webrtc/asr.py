@@ -26,13 +26,12 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import av
-import numpy as np
 from aiohttp import web
-from aiortc import RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
 from aiortc.exceptions import InvalidStateError
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
@@ -48,7 +47,6 @@ from mediaserver.events import (
     AssistantAudioStopped,
     AssistantError,
     AssistantText,
-    AudioArray,
     FinalTranscript,
     PartialTranscript,
     SessionEvent,
@@ -61,9 +59,15 @@ from mediaserver.stream_session import StreamOptions, StreamSession
 from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from
 from mediaserver.transport.voice import new_assistant, update_assistant
 from mediaserver.transport.webrtc import liveness as rtc_liveness
-from mediaserver.transport.webrtc import rtcp as rtc_rtcp
 from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
-from mediaserver.transport.webrtc.sdp import check_offer, sdp_problem, with_opus_dtx
+from mediaserver.transport.webrtc.peer import (
+    answer_offer,
+    can_send_audio,
+    close_peer_connection,
+    ice_servers,
+    log_task_failure,
+    read_audio_track,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,84 +120,6 @@ def _install_connect_guard() -> None:
 
 
 _install_connect_guard()
-
-
-def ice_servers(settings: Settings) -> list[RTCIceServer]:
-    servers = []
-    for url in settings.rtc_ice_servers:
-        if url.startswith(("turn:", "turns:")):
-            servers.append(
-                RTCIceServer(urls=url, username=settings.rtc_turn_username, credential=settings.rtc_turn_password)
-            )
-        else:
-            servers.append(RTCIceServer(urls=url))
-    return servers
-
-
-async def read_audio_track(
-    track: MediaStreamTrack,
-    resampler: av.AudioResampler,
-    feed: Callable[[AudioArray], Awaitable[None]],
-    on_frame: Callable[[], None],
-) -> None:
-    """Read an incoming audio track until it ends: each frame resampled (16 kHz mono float) and fed."""
-    with contextlib.suppress(MediaStreamError):
-        while True:
-            frame = await track.recv()
-            on_frame()
-            if not isinstance(frame, av.AudioFrame):
-                continue
-            frame.pts = None
-            for out in resampler.resample(frame):
-                await feed(np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1))
-
-
-def can_send_audio(pc: RTCPeerConnection) -> bool:
-    """The remote offer can receive audio (``sendrecv`` or ``recvonly`` on its side). aiortc keeps
-    each transceiver's offered direction reversed, from this side: ``sendrecv`` or ``sendonly``."""
-    return any(
-        t.kind == "audio" and getattr(t, "_offerDirection", None) in ("sendrecv", "sendonly")
-        for t in pc.getTransceivers()
-    )
-
-
-def log_task_failure(task: asyncio.Task[Any], session_id: str) -> None:
-    """A session task's done callback: a failure is logged here (a bug), never left for asyncio to
-    report as "Task exception was never retrieved"."""
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("session %s: task %s failed", session_id, task.get_name(), exc_info=exc)
-
-
-async def answer_offer(
-    pc: RTCPeerConnection,
-    sdp: str,
-    *,
-    session_id: str,
-    prepare: Callable[[], None],
-    opus_dtx: bool,
-    idle_rtcp_interval_s: float,
-) -> str:
-    """Take a client's SDP offer and answer it (no trickle ICE: the answer carries the candidates).
-
-    ``prepare`` runs between the two: it checks what the endpoint needs of the offer (raising an
-    ApiError) and adds outbound tracks. Whatever a mangled offer makes aiortc raise (its parser's
-    asserts, negotiation ValueErrors, errors on a half-built connection) is a 400 naming the problem,
-    logged in one INFO line. On any error the caller closes ``pc`` (``close_peer_connection``).
-    The connection's RTCP reports slow down while its streams are idle (``rtc_rtcp``).
-    """
-    try:
-        check_offer(sdp)
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-        prepare()
-        await pc.setLocalDescription(await pc.createAnswer())
-        rtc_rtcp.quiet_idle_reports(pc, idle_rtcp_interval_s)
-    except (ApiError, asyncio.CancelledError):
-        raise
-    except Exception as exc:  # aiortc's parser and negotiation: anything a mangled offer makes them raise
-        log.info("session %s: refused the offer: %r", session_id, exc)
-        raise InvalidParameter(sdp_problem(exc), param="sdp") from None
-    answer = pc.localDescription.sdp
-    return with_opus_dtx(answer) if opus_dtx else answer
 
 
 def message(kind: str, text: str | None = None, obj: Any = None) -> str:
@@ -488,26 +414,6 @@ class RtcSession:
                 self.id,
                 time.monotonic() - self.opened_at,
             )
-
-
-async def close_peer_connection(pc: RTCPeerConnection, session_id: str) -> None:
-    """``pc.close()``, and when it fails (aiortc stops at the first transceiver without a transport,
-    which a malformed offer leaves behind), stop every transport it created one by one."""
-    try:
-        await pc.close()
-        return
-    except Exception as exc:
-        log.debug("session %s: closing the peer connection: %r; stopping its transports", session_id, exc)
-    dtls_transports = list(getattr(pc, "_RTCPeerConnection__dtlsTransports", ()))
-    ice_transports = list(getattr(pc, "_RTCPeerConnection__iceTransports", ()))
-    steps: list[Any] = [t.stop for t in pc.getTransceivers()]
-    if pc.sctp is not None:
-        steps.append(pc.sctp.stop)
-    steps += [t.stop for t in dtls_transports] + [t.stop for t in ice_transports]
-    for step in steps:
-        with contextlib.suppress(Exception):
-            await step()
-    pc.remove_all_listeners()
 
 
 async def offer_handler(request: web.Request) -> web.Response:

@@ -27,7 +27,7 @@ from mediaserver.state import CAPABILITIES, LLM, SETTINGS
 from mediaserver.transport.common import parse_float, parse_int
 from mediaserver.transport.socket_session import LimitedWebSocket
 from mediaserver.transport.tts_http import SpeechRequest, respond_with_speech, tts_of
-from mediaserver.transport.wis.tts import parse_format
+from mediaserver.transport.wis.query import parse_format
 from mediaserver.tts.types import SynthesisParams
 
 log = logging.getLogger(__name__)

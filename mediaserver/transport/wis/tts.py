@@ -27,11 +27,10 @@ from mediaserver.events import SAMPLE_RATE_HZ, Priority
 from mediaserver.state import ASR, METRICS, SETTINGS
 from mediaserver.transport.common import parse_float, read_multipart
 from mediaserver.transport.tts_http import SpeechRequest, respond_with_speech, tts_of
-from mediaserver.transport.wis.willow import parse_wis_query
-from mediaserver.tts.encode import FORMATS, AudioFormat, encode_all, output_rate
+from mediaserver.transport.wis.query import parse_format, parse_wis_query
+from mediaserver.tts.encode import encode_all, output_rate
 from mediaserver.tts.types import SynthesisParams
 
-WIS_FORMATS = ("WAV", "FLAC", "OGG", "MP3")
 CACHE_HEADER = "X-WIS-Cache"
 _KNOWN = ("format", "speaker", "voice", "language", "speed", "nocache")
 _TEXT_START = re.compile(r"(?:^|&)text=")
@@ -50,13 +49,6 @@ def text_from_query(raw_query: str) -> str | None:
     rest = raw_query[match.end() :]
     cut = _NEXT_KNOWN.search(rest)
     return unquote_plus(rest[: cut.start()] if cut else rest, errors="replace")
-
-
-def parse_format(raw: str | None, default: str) -> AudioFormat:
-    name = (raw or default).strip().upper()
-    if name not in WIS_FORMATS:
-        raise InvalidParameter(f"unknown format {raw!r}; formats: {', '.join(WIS_FORMATS)}", param="format")
-    return FORMATS[name.lower()]
 
 
 def _nocache(value: str | None) -> bool:

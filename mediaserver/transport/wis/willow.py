@@ -11,7 +11,7 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -26,56 +26,15 @@ from mediaserver.audio.decode import (
     pcm_to_float,
 )
 from mediaserver.errors import InvalidAudio, InvalidParameter, VoiceNotAuthorized
-from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, Priority, Transcript, TranscriptionOptions
+from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, Priority, Transcript
 from mediaserver.state import ASR, METRICS, SETTINGS
 from mediaserver.transport.common import (
-    parse_bool,
-    parse_int,
-    parse_language,
     read_body_limited,
     read_multipart,
 )
+from mediaserver.transport.wis.query import WisRequest, parse_wis_query
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WisRequest:
-    model: str | None
-    options: TranscriptionOptions
-    translate: bool
-    stats: bool
-    save_audio: bool
-    voice_auth: bool
-    reported_language: str | None  # None → report what was detected
-
-
-def parse_wis_query(request: web.Request) -> WisRequest:
-    settings = request.app[SETTINGS]
-    query = request.query
-    force_language = parse_language(
-        query.get("force_language"),
-        "force_language",
-        message=f"Invalid force_language: {query.get('force_language')!r} is not a Whisper language code",
-    )
-    detect_language = parse_bool(query, "detect_language", False)
-    beam_size = parse_int(query, "beam_size", settings.default_beam_size, minimum=1, maximum=settings.max_beam_size)
-    if force_language:
-        language: str | None = force_language
-    elif detect_language:
-        language = None
-    else:
-        language = settings.default_language
-    voice_auth = parse_bool(query, "voice_auth", False)
-    return WisRequest(
-        model=query.get("model") or None,
-        options=TranscriptionOptions(language=language, beam_size=beam_size, with_segment_timestamps=False),
-        translate=parse_bool(query, "translate", False),
-        stats=parse_bool(query, "stats", False) or voice_auth,
-        save_audio=parse_bool(query, "save_audio", False),
-        voice_auth=voice_auth,
-        reported_language=language,
-    )
 
 
 def _header_int(headers: MultiMapping[str], name: str, default: int) -> int:

@@ -42,12 +42,16 @@ from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.common import loads_json
 from mediaserver.transport.openai.realtime.config import EventError, RealtimeConfig, new_id, session_kind
-from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, parse_conversation_session
+from mediaserver.transport.openai.realtime.conversation_config import (
+    ConversationConfig,
+    default_conversation,
+    parse_conversation_session,
+)
 from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
 from mediaserver.transport.openai.realtime.session import RealtimeSession
-from mediaserver.transport.openai.realtime.websocket import default_conversation
 from mediaserver.transport.webrtc import liveness as rtc_liveness
-from mediaserver.transport.webrtc.asr import (
+from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
+from mediaserver.transport.webrtc.peer import (
     answer_offer,
     can_send_audio,
     close_peer_connection,
@@ -55,7 +59,6 @@ from mediaserver.transport.webrtc.asr import (
     log_task_failure,
     read_audio_track,
 )
-from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 
 log = logging.getLogger(__name__)
 

@@ -347,3 +347,17 @@ def parse_response_options(
             )
         changes["input"] = tuple(items)
     return replace(options, **changes)
+
+
+def default_conversation(
+    settings: Settings, config: RealtimeConfig, llm_model: str | None, model: str | None
+) -> ConversationConfig:
+    """A new conversation session: the voice loop's settings, in OpenAI's terms."""
+    return ConversationConfig(
+        input=config,
+        model=model or "gpt-realtime",
+        llm_model=llm_model,
+        instructions=settings.assistant_system_prompt,
+        voice=settings.assistant_voice or settings.tts_default_voice,
+        modality="audio" if settings.assistant_speak else "text",
+    )

@@ -12,7 +12,7 @@ from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.openai.realtime.config import RealtimeConfig, SessionKind, session_kind
-from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig
+from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, default_conversation
 from mediaserver.transport.openai.realtime.lookups import is_llm_model
 from mediaserver.transport.openai.realtime.session import RealtimeSession, max_message_bytes
 from mediaserver.transport.socket_session import LimitedWebSocket
@@ -31,20 +31,6 @@ def _is_beta(request: web.Request) -> bool:
     header = request.headers.get("OpenAI-Beta", "").replace(" ", "").lower()
     protocols = request.headers.get("Sec-WebSocket-Protocol", "").replace(" ", "").lower().split(",")
     return "realtime=v1" in header.split(",") or "openai-beta.realtime-v1" in protocols
-
-
-def default_conversation(
-    settings: Settings, config: RealtimeConfig, llm_model: str | None, model: str | None
-) -> ConversationConfig:
-    """A new conversation session: the voice loop's settings, in OpenAI's terms."""
-    return ConversationConfig(
-        input=config,
-        model=model or "gpt-realtime",
-        llm_model=llm_model,
-        instructions=settings.assistant_system_prompt,
-        voice=settings.assistant_voice or settings.tts_default_voice,
-        modality="audio" if settings.assistant_speak else "text",
-    )
 
 
 def open_session(

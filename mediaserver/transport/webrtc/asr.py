@@ -11,7 +11,7 @@ clients get exactly WIS's messages; the extensions (hands-free server VAD, parti
 the assistant) are only sent to a client that asked for them in ``start.obj``.
 
 The voice loop: when the offer's audio is ``sendrecv``, the answer carries an outbound audio track
-(``rtc_audio.AssistantAudioTrack``) that sends nothing until there is an answer to speak. A client
+(``webrtc/audio.py``'s ``AssistantAudioTrack``) that sends nothing until there is an answer to speak. A client
 that starts with ``"assistant": true`` gets each final transcript answered by the LLM: ``assistant``
 messages with the text as it is written, the speech on that track, ``assistant_audio_started`` /
 ``assistant_audio_stopped``; speaking over an answer (or ``interrupt``) stops it, ``reset`` forgets
@@ -211,7 +211,7 @@ class RtcSession:
             await self.aclose()
 
     async def watch_liveness(self) -> None:
-        """Close a connected peer that has sent nothing for ``rtc_dead_peer_timeout_s`` (see rtc_liveness)."""
+        """Close a connected peer that has sent nothing for ``rtc_dead_peer_timeout_s`` (see webrtc/liveness.py)."""
         timeout_s = self.settings.rtc_dead_peer_timeout_s
         if timeout_s <= 0:
             return

@@ -88,7 +88,7 @@ async def answer_offer(
     ApiError) and adds outbound tracks. Whatever a mangled offer makes aiortc raise (its parser's
     asserts, negotiation ValueErrors, errors on a half-built connection) is a 400 naming the problem,
     logged in one INFO line. On any error the caller closes ``pc`` (``close_peer_connection``).
-    The connection's RTCP reports slow down while its streams are idle (``rtc_rtcp``).
+    The connection's RTCP reports slow down while its streams are idle (``webrtc/rtcp.py``).
     """
     try:
         check_offer(sdp)

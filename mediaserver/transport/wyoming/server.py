@@ -1,12 +1,12 @@
 """Wyoming server (TCP): what Home Assistant's ``wyoming`` integration talks to, for speech to text
-and, through ``wyoming_tts``, text to speech.
+and, through ``wyoming/tts.py``, text to speech.
 
 Framing, exactly as the Wyoming spec: each event is one UTF-8 JSON header line ending in ``\\n``
 (``{"type", "data"?, "data_length"?, "payload_length"?, "version"?}``), then ``data_length`` bytes
 of JSON merged over ``data``, then ``payload_length`` bytes of binary payload (PCM here). Events are
 the ``wyoming`` package's own types (``Event`` and its ``Eventable`` classes), written with its
 ``async_write_event``; each connection is a ``wyoming.server.AsyncEventHandler``. Only reading is
-ours (``wyoming_framing.read_event``): the package's reader has no size limit and turns a malformed
+ours (``wyoming/framing.py``'s ``read_event``): the package's reader has no size limit and turns a malformed
 event into a silent end of stream; ours checks every length first and answers with a clear ``error``.
 
 Conversation, per connection (Home Assistant opens one per utterance; several cycles on one

@@ -1,4 +1,4 @@
-"""Wyoming speech out: the TTS half of a Wyoming connection (``transport/wyoming.py`` owns the socket).
+"""Wyoming speech out: the TTS half of a Wyoming connection (``wyoming/server.py`` owns the socket).
 
 - ``describe`` → ``info`` lists a TTS program (``supports_synthesize_streaming``) with every voice.
 - ``synthesize{text, voice?}`` → ``audio-start``, ``audio-chunk``… (sentence after sentence, the

@@ -11,7 +11,7 @@ as over the WebSocket (session.update, conversation.item.*, response.*) handled 
 ``RealtimeSession``, whose socket here is that channel (``ChannelSocket``). Audio flows on the media
 tracks: the microphone track is read, resampled to 16 kHz and queued to the session like appended
 audio (server VAD finds the turns); answers play on the outbound Opus track of the voice loop
-(``rtc_audio.AssistantAudioTrack``), which sends nothing between answers. So there are no
+(``webrtc/audio.py``'s ``AssistantAudioTrack``), which sends nothing between answers. So there are no
 ``response.output_audio.delta`` events here; ``output_audio_buffer.started`` / ``stopped`` /
 ``cleared`` say when the track plays, and an interrupted answer keeps the words that were played.
 
@@ -242,7 +242,7 @@ class RealtimeCall:
             await self.aclose()
 
     async def _watch_liveness(self) -> None:
-        """Close a call whose peer has sent nothing for ``rtc_dead_peer_timeout_s`` (see rtc_liveness)."""
+        """Close a call whose peer has sent nothing for ``rtc_dead_peer_timeout_s`` (see webrtc/liveness.py)."""
         timeout_s = self.settings.rtc_dead_peer_timeout_s
         if timeout_s <= 0:
             return

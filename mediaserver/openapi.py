@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from mediaserver.openapi_llm import llm_paths
+from mediaserver.openapi_rtc import rtc_paths
 from mediaserver.openapi_schema import (
     ERROR_OPENAI,
     ERROR_WIS,
@@ -275,6 +276,7 @@ def spec() -> dict[str, Any]:
             "/health": {"get": {"summary": "health and loaded models", "responses": {"200": {"description": "ok"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "metrics"}}}},
             **llm_paths(),
+            **rtc_paths(),
         },
     }
 

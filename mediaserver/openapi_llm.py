@@ -111,6 +111,15 @@ _EMBEDDINGS_RESPONSE = {
 }
 
 
+_CHATBOT_QUERY = [
+    {"name": "text", "in": "query", "required": True, "schema": {"type": "string"}},
+    query_param("max_new_tokens", {"type": "integer", "minimum": 1}, "at most llm_max_completion_tokens"),
+    query_param("temperature", {"type": "number"}, "sampling temperature"),
+    query_param("top_p", {"type": "number"}, "nucleus sampling"),
+    query_param("repetition_penalty", {"type": "number"}, "llama.cpp repeat penalty (embedded models)"),
+]
+
+
 def llm_paths() -> dict[str, Any]:
     return {
         "/v1/chat/completions": {
@@ -143,19 +152,33 @@ def llm_paths() -> dict[str, Any]:
         "/api/chatbot": {
             "get": {
                 "summary": "WIS chatbot: one question, one answer",
-                "parameters": [
-                    {"name": "text", "in": "query", "required": True, "schema": {"type": "string"}},
-                    query_param(
-                        "max_new_tokens", {"type": "integer", "minimum": 1}, "at most llm_max_completion_tokens"
-                    ),
-                    query_param("temperature", {"type": "number"}, "sampling temperature"),
-                    query_param("top_p", {"type": "number"}, "nucleus sampling"),
-                    query_param("repetition_penalty", {"type": "number"}, "llama.cpp repeat penalty (embedded models)"),
-                ],
+                "parameters": _CHATBOT_QUERY,
                 "responses": {
                     "200": {
                         "description": "the answer",
                         **json_body({"type": "object", "properties": {"response": {"type": "string"}}}),
+                    },
+                    **error_responses(ERROR_WIS, 400, 401, 503, 504),
+                },
+            }
+        },
+        "/api/chatbot/tts": {
+            "get": {
+                "summary": "WIS chatbot, spoken: the answer as audio (streamed by sentence), its text in X-Response",
+                "parameters": [
+                    *_CHATBOT_QUERY,
+                    query_param("format", {"type": "string", "enum": ["WAV", "FLAC", "OGG", "MP3"]}, "any case"),
+                    query_param("speaker", {"type": "string"}, "a voice or alias, as for /api/tts"),
+                    query_param("language", {"type": "string"}, "pick a voice speaking this language"),
+                ],
+                "responses": {
+                    "200": {
+                        "description": "the answer spoken; X-Response holds its text (percent-encoded UTF-8)",
+                        "headers": {"X-Response": {"schema": {"type": "string"}}},
+                        "content": {
+                            t: {"schema": {"type": "string", "format": "binary"}}
+                            for t in ("audio/wav", "audio/flac", "audio/ogg", "audio/mpeg")
+                        },
                     },
                     **error_responses(ERROR_WIS, 400, 401, 503, 504),
                 },

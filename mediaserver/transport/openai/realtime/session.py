@@ -35,7 +35,7 @@ from mediaserver.transport.openai.realtime.conversation_config import (
     parse_conversation_session,
     parse_response_options,
 )
-from mediaserver.transport.openai.realtime.events import InputTranscription, Item
+from mediaserver.transport.openai.realtime.input_transcription import InputTranscription, Item
 from mediaserver.transport.openai.realtime.items import NewItem, parse_item, required_id
 from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
 from mediaserver.transport.socket_session import Limits, MessageSocket, SocketSession

@@ -58,7 +58,7 @@ class UserItems(Protocol):
 
 
 @dataclass
-class Item:
+class AudioInput:
     """A user audio item: its id and the transcript text its delta events have carried so far."""
 
     id: str
@@ -71,8 +71,8 @@ class InputTranscription:
     def __init__(self, sink: EventSink, conversation: UserItems | None = None) -> None:
         self._sink = sink
         self.conversation = conversation  # a conversation session: committed audio becomes its items
-        self.speaking: Item | None = None  # server VAD: the item being spoken
-        self._awaiting: dict[int, Item] = {}  # server VAD: audio_start_ms → item awaiting its transcript
+        self.speaking: AudioInput | None = None  # server VAD: the item being spoken
+        self._awaiting: dict[int, AudioInput] = {}  # server VAD: audio_start_ms → item awaiting its transcript
         self.last_item_id: str | None = None
         self.muted_errors = 0  # >0 while a commit reports its own failure on its item
         self.items_completed = 0
@@ -81,7 +81,7 @@ class InputTranscription:
         """Translate one event; ``offset_ms`` places the stream's clock on the session's."""
         send = self._sink.send
         if isinstance(event, SpeechStarted):
-            item = Item(new_id("item"))
+            item = AudioInput(new_id("item"))
             self.speaking = item
             self._awaiting[event.audio_start_ms + offset_ms] = item
             send("input_audio_buffer.speech_started", audio_start_ms=event.audio_start_ms + offset_ms, item_id=item.id)
@@ -115,7 +115,7 @@ class InputTranscription:
                 if failed is not None:  # no transcript will come: a response must not wait for it
                     self.conversation.transcribed(failed.id, None)
 
-    def committed(self, item: Item) -> None:
+    def committed(self, item: AudioInput) -> None:
         send = self._sink.send
         if self.conversation is not None:
             self.last_item_id = self.conversation.user_audio(item.id)
@@ -135,7 +135,7 @@ class InputTranscription:
             send("conversation.item.done", previous_item_id=self.last_item_id, item=user_item)
         self.last_item_id = item.id
 
-    def completed(self, item: Item, final: FinalTranscript) -> None:
+    def completed(self, item: AudioInput, final: FinalTranscript) -> None:
         send = self._sink.send
         transcript = item.sent + final.delta
         if transcript != final.transcript.text:  # cannot happen while StreamSession keeps its promise
@@ -159,7 +159,7 @@ class InputTranscription:
         if self.conversation is not None:
             self.conversation.transcribed(item.id, transcript)
 
-    def failed(self, item: Item, code: str, message: str, kind: str = "server_error") -> None:
+    def failed(self, item: AudioInput, code: str, message: str, kind: str = "server_error") -> None:
         self.forget(item)
         if self.conversation is not None:
             self.conversation.transcribed(item.id, None)
@@ -176,7 +176,7 @@ class InputTranscription:
         if item is not None:
             self.forget(item)
 
-    def forget(self, item: Item) -> None:
+    def forget(self, item: AudioInput) -> None:
         for start_ms, waiting in list(self._awaiting.items()):
             if waiting is item:
                 del self._awaiting[start_ms]

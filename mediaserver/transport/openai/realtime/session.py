@@ -35,7 +35,7 @@ from mediaserver.transport.openai.realtime.conversation_config import (
     parse_conversation_session,
     parse_response_options,
 )
-from mediaserver.transport.openai.realtime.input_transcription import InputTranscription, Item
+from mediaserver.transport.openai.realtime.input_transcription import AudioInput, InputTranscription
 from mediaserver.transport.openai.realtime.items import NewItem, parse_item, required_id
 from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
 from mediaserver.transport.socket_session import Limits, MessageSocket, SocketSession
@@ -538,7 +538,7 @@ class RealtimeSession(SocketSession):
                 return
             await self._transcribe(item, self.stream.commit)
             return
-        item = Item(new_id("item"))
+        item = AudioInput(new_id("item"))
         self.items.committed(item)
         final = await self._transcribe(item, self.stream.stop_recording)
         self.stream.start_recording()
@@ -546,7 +546,7 @@ class RealtimeSession(SocketSession):
             self.items.completed(item, final)
 
     async def _transcribe(
-        self, item: Item, finish: Callable[[], Awaitable[FinalTranscript | None]]
+        self, item: AudioInput, finish: Callable[[], Awaitable[FinalTranscript | None]]
     ) -> FinalTranscript | None:
         """Run a commit (``StreamSession.commit`` / ``stop_recording``); a failure fails the item."""
         self.items.muted_errors += 1  # the failure is reported on the item, not as a loose error event

@@ -31,9 +31,8 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
 from dataclasses import replace
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +47,7 @@ from mediaserver.events import AssistantAudioStarted, AssistantText, Priority, S
 from mediaserver.llm.types import ChatMessage
 from mediaserver.transport.openai.realtime.config import EventError, InputFormat, new_id
 from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, ResponseOptions
+from mediaserver.transport.openai.realtime.input_transcription import Host
 from mediaserver.transport.openai.realtime.items import ContentKind, Item, Items, NewItem, parse_item
 from mediaserver.transport.openai.realtime.responses import Response, describe_response, status_of
 
@@ -56,27 +56,6 @@ log = logging.getLogger(__name__)
 AudioMode = Literal["deltas", "track"]
 MAX_FRAMES_PER_DELTA: Final = 5  # 100 ms of audio per response.output_audio.delta
 _RESYNC_S: Final = 0.1
-
-
-class Host(Protocol):
-    """What a conversation needs of its connection (WebSocket or WebRTC data channel)."""
-
-    id: str
-    beta: bool
-
-    def send(self, kind: str, **fields: Any) -> None: ...
-
-    def send_error(
-        self,
-        code: str,
-        message: str,
-        *,
-        param: str | None = None,
-        client_event_id: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None: ...
-
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
 
 
 def _decode(fmt: InputFormat, audio: bytes) -> npt.NDArray[np.float32]:

@@ -9,7 +9,9 @@ session can reuse it for the user's side of a turn.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -29,7 +31,11 @@ log = logging.getLogger(__name__)
 CLIENT_ERROR_CODES: Final = frozenset({"invalid_parameter", "model_not_found", "invalid_audio", "audio_too_large"})
 
 
-class EventSink(Protocol):
+class Host(Protocol):
+    """What the session's parts (input transcription, conversation) need of its connection: a
+    WebSocket or a WebRTC data channel."""
+
+    id: str
     beta: bool
 
     def send(self, kind: str, **fields: Any) -> None: ...
@@ -43,6 +49,8 @@ class EventSink(Protocol):
         client_event_id: str | None = None,
         kind: str = "invalid_request_error",
     ) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
 
 
 class UserItems(Protocol):
@@ -68,7 +76,7 @@ class AudioInput:
 class InputTranscription:
     """Translates one session's speech and transcript events into input-audio server events."""
 
-    def __init__(self, sink: EventSink, conversation: UserItems | None = None) -> None:
+    def __init__(self, sink: Host, conversation: UserItems | None = None) -> None:
         self._sink = sink
         self.conversation = conversation  # a conversation session: committed audio becomes its items
         self.speaking: AudioInput | None = None  # server VAD: the item being spoken

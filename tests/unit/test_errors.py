@@ -9,8 +9,8 @@ import mediaserver
 from mediaserver.errors import ApiError, GatewayTimeout, Timeout
 
 
-def all_subclasses(cls: type) -> set[type]:
-    found: set[type] = set()
+def all_subclasses(cls: type[ApiError]) -> set[type[ApiError]]:
+    found: set[type[ApiError]] = set()
     for sub in cls.__subclasses__():
         found |= {sub, *all_subclasses(sub)}
     return found

@@ -198,7 +198,7 @@ def noise(seconds: float, amplitude: float = 0.1, seed: int = 0) -> np.ndarray:
 @pytest.fixture(scope="session")
 def base_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(
-        preload_models=["tiny.en", "base"],
+        asr_preload_models=["tiny.en", "base"],
         model_cache_dir=Path.home() / ".cache" / "mediaserver" / "models",
         save_audio_dir=tmp_path_factory.mktemp("audio"),
         cert_dir=tmp_path_factory.mktemp("certs"),

@@ -124,7 +124,7 @@ def mediaserver_process(
     env = {
         "MEDIASERVER_WYOMING_ENABLED": "false",
         "MEDIASERVER_TTS_ENABLED": "false",
-        "MEDIASERVER_PRELOAD_MODELS": '["tiny.en"]',
+        "MEDIASERVER_ASR_PRELOAD_MODELS": '["tiny.en"]',
         "MEDIASERVER_SAVE_AUDIO_DIR": str(log_dir / f"{name}-audio"),
         "MEDIASERVER_CERT_DIR": str(log_dir / "no-certs"),
     }
@@ -139,7 +139,7 @@ async def front_server(
 ) -> AsyncIterator[LiveServer]:
     """An in-process server with its own ASR service built from settings (remote models cost nothing
     to load), sharing the session's TTS voice; on loopback, port 0."""
-    settings = base_settings.model_copy(update={"preload_models": [], **overrides})
+    settings = base_settings.model_copy(update={"asr_preload_models": [], **overrides})
     service = AsrService(settings, choose_device("cpu"), ModelRegistry(settings), Metrics())
     await service.start()
     app = create_app(settings, asr_service=service, tts_service=tts_service)

@@ -97,7 +97,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
         from mediaserver.app import create_app
 
-        app = create_app(Settings(preload_models=["tiny.en"], wyoming_enabled=False))
+        app = create_app(Settings(asr_preload_models=["tiny.en"], wyoming_enabled=False))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -18,7 +18,7 @@ from mediaserver.metrics import Metrics
 
 async def test_full_queue_is_503_and_nothing_else_fails(base_settings: Settings, speech: Any, wer: Any) -> None:
     settings = base_settings.model_copy(
-        update={"asr_max_queue": 1, "asr_max_batch": 1, "asr_pack_windows": False, "preload_models": ["tiny.en"]}
+        update={"asr_max_queue": 1, "asr_max_batch": 1, "asr_pack_windows": False, "asr_preload_models": ["tiny.en"]}
     )
     service = AsrService(settings, choose_device("cpu"), ModelRegistry(settings), Metrics())
     await service.start()

@@ -13,7 +13,7 @@ from mediaserver.state import ASR, CAPABILITIES, LLM, SETTINGS
 async def models_handler(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     asr = request.app[ASR]
-    names = asr.models.names() + [n for n in settings.model_aliases if n not in asr.models.names()]
+    names = asr.models.names() + [n for n in settings.asr_model_aliases if n not in asr.models.names()]
     return web.json_response(
         {
             "object": "list",

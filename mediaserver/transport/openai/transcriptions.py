@@ -131,7 +131,9 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
     model_name = requested_model
     if task == "translate":
         # whisper-1 and the other OpenAI names name no model of ours: they translate with whatever can.
-        model_name = asr.models.translation_model(requested_model, fallback=requested_model in settings.model_aliases)
+        model_name = asr.models.translation_model(
+            requested_model, fallback=requested_model in settings.asr_model_aliases
+        )
     audio = await asyncio.to_thread(decode_any, data, max_duration_s=settings.max_audio_duration_s)
     request.app[METRICS].audio_seconds.labels("openai").inc(audio.size / SAMPLE_RATE_HZ)
     transcript = await asr.transcribe(audio, options, model=model_name)

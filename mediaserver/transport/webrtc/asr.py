@@ -318,7 +318,7 @@ class RtcSession:
         self.stream.configure(
             StreamOptions(options.model, options.transcription, server_vad=False, partials=self.stream.options.partials)
         )
-        model = options.model or self.settings.default_model
+        model = options.model or self.settings.asr_default_model
         beam = options.transcription.beam_size
         detect = options.transcription.language is None
         self.send(

@@ -440,7 +440,7 @@ def default_config(settings: Settings, models: ModelRegistry, query: Mapping[str
     if intent not in ("", "transcription"):
         raise InvalidParameter(f"intent must be 'transcription' (got {intent!r})", param="intent")
     requested = query.get("model", "").strip()
-    model = settings.default_model
+    model = settings.asr_default_model
     if requested:
         try:
             models.resolve(requested)

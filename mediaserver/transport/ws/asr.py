@@ -16,7 +16,6 @@ connection ends, ``WsSession.aclose`` leaves nothing running.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -29,6 +28,7 @@ from aiohttp import WSCloseCode, web
 
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.pacing import send_paced
 from mediaserver.assistant.turns import Assistant
 from mediaserver.audio.decode import PcmFormat
 from mediaserver.audio.stream_decode import PcmStreamDecoder
@@ -501,23 +501,9 @@ class WsSession(SocketSession):
         self.spawn(self._send_answers(self.audio_out), "ws-answer-audio")
 
     async def _send_answers(self, out: AudioOut) -> None:
-        """Answer audio as binary frames, paced at real time with a little lead, so a barge-in drops
-        what the device has not received yet rather than what it has already buffered."""
-        lead_s = self.settings.ws_answer_lead_ms / 1000.0
-        frame_s = out.frame_samples / out.sample_rate_hz
-        due: float | None = None
-        while True:
-            try:
-                frame = await out.next_frame()
-            except EOFError:
-                return
-            now = time.monotonic()
-            if due is None or now - due > 0.1:
-                due = now  # the first frame of an answer (or after a stall): send at once
-            elif due - now > lead_s:
-                await asyncio.sleep(due - now - lead_s)
-            due += frame_s
-            self.send_raw(frame)
+        """Answer audio as binary frames (one frame each), paced at real time with a little lead, so
+        a barge-in drops what the device has not received yet rather than what it has already buffered."""
+        await send_paced(out, self.send_raw, lead_s=self.settings.ws_answer_lead_ms / 1000.0)
 
     async def _finish_utterance(self) -> None:
         started = time.perf_counter()

@@ -30,7 +30,6 @@ import asyncio
 import base64
 import contextlib
 import logging
-import time
 from dataclasses import replace
 from typing import Any, Final, Literal
 
@@ -39,6 +38,7 @@ import numpy.typing as npt
 
 from mediaserver.asr.service import AsrService
 from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.pacing import send_paced
 from mediaserver.assistant.turns import Assistant, AssistantOptions, TurnOutcome
 from mediaserver.audio.stream_decode import encode_g711
 from mediaserver.config import Settings
@@ -55,7 +55,6 @@ log = logging.getLogger(__name__)
 
 AudioMode = Literal["deltas", "track"]
 MAX_FRAMES_PER_DELTA: Final = 5  # 100 ms of audio per response.output_audio.delta
-_RESYNC_S: Final = 0.1
 
 
 def _decode(fmt: InputFormat, audio: bytes) -> npt.NDArray[np.float32]:
@@ -481,22 +480,7 @@ class Conversation:
     async def _send_audio(self, out: AudioOut) -> None:
         """Frames → delta events, paced at most ``realtime_audio_lead_ms`` ahead of real time."""
         lead_s = self.settings.realtime_audio_lead_ms / 1000.0
-        frame_s = out.frame_samples / out.sample_rate_hz
-        due: float | None = None
-        while True:
-            try:
-                frames = [await out.next_frame()]
-            except EOFError:
-                return
-            while len(frames) < MAX_FRAMES_PER_DELTA and (more := out.take()) is not None:
-                frames.append(more)
-            self._send_delta(b"".join(frames))
-            now = time.monotonic()
-            if due is None or now - due > _RESYNC_S:
-                due = now
-            due += len(frames) * frame_s
-            if due - now > lead_s:
-                await asyncio.sleep(due - now - lead_s)
+        await send_paced(out, self._send_delta, lead_s=lead_s, max_frames=MAX_FRAMES_PER_DELTA)
 
     def _send_delta(self, pcm: bytes) -> None:
         response = self.response

@@ -58,7 +58,6 @@ from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.stream_session import StreamOptions, StreamSession
 from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from
 from mediaserver.transport.voice import new_assistant, update_assistant
-from mediaserver.transport.webrtc import liveness as rtc_liveness
 from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 from mediaserver.transport.webrtc.peer import (
     answer_offer,
@@ -67,6 +66,8 @@ from mediaserver.transport.webrtc.peer import (
     ice_servers,
     log_task_failure,
     read_audio_track,
+    watch_connect,
+    watch_liveness,
 )
 
 log = logging.getLogger(__name__)
@@ -204,21 +205,29 @@ class RtcSession:
         if state in ("failed", "closed"):
             self._spawn(self.aclose(), "rtc-close")
 
-    async def watch_connect(self) -> None:
-        await asyncio.sleep(self.settings.rtc_connect_timeout_s)
-        if self.pc.connectionState != "connected" and not self.closed:
-            log.info("session %s: not connected after %g s, closing", self.id, self.settings.rtc_connect_timeout_s)
-            await self.aclose()
-
-    async def watch_liveness(self) -> None:
-        """Close a connected peer that has sent nothing for ``rtc_dead_peer_timeout_s`` (see webrtc/liveness.py)."""
-        timeout_s = self.settings.rtc_dead_peer_timeout_s
-        if timeout_s <= 0:
-            return
-        silent_s = await rtc_liveness.until_silent(self.pc, timeout_s, f"rtc-probe-{self.id}")
-        if silent_s is not None and not self.closed:
-            log.info("session %s: the peer sent nothing for %.1f s, closing", self.id, silent_s)
-            self._spawn(self.aclose(), "rtc-close")
+    def start_watchdogs(self) -> None:
+        """Close the session if its peer never connects, or goes silent (webrtc/peer.py)."""
+        self._spawn(
+            watch_connect(
+                self.pc,
+                self.settings.rtc_connect_timeout_s,
+                name=f"session {self.id}",
+                closed=lambda: self.closed,
+                close=self.aclose,
+            ),
+            "rtc-connect-watch",
+        )
+        self._spawn(
+            watch_liveness(
+                self.pc,
+                self.settings.rtc_dead_peer_timeout_s,
+                name=f"session {self.id}",
+                probe_name=f"rtc-probe-{self.id}",
+                closed=lambda: self.closed,
+                close=lambda: self._spawn(self.aclose(), "rtc-close"),
+            ),
+            "rtc-liveness",
+        )
 
     # --- data channel ---------------------------------------------------------------------------
 
@@ -452,8 +461,7 @@ async def offer_handler(request: web.Request) -> web.Response:
     except BaseException:
         await session.aclose()
         raise
-    session._spawn(session.watch_connect(), "rtc-connect-watch")
-    session._spawn(session.watch_liveness(), "rtc-liveness")
+    session.start_watchdogs()
     session.remote = request.remote or "unknown"
     log.debug("session %s: answered an offer from %s", session.id, session.remote)
     return web.json_response({"sdp": sdp, "type": "answer"})

@@ -21,6 +21,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import AudioArray
+from mediaserver.transport.webrtc import liveness as rtc_liveness
 from mediaserver.transport.webrtc import rtcp as rtc_rtcp
 from mediaserver.transport.webrtc.sdp import check_offer, sdp_problem, with_opus_dtx
 
@@ -123,3 +124,38 @@ async def close_peer_connection(pc: RTCPeerConnection, session_id: str) -> None:
         with contextlib.suppress(Exception):
             await step()
     pc.remove_all_listeners()
+
+
+async def watch_connect(
+    pc: RTCPeerConnection,
+    timeout_s: float,
+    *,
+    name: str,
+    closed: Callable[[], bool],
+    close: Callable[[], Awaitable[None]],
+) -> None:
+    """Close a peer connection that is not connected ``timeout_s`` (``rtc_connect_timeout_s``) after
+    its answer: an offer whose peer never connects must not hold a session."""
+    await asyncio.sleep(timeout_s)
+    if pc.connectionState != "connected" and not closed():
+        log.info("%s: not connected after %g s, closing", name, timeout_s)
+        await close()
+
+
+async def watch_liveness(
+    pc: RTCPeerConnection,
+    timeout_s: float,
+    *,
+    name: str,
+    probe_name: str,
+    closed: Callable[[], bool],
+    close: Callable[[], object],
+) -> None:
+    """Close a connected peer that has sent nothing for ``timeout_s`` (``rtc_dead_peer_timeout_s``;
+    0 turns it off; see webrtc/liveness.py). ``close`` starts the closing and returns at once."""
+    if timeout_s <= 0:
+        return
+    silent_s = await rtc_liveness.until_silent(pc, timeout_s, probe_name)
+    if silent_s is not None and not closed():
+        log.info("%s: the peer sent nothing for %.1f s, closing", name, silent_s)
+        close()

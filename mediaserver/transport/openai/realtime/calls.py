@@ -49,7 +49,6 @@ from mediaserver.transport.openai.realtime.conversation_config import (
 )
 from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
 from mediaserver.transport.openai.realtime.session import RealtimeSession
-from mediaserver.transport.webrtc import liveness as rtc_liveness
 from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 from mediaserver.transport.webrtc.peer import (
     answer_offer,
@@ -58,6 +57,8 @@ from mediaserver.transport.webrtc.peer import (
     ice_servers,
     log_task_failure,
     read_audio_track,
+    watch_connect,
+    watch_liveness,
 )
 
 log = logging.getLogger(__name__)
@@ -226,29 +227,32 @@ class RealtimeCall:
         self.session.start()
         self.session.send_session("session.created", self.session.config, self.session.conversation_config)
         self._spawn(self._run(), "call-events")
-        self._spawn(self._watch_connect(), "call-connect-watch")
-        self._spawn(self._watch_liveness(), "call-liveness")
+        self._spawn(
+            watch_connect(
+                self.pc,
+                self.settings.rtc_connect_timeout_s,
+                name=f"call {self.id}",
+                closed=lambda: self._closed,
+                close=self.aclose,
+            ),
+            "call-connect-watch",
+        )
+        self._spawn(
+            watch_liveness(
+                self.pc,
+                self.settings.rtc_dead_peer_timeout_s,
+                name=f"call {self.id}",
+                probe_name=f"call-probe-{self.id}",
+                closed=lambda: self._closed,
+                close=lambda: self._spawn(self.aclose(), "call-close"),
+            ),
+            "call-liveness",
+        )
 
     async def _run(self) -> None:
         try:
             await self.session.run()
         finally:
-            self._spawn(self.aclose(), "call-close")
-
-    async def _watch_connect(self) -> None:
-        await asyncio.sleep(self.settings.rtc_connect_timeout_s)
-        if self.pc.connectionState != "connected" and not self._closed:
-            log.info("call %s: not connected after %.0f s, closing", self.id, self.settings.rtc_connect_timeout_s)
-            await self.aclose()
-
-    async def _watch_liveness(self) -> None:
-        """Close a call whose peer has sent nothing for ``rtc_dead_peer_timeout_s`` (see webrtc/liveness.py)."""
-        timeout_s = self.settings.rtc_dead_peer_timeout_s
-        if timeout_s <= 0:
-            return
-        silent_s = await rtc_liveness.until_silent(self.pc, timeout_s, f"call-probe-{self.id}")
-        if silent_s is not None and not self._closed:
-            log.info("call %s: the peer sent nothing for %.1f s, closing", self.id, silent_s)
             self._spawn(self.aclose(), "call-close")
 
     async def aclose(self) -> None:

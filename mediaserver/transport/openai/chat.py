@@ -17,22 +17,17 @@ from typing import Any, Literal
 
 import numpy as np
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
+from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.llm.service import LlmStream
 from mediaserver.llm.types import ChatMessage, GenerationParams, Role
 from mediaserver.state import CAPABILITIES, LLM, SETTINGS
-from mediaserver.transport.common import loads_json, read_body_limited
+from mediaserver.transport.openai.bodies import parse_body, read_json_object
 
 log = logging.getLogger(__name__)
 
 MAX_STOP_SEQUENCES = 4
-
-
-class RequestTooLarge(ApiError):
-    status = 413
-    code = "request_too_large"
 
 
 # --- request bodies ----------------------------------------------------------------------------
@@ -79,33 +74,10 @@ class _EmbeddingsBody(_Lenient):
     dimensions: int | None = None
 
 
-def _validation_error(exc: ValidationError) -> InvalidParameter:
-    first = exc.errors()[0]
-    path = ""
-    for part in first["loc"]:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    # pydantic tries each type of a union and reports each; the first says enough.
-    message = first["msg"]
-    if first["type"] == "missing":
-        message = "this field is required"
-    return InvalidParameter(f"{path}: {message}" if path else message, param=path.split("[")[0].split(".")[0] or None)
-
-
-async def _read_json(request: web.Request) -> Any:
-    settings = request.app[SETTINGS]
-    try:
-        raw = await read_body_limited(
-            request, max_bytes=settings.llm_max_request_bytes, idle_timeout_s=settings.body_read_timeout_s
-        )
-    except AudioTooLarge as exc:
-        raise RequestTooLarge(f"{exc.message} (llm_max_request_bytes)") from None
-    try:
-        body = loads_json(raw)
-    except ValueError:
-        raise InvalidParameter("the request body is not valid JSON", param="body") from None
-    if not isinstance(body, dict):
-        raise InvalidParameter("the request body must be a JSON object", param="body")
-    return body
+async def _read_json(request: web.Request) -> dict[str, Any]:
+    return await read_json_object(
+        request, max_bytes=request.app[SETTINGS].llm_max_request_bytes, setting="llm_max_request_bytes"
+    )
 
 
 def _content(message: _Message) -> str:
@@ -115,10 +87,7 @@ def _content(message: _Message) -> str:
 
 
 def parse_chat(body: Any) -> tuple[_ChatBody, list[ChatMessage], GenerationParams]:
-    try:
-        chat = _ChatBody.model_validate(body)
-    except ValidationError as exc:
-        raise _validation_error(exc) from None
+    chat = parse_body(_ChatBody, body)
     if chat.n is not None and chat.n != 1:
         raise InvalidParameter(f"n must be 1 on this server (one choice per request), got {chat.n}", param="n")
     if chat.tools:
@@ -257,10 +226,7 @@ async def _sse(
 async def embeddings_handler(request: web.Request) -> web.Response:
     request.app[CAPABILITIES].require("llm")
     llm = request.app[LLM]
-    try:
-        body = _EmbeddingsBody.model_validate(await _read_json(request))
-    except ValidationError as exc:
-        raise _validation_error(exc) from None
+    body = parse_body(_EmbeddingsBody, await _read_json(request))
     texts = [body.input] if isinstance(body.input, str) else body.input
     result = await llm.embed(texts, model=body.model)
     dimensions = len(result.vectors[0]) if result.vectors else 0

@@ -12,13 +12,14 @@ base64 pieces of the encoded file, then ``speech.audio.done``). Errors use OpenA
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from mediaserver.errors import InvalidParameter, UnknownModel
-from mediaserver.transport.common import loads_json
+from mediaserver.state import SETTINGS
+from mediaserver.transport.openai.bodies import parse_body, read_json_object
 from mediaserver.transport.tts_http import SpeechRequest, respond_with_speech, tts_of
 from mediaserver.tts.encode import FORMATS
 from mediaserver.tts.types import SynthesisParams
@@ -47,25 +48,10 @@ class SpeechBody(BaseModel):
     stream_format: Literal["audio", "sse"] = "audio"
 
 
-def _validation_error(exc: ValidationError) -> InvalidParameter:
-    first = exc.errors()[0]
-    param = ".".join(str(p) for p in first.get("loc", ())) or None
-    if first.get("type") == "missing":
-        return InvalidParameter(f"missing required parameter: {param!r}", param=param)
-    return InvalidParameter(f"invalid value for {param!r}: {first.get('msg', 'invalid')}", param=param)
-
-
 async def _body(request: web.Request) -> SpeechBody:
-    try:
-        raw: Any = await request.json(loads=loads_json)
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidParameter("the request body must be a JSON object", param=None) from None
-    if not isinstance(raw, dict):
-        raise InvalidParameter("the request body must be a JSON object", param=None)
-    try:
-        return SpeechBody.model_validate(raw)
-    except ValidationError as exc:
-        raise _validation_error(exc) from None
+    settings = request.app[SETTINGS]
+    body = await read_json_object(request, max_bytes=settings.max_upload_bytes, setting="max_upload_bytes")
+    return parse_body(SpeechBody, body)
 
 
 async def speech_handler(request: web.Request) -> web.StreamResponse:

@@ -32,10 +32,7 @@ from typing import Any
 import av
 from aiohttp import web
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
-from aiortc.exceptions import InvalidStateError
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from aiortc.rtcrtpreceiver import RTCRtpReceiver
-from aiortc.rtp import RtcpByePacket
 
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.turns import Assistant
@@ -58,6 +55,7 @@ from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.stream_session import StreamOptions, StreamSession
 from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from
 from mediaserver.transport.voice import new_assistant, update_assistant
+from mediaserver.transport.webrtc import patches
 from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 from mediaserver.transport.webrtc.peer import (
     answer_offer,
@@ -73,54 +71,6 @@ from mediaserver.transport.webrtc.peer import (
 log = logging.getLogger(__name__)
 
 MAX_SDP_BYTES = 64 * 1024
-
-
-def _install_bye_filter() -> None:
-    """Make aiortc receivers ignore RTCP BYE (sent by browsers on replaceTrack(null))."""
-    original = RTCRtpReceiver._handle_rtcp_packet
-    if getattr(original, "_mediaserver_ignores_bye", False):
-        return
-
-    async def handle_rtcp_packet(self: RTCRtpReceiver, packet: Any) -> None:
-        if isinstance(packet, RtcpByePacket):
-            log.debug("ignoring RTCP BYE (track paused, not ended)")
-            return
-        await original(self, packet)
-
-    handle_rtcp_packet._mediaserver_ignores_bye = True  # type: ignore[attr-defined]
-    RTCRtpReceiver._handle_rtcp_packet = handle_rtcp_packet  # type: ignore[method-assign]
-
-
-_install_bye_filter()
-
-
-def _install_connect_guard() -> None:
-    """Keep aiortc's connect task quiet once its peer connection is closing.
-
-    ``setLocalDescription`` starts ``RTCPeerConnection.__connect`` as a task nobody awaits. A peer
-    connection closed while that task is still starting its transports (an offer whose peer never
-    connects, closed after ``rtc_connect_timeout_s``; a refused offer) can make it start one that
-    is already closed: ``InvalidStateError``, which asyncio then logs at ERROR as "Task exception
-    was never retrieved". Once the connection is closing that is expected, and logged at DEBUG; any
-    other failure of the task propagates as before.
-    """
-    original = RTCPeerConnection._RTCPeerConnection__connect  # type: ignore[attr-defined]
-    if getattr(original, "_mediaserver_guarded", False):
-        return
-
-    async def connect(self: RTCPeerConnection) -> None:
-        try:
-            await original(self)
-        except (InvalidStateError, ConnectionError) as exc:
-            if getattr(self, "_RTCPeerConnection__isClosed", None) is None:
-                raise
-            log.debug("a peer connection closed while it was connecting: %r", exc)
-
-    connect._mediaserver_guarded = True  # type: ignore[attr-defined]
-    RTCPeerConnection._RTCPeerConnection__connect = connect  # type: ignore[attr-defined]
-
-
-_install_connect_guard()
 
 
 def message(kind: str, text: str | None = None, obj: Any = None) -> str:
@@ -507,6 +457,7 @@ async def rtc_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def add_routes(app: web.Application) -> None:
+    patches.install()
     app.router.add_post("/api/rtc/asr", offer_handler)
     app.router.add_get("/api/rtc/config", config_handler)
     app.cleanup_ctx.append(rtc_ctx)

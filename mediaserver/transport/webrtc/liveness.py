@@ -19,31 +19,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
 
 from aioice import ice, stun
 from aiortc import RTCPeerConnection
 
 log = logging.getLogger(__name__)
 
-_STAMP = "_mediaserver_last_rx"
+STAMP = "_mediaserver_last_rx"  # set by the receive_stamp patch (webrtc/patches.py)
 PROBE_RETRANSMISSIONS = 2  # sent at 0, 0.5 and 1.5 s (aioice's RTO doubles from 0.5 s)
-
-
-def _install_receive_stamp() -> None:
-    original = ice.StunProtocol.datagram_received
-    if getattr(original, "_mediaserver_stamps", False):
-        return
-
-    def datagram_received(self: ice.StunProtocol, data: bytes | str, addr: tuple[Any, ...]) -> None:
-        setattr(self.receiver, _STAMP, time.monotonic())
-        original(self, data, addr)
-
-    datagram_received._mediaserver_stamps = True  # type: ignore[attr-defined]
-    ice.StunProtocol.datagram_received = datagram_received  # type: ignore[method-assign]
-
-
-_install_receive_stamp()
 
 
 def ice_connections(pc: RTCPeerConnection) -> list[ice.Connection]:
@@ -61,7 +44,7 @@ def ice_connections(pc: RTCPeerConnection) -> list[ice.Connection]:
 
 def silent_for(pc: RTCPeerConnection) -> float | None:
     """Seconds since the peer last sent anything; None before it sent anything at all."""
-    stamps = [getattr(c, _STAMP, None) for c in ice_connections(pc)]
+    stamps = [getattr(c, STAMP, None) for c in ice_connections(pc)]
     received = [s for s in stamps if s is not None]
     return time.monotonic() - max(received) if received else None
 

@@ -18,11 +18,12 @@ a matter of cadence: what is reported, and everything else aiortc does, is uncha
 
 Only the peer connections that opt in (``quiet_idle_reports``, the server's own) are affected;
 others in the same process (test clients) keep aiortc's cadence. How: ``_send_rtcp`` of both
-classes is wrapped; after the loop (the task running ``_run_rtcp``) sent an idle report, the wrapper
-sleeps the extra time before returning to the loop, which then sleeps its own 0.5–1.5 s. The loop's
-cancellation (``stop``) still interrupts that sleep at once. Wrapping needs aiortc internals that may
-change: it is installed only if they look as expected (``INSTALLED``; a test fails otherwise) and
-the aiortc major version is 1, else aiortc's cadence stays and a warning is logged.
+classes is wrapped (webrtc/patches.py); after the loop (the task running ``_run_rtcp``) sent an idle
+report, the wrapper calls ``after_report``, which sleeps the extra time before returning to the
+loop, which then sleeps its own 0.5–1.5 s. The loop's cancellation (``stop``) still interrupts that
+sleep at once. Wrapping needs aiortc internals that may change: it is installed only if they look
+as expected (``patches.INSTALLED``; a test fails otherwise), else aiortc's cadence stays and a
+warning is logged.
 """
 
 from __future__ import annotations
@@ -30,25 +31,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiortc
 from aiortc import RTCPeerConnection
-from aiortc.rtcrtpreceiver import RTCRtpReceiver
-from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.rtp import RtcpRrPacket, RtcpSrPacket
 
 log = logging.getLogger(__name__)
 
 _INTERVAL = "_mediaserver_idle_rtcp_s"  # set on a sender/receiver that opted in
 _LAST = "_mediaserver_last_rtcp_counters"  # what its previous report said
-_LOOP = "_run_rtcp"  # the name of aiortc's report loop (both classes)
+LOOP = "_run_rtcp"  # the name of aiortc's report loop (both classes)
 AIORTC_CADENCE_S = 1.0  # aiortc's loop sleeps 0.5 + random() s: 1 s on average
 
 
 def quiet_idle_reports(pc: RTCPeerConnection, interval_s: float) -> None:
     """Let ``pc``'s senders and receivers report every ``interval_s`` (± 50 %) while idle; 0 = aiortc's cadence."""
+    from mediaserver.transport.webrtc import patches  # it wraps the report loops with after_report
+
+    patches.install()
     for transceiver in pc.getTransceivers():
         for part in (transceiver.sender, transceiver.receiver):
             setattr(part, _INTERVAL, interval_s)
@@ -67,10 +67,11 @@ def _counters(packets: list[Any]) -> Any:
 def _called_by_report_loop() -> bool:
     task = asyncio.current_task()
     code = getattr(task.get_coro(), "cr_code", None) if task is not None else None
-    return getattr(code, "co_name", None) == _LOOP
+    return getattr(code, "co_name", None) == LOOP
 
 
-async def _after_report(part: Any, packets: list[Any]) -> None:
+async def after_report(part: Any, packets: list[Any]) -> None:
+    """What the wrapped ``_send_rtcp`` does after a report was sent: an idle one lengthens the wait."""
     interval_s = getattr(part, _INTERVAL, 0.0)
     if interval_s <= 0:
         return
@@ -82,34 +83,3 @@ async def _after_report(part: Any, packets: list[Any]) -> None:
     if idle:
         # The loop sleeps 0.5–1.5 s next: together interval_s × (0.5–1.5) on average.
         await asyncio.sleep(max(0.0, interval_s * (0.5 + random.random()) - AIORTC_CADENCE_S))
-
-
-def _wrap(cls: type, as_list: bool) -> None:
-    original: Callable[[Any, Any], Awaitable[None]] = cls._send_rtcp  # type: ignore[attr-defined]
-    if getattr(original, "_mediaserver_idle_rtcp", False):
-        return
-
-    async def _send_rtcp(self: Any, packets: Any) -> None:
-        await original(self, packets)
-        await _after_report(self, packets if as_list else [packets])
-
-    _send_rtcp._mediaserver_idle_rtcp = True  # type: ignore[attr-defined]
-    cls._send_rtcp = _send_rtcp  # type: ignore[attr-defined]
-
-
-def _install() -> bool:
-    major = aiortc.__version__.split(".")[0]
-    looks_right = all(
-        callable(getattr(cls, name, None)) for cls in (RTCRtpSender, RTCRtpReceiver) for name in ("_send_rtcp", _LOOP)
-    )
-    if major != "1" or not looks_right:
-        log.warning(
-            "aiortc %s: not lengthening idle RTCP report intervals (internals not as expected)", aiortc.__version__
-        )
-        return False
-    _wrap(RTCRtpSender, as_list=True)  # _send_rtcp(packets: list)
-    _wrap(RTCRtpReceiver, as_list=False)  # _send_rtcp(packet)
-    return True
-
-
-INSTALLED = _install()

@@ -49,6 +49,7 @@ from mediaserver.transport.openai.realtime.conversation_config import (
 )
 from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
 from mediaserver.transport.openai.realtime.session import RealtimeSession
+from mediaserver.transport.webrtc import patches
 from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 from mediaserver.transport.webrtc.peer import (
     answer_offer,
@@ -395,5 +396,6 @@ async def hangup_handler(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    patches.install()
     app.router.add_post(PATH, calls_handler)
     app.router.add_post(PATH + "/{call_id}/hangup", hangup_handler)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
-import socket
 import wave
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics
 from mediaserver.transport.lenient_http import LenientAppRunner
 from mediaserver.tts.service import TtsService
+from tests import ports
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -282,7 +282,4 @@ async def server(server_factory: Callable[..., Any]) -> LiveServer:
 
 @pytest.fixture
 def free_port() -> Iterator[int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    yield port
+    yield ports.free_port()

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,14 +30,9 @@ from mediaserver.devices import choose_device
 from mediaserver.metrics import Metrics
 from mediaserver.tts.service import TtsService
 from tests.conftest import LiveServer
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_http_ok(url: str, timeout_s: float = 90.0, process: subprocess.Popen[bytes] | None = None) -> None:

@@ -32,7 +32,6 @@ import gc
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,7 +51,7 @@ import numpy.typing as npt
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
-from benchlib import CpuWatch  # noqa: E402
+from benchlib import CpuWatch, free_port  # noqa: E402
 
 AudioArray = npt.NDArray[np.float32]
 
@@ -524,12 +523,6 @@ def server_env() -> dict[str, str]:
 
 
 CHILD_LISTENER_ENV = {"MEDIASERVER_WYOMING_HOST": "127.0.0.1", "MEDIASERVER_WYOMING_PORT": "<free>"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def server_counters(url: str, timeout_s: float = 5.0) -> dict[str, float] | None:

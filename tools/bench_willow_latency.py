@@ -96,13 +96,14 @@ async def main_async(args: argparse.Namespace) -> None:
         from aiohttp import web
 
         from mediaserver.app import create_app
+        from tests.ports import bound_port
 
         app = create_app(Settings(asr_preload_models=["tiny.en"], wyoming_enabled=False))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = bound_port(runner)
         url = f"http://127.0.0.1:{port}"
 
     def run_direct() -> tuple[float, str]:

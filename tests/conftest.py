@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jiwer
 import numpy as np
 import pytest
 import pytest_asyncio
@@ -32,6 +31,7 @@ from mediaserver.metrics import Metrics
 from mediaserver.transport.lenient_http import LenientAppRunner
 from mediaserver.tts.service import TtsService
 from tests import ports
+from tests.wer import word_error_rate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -43,22 +43,6 @@ SENTENCES = {
     "story": "The old lighthouse keeper walked slowly along the rocky shore.",
     "garden": "My neighbor planted tomatoes and beans in her small garden.",
 }
-
-_NORMALIZE = jiwer.Compose(
-    [
-        jiwer.ToLowerCase(),
-        jiwer.RemovePunctuation(),  # type: ignore[no-untyped-call]
-        jiwer.RemoveMultipleSpaces(),
-        jiwer.Strip(),
-        jiwer.ReduceToListOfListOfWords(),
-    ]
-)
-
-
-def word_error_rate(reference: str, hypothesis: str) -> float:
-    if not hypothesis.strip():
-        return 1.0
-    return float(jiwer.wer(reference, hypothesis, reference_transform=_NORMALIZE, hypothesis_transform=_NORMALIZE))
 
 
 @functools.cache

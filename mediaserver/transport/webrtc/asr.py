@@ -64,8 +64,7 @@ from mediaserver.transport.webrtc.peer import (
     ice_servers,
     log_task_failure,
     read_audio_track,
-    watch_connect,
-    watch_liveness,
+    start_watchdogs,
 )
 
 log = logging.getLogger(__name__)
@@ -157,26 +156,14 @@ class RtcSession:
 
     def start_watchdogs(self) -> None:
         """Close the session if its peer never connects, or goes silent (webrtc/peer.py)."""
-        self._spawn(
-            watch_connect(
-                self.pc,
-                self.settings.rtc_connect_timeout_s,
-                name=f"session {self.id}",
-                closed=lambda: self.closed,
-                close=self.aclose,
-            ),
-            "rtc-connect-watch",
-        )
-        self._spawn(
-            watch_liveness(
-                self.pc,
-                self.settings.rtc_dead_peer_timeout_s,
-                name=f"session {self.id}",
-                probe_name=f"rtc-probe-{self.id}",
-                closed=lambda: self.closed,
-                close=lambda: self._spawn(self.aclose(), "rtc-close"),
-            ),
-            "rtc-liveness",
+        start_watchdogs(
+            self.pc,
+            self.settings,
+            kind="rtc",
+            session_id=self.id,
+            closed=lambda: self.closed,
+            close=self.aclose,
+            spawn=self._spawn,
         )
 
     # --- data channel ---------------------------------------------------------------------------

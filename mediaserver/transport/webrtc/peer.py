@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import av
@@ -159,3 +159,34 @@ async def watch_liveness(
     if silent_s is not None and not closed():
         log.info("%s: the peer sent nothing for %.1f s, closing", name, silent_s)
         close()
+
+
+def start_watchdogs(
+    pc: RTCPeerConnection,
+    settings: Settings,
+    *,
+    kind: str,
+    session_id: str,
+    closed: Callable[[], bool],
+    close: Callable[[], Coroutine[Any, Any, None]],
+    spawn: Callable[[Coroutine[Any, Any, None], str], object],
+) -> None:
+    """Start both watchdogs of a session's peer connection with its own ``spawn`` (so they end with
+    it): tasks ``{kind}-connect-watch`` and ``{kind}-liveness``, the probe ``{kind}-probe-{id}``, and
+    a silent peer's close as ``{kind}-close``. Logs name the session as ``{kind} {id}``."""
+    name = f"{'session' if kind == 'rtc' else kind} {session_id}"
+    spawn(
+        watch_connect(pc, settings.rtc_connect_timeout_s, name=name, closed=closed, close=close),
+        f"{kind}-connect-watch",
+    )
+    spawn(
+        watch_liveness(
+            pc,
+            settings.rtc_dead_peer_timeout_s,
+            name=name,
+            probe_name=f"{kind}-probe-{session_id}",
+            closed=closed,
+            close=lambda: spawn(close(), f"{kind}-close"),
+        ),
+        f"{kind}-liveness",
+    )

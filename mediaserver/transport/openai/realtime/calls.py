@@ -58,8 +58,7 @@ from mediaserver.transport.webrtc.peer import (
     ice_servers,
     log_task_failure,
     read_audio_track,
-    watch_connect,
-    watch_liveness,
+    start_watchdogs,
 )
 
 log = logging.getLogger(__name__)
@@ -228,26 +227,14 @@ class RealtimeCall:
         self.session.start()
         self.session.send_session("session.created", self.session.config, self.session.conversation_config)
         self._spawn(self._run(), "call-events")
-        self._spawn(
-            watch_connect(
-                self.pc,
-                self.settings.rtc_connect_timeout_s,
-                name=f"call {self.id}",
-                closed=lambda: self._closed,
-                close=self.aclose,
-            ),
-            "call-connect-watch",
-        )
-        self._spawn(
-            watch_liveness(
-                self.pc,
-                self.settings.rtc_dead_peer_timeout_s,
-                name=f"call {self.id}",
-                probe_name=f"call-probe-{self.id}",
-                closed=lambda: self._closed,
-                close=lambda: self._spawn(self.aclose(), "call-close"),
-            ),
-            "call-liveness",
+        start_watchdogs(
+            self.pc,
+            self.settings,
+            kind="call",
+            session_id=self.id,
+            closed=lambda: self._closed,
+            close=self.aclose,
+            spawn=self._spawn,
         )
 
     async def _run(self) -> None:

@@ -35,7 +35,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -51,7 +50,8 @@ import numpy.typing as npt
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
-from benchlib import CpuWatch, free_port  # noqa: E402
+from benchlib import CpuWatch, get_json  # noqa: E402
+from benchlib import child_server as benchlib_child_server  # noqa: E402
 
 AudioArray = npt.NDArray[np.float32]
 
@@ -499,9 +499,6 @@ def server_env() -> dict[str, str]:
     }
 
 
-CHILD_LISTENER_ENV = {"MEDIASERVER_WYOMING_HOST": "127.0.0.1", "MEDIASERVER_WYOMING_PORT": "<free>"}
-
-
 def server_counters(url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
     """Scheduler and engine counters summed over models, from the server's /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -534,52 +531,16 @@ def counters_delta(before: dict[str, float] | None, after: dict[str, float] | No
 
 
 def get_health(url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as response:
-            data = json.loads(response.read())
-    except (OSError, urllib.error.URLError, ValueError):
-        return None
+    data = get_json(f"{url}/health", timeout_s)
     return data if isinstance(data, dict) else None
 
 
 @contextlib.contextmanager
 def child_server(log_path: Path, startup_timeout_s: float) -> Iterator[tuple[str, int, dict[str, Any]]]:
-    """``python -m mediaserver`` on a free loopback port (HTTPS off); yields (url, pid, /health)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="bench-asr-certs-") as cert_dir, open(log_path, "wb") as log_file:
-        command = [
-            sys.executable, "-m", "mediaserver", "--http-port", str(port), "--host", "127.0.0.1",
-            "--https-port", str(free_port()), "--cert-dir", cert_dir, "--log-level", "WARNING",
-        ]  # fmt: skip
-        # Other listeners (Wyoming's fixed port 10300, ...) go to loopback on free ports, so the child
-        # never clashes with a server already running; a value set by the user wins.
-        env = dict(os.environ)
-        for name, value in CHILD_LISTENER_ENV.items():
-            env.setdefault(name, value if value != "<free>" else str(free_port()))
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + startup_timeout_s
-            health = None
-            while health is None:
-                if process.poll() is not None:
-                    raise SystemExit(f"the server exited with {process.returncode} during start-up; see {log_path}")
-                if time.monotonic() > deadline:
-                    raise SystemExit(
-                        f"the server did not answer /health within {startup_timeout_s:g} s; see {log_path}"
-                    )
-                time.sleep(0.2)
-                health = get_health(url)
-            yield url, process.pid, health
-        finally:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=15)
+    """benchlib's ``python -m mediaserver`` on free loopback ports (every listener: HTTP, HTTPS off,
+    Wyoming); yields (url, pid, /health)."""
+    with benchlib_child_server(log_path, startup_timeout_s) as (url, process):
+        yield url, process.pid, get_health(url) or {}
 
 
 # ----------------------------------------------------------------------------- report

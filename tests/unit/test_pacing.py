@@ -73,7 +73,7 @@ async def test_queued_frames_are_joined_up_to_max_frames() -> None:
 
 async def test_a_barge_in_stops_what_was_not_sent() -> None:
     out = AudioOut(RATE_HZ)
-    pcm = answer(3.0)
+    pcm = answer(10.0)  # far more than is sent before the barge-in, even on a loaded machine
     out.write(pcm)
     recorder = Recorder()
     task = asyncio.create_task(send_paced(out, recorder, lead_s=0.1))
@@ -86,4 +86,5 @@ async def test_a_barge_in_stops_what_was_not_sent() -> None:
     assert recorder.sent and all(at <= cleared_at for at, _ in recorder.sent)
     assert pcm.startswith(recorder.data)
     elapsed_s = cleared_at - recorder.sent[0][0]
-    assert len(recorder.data) / 2 / RATE_HZ <= elapsed_s + 0.1 + FRAME_S + EARLY_S < 3.0
+    assert len(recorder.data) / 2 / RATE_HZ <= elapsed_s + 0.1 + FRAME_S + EARLY_S
+    assert len(recorder.data) < len(pcm)  # the rest was dropped, not sent

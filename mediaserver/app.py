@@ -25,20 +25,19 @@ from mediaserver.errors import ApiError, InvalidBody, Unauthorized, VoiceNotAuth
 from mediaserver.llm.registry import LlmRegistry
 from mediaserver.llm.service import LlmService
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
-from mediaserver.sessions import SessionRegistry
+from mediaserver.session_registry import SessionRegistry
 from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, TTS
-from mediaserver.transport import (
-    openai_chat,
-    openai_rest,
-    openai_speech,
-    realtime,
-    rtc,
-    willow,
-    wis_chatbot,
-    wis_tts,
-    ws,
-)
-from mediaserver.transport.wyoming import wyoming_ctx
+from mediaserver.transport.openai import chat as openai_chat
+from mediaserver.transport.openai import models as openai_models
+from mediaserver.transport.openai import realtime
+from mediaserver.transport.openai import speech as openai_speech
+from mediaserver.transport.openai import transcriptions as openai_rest
+from mediaserver.transport.webrtc import asr as rtc
+from mediaserver.transport.wis import chatbot as wis_chatbot
+from mediaserver.transport.wis import tts as wis_tts
+from mediaserver.transport.wis import willow
+from mediaserver.transport.ws import asr as ws
+from mediaserver.transport.wyoming.server import wyoming_ctx
 from mediaserver.tts.service import TtsService
 from mediaserver.tts.voices import tts_unavailable
 
@@ -360,6 +359,7 @@ def create_app(
     app.cleanup_ctx.append(wyoming_ctx)
     willow.add_routes(app)
     openai_rest.add_routes(app)
+    openai_models.add_routes(app)
     rtc.add_routes(app)
     ws.add_routes(app)
     realtime.add_routes(app)

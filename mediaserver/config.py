@@ -11,7 +11,7 @@ import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL_ALIASES: dict[str, str] = {
@@ -83,10 +83,20 @@ class RemoteModel(BaseModel):
     max_new_tokens: int = Field(224, ge=1, le=448, description="triton: MAX_NEW_TOKENS per 30 s window")
 
 
+def _renamed(name: str, old: str) -> AliasChoices:
+    """A setting that was renamed: read from ``MEDIASERVER_<NAME>``, or else from the variable of its
+    old name (``MEDIASERVER_<OLD>``), so deployments configured before the rename keep working."""
+    return AliasChoices(f"mediaserver_{name}", f"mediaserver_{old}")
+
+
 class Settings(BaseSettings):
     """All configuration; see README "Configuration" for the environment variable names."""
 
-    model_config = SettingsConfigDict(env_prefix="MEDIASERVER_", env_file=".env", extra="ignore")
+    # validate_by_name: Settings(asr_default_model=...) by field name, next to the renamed settings'
+    # environment aliases (_renamed).
+    model_config = SettingsConfigDict(
+        env_prefix="MEDIASERVER_", env_file=".env", extra="ignore", validate_by_name=True, validate_by_alias=True
+    )
 
     # --- network -------------------------------------------------------------------------------
     host: str = "0.0.0.0"
@@ -101,18 +111,24 @@ class Settings(BaseSettings):
     api_keys: list[str] = Field(default_factory=list)
 
     # --- models --------------------------------------------------------------------------------
-    default_model: str = "tiny.en"
+    asr_default_model: str = Field("tiny.en", validation_alias=_renamed("asr_default_model", "default_model"))
     translation_model: str = "base"
-    preload_models: list[str] = Field(default_factory=lambda: ["tiny.en"])
-    extra_models: dict[str, str] = Field(
+    asr_preload_models: list[str] = Field(
+        default_factory=lambda: ["tiny.en"], validation_alias=_renamed("asr_preload_models", "preload_models")
+    )
+    asr_extra_models: dict[str, str] = Field(
         default_factory=dict,
         description="name -> local CTranslate2 directory or Hugging Face repo id",
+        validation_alias=_renamed("asr_extra_models", "extra_models"),
     )
     remote_models: dict[str, RemoteModel] = Field(
         default_factory=dict,
         description="name -> a remote ASR engine (Triton or OpenAI-compatible); wins over a local model of that name",
     )
-    model_aliases: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODEL_ALIASES))
+    asr_model_aliases: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_MODEL_ALIASES),
+        validation_alias=_renamed("asr_model_aliases", "model_aliases"),
+    )
     wis_size_fallback: bool = True
     allow_model_download: bool = True
     model_cache_dir: Path = Path.home() / ".cache" / "mediaserver" / "models"

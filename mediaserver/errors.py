@@ -85,13 +85,18 @@ class RequestTimeout(ApiError):
     code = "request_timeout"
 
 
-class Timeout(ApiError, TimeoutError):
-    """The work did not finish in time (a queued ASR job past its deadline, a slow backend).
-
-    Also a ``TimeoutError``, so code that waits on it with the standard idiom still catches it."""
+class GatewayTimeout(ApiError):
+    """The base of every 504: work that did not finish in time (ASR, LLM, TTS, a remote backend or
+    upstream). ``except GatewayTimeout`` covers them all; each subclass keeps its own ``code``."""
 
     status = 504
     code = "timeout"
+
+
+class Timeout(GatewayTimeout, TimeoutError):
+    """An ASR job did not finish in time (a queued job past its deadline, a slow backend).
+
+    Also a ``TimeoutError``, so code that waits on it with the standard idiom still catches it."""
 
 
 class BackendUnavailable(ApiError):

@@ -8,25 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-_ERROR_WIS = {
-    "type": "object",
-    "properties": {"error": {"type": "string"}, "code": {"type": "string"}},
-    "required": ["error"],
-}
-_ERROR_OPENAI = {
-    "type": "object",
-    "properties": {
-        "error": {
-            "type": "object",
-            "properties": {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": ["string", "null"]},
-                "code": {"type": "string"},
-            },
-        }
-    },
-}
+from mediaserver.openapi_llm import llm_paths
+from mediaserver.openapi_rtc import rtc_paths
+from mediaserver.openapi_schema import (
+    ERROR_OPENAI,
+    ERROR_WIS,
+    error_responses,
+    header_param,
+    json_body,
+    multipart_body,
+    query_param,
+)
+
 _WIS_RESULT = {
     "type": "object",
     "properties": {
@@ -41,54 +34,20 @@ _WIS_RESULT = {
 }
 
 
-def _q(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
-
-
-def _h(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"name": name, "in": "header", "required": False, "schema": schema, "description": description}
-
-
 _WIS_QUERY = [
-    _q(
+    query_param(
         "model",
         {"type": "string"},
         "model name; WIS sizes tiny..large resolve to the closest installed model",
     ),
-    _q("beam_size", {"type": "integer", "minimum": 1}, "beam width (never overridden by the server)"),
-    _q("detect_language", {"type": "boolean"}, "detect the spoken language"),
-    _q("force_language", {"type": "string"}, "Whisper language code; wins over detect_language"),
-    _q("translate", {"type": "boolean"}, "also return an English translation"),
-    _q("stats", {"type": "boolean"}, "add infer_time, infer_speedup, audio_duration"),
-    _q("save_audio", {"type": "boolean"}, "write the decoded audio to /audio/willow.wav"),
-    _q("voice_auth", {"type": "boolean"}, "speaker verification; not available: always 406"),
+    query_param("beam_size", {"type": "integer", "minimum": 1}, "beam width (never overridden by the server)"),
+    query_param("detect_language", {"type": "boolean"}, "detect the spoken language"),
+    query_param("force_language", {"type": "string"}, "Whisper language code; wins over detect_language"),
+    query_param("translate", {"type": "boolean"}, "also return an English translation"),
+    query_param("stats", {"type": "boolean"}, "add infer_time, infer_speedup, audio_duration"),
+    query_param("save_audio", {"type": "boolean"}, "write the decoded audio to /audio/willow.wav"),
+    query_param("voice_auth", {"type": "boolean"}, "speaker verification; not available: always 406"),
 ]
-
-
-def _json(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"content": {"application/json": {"schema": schema}}}
-
-
-def _errors(schema: dict[str, Any], *codes: int) -> dict[str, Any]:
-    text = {
-        400: "bad input",
-        401: "authentication required",
-        406: "voice not authorized",
-        408: "body stalled",
-        413: "upload or audio too long",
-        503: "overloaded or model unavailable",
-        504: "timed out",
-    }
-    return {str(c): {"description": text[c], **_json(schema)} for c in codes}
-
-
-def _multipart(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {
-        "required": True,
-        "content": {
-            "multipart/form-data": {"schema": {"type": "object", "properties": properties, "required": required}}
-        },
-    }
 
 
 _OPENAI_FIELDS = {
@@ -115,11 +74,13 @@ def _tts_paths() -> dict[str, Any]:
             "schema": {"type": "string"},
             "description": "what to say; Willow's unencoded text (spaces, UTF-8, '&') is taken when last",
         },
-        _q("format", {"type": "string", "enum": ["WAV", "FLAC", "OGG", "MP3"]}, "any case; default WAV (streamed)"),
-        _q("speaker", {"type": "string"}, "a voice or alias (WIS names such as CLB mean the default voice)"),
-        _q("language", {"type": "string"}, "pick a voice speaking this language (en, en-US ...)"),
-        _q("speed", {"type": "number", "minimum": 0.25, "maximum": 4.0}, "1.0 is the voice's own pace"),
-        _q("nocache", {"type": "string"}, "any value but 0 bypasses the response cache"),
+        query_param(
+            "format", {"type": "string", "enum": ["WAV", "FLAC", "OGG", "MP3"]}, "any case; default WAV (streamed)"
+        ),
+        query_param("speaker", {"type": "string"}, "a voice or alias (WIS names such as CLB mean the default voice)"),
+        query_param("language", {"type": "string"}, "pick a voice speaking this language (en, en-US ...)"),
+        query_param("speed", {"type": "number", "minimum": 0.25, "maximum": 4.0}, "1.0 is the voice's own pace"),
+        query_param("nocache", {"type": "string"}, "any value but 0 bypasses the response cache"),
     ]
     audio_response = {
         "description": "audio, streamed sentence by sentence (chunked); X-WIS-Cache: HIT, MISS or BYPASS",
@@ -131,15 +92,15 @@ def _tts_paths() -> dict[str, Any]:
             "get": {
                 "summary": "WIS text to speech (what Willow devices fetch)",
                 "parameters": wis_tts_query,
-                "responses": {"200": audio_response, **_errors(_ERROR_WIS, *_TTS_ERRORS)},
+                "responses": {"200": audio_response, **error_responses(ERROR_WIS, *_TTS_ERRORS)},
             }
         },
         "/api/speaker": {
             "get": {
                 "summary": "the voices, the default voice and the aliases",
                 "responses": {
-                    "200": {"description": "voices", **_json({"type": "object"})},
-                    **_errors(_ERROR_WIS, 503),
+                    "200": {"description": "voices", **json_body({"type": "object"})},
+                    **error_responses(ERROR_WIS, 503),
                 },
             }
         },
@@ -147,8 +108,8 @@ def _tts_paths() -> dict[str, Any]:
             "post": {
                 "summary": "speech to speech: the transcript of audio_file, spoken (text in X-Transcript)",
                 "parameters": [*_WIS_QUERY, *wis_tts_query[1:5]],
-                "requestBody": _multipart({"audio_file": {"type": "string", "format": "binary"}}, ["audio_file"]),
-                "responses": {"200": audio_response, **_errors(_ERROR_WIS, *_TTS_ERRORS)},
+                "requestBody": multipart_body({"audio_file": {"type": "string", "format": "binary"}}, ["audio_file"]),
+                "responses": {"200": audio_response, **error_responses(ERROR_WIS, *_TTS_ERRORS)},
             }
         },
         "/v1/audio/speech": {
@@ -208,7 +169,7 @@ def _tts_paths() -> dict[str, Any]:
                             "text/event-stream": {"schema": {"type": "string"}},
                         },
                     },
-                    **_errors(_ERROR_OPENAI, *_TTS_ERRORS),
+                    **error_responses(ERROR_OPENAI, *_TTS_ERRORS),
                 },
             }
         },
@@ -216,8 +177,6 @@ def _tts_paths() -> dict[str, Any]:
 
 
 def spec() -> dict[str, Any]:
-    from mediaserver.openapi_llm import llm_paths
-
     return {
         "openapi": "3.1.0",
         "info": {
@@ -238,22 +197,22 @@ def spec() -> dict[str, Any]:
                     "summary": "Willow device ASR (chunked upload of one utterance)",
                     "parameters": [
                         *_WIS_QUERY,
-                        _h(
+                        header_param(
                             "x-audio-codec",
                             {"type": "string", "enum": ["pcm", "wav", "amrwb"]},
                             "default pcm",
                         ),
-                        _h("x-audio-sample-rate", {"type": "integer"}, "PCM rate, default 16000"),
-                        _h("x-audio-bits", {"type": "integer"}, "PCM sample width, default 16"),
-                        _h("x-audio-channel", {"type": "integer"}, "PCM channels, default 1"),
+                        header_param("x-audio-sample-rate", {"type": "integer"}, "PCM rate, default 16000"),
+                        header_param("x-audio-bits", {"type": "integer"}, "PCM sample width, default 16"),
+                        header_param("x-audio-channel", {"type": "integer"}, "PCM channels, default 1"),
                     ],
                     "requestBody": {
                         "required": True,
                         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
                     },
                     "responses": {
-                        "200": {"description": "transcript", **_json(_WIS_RESULT)},
-                        **_errors(_ERROR_WIS, 400, 401, 408, 413, 503, 504),
+                        "200": {"description": "transcript", **json_body(_WIS_RESULT)},
+                        **error_responses(ERROR_WIS, 400, 401, 408, 413, 503, 504),
                         "406": {"description": "voice not authorized", "content": {"text/plain": {}}},
                     },
                 }
@@ -262,23 +221,25 @@ def spec() -> dict[str, Any]:
                 "post": {
                     "summary": "WIS file ASR (multipart audio_file); always includes stats",
                     "parameters": _WIS_QUERY,
-                    "requestBody": _multipart({"audio_file": {"type": "string", "format": "binary"}}, ["audio_file"]),
+                    "requestBody": multipart_body(
+                        {"audio_file": {"type": "string", "format": "binary"}}, ["audio_file"]
+                    ),
                     "responses": {
-                        "200": {"description": "transcript with stats", **_json(_WIS_RESULT)},
-                        **_errors(_ERROR_WIS, 400, 401, 413, 503, 504),
+                        "200": {"description": "transcript with stats", **json_body(_WIS_RESULT)},
+                        **error_responses(ERROR_WIS, 400, 401, 413, 503, 504),
                     },
                 }
             },
             "/api/ping": {
                 "get": {
                     "summary": "liveness for WIS clients",
-                    "responses": {"200": {"description": "pong", **_json({"type": "object"})}},
+                    "responses": {"200": {"description": "pong", **json_body({"type": "object"})}},
                 }
             },
             "/v1/audio/transcriptions": {
                 "post": {
                     "summary": "OpenAI-compatible transcription",
-                    "requestBody": _multipart(
+                    "requestBody": multipart_body(
                         {
                             **_OPENAI_FIELDS,
                             "language": {"type": "string"},
@@ -292,19 +253,19 @@ def spec() -> dict[str, Any]:
                     "responses": {
                         "200": {
                             "description": "transcript in the requested format",
-                            **_json({"type": "object"}),
+                            **json_body({"type": "object"}),
                         },
-                        **_errors(_ERROR_OPENAI, 400, 401, 413, 503, 504),
+                        **error_responses(ERROR_OPENAI, 400, 401, 413, 503, 504),
                     },
                 }
             },
             "/v1/audio/translations": {
                 "post": {
                     "summary": "OpenAI-compatible translation to English",
-                    "requestBody": _multipart(dict(_OPENAI_FIELDS), ["file", "model"]),
+                    "requestBody": multipart_body(dict(_OPENAI_FIELDS), ["file", "model"]),
                     "responses": {
-                        "200": {"description": "English text", **_json({"type": "object"})},
-                        **_errors(_ERROR_OPENAI, 400, 401, 413, 503, 504),
+                        "200": {"description": "English text", **json_body({"type": "object"})},
+                        **error_responses(ERROR_OPENAI, 400, 401, 413, 503, 504),
                     },
                 }
             },
@@ -315,6 +276,7 @@ def spec() -> dict[str, Any]:
             "/health": {"get": {"summary": "health and loaded models", "responses": {"200": {"description": "ok"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "metrics"}}}},
             **llm_paths(),
+            **rtc_paths(),
         },
     }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mediaserver.openapi import _ERROR_OPENAI, _ERROR_WIS, _errors, _json, _q
+from mediaserver.openapi_schema import ERROR_OPENAI, ERROR_WIS, error_responses, json_body, query_param
 
 _MESSAGE = {
     "type": "object",
@@ -111,12 +111,21 @@ _EMBEDDINGS_RESPONSE = {
 }
 
 
+_CHATBOT_QUERY = [
+    {"name": "text", "in": "query", "required": True, "schema": {"type": "string"}},
+    query_param("max_new_tokens", {"type": "integer", "minimum": 1}, "at most llm_max_completion_tokens"),
+    query_param("temperature", {"type": "number"}, "sampling temperature"),
+    query_param("top_p", {"type": "number"}, "nucleus sampling"),
+    query_param("repetition_penalty", {"type": "number"}, "llama.cpp repeat penalty (embedded models)"),
+]
+
+
 def llm_paths() -> dict[str, Any]:
     return {
         "/v1/chat/completions": {
             "post": {
                 "summary": "OpenAI-compatible chat completion (SSE chat.completion.chunk events with stream=true)",
-                "requestBody": {"required": True, **_json(_CHAT_REQUEST)},
+                "requestBody": {"required": True, **json_body(_CHAT_REQUEST)},
                 "responses": {
                     "200": {
                         "description": "a chat.completion, or with stream=true an SSE stream ending 'data: [DONE]'",
@@ -125,44 +134,60 @@ def llm_paths() -> dict[str, Any]:
                             "text/event-stream": {"schema": {"type": "string"}},
                         },
                     },
-                    **_errors(_ERROR_OPENAI, 400, 401, 413, 503, 504),
-                    "502": {"description": "the upstream LLM failed or cannot be reached", **_json(_ERROR_OPENAI)},
+                    **error_responses(ERROR_OPENAI, 400, 401, 413, 503, 504),
+                    "502": {"description": "the upstream LLM failed or cannot be reached", **json_body(ERROR_OPENAI)},
                 },
             }
         },
         "/v1/embeddings": {
             "post": {
                 "summary": "OpenAI-compatible embeddings (llama.cpp embedding mode, micro-batched, cached)",
-                "requestBody": {"required": True, **_json(_EMBEDDINGS_REQUEST)},
+                "requestBody": {"required": True, **json_body(_EMBEDDINGS_REQUEST)},
                 "responses": {
-                    "200": {"description": "one vector per input", **_json(_EMBEDDINGS_RESPONSE)},
-                    **_errors(_ERROR_OPENAI, 400, 401, 413, 503),
+                    "200": {"description": "one vector per input", **json_body(_EMBEDDINGS_RESPONSE)},
+                    **error_responses(ERROR_OPENAI, 400, 401, 413, 503),
                 },
             }
         },
         "/api/chatbot": {
             "get": {
                 "summary": "WIS chatbot: one question, one answer",
-                "parameters": [
-                    {"name": "text", "in": "query", "required": True, "schema": {"type": "string"}},
-                    _q("max_new_tokens", {"type": "integer", "minimum": 1}, "at most llm_max_completion_tokens"),
-                    _q("temperature", {"type": "number"}, "sampling temperature"),
-                    _q("top_p", {"type": "number"}, "nucleus sampling"),
-                    _q("repetition_penalty", {"type": "number"}, "llama.cpp repeat penalty (embedded models)"),
-                ],
+                "parameters": _CHATBOT_QUERY,
                 "responses": {
                     "200": {
                         "description": "the answer",
-                        **_json({"type": "object", "properties": {"response": {"type": "string"}}}),
+                        **json_body({"type": "object", "properties": {"response": {"type": "string"}}}),
                     },
-                    **_errors(_ERROR_WIS, 400, 401, 503, 504),
+                    **error_responses(ERROR_WIS, 400, 401, 503, 504),
+                },
+            }
+        },
+        "/api/chatbot/tts": {
+            "get": {
+                "summary": "WIS chatbot, spoken: the answer as audio (streamed by sentence), its text in X-Response",
+                "parameters": [
+                    *_CHATBOT_QUERY,
+                    query_param("format", {"type": "string", "enum": ["WAV", "FLAC", "OGG", "MP3"]}, "any case"),
+                    query_param("speaker", {"type": "string"}, "a voice or alias, as for /api/tts"),
+                    query_param("language", {"type": "string"}, "pick a voice speaking this language"),
+                ],
+                "responses": {
+                    "200": {
+                        "description": "the answer spoken; X-Response holds its text (percent-encoded UTF-8)",
+                        "headers": {"X-Response": {"schema": {"type": "string"}}},
+                        "content": {
+                            t: {"schema": {"type": "string", "format": "binary"}}
+                            for t in ("audio/wav", "audio/flac", "audio/ogg", "audio/mpeg")
+                        },
+                    },
+                    **error_responses(ERROR_WIS, 400, 401, 503, 504),
                 },
             }
         },
         "/api/ws/chatbot": {
             "get": {
                 "summary": "WIS chatbot WebSocket: a text frame in (the question), a text frame out (the answer)",
-                "responses": {"101": {"description": "WebSocket upgrade"}, **_errors(_ERROR_WIS, 401, 503)},
+                "responses": {"101": {"description": "WebSocket upgrade"}, **error_responses(ERROR_WIS, 401, 503)},
             }
         },
     }

@@ -9,7 +9,7 @@ from mediaserver.capabilities import Capabilities
 from mediaserver.config import Settings
 from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics
-from mediaserver.sessions import SessionRegistry
+from mediaserver.session_registry import SessionRegistry
 from mediaserver.tts.service import TtsService
 
 SETTINGS = web.AppKey("settings", Settings)

@@ -9,14 +9,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
-import socket
 import wave
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jiwer
 import numpy as np
 import pytest
 import pytest_asyncio
@@ -32,6 +30,8 @@ from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics
 from mediaserver.transport.lenient_http import LenientAppRunner
 from mediaserver.tts.service import TtsService
+from tests import ports
+from tests.wer import word_error_rate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -43,22 +43,6 @@ SENTENCES = {
     "story": "The old lighthouse keeper walked slowly along the rocky shore.",
     "garden": "My neighbor planted tomatoes and beans in her small garden.",
 }
-
-_NORMALIZE = jiwer.Compose(
-    [
-        jiwer.ToLowerCase(),
-        jiwer.RemovePunctuation(),  # type: ignore[no-untyped-call]
-        jiwer.RemoveMultipleSpaces(),
-        jiwer.Strip(),
-        jiwer.ReduceToListOfListOfWords(),
-    ]
-)
-
-
-def word_error_rate(reference: str, hypothesis: str) -> float:
-    if not hypothesis.strip():
-        return 1.0
-    return float(jiwer.wer(reference, hypothesis, reference_transform=_NORMALIZE, hypothesis_transform=_NORMALIZE))
 
 
 @functools.cache
@@ -198,7 +182,7 @@ def noise(seconds: float, amplitude: float = 0.1, seed: int = 0) -> np.ndarray:
 @pytest.fixture(scope="session")
 def base_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(
-        preload_models=["tiny.en", "base"],
+        asr_preload_models=["tiny.en", "base"],
         model_cache_dir=Path.home() / ".cache" / "mediaserver" / "models",
         save_audio_dir=tmp_path_factory.mktemp("audio"),
         cert_dir=tmp_path_factory.mktemp("certs"),
@@ -282,10 +266,7 @@ async def server(server_factory: Callable[..., Any]) -> LiveServer:
 
 @pytest.fixture
 def free_port() -> Iterator[int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    yield port
+    yield ports.free_port()
 
 
 @pytest.fixture(scope="session")

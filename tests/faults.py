@@ -15,6 +15,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from mediaserver.tts.service import TtsService
+from mediaserver.tts.types import VoiceInfo
+
 # Libraries whose ERROR lines are the server's (the tests' own clients log elsewhere or not at all).
 SERVER_LOGGERS = ("mediaserver", "aiohttp", "aiortc", "aioice", "asyncio", "wyoming")
 
@@ -105,3 +108,12 @@ async def eventually(check: Callable[[], bool], timeout_s: float, interval_s: fl
             raise AssertionError(f"not true within {timeout_s:g} s")
         await asyncio.sleep(interval_s)
     return time.monotonic() - started
+
+
+async def one_sentence_later(tts: TtsService, voice: VoiceInfo) -> None:
+    """Synthesize one short sentence to its end on ``tts`` (a TtsService): a wait as long as a
+    sentence takes on this machine, however loaded, where a fixed sleep would be too short on a
+    slow machine to let wrongly started work show. It adds one to ``sentences_done``."""
+    async with tts.speak("One more.", voice) as speech:
+        async for _ in speech:
+            pass

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,14 +30,9 @@ from mediaserver.devices import choose_device
 from mediaserver.metrics import Metrics
 from mediaserver.tts.service import TtsService
 from tests.conftest import LiveServer
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_http_ok(url: str, timeout_s: float = 90.0, process: subprocess.Popen[bytes] | None = None) -> None:
@@ -124,7 +118,7 @@ def mediaserver_process(
     env = {
         "MEDIASERVER_WYOMING_ENABLED": "false",
         "MEDIASERVER_TTS_ENABLED": "false",
-        "MEDIASERVER_PRELOAD_MODELS": '["tiny.en"]',
+        "MEDIASERVER_ASR_PRELOAD_MODELS": '["tiny.en"]',
         "MEDIASERVER_SAVE_AUDIO_DIR": str(log_dir / f"{name}-audio"),
         "MEDIASERVER_CERT_DIR": str(log_dir / "no-certs"),
     }
@@ -139,7 +133,7 @@ async def front_server(
 ) -> AsyncIterator[LiveServer]:
     """An in-process server with its own ASR service built from settings (remote models cost nothing
     to load), sharing the session's TTS voice; on loopback, port 0."""
-    settings = base_settings.model_copy(update={"preload_models": [], **overrides})
+    settings = base_settings.model_copy(update={"asr_preload_models": [], **overrides})
     service = AsrService(settings, choose_device("cpu"), ModelRegistry(settings), Metrics())
     await service.start()
     app = create_app(settings, asr_service=service, tts_service=tts_service)

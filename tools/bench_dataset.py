@@ -115,25 +115,13 @@ def make_corpus(directory: Path, count: int) -> None:
 
 # --- scoring --------------------------------------------------------------------------------------
 
-_PUNCTUATION = re.compile(r"[^\w\s']")
-
-
-def normalize(text: str) -> str:
-    """The stated normalisation: lower case, punctuation except apostrophes removed, spaces collapsed."""
-    return " ".join(_PUNCTUATION.sub(" ", text.lower()).split())
-
 
 def error_rates(references: list[str], hypotheses: list[str]) -> tuple[float, float]:
-    """Corpus WER and CER (edits over all references' words / characters)."""
-    import jiwer
+    """Corpus WER and CER (edits over all references' words / characters), normalized as every
+    tool and test does (tests/wer.py: lower case, punctuation except apostrophes removed)."""
+    from tests.wer import corpus_error_rates
 
-    refs = [normalize(r) for r in references]
-    hyps = [normalize(h) for h in hypotheses]
-    keep = [i for i, r in enumerate(refs) if r]
-    refs, hyps = [refs[i] for i in keep], [hyps[i] for i in keep]
-    if not refs:
-        return 0.0, 0.0
-    return float(jiwer.wer(refs, hyps)), float(jiwer.cer(refs, hyps))
+    return corpus_error_rates(references, hypotheses) or (0.0, 0.0)
 
 
 # --- targets --------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def settle_rss_mb(pid: int, seconds: float = 3.0) -> float:
 
 
 def server_rss(preload: list[str], label: str) -> float:
-    env = ASR_ONLY | {"MEDIASERVER_PRELOAD_MODELS": json.dumps(preload)}
+    env = ASR_ONLY | {"MEDIASERVER_ASR_PRELOAD_MODELS": json.dumps(preload)}
     with child_server(REPO / "bench-results" / f"bench-memory-{label}.log", 300.0, env) as (_, process):
         return settle_rss_mb(process.pid)
 
@@ -148,7 +148,7 @@ def main() -> None:
     rows["tiny_en_mb"] = server_rss(["tiny.en"], "tiny")
     print("tiny.en + base, then sessions…", flush=True)
     env = ASR_ONLY | {
-        "MEDIASERVER_PRELOAD_MODELS": json.dumps(["tiny.en", "base"]),
+        "MEDIASERVER_ASR_PRELOAD_MODELS": json.dumps(["tiny.en", "base"]),
         "MEDIASERVER_MAX_SESSIONS": str(args.sessions + 10),
     }
     with child_server(REPO / "bench-results" / "bench-memory-sessions.log", 300.0, env) as (url, process):

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,11 +36,7 @@ if str(REPO) not in sys.path:
 
 import bench_dataset  # noqa: E402
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.ports import free_port  # noqa: E402
 
 
 def spawn(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:

@@ -116,7 +116,7 @@ async def in_process_server(workers: int, onnx_threads: int) -> AsyncIterator[st
     from mediaserver.transport.lenient_http import LenientAppRunner
 
     settings = Settings(
-        preload_models=[],
+        asr_preload_models=[],
         wyoming_enabled=False,
         tts_workers_per_voice=workers,
         tts_onnx_threads=onnx_threads,

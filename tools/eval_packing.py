@@ -34,27 +34,22 @@ import asyncio
 import json
 import os
 import random
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from speech_corpus import Utterance, fixtures, synthesize
 
-
-def normalize(text: str) -> str:
-    return " ".join(re.sub(r"[^\w\s']", " ", text.lower()).split())
+from tests import wer
+from tests.wer import normalize
 
 
 def corpus_wer(references: list[str], hypotheses: list[str]) -> float:
-    import jiwer
-
-    refs = [normalize(r) for r in references]
-    hyps = [normalize(h) for h in hypotheses]
-    return float(jiwer.wer(refs, hyps))
+    return wer.corpus_wer(references, hypotheses) or 0.0
 
 
 @dataclass

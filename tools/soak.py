@@ -313,18 +313,9 @@ class Sampler:
 
 
 def wer(references: list[str], hypotheses: list[str]) -> float:
-    import jiwer
+    from tests.wer import corpus_wer
 
-    norm = jiwer.Compose(
-        [
-            jiwer.ToLowerCase(),
-            jiwer.RemovePunctuation(),  # type: ignore[no-untyped-call]
-            jiwer.RemoveMultipleSpaces(),
-            jiwer.Strip(),
-            jiwer.ReduceToListOfListOfWords(),
-        ]
-    )
-    return float(jiwer.wer(references, hypotheses, reference_transform=norm, hypothesis_transform=norm))
+    return corpus_wer(references, hypotheses) or 0.0
 
 
 def plot(

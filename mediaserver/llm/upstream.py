@@ -18,7 +18,7 @@ from typing import Any
 import openai
 
 from mediaserver.config import Settings
-from mediaserver.errors import ApiError, InvalidParameter, Overloaded
+from mediaserver.errors import ApiError, GatewayTimeout, InvalidParameter, Overloaded
 from mediaserver.llm.types import BackendEvent, BackendKind, ChatRequest, Finished, FinishReason, TextDelta, Usage
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class UpstreamError(ApiError):
     code = "upstream_error"
 
 
-class UpstreamTimeout(ApiError):
+class UpstreamTimeout(GatewayTimeout):
     status = 504
     code = "upstream_timeout"
 

@@ -77,7 +77,7 @@ class AudioWork:
 
 class MessageSocket(Protocol):
     """What the shell needs of a connection: an aiohttp ``WebSocketResponse``, or a WebRTC data
-    channel made to look like one (transport/realtime/calls.py)."""
+    channel made to look like one (transport/openai/realtime/calls.py)."""
 
     @property
     def closed(self) -> bool: ...

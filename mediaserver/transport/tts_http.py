@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from mediaserver.errors import ApiError
+from mediaserver.errors import GatewayTimeout
 from mediaserver.state import CAPABILITIES, SETTINGS, TTS
 from mediaserver.tts.cache import cache_key
 from mediaserver.tts.encode import AudioFormat, StreamEncoder, output_rate
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.1
 
 
-class SynthesisTimeout(ApiError):
+class SynthesisTimeout(GatewayTimeout):
     status = 504
     code = "timeout"
 

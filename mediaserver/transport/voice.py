@@ -9,8 +9,8 @@ from aiohttp import web
 
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.turns import Assistant, AssistantOptions, assistant_options_from
-from mediaserver.session import Emit, StreamSession
 from mediaserver.state import CAPABILITIES, LLM, METRICS, SETTINGS, TTS
+from mediaserver.stream_session import Emit, StreamSession
 
 
 def make_assistant(

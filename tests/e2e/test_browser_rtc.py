@@ -3,7 +3,10 @@
 The fake microphone loops ``silence, sentence, silence`` (see conftest.py). The page's local
 microphone level (``client.micLevel()``, a WebAudio analyser on the capture track, which keeps
 running while the RTP sender is paused) tells where in that loop the browser is, so push-to-talk
-can start in the pause before the sentence and stop in the pause after it, as a person would.
+can start in the pause before the sentence and stop in the pause after it, as a person would. The
+key is pressed and released by the page itself, in the same step that sees the pause
+(``speech_then_silence(..., then_key=...)``): a release sent from the test afterwards could arrive
+late, after the looping file has started the sentence again, and the recording would hold it twice.
 
 Run with ``pytest -s tests/e2e`` to see the measured idle bitrate.
 """
@@ -35,7 +38,7 @@ SPEECH_DB = -45.0
 SILENCE_DB = -70.0
 
 _WAIT_SPEECH_THEN_SILENCE = """
-async ({speechDb, silenceDb, silenceMs, timeoutMs}) => {
+async ({speechDb, silenceDb, silenceMs, timeoutMs, thenKey}) => {
   const client = window.mediaserver.client;
   const t0 = performance.now();
   let heard = false;
@@ -49,7 +52,11 @@ async ({speechDb, silenceDb, silenceMs, timeoutMs}) => {
       quietSince = null;
     } else if (level < silenceDb) {
       if (quietSince === null) quietSince = now;
-      if (heard && now - quietSince >= silenceMs) return now - t0;
+      if (heard && now - quietSince >= silenceMs) {
+        // Press or release Space right here, with no round trip to the test in between.
+        if (thenKey) document.dispatchEvent(new KeyboardEvent(thenKey, {code: "Space", key: " ", bubbles: true}));
+        return now - t0;
+      }
     } else {
       quietSince = null;
     }
@@ -101,11 +108,18 @@ class Page:
     async def wait_for(self, js: str, timeout_s: float = 30.0) -> None:
         await self.page.wait_for_function(js, timeout=timeout_s * 1000)
 
-    async def speech_then_silence(self, silence_ms: int, timeout_s: float) -> None:
-        """Return once the microphone has carried speech and then ``silence_ms`` of silence."""
+    async def speech_then_silence(self, silence_ms: int, timeout_s: float, then_key: str | None = None) -> None:
+        """Return once the microphone has carried speech and then ``silence_ms`` of silence; with
+        ``then_key`` (``"keydown"``, ``"keyup"``), the page presses or releases Space at that moment."""
         await self.page.evaluate(
             _WAIT_SPEECH_THEN_SILENCE,
-            {"speechDb": SPEECH_DB, "silenceDb": SILENCE_DB, "silenceMs": silence_ms, "timeoutMs": timeout_s * 1000},
+            {
+                "speechDb": SPEECH_DB,
+                "silenceDb": SILENCE_DB,
+                "silenceMs": silence_ms,
+                "timeoutMs": timeout_s * 1000,
+                "thenKey": then_key,
+            },
         )
 
 
@@ -147,11 +161,9 @@ async def test_push_to_talk_transcribes_the_sentence(
     async with open_page(browser, f"{server.url}/rtc/") as page:
         await connect(page)
         # In the pause before a sentence: hold Space through the sentence, release in the next pause.
-        await page.speech_then_silence(300, timeout_s=2 * loop_s + 2)
-        await page.page.keyboard.down("Space")
+        await page.speech_then_silence(300, timeout_s=2 * loop_s + 2, then_key="keydown")
         await page.wait_for("window.mediaserver.state.recording", timeout_s=5)
-        await page.speech_then_silence(700, timeout_s=loop_s + 2)
-        await page.page.keyboard.up("Space")
+        await page.speech_then_silence(700, timeout_s=loop_s + 2, then_key="keyup")
         await page.wait_for("window.mediaserver.state.transcript.length > 0", timeout_s=30)
         state = await page.state()
         entry = first_text(state["transcript"])

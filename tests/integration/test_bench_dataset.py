@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from mediaserver.transport.wyoming import WYOMING_PORT
+from mediaserver.transport.wyoming.server import WYOMING_PORT
 from tests.conftest import SENTENCES, Clip, LiveServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ import pytest_asyncio
 
 from mediaserver.llm.service import LlmService
 from mediaserver.state import ASR, METRICS, SESSIONS
-from mediaserver.transport.wyoming import WYOMING_SERVER
+from mediaserver.transport.wyoming.server import WYOMING_SERVER
 from mediaserver.tts.service import TtsService
 from tests.conftest import Clip, LiveServer
 from tests.faults import abort_ws, eventually, requests_with_status, server_errors, session_tasks

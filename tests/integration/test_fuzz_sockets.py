@@ -22,8 +22,8 @@ import pytest_asyncio
 from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
 from mediaserver.state import SESSIONS
-from mediaserver.transport.wyoming import WyomingServer
-from mediaserver.transport.wyoming_framing import read_event
+from mediaserver.transport.wyoming.framing import read_event
+from mediaserver.transport.wyoming.server import WyomingServer
 from mediaserver.tts.service import TtsService
 from tests.conftest import SENTENCES, Clip, LiveServer
 from tests.faults import server_errors

@@ -24,8 +24,8 @@ from mediaserver.config import Settings
 from mediaserver.errors import Overloaded
 from mediaserver.events import TranscriptionOptions
 from mediaserver.state import SESSIONS
-from mediaserver.transport.realtime.session import max_message_bytes
-from mediaserver.transport.rtc_rtcp import quiet_idle_reports
+from mediaserver.transport.openai.realtime.session import max_message_bytes
+from mediaserver.transport.webrtc.rtcp import quiet_idle_reports
 from tests.conftest import LiveServer
 from tests.faults import eventually, server_errors
 from tests.rtc_peer import connect, connect_call, make_offer

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -33,22 +32,17 @@ from mediaserver.llm.service import LlmService
 from mediaserver.llm.types import ChatMessage
 from mediaserver.llm.upstream import UpstreamError
 from mediaserver.metrics import Metrics
+from tests.ports import bound_port, free_port
 
 UPSTREAM_MODEL = "smollm2-upstream"
 UPSTREAM_KEY = "upstream-secret"
 COLORS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three colors."}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def upstream_url() -> Iterator[str]:
     """llama-cpp-python's OpenAI-compatible server on the bundled GGUF."""
-    port = _free_port()
+    port = free_port()
     command = [
         sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_gguf()), "--model_alias", UPSTREAM_MODEL,
         "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", "1", "--verbose", "False",
@@ -179,7 +173,7 @@ async def test_upstream_400_is_the_clients_400(server_factory: Any, base_setting
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = bound_port(runner)
     settings = {"llm_upstream_url": f"http://127.0.0.1:{port}/v1", "llm_upstream_models": [UPSTREAM_MODEL]}
     service = await _service(base_settings, **settings)
     try:
@@ -207,7 +201,7 @@ async def test_wrong_upstream_key_is_502(base_settings: Settings, upstream_url: 
 
 
 async def test_upstream_down_is_502_naming_it(server_factory: Any, base_settings: Settings) -> None:
-    down_url = f"http://127.0.0.1:{_free_port()}/v1"  # nothing listens there any more
+    down_url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there any more
     settings = {
         "llm_upstream_url": down_url,
         "llm_upstream_models": [UPSTREAM_MODEL],
@@ -267,13 +261,13 @@ async def test_upstream_down_at_start_turns_the_llm_off_with_the_reason(
     """Without llm_upstream_models the app asks the upstream at start-up; down, the LLM is off (503)."""
     from mediaserver.app import create_app
 
-    down_url = f"http://127.0.0.1:{_free_port()}/v1"
+    down_url = f"http://127.0.0.1:{free_port()}/v1"
     settings = base_settings.model_copy(update={"llm_upstream_url": down_url, "llm_upstream_retries": 0})
     runner = web.AppRunner(create_app(settings, asr_service=asr_service))  # its own LLM service
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    url = f"http://127.0.0.1:{bound_port(runner)}"
     try:
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{url}/health") as resp:

@@ -14,11 +14,12 @@ from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
 from mediaserver.devices import choose_device
 from mediaserver.metrics import Metrics
+from tests.ports import bound_port
 
 
 async def test_full_queue_is_503_and_nothing_else_fails(base_settings: Settings, speech: Any, wer: Any) -> None:
     settings = base_settings.model_copy(
-        update={"asr_max_queue": 1, "asr_max_batch": 1, "asr_pack_windows": False, "preload_models": ["tiny.en"]}
+        update={"asr_max_queue": 1, "asr_max_batch": 1, "asr_pack_windows": False, "asr_preload_models": ["tiny.en"]}
     )
     service = AsrService(settings, choose_device("cpu"), ModelRegistry(settings), Metrics())
     await service.start()
@@ -26,7 +27,7 @@ async def test_full_queue_is_503_and_nothing_else_fails(base_settings: Settings,
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = bound_port(runner)
     body = speech("kitchen").pcm16k_bytes
     try:
         async with aiohttp.ClientSession() as session:

@@ -26,7 +26,8 @@ from mediaserver.state import ASR
 from mediaserver.tts.service import TtsService
 from tests.conftest import Clip, LiveServer
 from tests.integration.test_ws_stream import check_streamed_partials, connect, pcm16, silence
-from tests.processes import free_port, front_server, mediaserver_process, wait_http_ok
+from tests.ports import free_port
+from tests.processes import front_server, mediaserver_process, wait_http_ok
 
 KITCHEN = "Turn on the kitchen lights and close the garage door."
 

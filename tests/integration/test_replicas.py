@@ -31,7 +31,8 @@ from websockets.exceptions import ConnectionClosed
 from tests.conftest import Clip
 from tests.integration.test_rtc import push_to_talk
 from tests.integration.test_wyoming import home_assistant_stt
-from tests.processes import ManagedProcess, free_port, haproxy_process, mediaserver_process, wait_http_ok
+from tests.ports import free_port
+from tests.processes import ManagedProcess, haproxy_process, mediaserver_process, wait_http_ok
 from tests.rtc_peer import connect as rtc_connect
 
 KITCHEN = "Turn on the kitchen lights and close the garage door."

@@ -26,7 +26,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
 from mediaserver.languages import WHISPER_LANGUAGES
 from mediaserver.state import ASR, SETTINGS
-from mediaserver.transport.wyoming import WYOMING_PORT, WyomingServer, wyoming_ctx
+from mediaserver.transport.wyoming.server import WYOMING_PORT, WyomingServer, wyoming_ctx
 from tests.conftest import SENTENCES, Clip, noise
 
 HOST = "127.0.0.1"

@@ -24,7 +24,7 @@ from wyoming.tts import SynthesizeChunk, SynthesizeStart
 from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
 from mediaserver.state import ASR, SETTINGS
-from mediaserver.transport.wyoming import WYOMING_PORT, WYOMING_SERVER, WyomingServer, wyoming_ctx
+from mediaserver.transport.wyoming.server import WYOMING_PORT, WYOMING_SERVER, WyomingServer, wyoming_ctx
 from mediaserver.tts.service import TtsService
 
 HOST = "127.0.0.1"

@@ -14,7 +14,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.audio.segmenter import Utterance, VadSegmenter
 from mediaserver.config import Settings
 from mediaserver.events import Transcript, TranscriptionOptions
-from mediaserver.session import continuation, segmenter_config
+from mediaserver.stream_session import continuation, segmenter_config
 
 GUARDS = GuardConfig(max_words_per_s=6.0, repeat_min=3)
 

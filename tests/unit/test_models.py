@@ -90,7 +90,7 @@ def test_empty_request_is_the_default_model(registry: ModelRegistry, requested: 
 
 
 def test_default_follows_settings(tmp_path: Path) -> None:
-    registry = ModelRegistry(settings(tmp_path, default_model="base"))
+    registry = ModelRegistry(settings(tmp_path, asr_default_model="base"))
     assert registry.resolve(None) == "base"
     assert registry.resolve("whisper-1") == "base"
 
@@ -177,7 +177,7 @@ def test_clients_cannot_name_a_real_model_directory(registry: ModelRegistry) -> 
 
 def test_extra_model_local_directory(tmp_path: Path) -> None:
     assert TINY_EN is not None
-    registry = ModelRegistry(settings(tmp_path, extra_models={"mine": str(TINY_EN)}))
+    registry = ModelRegistry(settings(tmp_path, asr_extra_models={"mine": str(TINY_EN)}))
     assert registry.resolve("mine") == "mine"
     source = registry.source("mine")
     assert source.kind == "local"
@@ -189,7 +189,7 @@ def test_extra_model_local_directory(tmp_path: Path) -> None:
 def test_extra_model_huggingface_id(tmp_path: Path) -> None:
     repo = "Systran/faster-whisper-small"
     assert _hf_cached_path(repo) is None
-    registry = ModelRegistry(settings(tmp_path, extra_models={"whisper-small": repo}, allow_model_download=False))
+    registry = ModelRegistry(settings(tmp_path, asr_extra_models={"whisper-small": repo}, allow_model_download=False))
     assert registry.resolve("whisper-small") == "whisper-small"
     source = registry.source("whisper-small")
     assert (source.kind, source.location) == ("huggingface", repo)
@@ -202,7 +202,7 @@ def test_extra_model_huggingface_id(tmp_path: Path) -> None:
 @pytest.mark.parametrize("location", ["not a dir or repo", "/nonexistent/model/dir", "a/b/c", "./relative/dir"])
 def test_invalid_extra_model_location(tmp_path: Path, location: str) -> None:
     with pytest.raises(ValueError, match="'broken'"):
-        ModelRegistry(settings(tmp_path, extra_models={"broken": location}))
+        ModelRegistry(settings(tmp_path, asr_extra_models={"broken": location}))
 
 
 def test_directory_without_model_bin_is_not_a_model(tmp_path: Path) -> None:
@@ -210,7 +210,7 @@ def test_directory_without_model_bin_is_not_a_model(tmp_path: Path) -> None:
     empty.mkdir()
     (empty / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="neither a CTranslate2 directory"):
-        ModelRegistry(settings(tmp_path, extra_models={"x": str(empty)}))
+        ModelRegistry(settings(tmp_path, asr_extra_models={"x": str(empty)}))
 
 
 def test_materialize_bundled_tiny_en(registry: ModelRegistry) -> None:
@@ -225,10 +225,10 @@ def test_wis_fallback_is_consistent_without_bundled_models(tmp_path: Path, monke
     registry = ModelRegistry(
         settings(
             tmp_path,
-            default_model="custom",
+            asr_default_model="custom",
             translation_model="custom",
-            preload_models=["custom"],
-            extra_models={"custom": str(TINY_EN)},
+            asr_preload_models=["custom"],
+            asr_extra_models={"custom": str(TINY_EN)},
         )
     )
     assert registry.names() == ["custom"]
@@ -318,7 +318,7 @@ def test_multilingual_is_one_answer_for_every_kind_of_model(tmp_path: Path) -> N
     registry = ModelRegistry(
         settings(
             tmp_path,
-            extra_models={
+            asr_extra_models={
                 "on-disk": str(TINY_EN),  # read from its vocabulary
                 "small-en": "Systran/faster-distil-whisper-small.en",  # not downloaded: from its name
                 "medium": "Systran/faster-whisper-medium",

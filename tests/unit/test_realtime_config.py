@@ -9,7 +9,7 @@ import pytest
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
-from mediaserver.transport.realtime.config import (
+from mediaserver.transport.openai.realtime.config import (
     EventError,
     InputFormat,
     RealtimeConfig,
@@ -239,7 +239,7 @@ def test_default_config_from_the_url(settings: Settings, models: ModelRegistry) 
     assert default_config(settings, models, {}).resolved_model == "tiny.en"
     assert default_config(settings, models, {"model": "base"}).resolved_model == "base"
     assert default_config(settings, models, {"model": "gpt-realtime"}).resolved_model == "tiny.en"
-    assert default_config(settings, models, {"intent": "transcription"}).model == settings.default_model
+    assert default_config(settings, models, {"intent": "transcription"}).model == settings.asr_default_model
     with pytest.raises(InvalidParameter, match="intent must be 'transcription'"):
         default_config(settings, models, {"intent": "conversation"})
     with pytest.raises(InvalidParameter, match="unknown model 'nope'"):
@@ -252,4 +252,4 @@ def test_descriptions_in_both_shapes(base: RealtimeConfig, settings: Settings) -
     assert ga["audio"]["input"]["turn_detection"]["silence_duration_ms"] == settings.stream_vad_hangover_ms
     beta = base.describe_beta("sess_1", settings)
     assert beta["input_audio_format"] == "pcm16" and beta["modalities"] == ["text"]
-    assert beta["input_audio_transcription"]["model"] == settings.default_model
+    assert beta["input_audio_transcription"]["model"] == settings.asr_default_model

@@ -12,13 +12,13 @@ from mediaserver.assistant.audio_out import Mark
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.llm.types import ChatMessage
-from mediaserver.transport.realtime.config import EventError, InputFormat, default_config, session_kind
-from mediaserver.transport.realtime.conversation_config import (
+from mediaserver.transport.openai.realtime.config import EventError, InputFormat, default_config, session_kind
+from mediaserver.transport.openai.realtime.conversation_config import (
     ConversationConfig,
     parse_conversation_session,
     parse_response_options,
 )
-from mediaserver.transport.realtime.items import ROOT, Item, Items, parse_item
+from mediaserver.transport.openai.realtime.items import ROOT, Item, Items, parse_item
 
 VOICES = {"en_US-joe-medium", "alloy", "marin"}
 

@@ -1,4 +1,5 @@
-"""The idle-RTCP wrapper leans on aiortc internals: these fail when an aiortc upgrade moves them."""
+"""The aiortc patches (the idle-RTCP wrapper and the others) lean on aiortc internals: these fail
+when an aiortc upgrade moves them."""
 
 from __future__ import annotations
 
@@ -8,20 +9,29 @@ from aiortc.rtcrtpreceiver import RTCRtpReceiver
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.rtp import RtcpByePacket, RtcpReceiverInfo, RtcpRrPacket, RtcpSenderInfo, RtcpSrPacket
 
-from mediaserver.transport import rtc_rtcp
+from mediaserver.transport.webrtc import patches
+from mediaserver.transport.webrtc import rtcp as rtc_rtcp
+
+
+def test_every_patch_is_installed() -> None:
+    installed = patches.install()
+    assert installed == dict.fromkeys(
+        ("bye_filter", "connect_guard", "idle_rtcp_sender", "idle_rtcp_receiver", "receive_stamp"), True
+    )
+    assert patches.install() == installed  # idempotent
 
 
 def test_installed_on_both_report_loops() -> None:
-    assert rtc_rtcp.INSTALLED
-    for cls in (RTCRtpSender, RTCRtpReceiver):
-        assert getattr(cls._send_rtcp, "_mediaserver_idle_rtcp", False), cls
+    patches.install()
+    for cls, name in ((RTCRtpSender, "idle_rtcp_sender"), (RTCRtpReceiver, "idle_rtcp_receiver")):
+        assert getattr(cls._send_rtcp, "_mediaserver_patch", None) == name, cls
 
 
 def test_aiortc_loops_still_look_as_the_wrapper_expects() -> None:
     """Each report loop is ``_run_rtcp``, sleeps 0.5 + random() s (AIORTC_CADENCE_S on average), then
     builds an SR (sender) or RR (receiver) and hands it to ``self._send_rtcp``."""
     for cls, packet in ((RTCRtpSender, "RtcpSrPacket("), (RTCRtpReceiver, "RtcpRrPacket(")):
-        source = inspect.getsource(getattr(cls, rtc_rtcp._LOOP))
+        source = inspect.getsource(getattr(cls, rtc_rtcp.LOOP))
         assert "asyncio.sleep(0.5 + random.random())" in source, cls
         assert rtc_rtcp.AIORTC_CADENCE_S == 1.0
         assert packet in source and "await self._send_rtcp(" in source, cls

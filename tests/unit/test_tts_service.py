@@ -24,7 +24,8 @@ from mediaserver.tts.service import TextTooLong, TtsService
 from mediaserver.tts.text import split_sentences
 from mediaserver.tts.types import SynthesisParams, TtsChunk
 from mediaserver.tts.voices import UnknownVoice, VoiceRegistry
-from tests.conftest import word_error_rate
+from tests.faults import one_sentence_later
+from tests.wer import word_error_rate
 
 LONG = " ".join(f"This is sentence number {n} of a long answer." for n in range(1, 13))
 
@@ -89,8 +90,8 @@ async def test_leaving_drops_every_pending_sentence(tts_service: TtsService) -> 
     assert scheduler.open_streams == 0
     dropped = metric(tts_service, "mediaserver_tts_dropped_sentences_total", voice=voice.name) - dropped_before
     assert dropped >= 12 - 1 - tts_service.settings.tts_lookahead_sentences
-    await asyncio.sleep(1.5)  # what was running in a thread finishes; nothing new starts
-    assert scheduler.sentences_done - done_before <= 1 + tts_service.settings.tts_lookahead_sentences
+    await one_sentence_later(tts_service, voice)  # what was running in a thread finishes; nothing new starts
+    assert scheduler.sentences_done - done_before <= 1 + tts_service.settings.tts_lookahead_sentences + 1
 
 
 async def test_cancelling_the_consumer_drops_the_rest(tts_service: TtsService) -> None:
@@ -112,8 +113,8 @@ async def test_cancelling_the_consumer_drops_the_rest(tts_service: TtsService) -
     with pytest.raises(asyncio.CancelledError):
         await task
     assert scheduler.open_streams == 0
-    await asyncio.sleep(1.5)
-    assert scheduler.sentences_done - done <= tts_service.settings.tts_lookahead_sentences
+    await one_sentence_later(tts_service, voice)  # what was running finishes; nothing new starts
+    assert scheduler.sentences_done - done <= tts_service.settings.tts_lookahead_sentences + 1
 
 
 async def test_text_deltas_in_audio_out(tts_service: TtsService) -> None:

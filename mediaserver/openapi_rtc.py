@@ -1,0 +1,102 @@
+"""OpenAPI paths of the WebRTC signalling endpoints (/api/rtc/asr, /api/rtc/config, /v1/realtime/calls),
+merged by openapi.spec(). Media and events then flow over the peer connection, not HTTP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mediaserver.openapi_schema import ERROR_OPENAI, ERROR_WIS, error_responses, json_body, query_param
+
+_SDP = {"type": "string", "description": "an SDP session description"}
+_OFFER = {
+    "type": "object",
+    "required": ["sdp", "type"],
+    "properties": {"sdp": _SDP, "type": {"const": "offer"}},
+}
+_ANSWER = {
+    "type": "object",
+    "required": ["sdp", "type"],
+    "properties": {"sdp": _SDP, "type": {"const": "answer"}},
+}
+_STREAM_QUERY = [
+    query_param("model", {"type": "string"}, "ASR model name or alias"),
+    query_param("beam_size", {"type": "integer", "minimum": 1}, "beam width"),
+    query_param("language", {"type": "string"}, "Whisper language code (force_language is a synonym)"),
+    query_param("force_language", {"type": "string"}, "Whisper language code"),
+    query_param("detect_language", {"type": "boolean"}, "detect the spoken language"),
+    query_param("task", {"type": "string", "enum": ["transcribe", "translate"]}, "transcribe or translate"),
+    query_param("prompt", {"type": "string"}, "initial prompt for the decoder"),
+]
+
+
+def rtc_paths() -> dict[str, Any]:
+    return {
+        "/api/rtc/asr": {
+            "post": {
+                "summary": "WebRTC signalling: an SDP offer in, the answer out (no trickle ICE); then the WIS "
+                "data-channel protocol and the microphone track",
+                "parameters": _STREAM_QUERY,
+                "requestBody": {"required": True, **json_body(_OFFER)},
+                "responses": {
+                    "200": {"description": "the SDP answer", **json_body(_ANSWER)},
+                    **error_responses(ERROR_WIS, 400, 401, 503),
+                },
+            }
+        },
+        "/api/rtc/config": {
+            "get": {
+                "summary": "the ICE servers a browser should use (STUN, TURN with credentials)",
+                "responses": {
+                    "200": {
+                        "description": "RTCConfiguration.iceServers",
+                        **json_body(
+                            {
+                                "type": "object",
+                                "properties": {"iceServers": {"type": "array", "items": {"type": "object"}}},
+                            }
+                        ),
+                    }
+                },
+            }
+        },
+        "/v1/realtime/calls": {
+            "post": {
+                "summary": "OpenAI Realtime conversation over WebRTC: an SDP offer in, 201 with the answer out",
+                "parameters": [query_param("model", {"type": "string"}, "gpt-realtime or a chat model")],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/sdp": {"schema": _SDP},
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["sdp"],
+                                "properties": {
+                                    "sdp": _SDP,
+                                    "session": {"type": "string", "description": "the session configuration, JSON"},
+                                },
+                            }
+                        },
+                    },
+                },
+                "responses": {
+                    "201": {
+                        "description": "the SDP answer; Location names the call",
+                        "headers": {"Location": {"schema": {"type": "string"}}},
+                        "content": {"application/sdp": {"schema": _SDP}},
+                    },
+                    **error_responses(ERROR_OPENAI, 400, 401, 503),
+                },
+            }
+        },
+        "/v1/realtime/calls/{call_id}/hangup": {
+            "post": {
+                "summary": "end a Realtime call",
+                "parameters": [{"name": "call_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {
+                    "200": {"description": "the call is closed"},
+                    **error_responses(ERROR_OPENAI, 401, 404),
+                },
+            }
+        },
+    }

@@ -1,0 +1,1 @@
+"""OpenAI-compatible faces: audio transcriptions, speech, chat and embeddings, models, and Realtime."""

@@ -1,0 +1,59 @@
+"""JSON request bodies of the OpenAI faces: read once with a size limit, validated by a pydantic
+model, and every problem a 400 (or 413) in OpenAI's words naming the parameter."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
+from mediaserver.state import SETTINGS
+from mediaserver.transport.common import loads_json, read_body_limited
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+class RequestTooLarge(ApiError):
+    status = 413
+    code = "request_too_large"
+
+
+async def read_json_object(request: web.Request, *, max_bytes: int, setting: str) -> dict[str, Any]:
+    """The request body as a JSON object; past ``max_bytes`` (the setting named ``setting``) a 413."""
+    try:
+        raw = await read_body_limited(
+            request, max_bytes=max_bytes, idle_timeout_s=request.app[SETTINGS].body_read_timeout_s
+        )
+    except AudioTooLarge as exc:
+        raise RequestTooLarge(f"{exc.message} ({setting})") from None
+    try:
+        body = loads_json(raw)
+    except ValueError:
+        raise InvalidParameter("the request body is not valid JSON: send a JSON object", param="body") from None
+    if not isinstance(body, dict):
+        raise InvalidParameter("the request body must be a JSON object", param="body")
+    return body
+
+
+def validation_error(exc: ValidationError) -> InvalidParameter:
+    """pydantic's first complaint as a 400: ``param`` is the top-level field, the message names the
+    exact place (``messages[0].role``). pydantic tries each type of a union and reports each; the
+    first says enough."""
+    first = exc.errors()[0]
+    path = ""
+    for part in first["loc"]:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    param = path.split("[")[0].split(".")[0] or None
+    if first["type"] == "missing":
+        return InvalidParameter(f"missing required parameter: {path!r}", param=param)
+    message = first["msg"]
+    return InvalidParameter(f"invalid value for {path!r}: {message}" if path else message, param=param)
+
+
+def parse_body(model: type[Body], body: Any) -> Body:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None

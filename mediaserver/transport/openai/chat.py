@@ -1,0 +1,258 @@
+"""OpenAI chat and embeddings: POST /v1/chat/completions, POST /v1/embeddings.
+
+Shapes follow OpenAI's API so the official SDKs work with only ``base_url`` changed: streaming is
+SSE ``chat.completion.chunk`` events ending with ``data: [DONE]`` (and a usage chunk with
+``stream_options.include_usage``); errors are OpenAI error objects, also inside a stream that has
+already started. Request bodies are validated once, here, by pydantic models.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import secrets
+import time
+from typing import Any, Literal
+
+import numpy as np
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from mediaserver.errors import ApiError, InvalidParameter
+from mediaserver.llm.service import LlmStream
+from mediaserver.llm.types import ChatMessage, GenerationParams, Role
+from mediaserver.state import CAPABILITIES, LLM, SETTINGS
+from mediaserver.transport.openai.bodies import parse_body, read_json_object
+
+log = logging.getLogger(__name__)
+
+MAX_STOP_SEQUENCES = 4
+
+
+# --- request bodies ----------------------------------------------------------------------------
+class _Lenient(BaseModel):
+    # Fields OpenAI defines that do not change the answer here (user, metadata, store ...) are ignored.
+    model_config = ConfigDict(extra="ignore")
+
+
+class _TextPart(_Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class _Message(_Lenient):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[_TextPart]
+
+
+class _StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class _ChatBody(_Lenient):
+    model: str = Field(min_length=1)
+    messages: list[_Message] = Field(min_length=1)
+    stream: bool = False
+    stream_options: _StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = None
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+
+
+class _EmbeddingsBody(_Lenient):
+    model: str = Field(min_length=1)
+    input: str | list[str]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+
+
+async def _read_json(request: web.Request) -> dict[str, Any]:
+    return await read_json_object(
+        request, max_bytes=request.app[SETTINGS].llm_max_request_bytes, setting="llm_max_request_bytes"
+    )
+
+
+def _content(message: _Message) -> str:
+    if isinstance(message.content, str):
+        return message.content
+    return "".join(part.text for part in message.content)
+
+
+def parse_chat(body: Any) -> tuple[_ChatBody, list[ChatMessage], GenerationParams]:
+    chat = parse_body(_ChatBody, body)
+    if chat.n is not None and chat.n != 1:
+        raise InvalidParameter(f"n must be 1 on this server (one choice per request), got {chat.n}", param="n")
+    if chat.tools:
+        raise InvalidParameter("tools (function calling) are not supported by this server", param="tools")
+    if chat.response_format and chat.response_format.get("type", "text") != "text":
+        raise InvalidParameter("only response_format {'type': 'text'} is supported", param="response_format")
+    if chat.logprobs:
+        raise InvalidParameter("logprobs are not supported by this server", param="logprobs")
+    max_tokens = chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens
+    param = "max_completion_tokens" if chat.max_completion_tokens is not None else "max_tokens"
+    if max_tokens is not None and max_tokens <= 0:
+        raise InvalidParameter(f"{param} must be at least 1, got {max_tokens}", param=param)
+    stop = (chat.stop,) if isinstance(chat.stop, str) else tuple(chat.stop or ())
+    if len(stop) > MAX_STOP_SEQUENCES:
+        raise InvalidParameter(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stop)}", param="stop")
+    roles: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+    messages = [ChatMessage(roles[m.role], _content(m)) for m in chat.messages]
+    params = GenerationParams(
+        max_tokens=max_tokens, temperature=chat.temperature, top_p=chat.top_p, stop=stop, seed=chat.seed
+    )
+    return chat, messages, params
+
+
+# --- chat completions --------------------------------------------------------------------------
+def _usage_json(stream: LlmStream) -> dict[str, int] | None:
+    usage = stream.usage
+    if usage is None:
+        return None
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def _finish(stream: LlmStream) -> str:
+    return "length" if stream.finish_reason == "length" else "stop"
+
+
+def _param_error(exc: ApiError, param: str) -> ApiError:
+    """The service names ``max_tokens``; the client may have said ``max_completion_tokens``."""
+    if exc.param == "max_tokens" and param != "max_tokens":
+        return InvalidParameter(exc.message.replace("max_tokens", param), param=param)
+    return exc
+
+
+async def chat_completions_handler(request: web.Request) -> web.StreamResponse:
+    request.app[CAPABILITIES].require("llm")
+    llm = request.app[LLM]
+    chat, messages, params = parse_chat(await _read_json(request))
+    param = "max_completion_tokens" if chat.max_completion_tokens is not None else "max_tokens"
+    try:
+        stream = llm.stream(messages, params, model=chat.model)
+    except ApiError as exc:
+        raise _param_error(exc, param) from None
+    completion_id = "chatcmpl-" + secrets.token_hex(12)
+    created = int(time.time())
+    async with stream:
+        # The first delta (or the end) comes before any byte is sent, so a full queue, a prompt
+        # over the context window or an unreachable upstream is still a proper HTTP error.
+        first = await anext(stream, None)
+        if not chat.stream:
+            rest = "".join([delta async for delta in stream])
+            body = {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": stream.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": (first or "") + rest, "refusal": None},
+                        "logprobs": None,
+                        "finish_reason": _finish(stream),
+                    }
+                ],
+                "usage": _usage_json(stream),
+                "system_fingerprint": None,
+            }
+            return web.json_response(body)
+        return await _sse(request, stream, first, completion_id, created, chat)
+
+
+async def _sse(
+    request: web.Request, stream: LlmStream, first: str | None, completion_id: str, created: int, chat: _ChatBody
+) -> web.StreamResponse:
+    include_usage = chat.stream_options is not None and chat.stream_options.include_usage
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+
+    def chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
+        body: dict[str, Any] = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": stream.model,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if include_usage:
+            body["usage"] = None
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    try:
+        await response.write(chunk({"role": "assistant", "content": ""}))
+        if first is not None:
+            await response.write(chunk({"content": first}))
+            try:
+                async for delta in stream:
+                    await response.write(chunk({"content": delta}))
+            except ApiError as exc:  # a timeout or upstream failure after the stream started
+                error = {"message": exc.message, "type": "server_error", "param": exc.param, "code": exc.code}
+                await response.write(b"data: " + json.dumps({"error": error}).encode() + b"\n\n")
+                return response
+        await response.write(chunk({}, _finish(stream)))
+        if include_usage:
+            usage_chunk = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": stream.model,
+                "system_fingerprint": None,
+                "choices": [],
+                "usage": _usage_json(stream),
+            }
+            await response.write(b"data: " + json.dumps(usage_chunk).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:
+        # The client went away: leaving ``async with stream`` stops the generation.
+        log.info("chat completion %s: client disconnected mid-stream", completion_id)
+    return response
+
+
+# --- embeddings --------------------------------------------------------------------------------
+async def embeddings_handler(request: web.Request) -> web.Response:
+    request.app[CAPABILITIES].require("llm")
+    llm = request.app[LLM]
+    body = parse_body(_EmbeddingsBody, await _read_json(request))
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    result = await llm.embed(texts, model=body.model)
+    dimensions = len(result.vectors[0]) if result.vectors else 0
+    if body.dimensions is not None and body.dimensions != dimensions:
+        raise InvalidParameter(
+            f"dimensions must be {dimensions} for {result.model!r} (it cannot shorten its vectors)",
+            param="dimensions",
+        )
+    data = []
+    for index, vector in enumerate(result.vectors):
+        embedding: list[float] | str
+        if body.encoding_format == "base64":
+            embedding = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+        else:
+            embedding = [float(x) for x in vector]
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    return web.json_response(
+        {
+            "object": "list",
+            "data": data,
+            "model": result.model,
+            "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
+        }
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions_handler)
+    app.router.add_post("/v1/embeddings", embeddings_handler)

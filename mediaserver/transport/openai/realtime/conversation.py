@@ -1,0 +1,528 @@
+"""A Realtime conversation: the items, the one response at a time, and the voice loop behind them.
+
+A response is one turn of the session's ``Assistant`` (mediaserver/assistant): the conversation's
+items become its chat context, the response's options its per-turn options, and its events come
+back as server events. There is no second LLM→TTS pipeline here.
+
+Lifecycle of a response (GA names; beta clients get ``response.audio.delta``,
+``response.audio_transcript.delta``, ``response.text.delta`` and ``conversation.item.created``):
+``response.created`` (+ ``rate_limits.updated``) at once; when the user items it answers have their
+transcripts, ``response.output_item.added``, ``conversation.item.added``, ``response.content_part.added``;
+then ``response.output_audio_transcript.delta`` with the text as the LLM writes it and
+``response.output_audio.delta`` with base64 PCM16 (or ``response.output_text.delta`` for a text
+answer); at the end ``response.output_audio.done``, ``...transcript.done``, ``response.content_part.done``,
+``response.output_item.done``, ``conversation.item.done`` and ``response.done`` with the status
+(``completed``; ``incomplete`` when the token cap cut it; ``cancelled`` by the user speaking
+(``turn_detected``) or ``response.cancel`` (``client_cancelled``); ``failed`` with the error) and
+``usage``. A cancelled answer keeps, in its item and its ``.done`` events, the words whose audio was
+sent (the text deltas may have run ahead); ``conversation.item.truncate`` cuts it further to what
+the client played.
+
+Audio leaves in one of two ways. Over WebSocket (``deltas``) a sender drains the assistant's
+``AudioOut`` into delta events, at most ``realtime_audio_lead_ms`` ahead of real time, so a
+barge-in drops what the client has not received. Over WebRTC (``track``) the call's outbound track
+drains it, and the data channel gets ``output_audio_buffer.started`` / ``stopped`` / ``cleared``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from dataclasses import replace
+from typing import Any, Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from mediaserver.asr.service import AsrService
+from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.pacing import send_paced
+from mediaserver.assistant.turns import Assistant, AssistantOptions, TurnOutcome
+from mediaserver.audio.stream_decode import encode_g711
+from mediaserver.config import Settings
+from mediaserver.errors import ApiError
+from mediaserver.events import AssistantAudioStarted, AssistantText, Priority, SessionEvent
+from mediaserver.llm.types import ChatMessage
+from mediaserver.transport.openai.realtime.config import EventError, InputFormat, new_id
+from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, ResponseOptions
+from mediaserver.transport.openai.realtime.input_transcription import Host
+from mediaserver.transport.openai.realtime.items import ContentKind, Item, Items, NewItem, parse_item
+from mediaserver.transport.openai.realtime.responses import Response, describe_response, status_of
+
+log = logging.getLogger(__name__)
+
+AudioMode = Literal["deltas", "track"]
+MAX_FRAMES_PER_DELTA: Final = 5  # 100 ms of audio per response.output_audio.delta
+
+
+def _decode(fmt: InputFormat, audio: bytes) -> npt.NDArray[np.float32]:
+    decoder = fmt.decoder()
+    samples = decoder.decode(audio)
+    tail = decoder.flush()
+    return np.concatenate([samples, tail]) if tail.size else samples
+
+
+class Conversation:
+    """One session's conversation: items, the response in progress, and its audio out."""
+
+    def __init__(
+        self,
+        host: Host,
+        settings: Settings,
+        asr: AsrService,
+        assistant: Assistant,
+        config: ConversationConfig,
+        audio: AudioMode,
+    ) -> None:
+        self.host = host
+        self.settings = settings
+        self.asr = asr
+        self.assistant = assistant
+        self.config = config
+        self.audio = audio
+        self.items = Items(settings.realtime_max_items)
+        self.response: Response | None = None
+        self.responses = 0
+        self._sender: asyncio.Task[None] | None = None
+        self._closed = False
+        if audio == "deltas":
+            self._ensure_out(config.output_format)
+
+    @property
+    def conversation_id(self) -> str:
+        return f"conv_{self.host.id.removeprefix('sess_')}"
+
+    # --- names --------------------------------------------------------------------------------
+
+    def _added(self, item: Item, previous_item_id: str | None) -> None:
+        described = item.describe(beta=self.host.beta)
+        if self.host.beta:
+            self.host.send("conversation.item.created", previous_item_id=previous_item_id, item=described)
+        else:
+            self.host.send("conversation.item.added", previous_item_id=previous_item_id, item=described)
+
+    def _done(self, item: Item, previous_item_id: str | None) -> None:
+        if not self.host.beta:
+            self.host.send("conversation.item.done", previous_item_id=previous_item_id, item=item.describe(beta=False))
+
+    def _kind(self, ga: str, beta: str) -> str:
+        return beta if self.host.beta else ga
+
+    # --- the user's side ----------------------------------------------------------------------
+
+    def user_audio(self, item_id: str) -> str | None:
+        """A committed input audio buffer became a user item (its transcript follows)."""
+        return self.items.add(Item(item_id, "user", "input_audio", None))
+
+    def transcribed(self, item_id: str, transcript: str | None) -> None:
+        item = self.items.get(item_id)
+        if item is not None:
+            item.set_text(transcript or "")
+
+    async def create_item(self, new: NewItem, previous_item_id: str | None, client_event_id: str | None) -> None:
+        """``conversation.item.create``: text now, input audio once transcribed."""
+        self.items.check_insert(new.id, previous_item_id)
+        item_id = new.id or new_id("item")
+        if new.audio is None:
+            item = Item(item_id, new.role, new.kind, new.text or "")
+        else:
+            item = Item(item_id, "user", "input_audio", None)
+        previous = self.items.add(item, previous_item_id)
+        self._added(item, previous)
+        self._done(item, previous)
+        if new.audio is not None:
+            self.host.spawn(self._transcribe(item, new.audio, new.text), "realtime-item-transcribe")
+
+    async def _transcribe(self, item: Item, audio: bytes, text: str | None) -> None:
+        samples = await asyncio.to_thread(_decode, self.config.input.input_format, audio)  # up to 15 MiB
+        options = self.config.input.stream_options(self.settings).transcription
+        try:
+            result = await self.asr.transcribe(
+                samples, options, model=self.config.input.resolved_model, priority=Priority.FINAL
+            )
+        except ApiError as exc:
+            item.set_text(text or "")
+            kind = "invalid_request_error" if exc.status < 500 else "server_error"
+            self.host.send(
+                "conversation.item.input_audio_transcription.failed",
+                item_id=item.id,
+                content_index=0,
+                error={"type": kind, "code": exc.code, "message": exc.message, "param": None},
+            )
+            return
+        transcript = " ".join(t for t in (text, result.text.strip()) if t)
+        item.set_text(transcript)
+        self.host.send(
+            "conversation.item.input_audio_transcription.completed",
+            item_id=item.id,
+            content_index=0,
+            transcript=result.text.strip(),
+            usage={"type": "duration", "seconds": round(samples.size / 16000, 3)},
+        )
+
+    async def delete_item(self, item_id: str, client_event_id: str | None) -> None:
+        if item_id not in self.items:
+            raise EventError(
+                "item_delete_invalid_item_id",
+                f"Error deleting item: the item with id '{item_id}' does not exist.",
+                "item_id",
+            )
+        if self.response is not None and self.response.item is not None and self.response.item.id == item_id:
+            await self.cancel_response("client_cancelled")
+        self.items.delete(item_id)
+        self.host.send("conversation.item.deleted", item_id=item_id)
+
+    def retrieve_item(self, item_id: str) -> None:
+        item = self.items.get(item_id)
+        if item is None:
+            raise EventError(
+                "item_retrieve_invalid_item_id",
+                f"Error retrieving item: the item with id '{item_id}' does not exist.",
+                "item_id",
+            )
+        self.host.send("conversation.item.retrieved", item=item.describe(beta=self.host.beta))
+
+    async def truncate_item(self, item_id: str, content_index: int, audio_end_ms: int) -> None:
+        item = self.items.get(item_id)
+        if item is None:
+            raise EventError(
+                "item_truncate_invalid_item_id",
+                f"Error truncating item: the item with id '{item_id}' does not exist.",
+                "item_id",
+            )
+        if item.kind != "output_audio":
+            raise EventError("invalid_value", "Only model output audio messages can be truncated.", "item_id")
+        if content_index != 0:
+            raise EventError(
+                "invalid_value",
+                f"Invalid 'content_index': {content_index}. The item has one content part (0).",
+                "content_index",
+            )
+        if self.response is not None and self.response.item is item:
+            await self.cancel_response("client_cancelled")  # the client stopped playing it
+        if audio_end_ms > item.audio_ms:
+            raise EventError(
+                "invalid_value",
+                f"Audio content of {item.audio_ms}ms is already shorter than {audio_end_ms}ms",
+                "audio_end_ms",
+            )
+        item.truncate(audio_end_ms)
+        self.host.send(
+            "conversation.item.truncated", item_id=item_id, content_index=content_index, audio_end_ms=audio_end_ms
+        )
+
+    # --- responses ------------------------------------------------------------------------------
+
+    def _context_of(self, options: ResponseOptions) -> list[ChatMessage] | None:
+        """``response.input`` as chat messages (references to existing items, or text messages)."""
+        if options.input is None:
+            return None
+        context: list[ChatMessage] = []
+        for index, raw in enumerate(options.input):
+            param = f"response.input[{index}]"
+            if raw.get("type") == "item_reference":
+                ref = raw.get("id")
+                item = self.items.get(ref) if isinstance(ref, str) else None
+                if item is None:
+                    raise EventError(
+                        "invalid_value",
+                        f"Invalid '{param}.id': the item with id {ref!r} does not exist.",
+                        f"{param}.id",
+                    )
+                context += self.items.context([item.id])
+                continue
+            new = parse_item(raw, max_audio_bytes=0, param=param)
+            if new.text and new.text.strip():
+                context.append(ChatMessage(new.role, new.text.strip()))
+        return context
+
+    def _check_stages(self, options: ResponseOptions, client_event_id: str | None) -> bool:
+        why = self.assistant.unavailable("llm")
+        if why is not None:
+            self.host.send_error(
+                "feature_disabled",
+                f"This server cannot answer: the LLM is disabled ({why}).",
+                client_event_id=client_event_id,
+            )
+            return False
+        why = self.assistant.unavailable("tts")
+        if options.modality == "audio" and why is not None:
+            self.host.send_error(
+                "feature_disabled",
+                f"This server cannot speak answers: TTS is disabled ({why}). Ask for text instead: "
+                "output_modalities ['text'] (beta: modalities ['text']).",
+                param="session.output_modalities",
+                client_event_id=client_event_id,
+            )
+            return False
+        return True
+
+    async def create_response(
+        self,
+        options: ResponseOptions,
+        client_event_id: str | None = None,
+        *,
+        speech_ended_at: float | None = None,
+    ) -> None:
+        if self._closed:
+            return
+        if self.response is not None:
+            raise EventError(
+                "conversation_already_has_active_response",
+                f"Conversation already has an active response in progress: {self.response.id}. Wait until the "
+                "response is finished before creating a new one.",
+            )
+        context = self._context_of(options)
+        if not self._check_stages(options, client_event_id):
+            return
+        if options.in_conversation:
+            options = replace(options, conversation_id=self.conversation_id)
+        response = Response(new_id("resp"), options, context)
+        self.response = response
+        self.responses += 1
+        self.host.send("response.created", response=describe_response(response, "in_progress", beta=self.host.beta))
+        limit = options.max_output_tokens or self.settings.assistant_max_answer_tokens
+        self.host.send(
+            "rate_limits.updated",
+            rate_limits=[{"name": "tokens", "limit": limit, "remaining": limit, "reset_seconds": 0.0}],
+        )
+        response.task = self.host.spawn(self._run(response, speech_ended_at), "realtime-response")
+
+    async def auto_respond(self, speech_ended_at: float | None) -> None:
+        """Server VAD ended a user turn and its transcript is in: answer it (``create_response``)."""
+        turn = self.config.input.turn_detection
+        if turn is None or not turn.create_response:
+            return
+        if self.response is not None:
+            log.info("realtime session %s: still answering; no response for the new turn", self.host.id)
+            return
+        await self.create_response(ResponseOptions.of(self.config), speech_ended_at=speech_ended_at)
+
+    async def on_speech_started(self) -> None:
+        turn = self.config.input.turn_detection
+        if turn is not None and turn.interrupt_response and self.response is not None:
+            await self.cancel_response("turn_detected")
+
+    async def cancel_response(self, reason: str, *, from_client: bool = False, response_id: str | None = None) -> None:
+        """Stop the response in progress and wait until its ``response.done`` has been sent."""
+        response = self.response
+        if response is None or (response_id is not None and response_id != response.id):
+            if from_client:
+                raise EventError(
+                    "response_cancel_not_active",
+                    "Cancellation failed: no active response found",
+                    "response_id" if response_id is not None else None,
+                )
+            return
+        response.reason = response.reason or reason
+        if response.turn is not None:
+            await self.assistant.interrupt()
+        elif response.task is not None:
+            response.task.cancel()
+        if response.task is not None and response.task is not asyncio.current_task():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await response.task
+
+    def _assistant_options(self, options: ResponseOptions) -> AssistantOptions:
+        base = self.assistant.options
+        cap = self.settings.llm_max_completion_tokens
+        max_tokens = min(options.max_output_tokens, cap) if options.max_output_tokens else base.max_answer_tokens
+        return replace(
+            base,
+            system_prompt=options.instructions,
+            speak=options.modality == "audio",
+            voice=options.voice,
+            model=self.config.llm_model or base.model,
+            max_answer_tokens=max_tokens,
+            temperature=options.temperature if options.temperature is not None else base.temperature,
+            speed=options.speed,
+        )
+
+    async def _wait_for_transcripts(self) -> None:
+        pending = self.items.pending()
+        if not pending:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.assistant_turn_timeout_s):
+                for item in pending:
+                    await item.transcribed.wait()
+
+    async def _run(self, response: Response, speech_ended_at: float | None) -> None:
+        outcome: TurnOutcome | None = None
+        try:
+            if response.context is None:
+                await self._wait_for_transcripts()
+            context = response.context if response.context is not None else self.items.context()
+            if self.audio == "deltas" and response.options.modality == "audio":
+                self._ensure_out(response.options.output_format)
+            self._open(response)
+            response.turn = await self.assistant.respond(
+                context, self._assistant_options(response.options), speech_ended_at=speech_ended_at
+            )
+            outcome = await response.turn.outcome()
+        except asyncio.CancelledError:
+            outcome = None  # cancelled before the turn began (or the session is closing)
+        finally:
+            self._finish(response, outcome)
+
+    def _open(self, response: Response) -> None:
+        kind: ContentKind = "output_audio" if response.options.modality == "audio" else "output_text"
+        item = Item(new_id("item"), "assistant", kind, "", status="in_progress", rate_hz=self._out_rate())
+        response.item = item
+        self.host.send(
+            "response.output_item.added",
+            response_id=response.id,
+            output_index=0,
+            item=item.describe(beta=self.host.beta),
+        )
+        if response.options.in_conversation:
+            self._added(item, self.items.add(item))
+        part = {"type": "audio", "transcript": ""} if kind == "output_audio" else {"type": "text", "text": ""}
+        self.host.send(
+            "response.content_part.added",
+            response_id=response.id,
+            item_id=item.id,
+            output_index=0,
+            content_index=0,
+            part=part,
+        )
+
+    def _out_rate(self) -> int:
+        out = self.assistant.out
+        return out.sample_rate_hz if out is not None else 24000
+
+    def _finish(self, response: Response, outcome: TurnOutcome | None) -> None:
+        """Close the response's parts and send ``response.done`` (never awaits)."""
+        if self.response is response:
+            self.response = None
+        status, details = status_of(response, outcome)
+        item = response.item
+        send = self.host.send
+        ids = {"response_id": response.id}
+        if item is not None:
+            turn = response.turn
+            item.text = (outcome.text if status in ("completed", "incomplete") else outcome.heard) if outcome else ""
+            item.status = "completed" if status == "completed" else "incomplete"
+            if turn is not None and item.kind == "output_audio":
+                out = self.assistant.out
+                taken = out.taken_samples if out is not None else turn.start_sample
+                item.audio_samples = max(0, taken - turn.start_sample)
+                item.marks = tuple(
+                    replace(m, start=m.start - turn.start_sample, end=m.end - turn.start_sample) for m in turn.marks
+                )
+            part_ids = {**ids, "item_id": item.id, "output_index": 0, "content_index": 0}
+            text = item.text or ""
+            if item.kind == "output_audio":
+                send(self._kind("response.output_audio.done", "response.audio.done"), **part_ids)
+                send(
+                    self._kind("response.output_audio_transcript.done", "response.audio_transcript.done"),
+                    **part_ids,
+                    transcript=text,
+                )
+                part: dict[str, Any] = {"type": "audio", "transcript": text}
+            else:
+                send(self._kind("response.output_text.done", "response.text.done"), **part_ids, text=text)
+                part = {"type": "text", "text": text}
+            send("response.content_part.done", **part_ids, part=part)
+            described = item.describe(beta=self.host.beta)
+            send("response.output_item.done", **ids, output_index=0, item=described)
+            if response.options.in_conversation and item.id in self.items:
+                self._done(item, self.items.previous_id(item.id))
+        if self.audio == "track" and response.audio_started and status == "cancelled":
+            send("output_audio_buffer.cleared", **ids)
+        usage = outcome.usage if outcome is not None else None
+        send("response.done", response=describe_response(response, status, details, usage, beta=self.host.beta))
+        if self.audio == "track" and response.audio_started and status != "cancelled":
+            send("output_audio_buffer.stopped", **ids)
+
+    # --- the assistant's events -----------------------------------------------------------------
+
+    async def on_assistant_event(self, event: SessionEvent) -> None:
+        response = self.response
+        if response is None or response.turn is None or response.item is None:
+            return
+        if getattr(event, "turn", None) != response.turn.number:
+            return
+        if isinstance(event, AssistantText) and event.delta:
+            kind = (
+                self._kind("response.output_audio_transcript.delta", "response.audio_transcript.delta")
+                if response.item.kind == "output_audio"
+                else self._kind("response.output_text.delta", "response.text.delta")
+            )
+            self.host.send(
+                kind,
+                response_id=response.id,
+                item_id=response.item.id,
+                output_index=0,
+                content_index=0,
+                delta=event.delta,
+            )
+        elif isinstance(event, AssistantAudioStarted):
+            response.audio_started = True
+            if self.audio == "track":
+                self.host.send("output_audio_buffer.started", response_id=response.id)
+
+    # --- audio out over the socket ----------------------------------------------------------------
+
+    def _ensure_out(self, fmt: InputFormat) -> None:
+        rate = fmt.rate_hz
+        out = self.assistant.out
+        if out is not None and out.sample_rate_hz == rate and self._sender is not None and not self._sender.done():
+            return
+        if out is not None:
+            out.close()
+        out = AudioOut(rate)
+        self.assistant.out = out
+        self._sender = self.host.spawn(self._send_audio(out), "realtime-audio-out")
+
+    async def _send_audio(self, out: AudioOut) -> None:
+        """Frames → delta events, paced at most ``realtime_audio_lead_ms`` ahead of real time."""
+        lead_s = self.settings.realtime_audio_lead_ms / 1000.0
+        await send_paced(out, self._send_delta, lead_s=lead_s, max_frames=MAX_FRAMES_PER_DELTA)
+
+    def _send_delta(self, pcm: bytes) -> None:
+        response = self.response
+        if response is None or response.item is None:
+            return
+        fmt = response.options.output_format
+        data = pcm if fmt.is_pcm else encode_g711(pcm, "ulaw" if fmt.type == "audio/pcmu" else "alaw")
+        self.host.send(
+            self._kind("response.output_audio.delta", "response.audio.delta"),
+            response_id=response.id,
+            item_id=response.item.id,
+            output_index=0,
+            content_index=0,
+            delta=base64.b64encode(data).decode("ascii"),
+        )
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        response = self.response
+        if response is not None and response.task is not None:
+            response.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await response.task
+        await self.assistant.aclose()
+
+
+class VoiceTurns:
+    """The session core's view of a conversation (``StreamSession.assistant``): a final transcript
+    of server VAD creates a response when ``create_response`` is on."""
+
+    def __init__(self, conversation: Conversation) -> None:
+        self.conversation = conversation
+
+    async def answer(self, user_text: str, *, speech_ended_at: float | None = None) -> None:
+        await self.conversation.auto_respond(speech_ended_at)
+
+    async def interrupt(self) -> bool:
+        active = self.conversation.response is not None
+        await self.conversation.cancel_response("turn_detected")
+        return active
+
+    def observe_transcript(self, seconds: float) -> None:
+        self.conversation.assistant.observe_transcript(seconds)

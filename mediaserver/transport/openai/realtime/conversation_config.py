@@ -1,0 +1,363 @@
+"""Conversation session configuration: ``session.update`` of a ``realtime`` session (GA nested and
+beta flat shapes) → a typed ``ConversationConfig``, and ``response.create`` → ``ResponseOptions``.
+
+Pure functions, like ``config`` (which parses the input side both session kinds share): every shape
+and error text is unit-tested directly (tests/unit/test_realtime_conversation_config.py).
+
+What maps onto the voice loop: ``instructions`` is the system prompt, ``output_modalities``
+(beta ``modalities``) chooses a spoken or a text answer, ``voice`` (OpenAI's names are aliases of the
+default voice) and ``speed`` go to TTS, ``max_output_tokens`` caps the answer, beta ``temperature``
+is the LLM's. ``tools``, ``tool_choice``, ``tracing``, ``truncation``, ``prompt``, ``reasoning`` and
+``noise_reduction`` are accepted, echoed where OpenAI echoes them, and not acted on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, Literal
+
+from mediaserver.asr.models import ModelRegistry
+from mediaserver.config import Settings
+from mediaserver.transport.openai.realtime.config import (
+    EventError,
+    InputFormat,
+    RealtimeConfig,
+    as_object,
+    integer,
+    number,
+    parse_format,
+    parse_input,
+    type_name,
+)
+
+Modality = Literal["text", "audio"]
+MAX_OUTPUT_TOKENS: Final = 4096  # OpenAI's cap on max_output_tokens
+MIN_SPEED: Final = 0.25
+MAX_SPEED: Final = 1.5
+MAX_METADATA_PAIRS: Final = 16
+OUTPUT_FORMAT: Final = InputFormat("audio/pcm", 24000)
+
+# Checks a voice name against the TTS registry; raises EventError for an unknown one.
+VoiceCheck = Callable[[str, str], None]
+# True when the LLM registry knows the name.
+LlmCheck = Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class ConversationConfig:
+    """A conversation session's effective configuration (what ``session.updated`` describes)."""
+
+    input: RealtimeConfig
+    model: str  # the realtime model name clients see
+    llm_model: str | None  # the LLM registry's name, None = the assistant's default
+    instructions: str
+    voice: str  # as the client named it
+    modality: Modality = "audio"
+    speed: float = 1.0
+    max_output_tokens: int | None = None  # None = "inf" (the server's cap)
+    temperature: float | None = None  # beta only; None = the server's
+    output_format: InputFormat = OUTPUT_FORMAT
+    tools: tuple[Any, ...] = ()
+    tool_choice: Any = "auto"
+
+    @property
+    def turn_detection_on(self) -> bool:
+        return self.input.turn_detection is not None
+
+    def describe_ga(self, session_id: str, settings: Settings) -> dict[str, Any]:
+        turn = self.input.turn_detection
+        return {
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": session_id,
+            "model": self.model,
+            "output_modalities": [self.modality],
+            "instructions": self.instructions,
+            "audio": {
+                "input": {
+                    "format": self.input.input_format.ga(),
+                    "transcription": {
+                        "model": self.input.model,
+                        "language": self.input.language,
+                        "prompt": self.input.prompt or "",
+                    },
+                    "noise_reduction": None,
+                    "turn_detection": turn.describe(settings, conversation=True) if turn is not None else None,
+                },
+                "output": {"format": self.output_format.ga(), "voice": self.voice, "speed": self.speed},
+            },
+            "tools": list(self.tools),
+            "tool_choice": self.tool_choice,
+            "max_output_tokens": "inf" if self.max_output_tokens is None else self.max_output_tokens,
+            "tracing": None,
+            "truncation": "auto",
+            "prompt": None,
+            "include": list(self.input.include) if self.input.include is not None else None,
+            "expires_at": 0,
+        }
+
+    def describe_beta(self, session_id: str, settings: Settings) -> dict[str, Any]:
+        turn = self.input.turn_detection
+        return {
+            "id": session_id,
+            "object": "realtime.session",
+            "model": self.model,
+            "modalities": ["text"] if self.modality == "text" else ["audio", "text"],
+            "instructions": self.instructions,
+            "voice": self.voice,
+            "input_audio_format": self.input.input_format.beta(),
+            "output_audio_format": self.output_format.beta(),
+            "input_audio_transcription": {
+                "model": self.input.model,
+                "language": self.input.language,
+                "prompt": self.input.prompt or "",
+            },
+            "turn_detection": turn.describe(settings, conversation=True) if turn is not None else None,
+            "input_audio_noise_reduction": None,
+            "tools": list(self.tools),
+            "tool_choice": self.tool_choice,
+            "temperature": self.temperature if self.temperature is not None else 0.8,
+            "max_response_output_tokens": "inf" if self.max_output_tokens is None else self.max_output_tokens,
+            "speed": self.speed,
+            "tracing": None,
+        }
+
+
+@dataclass(frozen=True)
+class ResponseOptions:
+    """One response's parameters: the session's, with what ``response.create`` overrides."""
+
+    instructions: str
+    voice: str
+    modality: Modality = "audio"
+    speed: float = 1.0
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    output_format: InputFormat = OUTPUT_FORMAT
+    metadata: Mapping[str, str] | None = None
+    in_conversation: bool = True  # conversation "auto"; "none" keeps the output out of it
+    input: tuple[Mapping[str, Any], ...] | None = None  # its own context instead of the conversation
+    conversation_id: str | None = field(default=None, compare=False)
+
+    @classmethod
+    def of(cls, config: ConversationConfig) -> ResponseOptions:
+        return cls(
+            instructions=config.instructions,
+            voice=config.voice,
+            modality=config.modality,
+            speed=config.speed,
+            max_output_tokens=config.max_output_tokens,
+            temperature=config.temperature,
+            output_format=config.output_format,
+        )
+
+    def describe(self, *, beta: bool) -> dict[str, Any]:
+        """The response object's settings (``response.created`` / ``response.done`` add the rest)."""
+        limit: int | str = "inf" if self.max_output_tokens is None else self.max_output_tokens
+        if beta:
+            return {
+                "modalities": ["text"] if self.modality == "text" else ["audio", "text"],
+                "voice": self.voice,
+                "output_audio_format": self.output_format.beta(),
+                "temperature": self.temperature if self.temperature is not None else 0.8,
+                "max_output_tokens": limit,
+            }
+        return {
+            "output_modalities": [self.modality],
+            "audio": {"output": {"format": self.output_format.ga(), "voice": self.voice}},
+            "max_output_tokens": limit,
+        }
+
+
+# --- parsing ------------------------------------------------------------------------------------------
+
+
+def _string(value: object, param: str) -> str:
+    if not isinstance(value, str):
+        raise EventError(
+            "invalid_type", f"Invalid type for '{param}': expected a string, but got {type_name(value)}.", param
+        )
+    return value
+
+
+def _modality(value: object, param: str) -> Modality:
+    if not isinstance(value, list) or not value or not all(v in ("text", "audio") for v in value):
+        raise EventError(
+            "invalid_value",
+            f"Invalid '{param}': {value!r}. Supported values are: ['audio'] and ['text'].",
+            param,
+        )
+    return "audio" if "audio" in value else "text"
+
+
+def _voice(value: object, param: str, check: VoiceCheck) -> str:
+    if isinstance(value, dict) and isinstance(value.get("id"), str):
+        value = value["id"]  # a custom voice object {"id": ...} names a voice too
+    name = _string(value, param).strip()
+    if not name:
+        raise EventError("invalid_value", f"Invalid '{param}': the voice name is empty.", param)
+    check(name, param)
+    return name
+
+
+def _max_tokens(value: object, param: str) -> int | None:
+    if value == "inf" or value is None:
+        return None
+    return integer(value, param, 1, MAX_OUTPUT_TOKENS)
+
+
+def _metadata(value: object, param: str) -> Mapping[str, str] | None:
+    if value is None:
+        return None
+    spec = as_object(value, param)
+    if len(spec) > MAX_METADATA_PAIRS or not all(
+        isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in spec.items()
+    ):
+        raise EventError(
+            "invalid_value",
+            f"Invalid '{param}': at most {MAX_METADATA_PAIRS} pairs of strings (keys up to 64 characters, "
+            "values up to 512).",
+            param,
+        )
+    return dict(spec)
+
+
+def parse_conversation_session(
+    session: Mapping[str, Any],
+    base: ConversationConfig,
+    models: ModelRegistry,
+    *,
+    check_voice: VoiceCheck,
+    is_llm: LlmCheck,
+) -> ConversationConfig:
+    """Apply a ``session`` object (GA nested or beta flat shape) to ``base``; all or nothing."""
+    session_type = session.get("type")
+    if session_type is not None and session_type != "realtime":
+        raise EventError(
+            "invalid_value",
+            f"Invalid 'session.type': {session_type!r}. This connection runs a conversation (session.type = "
+            "'realtime'); a transcription session is a connection with ?intent=transcription.",
+            "session.type",
+        )
+    changes: dict[str, Any] = {"input": parse_input(session, base.input, models)}
+    if "model" in session:
+        model = _string(session["model"], "session.model").strip()
+        if model and is_llm(model):
+            changes.update(model=model, llm_model=model)
+        elif model.lower().startswith("gpt-"):
+            changes.update(model=model, llm_model=None)
+        elif model:
+            raise EventError("model_not_found", f"Invalid 'session.model': unknown model {model!r}.", "session.model")
+    if "instructions" in session:
+        changes["instructions"] = _string(session["instructions"], "session.instructions")
+    # GA
+    if "output_modalities" in session:
+        changes["modality"] = _modality(session["output_modalities"], "session.output_modalities")
+    if "audio" in session:
+        audio = as_object(session["audio"], "session.audio")
+        if "output" in audio:
+            output = as_object(audio["output"], "session.audio.output")
+            if "format" in output:
+                changes["output_format"] = parse_format(output["format"], "session.audio.output.format")
+            if "voice" in output:
+                changes["voice"] = _voice(output["voice"], "session.audio.output.voice", check_voice)
+            if "speed" in output:
+                changes["speed"] = number(output["speed"], "session.audio.output.speed", MIN_SPEED, MAX_SPEED)
+    if "max_output_tokens" in session:
+        changes["max_output_tokens"] = _max_tokens(session["max_output_tokens"], "session.max_output_tokens")
+    # beta
+    if "modalities" in session:
+        changes["modality"] = _modality(session["modalities"], "session.modalities")
+    if "voice" in session:
+        changes["voice"] = _voice(session["voice"], "session.voice", check_voice)
+    if "output_audio_format" in session:
+        changes["output_format"] = parse_format(session["output_audio_format"], "session.output_audio_format")
+    if "speed" in session:
+        changes["speed"] = number(session["speed"], "session.speed", MIN_SPEED, MAX_SPEED)
+    if "max_response_output_tokens" in session:
+        changes["max_output_tokens"] = _max_tokens(
+            session["max_response_output_tokens"], "session.max_response_output_tokens"
+        )
+    if "temperature" in session:
+        changes["temperature"] = number(session["temperature"], "session.temperature", 0.0, 2.0)
+    # accepted, echoed, not acted on
+    if "tools" in session:
+        tools = session["tools"]
+        if tools is not None and not isinstance(tools, list):
+            raise EventError(
+                "invalid_type",
+                f"Invalid type for 'session.tools': expected an array, but got {type_name(tools)}.",
+                "session.tools",
+            )
+        changes["tools"] = tuple(tools or ())
+    if "tool_choice" in session:
+        changes["tool_choice"] = session["tool_choice"]
+    return replace(base, **changes)
+
+
+def parse_response_options(
+    response: object, session: ConversationConfig, *, check_voice: VoiceCheck
+) -> ResponseOptions:
+    """``response.create``'s ``response`` object (GA or beta) over the session's settings."""
+    options = ResponseOptions.of(session)
+    if response is None:
+        return options
+    spec = as_object(response, "response")
+    changes: dict[str, Any] = {}
+    if "instructions" in spec:
+        changes["instructions"] = _string(spec["instructions"], "response.instructions")
+    if "output_modalities" in spec:
+        changes["modality"] = _modality(spec["output_modalities"], "response.output_modalities")
+    if "modalities" in spec:
+        changes["modality"] = _modality(spec["modalities"], "response.modalities")
+    if "audio" in spec:
+        audio = as_object(spec["audio"], "response.audio")
+        if "output" in audio:
+            output = as_object(audio["output"], "response.audio.output")
+            if "format" in output:
+                changes["output_format"] = parse_format(output["format"], "response.audio.output.format")
+            if "voice" in output:
+                changes["voice"] = _voice(output["voice"], "response.audio.output.voice", check_voice)
+    if "voice" in spec:
+        changes["voice"] = _voice(spec["voice"], "response.voice", check_voice)
+    if "output_audio_format" in spec:
+        changes["output_format"] = parse_format(spec["output_audio_format"], "response.output_audio_format")
+    for key in ("max_output_tokens", "max_response_output_tokens"):
+        if key in spec:
+            changes["max_output_tokens"] = _max_tokens(spec[key], f"response.{key}")
+    if "temperature" in spec:
+        changes["temperature"] = number(spec["temperature"], "response.temperature", 0.0, 2.0)
+    if "metadata" in spec:
+        changes["metadata"] = _metadata(spec["metadata"], "response.metadata")
+    if "conversation" in spec:
+        conversation = spec["conversation"]
+        if conversation not in ("auto", "none", None):
+            raise EventError(
+                "invalid_value",
+                f"Invalid 'response.conversation': {conversation!r}. Supported values are: 'auto' and 'none'.",
+                "response.conversation",
+            )
+        changes["in_conversation"] = conversation != "none"
+    if "input" in spec and spec["input"] is not None:
+        items = spec["input"]
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+            raise EventError(
+                "invalid_type", "Invalid type for 'response.input': expected an array of items.", "response.input"
+            )
+        changes["input"] = tuple(items)
+    return replace(options, **changes)
+
+
+def default_conversation(
+    settings: Settings, config: RealtimeConfig, llm_model: str | None, model: str | None
+) -> ConversationConfig:
+    """A new conversation session: the voice loop's settings, in OpenAI's terms."""
+    return ConversationConfig(
+        input=config,
+        model=model or "gpt-realtime",
+        llm_model=llm_model,
+        instructions=settings.assistant_system_prompt,
+        voice=settings.assistant_voice or settings.tts_default_voice,
+        modality="audio" if settings.assistant_speak else "text",
+    )

@@ -1,0 +1,35 @@
+"""What the app knows that Realtime configuration is checked against: its LLM models and TTS voices."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from mediaserver.errors import UnknownModel
+from mediaserver.state import CAPABILITIES, LLM, TTS
+from mediaserver.transport.openai.realtime.config import EventError
+
+
+def check_voice(app: web.Application, name: str, param: str) -> None:
+    """An unknown voice is an ``invalid_value`` error (a Piper voice the server may download is known)."""
+    tts = app.get(TTS)
+    if tts is None or not app[CAPABILITIES].enabled("tts"):
+        return  # a response that asks for audio reports the missing stage
+    if tts.voices.find(name) is None and not tts.voices.downloadable(name):
+        voices = ", ".join(tts.voices.names()) or "none"
+        raise EventError(
+            "invalid_value",
+            f"Invalid '{param}': unknown voice {name!r}. Voices: {voices}, and OpenAI's voice names.",
+            param,
+        )
+
+
+def is_llm_model(app: web.Application, name: str) -> bool:
+    """The app's LLM registry knows ``name`` (a model or an alias)."""
+    llm = app.get(LLM)
+    if llm is None:
+        return False
+    try:
+        llm.sources.resolve(name)
+    except UnknownModel:
+        return False
+    return True

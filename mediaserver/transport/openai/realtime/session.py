@@ -1,0 +1,561 @@
+"""One Realtime WebSocket connection: client events in, server events out (see the package docstring)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiohttp import web
+
+from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.config import Settings
+from mediaserver.errors import ApiError
+from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent, SpeechStarted
+from mediaserver.state import ASR
+from mediaserver.stream_session import Emit, StreamSession
+from mediaserver.transport.openai.realtime.config import (
+    EventError,
+    RealtimeConfig,
+    SessionKind,
+    as_object,
+    integer,
+    new_id,
+    parse_session,
+    type_name,
+)
+from mediaserver.transport.openai.realtime.conversation import AudioMode, Conversation, VoiceTurns
+from mediaserver.transport.openai.realtime.conversation_config import (
+    ConversationConfig,
+    ResponseOptions,
+    parse_conversation_session,
+    parse_response_options,
+)
+from mediaserver.transport.openai.realtime.input_transcription import AudioInput, InputTranscription
+from mediaserver.transport.openai.realtime.items import NewItem, parse_item, required_id
+from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
+from mediaserver.transport.socket_session import Limits, MessageSocket, SocketSession
+from mediaserver.transport.voice import make_assistant
+
+log = logging.getLogger(__name__)
+
+MAX_AUDIO_BYTES_PER_EVENT: Final = 15 * 1024 * 1024
+# base64 of the largest append plus room for the JSON around it; larger frames close the socket (1009).
+MAX_FRAME_BYTES: Final = (MAX_AUDIO_BYTES_PER_EVENT + 2) // 3 * 4 + 1024 * 1024
+MIN_COMMIT_MS: Final = 100  # OpenAI's minimum for input_audio_buffer.commit
+MAX_BUFFER_S: Final = 10 * 60  # audio in one append, and uncommitted audio in manual mode
+MAX_BACKLOG_S: Final = 15 * 60  # audio decoded by the reader but not yet fed by the worker
+MAX_QUEUED_WORK: Final = 8192
+MAX_QUEUED_EVENTS: Final = 10000  # server events a client has not read yet; beyond: closed
+MAX_RETIRED_STREAMS: Final = 4
+
+
+def max_message_bytes(settings: Settings) -> int:
+    """The largest client event taken: ``ws_max_message_bytes``, and never less than one full append."""
+    return max(settings.ws_max_message_bytes, MAX_FRAME_BYTES)
+
+
+# Client events of the full Realtime API that a transcription session has no use for.
+_UNSUPPORTED_EVENTS: Final = frozenset(
+    {
+        "conversation.item.create",
+        "conversation.item.retrieve",
+        "conversation.item.truncate",
+        "conversation.item.delete",
+        "response.create",
+        "response.cancel",
+        "output_audio_buffer.clear",
+    }
+)
+_SUPPORTED_EVENTS: Final = (
+    "session.update",
+    "transcription_session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "input_audio_buffer.clear",
+)
+_CONVERSATION_EVENTS: Final = (
+    "session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "input_audio_buffer.clear",
+    "conversation.item.create",
+    "conversation.item.retrieve",
+    "conversation.item.truncate",
+    "conversation.item.delete",
+    "response.create",
+    "response.cancel",
+    "output_audio_buffer.clear",
+)
+
+
+@dataclass(frozen=True)
+class _Configure:
+    config: RealtimeConfig
+    reply: str  # "session.updated" or "transcription_session.updated"
+    conversation: ConversationConfig | None = None
+
+
+@dataclass(frozen=True)
+class _Commit:
+    client_event_id: str | None
+
+
+@dataclass(frozen=True)
+class _Clear:
+    pass
+
+
+@dataclass(frozen=True)
+class _CreateItem:
+    item: NewItem
+    previous_item_id: str | None
+    client_event_id: str | None
+
+
+@dataclass(frozen=True)
+class _ItemOp:
+    op: str  # "delete", "retrieve", "truncate"
+    item_id: str
+    client_event_id: str | None
+    content_index: int = 0
+    audio_end_ms: int = 0
+
+
+@dataclass(frozen=True)
+class _CreateResponse:
+    options: ResponseOptions
+    client_event_id: str | None
+
+
+@dataclass(frozen=True)
+class _CancelResponse:
+    response_id: str | None
+    client_event_id: str | None
+    from_client: bool = True  # response.cancel (an error when nothing runs), not output_audio_buffer.clear
+
+
+_Work = _Configure | _Commit | _Clear | _CreateItem | _ItemOp | _CreateResponse | _CancelResponse
+
+
+class RealtimeSession(SocketSession):
+    """One Realtime connection: the OpenAI event format over a ``SocketSession``.
+
+    It owns a ``StreamSession`` per turn-detection setting (a segmenter is fixed for a stream's
+    life; the retired ones still deliver their queued finals) and the input items' bookkeeping; a
+    conversation session also owns a ``Conversation`` (items, responses, the assistant).
+    """
+
+    kind = "realtime"
+
+    def __init__(
+        self,
+        app: web.Application,
+        ws: MessageSocket,
+        settings: Settings,
+        config: RealtimeConfig,
+        *,
+        beta: bool,
+        conversation: ConversationConfig | None = None,
+        audio: AudioMode = "deltas",
+        audio_out: AudioOut | None = None,
+        session_id: str | None = None,
+    ) -> None:
+        limits = Limits(
+            MAX_QUEUED_WORK, MAX_BACKLOG_S, MAX_QUEUED_EVENTS, settings.ws_idle_timeout_s, max_message_bytes(settings)
+        )
+        super().__init__(app, ws, settings, session_id or new_id("sess"), limits)
+        self.asr = app[ASR]
+        self.models = self.asr.models
+        self.beta = beta  # send beta event names (conversation.item.created)
+        # The reader's view: what the latest valid session.update said.
+        self.config = config
+        self.conversation_config = conversation
+        self._decoder = config.input_format.decoder()
+        self._buffered_ms = 0.0  # manual mode: uncommitted audio
+        # The worker's view.
+        self._applied = config
+        self._segmenter = config.segmenter(settings)
+        self._fed_samples = 0
+        self.conversation: Conversation | None = None
+        if conversation is not None:
+            assistant = make_assistant(app, self.id, self._on_assistant_event, audio_out, {})
+            self.conversation = Conversation(self, settings, self.asr, assistant, conversation, audio)
+        self.items = InputTranscription(self, self.conversation)
+        self.stream = self._new_stream(config)
+        self._retired: list[StreamSession] = []
+
+    @property
+    def session_kind(self) -> SessionKind:
+        return "transcription" if self.conversation is None else "conversation"
+
+    async def _on_assistant_event(self, event: SessionEvent) -> None:
+        if self.conversation is not None:
+            await self.conversation.on_assistant_event(event)
+
+    def _new_stream(self, config: RealtimeConfig) -> StreamSession:
+        """A StreamSession for one turn-detection setting (its segmenter and mode are fixed for its life)."""
+        offset_ms = self._fed_samples * 1000 // SAMPLE_RATE_HZ
+        emit = self._emitter(offset_ms, server_vad=config.server_vad)
+        stream = StreamSession(
+            self.asr, self.settings, emit, session_id=self.id, segmenter=config.segmenter(self.settings)
+        )
+        stream.configure(config.stream_options(self.settings))
+        if not config.server_vad:
+            stream.start_recording()
+        if self.conversation is not None:
+            # Finals create responses through the session core; barge-in is handled in the emitter,
+            # after input_audio_buffer.speech_started has been sent.
+            stream.assistant = VoiceTurns(self.conversation)
+            stream.barge_in = False
+        return stream
+
+    def _emitter(self, offset_ms: int, *, server_vad: bool) -> Emit:
+        async def emit(event: SessionEvent) -> None:
+            self.items.on_event(event, offset_ms, server_vad=server_vad)
+            if self.conversation is not None and isinstance(event, SpeechStarted):
+                await self.conversation.on_speech_started()
+
+        return emit
+
+    async def close_streams(self) -> None:
+        if self.conversation is not None:
+            await self.conversation.aclose()
+        for stream in (self.stream, *self._retired):
+            await stream.aclose()
+
+    def summary(self) -> str:
+        responses = f", {self.conversation.responses} responses" if self.conversation is not None else ""
+        return f"{self.items.items_completed} items{responses}, {self._fed_samples / SAMPLE_RATE_HZ:.1f} s audio"
+
+    # --- sending ------------------------------------------------------------------------------------
+
+    def send(self, kind: str, **fields: Any) -> None:
+        """Queue a server event (never awaits, so a cancelled caller cannot lose half of an item)."""
+        self.send_json({"type": kind, "event_id": new_id("event"), **fields})
+
+    def send_error(
+        self,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        client_event_id: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        self.send(
+            "error",
+            error={"type": kind, "code": code, "message": message, "param": param, "event_id": client_event_id},
+        )
+
+    def send_session(self, kind: str, config: RealtimeConfig, conversation: ConversationConfig | None = None) -> None:
+        if conversation is not None:
+            describe = conversation.describe_beta if self.beta else conversation.describe_ga
+            self.send(kind, session=describe(self.id, self.settings))
+        elif kind.startswith("transcription_session."):
+            self.send(kind, session=config.describe_beta(self.id, self.settings))
+        else:
+            self.send(kind, session=config.describe_ga(self.id, self.settings))
+
+    def on_idle(self, idle_s: float) -> None:
+        self.send_error("idle_timeout", f"No client event for {idle_s:g} s; closing the session.")
+
+    def on_worker_failed(self) -> None:
+        self.send_error("internal_error", "Internal server error; closing the session.", kind="server_error")
+
+    # --- reading ------------------------------------------------------------------------------------
+
+    async def on_binary(self, data: bytes) -> None:
+        self.send_error("invalid_type", "Binary messages are not supported; send JSON events as text.")
+
+    async def on_text(self, data: str) -> None:
+        try:
+            event = json.loads(data)
+        except (ValueError, RecursionError):
+            self.send_error("invalid_json", "The client event is not valid JSON; expected a JSON object.")
+            return
+        if not isinstance(event, dict):
+            self.send_error("invalid_json", "The client event must be a JSON object with a string 'type'.")
+            return
+        raw_id = event.get("event_id")
+        client_event_id = raw_id if isinstance(raw_id, str) else None
+        try:
+            self._dispatch(event)
+        except EventError as exc:
+            self.send_error(exc.code, exc.message, param=exc.param, client_event_id=client_event_id, kind=exc.kind)
+
+    def _dispatch(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        if kind is None:
+            raise EventError("missing_required_parameter", "Missing required parameter: 'type'.", "type")
+        if not isinstance(kind, str):
+            raise EventError(
+                "invalid_type", f"Invalid type for 'type': expected a string, but got {type_name(kind)}.", "type"
+            )
+        raw_id = event.get("event_id")
+        client_event_id = raw_id if isinstance(raw_id, str) else None
+        if kind == "input_audio_buffer.append":
+            self._append(event)
+        elif kind == "session.update" or (kind == "transcription_session.update" and self.conversation is None):
+            self._update(event, kind)
+        elif kind == "input_audio_buffer.commit":
+            self._commit(event)
+        elif kind == "input_audio_buffer.clear":
+            self._decoder.reset()
+            self._buffered_ms = 0.0
+            self._enqueue(_Clear())
+        elif self.conversation is not None and kind in _CONVERSATION_EVENTS:
+            self._enqueue(self._conversation_work(kind, event, client_event_id))
+        elif kind in _UNSUPPORTED_EVENTS:
+            raise EventError("unsupported_event", f"'{kind}' is not supported in a transcription session.", "type")
+        else:
+            names = _CONVERSATION_EVENTS if self.conversation is not None else _SUPPORTED_EVENTS
+            supported = ", ".join(f"'{k}'" for k in names)
+            raise EventError("invalid_value", f"Invalid value: {kind!r}. Supported values are: {supported}.", "type")
+
+    def _conversation_work(self, kind: str, event: Mapping[str, Any], client_event_id: str | None) -> _Work:
+        """Validate a conversation event at once (reader side); the worker applies it in order."""
+        assert self.conversation_config is not None
+        if kind == "conversation.item.create":
+            if "item" not in event:
+                raise EventError("missing_required_parameter", "Missing required parameter: 'item'.", "item")
+            previous = event.get("previous_item_id")
+            if previous is not None and not isinstance(previous, str):
+                raise EventError(
+                    "invalid_type", "Invalid type for 'previous_item_id': expected a string.", "previous_item_id"
+                )
+            return _CreateItem(
+                parse_item(event["item"], max_audio_bytes=MAX_AUDIO_BYTES_PER_EVENT), previous, client_event_id
+            )
+        if kind in ("conversation.item.delete", "conversation.item.retrieve"):
+            return _ItemOp(kind.rsplit(".", 1)[1], required_id(event, "item_id"), client_event_id)
+        if kind == "conversation.item.truncate":
+            item_id = required_id(event, "item_id")
+            for key in ("content_index", "audio_end_ms"):
+                if key not in event:
+                    raise EventError("missing_required_parameter", f"Missing required parameter: '{key}'.", key)
+            content_index = integer(event["content_index"], "content_index", 0, 1_000_000)
+            audio_end_ms = integer(event["audio_end_ms"], "audio_end_ms", 0, 2**31)
+            return _ItemOp("truncate", item_id, client_event_id, content_index, audio_end_ms)
+        if kind == "response.create":
+            options = parse_response_options(
+                event.get("response"), self.conversation_config, check_voice=self._check_voice
+            )
+            return _CreateResponse(options, client_event_id)
+        if kind == "output_audio_buffer.clear" and self.conversation is not None and self.conversation.audio != "track":
+            raise EventError(
+                "unsupported_event",
+                "'output_audio_buffer.clear' is for WebRTC calls; over WebSocket send "
+                "'response.cancel' and 'conversation.item.truncate'.",
+                "type",
+            )
+        response_id = event.get("response_id")  # response.cancel, output_audio_buffer.clear
+        if response_id is not None and not isinstance(response_id, str):
+            raise EventError("invalid_type", "Invalid type for 'response_id': expected a string.", "response_id")
+        return _CancelResponse(response_id, client_event_id, kind == "response.cancel")
+
+    def _check_voice(self, name: str, param: str) -> None:
+        check_voice(self.app, name, param)
+
+    def _is_llm(self, name: str) -> bool:
+        return is_llm_model(self.app, name)
+
+    def _enqueue(self, work: _Work) -> None:
+        if not self.enqueue(work):
+            raise EventError("overloaded", "Too many queued client events; slow down.", kind="server_error")
+
+    def _enqueue_audio(self, samples: AudioArray) -> None:
+        if not self.enqueue_audio(samples):
+            raise EventError(
+                "overloaded", "The server is behind by too much audio; the audio was dropped.", kind="server_error"
+            )
+
+    def _update(self, event: Mapping[str, Any], kind: str) -> None:
+        if "session" not in event:
+            raise EventError("missing_required_parameter", "Missing required parameter: 'session'.", "session")
+        session = as_object(event["session"], "session")
+        conversation: ConversationConfig | None = None
+        if self.conversation_config is not None:
+            conversation = parse_conversation_session(
+                session, self.conversation_config, self.models, check_voice=self._check_voice, is_llm=self._is_llm
+            )
+            config = conversation.input
+        else:
+            config = parse_session(session, self.config, self.models)
+        if kind == "transcription_session.update":
+            self.beta = True
+        if config.input_format != self.config.input_format or config.server_vad != self.config.server_vad:
+            self._decoder = config.input_format.decoder()
+            self._buffered_ms = 0.0
+        self.config = config
+        self.conversation_config = conversation
+        self._enqueue(_Configure(config, kind.replace(".update", ".updated"), conversation))
+
+    def _append(self, event: Mapping[str, Any]) -> None:
+        audio = event.get("audio")
+        if audio is None:
+            raise EventError("missing_required_parameter", "Missing required parameter: 'audio'.", "audio")
+        if not isinstance(audio, str):
+            raise EventError(
+                "invalid_type",
+                f"Invalid type for 'audio': expected a base64 string, but got {type_name(audio)}.",
+                "audio",
+            )
+        if len(audio) * 3 // 4 > MAX_AUDIO_BYTES_PER_EVENT + 2:
+            raise EventError(
+                "audio_too_large",
+                f"Invalid 'audio': an append carries at most {MAX_AUDIO_BYTES_PER_EVENT} bytes of audio.",
+                "audio",
+            )
+        try:
+            data = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise EventError(
+                "invalid_value", "Invalid 'audio': not valid base64-encoded audio bytes.", "audio"
+            ) from None
+        if len(data) > MAX_AUDIO_BYTES_PER_EVENT:
+            raise EventError(
+                "audio_too_large",
+                f"Invalid 'audio': an append carries at most {MAX_AUDIO_BYTES_PER_EVENT} bytes of audio.",
+                "audio",
+            )
+        if not data:
+            return
+        fmt = self.config.input_format
+        duration_ms = len(data) / fmt.bytes_per_sample / fmt.rate_hz * 1000.0
+        if duration_ms > MAX_BUFFER_S * 1000 or (
+            not self.config.server_vad and self._buffered_ms + duration_ms > MAX_BUFFER_S * 1000
+        ):
+            raise EventError(
+                "audio_too_large",
+                f"The input audio buffer holds at most {MAX_BUFFER_S} s of audio; commit or clear it. "
+                "The audio was dropped.",
+                "audio",
+            )
+        if self.backlog_s_after(duration_ms / 1000.0) > MAX_BACKLOG_S:
+            raise EventError(
+                "overloaded", "The server is behind by too much audio; the audio was dropped.", kind="server_error"
+            )
+        samples = self._decoder.decode(data)
+        if samples.size == 0:
+            return
+        self._enqueue_audio(samples)
+        if not self.config.server_vad:
+            self._buffered_ms += duration_ms
+
+    def _commit(self, event: Mapping[str, Any]) -> None:
+        raw_id = event.get("event_id")
+        client_event_id = raw_id if isinstance(raw_id, str) else None
+        if not self.config.server_vad:
+            if self._buffered_ms < MIN_COMMIT_MS:
+                raise EventError(
+                    "input_audio_buffer_commit_empty",
+                    f"Error committing input audio buffer: buffer too small. Expected at least {MIN_COMMIT_MS}ms "
+                    f"of audio, but buffer only has {self._buffered_ms:.2f}ms of audio.",
+                )
+            self._buffered_ms = 0.0
+            tail = self._decoder.flush()
+            if tail.size:
+                self._enqueue_audio(tail)
+        self._enqueue(_Commit(client_event_id))
+
+    # --- the worker ---------------------------------------------------------------------------------
+
+    async def feed(self, samples: AudioArray) -> None:
+        self._fed_samples += samples.size
+        await self.stream.feed(samples)
+
+    async def apply(self, work: _Work) -> None:
+        if isinstance(work, _Configure):
+            await self._apply(work.config)
+            if self.conversation is not None and work.conversation is not None:
+                self.conversation.config = work.conversation
+            self.send_session(work.reply, work.config, work.conversation)
+        elif isinstance(work, _Commit):
+            await self._commit_buffer(work.client_event_id)
+        elif isinstance(work, _Clear):
+            self.stream.clear()
+            self.items.drop_speaking()
+            self.send("input_audio_buffer.cleared")
+        else:
+            try:
+                await self._apply_conversation(work)
+            except EventError as exc:
+                self.send_error(exc.code, exc.message, param=exc.param, client_event_id=work.client_event_id)
+
+    async def _apply_conversation(self, work: _CreateItem | _ItemOp | _CreateResponse | _CancelResponse) -> None:
+        conversation = self.conversation
+        assert conversation is not None
+        if isinstance(work, _CreateItem):
+            await conversation.create_item(work.item, work.previous_item_id, work.client_event_id)
+        elif isinstance(work, _ItemOp):
+            if work.op == "delete":
+                await conversation.delete_item(work.item_id, work.client_event_id)
+            elif work.op == "retrieve":
+                conversation.retrieve_item(work.item_id)
+            else:
+                await conversation.truncate_item(work.item_id, work.content_index, work.audio_end_ms)
+        elif isinstance(work, _CreateResponse):
+            await conversation.create_response(work.options, work.client_event_id)
+        else:
+            await conversation.cancel_response(
+                "client_cancelled", from_client=work.from_client, response_id=work.response_id
+            )
+
+    async def _apply(self, config: RealtimeConfig) -> None:
+        old = self._applied
+        self._applied = config
+        segmenter = config.segmenter(self.settings)
+        if segmenter == self._segmenter and config.server_vad == old.server_vad:
+            self.stream.configure(config.stream_options(self.settings))
+            return
+        # Turn detection changed. A StreamSession's segmenter and mode are fixed: finish the utterance
+        # being spoken, drop uncommitted manual audio, and start a new one. The old one still delivers
+        # its queued finals (their items complete) and is closed with the session.
+        if self.stream.options.server_vad and self.stream.in_speech:
+            await self._commit_buffer(None)
+        self.stream.clear()
+        self.items.drop_speaking()
+        self._retired.append(self.stream)
+        if len(self._retired) > MAX_RETIRED_STREAMS:
+            self.spawn(self._retired.pop(0).aclose(), "realtime-retire")
+        self._segmenter = segmenter
+        self.stream = self._new_stream(config)
+
+    async def _commit_buffer(self, client_event_id: str | None) -> None:
+        if self.stream.options.server_vad:
+            item = self.items.speaking
+            if item is None or not self.stream.in_speech:
+                self.send_error(
+                    "input_audio_buffer_commit_empty",
+                    "Error committing input audio buffer: no speech in the buffer (server VAD commits by itself).",
+                    client_event_id=client_event_id,
+                )
+                return
+            await self._transcribe(item, self.stream.commit)
+            return
+        item = AudioInput(new_id("item"))
+        self.items.committed(item)
+        final = await self._transcribe(item, self.stream.stop_recording)
+        self.stream.start_recording()
+        if final is not None:
+            self.items.completed(item, final)
+
+    async def _transcribe(
+        self, item: AudioInput, finish: Callable[[], Awaitable[FinalTranscript | None]]
+    ) -> FinalTranscript | None:
+        """Run a commit (``StreamSession.commit`` / ``stop_recording``); a failure fails the item."""
+        self.items.muted_errors += 1  # the failure is reported on the item, not as a loose error event
+        try:
+            return await finish()
+        except ApiError as exc:
+            self.items.failed(
+                item, exc.code, exc.message, "invalid_request_error" if exc.status < 500 else "server_error"
+            )
+        finally:
+            self.items.muted_errors -= 1
+        return None

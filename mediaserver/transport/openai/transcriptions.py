@@ -1,0 +1,161 @@
+"""OpenAI audio REST API: /v1/audio/transcriptions, /v1/audio/translations.
+
+Shapes follow the OpenAI spec (shared/reference/protocols.md) so the official SDKs work with only
+``base_url`` changed. OpenAI model names (``whisper-1`` ...) map to the server's default model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from aiohttp import web
+
+from mediaserver.audio.decode import decode_any
+from mediaserver.errors import InvalidParameter
+from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, Task, Transcript, TranscriptionOptions
+from mediaserver.languages import language_name
+from mediaserver.state import ASR, METRICS, SETTINGS
+from mediaserver.transport.common import parse_float, parse_language, read_multipart
+
+RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+GRANULARITIES = ("word", "segment")
+
+
+def _timestamp(seconds: float, *, decimal: str) -> str:
+    millis = max(0, round(seconds * 1000))
+    hours, millis = divmod(millis, 3_600_000)
+    minutes, millis = divmod(millis, 60_000)
+    secs, millis = divmod(millis, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal}{millis:03d}"
+
+
+def to_srt(transcript: Transcript) -> str:
+    blocks = []
+    for index, seg in enumerate(transcript.segments, start=1):
+        start = _timestamp(seg.start_s, decimal=",")
+        end = _timestamp(seg.end_s, decimal=",")
+        blocks.append(f"{index}\n{start} --> {end}\n{seg.text.strip()}\n")
+    return "\n".join(blocks)
+
+
+def to_vtt(transcript: Transcript) -> str:
+    lines = ["WEBVTT", ""]
+    for seg in transcript.segments:
+        lines.append(f"{_timestamp(seg.start_s, decimal='.')} --> {_timestamp(seg.end_s, decimal='.')}")
+        lines.append(seg.text.strip())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def to_verbose_json(transcript: Transcript, task: Task, granularities: set[str]) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "task": task,
+        "language": language_name(transcript.language) if transcript.language else "",
+        "duration": round(transcript.duration_s, 3),
+        "text": transcript.text,
+    }
+    if "segment" in granularities:
+        body["segments"] = [
+            {
+                "id": seg.id,
+                "seek": seg.seek,
+                "start": round(seg.start_s, 3),
+                "end": round(seg.end_s, 3),
+                "text": seg.text,
+                "tokens": list(seg.tokens),
+                "temperature": seg.temperature,
+                "avg_logprob": seg.avg_logprob,
+                "compression_ratio": seg.compression_ratio,
+                "no_speech_prob": seg.no_speech_prob,
+            }
+            for seg in transcript.segments
+        ]
+    if "word" in granularities:
+        body["words"] = [
+            {"word": w.word.strip(), "start": round(w.start_s, 3), "end": round(w.end_s, 3)} for w in transcript.words
+        ]
+    body["usage"] = _usage(transcript)
+    return body
+
+
+def _usage(transcript: Transcript) -> dict[str, Any]:
+    return {"type": "duration", "seconds": math.ceil(transcript.duration_s)}
+
+
+def _single(values: dict[str, list[str]], name: str) -> str | None:
+    found = values.get(name)
+    return found[-1] if found else None
+
+
+async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
+    settings = request.app[SETTINGS]
+    asr = request.app[ASR]
+    fields = await read_multipart(request, settings.max_upload_bytes, file_fields=("file",))
+    data = fields.require_file("file")
+    values = fields.values
+    requested_model = _single(values, "model")
+    if not requested_model:
+        raise InvalidParameter("the field 'model' is required (for example 'whisper-1')", param="model")
+    response_format = (_single(values, "response_format") or "json").strip().lower()
+    if response_format not in RESPONSE_FORMATS:
+        raise InvalidParameter(
+            f"response_format must be one of {', '.join(RESPONSE_FORMATS)}; got {response_format!r}",
+            param="response_format",
+        )
+    granularities = set(values.get("timestamp_granularities[]", []) + values.get("timestamp_granularities", []))
+    unknown = granularities - set(GRANULARITIES)
+    if unknown:
+        raise InvalidParameter(
+            f"timestamp_granularities must be 'word' and/or 'segment'; got {sorted(unknown)}",
+            param="timestamp_granularities",
+        )
+    if granularities and response_format != "verbose_json":
+        raise InvalidParameter(
+            "timestamp_granularities requires response_format=verbose_json", param="timestamp_granularities"
+        )
+    if (_single(values, "stream") or "").strip().lower() in ("true", "1"):
+        raise InvalidParameter("stream=true is not supported for Whisper models", param="stream")
+    temperature = parse_float({k: v[-1] for k, v in values.items()}, "temperature", None, minimum=0.0, maximum=1.0)
+    language = None if task == "translate" else parse_language(_single(values, "language"), "language")
+    options = TranscriptionOptions(
+        language=language,
+        task=task,
+        beam_size=settings.default_beam_size,
+        temperature=(temperature,) if temperature else DEFAULT_TEMPERATURES,
+        initial_prompt=_single(values, "prompt") or None,
+        word_timestamps="word" in granularities,
+        with_segment_timestamps=response_format in ("srt", "vtt", "verbose_json"),
+    )
+    model_name = requested_model
+    if task == "translate":
+        # whisper-1 and the other OpenAI names name no model of ours: they translate with whatever can.
+        model_name = asr.models.translation_model(
+            requested_model, fallback=requested_model in settings.asr_model_aliases
+        )
+    audio = await asyncio.to_thread(decode_any, data, max_duration_s=settings.max_audio_duration_s)
+    request.app[METRICS].audio_seconds.labels("openai").inc(audio.size / SAMPLE_RATE_HZ)
+    transcript = await asr.transcribe(audio, options, model=model_name)
+    if response_format == "text":
+        return web.Response(text=transcript.text + "\n", content_type="text/plain")
+    if response_format == "srt":
+        return web.Response(text=to_srt(transcript), content_type="text/plain")
+    if response_format == "vtt":
+        return web.Response(text=to_vtt(transcript), content_type="text/vtt")
+    if response_format == "verbose_json":
+        return web.json_response(to_verbose_json(transcript, task, granularities or {"segment"}))
+    return web.json_response({"text": transcript.text, "usage": _usage(transcript)})
+
+
+async def transcriptions_handler(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, "transcribe")
+
+
+async def translations_handler(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, "translate")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/audio/transcriptions", transcriptions_handler)
+    app.router.add_post("/v1/audio/translations", translations_handler)

@@ -1,0 +1,452 @@
+"""WebRTC sessions: SDP signalling at POST /api/rtc/asr and the WIS data-channel protocol.
+
+One aiortc peer connection per browser. The incoming Opus track is always read (an unread aiortc
+track buffers without bound), resampled to 16 kHz mono and fed to a ``StreamSession``. Between
+utterances the browser pauses with ``RTCRtpSender.replaceTrack(null)``; Chrome then sends an RTCP
+BYE, which aiortc would take as the end of the track. Like WIS we ignore BYE on receivers, so audio
+flows again into the same session when the browser resumes with ``replaceTrack(track)``.
+
+Data channel (willow-contract.md §7.3): messages are ``{"type", "message", "obj"}`` JSON. WIS
+clients get exactly WIS's messages; the extensions (hands-free server VAD, partials, speech events,
+the assistant) are only sent to a client that asked for them in ``start.obj``.
+
+The voice loop: when the offer's audio is ``sendrecv``, the answer carries an outbound audio track
+(``webrtc/audio.py``'s ``AssistantAudioTrack``) that sends nothing until there is an answer to speak. A client
+that starts with ``"assistant": true`` gets each final transcript answered by the LLM: ``assistant``
+messages with the text as it is written, the speech on that track, ``assistant_audio_started`` /
+``assistant_audio_stopped``; speaking over an answer (or ``interrupt``) stops it, ``reset`` forgets
+the conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import av
+from aiohttp import web
+from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.turns import Assistant
+from mediaserver.config import Settings
+from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
+from mediaserver.events import (
+    SAMPLE_RATE_HZ,
+    AssistantAudioStarted,
+    AssistantAudioStopped,
+    AssistantError,
+    AssistantText,
+    FinalTranscript,
+    PartialTranscript,
+    SessionEvent,
+    SpeechStarted,
+    SpeechStopped,
+    StreamError,
+)
+from mediaserver.state import ASR, SESSIONS, SETTINGS
+from mediaserver.stream_session import StreamOptions, StreamSession
+from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from
+from mediaserver.transport.voice import new_assistant, update_assistant
+from mediaserver.transport.webrtc import patches
+from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
+from mediaserver.transport.webrtc.peer import (
+    answer_offer,
+    can_send_audio,
+    close_peer_connection,
+    ice_servers,
+    log_task_failure,
+    read_audio_track,
+    start_watchdogs,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_SDP_BYTES = 64 * 1024
+
+
+def message(kind: str, text: str | None = None, obj: Any = None) -> str:
+    return json.dumps({"type": kind, "message": text, "obj": obj})
+
+
+class RtcSession:
+    """A peer connection, its track reader, its data channel and the StreamSession behind them."""
+
+    def __init__(self, app: web.Application, options: StreamOptions, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+        self.sessions = app[SESSIONS]
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(settings)))
+        self.base_options = options
+        self.id = f"rtc-{uuid.uuid4().hex[:12]}"
+        self.stream = StreamSession(app[ASR], settings, self._on_event, options, session_id=self.id)
+        self.channel: RTCDataChannel | None = None
+        self.extensions = False  # the client opted in to partials / hands-free messages
+        self.hands_free = False
+        self.started = False
+        self.closed = False
+        self.last_activity = time.monotonic()
+        self.opened_at = time.monotonic()
+        self.remote = "unknown"  # the signalling client's address
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
+        self.frames_received = 0
+        # The voice loop: an outbound track when the offer can receive audio, an assistant on request.
+        self.audio_out: AudioOut | None = None
+        self.out_track: AssistantAudioTrack | None = None
+        self.assistant: Assistant | None = None
+        self.pc.on("datachannel", self._on_datachannel)
+        self.pc.on("track", self._on_track)
+        self.pc.on("connectionstatechange", self._on_connection_state)
+
+    # --- peer connection ------------------------------------------------------------------------
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        log_task_failure(task, self.id)
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._spawn(self._read_track(track), "rtc-track")
+        else:  # never leave a track unread
+            self._spawn(self._drain(track), "rtc-drain")
+
+    async def _drain(self, track: MediaStreamTrack) -> None:
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                await track.recv()
+
+    async def _read_track(self, track: MediaStreamTrack) -> None:
+        await read_audio_track(track, self._resampler, self.stream.feed, self._on_frame)
+        log.debug("session %s: track ended", self.id)
+
+    def _on_frame(self) -> None:
+        self.last_activity = time.monotonic()
+        self.frames_received += 1
+
+    def add_outbound_track(self) -> None:
+        """Answer an offer that can receive audio with a track for spoken answers (silent until used)."""
+        if not can_send_audio(self.pc):
+            return
+        self.audio_out = AudioOut(RTC_SAMPLE_RATE_HZ)
+        self.out_track = AssistantAudioTrack(self.audio_out)
+        self.pc.addTrack(self.out_track)
+
+    def _on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        if state == "connected":
+            log.info("session %s: connected (%s)", self.id, self.remote)
+        else:
+            log.log(logging.INFO if state == "failed" else logging.DEBUG, "session %s: %s", self.id, state)
+        if state in ("failed", "closed"):
+            self._spawn(self.aclose(), "rtc-close")
+
+    def start_watchdogs(self) -> None:
+        """Close the session if its peer never connects, or goes silent (webrtc/peer.py)."""
+        start_watchdogs(
+            self.pc,
+            self.settings,
+            kind="rtc",
+            session_id=self.id,
+            closed=lambda: self.closed,
+            close=self.aclose,
+            spawn=self._spawn,
+        )
+
+    # --- data channel ---------------------------------------------------------------------------
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        self.channel = channel
+
+        @channel.on("message")
+        def on_message(data: str | bytes) -> None:
+            self.last_activity = time.monotonic()
+            self._spawn(self._handle_message(data), "rtc-message")
+
+    def send(self, text: str) -> None:
+        if self.channel is not None and self.channel.readyState == "open":
+            self.channel.send(text)
+
+    async def _handle_message(self, data: str | bytes) -> None:
+        try:
+            parsed = loads_json(data)
+        except (ValueError, TypeError):
+            self.send(message("error", "could not parse message"))
+            return
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("type"), str):
+            self.send(message("error", "could not parse message"))
+            return
+        kind = parsed["type"]
+        obj = parsed.get("obj")
+        obj = obj if isinstance(obj, dict) else {}
+        try:
+            if kind == "start":
+                await self._start(obj)
+            elif kind == "stop":
+                await self._stop(obj)
+            elif kind == "ping":
+                self.send(message("pong", parsed.get("message")))
+            elif kind == "interrupt":
+                if self.assistant is not None:
+                    await self.assistant.interrupt()
+            elif kind == "reset":
+                if self.assistant is not None:
+                    await self.assistant.reset()
+                self.send(message("log", "conversation reset"))
+            else:
+                self.send(message("error", f'unknown message type "{kind}"'))
+        except ApiError as exc:
+            self.send(message("error", exc.message))
+
+    def _options(self, obj: Mapping[str, Any], *, base: StreamOptions) -> StreamOptions:
+        return stream_options_from(obj, self.settings, base=base)
+
+    async def _start(self, obj: Mapping[str, Any]) -> None:
+        options = self._options(obj, base=self.base_options)
+        wants_assistant = obj.get("assistant", False)
+        if not isinstance(wants_assistant, bool):
+            raise InvalidParameter("'assistant' must be true or false", param="assistant")
+        if wants_assistant:
+            if self.assistant is None:
+                self.assistant = new_assistant(self.app, self.stream, self._on_event, self.audio_out, obj)
+            else:
+                update_assistant(self.assistant, obj)
+            self.extensions = True
+        elif self.assistant is not None:
+            await self.assistant.aclose()
+            self.assistant = None
+            self.stream.assistant = None
+        self.hands_free = bool(obj.get("hands_free", False))
+        self.extensions = self.extensions or self.hands_free or bool(obj.get("partials", False))
+        self.stream.configure(
+            StreamOptions(
+                model=options.model,
+                transcription=options.transcription,
+                server_vad=self.hands_free,
+                partials=bool(obj.get("partials", False)),
+                unstable_partials=bool(obj.get("partials", False)) and bool(obj.get("unstable", False)),
+            )
+        )
+        self.started = True
+        if self.hands_free:
+            self.stream.clear()
+            self.send(message("log", "ASR hands-free - listening, speak any time"))
+        else:
+            self.stream.start_recording()
+            self.send(message("log", "ASR Recording - start talking and press stop when done"))
+
+    async def _stop(self, obj: Mapping[str, Any]) -> None:
+        if not self.started:
+            self.send(message("error", "Recording not yet started"))
+            return
+        self.started = False
+        if self.hands_free:
+            self.hands_free = False
+            with contextlib.suppress(ApiError):  # a failure was already sent as the utterance's error
+                await self.stream.commit()  # finish an utterance in progress; its infer is sent by the event
+            self.stream.configure(StreamOptions(self.stream.options.model, self.stream.options.transcription))
+            self.send(message("log", "ASR hands-free - stopped"))
+            return
+        options = self._options(obj, base=self.stream.options)
+        self.stream.configure(
+            StreamOptions(options.model, options.transcription, server_vad=False, partials=self.stream.options.partials)
+        )
+        model = options.model or self.settings.asr_default_model
+        beam = options.transcription.beam_size
+        detect = options.transcription.language is None
+        self.send(
+            message("log", f"Doing ASR with model {model} beam size {beam} detect language {detect} - please wait")
+        )
+        try:
+            final = await self.stream.stop_recording()
+        except ApiError:
+            return  # the StreamSession has already sent it as an error message
+        audio_ms = final.transcript.duration_s * 1000.0
+        infer_ms = final.latency_ms
+        self.send(message("log", f"ASR Infer time: {infer_ms:.1f} ms"))
+        self.send(message("log", f"ASR Audio Duration: {audio_ms:.0f} ms"))
+        speedup = int(audio_ms // infer_ms) if infer_ms > 0 else 0
+        self.send(message("log", f"ASR Speedup: {speedup}x faster than realtime"))
+
+    async def _on_event(self, event: SessionEvent) -> None:
+        if isinstance(event, AssistantText):
+            self.send(message("assistant", None, {"text": event.delta, "full": event.text, "final": event.final}))
+            return
+        if isinstance(event, AssistantAudioStarted):
+            self.send(message("assistant_audio_started", None, {"turn": event.turn}))
+            return
+        if isinstance(event, AssistantAudioStopped):
+            stopped = {"turn": event.turn, "interrupted": event.interrupted, "heard": event.heard}
+            self.send(message("assistant_audio_stopped", None, stopped))
+            return
+        if isinstance(event, AssistantError):
+            self.send(
+                message(
+                    "error", f"assistant {event.stage}: {event.message}", {"stage": event.stage, "code": event.code}
+                )
+            )
+            return
+        if isinstance(event, FinalTranscript):
+            obj: dict[str, Any] = {"text": event.transcript.text}
+            if self.extensions:
+                obj.update(
+                    final=True,
+                    delta=event.delta,
+                    language=event.transcript.language,
+                    audio_start_ms=event.audio_start_ms,
+                    audio_end_ms=event.audio_end_ms,
+                    latency_ms=round(event.latency_ms, 1),
+                )
+                if event.transcript.guard is not None:
+                    obj["guard"] = event.transcript.guard
+            self.send(message("infer", None, obj))
+        elif isinstance(event, StreamError):
+            detail: dict[str, object] | None = None
+            if self.extensions:
+                detail = {"code": event.code}
+                if event.audio_start_ms is not None and event.audio_end_ms is not None:
+                    # The utterance failed: it stands in for that utterance's final.
+                    detail.update(audio_start_ms=event.audio_start_ms, audio_end_ms=event.audio_end_ms)
+            self.send(message("error", event.message, detail))
+        elif not self.extensions:
+            return
+        elif isinstance(event, PartialTranscript):
+            partial = {"text": event.delta, "full": event.text}
+            if self.stream.options.unstable_partials:
+                partial["unstable"] = event.unstable
+            self.send(message("partial", None, partial))
+        elif isinstance(event, SpeechStarted):
+            self.send(message("speech_started", None, {"ms": event.audio_start_ms}))
+        elif isinstance(event, SpeechStopped):
+            self.send(message("speech_stopped", None, {"ms": event.audio_end_ms}))
+
+    async def aclose(self) -> None:
+        """Idempotent, and never raises: whatever state the peer connection was left in (a
+        malformed offer can leave it half built), everything it opened is closed."""
+        if self.closed:
+            return
+        self.closed = True
+        self.sessions.discard(self.id)
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        try:
+            if self.assistant is not None:
+                await self.assistant.aclose()
+            elif self.audio_out is not None:
+                self.audio_out.close()
+            await self.stream.aclose()
+        finally:
+            await close_peer_connection(self.pc, self.id)
+            for task in list(self._tasks):
+                if task is not current:
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+            log.log(
+                logging.INFO if self.frames_received or self.channel is not None else logging.DEBUG,
+                "session %s: closed after %.1f s",
+                self.id,
+                time.monotonic() - self.opened_at,
+            )
+
+
+async def offer_handler(request: web.Request) -> web.Response:
+    """POST /api/rtc/asr: SDP offer in, SDP answer out (non-trickle ICE)."""
+    settings = request.app[SETTINGS]
+    try:
+        raw = await read_body_limited(request, max_bytes=MAX_SDP_BYTES, idle_timeout_s=settings.body_read_timeout_s)
+    except AudioTooLarge:
+        raise InvalidParameter(f"offer too large (max {MAX_SDP_BYTES} bytes)", param="sdp") from None
+    try:
+        body = loads_json(raw)
+    except ValueError:
+        raise InvalidParameter('body must be JSON {"sdp": "...", "type": "offer"}', param="body") from None
+    if not isinstance(body, dict) or not isinstance(body.get("sdp"), str) or body.get("type") != "offer":
+        raise InvalidParameter('body must be JSON {"sdp": "...", "type": "offer"}', param="body")
+    options = stream_options_from(request.query, settings)
+    # Check the model name now, so a bad query is a 400 here rather than an error later.
+    request.app[ASR].models.resolve(options.model)
+    session = RtcSession(request.app, options, settings)
+
+    def prepare() -> None:
+        if not any(t.kind == "audio" for t in session.pc.getTransceivers()) and session.pc.sctp is None:
+            raise InvalidParameter("the SDP offer has neither an audio track nor a data channel", param="sdp")
+        session.add_outbound_track()
+
+    try:
+        request.app[SESSIONS].add(session.id, session)  # over the cap: a 503 (with Retry-After)
+        sdp = await answer_offer(
+            session.pc,
+            body["sdp"],
+            session_id=session.id,
+            prepare=prepare,
+            opus_dtx=settings.rtc_opus_dtx,
+            idle_rtcp_interval_s=settings.rtc_idle_rtcp_interval_s,
+        )
+    except BaseException:
+        await session.aclose()
+        raise
+    session.start_watchdogs()
+    session.remote = request.remote or "unknown"
+    log.debug("session %s: answered an offer from %s", session.id, session.remote)
+    return web.json_response({"sdp": sdp, "type": "answer"})
+
+
+async def config_handler(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    servers: list[dict[str, Any]] = []
+    for server in ice_servers(settings):
+        entry: dict[str, Any] = {"urls": server.urls}
+        if server.username:
+            entry.update(username=server.username, credential=server.credential)
+        servers.append(entry)
+    return web.json_response({"iceServers": servers})
+
+
+def _limit_udp_ports(loop: asyncio.AbstractEventLoop, low: int, high: int) -> None:
+    """Bind ICE host candidates inside [low, high] (for firewalls and container port maps)."""
+    original = loop.create_datagram_endpoint
+    if getattr(original, "_mediaserver_port_range", None) == (low, high):
+        return
+
+    async def create_datagram_endpoint(protocol_factory: Any, local_addr: Any = None, **kwargs: Any) -> Any:
+        if local_addr is None or local_addr[1] != 0:
+            return await original(protocol_factory, local_addr=local_addr, **kwargs)
+        last_error: OSError | None = None
+        for port in range(low, high + 1):
+            try:
+                return await original(protocol_factory, local_addr=(local_addr[0], port), **kwargs)
+            except OSError as exc:
+                last_error = exc
+        raise last_error or OSError(f"no free UDP port in {low}-{high}")
+
+    create_datagram_endpoint._mediaserver_port_range = (low, high)  # type: ignore[attr-defined]
+    loop.create_datagram_endpoint = create_datagram_endpoint  # type: ignore[method-assign,assignment]
+
+
+async def rtc_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    if settings.rtc_udp_port_min and settings.rtc_udp_port_max:
+        _limit_udp_ports(asyncio.get_running_loop(), settings.rtc_udp_port_min, settings.rtc_udp_port_max)
+    yield
+
+
+def add_routes(app: web.Application) -> None:
+    patches.install()
+    app.router.add_post("/api/rtc/asr", offer_handler)
+    app.router.add_get("/api/rtc/config", config_handler)
+    app.cleanup_ctx.append(rtc_ctx)

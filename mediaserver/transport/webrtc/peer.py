@@ -1,0 +1,192 @@
+"""What every WebRTC face shares about a peer connection: ICE servers, answering an offer, reading
+the incoming audio track, and closing a connection that a malformed offer left half built.
+
+The faces (``webrtc/asr.py`` on /api/rtc/asr, ``openai/realtime/calls.py`` on /v1/realtime/calls)
+own their sessions and protocols; this module knows nothing of either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import av
+import numpy as np
+from aiortc import RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from mediaserver.config import Settings
+from mediaserver.errors import ApiError, InvalidParameter
+from mediaserver.events import AudioArray
+from mediaserver.transport.webrtc import liveness as rtc_liveness
+from mediaserver.transport.webrtc import rtcp as rtc_rtcp
+from mediaserver.transport.webrtc.sdp import check_offer, sdp_problem, with_opus_dtx
+
+log = logging.getLogger(__name__)
+
+
+def ice_servers(settings: Settings) -> list[RTCIceServer]:
+    servers = []
+    for url in settings.rtc_ice_servers:
+        if url.startswith(("turn:", "turns:")):
+            servers.append(
+                RTCIceServer(urls=url, username=settings.rtc_turn_username, credential=settings.rtc_turn_password)
+            )
+        else:
+            servers.append(RTCIceServer(urls=url))
+    return servers
+
+
+async def read_audio_track(
+    track: MediaStreamTrack,
+    resampler: av.AudioResampler,
+    feed: Callable[[AudioArray], Awaitable[None]],
+    on_frame: Callable[[], None],
+) -> None:
+    """Read an incoming audio track until it ends: each frame resampled (16 kHz mono float) and fed."""
+    with contextlib.suppress(MediaStreamError):
+        while True:
+            frame = await track.recv()
+            on_frame()
+            if not isinstance(frame, av.AudioFrame):
+                continue
+            frame.pts = None
+            for out in resampler.resample(frame):
+                await feed(np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1))
+
+
+def can_send_audio(pc: RTCPeerConnection) -> bool:
+    """The remote offer can receive audio (``sendrecv`` or ``recvonly`` on its side). aiortc keeps
+    each transceiver's offered direction reversed, from this side: ``sendrecv`` or ``sendonly``."""
+    return any(
+        t.kind == "audio" and getattr(t, "_offerDirection", None) in ("sendrecv", "sendonly")
+        for t in pc.getTransceivers()
+    )
+
+
+def log_task_failure(task: asyncio.Task[Any], session_id: str) -> None:
+    """A session task's done callback: a failure is logged here (a bug), never left for asyncio to
+    report as "Task exception was never retrieved"."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("session %s: task %s failed", session_id, task.get_name(), exc_info=exc)
+
+
+async def answer_offer(
+    pc: RTCPeerConnection,
+    sdp: str,
+    *,
+    session_id: str,
+    prepare: Callable[[], None],
+    opus_dtx: bool,
+    idle_rtcp_interval_s: float,
+) -> str:
+    """Take a client's SDP offer and answer it (no trickle ICE: the answer carries the candidates).
+
+    ``prepare`` runs between the two: it checks what the endpoint needs of the offer (raising an
+    ApiError) and adds outbound tracks. Whatever a mangled offer makes aiortc raise (its parser's
+    asserts, negotiation ValueErrors, errors on a half-built connection) is a 400 naming the problem,
+    logged in one INFO line. On any error the caller closes ``pc`` (``close_peer_connection``).
+    The connection's RTCP reports slow down while its streams are idle (``webrtc/rtcp.py``).
+    """
+    try:
+        check_offer(sdp)
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        prepare()
+        await pc.setLocalDescription(await pc.createAnswer())
+        rtc_rtcp.quiet_idle_reports(pc, idle_rtcp_interval_s)
+    except (ApiError, asyncio.CancelledError):
+        raise
+    except Exception as exc:  # aiortc's parser and negotiation: anything a mangled offer makes them raise
+        log.info("session %s: refused the offer: %r", session_id, exc)
+        raise InvalidParameter(sdp_problem(exc), param="sdp") from None
+    answer = pc.localDescription.sdp
+    return with_opus_dtx(answer) if opus_dtx else answer
+
+
+async def close_peer_connection(pc: RTCPeerConnection, session_id: str) -> None:
+    """``pc.close()``, and when it fails (aiortc stops at the first transceiver without a transport,
+    which a malformed offer leaves behind), stop every transport it created one by one."""
+    try:
+        await pc.close()
+        return
+    except Exception as exc:
+        log.debug("session %s: closing the peer connection: %r; stopping its transports", session_id, exc)
+    dtls_transports = list(getattr(pc, "_RTCPeerConnection__dtlsTransports", ()))
+    ice_transports = list(getattr(pc, "_RTCPeerConnection__iceTransports", ()))
+    steps: list[Any] = [t.stop for t in pc.getTransceivers()]
+    if pc.sctp is not None:
+        steps.append(pc.sctp.stop)
+    steps += [t.stop for t in dtls_transports] + [t.stop for t in ice_transports]
+    for step in steps:
+        with contextlib.suppress(Exception):
+            await step()
+    pc.remove_all_listeners()
+
+
+async def watch_connect(
+    pc: RTCPeerConnection,
+    timeout_s: float,
+    *,
+    name: str,
+    closed: Callable[[], bool],
+    close: Callable[[], Awaitable[None]],
+) -> None:
+    """Close a peer connection that is not connected ``timeout_s`` (``rtc_connect_timeout_s``) after
+    its answer: an offer whose peer never connects must not hold a session."""
+    await asyncio.sleep(timeout_s)
+    if pc.connectionState != "connected" and not closed():
+        log.info("%s: not connected after %g s, closing", name, timeout_s)
+        await close()
+
+
+async def watch_liveness(
+    pc: RTCPeerConnection,
+    timeout_s: float,
+    *,
+    name: str,
+    probe_name: str,
+    closed: Callable[[], bool],
+    close: Callable[[], object],
+) -> None:
+    """Close a connected peer that has sent nothing for ``timeout_s`` (``rtc_dead_peer_timeout_s``;
+    0 turns it off; see webrtc/liveness.py). ``close`` starts the closing and returns at once."""
+    if timeout_s <= 0:
+        return
+    silent_s = await rtc_liveness.until_silent(pc, timeout_s, probe_name)
+    if silent_s is not None and not closed():
+        log.info("%s: the peer sent nothing for %.1f s, closing", name, silent_s)
+        close()
+
+
+def start_watchdogs(
+    pc: RTCPeerConnection,
+    settings: Settings,
+    *,
+    kind: str,
+    session_id: str,
+    closed: Callable[[], bool],
+    close: Callable[[], Coroutine[Any, Any, None]],
+    spawn: Callable[[Coroutine[Any, Any, None], str], object],
+) -> None:
+    """Start both watchdogs of a session's peer connection with its own ``spawn`` (so they end with
+    it): tasks ``{kind}-connect-watch`` and ``{kind}-liveness``, the probe ``{kind}-probe-{id}``, and
+    a silent peer's close as ``{kind}-close``. Logs name the session as ``{kind} {id}``."""
+    name = f"{'session' if kind == 'rtc' else kind} {session_id}"
+    spawn(
+        watch_connect(pc, settings.rtc_connect_timeout_s, name=name, closed=closed, close=close),
+        f"{kind}-connect-watch",
+    )
+    spawn(
+        watch_liveness(
+            pc,
+            settings.rtc_dead_peer_timeout_s,
+            name=name,
+            probe_name=f"{kind}-probe-{session_id}",
+            closed=closed,
+            close=lambda: spawn(close(), f"{kind}-close"),
+        ),
+        f"{kind}-liveness",
+    )

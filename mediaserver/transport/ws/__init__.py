@@ -1,0 +1,1 @@
+"""The device stream WebSocket, GET /api/ws/asr (docs/ws-protocol.md)."""

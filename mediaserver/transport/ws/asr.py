@@ -1,0 +1,561 @@
+"""Device stream WebSocket at ``GET /api/ws/asr``: raw PCM frames in, speech events and transcripts out.
+
+The wire protocol is specified in ``docs/ws-protocol.md``. In short: the client sends a JSON
+``start`` (format, mode, decoding options) and gets ``ready``; then binary frames of little-endian
+PCM; ``stop`` / ``clear`` / ``ping`` / another ``start`` as JSON text. The server sends
+``speech_started``, ``speech_stopped``, ``partial``, ``final``, ``pong`` and ``error{code, message}``.
+A query string with start keys (``?sample_rate=16000&mode=server_vad``) is an implicit ``start``.
+
+Each connection is a ``SocketSession`` (transport/socket_session.py): the reader validates every
+message at once, decodes PCM (with a resampler that keeps its state across frames) and queues the
+result; a worker applies the queue in order to the ``StreamSession``, so a ``stop`` that waits for
+its final transcript never stops the socket from being read; a writer sends. The backlog is bounded
+(``MAX_BACKLOG_S`` of audio); beyond it frames are dropped with an ``overloaded`` error. However the
+connection ends, ``WsSession.aclose`` leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Final, Literal
+
+from aiohttp import WSCloseCode, web
+
+from mediaserver.asr.models import ModelRegistry
+from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.pacing import send_paced
+from mediaserver.assistant.turns import Assistant
+from mediaserver.audio.decode import PcmFormat
+from mediaserver.audio.stream_decode import PcmStreamDecoder
+from mediaserver.config import Settings
+from mediaserver.errors import ApiError, InvalidAudio, InvalidParameter, Overloaded
+from mediaserver.events import (
+    SAMPLE_RATE_HZ,
+    AssistantAudioStarted,
+    AssistantAudioStopped,
+    AssistantError,
+    AssistantText,
+    AudioArray,
+    FinalTranscript,
+    PartialTranscript,
+    SessionEvent,
+    SpeechStarted,
+    SpeechStopped,
+    StreamError,
+)
+from mediaserver.session_registry import SessionLimitReached
+from mediaserver.state import ASR, SESSIONS, SETTINGS
+from mediaserver.stream_session import StreamOptions, StreamSession
+from mediaserver.transport.common import loads_json, parse_bool, parse_int, stream_options_from
+from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
+from mediaserver.transport.voice import new_assistant, update_assistant
+
+log = logging.getLogger(__name__)
+
+PATH: Final = "/api/ws/asr"
+
+Encoding = Literal["pcm16", "float32"]
+Mode = Literal["push_to_talk", "server_vad"]
+
+MIN_SAMPLE_RATE_HZ: Final = 8000
+MAX_SAMPLE_RATE_HZ: Final = 48000
+MAX_CHANNELS: Final = 2
+# Audio the worker may lag behind the socket (a final in progress, a slow client reader).
+MAX_BACKLOG_S: Final = 30.0
+# Queued messages of any kind; only a client flooding control messages reaches it.
+MAX_QUEUED_MESSAGES: Final = 4096
+# Messages to the client not sent yet; a client that stops reading is closed beyond it.
+MAX_OUTBOX: Final = 10000
+
+_ENCODINGS: Final[dict[str, Encoding]] = {
+    "pcm16": "pcm16",
+    "int16": "pcm16",  # WhisperLive's name
+    "s16le": "pcm16",
+    "float32": "float32",
+    "f32le": "float32",
+}
+_MODES: Final[tuple[Mode, ...]] = ("push_to_talk", "server_vad")
+# Keys that make a query string an implicit start (anything else, e.g. an auth token, does not).
+START_KEYS: Final = frozenset(
+    {
+        "sample_rate",
+        "encoding",
+        "channels",
+        "mode",
+        "partials",
+        "unstable",
+        "segments",
+        "language",
+        "detect_language",
+        "model",
+        "beam_size",
+        "task",
+        "prompt",
+        "assistant",
+        "speak",
+        "voice",
+        "system_prompt",
+        "audio_sample_rate",
+    }
+)
+# Answer audio (binary frames to the client) is 16-bit PCM at one of these rates.
+_ANSWER_RATES_HZ: Final = (8000, 16000, 22050, 24000, 44100, 48000)
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """The effective configuration of a stream after a ``start`` (echoed in ``ready``)."""
+
+    options: StreamOptions
+    sample_rate_hz: int = SAMPLE_RATE_HZ
+    encoding: Encoding = "pcm16"
+    channels: int = 1
+    mode: Mode = "server_vad"
+    partials: bool = False
+    unstable: bool = False  # partials also carry the latest hypothesis' unpromised words
+    segments: bool = False
+    # The voice loop: answer each final (text messages, and speech as binary PCM frames).
+    assistant: bool = False
+    assistant_values: tuple[tuple[str, object], ...] = ()  # system_prompt / voice / speak as sent
+    audio_sample_rate_hz: int = SAMPLE_RATE_HZ
+
+    @property
+    def pcm_format(self) -> PcmFormat:
+        is_float = self.encoding == "float32"
+        return PcmFormat(self.sample_rate_hz, 32 if is_float else 16, self.channels, is_float=is_float)
+
+    @property
+    def server_vad(self) -> bool:
+        return self.mode == "server_vad"
+
+    def stream_options(self) -> StreamOptions:
+        transcription = replace(self.options.transcription, with_segment_timestamps=self.segments)
+        return StreamOptions(
+            model=self.options.model,
+            transcription=transcription,
+            server_vad=self.server_vad,
+            partials=self.partials,
+            unstable_partials=self.partials and self.unstable,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        t = self.options.transcription
+        return {
+            "sample_rate": self.sample_rate_hz,
+            "encoding": self.encoding,
+            "channels": self.channels,
+            "mode": self.mode,
+            "partials": self.partials,
+            "unstable": self.unstable,
+            "segments": self.segments,
+            "language": t.language,
+            "model": self.options.model,
+            "beam_size": t.beam_size,
+            "task": t.task,
+            "prompt": t.initial_prompt,
+        } | ({"assistant": True, "audio_sample_rate": self.audio_sample_rate_hz} if self.assistant else {})
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def parse_start(
+    values: Mapping[str, object], settings: Settings, models: ModelRegistry, base: StreamConfig | None = None
+) -> StreamConfig:
+    """Validate a start message (or query string) into a config; omitted keys keep ``base``.
+
+    Raises ``InvalidParameter`` (naming the key) or ``UnknownModel``; unknown keys are ignored.
+    """
+    text = {k: t for k, v in values.items() if (t := _text(v)) is not None}
+    encoding = base.encoding if base else "pcm16"
+    raw_encoding = values.get("encoding")
+    if raw_encoding is not None:
+        found = _ENCODINGS.get(raw_encoding.strip().lower()) if isinstance(raw_encoding, str) else None
+        if found is None:
+            raise InvalidParameter(
+                f"encoding must be 'pcm16' or 'float32' (little-endian PCM), got {raw_encoding!r}", param="encoding"
+            )
+        encoding = found
+    sample_rate = parse_int(
+        text,
+        "sample_rate",
+        base.sample_rate_hz if base else SAMPLE_RATE_HZ,
+        minimum=MIN_SAMPLE_RATE_HZ,
+        maximum=MAX_SAMPLE_RATE_HZ,
+    )
+    channels = parse_int(text, "channels", base.channels if base else 1, minimum=1, maximum=MAX_CHANNELS)
+    mode: Mode = base.mode if base else "server_vad"
+    raw_mode = values.get("mode")
+    if raw_mode is not None:
+        if raw_mode not in _MODES:
+            raise InvalidParameter(f"mode must be 'push_to_talk' or 'server_vad', got {raw_mode!r}", param="mode")
+        mode = "push_to_talk" if raw_mode == "push_to_talk" else "server_vad"
+    partials = parse_bool(text, "partials", base.partials if base else False)
+    unstable = parse_bool(text, "unstable", base.unstable if base else False)
+    segments = parse_bool(text, "segments", base.segments if base else False)
+
+    option_values: dict[str, object] = dict(values)
+    if "language" in values and (values["language"] is None or str(values["language"]).strip() == ""):
+        # JSON null (or an empty query value) asks for detection; stream_options_from would keep the base.
+        del option_values["language"]
+        option_values["detect_language"] = True
+    options = stream_options_from(option_values, settings, base=base.options if base else None)
+    model = models.resolve(options.model)
+    models.check_options(model, options.transcription)
+    assistant = parse_bool(text, "assistant", base.assistant if base else False)
+    audio_rate = parse_int(
+        text, "audio_sample_rate", base.audio_sample_rate_hz if base else SAMPLE_RATE_HZ, minimum=8000, maximum=48000
+    )
+    if audio_rate not in _ANSWER_RATES_HZ:
+        raise InvalidParameter(
+            f"audio_sample_rate must be one of {', '.join(map(str, _ANSWER_RATES_HZ))}, got {audio_rate}",
+            param="audio_sample_rate",
+        )
+    assistant_values = dict(base.assistant_values) if base else {}
+    for key, kind in (("system_prompt", str), ("voice", str), ("speak", bool)):
+        if key in values and values[key] is not None:
+            value = values[key]
+            if key == "speak" and isinstance(value, str):
+                value = parse_bool(text, "speak")
+            if not isinstance(value, kind):
+                raise InvalidParameter(f"{key} must be a {'string' if kind is str else 'boolean'}", param=key)
+            assistant_values[key] = value
+    return StreamConfig(
+        options=replace(options, model=model),
+        sample_rate_hz=sample_rate,
+        encoding=encoding,
+        channels=channels,
+        mode=mode,
+        partials=partials,
+        unstable=unstable,
+        segments=segments,
+        assistant=assistant,
+        assistant_values=tuple(assistant_values.items()),
+        audio_sample_rate_hz=audio_rate,
+    )
+
+
+# --- the session ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Start:
+    config: StreamConfig
+
+
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+@dataclass(frozen=True)
+class _Clear:
+    pass
+
+
+@dataclass(frozen=True)
+class _Ping:
+    pass
+
+
+_Work = _Start | _Stop | _Clear | _Ping
+
+
+class WsSession(SocketSession):
+    """One device stream connection: the wire format over a ``SocketSession`` and a ``StreamSession``."""
+
+    kind = "ws"
+
+    def __init__(self, app: web.Application, ws: web.WebSocketResponse, settings: Settings) -> None:
+        limits = Limits(
+            MAX_QUEUED_MESSAGES, MAX_BACKLOG_S, MAX_OUTBOX, settings.ws_idle_timeout_s, settings.ws_max_message_bytes
+        )
+        super().__init__(app, ws, settings, f"ws-{uuid.uuid4().hex[:12]}", limits)
+        self.models = app[ASR].models
+        self.stream = StreamSession(app[ASR], settings, self._on_event, session_id=self.id)
+        self.config: StreamConfig | None = None  # the reader's view: set by the latest valid start
+        self._decoder: PcmStreamDecoder | None = None
+        self._recording = False  # push-to-talk: between start and stop (reader's view)
+        self._told_not_started = False
+        self._dropping = False
+        self.audio_out: AudioOut | None = None
+        self.assistant: Assistant | None = None
+
+    # --- sending ----------------------------------------------------------------------------------
+
+    def send_error(self, code: str, message: str, param: str | None = None) -> None:
+        payload: dict[str, Any] = {"type": "error", "code": code, "message": message}
+        if param is not None:
+            payload["param"] = param
+        self.send_json(payload)
+
+    def send_api_error(self, exc: ApiError) -> None:
+        self.send_error(exc.code, exc.message, exc.param)
+
+    async def _on_event(self, event: SessionEvent) -> None:
+        if isinstance(event, AssistantText):
+            self.send_json({"type": "assistant", "delta": event.delta, "text": event.text, "final": event.final})
+        elif isinstance(event, AssistantAudioStarted):
+            rate = self.audio_out.sample_rate_hz if self.audio_out is not None else SAMPLE_RATE_HZ
+            self.send_json({"type": "assistant_audio_started", "sample_rate": rate, "encoding": "pcm16"})
+        elif isinstance(event, AssistantAudioStopped):
+            self.send_json({"type": "assistant_audio_stopped", "interrupted": event.interrupted, "heard": event.heard})
+        elif isinstance(event, AssistantError):
+            self.send_json({"type": "error", "code": event.code, "message": event.message, "stage": event.stage})
+        elif isinstance(event, FinalTranscript):
+            self.send_json(self._final_message(event))
+        elif isinstance(event, PartialTranscript):
+            partial = {"type": "partial", "delta": event.delta, "text": event.text}
+            if self.stream.options.unstable_partials:
+                partial["unstable"] = event.unstable
+            self.send_json(partial)
+        elif isinstance(event, SpeechStarted):
+            self.send_json({"type": "speech_started", "audio_start_ms": event.audio_start_ms})
+        elif isinstance(event, SpeechStopped):
+            self.send_json({"type": "speech_stopped", "audio_end_ms": event.audio_end_ms, "discarded": event.discarded})
+        elif isinstance(event, StreamError):
+            error: dict[str, Any] = {"type": "error", "code": event.code, "message": event.message}
+            if event.audio_start_ms is not None and event.audio_end_ms is not None:
+                # The utterance failed: it stands in for that utterance's final.
+                error.update(audio_start_ms=event.audio_start_ms, audio_end_ms=event.audio_end_ms)
+            self.send_json(error)
+
+    def _final_message(self, event: FinalTranscript) -> dict[str, Any]:
+        transcript = event.transcript
+        message: dict[str, Any] = {
+            "type": "final",
+            "text": transcript.text,
+            "delta": event.delta,
+            "language": transcript.language,
+            "audio_start_ms": event.audio_start_ms,
+            "audio_end_ms": event.audio_end_ms,
+            "latency_ms": round(event.latency_ms, 1),
+        }
+        if transcript.guard is not None:
+            message["guard"] = transcript.guard  # the first decode looped: this is the safe redecode
+        if self.stream.options.transcription.with_segment_timestamps:
+            message["segments"] = [
+                {
+                    "start_ms": event.audio_start_ms + round(seg.start_s * 1000),
+                    "end_ms": event.audio_start_ms + round(seg.end_s * 1000),
+                    "text": seg.text,
+                }
+                for seg in transcript.segments
+            ]
+        return message
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    async def run_with_query(self, query: Mapping[str, str]) -> None:
+        """A query string with start keys is an implicit start; then read until the socket closes."""
+        if START_KEYS.intersection(query):
+            try:
+                self._accept_start(parse_start(query, self.settings, self.models))
+            except ApiError as exc:
+                self.send_api_error(exc)
+                await self.aclose(WSCloseCode.POLICY_VIOLATION, exc.message)
+                return
+        await self.run()
+
+    def on_idle(self, idle_s: float) -> None:
+        self.send_error("idle_timeout", f"no message for {idle_s:g} s; closing")
+
+    def on_worker_failed(self) -> None:
+        self.send_error("internal_error", "internal server error; closing")
+
+    def _accept_start(self, config: StreamConfig) -> None:
+        self._enqueue_control(_Start(config))
+        self.config = config
+        self._decoder = PcmStreamDecoder(config.pcm_format)
+        self._recording = not config.server_vad
+        self._told_not_started = False
+
+    async def on_binary(self, data: bytes) -> None:
+        if self.config is None or self._decoder is None:
+            if not self._told_not_started:  # once, not once per frame of a device that streams at once
+                self._told_not_started = True
+                self.send_error("not_started", 'send {"type": "start", ...} before audio; audio dropped')
+            return
+        if not data or (not self.config.server_vad and not self._recording):
+            return  # push-to-talk audio outside a recording is ignored
+        try:
+            samples = self._decoder.decode(data)
+        except InvalidAudio as exc:
+            self.send_api_error(exc)
+            return
+        if samples.size == 0:
+            return
+        if not self.enqueue_audio(samples):
+            if not self._dropping:
+                self._dropping = True
+                self.send_error("overloaded", "the server is behind by too much audio; audio dropped")
+            return
+        self._dropping = False
+
+    async def on_text(self, data: str) -> None:
+        try:
+            parsed = loads_json(data)
+        except ValueError:
+            self.send_error("invalid_message", "text messages must be JSON objects with a string 'type'")
+            return
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("type"), str):
+            self.send_error("invalid_message", "text messages must be JSON objects with a string 'type'")
+            return
+        kind: str = parsed["type"]
+        try:
+            if kind == "start":
+                self._accept_start(parse_start(parsed, self.settings, self.models, self.config))
+            elif kind == "ping":
+                self._enqueue_control(_Ping())
+            elif kind in ("interrupt", "reset"):
+                # Not queued behind audio: barge-in must not wait for the worker.
+                if self.assistant is not None:
+                    self.spawn(
+                        self.assistant.interrupt() if kind == "interrupt" else self.assistant.reset(), "ws-" + kind
+                    )
+            elif kind not in ("stop", "clear"):
+                self.send_error(
+                    "unknown_type",
+                    f"unknown message type {kind!r}; expected start, stop, clear, ping, interrupt or reset",
+                )
+            elif self.config is None or self._decoder is None:
+                self.send_error("not_started", f'"{kind}" before "start"')
+            elif kind == "clear":
+                self._enqueue_control(_Clear())
+            elif self.config.server_vad:
+                self._enqueue_control(_Stop())
+            elif not self._recording:
+                self.send_error("not_recording", 'no push-to-talk recording to stop; send "start" first')
+            else:
+                self._recording = False
+                tail = self._decoder.flush()
+                if tail.size:
+                    self.enqueue_audio(tail)
+                self._enqueue_control(_Stop())
+        except ApiError as exc:
+            self.send_api_error(exc)
+
+    def _enqueue_control(self, item: _Work) -> None:
+        if not self.enqueue(item):
+            raise Overloaded("too many queued messages; slow down")
+
+    # --- the worker -------------------------------------------------------------------------------
+
+    async def feed(self, samples: AudioArray) -> None:
+        await self.stream.feed(samples)
+
+    async def apply(self, work: _Work) -> None:
+        if isinstance(work, _Start):
+            await self._apply_start(work.config)
+        elif isinstance(work, _Stop):
+            await self._finish_utterance()
+        elif isinstance(work, _Clear):
+            self.stream.clear()
+        else:
+            self.send_json({"type": "pong"})
+
+    async def _apply_start(self, config: StreamConfig) -> None:
+        """Every start begins from a clean slate: an unfinished utterance is dropped."""
+        self.stream.clear()
+        self.stream.configure(config.stream_options())
+        if not config.server_vad:
+            self.stream.start_recording()
+        log.info(
+            "session %s: start %s, %s %d Hz x%d, model %s",
+            self.id,
+            config.mode,
+            config.encoding,
+            config.sample_rate_hz,
+            config.channels,
+            config.options.model,
+        )
+        self._apply_assistant(config)
+        self.send_json({"type": "ready", "session_id": self.id, **config.describe()})
+
+    def _apply_assistant(self, config: StreamConfig) -> None:
+        values = dict(config.assistant_values)
+        if not config.assistant:
+            if self.assistant is not None:
+                self.spawn(self.assistant.aclose(), "ws-assistant-close")
+                self.assistant = None
+                self.stream.assistant = None
+            return
+        if self.assistant is not None and self.audio_out is not None:
+            if self.audio_out.sample_rate_hz == config.audio_sample_rate_hz:
+                update_assistant(self.assistant, values)
+                return
+            self.spawn(self.assistant.aclose(), "ws-assistant-close")
+        self.audio_out = AudioOut(config.audio_sample_rate_hz)
+        self.assistant = new_assistant(self.app, self.stream, self._on_event, self.audio_out, values)
+        self.spawn(self._send_answers(self.audio_out), "ws-answer-audio")
+
+    async def _send_answers(self, out: AudioOut) -> None:
+        """Answer audio as binary frames (one frame each), paced at real time with a little lead, so
+        a barge-in drops what the device has not received yet rather than what it has already buffered."""
+        await send_paced(out, self.send_raw, lead_s=self.settings.ws_answer_lead_ms / 1000.0)
+
+    async def _finish_utterance(self) -> None:
+        started = time.perf_counter()
+        try:
+            if self.stream.options.server_vad:
+                final = await self.stream.commit()
+            else:
+                final = await self.stream.stop_recording()
+        except ApiError:
+            return  # the StreamSession has already sent it as an error event for the utterance
+        if final is not None:
+            log.info(
+                "session %s: final of %d ms audio in %.0f ms",
+                self.id,
+                final.audio_end_ms - final.audio_start_ms,
+                (time.perf_counter() - started) * 1000,
+            )
+
+    # --- closing ----------------------------------------------------------------------------------
+
+    async def close_streams(self) -> None:
+        if self.assistant is not None:
+            await self.assistant.aclose()
+        await self.stream.aclose()
+
+    def summary(self) -> str:
+        return f"{self.stream.utterances} utterances, {self.stream.samples_received / SAMPLE_RATE_HZ:.1f} s audio"
+
+
+async def stream_handler(request: web.Request) -> web.WebSocketResponse:
+    """GET /api/ws/asr: upgrade, register the session, read until it closes, clean up."""
+    settings = request.app[SETTINGS]
+    ws = LimitedWebSocket(heartbeat=settings.ws_heartbeat_s, max_message_bytes=settings.ws_max_message_bytes)
+    await ws.prepare(request)
+    session = WsSession(request.app, ws, settings)
+    try:
+        request.app[SESSIONS].add(session.id, session)
+    except SessionLimitReached as exc:
+        log.warning("refusing WebSocket stream: %s", exc.message)
+        await ws.send_str(json.dumps({"type": "error", "code": exc.code, "message": exc.message}))
+        await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=close_reason("too many sessions"))
+        return ws
+    try:
+        session.start()
+        log.info("session %s: opened from %s", session.id, request.remote)
+        await session.run_with_query(request.query)
+    finally:
+        await session.aclose()
+    return ws
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get(PATH, stream_handler)

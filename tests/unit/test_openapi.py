@@ -1,0 +1,57 @@
+"""The OpenAPI document describes every HTTP endpoint the router serves, and nothing it does not."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from openapi_spec_validator import validate
+
+from mediaserver import openapi
+from mediaserver.app import create_app
+from mediaserver.config import Settings
+
+# Not in the document, on purpose, each for its reason.
+WEBSOCKETS = {
+    ("get", "/api/ws/asr"),  # docs/ws-protocol.md
+    ("get", "/v1/realtime"),  # docs/realtime.md (OpenAI's own Realtime contract)
+}
+PAGES = {
+    ("get", "/"),
+    ("get", "/rtc"),
+    ("get", "/rtc/"),
+    ("get", "/api/docs"),
+    ("get", "/api/openapi.json"),  # the document itself
+}
+STATIC_PREFIXES = {"/audio", "/static", "/rtc"}
+
+
+def router_operations(app: web.Application) -> set[tuple[str, str]]:
+    """(method, path) of every route, without the HEADs aiohttp adds to GETs and the static files."""
+    operations = set()
+    for route in app.router.routes():
+        if isinstance(route.resource, web.StaticResource):
+            assert route.resource.canonical in STATIC_PREFIXES, route.resource.canonical
+            continue
+        if route.method == "HEAD":
+            continue
+        assert route.resource is not None
+        operations.add((route.method.lower(), route.resource.canonical))
+    return operations
+
+
+def spec_operations(document: dict[str, object]) -> set[tuple[str, str]]:
+    paths = document["paths"]
+    assert isinstance(paths, dict)
+    return {(method, path) for path, item in paths.items() for method in item}
+
+
+def test_the_document_lists_exactly_the_routes() -> None:
+    app = create_app(Settings())
+    served = router_operations(app)
+    allowed = WEBSOCKETS | PAGES
+    assert allowed <= served, allowed - served  # an allow-listed route that no longer exists
+    documented = spec_operations(openapi.spec())
+    assert served - allowed == documented, {"undocumented": served - allowed - documented, "stale": documented - served}
+
+
+def test_the_document_is_valid_openapi() -> None:
+    validate(openapi.spec())

@@ -8,8 +8,8 @@ own rotation, and each clip is uploaded to ``/v1/audio/transcriptions`` by as ma
 clients. Per configuration (a child server, ``--config`` as in bench_streaming.py, so an older tree
 can run beside this one and both are measured in alternation in one run) and level it prints:
 
-- corpus WER of the streamed finals and of the uploads against the references (lower case, no
-  punctuation, numbers as words: Whisper writes "10 of clubs" for "ten of clubs");
+- corpus WER of the streamed finals and of the uploads against the references (tests/wer.py, with
+  ``spoken_form``: Whisper writes "10 of clubs" for "ten of clubs");
 - **looping finals**: a clip whose streamed text holds more than one word more than its upload, or
   a phrase the repetition guard calls a loop;
 - loop-guard redecodes (finals carrying ``guard``; ``mediaserver_asr_guard_total`` from /metrics);
@@ -32,7 +32,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import sys
 import time
 import urllib.request
@@ -50,51 +49,14 @@ RATE = 16000
 STAGGER_S = 0.37
 TARGET_WER_GAP = 0.005
 TARGET_FINAL_P50_S = 0.4
-_ONES = [
-    "zero",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-    "ten",
-    "eleven",
-    "twelve",
-    "thirteen",
-    "fourteen",
-    "fifteen",
-    "sixteen",
-    "seventeen",
-    "eighteen",
-    "nineteen",
-]
-_TENS = ["_", "_", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-
-
-def number_words(match: re.Match[str]) -> str:
-    n = int(match.group())
-    if n < 20:
-        return _ONES[n]
-    if n < 100:
-        return _TENS[n // 10] + ("" if n % 10 == 0 else " " + _ONES[n % 10])
-    return match.group()
-
-
-def normalize(text: str) -> str:
-    text = text.lower().replace("-", " ")
-    text = re.sub(r"\bmr\b\.?", "mister", text)
-    text = re.sub(r"\d+", number_words, text)
-    return " ".join(re.findall(r"[a-z']+", text))
 
 
 def corpus_wer(references: list[str], hypotheses: list[str]) -> float:
-    import jiwer
+    from tests.wer import corpus_wer as wer
+    from tests.wer import spoken_form
 
-    return float(jiwer.wer([normalize(r) for r in references], [normalize(h) or "<none>" for h in hypotheses]))
+    result = wer([spoken_form(r) for r in references], [spoken_form(h) for h in hypotheses])
+    return float("nan") if result is None else result
 
 
 def load_human() -> list[Clip]:

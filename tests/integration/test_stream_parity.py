@@ -36,6 +36,7 @@ from tests.integration.test_realtime import pcm16 as realtime_pcm16
 from tests.integration.test_ws_stream import connect as ws_connect
 from tests.integration.test_ws_stream import pcm16, silence
 from tests.rtc_peer import connect as rtc_connect
+from tests.wer import corpus_wer
 
 HumanClip = tuple[str, np.ndarray, str]
 GAP_S = 1.5  # silence between clips: longer than the VAD's hangover, so each clip ends its utterances
@@ -98,17 +99,16 @@ def doubled(text: str) -> int:
 
 
 def check_parity(streamed: dict[str, str], uploaded: dict[str, str]) -> None:
-    import jiwer
-
-    references = [" ".join(normalized_words(uploaded[name])) for name in uploaded]
-    hypotheses = [" ".join(normalized_words(streamed[name])) or "<nothing>" for name in uploaded]
+    references = [uploaded[name] for name in uploaded]
+    hypotheses = [streamed[name] or "<nothing>" for name in uploaded]
     report = "\n".join(f"{name}: upload {uploaded[name]!r} / stream {streamed[name]!r}" for name in uploaded)
     for name in uploaded:
         extra = len(normalized_words(streamed[name])) - len(normalized_words(uploaded[name]))
         assert extra <= 1, f"{name}: the stream holds {extra} more words than the upload (a loop?)\n{report}"
         # The seam: a word doubled where the promised text meets the final's decode ("forever. Ferever.").
         assert doubled(streamed[name]) <= doubled(uploaded[name]), f"{name}: a doubled word\n{report}"
-    wer = float(jiwer.wer(references, hypotheses))
+    wer = corpus_wer(references, hypotheses)
+    assert wer is not None
     print(f"stream vs upload WER {wer:.3f} over {len(references)} clips\n{report}")
     assert wer <= TOLERATED_WER, f"stream vs upload WER {wer:.3f}\n{report}"
 

@@ -193,7 +193,11 @@ def main() -> None:
             urls["server"] = args.url.rstrip("/")
         else:
             for config in configs:
-                env = dict(ASR_ONLY) | config.env | {"MEDIASERVER_MAX_SESSIONS": str(max(levels) + 8)}
+                # The clients send audio without a pause, so the server's gap filling (for Opus DTX and
+                # devices that go quiet) has nothing to fill; off, a client stalled by load on this
+                # machine cannot shift the server's stream clock off the clips' offsets.
+                env = dict(ASR_ONLY) | {"MEDIASERVER_STREAM_GAP_FILL_MS": "0"} | config.env
+                env |= {"MEDIASERVER_MAX_SESSIONS": str(max(levels) + 8)}
                 log_path = args.out.parent / f"eval-parity-{config.name}.log"
                 url, _ = stack.enter_context(child_server(log_path, 180.0, env, cwd=config.tree))
                 urls[config.name] = url

@@ -275,17 +275,23 @@ def load_clips(archive_dir: Path | str, names: Iterable[str] | None = None) -> l
     return result
 
 
+def wav_bytes(audio: Audio) -> bytes:
+    """16 kHz mono 16-bit WAV of float audio in [-1, 1]."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes((np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes())
+    return out.getvalue()
+
+
 def write_wavs(clips: Iterable[tuple[str, Audio, str]], out_dir: Path | str) -> None:
     """Write each clip as ``NAME.wav`` (16 kHz mono 16-bit) and its reference as ``NAME.txt``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, audio, text in clips:
-        pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
-        with wave.open(str(out / f"{name}.wav"), "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(SAMPLE_RATE)
-            w.writeframes(pcm)
+        (out / f"{name}.wav").write_bytes(wav_bytes(audio))
         (out / f"{name}.txt").write_text(text + "\n", encoding="utf-8")
 
 

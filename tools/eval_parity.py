@@ -29,13 +29,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import io
 import json
 import os
 import sys
 import time
 import urllib.request
-import wave
 from pathlib import Path
 from typing import Any
 
@@ -71,18 +69,10 @@ def load_human() -> list[Clip]:
     return clips
 
 
-def wav_bytes(audio: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(RATE)
-        w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
-    return out.getvalue()
-
-
 async def upload(url: str, clip: Clip) -> str:
     import aiohttp
+
+    from tests.human_speech import wav_bytes
 
     form = aiohttp.FormData()
     form.add_field("file", wav_bytes(clip.audio), filename="clip.wav", content_type="audio/wav")

@@ -17,9 +17,7 @@ looping final holds three times as many).
 from __future__ import annotations
 
 import asyncio
-import io
 import itertools
-import wave
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,7 +28,7 @@ import pytest_asyncio
 
 from mediaserver.asr.guards import normalized_words, repeated_phrase
 from tests.conftest import Clip, LiveServer
-from tests.human_speech import SAMPLE_RATE
+from tests.human_speech import SAMPLE_RATE, wav_bytes
 from tests.integration.test_realtime import configure, until_completed
 from tests.integration.test_realtime import connect as connect  # a fixture: the explicit re-export keeps it
 from tests.integration.test_realtime import pcm16 as realtime_pcm16
@@ -44,19 +42,9 @@ GAP_S = 1.5  # silence between clips: longer than the VAD's hangover, so each cl
 TOLERATED_WER = 0.05
 
 
-def wav(audio: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(SAMPLE_RATE)
-        w.writeframes(pcm16(audio))
-    return out.getvalue()
-
-
 async def upload(server: LiveServer, audio: np.ndarray) -> str:
     form = aiohttp.FormData()
-    form.add_field("file", wav(audio), filename="clip.wav", content_type="audio/wav")
+    form.add_field("file", wav_bytes(audio), filename="clip.wav", content_type="audio/wav")
     form.add_field("model", "whisper-1")
     async with aiohttp.ClientSession() as http, http.post(f"{server.url}/v1/audio/transcriptions", data=form) as r:
         assert r.status == 200, await r.text()

@@ -87,18 +87,20 @@ def doubled(text: str) -> int:
     return sum(a == b for a, b in itertools.pairwise(words))
 
 
-def check_parity(streamed: dict[str, str], uploaded: dict[str, str]) -> None:
-    references = [uploaded[name] for name in uploaded]
+def check_parity(streamed: dict[str, str], uploaded: dict[str, str], references: dict[str, str]) -> None:
+    upload_texts = [uploaded[name] for name in uploaded]
     hypotheses = [streamed[name] or "<nothing>" for name in uploaded]
     report = "\n".join(f"{name}: upload {uploaded[name]!r} / stream {streamed[name]!r}" for name in uploaded)
     for name in uploaded:
         extra = len(normalized_words(streamed[name])) - len(normalized_words(uploaded[name]))
         assert extra <= 1, f"{name}: the stream holds {extra} more words than the upload (a loop?)\n{report}"
-        # The seam: a word doubled where the promised text meets the final's decode ("forever. Ferever.").
-        assert doubled(streamed[name]) <= doubled(uploaded[name]), f"{name}: a doubled word\n{report}"
-    wer = corpus_wer(references, hypotheses)
+        # The seam: a word doubled where the promised text meets the final's decode ("forever. Ferever."),
+        # unless the speaker said it twice ("five five") or the upload has it twice too.
+        allowed = max(doubled(uploaded[name]), doubled(references[name]))
+        assert doubled(streamed[name]) <= allowed, f"{name}: a doubled word\n{report}"
+    wer = corpus_wer(upload_texts, hypotheses)
     assert wer is not None
-    print(f"stream vs upload WER {wer:.3f} over {len(references)} clips\n{report}")
+    print(f"stream vs upload WER {wer:.3f} over {len(upload_texts)} clips\n{report}")
     assert wer <= TOLERATED_WER, f"stream vs upload WER {wer:.3f}\n{report}"
 
 
@@ -116,7 +118,7 @@ async def test_one_stream_of_real_speech_says_what_the_uploads_say(
     server = steady_server
     uploaded = {name: await upload(server, audio) for name, audio, _ in human_clips}
     streamed, _ = await stream(server, human_clips)
-    check_parity(streamed, uploaded)
+    check_parity(streamed, uploaded, {name: text for name, _, text in human_clips})
 
 
 @pytest.mark.slow
@@ -125,7 +127,7 @@ async def test_four_streams_at_once_say_what_the_uploads_say(server: LiveServer,
     groups = [human_clips[i::4] for i in range(4)]
     results = await asyncio.gather(*(stream(server, group) for group in groups))
     streamed = {name: text for texts, _ in results for name, text in texts.items()}
-    check_parity(streamed, uploaded)
+    check_parity(streamed, uploaded, {name: text for name, _, text in human_clips})
 
 
 # --- the same rules through the other streaming faces -------------------------------------------

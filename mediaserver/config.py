@@ -15,13 +15,13 @@ from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL_ALIASES: dict[str, str] = {
-    # OpenAI model names map to the default model: SDK users keep their code unchanged.
+    # OpenAI model names map to the default model: SDK users keep their code unchanged. Only names
+    # whose job the default model does: gpt-4o-transcribe-diarize is left out (nothing diarizes).
     "whisper-1": "@default",
     "gpt-4o-transcribe": "@default",
     "gpt-4o-mini-transcribe": "@default",
     "gpt-transcribe": "@default",
     "gpt-4o-mini-transcribe-2025-12-15": "@default",
-    "gpt-4o-transcribe-diarize": "@default",
     "gpt-live-transcribe": "@default",
     "gpt-realtime-whisper": "@default",
 }

@@ -99,6 +99,12 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
     if not requested_model:
         raise InvalidParameter("the field 'model' is required (for example 'whisper-1')", param="model")
     response_format = (_single(values, "response_format") or "json").strip().lower()
+    if response_format == "diarized_json":
+        raise InvalidParameter(
+            "response_format=diarized_json needs speaker diarization, which this server does not do;"
+            f" use one of {', '.join(RESPONSE_FORMATS)}",
+            param="response_format",
+        )
     if response_format not in RESPONSE_FORMATS:
         raise InvalidParameter(
             f"response_format must be one of {', '.join(RESPONSE_FORMATS)}; got {response_format!r}",

@@ -78,6 +78,11 @@ def _check_output(command: str, stdout: str, workdir: Path) -> None:
         data = out.read_bytes()
         assert data[:4] == b"RIFF" and data[8:12] == b"WAVE" and len(data) > 1000, data[:64]
         return
+    if "stream=true" in command:  # server-sent events: the deltas, then the done event with the text
+        events = [json.loads(line[6:]) for line in stdout.splitlines() if line.startswith("data: ")]
+        assert events and events[-1]["type"] == "transcript.text.done", stdout
+        assert "".join(e["delta"] for e in events[:-1]) == events[-1]["text"], events
+        stdout = json.dumps(events[-1])
     body: Any = json.loads(stdout)
     if "/api/asr" in command or "/v1/audio/transcriptions" in command:
         words = set(re.findall(r"[a-z]+", body["text"].lower()))

@@ -345,6 +345,7 @@ def call_config(request: web.Request, session: dict[str, Any] | None) -> tuple[R
 async def calls_handler(request: web.Request) -> web.Response:
     """POST /v1/realtime/calls: SDP offer in, ``201`` with the SDP answer out."""
     settings = request.app[SETTINGS]
+    client_secrets.from_request(request)  # a bad client secret is a 401 before the body is read
     sdp, session = await read_offer(request, settings.realtime_max_call_bytes)
     config, conversation = call_config(request, session)
     call = RealtimeCall(request.app, settings, config, conversation)

@@ -12,6 +12,7 @@ forged one, or one from another server is a 401 in OpenAI's error shape.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -228,3 +229,36 @@ async def test_bad_session_config_is_400_at_minting(auth_server: LiveServer) -> 
     with pytest.raises(openai.BadRequestError) as caught:
         await _client(auth_server).realtime.client_secrets.create(session={"type": "dictation"})
     assert caught.value.param == "session.type"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"not json", "body"),
+        (b"[]", "body"),
+        (b'{"session": "realtime"}', "session"),
+        (b'{"expires_after": 600}', "expires_after"),
+        (b'{"expires_after": {"anchor": "now", "seconds": 60}}', "expires_after.anchor"),
+        (b'{"expires_after": {"seconds": true}}', "expires_after.seconds"),
+        (json.dumps({"session": {"type": "realtime", "instructions": os.urandom(4000).hex()}}).encode(), "session"),
+    ],
+    ids=["not-json", "array", "session-string", "expires-number", "anchor", "seconds-bool", "too-long"],
+)
+async def test_bad_mint_bodies_are_400(auth_server: LiveServer, body: bytes, param: str) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            auth_server.url + "/v1/realtime/client_secrets",
+            data=body,
+            headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        ) as resp,
+    ):
+        answer = await resp.json()
+    assert resp.status == 400, answer
+    assert set(answer["error"]) == OPENAI_ERROR_KEYS and answer["error"]["param"] == param, answer
+
+
+@pytest.mark.parametrize("value", ["ek_", "ek_abc", "ek_.", "ek_abc.def.ghi", "ek_" + "A" * 5000 + ".x"])
+async def test_malformed_secrets_are_401(auth_server: LiveServer, value: str) -> None:
+    status, body = await _get(auth_server, "/v1/realtime", {"Authorization": f"Bearer {value}"})
+    _assert_401(status, body)

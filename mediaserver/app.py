@@ -32,6 +32,7 @@ from mediaserver.transport.openai import models as openai_models
 from mediaserver.transport.openai import realtime
 from mediaserver.transport.openai import speech as openai_speech
 from mediaserver.transport.openai import transcriptions as openai_rest
+from mediaserver.transport.openai.realtime import client_secrets
 from mediaserver.transport.webrtc import asr as rtc
 from mediaserver.transport.wis import chatbot as wis_chatbot
 from mediaserver.transport.wis import tts as wis_tts
@@ -49,6 +50,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # what /api/docs loads: it describes the API, it holds nothing secret.
 _PUBLIC_PATHS = frozenset({"/health", "/rtc", "/api/docs", "/api/openapi.json"})
 _PUBLIC_PREFIXES = ("/rtc/", "/static/")
+_CLIENT_SECRET_PATHS = frozenset({"/v1/realtime", "/v1/realtime/calls"})
 
 
 def _is_openai(request: web.Request) -> bool:
@@ -171,7 +173,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     settings = request.app[SETTINGS]
     if request.path in _PUBLIC_PATHS or request.path.startswith(_PUBLIC_PREFIXES) or request.method == "OPTIONS":
         return await handler(request)
-    if not _check_credentials(request, settings):
+    # A client secret opens realtime sessions only; their handlers check it (client_secrets.py).
+    secret_path = request.path in _CLIENT_SECRET_PATHS and client_secrets.presented(request) is not None
+    if not secret_path and not _check_credentials(request, settings):
         raise Unauthorized("authentication required: HTTP Basic credentials or an API key")
     return await handler(request)
 

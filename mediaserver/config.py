@@ -15,13 +15,13 @@ from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL_ALIASES: dict[str, str] = {
-    # OpenAI model names map to the default model: SDK users keep their code unchanged.
+    # OpenAI model names map to the default model: SDK users keep their code unchanged. Only names
+    # whose job the default model does: gpt-4o-transcribe-diarize is left out (nothing diarizes).
     "whisper-1": "@default",
     "gpt-4o-transcribe": "@default",
     "gpt-4o-mini-transcribe": "@default",
     "gpt-transcribe": "@default",
     "gpt-4o-mini-transcribe-2025-12-15": "@default",
-    "gpt-4o-transcribe-diarize": "@default",
     "gpt-live-transcribe": "@default",
     "gpt-realtime-whisper": "@default",
 }
@@ -298,6 +298,17 @@ class Settings(BaseSettings):
     realtime_max_items: int = Field(1000, ge=2, description="conversation items kept; older ones are forgotten")
     realtime_max_call_bytes: int = Field(
         256 * 1024, ge=1024, description="POST /v1/realtime/calls body (the SDP offer and the session)"
+    )
+    # Client secrets (ephemeral keys, /v1/realtime/client_secrets): stateless HMAC-signed tokens.
+    realtime_client_secret_key: SecretStr | None = Field(
+        None,
+        description="HMAC key that signs client secrets; the same on every replica so any accepts them. "
+        "Unset: a random key per process (a restart invalidates every secret)",
+    )
+    realtime_client_secret_default_ttl_s: int = Field(600, ge=10, description="expires_after.seconds by default")
+    realtime_client_secret_max_ttl_s: int = Field(7200, ge=10, description="the longest expires_after.seconds")
+    realtime_client_secret_max_chars: int = Field(
+        4096, ge=256, description="a secret carries its session config: past this length minting is a 400"
     )
 
     # --- Wyoming (Home Assistant) --------------------------------------------------------------

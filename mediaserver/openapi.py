@@ -247,13 +247,26 @@ def spec() -> dict[str, Any]:
                                 "type": "array",
                                 "items": {"type": "string", "enum": ["word", "segment"]},
                             },
+                            "stream": {
+                                "type": "boolean",
+                                "description": "server-sent transcript.text.delta events, then transcript.text.done"
+                                " (response_format json or text)",
+                            },
+                            "include[]": {
+                                "type": "array",
+                                "items": {"type": "string", "enum": ["logprobs"]},
+                                "description": "word logprobs (response_format json)",
+                            },
                         },
                         ["file", "model"],
                     ),
                     "responses": {
                         "200": {
-                            "description": "transcript in the requested format",
-                            **json_body({"type": "object"}),
+                            "description": "transcript in the requested format, or its events with stream=true",
+                            "content": {
+                                **json_body({"type": "object"})["content"],
+                                "text/event-stream": {"schema": {"type": "string"}},
+                            },
                         },
                         **error_responses(ERROR_OPENAI, 400, 401, 413, 503, 504),
                     },

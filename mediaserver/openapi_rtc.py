@@ -89,6 +89,7 @@ def rtc_paths() -> dict[str, Any]:
                 },
             }
         },
+        **_client_secret_paths(),
         "/v1/realtime/calls/{call_id}/hangup": {
             "post": {
                 "summary": "end a Realtime call",
@@ -96,6 +97,81 @@ def rtc_paths() -> dict[str, Any]:
                 "responses": {
                     "200": {"description": "the call is closed"},
                     **error_responses(ERROR_OPENAI, 401, 404),
+                },
+            }
+        },
+    }
+
+
+_SECRET_NOTE = (
+    "a short-lived client secret (ek_...) for a browser: it opens /v1/realtime (Bearer, or the WebSocket "
+    "subprotocol openai-insecure-api-key.<secret>) and /v1/realtime/calls (Bearer), only for a session of the "
+    "kind it was minted for, until it expires; its session config applies"
+)
+_EXPIRES_AFTER = {
+    "type": "object",
+    "properties": {
+        "anchor": {"type": "string", "enum": ["created_at"]},
+        "seconds": {"type": "integer", "minimum": 10, "maximum": 7200, "default": 600},
+    },
+}
+_SECRET_FIELDS: dict[str, Any] = {"value": {"type": "string"}, "expires_at": {"type": "integer"}}
+_CLIENT_SECRET = {"type": "object", "required": ["value", "expires_at"], "properties": _SECRET_FIELDS}
+
+
+def _client_secret_paths() -> dict[str, Any]:
+    errors = error_responses(ERROR_OPENAI, 400, 401, 413)
+    return {
+        "/v1/realtime/client_secrets": {
+            "post": {
+                "summary": "mint " + _SECRET_NOTE,
+                "requestBody": json_body(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "expires_after": _EXPIRES_AFTER,
+                            "session": {"type": "object", "description": "type realtime (default) or transcription"},
+                        },
+                    }
+                ),
+                "responses": {
+                    "200": {
+                        "description": "the secret and the session it opens",
+                        **json_body(
+                            {
+                                "type": "object",
+                                "required": ["value", "expires_at", "session"],
+                                "properties": {**_SECRET_FIELDS, "session": {"type": "object"}},
+                            }
+                        ),
+                    },
+                    **errors,
+                },
+            }
+        },
+        "/v1/realtime/sessions": {
+            "post": {
+                "summary": "beta: a conversation session config (flat shape) and " + _SECRET_NOTE,
+                "requestBody": json_body({"type": "object"}),
+                "responses": {
+                    "200": {
+                        "description": "the session, with client_secret {value, expires_at} (default 60 s)",
+                        **json_body({"type": "object", "properties": {"client_secret": _CLIENT_SECRET}}),
+                    },
+                    **errors,
+                },
+            }
+        },
+        "/v1/realtime/transcription_sessions": {
+            "post": {
+                "summary": "beta: a transcription session config and " + _SECRET_NOTE,
+                "requestBody": json_body({"type": "object"}),
+                "responses": {
+                    "200": {
+                        "description": "the session, with client_secret {value, expires_at} (default 60 s)",
+                        **json_body({"type": "object", "properties": {"client_secret": _CLIENT_SECRET}}),
+                    },
+                    **errors,
                 },
             }
         },

@@ -197,11 +197,16 @@ async def make_offer(*, data_channel: bool = True, audio: str | None = "sendrecv
 
 
 async def connect_call(
-    server: Any, session: dict[str, Any] | None = None, *, raw_sdp: bool = False, direction: str = "sendrecv"
+    server: Any,
+    session: dict[str, Any] | None = None,
+    *,
+    raw_sdp: bool = False,
+    direction: str = "sendrecv",
+    api_key: str = "unused",
 ) -> tuple[Peer, str]:
     """An OpenAI Realtime WebRTC call: the offer posted to /v1/realtime/calls with the openai SDK (the
-    multipart form with ``session``) or as a raw application/sdp body; events on ``oai-events``.
-    Returns the peer and the call's Location."""
+    multipart form with ``session``; ``api_key`` as its key, a client secret say) or as a raw
+    application/sdp body; events on ``oai-events``. Returns the peer and the call's Location."""
     import openai
 
     pc = RTCPeerConnection()
@@ -234,7 +239,7 @@ async def connect_call(
             assert resp.content_type == "application/sdp"
             answer, location = await resp.text(), resp.headers["Location"]
     else:
-        client: Any = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        client: Any = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0)
         raw = await client.realtime.calls.with_raw_response.create(
             sdp=offer, **({"session": session} if session is not None else {})
         )

@@ -236,6 +236,30 @@ async def test_models_list(client: openai.AsyncOpenAI) -> None:
     assert len(ids) == len(set(ids))
 
 
+# --- an honest model list: nothing diarizes, so no name promises it --------------------------------
+
+
+async def test_models_list_names_no_diarization(client: openai.AsyncOpenAI) -> None:
+    ids = [m.id async for m in client.models.list()]
+    assert not [i for i in ids if "diariz" in i], ids
+
+
+async def test_diarize_model_is_unknown(client: openai.AsyncOpenAI, speech: Any) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.audio.transcriptions.create(model="gpt-4o-transcribe-diarize", file=_upload(speech, "kitchen"))
+    assert caught.value.param == "model"
+    assert "gpt-4o-transcribe-diarize" in caught.value.body["message"]  # type: ignore[index]
+
+
+async def test_diarized_json_is_a_clear_400(client: openai.AsyncOpenAI, speech: Any) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.audio.transcriptions.create(
+            model="whisper-1", file=_upload(speech, "kitchen"), response_format="diarized_json"
+        )
+    assert caught.value.param == "response_format"
+    assert "diariz" in caught.value.body["message"]  # type: ignore[index]
+
+
 # --- errors through the SDK ------------------------------------------------------------------------
 
 

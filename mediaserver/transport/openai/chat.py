@@ -24,6 +24,7 @@ from mediaserver.llm.service import LlmStream
 from mediaserver.llm.types import ChatMessage, GenerationParams, Role
 from mediaserver.state import CAPABILITIES, LLM, SETTINGS
 from mediaserver.transport.openai.bodies import parse_body, read_json_object
+from mediaserver.transport.openai.chat_images import ImagePart, refuse_images
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class _TextPart(_Lenient):
 
 class _Message(_Lenient):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[_TextPart]
+    content: str | list[_TextPart | ImagePart]
 
 
 class _StreamOptions(_Lenient):
@@ -83,11 +84,12 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
 def _content(message: _Message) -> str:
     if isinstance(message.content, str):
         return message.content
-    return "".join(part.text for part in message.content)
+    return "".join(part.text for part in message.content if isinstance(part, _TextPart))
 
 
 def parse_chat(body: Any) -> tuple[_ChatBody, list[ChatMessage], GenerationParams]:
     chat = parse_body(_ChatBody, body)
+    refuse_images(chat.model, [m.content for m in chat.messages])
     if chat.n is not None and chat.n != 1:
         raise InvalidParameter(f"n must be 1 on this server (one choice per request), got {chat.n}", param="n")
     if chat.tools:

@@ -18,9 +18,11 @@ from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, Task, Trans
 from mediaserver.languages import language_name
 from mediaserver.state import ASR, METRICS, SETTINGS
 from mediaserver.transport.common import parse_float, parse_language, read_multipart
+from mediaserver.transport.openai.transcription_stream import stream_transcript, word_logprobs
 
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 GRANULARITIES = ("word", "segment")
+STREAM_FORMATS = ("json", "text")  # OpenAI streams these only
 
 
 def _timestamp(seconds: float, *, decimal: str) -> str:
@@ -99,6 +101,12 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
     if not requested_model:
         raise InvalidParameter("the field 'model' is required (for example 'whisper-1')", param="model")
     response_format = (_single(values, "response_format") or "json").strip().lower()
+    if response_format == "diarized_json":
+        raise InvalidParameter(
+            "response_format=diarized_json needs speaker diarization, which this server does not do;"
+            f" use one of {', '.join(RESPONSE_FORMATS)}",
+            param="response_format",
+        )
     if response_format not in RESPONSE_FORMATS:
         raise InvalidParameter(
             f"response_format must be one of {', '.join(RESPONSE_FORMATS)}; got {response_format!r}",
@@ -115,8 +123,19 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
         raise InvalidParameter(
             "timestamp_granularities requires response_format=verbose_json", param="timestamp_granularities"
         )
-    if (_single(values, "stream") or "").strip().lower() in ("true", "1"):
-        raise InvalidParameter("stream=true is not supported for Whisper models", param="stream")
+    stream = (_single(values, "stream") or "").strip().lower() in ("true", "1")
+    if stream and task == "translate":
+        raise InvalidParameter("stream=true is not supported for translations", param="stream")
+    if stream and response_format not in STREAM_FORMATS:
+        raise InvalidParameter(
+            f"stream=true needs response_format json or text; got {response_format!r}", param="response_format"
+        )
+    include = set(values.get("include[]", []) + values.get("include", []))
+    if include - {"logprobs"}:
+        raise InvalidParameter(f"include may only name 'logprobs'; got {sorted(include)}", param="include")
+    with_logprobs = "logprobs" in include
+    if with_logprobs and response_format != "json":
+        raise InvalidParameter("include[]=logprobs needs response_format=json", param="include")
     temperature = parse_float({k: v[-1] for k, v in values.items()}, "temperature", None, minimum=0.0, maximum=1.0)
     language = None if task == "translate" else parse_language(_single(values, "language"), "language")
     options = TranscriptionOptions(
@@ -125,7 +144,7 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
         beam_size=settings.default_beam_size,
         temperature=(temperature,) if temperature else DEFAULT_TEMPERATURES,
         initial_prompt=_single(values, "prompt") or None,
-        word_timestamps="word" in granularities,
+        word_timestamps="word" in granularities or with_logprobs,
         with_segment_timestamps=response_format in ("srt", "vtt", "verbose_json"),
     )
     model_name = requested_model
@@ -136,6 +155,12 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
         )
     audio = await asyncio.to_thread(decode_any, data, max_duration_s=settings.max_audio_duration_s)
     request.app[METRICS].audio_seconds.labels("openai").inc(audio.size / SAMPLE_RATE_HZ)
+    if stream:
+        loaded = await asr.get_model(model_name)  # an unknown model or option is a 400 before the stream
+        asr.models.check_options(loaded.name, options)
+        return await stream_transcript(
+            request, lambda: asr.transcribe(audio, options, model=loaded.name), with_logprobs=with_logprobs
+        )
     transcript = await asr.transcribe(audio, options, model=model_name)
     if response_format == "text":
         return web.Response(text=transcript.text + "\n", content_type="text/plain")
@@ -145,7 +170,10 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
         return web.Response(text=to_vtt(transcript), content_type="text/vtt")
     if response_format == "verbose_json":
         return web.json_response(to_verbose_json(transcript, task, granularities or {"segment"}))
-    return web.json_response({"text": transcript.text, "usage": _usage(transcript)})
+    body: dict[str, Any] = {"text": transcript.text, "usage": _usage(transcript)}
+    if with_logprobs:
+        body["logprobs"] = word_logprobs(transcript.segments)
+    return web.json_response(body)
 
 
 async def transcriptions_handler(request: web.Request) -> web.StreamResponse:

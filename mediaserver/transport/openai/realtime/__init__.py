@@ -57,12 +57,13 @@ queued events in order. Closing always ends in ``RealtimeSession.aclose``: the s
 
 The package: ``config`` parses and validates session configuration (pure functions), ``events``
 translates speech and transcript events into server events, ``session`` is the connection,
-``websocket`` and ``calls`` the endpoints, ``lookups`` what the app knows (LLM models, voices).
+``websocket`` and ``calls`` the endpoints, ``lookups`` what the app knows (LLM models, voices),
+``client_secrets`` the short-lived keys browsers connect with, ``idle`` ``turn_detection.idle_timeout_ms``.
 """
 
 from aiohttp import web
 
-from mediaserver.transport.openai.realtime import calls, websocket
+from mediaserver.transport.openai.realtime import calls, client_secrets, websocket
 from mediaserver.transport.openai.realtime.websocket import PATH
 
 __all__ = ["PATH", "add_routes"]
@@ -71,3 +72,4 @@ __all__ = ["PATH", "add_routes"]
 def add_routes(app: web.Application) -> None:
     websocket.add_routes(app)
     calls.add_routes(app)
+    client_secrets.add_routes(app)

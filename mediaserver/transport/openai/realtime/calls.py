@@ -41,6 +41,7 @@ from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.common import loads_json
+from mediaserver.transport.openai.realtime import client_secrets
 from mediaserver.transport.openai.realtime.config import EventError, RealtimeConfig, new_id, session_kind
 from mediaserver.transport.openai.realtime.conversation_config import (
     ConversationConfig,
@@ -312,6 +313,9 @@ def call_config(request: web.Request, session: dict[str, Any] | None) -> tuple[R
     """The call's configuration: the URL's ``model``, then the posted ``session`` over it."""
     app, settings = request.app, request.app[SETTINGS]
     models = app[ASR].models
+    secret = client_secrets.from_request(request)
+    if secret is not None:
+        client_secrets.check_kind(secret, "conversation")  # calls carry conversations only
     kind, config, llm_model = session_kind(settings, models, request.query, lambda name: is_llm_model(app, name))
     if kind != "conversation" or (session is not None and session.get("type") == "transcription"):
         raise InvalidParameter(
@@ -320,6 +324,10 @@ def call_config(request: web.Request, session: dict[str, Any] | None) -> tuple[R
             param="session.type",
         )
     conversation = default_conversation(settings, config, llm_model, request.query.get("model", "").strip() or None)
+    if secret is not None:  # the secret's session config, then the posted one over it
+        config, applied = client_secrets.apply(app, secret.session, config, conversation)
+        assert applied is not None
+        conversation = applied
     if session is not None:
         try:
             conversation = parse_conversation_session(
@@ -337,6 +345,7 @@ def call_config(request: web.Request, session: dict[str, Any] | None) -> tuple[R
 async def calls_handler(request: web.Request) -> web.Response:
     """POST /v1/realtime/calls: SDP offer in, ``201`` with the SDP answer out."""
     settings = request.app[SETTINGS]
+    client_secrets.from_request(request)  # a bad client secret is a 401 before the body is read
     sdp, session = await read_offer(request, settings.realtime_max_call_bytes)
     config, conversation = call_config(request, session)
     call = RealtimeCall(request.app, settings, config, conversation)

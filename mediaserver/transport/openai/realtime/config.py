@@ -23,6 +23,7 @@ from mediaserver.languages import normalize_language
 from mediaserver.stream_session import StreamOptions, segmenter_config
 
 MAX_VAD_MS: Final = 10000
+MAX_IDLE_TIMEOUT_MS: Final = 10 * 60 * 1000
 
 AudioType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
 TurnType = Literal["server_vad", "semantic_vad"]
@@ -92,6 +93,8 @@ class TurnDetection:
     # Conversation sessions: answer each turn by itself, and stop an answer when the user speaks.
     create_response: bool = True
     interrupt_response: bool = True
+    # Conversation sessions: commit and answer after this much input audio without speech (session.py).
+    idle_timeout_ms: int | None = None
 
     def segmenter(self, settings: Settings) -> SegmenterConfig:
         # Every detected start of speech becomes an item, as with OpenAI: no minimum speech length.
@@ -122,6 +125,7 @@ class TurnDetection:
         )
         if conversation:
             described.update(create_response=self.create_response, interrupt_response=self.interrupt_response)
+            described["idle_timeout_ms"] = self.idle_timeout_ms
         return described
 
 
@@ -322,10 +326,15 @@ def parse_turn_detection(value: object, param: str) -> TurnDetection | None:
             None if silence_ms is None else integer(silence_ms, f"{param}.silence_duration_ms", 0, MAX_VAD_MS)
         ),
         eagerness=eagerness if kind == "semantic_vad" else None,
-        # idle_timeout_ms is accepted and not acted on.
         create_response=_flag(spec, "create_response", param),
         interrupt_response=_flag(spec, "interrupt_response", param),
+        idle_timeout_ms=_idle_timeout_ms(spec.get("idle_timeout_ms"), f"{param}.idle_timeout_ms"),
     )
+
+
+def _idle_timeout_ms(value: object, param: str) -> int | None:
+    """``idle_timeout_ms``: null (off) or a whole number of milliseconds, at most MAX_IDLE_TIMEOUT_MS."""
+    return None if value is None else integer(value, param, 1, MAX_IDLE_TIMEOUT_MS)
 
 
 def _flag(spec: Mapping[str, Any], key: str, param: str) -> bool:

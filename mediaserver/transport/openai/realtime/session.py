@@ -35,6 +35,7 @@ from mediaserver.transport.openai.realtime.conversation_config import (
     parse_conversation_session,
     parse_response_options,
 )
+from mediaserver.transport.openai.realtime.idle import IdleTimer
 from mediaserver.transport.openai.realtime.input_transcription import AudioInput, InputTranscription
 from mediaserver.transport.openai.realtime.items import NewItem, parse_item, required_id
 from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
@@ -186,6 +187,7 @@ class RealtimeSession(SocketSession):
             assistant = make_assistant(app, self.id, self._on_assistant_event, audio_out, {})
             self.conversation = Conversation(self, settings, self.asr, assistant, conversation, audio)
         self.items = InputTranscription(self, self.conversation)
+        self.idle = IdleTimer(self.conversation, self.items) if self.conversation is not None else None
         self.stream = self._new_stream(config)
         self._retired: list[StreamSession] = []
 
@@ -468,6 +470,8 @@ class RealtimeSession(SocketSession):
     async def feed(self, samples: AudioArray) -> None:
         self._fed_samples += samples.size
         await self.stream.feed(samples)
+        if self.idle is not None and self._applied.server_vad:
+            await self.idle.check(self._applied.turn_detection, self._fed_samples, self.stream.in_speech)
 
     async def apply(self, work: _Work) -> None:
         if isinstance(work, _Configure):

@@ -11,6 +11,7 @@ from aiohttp import WSCloseCode, web
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.state import ASR, SESSIONS, SETTINGS
+from mediaserver.transport.openai.realtime import client_secrets
 from mediaserver.transport.openai.realtime.config import RealtimeConfig, SessionKind, session_kind
 from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, default_conversation
 from mediaserver.transport.openai.realtime.lookups import is_llm_model
@@ -36,15 +37,20 @@ def _is_beta(request: web.Request) -> bool:
 def open_session(
     request: web.Request, settings: Settings
 ) -> tuple[SessionKind, RealtimeConfig, ConversationConfig | None]:
-    """What the URL asks for (``config.session_kind``); a bad query is a 400 before any upgrade."""
+    """What the URL asks for (``config.session_kind``); a bad query is a 400 before any upgrade.
+    A client secret (``client_secrets``) must be of that kind, and its session config applies."""
     app = request.app
-    kind, config, llm_model = session_kind(
-        settings, app[ASR].models, request.query, lambda name: is_llm_model(app, name)
-    )
-    if kind == "transcription":
-        return kind, config, None
-    model = request.query.get("model", "").strip() or None
-    return kind, config, default_conversation(settings, config, llm_model, model)
+    secret = client_secrets.from_request(request)
+    query = request.query if secret is None else client_secrets.url_query_for(secret, request.query)
+    kind, config, llm_model = session_kind(settings, app[ASR].models, query, lambda name: is_llm_model(app, name))
+    conversation = None
+    if kind == "conversation":
+        model = query.get("model", "").strip() or None
+        conversation = default_conversation(settings, config, llm_model, model)
+    if secret is not None:
+        client_secrets.check_kind(secret, kind)
+        config, conversation = client_secrets.apply(app, secret.session, config, conversation)
+    return kind, config, conversation
 
 
 async def realtime_handler(request: web.Request) -> web.StreamResponse:

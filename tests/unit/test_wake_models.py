@@ -24,7 +24,12 @@ def test_builtin_models() -> None:
 def test_custom_directory_adds_models_and_skips_broken_ones(tmp_path: Path) -> None:
     builtin = WakeModels.load().get("hey_jarvis")
     shutil.copy(builtin.tflite_path, tmp_path / "hey_house.tflite")
-    config = {"type": "micro", "wake_word": "Hey House", "model": "hey_house.tflite", "trained_languages": ["en"]}
+    config: dict[str, object] = {
+        "type": "micro",
+        "wake_word": "Hey House",
+        "model": "hey_house.tflite",
+        "trained_languages": ["en"],
+    }
     config["micro"] = {"probability_cutoff": 0.9, "sliding_window_size": 5}
     (tmp_path / "hey_house.json").write_text(json.dumps(config))
     (tmp_path / "broken.json").write_text("{not json")

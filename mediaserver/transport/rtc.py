@@ -40,6 +40,7 @@ from aiortc.rtp import RtcpByePacket
 
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.turns import Assistant
+from mediaserver.audio.noise import NoiseFilter, new_filter, parse_level
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
 from mediaserver.events import (
@@ -225,6 +226,7 @@ class RtcSession:
         self.audio_out: AudioOut | None = None
         self.out_track: AssistantAudioTrack | None = None
         self.assistant: Assistant | None = None
+        self.noise: NoiseFilter | None = None
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("track", self._on_track)
         self.pc.on("connectionstatechange", self._on_connection_state)
@@ -253,8 +255,11 @@ class RtcSession:
                 await track.recv()
 
     async def _read_track(self, track: MediaStreamTrack) -> None:
-        await read_audio_track(track, self._resampler, self.stream.feed, self._on_frame)
+        await read_audio_track(track, self._resampler, self._feed, self._on_frame)
         log.debug("session %s: track ended", self.id)
+
+    async def _feed(self, samples: AudioArray) -> None:
+        await self.stream.feed(self.noise.process(samples) if self.noise is not None else samples)
 
     def _on_frame(self) -> None:
         self.last_activity = time.monotonic()
@@ -343,6 +348,7 @@ class RtcSession:
 
     async def _start(self, obj: Mapping[str, Any]) -> None:
         options = self._options(obj, base=self.base_options)
+        noise_level = parse_level(obj.get("noise_suppression"), self.settings)
         wants_assistant = obj.get("assistant", False)
         if not isinstance(wants_assistant, bool):
             raise InvalidParameter("'assistant' must be true or false", param="assistant")
@@ -367,6 +373,8 @@ class RtcSession:
                 unstable_partials=bool(obj.get("partials", False)) and bool(obj.get("unstable", False)),
             )
         )
+        if (self.noise.level if self.noise else 0) != noise_level:
+            self.noise = new_filter(noise_level, self.settings)
         self.started = True
         if self.hands_free:
             self.stream.clear()

@@ -75,6 +75,10 @@ class WakeDetector:
         return [m.info.name for m in self._models]
 
     @property
+    def phrases(self) -> list[str]:
+        return [m.info.phrase for m in self._models]
+
+    @property
     def position_ms(self) -> int:
         return self.samples * 1000 // SAMPLE_RATE_HZ
 

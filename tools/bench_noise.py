@@ -8,8 +8,9 @@ alone (as a device streams it: the suppressor learns the noise floor first):
 at each SNR (speech power over noise power, in dB), plus clean speech. Each mix is transcribed by
 the bundled tiny.en (faster-whisper, CPU int8, beam 1, English) raw and after each filter variant:
 the WebRTC noise suppressor + AGC (``mediaserver/audio/noise.py``, 20 ms pieces through one filter
-as a stream runs it) at the levels and gains given. WER is word errors over reference words of the
-whole set.
+as a stream runs it) at the levels and gains given, and for comparison Speex's preprocessor
+(``pyspeex-noise``: suppression -30 dB, AGC), the other noise filter PyPI has for 16 kHz streams.
+WER is word errors over reference words of the whole set.
 
 Prints a table (one row per noise kind and SNR, one column per variant), the targets (on better
 than off for white noise at 0 and 5 dB; clean speech no worse than +0.5 points) and writes a PNG
@@ -91,8 +92,30 @@ def parse_variant(name: str) -> tuple[int, int]:
     return int(level), int(gain)
 
 
-def run_filter(audio: Audio, level: int, gain: int) -> tuple[Audio, float]:
-    noise_filter = NoiseFilter(level, gain)
+class SpeexFilter:
+    """The comparison: Speex's preprocessor (``pyspeex-noise``, a dev dependency), as openWakeWord and
+    wyoming-satellite offer it: suppression to -30 dB, AGC towards level 4000."""
+
+    def __init__(self) -> None:
+        from pyspeex_noise import AudioProcessor
+
+        self._processor = AudioProcessor(4000, -30)
+        self._carry = np.zeros(0, np.int16)
+
+    def process(self, samples: Audio) -> Audio:
+        pcm = np.concatenate([self._carry, (np.clip(samples, -1, 1) * 32767).astype(np.int16)])
+        usable = pcm.size - pcm.size % 160
+        self._carry = pcm[usable:]
+        raw = pcm[:usable].astype("<i2").tobytes()
+        out = b"".join(self._processor.process_10ms(raw[i : i + 320]) for i in range(0, len(raw), 320))
+        cleaned: Audio = (np.frombuffer(out, dtype="<i2").astype(np.float32) / 32768.0).astype(np.float32)
+        return cleaned
+
+
+def run_filter(audio: Audio, variant: str) -> tuple[Audio, float]:
+    noise_filter: NoiseFilter | SpeexFilter = (
+        SpeexFilter() if variant == "speex" else NoiseFilter(*parse_variant(variant))
+    )
     started = time.process_time()
     out = np.concatenate([noise_filter.process(audio[i : i + PIECE]) for i in range(0, audio.size, PIECE)])
     return out, time.process_time() - started
@@ -163,7 +186,11 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=48, help="target sentences from the corpus")
     parser.add_argument("--snr", default="0,5,10", help="SNRs in dB")
     parser.add_argument("--kinds", default="white,babble")
-    parser.add_argument("--variants", default="L2g3", help="filters: L<level 1-4>g<AGC dBFS 0-31>, comma-separated")
+    parser.add_argument(
+        "--variants",
+        default="L2g3,speex",
+        help="filters, comma-separated: L<level 1-4>g<AGC dBFS 0-31> (WebRTC), speex (pyspeex-noise)",
+    )
     parser.add_argument("--plot", default=str(REPO / "docs" / "bench-noise.png"))
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -194,7 +221,7 @@ def main() -> None:
                 if name == "off":
                     heard = audio
                 else:
-                    heard, cpu = run_filter(audio, *parse_variant(name))
+                    heard, cpu = run_filter(audio, name)
                     filter_cpu += cpu
                     filter_audio += audio.size / RATE
                 e, _ = word_errors(utterance.text, transcribe(heard))
@@ -252,7 +279,7 @@ def plot(
     for ax, kind in zip(axes[0], kinds, strict=True):
         for name in ["off", *variants]:
             values = [100 * results[f"{kind} {snr:g} dB"][name] for snr in snrs]
-            label = "suppression off" if name == "off" else f"WebRTC {name}"
+            label = "suppression off" if name == "off" else "Speex" if name == "speex" else f"WebRTC {name}"
             ax.plot(snrs, values, marker="o", label=label)
         ax.axhline(100 * results["clean"]["off"], color="grey", linestyle=":", label="clean, off")
         ax.set_title(f"{kind} noise")

@@ -414,7 +414,7 @@ class Settings(BaseSettings):
     )
     noise_default: bool = Field(False, description="suppress noise on every stream unless it asks otherwise")
     noise_near_field_level: int = Field(1, ge=1, le=4, description="level for Realtime noise_reduction near_field")
-    noise_far_field_level: int = Field(3, ge=1, le=4, description="level for Realtime noise_reduction far_field")
+    noise_far_field_level: int = Field(2, ge=1, le=4, description="level for Realtime noise_reduction far_field")
 
     # --- misc ----------------------------------------------------------------------------------
     malloc_arena_max: int = Field(

@@ -105,6 +105,7 @@ async def total_wer(asr: AsrService, kind: str, snr_db: float | None, on: bool) 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 336 transcriptions one at a time: about 1.5 min on an idle machine
 async def test_suppression_helps_on_white_noise_and_leaves_clean_speech(asr_service: AsrService) -> None:
     table: dict[tuple[str, float | None], tuple[float, float]] = {}
     table[("clean", None)] = (

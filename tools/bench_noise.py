@@ -141,7 +141,7 @@ def word_errors(reference: str, hypothesis: str) -> tuple[float, int]:
     return float(wer) * words, words
 
 
-def raw_engine(threads: int) -> Callable[[Audio], str]:
+def raw_engine(threads: int) -> tuple[Callable[[Audio], str], Callable[[], None]]:
     from faster_whisper import WhisperModel
 
     from mediaserver.asr.models import bundled_tiny_en_dir
@@ -155,10 +155,10 @@ def raw_engine(threads: int) -> Callable[[Audio], str]:
         segments, _ = model.transcribe(audio, language="en", beam_size=1)
         return " ".join(s.text for s in segments)
 
-    return transcribe
+    return transcribe, lambda: None
 
 
-def server_engine() -> Callable[[Audio], str]:
+def server_engine() -> tuple[Callable[[Audio], str], Callable[[], None]]:
     """The server's AsrService (default settings, tiny.en) on an event loop of its own."""
     import asyncio
 
@@ -179,7 +179,11 @@ def server_engine() -> Callable[[Audio], str]:
         call = service.transcribe(audio, options, model="tiny.en", priority=Priority.FINAL)
         return loop.run_until_complete(call).text
 
-    return transcribe
+    def close() -> None:
+        loop.run_until_complete(service.aclose())
+        loop.close()
+
+    return transcribe, close
 
 
 def main() -> None:
@@ -205,7 +209,7 @@ def main() -> None:
     targets = corpus[: args.sentences]
     others = corpus[args.sentences :] or corpus[::-1]
     bed = babble_bed(others)
-    transcribe = raw_engine(args.threads) if args.engine == "raw" else server_engine()
+    transcribe, close_engine = raw_engine(args.threads) if args.engine == "raw" else server_engine()
 
     conditions: list[tuple[str, float | None]] = [("clean", None)] + [(k, s) for k in kinds for s in snrs]
     results: dict[str, dict[str, float]] = {}
@@ -232,6 +236,7 @@ def main() -> None:
         cells = "  ".join(f"{name} {wer:6.1%}" for name, wer in results[row_name].items())
         print(f"{row_name:16s} {cells}", flush=True)
 
+    close_engine()
     print(
         f"\n{len(targets)} sentences, {sum(len(u.text.split()) for u in targets)} words per row; tiny.en int8 beam 1, "
         f"{args.engine} engine; "

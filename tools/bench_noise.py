@@ -39,6 +39,7 @@ import numpy.typing as npt
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
+from benchlib import CpuWatch  # noqa: E402
 from speech_corpus import SENTENCES, Utterance, synthesize  # noqa: E402
 
 from mediaserver.audio.noise import NoiseFilter  # noqa: E402
@@ -215,6 +216,8 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     filter_cpu = filter_audio = 0.0
     started = time.monotonic()
+    watch = CpuWatch(None)
+    watch.start()
     for kind, snr in conditions:
         row_name = "clean" if snr is None else f"{kind} {snr:g} dB"
         errors = {name: 0.0 for name in ["off", *variants]}
@@ -237,9 +240,10 @@ def main() -> None:
         print(f"{row_name:16s} {cells}", flush=True)
 
     close_engine()
+    other_cores = watch.stop()
     print(
         f"\n{len(targets)} sentences, {sum(len(u.text.split()) for u in targets)} words per row; tiny.en int8 beam 1, "
-        f"{args.engine} engine; "
+        f"{args.engine} engine; other processes {other_cores if other_cores is not None else float('nan'):.2f} cores; "
         f"{time.monotonic() - started:.0f} s; filter CPU {100 * filter_cpu / max(filter_audio, 1e-9):.2f} % of a core"
     )
     checks: list[tuple[str, bool]] = []

@@ -34,6 +34,7 @@ import numpy.typing as npt
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
+from benchlib import CpuWatch  # noqa: E402
 from speech_corpus import SENTENCES, synthesize  # noqa: E402
 
 from mediaserver.wake.detector import WakeDetector  # noqa: E402
@@ -204,13 +205,17 @@ async def wyoming_cpu(streams: int, seconds: float) -> dict[str, float]:
                 assert event is not None and event.type == "not-detected", event
                 await client.disconnect()
 
+            watch = CpuWatch(None)
+            watch.start()
             started_cpu, started = time.process_time(), time.monotonic()
             await asyncio.gather(*(one() for _ in range(streams)))
             cpu, wall = time.process_time() - started_cpu, time.monotonic() - started
+            others = watch.stop()
             out[label] = 100 * cpu / (streams * seconds)
             print(
                 f"  Wyoming, {streams} streams x {seconds:.0f} s, {label:11s}: {out[label]:.2f} % of a core per "
-                f"real-time stream (client included; {wall:.1f} s wall)"
+                f"real-time stream (client included; {wall:.1f} s wall; other processes "
+                f"{others if others is not None else float('nan'):.2f} cores)"
             )
     finally:
         await server.aclose()

@@ -433,6 +433,36 @@ class Settings(BaseSettings):
         description="speak the answer's first clause (at a comma) once it has this many words; 0 = whole sentences",
     )
 
+    # --- wake words and noise suppression (mediaserver/wake, mediaserver/audio/noise.py) -----------
+    wake_enabled: bool = Field(True, description="offer wake word detection (Wyoming, device streams)")
+    wake_models_dir: Path | None = Field(
+        None, description="custom microWakeWord models (a JSON config beside each .tflite); none = built-ins only"
+    )
+    wake_refractory_s: float = Field(
+        2.0, ge=0, description="after a detection, the same wake word is not reported again for this long"
+    )
+    wake_default_models: list[str] = Field(
+        default_factory=lambda: ["okay_nabu"],
+        description="wake words of device streams that name none; empty = every model",
+    )
+    wake_conversation_timeout_s: float = Field(
+        0.0,
+        ge=0,
+        description="after a wake word, device streams keep listening this long after each answer; 0 = one utterance",
+    )
+    wake_listen_timeout_s: float = Field(
+        8.0, gt=0, description="after a wake word, back to waiting if no speech starts within this long"
+    )
+    noise_suppression_level: int = Field(
+        2, ge=1, le=4, description="WebRTC noise suppression level when a stream turns it on (1 low .. 4 very high)"
+    )
+    noise_auto_gain_dbfs: int = Field(
+        3, ge=0, le=31, description="WebRTC automatic gain target (dBFS below full scale) with suppression; 0 = off"
+    )
+    noise_default: bool = Field(False, description="suppress noise on every stream unless it asks otherwise")
+    noise_near_field_level: int = Field(1, ge=1, le=4, description="level for Realtime noise_reduction near_field")
+    noise_far_field_level: int = Field(2, ge=1, le=4, description="level for Realtime noise_reduction far_field")
+
     # --- misc ----------------------------------------------------------------------------------
     malloc_arena_max: int = Field(
         2, ge=0, description="glibc malloc arenas (as MALLOC_ARENA_MAX); fewer keep RSS down; 0 = glibc's default"

@@ -14,6 +14,8 @@ const state = {
   recording: false,
   handsFree: false,
   speaking: false,
+  wake: null, // hands-free with a wake word: {awake, text, heard}; null without
+
   transcript: [], // {text, final, latencyMs, at}
   lastText: "",
   partial: "",
@@ -42,6 +44,7 @@ function options() {
   const beam = $("beam-size").value;
   const language = $("language").value;
   if (model) out.model = model;
+  if ($("noise").checked) out.noiseSuppression = true;
   if (beam) out.beamSize = Number(beam);
   if (language === "auto") out.detectLanguage = true;
   else if (language) {
@@ -49,6 +52,11 @@ function options() {
     out.detectLanguage = false;
   }
   return out;
+}
+
+/** The wake word option (hands-free and assistant only: push-to-talk needs none). */
+function wakeOption() {
+  return $("wake").checked ? { wake: true } : {};
 }
 
 function selectValue(select, value) {
@@ -120,8 +128,16 @@ function renderConnection() {
     : state.recording
       ? "Listening… release to send"
       : "Hold to talk";
+  $("wake").disabled = state.recording;
   const vad = $("vad");
-  vad.textContent = state.handsFree ? (state.speaking ? "speech" : "waiting for speech") : "";
+  const waitingForWake = state.handsFree && state.wake !== null && !state.wake.awake;
+  vad.textContent = waitingForWake
+    ? state.wake.text
+    : state.handsFree
+      ? state.speaking
+        ? "speech"
+        : "waiting for speech"
+      : "";
   vad.classList.toggle("speaking", state.speaking);
 }
 
@@ -179,10 +195,21 @@ client.addEventListener("recording", (ev) => {
   if (!state.recording) {
     state.speaking = false;
     state.assistant = false;
+    state.wake = null;
   }
   renderConnection();
 });
 client.addEventListener("log", (ev) => log(ev.detail.message));
+client.addEventListener("wake_waiting", (ev) => {
+  state.wake = { awake: false, text: ev.detail.message, heard: state.wake ? state.wake.heard : 0 };
+  log(ev.detail.message);
+  renderConnection();
+});
+client.addEventListener("wake_word", (ev) => {
+  state.wake = { awake: true, text: ev.detail.message, heard: (state.wake ? state.wake.heard : 0) + 1 };
+  log(`${ev.detail.message}: speak your command`);
+  renderConnection();
+});
 client.addEventListener("error", (ev) => log(`${ev.detail.source} error: ${ev.detail.message}`, "error"));
 client.addEventListener("partial", (ev) => {
   const { text, full, unstable } = ev.detail;
@@ -317,7 +344,8 @@ async function setHandsFree(on) {
       state.partial = "";
       state.unstable = "";
       renderPartial();
-      await client.start({ ...options(), handsFree: true, partials: true, unstable: true });
+      state.wake = null;
+      await client.start({ ...options(), ...wakeOption(), handsFree: true, partials: true, unstable: true });
     } else {
       await client.stop(options());
     }
@@ -343,7 +371,8 @@ async function setAssistant(on) {
       state.partial = "";
       state.unstable = "";
       renderPartial();
-      await client.start({ ...options(), handsFree: true, partials: true, unstable: true, assistant: true });
+      state.wake = null;
+      await client.start({ ...options(), ...wakeOption(), handsFree: true, partials: true, unstable: true, assistant: true });
       state.assistant = true;
       log("assistant: listening; talk, and talk over an answer to interrupt it");
     } else {

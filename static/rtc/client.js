@@ -27,6 +27,8 @@
 //   bitrate      {audioKbps, audioPayloadKbps, totalKbps, intervalMs, bytesSent}
 //   message      {msg}                       every data channel message, parsed
 //   recording    {recording, handsFree}
+//   wake_waiting {message, obj}              hands-free with `wake`: "listening for 'okay nabu'"
+//   wake_word    {message, obj}              the wake word was heard; the next utterance is transcribed
 
 const DEFAULT_API_BASE = new URL("../", import.meta.url).toString();
 
@@ -49,6 +51,9 @@ export function serverOptions(options = {}) {
     system_prompt: "system_prompt",
     voice: "voice",
     speak: "speak",
+    wake: "wake",
+    noiseSuppression: "noise_suppression",
+    noise_suppression: "noise_suppression",
   };
   const out = {};
   for (const [key, value] of Object.entries(options)) {
@@ -491,6 +496,10 @@ export class MediaserverClient extends EventTarget {
           interrupted: !!(obj && obj.interrupted),
           heard: (obj && obj.heard) || "",
         });
+        break;
+      case "wake_word": // {name, phrase, audio_ms}: the wake word was heard, the command follows
+      case "wake_waiting": // {reason, names, phrases}: waiting for the wake word (again)
+        this._emit(msg.type, { message: msg.message, obj });
         break;
       case "speech_started":
         this._speechStoppedAt = null;

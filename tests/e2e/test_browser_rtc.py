@@ -355,3 +355,28 @@ async def test_assistant_mode_answers_aloud(
         await page.page.click("#assistant")  # off again
         await page.wait_for("!window.mediaserver.state.assistant", timeout_s=5)
         assert page.errors == []
+
+
+async def test_wake_word_option_shows_what_it_listens_for(
+    server: LiveServer, browser: Browser, fake_microphone: FakeMicrophone
+) -> None:
+    """Hands-free with the wake word: the page says what it waits for, and the fake microphone's
+    sentence (no wake word in it) is not transcribed."""
+    async with open_page(browser, f"{server.url}/rtc/") as page:
+        await connect(page)
+        await page.page.check("#wake")
+        await page.page.check("#noise")
+        await page.page.click("#hands-free")
+        await page.wait_for("window.mediaserver.state.handsFree", timeout_s=5)
+        await page.wait_for("document.getElementById('vad').textContent.includes('okay nabu')", timeout_s=10)
+        assert await page.page.text_content("#vad") == "listening for 'okay nabu'"
+        BENCH_DIR.mkdir(exist_ok=True)
+        await page.page.screenshot(path=str(BENCH_DIR / "rtc-wake.png"))
+        # The fake microphone says its sentence (and pauses) at least once: nothing is transcribed.
+        await page.speech_then_silence(1500, timeout_s=2 * fake_microphone.loop_s + 2)
+        state = await page.state()
+        assert state["wake"] == {"awake": False, "text": "listening for 'okay nabu'", "heard": 0}
+        await page.page.click("#hands-free")  # stop
+        await page.wait_for("!window.mediaserver.state.handsFree", timeout_s=5)
+        assert [e for e in state["transcript"] if e["text"].strip()] == []
+        assert page.errors == []

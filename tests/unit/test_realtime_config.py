@@ -253,3 +253,30 @@ def test_descriptions_in_both_shapes(base: RealtimeConfig, settings: Settings) -
     beta = base.describe_beta("sess_1", settings)
     assert beta["input_audio_format"] == "pcm16" and beta["modalities"] == ["text"]
     assert beta["input_audio_transcription"]["model"] == settings.asr_default_model
+
+
+# --- noise reduction ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["near_field", "far_field"])
+def test_noise_reduction_is_parsed_and_echoed(
+    base: RealtimeConfig, models: ModelRegistry, settings: Settings, kind: str
+) -> None:
+    from mediaserver.audio.noise import realtime_level
+
+    ga = parse_session({"audio": {"input": {"noise_reduction": {"type": kind}}}}, base, models)
+    beta = parse_session({"input_audio_noise_reduction": {"type": kind}}, base, models)
+    assert ga.noise_reduction == beta.noise_reduction == kind
+    assert ga.describe_ga("s", settings)["audio"]["input"]["noise_reduction"] == {"type": kind}
+    assert beta.describe_beta("s", settings)["input_audio_noise_reduction"] == {"type": kind}
+    expected = settings.noise_near_field_level if kind == "near_field" else settings.noise_far_field_level
+    assert realtime_level(kind, settings) == expected > 0
+    assert parse_session({"input_audio_noise_reduction": None}, ga, models).noise_reduction is None
+    assert parse_session({"turn_detection": None}, ga, models).noise_reduction == kind  # kept when not named
+
+
+def test_bad_noise_reduction_is_an_error(base: RealtimeConfig, models: ModelRegistry) -> None:
+    error = error_of(parse_session, {"input_audio_noise_reduction": {"type": "studio"}}, base, models)
+    assert error.code == "invalid_value" and error.param == "session.input_audio_noise_reduction.type"
+    error = error_of(parse_session, {"audio": {"input": {"noise_reduction": "far"}}}, base, models)
+    assert error.code == "invalid_type"

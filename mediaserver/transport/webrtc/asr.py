@@ -36,6 +36,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.turns import Assistant
+from mediaserver.audio.noise import NoiseFilter, new_filter, parse_level
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
 from mediaserver.events import (
@@ -44,6 +45,7 @@ from mediaserver.events import (
     AssistantAudioStopped,
     AssistantError,
     AssistantText,
+    AudioArray,
     FinalTranscript,
     PartialTranscript,
     SessionEvent,
@@ -66,6 +68,7 @@ from mediaserver.transport.webrtc.peer import (
     read_audio_track,
     start_watchdogs,
 )
+from mediaserver.wake.gate import WakeGate, WakeWaiting, new_gate, observe, parse_wake_option, wake_message
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,8 @@ class RtcSession:
         self.audio_out: AudioOut | None = None
         self.out_track: AssistantAudioTrack | None = None
         self.assistant: Assistant | None = None
+        self.noise: NoiseFilter | None = None
+        self.wake: WakeGate | None = None  # hands-free with a wake word (wake/gate.py)
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("track", self._on_track)
         self.pc.on("connectionstatechange", self._on_connection_state)
@@ -130,8 +135,25 @@ class RtcSession:
                 await track.recv()
 
     async def _read_track(self, track: MediaStreamTrack) -> None:
-        await read_audio_track(track, self._resampler, self.stream.feed, self._on_frame)
+        await read_audio_track(track, self._resampler, self._feed, self._on_frame)
         log.debug("session %s: track ended", self.id)
+
+    async def _feed(self, samples: AudioArray) -> None:
+        cleaned = self.noise.process(samples) if self.noise is not None else samples
+        heard: AudioArray | None = cleaned
+        if self.wake is not None:
+            heard, change = self.wake.feed(cleaned)
+            if change is not None:
+                self._send_wake(self.wake, change)
+        if heard is not None:
+            await self.stream.feed(heard)
+
+    def _send_wake(self, gate: WakeGate, change: Any) -> None:
+        obj = wake_message(gate, change)
+        kind = str(obj.pop("type"))
+        phrases = " or ".join(f"'{p.lower()}'" for p in gate.phrases)
+        text = f"heard '{str(obj.get('phrase', '')).lower()}'" if kind == "wake_word" else f"listening for {phrases}"
+        self.send(message(kind, text, obj))
 
     def _on_frame(self) -> None:
         self.last_activity = time.monotonic()
@@ -216,6 +238,10 @@ class RtcSession:
 
     async def _start(self, obj: Mapping[str, Any]) -> None:
         options = self._options(obj, base=self.base_options)
+        noise_level = parse_level(obj.get("noise_suppression"), self.settings)
+        wake_names = parse_wake_option(obj.get("wake"), self.settings)
+        if wake_names is not None and not obj.get("hands_free", False):
+            raise InvalidParameter("'wake' needs 'hands_free': true", param="wake")
         wants_assistant = obj.get("assistant", False)
         if not isinstance(wants_assistant, bool):
             raise InvalidParameter("'assistant' must be true or false", param="assistant")
@@ -240,10 +266,18 @@ class RtcSession:
                 unstable_partials=bool(obj.get("partials", False)) and bool(obj.get("unstable", False)),
             )
         )
+        if (self.noise.level if self.noise else 0) != noise_level:
+            self.noise = new_filter(noise_level, self.settings)
+        if self.wake is not None:
+            self.wake.close()
+        self.wake = new_gate(wake_names, self.settings) if wake_names is not None else None
         self.started = True
         if self.hands_free:
             self.stream.clear()
-            self.send(message("log", "ASR hands-free - listening, speak any time"))
+            if self.wake is not None:
+                self._send_wake(self.wake, WakeWaiting("started"))
+            else:
+                self.send(message("log", "ASR hands-free - listening, speak any time"))
         else:
             self.stream.start_recording()
             self.send(message("log", "ASR Recording - start talking and press stop when done"))
@@ -253,6 +287,9 @@ class RtcSession:
             self.send(message("error", "Recording not yet started"))
             return
         self.started = False
+        if self.wake is not None:
+            self.wake.close()
+            self.wake = None
         if self.hands_free:
             self.hands_free = False
             with contextlib.suppress(ApiError):  # a failure was already sent as the utterance's error
@@ -282,6 +319,13 @@ class RtcSession:
         self.send(message("log", f"ASR Speedup: {speedup}x faster than realtime"))
 
     async def _on_event(self, event: SessionEvent) -> None:
+        gate = self.wake
+        waiting = observe(gate, event) if gate is not None else None
+        await self._on_session_event(event)
+        if gate is not None and waiting is not None:
+            self._send_wake(gate, waiting)
+
+    async def _on_session_event(self, event: SessionEvent) -> None:
         if isinstance(event, AssistantText):
             self.send(message("assistant", None, {"text": event.delta, "full": event.text, "final": event.final}))
             return
@@ -344,6 +388,8 @@ class RtcSession:
         for task in list(self._tasks):
             if task is not current:
                 task.cancel()
+        if self.wake is not None:
+            self.wake.close()
         try:
             if self.assistant is not None:
                 await self.assistant.aclose()

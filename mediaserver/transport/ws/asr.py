@@ -31,6 +31,7 @@ from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.pacing import send_paced
 from mediaserver.assistant.turns import Assistant
 from mediaserver.audio.decode import PcmFormat
+from mediaserver.audio.noise import NoiseFilter, new_filter, parse_level
 from mediaserver.audio.stream_decode import PcmStreamDecoder
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidAudio, InvalidParameter, Overloaded
@@ -54,6 +55,7 @@ from mediaserver.stream_session import StreamOptions, StreamSession
 from mediaserver.transport.common import loads_json, parse_bool, parse_int, stream_options_from
 from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
 from mediaserver.transport.voice import new_assistant, update_assistant
+from mediaserver.wake.gate import WakeGate, new_gate, observe, parse_wake_option, wake_message
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,8 @@ START_KEYS: Final = frozenset(
         "voice",
         "system_prompt",
         "audio_sample_rate",
+        "noise_suppression",
+        "wake",
     }
 )
 # Answer audio (binary frames to the client) is 16-bit PCM at one of these rates.
@@ -126,6 +130,8 @@ class StreamConfig:
     assistant: bool = False
     assistant_values: tuple[tuple[str, object], ...] = ()  # system_prompt / voice / speak as sent
     audio_sample_rate_hz: int = SAMPLE_RATE_HZ
+    noise_level: int = 0  # WebRTC noise suppression before the VAD (audio/noise.py); 0 = off
+    wake: tuple[str, ...] | None = None  # wake word models gating the stream (wake/gate.py); None = off
 
     @property
     def pcm_format(self) -> PcmFormat:
@@ -161,6 +167,8 @@ class StreamConfig:
             "beam_size": t.beam_size,
             "task": t.task,
             "prompt": t.initial_prompt,
+            "noise_suppression": self.noise_level,
+            "wake": list(self.wake) if self.wake is not None else None,
         } | ({"assistant": True, "audio_sample_rate": self.audio_sample_rate_hz} if self.assistant else {})
 
 
@@ -233,6 +241,15 @@ def parse_start(
             if not isinstance(value, kind):
                 raise InvalidParameter(f"{key} must be a {'string' if kind is str else 'boolean'}", param=key)
             assistant_values[key] = value
+    if "noise_suppression" in values:
+        noise_level = parse_level(values["noise_suppression"], settings)
+    else:
+        noise_level = base.noise_level if base else parse_level(None, settings)
+    wake_names = parse_wake_option(values["wake"], settings) if "wake" in values else (base.wake if base else None)
+    if wake_names is not None and mode != "server_vad":
+        raise InvalidParameter(
+            "wake needs mode 'server_vad' (the VAD finds the command after the wake word)", param="wake"
+        )
     return StreamConfig(
         options=replace(options, model=model),
         sample_rate_hz=sample_rate,
@@ -245,6 +262,8 @@ def parse_start(
         assistant=assistant,
         assistant_values=tuple(assistant_values.items()),
         audio_sample_rate_hz=audio_rate,
+        noise_level=noise_level,
+        wake=tuple(wake_names) if wake_names is not None else None,
     )
 
 
@@ -293,6 +312,8 @@ class WsSession(SocketSession):
         self._dropping = False
         self.audio_out: AudioOut | None = None
         self.assistant: Assistant | None = None
+        self.noise: NoiseFilter | None = None
+        self.wake: WakeGate | None = None
 
     # --- sending ----------------------------------------------------------------------------------
 
@@ -306,6 +327,8 @@ class WsSession(SocketSession):
         self.send_error(exc.code, exc.message, exc.param)
 
     async def _on_event(self, event: SessionEvent) -> None:
+        gate = self.wake
+        waiting = observe(gate, event) if gate is not None else None
         if isinstance(event, AssistantText):
             self.send_json({"type": "assistant", "delta": event.delta, "text": event.text, "final": event.final})
         elif isinstance(event, AssistantAudioStarted):
@@ -332,6 +355,8 @@ class WsSession(SocketSession):
                 # The utterance failed: it stands in for that utterance's final.
                 error.update(audio_start_ms=event.audio_start_ms, audio_end_ms=event.audio_end_ms)
             self.send_json(error)
+        if gate is not None and waiting is not None:
+            self.send_json(wake_message(gate, waiting))
 
     def _final_message(self, event: FinalTranscript) -> dict[str, Any]:
         transcript = event.transcript
@@ -455,7 +480,14 @@ class WsSession(SocketSession):
     # --- the worker -------------------------------------------------------------------------------
 
     async def feed(self, samples: AudioArray) -> None:
-        await self.stream.feed(samples)
+        cleaned = self.noise.process(samples) if self.noise is not None else samples
+        heard: AudioArray | None = cleaned
+        if self.wake is not None:
+            heard, change = self.wake.feed(cleaned)
+            if change is not None:
+                self.send_json(wake_message(self.wake, change))
+        if heard is not None:
+            await self.stream.feed(heard)
 
     async def apply(self, work: _Work) -> None:
         if isinstance(work, _Start):
@@ -471,6 +503,11 @@ class WsSession(SocketSession):
         """Every start begins from a clean slate: an unfinished utterance is dropped."""
         self.stream.clear()
         self.stream.configure(config.stream_options())
+        if (self.noise.level if self.noise else 0) != config.noise_level:
+            self.noise = new_filter(config.noise_level, self.settings)
+        if self.wake is not None:
+            self.wake.close()
+        self.wake = new_gate(list(config.wake), self.settings) if config.wake is not None else None
         if not config.server_vad:
             self.stream.start_recording()
         log.info(
@@ -527,6 +564,8 @@ class WsSession(SocketSession):
     # --- closing ----------------------------------------------------------------------------------
 
     async def close_streams(self) -> None:
+        if self.wake is not None:
+            self.wake.close()
         if self.assistant is not None:
             await self.assistant.aclose()
         await self.stream.aclose()

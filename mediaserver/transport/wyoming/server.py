@@ -12,7 +12,8 @@ event into a silent end of stream; ours checks every length first and answers wi
 Conversation, per connection (Home Assistant opens one per utterance; several cycles on one
 connection work too): ``describe`` → ``info``; ``transcribe{name?, language?}`` →
 ``audio-start`` → ``audio-chunk``* → ``audio-stop`` → ``transcript-start``, ``transcript-chunk``*,
-``transcript``, ``transcript-stop``; ``ping`` → ``pong``. Unknown event types are ignored, as the
+``transcript``, ``transcript-stop``; ``ping`` → ``pong``; wake word detection (``detect`` →
+audio → ``detection`` / ``not-detected``) is ``wyoming.wake``'s. Unknown event types are ignored, as the
 spec asks of every peer.
 
 Every error ends the connection: the server sends ``error{text, code}``, shuts down its sending side
@@ -65,7 +66,9 @@ from mediaserver.languages import WHISPER_LANGUAGES, normalize_language
 from mediaserver.state import ASR, CAPABILITIES, SETTINGS, TTS
 from mediaserver.transport.wyoming.framing import MAX_HEADER_LINE_BYTES, WyomingProtocolError, read_event
 from mediaserver.transport.wyoming.tts import WyomingTts, tts_program
+from mediaserver.transport.wyoming.wake import WyomingWake, wake_program
 from mediaserver.tts.service import TtsService
+from mediaserver.wake.models import WakeModels, load_wake_models
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +122,13 @@ def asr_program(asr: AsrService) -> AsrProgram:
     )
 
 
-def build_info(asr: AsrService, tts: TtsService | None = None) -> Info:
-    """The answer to ``describe``: the ASR program, and the TTS program when TTS is on."""
-    return Info(asr=[asr_program(asr)], tts=[tts_program(tts)] if tts is not None else [])
+def build_info(asr: AsrService, tts: TtsService | None = None, wake: WakeModels | None = None) -> Info:
+    """The answer to ``describe``: the ASR program, the TTS program when TTS is on, the wake program."""
+    return Info(
+        asr=[asr_program(asr)],
+        tts=[tts_program(tts)] if tts is not None else [],
+        wake=[wake_program(wake)] if wake is not None and wake.names() else [],
+    )
 
 
 # --- one connection ----------------------------------------------------------------------------
@@ -237,6 +244,7 @@ class WyomingConnection(AsyncEventHandler):
         self._pending: tuple[str | None, str | None] | None = None  # (model, language) of a transcribe
         self._held_bytes = 0  # this connection's share of the server's AudioBudget
         self._tts = WyomingTts(server.tts, server.capabilities, self.send, self.peer)
+        self._wake = WyomingWake(server.wake, server.settings, self.send, self.peer, _audio_format)
 
     async def refuse(self, text: str, code: str) -> None:
         """Turn the connection away with an error (it is closed afterwards)."""
@@ -265,6 +273,7 @@ class WyomingConnection(AsyncEventHandler):
             await self._fail("internal server error", "internal_error")
         finally:
             self._release_audio()
+            self._wake.close()
             await self._tts.aclose()
             await self.disconnect()
 
@@ -285,10 +294,13 @@ class WyomingConnection(AsyncEventHandler):
     async def handle_event(self, event: Event) -> bool:
         kind = event.type
         if Describe.is_type(kind):
-            await self.send(build_info(self._asr, self._server.tts_if_enabled).event())
+            await self.send(build_info(self._asr, self._server.tts_if_enabled, self._server.wake).event())
         elif Ping.is_type(kind):
             await self.send(Pong(text=event.data.get("text")).event())
+        elif self._wake.wants(kind):
+            await self._wake.handle(event)
         elif Transcribe.is_type(kind):
+            self._wake.close()
             self._pending = self._parse_transcribe(event.data)
             self._utterance = None
             self._release_audio()
@@ -425,6 +437,7 @@ class WyomingServer:
         self._closed = False
         self._allowed = [ipaddress.ip_network(n, strict=False) for n in settings.wyoming_allowed_networks]
         self.budget = AudioBudget(settings.wyoming_max_buffered_audio_bytes)
+        self.wake = load_wake_models(settings.wake_models_dir) if settings.wake_enabled else None
         self.port: int | None = None
 
     @property

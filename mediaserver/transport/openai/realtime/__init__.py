@@ -41,7 +41,9 @@ fields left out keep the server's ``stream_vad_*`` settings. ``semantic_vad`` ru
 its ``eagerness`` choosing the silence that ends a turn (low 1000 ms, high 300 ms, else the setting).
 As with OpenAI, every detected start of speech becomes an item with a transcript (possibly empty):
 the segmenter's minimum speech length is off here. Changing turn detection finishes the utterance in
-progress first. ``noise_reduction``, ``include``, ``keywords`` and ``delay`` are accepted and ignored.
+progress first. ``noise_reduction`` (``near_field`` / ``far_field``) runs WebRTC noise suppression
+before the VAD at the levels ``noise_near_field_level`` / ``noise_far_field_level`` (audio/noise.py);
+``include``, ``keywords`` and ``delay`` are accepted and ignored.
 
 Errors are ``error`` events, ``{type: "error", event_id, error: {type, code, message, param,
 event_id}}`` where ``error.event_id`` is the client event that caused it; the session stays open.

@@ -140,6 +140,7 @@ class RealtimeConfig:
     prompt: str | None = None
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     include: tuple[str, ...] | None = None
+    noise_reduction: str | None = None  # "near_field" / "far_field": WebRTC suppression (audio/noise.py)
 
     @property
     def server_vad(self) -> bool:
@@ -158,6 +159,9 @@ class RealtimeConfig:
     def segmenter(self, settings: Settings) -> SegmenterConfig:
         return (self.turn_detection or TurnDetection()).segmenter(settings)
 
+    def noise_reduction_object(self) -> dict[str, str] | None:
+        return {"type": self.noise_reduction} if self.noise_reduction else None
+
     def _transcription(self) -> dict[str, Any]:
         return {"model": self.model, "language": self.language, "prompt": self.prompt or ""}
 
@@ -171,7 +175,7 @@ class RealtimeConfig:
             "audio": {
                 "input": {
                     "format": self.input_format.ga(),
-                    "noise_reduction": None,
+                    "noise_reduction": self.noise_reduction_object(),
                     "transcription": self._transcription(),
                     "turn_detection": turn,
                 }
@@ -188,7 +192,7 @@ class RealtimeConfig:
             "input_audio_format": self.input_format.beta(),
             "input_audio_transcription": self._transcription(),
             "turn_detection": turn,
-            "input_audio_noise_reduction": None,
+            "input_audio_noise_reduction": self.noise_reduction_object(),
             "include": list(self.include) if self.include is not None else None,
         }
 
@@ -337,6 +341,20 @@ def _idle_timeout_ms(value: object, param: str) -> int | None:
     return None if value is None else integer(value, param, 1, MAX_IDLE_TIMEOUT_MS)
 
 
+def parse_noise_reduction(value: object, param: str) -> str | None:
+    """``null`` (off) or ``{"type": "near_field" | "far_field"}``."""
+    if value is None:
+        return None
+    raw_type = as_object(value, param).get("type")
+    if raw_type not in ("near_field", "far_field"):
+        raise EventError(
+            "invalid_value",
+            f"Invalid '{param}.type': {raw_type!r}. Supported values are: 'near_field' and 'far_field'.",
+            f"{param}.type",
+        )
+    return str(raw_type)
+
+
 def _flag(spec: Mapping[str, Any], key: str, param: str) -> bool:
     value = spec.get(key)
     return True if value is None else as_bool(value, f"{param}.{key}")
@@ -408,6 +426,9 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
         transcription(session["input_audio_transcription"], "session.input_audio_transcription")
     if "turn_detection" in session:
         turn = parse_turn_detection(session["turn_detection"], "session.turn_detection")
+    noise = base.noise_reduction
+    if "input_audio_noise_reduction" in session:
+        noise = parse_noise_reduction(session["input_audio_noise_reduction"], "session.input_audio_noise_reduction")
     # GA nested shape.
     if "audio" in session:
         audio = as_object(session["audio"], "session.audio")
@@ -419,6 +440,8 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
                 transcription(audio_input["transcription"], "session.audio.input.transcription")
             if "turn_detection" in audio_input:
                 turn = parse_turn_detection(audio_input["turn_detection"], "session.audio.input.turn_detection")
+            if "noise_reduction" in audio_input:
+                noise = parse_noise_reduction(audio_input["noise_reduction"], "session.audio.input.noise_reduction")
     include = base.include
     if "include" in session:
         raw_include = session["include"]
@@ -436,7 +459,7 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
     except InvalidParameter as exc:
         param = model_param.rsplit(".", 1)[0] + ".language"
         raise EventError("invalid_value", f"Invalid '{param}': {exc.message}.", param) from None
-    return RealtimeConfig(model, resolved, fmt, language, prompt, turn, include)
+    return RealtimeConfig(model, resolved, fmt, language, prompt, turn, include, noise)
 
 
 def default_config(settings: Settings, models: ModelRegistry, query: Mapping[str, str]) -> RealtimeConfig:

@@ -7,8 +7,9 @@ and error text is unit-tested directly (tests/unit/test_realtime_conversation_co
 What maps onto the voice loop: ``instructions`` is the system prompt, ``output_modalities``
 (beta ``modalities``) chooses a spoken or a text answer, ``voice`` (OpenAI's names are aliases of the
 default voice) and ``speed`` go to TTS, ``max_output_tokens`` caps the answer, beta ``temperature``
-is the LLM's. ``tools``, ``tool_choice``, ``tracing``, ``truncation``, ``prompt``, ``reasoning`` and
-``noise_reduction`` are accepted, echoed where OpenAI echoes them, and not acted on.
+is the LLM's. ``tools``, ``tool_choice``, ``tracing``, ``truncation``, ``prompt`` and ``reasoning`` are accepted,
+echoed where OpenAI echoes them, and not acted on; ``noise_reduction`` turns on WebRTC noise
+suppression (``audio/noise.py``).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class ConversationConfig:
                         "language": self.input.language,
                         "prompt": self.input.prompt or "",
                     },
-                    "noise_reduction": None,
+                    "noise_reduction": self.input.noise_reduction_object(),
                     "turn_detection": turn.describe(settings, conversation=True) if turn is not None else None,
                 },
                 "output": {"format": self.output_format.ga(), "voice": self.voice, "speed": self.speed},
@@ -114,7 +115,7 @@ class ConversationConfig:
                 "prompt": self.input.prompt or "",
             },
             "turn_detection": turn.describe(settings, conversation=True) if turn is not None else None,
-            "input_audio_noise_reduction": None,
+            "input_audio_noise_reduction": self.input.noise_reduction_object(),
             "tools": list(self.tools),
             "tool_choice": self.tool_choice,
             "temperature": self.temperature if self.temperature is not None else 0.8,

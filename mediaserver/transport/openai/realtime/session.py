@@ -13,6 +13,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.audio.noise import new_filter, realtime_level
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent, SpeechStarted
@@ -182,6 +183,7 @@ class RealtimeSession(SocketSession):
         self._applied = config
         self._segmenter = config.segmenter(settings)
         self._fed_samples = 0
+        self.noise = new_filter(realtime_level(config.noise_reduction, settings), settings)
         self.conversation: Conversation | None = None
         if conversation is not None:
             assistant = make_assistant(app, self.id, self._on_assistant_event, audio_out, {})
@@ -469,7 +471,7 @@ class RealtimeSession(SocketSession):
 
     async def feed(self, samples: AudioArray) -> None:
         self._fed_samples += samples.size
-        await self.stream.feed(samples)
+        await self.stream.feed(self.noise.process(samples) if self.noise is not None else samples)
         if self.idle is not None and self._applied.server_vad:
             await self.idle.check(self._applied.turn_detection, self._fed_samples, self.stream.in_speech)
 
@@ -513,6 +515,8 @@ class RealtimeSession(SocketSession):
     async def _apply(self, config: RealtimeConfig) -> None:
         old = self._applied
         self._applied = config
+        if config.noise_reduction != old.noise_reduction:
+            self.noise = new_filter(realtime_level(config.noise_reduction, self.settings), self.settings)
         segmenter = config.segmenter(self.settings)
         if segmenter == self._segmenter and config.server_vad == old.server_vad:
             self.stream.configure(config.stream_options(self.settings))

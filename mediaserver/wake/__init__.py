@@ -1,0 +1,1 @@
+"""Wake words: the models (``models``) and a detector per audio stream (``detector``)."""

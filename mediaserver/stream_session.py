@@ -219,6 +219,11 @@ class StreamSession:
             self._ensure_partials()
             self._ensure_gap_watch()
 
+    def audio_arriving(self) -> None:
+        """Audio was received and is queued on its way to ``feed``: the time since the last audio
+        must not count as a gap (see ``_watch_gaps``) while the transport's worker catches up."""
+        self._last_audio_at = time.monotonic()
+
     async def _segment(self, samples: AudioArray) -> None:
         async with self._segment_lock:  # the gap watcher pushes too: keep events in stream order
             for event in self._segmenter.push(samples):

@@ -307,7 +307,11 @@ class SocketSession:
         if not self.enqueue(AudioWork(samples)):
             return False
         self.backlog_samples += samples.size
+        self.on_audio_queued()
         return True
+
+    def on_audio_queued(self) -> None:
+        """Audio arrived and waits for the worker (a face tells its stream: not a gap in the audio)."""
 
     def backlog_s_after(self, extra_s: float) -> float:
         """Seconds of audio the worker would lag behind after ``extra_s`` more."""

@@ -380,3 +380,23 @@ async def test_a_word_is_promised_only_once_a_second_more_audio_still_has_it(
             await session._advance_partial(hypothesis, int(seconds * second))
     promised = [p.text for p in recorder.of(PartialTranscript) if p.delta]
     assert promised == ["Had he married a more"], promised  # "amiable" was the edge of the 2.1 s decode
+
+
+@pytest.mark.parametrize("arriving", [True, False])
+async def test_audio_waiting_in_a_transport_queue_is_not_a_gap(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], arriving: bool
+) -> None:
+    # A device socket's worker can lag behind its reader under load: audio has arrived but is not fed
+    # yet. That must not count as the sender going quiet (which is filled with silence and ends the
+    # utterance); a sender that really sends nothing does end it.
+    settings = base_settings.model_copy(update={"stream_gap_fill_ms": 120, "stream_vad_hangover_ms": 300})
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        clip = speech("story").audio16k
+        await feed(session, clip[: clip.size // 2])
+        assert session.in_speech
+        stalled_until = time.monotonic() + 1.0
+        while time.monotonic() < stalled_until:
+            if arriving:
+                session.audio_arriving()
+            await asyncio.sleep(0.02)
+        assert bool(recorder.of(SpeechStopped)) is not arriving

@@ -479,6 +479,9 @@ class WsSession(SocketSession):
 
     # --- the worker -------------------------------------------------------------------------------
 
+    def on_audio_queued(self) -> None:
+        self.stream.audio_arriving()
+
     async def feed(self, samples: AudioArray) -> None:
         cleaned = self.noise.process(samples) if self.noise is not None else samples
         heard: AudioArray | None = cleaned

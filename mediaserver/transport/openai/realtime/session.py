@@ -469,6 +469,9 @@ class RealtimeSession(SocketSession):
 
     # --- the worker ---------------------------------------------------------------------------------
 
+    def on_audio_queued(self) -> None:
+        self.stream.audio_arriving()
+
     async def feed(self, samples: AudioArray) -> None:
         self._fed_samples += samples.size
         await self.stream.feed(self.noise.process(samples) if self.noise is not None else samples)

@@ -26,6 +26,7 @@ from mediaserver.state import SESSIONS
 from mediaserver.tts.service import TtsService
 from tests.conftest import Clip, LiveServer
 from tests.faults import session_tasks
+from tests.llm_engine import busy_slots
 from tests.rtc_peer import Peer, connect
 
 # SmolLM2-135M (greedy) answers this in plain English that the server's ASR hears back exactly
@@ -73,7 +74,13 @@ def answer_text(messages: list[dict[str, Any]]) -> str:
 
 
 def llm_busy(llm: LlmService) -> bool:
-    return any(getattr(backend, "active", False) for backend in llm._backends.values())
+    """The service holds an engine slot for a generation."""
+    return any(gate.busy for gate in llm._gates.values())
+
+
+async def engine_busy(llm: LlmService) -> bool:
+    """A generation is running: the service holds a slot, or llama-server says one is processing."""
+    return llm_busy(llm) or bool(await busy_slots(llm))
 
 
 def tts_open_streams(tts: TtsService) -> int:
@@ -142,7 +149,7 @@ async def test_rtc_barge_in_stops_the_answer_and_the_llm(
         await asyncio.sleep(1.0)
         late = [r for r in peer.received if r.at > speech_start + 0.3]
         assert not late, f"{len(late)} answer frames arrived later than 300 ms after the user spoke"
-        assert not llm_busy(llm_service)  # the generation was cancelled, not left running
+        assert not await engine_busy(llm_service)  # the generation was cancelled, not left running
         heard = stopped["obj"]["heard"]
         assert len(heard) < 400  # what was heard in ~0.5 s, not the whole story
     finally:
@@ -332,10 +339,12 @@ async def test_hanging_up_mid_answer_stops_generation_and_synthesis(
         await ws.close()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and (
-        session_id in voice_server.app[SESSIONS].ids() or llm_busy(llm_service) or tts_open_streams(tts_service)
+        session_id in voice_server.app[SESSIONS].ids()
+        or await engine_busy(llm_service)
+        or tts_open_streams(tts_service)
     ):
         await asyncio.sleep(0.05)
     assert session_id not in voice_server.app[SESSIONS].ids()
-    assert not llm_busy(llm_service)
+    assert not await engine_busy(llm_service)
     assert tts_open_streams(tts_service) == 0
     assert not session_tasks(session_id)

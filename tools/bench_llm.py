@@ -27,7 +27,11 @@ Targets: with 4 streams, the server's total tokens/s ≥ 2.5 × one stream's, an
 1.5 × one stream's; alone, the server's TTFT ≤ 1.10 × direct and tokens/s ≥ 0.95 × direct. Writes
 ``bench-results/bench-llm.png`` and ``.json``.
 
-Usage: python tools/bench_llm.py [--url http://127.0.0.1:19001] [--rounds 5] [--tokens 64]
+Then, through the server only, ``--turns`` (6) turns of a conversation that resends its history
+(as chat clients and the voice loop do), alone and 4 at once: TTFT by turn, which the per-slot
+prompt cache keeps from growing with the conversation.
+
+Usage: python tools/bench_llm.py [--url http://127.0.0.1:19001] [--rounds 5] [--tokens 64] [--turns 6]
 """
 
 from __future__ import annotations
@@ -250,6 +254,54 @@ async def measure(url: str, direct: Direct, rounds: int, tokens: int) -> dict[st
     return {"runs": results, "text_mismatches": mismatches, "usage_mismatches": usage_mismatch}
 
 
+CONVERSATION = (
+    "Hi, I am planning a trip to the sea.",
+    "What should I pack?",
+    "And what about food?",
+    "Which month is best?",
+    "How do I get there by train?",
+    "Thanks. Any last advice?",
+)
+
+
+async def measure_conversations(url: str, turns: int) -> dict[str, list[float]]:
+    """TTFT of each turn of growing conversations (system prompt + history resent every turn, as
+    a chat client does): one conversation alone, then CONCURRENCY at once, turn by turn. With the
+    prompt cache of its own slot, a turn evaluates only its new message: TTFT should not grow."""
+    import aiohttp
+
+    async def turn(session: aiohttp.ClientSession, history: list[dict[str, str]]) -> float:
+        body = {"model": "gpt-4o-mini", "messages": history, "max_tokens": 40, "temperature": 0, "stream": True}
+        begin = time.perf_counter()
+        first: float | None = None
+        text: list[str] = []
+        async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        if choice["delta"].get("content"):
+                            first = first or time.perf_counter()
+                            text.append(choice["delta"]["content"])
+        history.append({"role": "assistant", "content": "".join(text)})
+        assert first is not None, "no tokens"
+        return first - begin
+
+    results: dict[str, list[float]] = {}
+    async with aiohttp.ClientSession() as session:
+        for count in (1, CONCURRENCY):
+            histories = [[{"role": "system", "content": SYSTEM}] for _ in range(count)]
+            medians = []
+            for question in CONVERSATION[:turns]:
+                for n, history in enumerate(histories):
+                    history.append({"role": "user", "content": f"{question} (traveller {n})"})
+                medians.append(statistics.median(await asyncio.gather(*(turn(session, h) for h in histories))))
+            results[f"{count} conversation(s)"] = medians
+            print(
+                f"  conversations x{count}: TTFT by turn " + ", ".join(f"{t * 1000:.0f}" for t in medians), flush=True
+            )
+    return results
+
+
 def plot(figures: dict[str, dict[str, float]], path: Path) -> None:
     import matplotlib
 
@@ -286,6 +338,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per answer (exactly: the story goes on)")
     parser.add_argument("--plot", type=Path, default=REPO / "bench-results" / "bench-llm.png")
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)
+    parser.add_argument("--turns", type=int, default=6, help="turns of the conversation phase (0: skip it)")
     args = parser.parse_args()
 
     direct = Direct()
@@ -296,6 +349,7 @@ def main() -> None:
         health = get_json(f"{url}/health") or {}
         print(f"server {url}: llm {health.get('features', {}).get('llm')}", flush=True)
         raw = asyncio.run(measure(url, direct, args.rounds, args.tokens))
+        conversations = asyncio.run(measure_conversations(url, args.turns)) if args.turns else {}
 
     figures = {key: summary(runs, key.endswith("concurrent")) for key, runs in raw["runs"].items()}
     print(f"\n{args.rounds} rounds, {args.tokens} tokens per answer, {os.cpu_count()} cores, {platform.processor()}")
@@ -336,6 +390,8 @@ def main() -> None:
             print(f"{mode:10} server/direct: TTFT {ttft_ratio:.3f}×, total tokens/s {tps_ratio:.3f}×")
     print(f"answers that differ between direct and server (greedy, same prompt): {raw['text_mismatches']}")
     print(f"server usage.completion_tokens != {args.tokens}: {raw['usage_mismatches']}")
+    for key, ttfts in conversations.items():
+        print(f"conversation TTFT by turn, {key}: " + ", ".join(f"{t * 1000:.0f}" for t in ttfts) + " ms")
     plot(figures, args.plot)
     result = {
         "args": {k: str(v) for k, v in vars(args).items()},
@@ -343,6 +399,7 @@ def main() -> None:
         "ratios": ratios,
         "text_mismatches": raw["text_mismatches"],
         "runs": {k: [asdict(r) for r in v] for k, v in raw["runs"].items()},
+        "conversation_ttft_s": conversations,
     }
     args.plot.with_suffix(".json").write_text(json.dumps(result, indent=2))
     print(f"wrote {args.plot} and {args.plot.with_suffix('.json')}")

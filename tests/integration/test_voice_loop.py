@@ -29,13 +29,17 @@ from tests.faults import session_tasks
 from tests.llm_engine import busy_slots
 from tests.rtc_peer import Peer, connect
 
-# SmolLM2-135M (greedy) answers this in plain English that the server's ASR hears back exactly
-# ("A baby cat is a pet that is born with a baby cat's tail."), whatever Piper's vocoder noise does:
-# WER 0 in each of 4 syntheses. ("What color is the sky?" was on a knife's edge: "deep shade" heard
-# as "d-chade", 0.14-0.19 WER from one synthesis to the next.)
-QUESTION = "What do you call a baby cat?"
-# A word of the question that every answer to it contains: the LLM got the question that was asked.
-ANSWER_WORD = "cat"
+# SmolLM2-135M (greedy, with its default repetition controls) answers this in plain English that the
+# server's ASR hears back ("Cows, being herbivores, primarily consume grass and other vegetation for
+# their nutritional needs. They also consume other animals like cattle, sheep, and buffalo."). With
+# the repeat penalty, "What do you call a baby cat?" got made-up Latin ("Cynaractaurus carnax") that
+# no ASR hears back; before it, "What color is the sky?" was on a knife's edge ("deep shade" heard
+# as "d-chade", 0.14-0.19 WER from one synthesis to the next; "Where do fish live?" was heard as
+# "Where do fish survive?").
+QUESTION = "What do cows eat?"
+# A word every right answer contains: the LLM got the question that was asked. (Not "cows": over
+# G.711 the answer's first word was heard as "Cauce".)
+ANSWER_WORD = "grass"
 LONG_QUESTION = "Tell me a long story about a brave little fox who lived in a forest."
 VOICE_SETTINGS: dict[str, Any] = {
     "assistant_temperature": 0.0,  # greedy: the same answer every run

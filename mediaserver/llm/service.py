@@ -8,8 +8,8 @@ Created once per app (aiohttp cleanup_ctx) and shared by every transport and, ne
     answer.usage, answer.finish_reason      # once the loop has ended
 
 Breaking out of the loop, cancelling the consuming task, ``aclose()`` or dropping the stream stops
-the backend before its next token. The service keeps no conversation: the caller owns the history
-and sends it with every request.
+the engine before its next token (its HTTP stream is closed). The service keeps no conversation:
+the caller owns the history and sends it with every request.
 """
 
 from __future__ import annotations

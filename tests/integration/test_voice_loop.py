@@ -129,6 +129,29 @@ async def test_rtc_answer_is_spoken_on_the_track_and_the_track_idles(
         await peer.close()
 
 
+async def test_rtc_four_sessions_at_once_are_all_answered(
+    voice_server: LiveServer, llm_service: LlmService, speech: Callable[[str], Clip]
+) -> None:
+    """Four people ask at once: the engine's four slots answer all four, each spoken to the end.
+    (How fast is the benchmark's business: tools/bench_voice_loop.py --sessions 1,4.)"""
+    peers = [await connect(voice_server) for _ in range(4)]
+    try:
+        for peer in peers:
+            peer.send("start", {"hands_free": True, "assistant": True})
+            await peer.next("log")
+        clip = speech(QUESTION)
+        for peer in peers:
+            peer.track.play(clip, silence_after_s=1.0)
+        turns = await asyncio.gather(*(answer_turn(peer, timeout=120) for peer in peers))
+        for messages, last in turns:
+            assert last["type"] == "assistant_audio_stopped" and last["obj"]["interrupted"] is False, messages
+            assert ANSWER_WORD in answer_text(messages).lower()
+        assert not await engine_busy(llm_service)
+    finally:
+        for peer in peers:
+            await peer.close()
+
+
 async def test_rtc_barge_in_stops_the_answer_and_the_llm(
     voice_server: LiveServer,
     llm_service: LlmService,

@@ -2,8 +2,9 @@
 # CPU-only image:  docker build --build-arg BASE_IMAGE=ubuntu:24.04 -t mediaserver:cpu .
 ARG BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
 
-# llama-cpp-python ships only as source: its wheel is built in a throwaway stage that has a compiler
-# (CPU build, portable flags; see tools/build_llama_cpp.py).
+# llama-cpp-python ships only as source: its wheel, and llama.cpp's llama-server (the chat engine) from
+# the same sdist, are built in a throwaway stage that has a compiler (CPU build, portable flags; see
+# tools/build_llama_cpp.py).
 FROM ${BASE_IMAGE} AS llama-wheel
 ARG LLAMA_CPP_CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
 RUN apt-get update \
@@ -13,7 +14,10 @@ COPY requirements.lock tools/build_llama_cpp.py /src/
 RUN mkdir -p /wheels \
  && LLAMA_CPP_CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" /opt/build/bin/python /src/build_llama_cpp.py \
       --lock /src/requirements.lock --wheelhouse /wheelhouse > /wheelhouse.path \
- && cp "$(cat /wheelhouse.path)"/*.whl /wheels/
+ && cp "$(cat /wheelhouse.path)"/*.whl /wheels/ \
+ && LLAMA_CPP_CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" /opt/build/bin/python /src/build_llama_cpp.py --server \
+      --lock /src/requirements.lock --server-cache /llama-server > /llama-server.path \
+ && cp "$(cat /llama-server.path)" /wheels/llama-server
 
 FROM ${BASE_IMAGE}
 
@@ -26,7 +30,8 @@ ENV DEBIAN_FRONTEND=noninteractive \
     MEDIASERVER_SAVE_AUDIO_DIR=/data/audio \
     MEDIASERVER_CERT_DIR=/data/certs \
     MEDIASERVER_TTS_VOICES_DIR=/data/voices \
-    HF_HOME=/data/huggingface
+    HF_HOME=/data/huggingface \
+    MEDIASERVER_LLM_ENGINE_BINARY=/opt/llama-server
 
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates libgomp1 \
@@ -39,6 +44,7 @@ COPY mediaserver ./mediaserver
 COPY static ./static
 COPY tools ./tools
 COPY --from=llama-wheel /wheels /wheels
+COPY --from=llama-wheel /wheels/llama-server /opt/llama-server
 RUN pip install --upgrade pip \
  && pip install -c requirements.lock --only-binary llama-cpp-python --find-links /wheels .
 

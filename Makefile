@@ -7,6 +7,10 @@ LOCK := requirements.lock
 # llama-cpp-python has no wheels on PyPI: tools/build_llama_cpp.py builds one per machine (portable
 # CPU flags, progress shown) into this wheelhouse, which later venvs reuse.
 WHEELHOUSE ?= $(HOME)/.cache/mediaserver/wheels
+# llama.cpp's own llama-server (the chat engine, a supervised child of the server), built once per
+# machine from the same sdist with the same flags; its path goes into the venv, where the server
+# looks for it (MEDIASERVER_LLM_ENGINE_BINARY overrides).
+LLAMA_SERVER_CACHE ?= $(HOME)/.cache/mediaserver/llama-server
 LLAMA_WHEEL = --only-binary llama-cpp-python --find-links "$$(cat $(VENV)/.llama-wheelhouse)"
 
 .PHONY: run setup setup-dev test lint bench clean
@@ -14,9 +18,9 @@ LLAMA_WHEEL = --only-binary llama-cpp-python --find-links "$$(cat $(VENV)/.llama
 run: setup
 	$(PY) -m mediaserver
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(VENV)/.llama-server
 
-setup-dev: $(VENV)/.installed-dev
+setup-dev: $(VENV)/.installed-dev $(VENV)/.llama-server
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +28,10 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PY) tools/build_llama_cpp.py --lock $(LOCK) --wheelhouse $(WHEELHOUSE) > $(VENV)/.llama-wheelhouse
 	$(PIP) install --quiet -c $(LOCK) -e . $(LLAMA_WHEEL)
 	touch $@
+
+$(VENV)/.llama-server: $(VENV)/.installed tools/build_llama_cpp.py
+	$(PY) tools/build_llama_cpp.py --server --lock $(LOCK) --server-cache $(LLAMA_SERVER_CACHE) > $@.tmp
+	mv $@.tmp $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed tests/human_speech.py
 	$(PIP) install --quiet -c $(LOCK) -e ".[dev]" $(LLAMA_WHEEL)

@@ -89,6 +89,19 @@ def _renamed(name: str, old: str) -> AliasChoices:
     return AliasChoices(f"mediaserver_{name}", f"mediaserver_{old}")
 
 
+class GenerationDefaults(BaseModel):
+    """A model's sampling defaults (``llm_generation_defaults``); unset fields keep the built-in or global ones."""
+
+    model_config = {"extra": "forbid"}
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    repeat_penalty: float | None = Field(None, ge=0.5, le=2.0, description="llama.cpp engines only; 1 = off")
+    dry_multiplier: float | None = Field(
+        None, ge=0, le=5, description="llama.cpp's DRY penalty on repeated sequences (runaway loops); 0 = off"
+    )
+
+
 class Settings(BaseSettings):
     """All configuration; see README "Configuration" for the environment variable names."""
 
@@ -370,18 +383,55 @@ class Settings(BaseSettings):
         default_factory=dict, description="name -> .gguf path or Hugging Face 'owner/repo:file.gguf' id"
     )
     llm_model_aliases: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_LLM_ALIASES))
-    llm_preload: bool = Field(True, description="load the default chat model at start-up, not on first use")
-    llm_context_tokens: int = Field(4096, ge=128, description="llama.cpp context window (prompt + answer)")
-    llm_max_prompt_tokens: int = Field(3584, ge=16, description="longer prompts get a 400")
-    llm_max_completion_tokens: int = Field(1024, ge=1, description="cap on max_tokens; also the default")
+    llm_preload: bool = Field(True, description="start the default chat model's engine at start-up, not on first use")
+    llm_slots: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="generations one llama-server engine runs at once (--parallel), continuously batched; more "
+        "wait in the queue (llm_max_queue)",
+    )
+    llm_context_tokens: int = Field(
+        2048, ge=128, description="context window of each slot (prompt + answer); the engine holds llm_slots of them"
+    )
+    llm_max_prompt_tokens: int = Field(1792, ge=16, description="longer prompts get a 400")
+    llm_max_completion_tokens: int = Field(1024, ge=1, description="cap on a request's max_tokens")
+    llm_default_max_tokens: int = Field(
+        256,
+        ge=1,
+        description="max_tokens of a chat request that sets none: an answer that does not end stops here "
+        "(a few seconds, not a 15 s runaway)",
+    )
     llm_max_queue: int = Field(16, ge=1, description="generations waiting per model; more get a 503")
     llm_request_timeout_s: float = Field(120.0, gt=0, description="queue wait + generation; 504 past it")
     llm_max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="JSON bodies of the LLM APIs")
     llm_threads: int = Field(0, ge=0, description="llama.cpp threads; 0 = half the cores (the rest for ASR)")
-    llm_batch_tokens: int = Field(512, ge=16, description="llama.cpp prompt batch (n_batch)")
+    llm_batch_tokens: int = Field(512, ge=16, description="llama.cpp logical batch (-b, n_batch)")
+    llm_ubatch_tokens: int = Field(512, ge=16, description="llama.cpp physical batch (-ub, n_ubatch)")
     llm_gpu_layers: int = Field(-1, ge=-1, description="layers offloaded on CUDA builds; -1 = all")
-    llm_default_temperature: float = Field(0.7, ge=0, le=2)
-    llm_default_top_p: float = Field(0.95, gt=0, le=1)
+    llm_engine_binary: Path | None = Field(
+        None,
+        description="the llama-server to run; none = the one `make setup` built (tools/build_llama_cpp.py "
+        "--server, in ~/.cache/mediaserver/llama-server), else llama-server on PATH",
+    )
+    llm_engine_cache_ram_mb: int = Field(
+        256, ge=0, description="llama-server's host-memory prompt cache (--cache-ram) beside each slot's own; 0 = off"
+    )
+    llm_engine_start_timeout_s: float = Field(120.0, gt=0, description="engine start until /health answers ok")
+    llm_engine_ready_wait_s: float = Field(
+        30.0, gt=0, description="a request waits this long for a restarting engine, then gets a 503"
+    )
+    llm_engine_restart_backoff_s: float = Field(
+        0.5, ge=0, description="pause before restarting a crashed engine, doubled per crash in a row"
+    )
+    llm_engine_restart_max_backoff_s: float = Field(30.0, ge=0)
+    llm_default_temperature: float = Field(0.7, ge=0, le=2, description="for models without defaults of their own")
+    llm_default_top_p: float = Field(0.95, gt=0, le=1, description="for models without defaults of their own")
+    llm_generation_defaults: dict[str, GenerationDefaults] = Field(
+        default_factory=dict,
+        description="model name -> sampling defaults applied when a request leaves them out (over the built-in "
+        "ones of known models, mediaserver/llm/defaults.py)",
+    )
     llm_system_prompt: str = Field(
         "You are a helpful voice assistant. Answer briefly and clearly.",
         description="system message of the WIS chatbot endpoints (OpenAI clients send their own)",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the llama-cpp-python wheel once per machine, with portable flags, and say where it is.
+"""Build the llama-cpp-python wheel, or llama.cpp's own ``llama-server``, once per machine, and say where.
 
 llama-cpp-python ships only as source on PyPI; pip would build it (several minutes on 2 cores)
 into its own cache with llama.cpp's default ``-march=native``, a wheel that can die with an illegal
@@ -15,6 +15,13 @@ Progress goes to stderr; the wheelhouse directory is the only line on stdout:
 
 Set ``LLAMA_CPP_CMAKE_ARGS`` for another build (``-DGGML_CUDA=on`` on a CUDA machine,
 ``-DGGML_NATIVE=ON`` for the fastest build for this CPU only); it gets its own wheelhouse.
+
+``--server`` builds ``llama-server`` instead (the engine mediaserver runs as a supervised child:
+continuous batching over parallel slots), from the same pinned sdist, which vendors llama.cpp with
+its ``tools/server`` sources, with the same flags, statically linked, without its web UI (whose
+build would download assets). It goes to ``--server-cache/llama-server-VERSION-ARCH-TAG/`` and the
+binary's path is the only line on stdout; mediaserver finds it there at run time
+(``llm_engine_binary`` overrides). CMake and Ninja come from PyPI when the machine has none.
 """
 
 from __future__ import annotations
@@ -27,10 +34,12 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
@@ -42,6 +51,14 @@ DEFAULT_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
 # and the build only takes longer.
 SKIP_COMMON_CMAKE = "set(LLAMA_BUILD_COMMON OFF)\n"
 SKIP_COMMON_HOOK = "CMAKE_PROJECT_llama.cpp_INCLUDE"
+# llama-server alone: no tests, examples, web UI (its provisioning downloads), HTTPS or shared libs.
+SERVER_CMAKE_ARGS = (
+    "-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "
+    "-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF "
+    "-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF"
+)
+# llama-cpp-python's own options, meaningless to llama.cpp's CMake (it would warn about them).
+WHEEL_ONLY_ARGS = ("-DLLAVA_BUILD=",)
 PROGRESS = re.compile(r"^\s*\[(\d+)/(\d+)\]")
 REPORT_EVERY_S = 20.0
 
@@ -59,6 +76,11 @@ def wheelhouse_for(root: Path, version: str, cmake_args: str) -> Path:
     return root / f"llama-cpp-python-{version}-{platform.machine()}-{tag}"
 
 
+def server_dir_for(root: Path, version: str, cmake_args: str) -> Path:
+    tag = hashlib.sha256((cmake_args + SERVER_CMAKE_ARGS).encode()).hexdigest()[:10]
+    return root / f"llama-server-{version}-{platform.machine()}-{tag}"
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -74,27 +96,11 @@ def build(version: str, target: Path, cmake_args: str, python: str, scratch: Pat
         f"{jobs} jobs). This happens once per machine and takes a few minutes..."
     )
     started = time.monotonic()
-    last_report = started
-    tail: deque[str] = deque(maxlen=80)
     command = [
         python, "-m", "pip", "wheel", "--verbose", "--no-deps", "--no-cache-dir",
         "--no-binary", "llama-cpp-python", "--wheel-dir", str(scratch), f"llama-cpp-python=={version}",
     ]  # fmt: skip
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, errors="replace"
-    ) as process:
-        assert process.stdout is not None
-        for line in process.stdout:
-            tail.append(line.rstrip())
-            match = PROGRESS.match(line)
-            now = time.monotonic()
-            if match and (now - last_report >= REPORT_EVERY_S or match.group(1) == match.group(2)):
-                done, total = int(match.group(1)), int(match.group(2))
-                log(f"  llama.cpp: {done}/{total} compiled ({100 * done // total} %), {now - started:.0f} s")
-                last_report = now
-    if process.returncode != 0:
-        log("\n".join(tail))
-        raise SystemExit(f"building llama-cpp-python failed (exit {process.returncode}); the output ends above")
+    _run_with_progress(command, "llama.cpp", started, env=env)
     wheels = list(scratch.glob("llama_cpp_python-*.whl"))
     if len(wheels) != 1:
         raise SystemExit(f"expected one wheel, found {wheels}")
@@ -105,14 +111,95 @@ def build(version: str, target: Path, cmake_args: str, python: str, scratch: Pat
     log(f"Built {wheels[0].name} in {time.monotonic() - started:.0f} s into {target}")
 
 
+def _run_with_progress(command: list[str], what: str, started: float, **kwargs: Any) -> None:
+    """Run a build step, showing ``[n/total]`` progress every ``REPORT_EVERY_S``; its tail on failure."""
+    last_report = started
+    tail: deque[str] = deque(maxlen=80)
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", **kwargs
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            tail.append(line.rstrip())
+            match = PROGRESS.match(line)
+            now = time.monotonic()
+            if match and (now - last_report >= REPORT_EVERY_S or match.group(1) == match.group(2)):
+                done, total = int(match.group(1)), int(match.group(2))
+                log(f"  {what}: {done}/{total} compiled ({100 * done // total} %), {now - started:.0f} s")
+                last_report = now
+    if process.returncode != 0:
+        log("\n".join(tail))
+        raise SystemExit(f"{what} failed (exit {process.returncode}); the output ends above")
+
+
+def _build_tools(python: str, scratch: Path) -> tuple[str, str | None]:
+    """CMake (and Ninja if possible): the machine's, else the PyPI packages in ``scratch``."""
+    cmake, ninja = shutil.which("cmake"), shutil.which("ninja")
+    if cmake is None:
+        target = scratch / "cmake-tools"
+        log("No cmake on this machine: installing CMake and Ninja from PyPI for the build...")
+        subprocess.run(
+            [python, "-m", "pip", "install", "--quiet", "--target", str(target), "cmake", "ninja"], check=True
+        )
+        cmake = str(target / "bin" / "cmake")
+        found = target / "bin" / "ninja"
+        ninja = str(found) if found.exists() else ninja
+    return cmake, ninja
+
+
+def build_server(version: str, target: Path, cmake_args: str, python: str, scratch: Path) -> Path:
+    """Build llama-server from llama-cpp-python's sdist (its vendored llama.cpp) into ``target``."""
+    started = time.monotonic()
+    log(f"Building llama-server from llama-cpp-python {version}'s llama.cpp (CMAKE_ARGS={cmake_args!r}). "
+        "This happens once per machine and takes several minutes...")  # fmt: skip
+    download = [python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                "--dest", str(scratch), f"llama-cpp-python=={version}"]  # fmt: skip
+    subprocess.run(download, check=True)
+    sdists = list(scratch.glob("llama_cpp_python-*.tar.gz"))
+    if len(sdists) != 1:
+        raise SystemExit(f"expected one llama-cpp-python sdist, found {sdists}")
+    with tarfile.open(sdists[0]) as archive:
+        members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name]
+        archive.extractall(scratch / "src", members=members, filter="data")
+    sources = next((scratch / "src").glob("*/vendor/llama.cpp"))
+    cmake, ninja = _build_tools(python, scratch)
+    user_args = [a for a in cmake_args.split() if not a.startswith(WHEEL_ONLY_ARGS)]
+    configure = [cmake, "-S", str(sources), "-B", str(scratch / "build"), *SERVER_CMAKE_ARGS.split(), *user_args]
+    if ninja:
+        configure += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"]
+    subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
+    jobs = os.cpu_count() or 2
+    command = [cmake, "--build", str(scratch / "build"), "--target", "llama-server", "-j", str(jobs)]
+    _run_with_progress(command, "llama-server", started)
+    built = scratch / "build" / "bin" / "llama-server"
+    target.mkdir(parents=True, exist_ok=True)
+    partial = target / "llama-server.partial"
+    shutil.copy2(built, partial)
+    partial.rename(target / "llama-server")  # atomic: a build cut short leaves no binary behind
+    log(f"Built llama-server in {time.monotonic() - started:.0f} s into {target}")
+    return target / "llama-server"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lock", type=Path, default=REPO / "requirements.lock")
     parser.add_argument("--wheelhouse", type=Path, default=Path.home() / ".cache" / "mediaserver" / "wheels")
     parser.add_argument("--cmake-args", default=os.environ.get("LLAMA_CPP_CMAKE_ARGS") or DEFAULT_CMAKE_ARGS)
     parser.add_argument("--python", default=sys.executable, help="the interpreter whose pip builds the wheel")
+    parser.add_argument("--server", action="store_true", help="build llama-server instead of the wheel")
+    parser.add_argument("--server-cache", type=Path, default=Path.home() / ".cache" / "mediaserver" / "llama-server")
     args = parser.parse_args()
     version = locked_version(args.lock)
+    if args.server:
+        server_dir = server_dir_for(args.server_cache, version, args.cmake_args)
+        binary = server_dir / "llama-server"
+        if binary.is_file():
+            log(f"llama-server {version}: using {binary} (built before with {args.cmake_args!r})")
+        else:
+            with tempfile.TemporaryDirectory(prefix="llama-server-") as scratch:
+                binary = build_server(version, server_dir, args.cmake_args, args.python, Path(scratch))
+        print(binary)
+        return
     target = wheelhouse_for(args.wheelhouse, version, args.cmake_args)
     found = sorted(target.glob(f"llama_cpp_python-{version}-*.whl"))
     if found:

@@ -228,11 +228,13 @@ class Assistant:
         """The system prompt, then the last message of ``context`` and as many before it as the
         history budget allows (whole turns: the kept history never starts with an answer)."""
         options = options or self.options
-        system = [ChatMessage("system", options.system_prompt)] if options.system_prompt else []
+        # Always a system prompt: a small model without one wanders (an empty one means the default).
+        prompt = options.system_prompt.strip() or self.settings.assistant_system_prompt
+        system = [ChatMessage("system", prompt)]
         if not context:
             return system
         *earlier, last = context
-        budget = options.history_tokens * CHARS_PER_TOKEN - len(options.system_prompt) - len(last.content)
+        budget = options.history_tokens * CHARS_PER_TOKEN - len(prompt) - len(last.content)
         kept: list[ChatMessage] = []
         turns = 0
         for message in reversed(earlier):

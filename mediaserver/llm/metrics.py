@@ -25,6 +25,12 @@ class LlmMetrics:
         self.prompt_tokens = Counter(
             "mediaserver_llm_prompt_tokens", "Prompt tokens of finished generations", ["model"], registry=registry
         )
+        self.cached_prompt_tokens = Counter(
+            "mediaserver_llm_cached_prompt_tokens",
+            "Prompt tokens the engine took from its prompt cache instead of evaluating them",
+            ["model"],
+            registry=registry,
+        )
         self.completion_tokens = Counter(
             "mediaserver_llm_completion_tokens", "Tokens generated", ["model"], registry=registry
         )
@@ -51,6 +57,22 @@ class LlmMetrics:
         )
         self.queue_depth = Gauge(
             "mediaserver_llm_queue_depth", "Generations waiting for their model", ["model"], registry=registry
+        )
+        self.slots = Gauge(
+            "mediaserver_llm_slots", "Generations a model runs at once (llm_slots)", ["model"], registry=registry
+        )
+        self.slots_busy = Gauge("mediaserver_llm_slots_busy", "Generations running now", ["model"], registry=registry)
+        self.recent_tokens_per_second = Gauge(
+            "mediaserver_llm_recent_tokens_per_second",
+            "Tokens generated per second by all of a model's generations over the last 10 s (as of the last token)",
+            ["model"],
+            registry=registry,
+        )
+        self.engine_restarts = Counter(
+            "mediaserver_llm_engine_restarts",
+            "Restarts of a model's llama-server engine after it exited",
+            ["model"],
+            registry=registry,
         )
         self.embedding_inputs = Counter(
             "mediaserver_llm_embedding_inputs",

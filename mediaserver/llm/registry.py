@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mediaserver.config import Settings
 from mediaserver.errors import UnknownModel
+from mediaserver.llm.engine_process import binary_problem
 from mediaserver.llm.types import BackendKind, ModelInfo
 
 BUNDLED_NAME = "smollm2-135m-instruct"
@@ -78,7 +79,7 @@ class LlmRegistry:
         self._sources: dict[str, LlmSource] = {}
         self._upstream_names: list[str] = []
         bundled = bundled_gguf()
-        if bundled is not None and llama_cpp_installed():
+        if bundled is not None:
             self._add(LlmSource(BUNDLED_NAME, "llama.cpp", str(bundled), bundled=True))
         for name, location in settings.llm_extra_models.items():
             self._add(LlmSource(name, "llama.cpp", location))
@@ -140,22 +141,29 @@ class LlmRegistry:
         """Why the LLM cannot run here, or None (capability gating, decided before anything loads)."""
         if not self.settings.llm_enabled:
             return "switched off in settings (llm_enabled=false)"
-        if not llama_cpp_installed() and not self.settings.llm_upstream_url:
-            return "llama-cpp-python is not installed and no llm_upstream_url is configured"
+        if not self.settings.llm_upstream_url:
+            problem = binary_problem(self.settings)
+            if problem:
+                return f"{problem}; or configure an llm_upstream_url"
         if self.settings.llm_upstream_url and self.default_name is None:
             return None  # the upstream's model list is fetched at start-up
         if self.default_name is None:
             return f"no model resolves: the bundled model needs the {BUNDLED_DISTRIBUTION} package; set llm_model"
         return self.location_problem(self.default_name)
 
-    def location_problem(self, name: str) -> str | None:
+    def location_problem(self, name: str, *, embedding: bool = False) -> str | None:
+        """Why model ``name`` cannot run here (as a chat model on llama-server, or ``embedding`` in
+        llama-cpp-python), or None."""
         source = self._sources.get(name)
         if source is None:
             return f"no model resolves: llm_model={name!r} is not a known name, .gguf file or hub id"
         if source.backend == "upstream":
             return None
-        if not llama_cpp_installed():
-            return f"model {name!r} needs llama-cpp-python, which is not installed"
+        if embedding and not llama_cpp_installed():
+            return f"embedding model {name!r} needs llama-cpp-python, which is not installed"
+        problem = None if embedding else binary_problem(self.settings)
+        if problem:
+            return f"model {name!r} cannot run: {problem}"
         if source.is_hub_id:
             if not hub_available():
                 return f"model {name!r} is a Hugging Face id; install huggingface-hub or give a local .gguf path"

@@ -8,8 +8,8 @@ Created once per app (aiohttp cleanup_ctx) and shared by every transport and, ne
     answer.usage, answer.finish_reason      # once the loop has ended
 
 Breaking out of the loop, cancelling the consuming task, ``aclose()`` or dropping the stream stops
-the backend before its next token. The service keeps no conversation: the caller owns the history
-and sends it with every request.
+the engine before its next token (its HTTP stream is closed). The service keeps no conversation:
+the caller owns the history and sends it with every request.
 """
 
 from __future__ import annotations
@@ -18,21 +18,22 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Protocol
+from typing import Any
 
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
 from mediaserver.errors import ApiError, GatewayTimeout, InvalidParameter, ModelUnavailable, Overloaded
+from mediaserver.llm.defaults import defaults_for
 from mediaserver.llm.embeddings import EmbeddingBatcher, Vector
-from mediaserver.llm.llama_cpp import LlamaCppChat, LlamaCppEmbedder
+from mediaserver.llm.engine import LlamaServerEngine, LlmEngine
+from mediaserver.llm.llama_cpp import LlamaCppEmbedder
 from mediaserver.llm.metrics import LlmMetrics
 from mediaserver.llm.registry import LlmRegistry, LlmSource
 from mediaserver.llm.types import (
-    BackendEvent,
-    BackendKind,
     ChatMessage,
     ChatRequest,
     Finished,
@@ -46,23 +47,12 @@ from mediaserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
+TOKEN_RATE_WINDOW_S = 10.0  # /health's and /metrics' tokens/s: all generations over this window
+
 
 class LlmTimeout(GatewayTimeout):
     status = 504
     code = "timeout"
-
-
-class ChatBackend(Protocol):
-    """What the service needs of a backend (``llama_cpp.LlamaCppChat``, ``upstream.UpstreamChat``)."""
-
-    kind: BackendKind
-    max_concurrency: int
-
-    def stream(
-        self, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int
-    ) -> AsyncGenerator[BackendEvent, None]: ...
-
-    async def aclose(self) -> None: ...
 
 
 @dataclass
@@ -72,7 +62,19 @@ class _Gate:
     slots: asyncio.Semaphore
     concurrency: int = 1
     waiting: int = 0
+    busy: int = 0
     generation_s: float | None = None  # smoothed time of a finished generation
+    recent_tokens: deque[float] = field(default_factory=deque)  # when each recent text delta came
+
+    def count_token(self, now: float, window_s: float) -> float:
+        """Note a generated token; the tokens/s of all generations over the last ``window_s``."""
+        self.recent_tokens.append(now)
+        return self.tokens_per_second(now, window_s)
+
+    def tokens_per_second(self, now: float, window_s: float) -> float:
+        while self.recent_tokens and self.recent_tokens[0] < now - window_s:
+            self.recent_tokens.popleft()
+        return len(self.recent_tokens) / window_s
 
     def observe(self, seconds: float) -> None:
         self.generation_s = seconds if self.generation_s is None else 0.8 * self.generation_s + 0.2 * seconds
@@ -196,6 +198,8 @@ async def _generate(
         gate.waiting -= 1
         metrics.queue_depth.labels(model).dec()
     result = "error"
+    gate.busy += 1
+    metrics.slots_busy.labels(model).inc()
     try:
         started = time.monotonic()
         metrics.queue_wait.labels(model).observe(started - queued_at)
@@ -212,6 +216,8 @@ async def _generate(
                     result = "timeout"
                     raise LlmTimeout(f"the LLM did not finish within {timeout_s:g} s (llm_request_timeout_s)") from None
                 if isinstance(event, TextDelta):
+                    now = time.monotonic()
+                    metrics.recent_tokens_per_second.labels(model).set(gate.count_token(now, TOKEN_RATE_WINDOW_S))
                     if first_at is None:
                         first_at = time.monotonic()
                         outcome.time_to_first_token_s = first_at - started
@@ -228,6 +234,8 @@ async def _generate(
         usage = outcome.usage
         if usage is not None:
             metrics.prompt_tokens.labels(model).inc(usage.prompt_tokens)
+            if usage.cached_tokens:
+                metrics.cached_prompt_tokens.labels(model).inc(usage.cached_tokens)
             metrics.completion_tokens.labels(model).inc(usage.completion_tokens)
             if first_at is not None and usage.completion_tokens > 1:
                 elapsed = time.monotonic() - first_at
@@ -241,6 +249,8 @@ async def _generate(
             result = "error"
         raise
     finally:
+        gate.busy -= 1
+        metrics.slots_busy.labels(model).dec()
         gate.slots.release()
         metrics.requests.labels(model, backend.kind, result).inc()
 
@@ -258,8 +268,8 @@ class LlmService:
     def __post_init__(self) -> None:
         self.sources = LlmRegistry(self.settings)
         self.metrics = LlmMetrics.of(self.metrics_registry)
-        self._backends: dict[str, ChatBackend] = {}
-        self._upstream: ChatBackend | None = None
+        self._backends: dict[str, LlmEngine] = {}
+        self._upstream: LlmEngine | None = None
         self._gates: dict[str, _Gate] = {}
         self._load_lock = asyncio.Lock()
         self._batchers: dict[str, EmbeddingBatcher] = {}
@@ -274,7 +284,7 @@ class LlmService:
         if self.settings.llm_upstream_url:
             from mediaserver.llm.upstream import UpstreamChat
 
-            upstream = UpstreamChat(self.settings)
+            upstream = UpstreamChat.from_settings(self.settings)
             self._upstream = upstream
             if not self.settings.llm_upstream_models:
                 try:
@@ -317,9 +327,35 @@ class LlmService:
         gate = self._gates.get(model)
         if gate is None:
             gate = self._gates[model] = _Gate(asyncio.Semaphore(concurrency), concurrency)
+            self.metrics.slots.labels(model).set(concurrency)
         return gate
 
-    async def backend(self, source: LlmSource) -> ChatBackend:
+    async def status(self) -> dict[str, Any]:
+        """Per model: its engine (state, restarts, slots busy as llama-server reports them), the
+        queue, and tokens/s over the last ``TOKEN_RATE_WINDOW_S`` (``/health``)."""
+        now = time.monotonic()
+        models: dict[str, Any] = {}
+        for name, gate in self._gates.items():
+            models[name] = {
+                "slots": gate.concurrency,
+                "slots_busy": gate.busy,
+                "queue": gate.waiting,
+                "tokens_per_second": round(gate.tokens_per_second(now, TOKEN_RATE_WINDOW_S), 1),
+            }
+        for name, engine in self._backends.items():
+            if isinstance(engine, LlamaServerEngine):
+                process = engine.process
+                entry = models.setdefault(name, {"slots": process.slots})
+                entry["engine"] = {
+                    "kind": "llama-server",
+                    "state": process.state,
+                    "pid": process.pid,
+                    "restarts": process.restarts,
+                    "last_exit": process.last_exit,
+                }
+        return {"default": self.sources.default_name, "models": models}
+
+    async def backend(self, source: LlmSource) -> LlmEngine:
         if source.backend == "upstream":
             if self._upstream is None:
                 raise ModelUnavailable("no llm_upstream_url is configured")
@@ -333,23 +369,26 @@ class LlmService:
                 problem = self.sources.location_problem(source.name)
                 if problem:
                     raise ModelUnavailable(problem)
-                log.info("loading LLM %s from %s", source.name, source.location)
+                log.info("starting the LLM engine of %s (%s)", source.name, source.location)
                 started = time.monotonic()
+                restarts = self.metrics.engine_restarts.labels(source.name)
                 try:
-                    loaded = await asyncio.to_thread(LlamaCppChat.load, source, self.settings, self.device)
+                    loaded = await LlamaServerEngine.start(source, self.settings, self.device, on_restart=restarts.inc)
                 except ApiError:
                     raise
-                except Exception as exc:  # a GGUF llama.cpp loads but we cannot use (no chat template ...)
+                except Exception as exc:  # the binary cannot run, a hub id that does not resolve ...
                     raise ModelUnavailable(f"LLM {source.name!r} cannot be used: {exc}") from exc
-                log.info("LLM %s loaded in %.1f s", source.name, time.monotonic() - started)
+                log.info("LLM %s serving in %.1f s", source.name, time.monotonic() - started)
                 self._backends[source.name] = loaded
             return loaded
 
     # --- chat ------------------------------------------------------------------------------------
-    def resolve_params(self, params: GenerationParams) -> tuple[int, float, float]:
-        """max_tokens, temperature and top_p after defaults and limits (400 past the cap)."""
+    def resolve(self, params: GenerationParams, model: str) -> GenerationParams:
+        """``params`` with what the request left out filled in (``llm_default_max_tokens``, the
+        model's sampling defaults) and the limits checked (400 past the cap)."""
         cap = self.settings.llm_max_completion_tokens
-        max_tokens = params.max_tokens if params.max_tokens is not None else cap
+        default = min(self.settings.llm_default_max_tokens, cap)
+        max_tokens = params.max_tokens if params.max_tokens is not None else default
         if max_tokens <= 0:
             raise InvalidParameter(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
         if max_tokens > cap:
@@ -357,9 +396,15 @@ class LlmService:
                 f"max_tokens is {max_tokens}; this server allows at most {cap} (llm_max_completion_tokens)",
                 param="max_tokens",
             )
-        temperature = self.settings.llm_default_temperature if params.temperature is None else params.temperature
-        top_p = self.settings.llm_default_top_p if params.top_p is None else params.top_p
-        return max_tokens, temperature, top_p
+        defaults = defaults_for(model, self.settings)
+        return GenerationParams(
+            max_tokens=max_tokens,
+            temperature=defaults.temperature if params.temperature is None else params.temperature,
+            top_p=defaults.top_p if params.top_p is None else params.top_p,
+            stop=params.stop,
+            seed=params.seed,
+            repeat_penalty=defaults.repeat_penalty if params.repeat_penalty is None else params.repeat_penalty,
+        )
 
     def stream(
         self, messages: Sequence[ChatMessage], params: GenerationParams | None = None, *, model: str | None = None
@@ -369,16 +414,18 @@ class LlmService:
         if not messages:
             raise InvalidParameter("messages must contain at least one message", param="messages")
         source = self.sources.resolve(model)
-        max_tokens, temperature, top_p = self.resolve_params(params)
+        resolved = self.resolve(params, source.name)
+        assert resolved.max_tokens is not None and resolved.temperature is not None and resolved.top_p is not None
         request = ChatRequest(
             model=source.location if source.backend == "upstream" else source.name,
             messages=tuple(messages),
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            stop=params.stop,
-            seed=params.seed,
-            repeat_penalty=params.repeat_penalty,
+            max_tokens=resolved.max_tokens,
+            temperature=resolved.temperature,
+            top_p=resolved.top_p,
+            stop=resolved.stop,
+            seed=resolved.seed,
+            repeat_penalty=resolved.repeat_penalty,
+            dry_multiplier=defaults_for(source.name, self.settings).dry_multiplier,
         )
         return LlmStream(self, source, request)
 
@@ -397,7 +444,7 @@ class LlmService:
         async with self._load_lock:
             batcher = self._batchers.get(source.name)
             if batcher is None:
-                problem = self.sources.location_problem(source.name)
+                problem = self.sources.location_problem(source.name, embedding=True)
                 if problem:
                     raise ModelUnavailable(problem)
                 embedder = await asyncio.to_thread(LlamaCppEmbedder.load, source, self.settings, self.device)

@@ -24,8 +24,8 @@ class ChatMessage:
 class GenerationParams:
     """Sampling and limits of one generation.
 
-    ``max_tokens=None`` means as many as the service allows (``llm_max_completion_tokens``, and
-    never past the context window). ``temperature=None`` means the server's default.
+    ``max_tokens=None`` means the server's default (``llm_default_max_tokens``, never past the
+    context window); ``None`` elsewhere means the model's default (``mediaserver.llm.defaults``).
     """
 
     max_tokens: int | None = None
@@ -48,12 +48,14 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     repeat_penalty: float | None = None
+    dry_multiplier: float | None = None
 
 
 @dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int | None = None  # prompt tokens served from the engine's prompt cache, when it says
 
     @property
     def total_tokens(self) -> int:

@@ -1,10 +1,14 @@
-"""The upstream backend: any OpenAI-compatible chat server (vLLM, llama.cpp's server, Ollama, OpenAI).
+"""The one LLM client path: any OpenAI-compatible chat server (vLLM, llama.cpp's server, Ollama, OpenAI).
 
-This is how the LLM scales past one machine: vLLM serves int4 GPTQ/AWQ models across GPUs and nodes,
-and this server only streams from it. The ``openai`` client does the HTTP and SSE; its own retries
-are off because they also retry timeouts and 5xx answers, which would multiply a hanging upstream's
-wait: here only connect errors are retried (``llm_upstream_retries``), a silent upstream is a 504
-after ``llm_upstream_timeout_s``, and every upstream failure is an answer that names the upstream.
+An upstream is how the LLM scales past one machine: vLLM serves int4 GPTQ/AWQ models across GPUs and
+nodes, and this server only streams from it. The embedded engine is a managed upstream: the same
+client drives the ``llama-server`` child of ``mediaserver.llm.engine_process`` (``engine=True`` adds
+llama.cpp's own sampling fields: repetition penalty, DRY, prompt cache).
+
+The ``openai`` client does the HTTP and SSE; its own retries are off because they also retry
+timeouts and 5xx answers, which would multiply a hanging upstream's wait: here only connect errors
+are retried (``llm_upstream_retries``), a silent upstream is a 504 after ``llm_upstream_timeout_s``,
+and every upstream failure is an answer that names the upstream.
 """
 
 from __future__ import annotations
@@ -46,45 +50,72 @@ class UpstreamTimeout(GatewayTimeout):
 
 
 class UpstreamChat:
-    """Chat generation by an OpenAI-compatible server at ``llm_upstream_url``."""
+    """Chat generation by an OpenAI-compatible server at ``base_url``."""
 
     kind: BackendKind = "upstream"
 
-    def __init__(self, settings: Settings) -> None:
-        if not settings.llm_upstream_url:
-            raise ValueError("llm_upstream_url is not set")
-        self.base_url = settings.llm_upstream_url.rstrip("/")
-        self.max_concurrency = settings.llm_upstream_max_concurrency
-        self._retries = settings.llm_upstream_retries
-        self._timeout_s = settings.llm_upstream_timeout_s
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float,
+        connect_timeout_s: float,
+        retries: int,
+        max_concurrency: int,
+        label: str | None = None,
+        engine: bool = False,
+        timeout_setting: str = "llm_upstream_timeout_s",
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.max_concurrency = max_concurrency
+        self.label = label or f"the upstream LLM at {self.base_url}"
+        self._engine = engine
+        self._retries = retries
+        self._timeout_s = timeout_s
+        self._timeout_setting = timeout_setting
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url,
-            api_key=settings.llm_upstream_api_key or "unused",
-            timeout=openai.Timeout(settings.llm_upstream_timeout_s, connect=settings.llm_upstream_connect_timeout_s),
+            api_key=api_key or "unused",
+            timeout=openai.Timeout(timeout_s, connect=connect_timeout_s),
             max_retries=0,
         )
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> UpstreamChat:
+        """The configured external upstream (``llm_upstream_*``)."""
+        if not settings.llm_upstream_url:
+            raise ValueError("llm_upstream_url is not set")
+        return cls(
+            settings.llm_upstream_url,
+            api_key=settings.llm_upstream_api_key,
+            timeout_s=settings.llm_upstream_timeout_s,
+            connect_timeout_s=settings.llm_upstream_connect_timeout_s,
+            retries=settings.llm_upstream_retries,
+            max_concurrency=settings.llm_upstream_max_concurrency,
+        )
+
     def _unreachable(self, exc: Exception) -> UpstreamError:
-        return UpstreamError(f"the upstream LLM at {self.base_url} cannot be reached: {exc}")
+        return UpstreamError(f"{self.label} cannot be reached: {exc}")
 
     def _timed_out(self) -> UpstreamTimeout:
-        return UpstreamTimeout(
-            f"the upstream LLM at {self.base_url} sent nothing for {self._timeout_s:g} s (llm_upstream_timeout_s)"
-        )
+        return UpstreamTimeout(f"{self.label} sent nothing for {self._timeout_s:g} s ({self._timeout_setting})")
 
     def _status_error(self, exc: openai.APIStatusError) -> ApiError:
         message = _upstream_message(exc)
         status = exc.status_code
         if status == 429:
             return Overloaded(
-                f"the upstream LLM at {self.base_url} is rate limiting (429): {message}",
+                f"{self.label} is rate limiting (429): {message}",
                 retry_after_s=_retry_after_s(exc),
             )
         if 400 <= status < 500 and status not in (401, 403, 404):
             # The request itself (a prompt over the upstream's context window ...): the client's to fix.
-            return InvalidParameter(f"the upstream LLM at {self.base_url} refused the request ({status}): {message}")
+            return InvalidParameter(f"{self.label} refused the request ({status}): {message}")
         # 401/403/404 mean this server's settings are wrong (key, URL, model); 5xx the upstream failed.
-        return UpstreamError(f"the upstream LLM at {self.base_url} answered {status}: {message}")
+        if self._engine and status == 503:  # llama-server still loading (after a restart): transient
+            return Overloaded(f"{self.label} is not ready ({status}): {message}")
+        return UpstreamError(f"{self.label} answered {status}: {message}")
 
     async def _call(self, fn: Any, **kwargs: Any) -> Any:
         """Call the client, retrying connect errors only."""
@@ -96,7 +127,7 @@ class UpstreamChat:
             except openai.APIConnectionError as exc:
                 if attempt == self._retries:
                     raise self._unreachable(exc) from exc
-                log.warning("upstream LLM %s: %s; retry %d/%d", self.base_url, exc, attempt + 1, self._retries)
+                log.warning("%s: %s; retry %d/%d", self.label, exc, attempt + 1, self._retries)
                 await asyncio.sleep(RETRY_BACKOFF_S * (attempt + 1))
             except openai.APIStatusError as exc:
                 raise self._status_error(exc) from exc
@@ -107,7 +138,7 @@ class UpstreamChat:
         return [m.id for m in page.data]
 
     async def stream(
-        self, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int
+        self, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int, *, slot: int | None = None
     ) -> AsyncGenerator[BackendEvent, None]:
         """Deltas of one upstream generation; closing this iterator closes the HTTP stream, which
         is how vLLM, llama.cpp and Ollama learn to stop generating."""
@@ -124,6 +155,18 @@ class UpstreamChat:
             kwargs["stop"] = list(request.stop)
         if request.seed is not None:
             kwargs["seed"] = request.seed
+        if self._engine:
+            # llama.cpp's own fields. A seeded request is evaluated from scratch (no prompt cache):
+            # logits of a prompt partly served from the cache differ in the last bits, enough to
+            # change a sampled token, and the same seed must give the same answer.
+            extra: dict[str, Any] = {"cache_prompt": request.seed is None}
+            if slot is not None:
+                extra["id_slot"] = slot
+            if request.repeat_penalty is not None:
+                extra["repeat_penalty"] = request.repeat_penalty
+            if request.dry_multiplier is not None:
+                extra["dry_multiplier"] = request.dry_multiplier
+            kwargs["extra_body"] = extra
         stream = await self._call(self._client.chat.completions.create, **kwargs)
         finish: FinishReason = "stop"
         usage: Usage | None = None
@@ -135,7 +178,9 @@ class UpstreamChat:
                     finish = "cancelled"
                     break
                 if chunk.usage is not None:
-                    usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+                    details = chunk.usage.prompt_tokens_details
+                    cached = details.cached_tokens if details is not None else None
+                    usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens, cached)
                 for choice in chunk.choices:
                     if choice.delta is not None and choice.delta.content:
                         yield TextDelta(choice.delta.content)
@@ -144,13 +189,13 @@ class UpstreamChat:
         except openai.APITimeoutError:
             raise self._timed_out() from None
         except openai.APIError as exc:  # the connection broke, or an error event inside the stream
-            raise UpstreamError(f"the upstream LLM at {self.base_url} broke off its answer: {exc.message}") from exc
+            raise UpstreamError(f"{self.label} broke off its answer: {exc.message}") from exc
         finally:
             await stream.close()
         if chunks == 0:
             # Every OpenAI-compatible server sends at least one chunk; none means it failed after
             # answering 200 (llama-cpp-python's server does this for a prompt over its context).
-            raise UpstreamError(f"the upstream LLM at {self.base_url} ended its stream without an answer")
+            raise UpstreamError(f"{self.label} ended its stream without an answer")
         yield Finished(finish, usage)
 
     async def aclose(self) -> None:

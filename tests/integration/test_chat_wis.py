@@ -3,7 +3,6 @@ and WS /api/ws/chatbot (text in, text out)."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 from typing import Any
 from urllib.parse import unquote
@@ -16,6 +15,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.audio.decode import resample_mono
 from mediaserver.events import TranscriptionOptions
 from mediaserver.llm.service import LlmService
+from tests.llm_engine import wait_busy, wait_idle, wait_stopped
 
 
 async def test_chatbot_answers_in_wis_shape(server: Any) -> None:
@@ -77,21 +77,14 @@ async def test_ws_chatbot_text_frame_in_text_frame_out(server: Any) -> None:
         assert second.type == aiohttp.WSMsgType.TEXT and not second.data.startswith("error:")
 
 
-async def test_ws_chatbot_hang_up_mid_answer_stops_the_worker(server: Any, llm_service: LlmService) -> None:
-    backend: Any = await llm_service.backend(llm_service.sources.source("smollm2-135m-instruct"))
+async def test_ws_chatbot_hang_up_mid_answer_stops_the_generation(server: Any, llm_service: LlmService) -> None:
+    await wait_idle(llm_service)
     async with aiohttp.ClientSession() as session:
         ws = await session.ws_connect(f"{server.url}/api/ws/chatbot")
         await ws.send_str("Tell me a long story about a cat who travels the world.")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while not (backend.active and backend.generated_tokens):
-            assert loop.time() < deadline
-            await asyncio.sleep(0.01)
-        started_at = backend.generated_tokens
+        (busy,) = await wait_busy(llm_service)
         await ws.close()
-    deadline = loop.time() + 30
-    while backend.active:
-        assert loop.time() < deadline, "the worker kept generating after the client left"
-        await asyncio.sleep(0.01)
     # The story would run to hundreds of tokens; the close stops it within a few.
-    assert backend.generated_tokens - started_at < 20
+    generated = await wait_stopped(llm_service, busy)
+    assert generated < 100, generated
+    await wait_idle(llm_service)

@@ -1,7 +1,7 @@
 """The LLM service as the voice loop uses it: ``async for delta in llm.stream(messages, params)``.
 
-Real SmolLM2 generations on the session's shared service. Cancellation is checked on the worker
-itself (its token counter and its busy flag), not only on the consumer.
+Real SmolLM2 generations on the session's shared service and its llama-server engine. Cancellation
+is checked on the engine itself (its slots, as its ``/slots`` reports them), not only on the consumer.
 """
 
 from __future__ import annotations
@@ -11,30 +11,28 @@ import contextlib
 import threading
 from typing import Any
 
+import aiohttp
 import pytest
 
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter, Overloaded, UnknownModel
-from mediaserver.llm.llama_cpp import PromptTooLong
+from mediaserver.llm.engine import PromptTooLong
 from mediaserver.llm.service import LlmService, LlmTimeout
 from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.metrics import Metrics
+from tests.llm_engine import wait_busy, wait_idle, wait_stopped
 
 STORY = [ChatMessage("user", "Tell me a long story about a cat who travels the world.")]
 COLORS = [ChatMessage("user", "Name three colors.")]
-GREEDY = GenerationParams(temperature=0.0, seed=3, max_tokens=40)
+# Greedy, without the bundled model's repeat penalty (it breaks the numbered list); DRY stays on.
+GREEDY = GenerationParams(temperature=0.0, seed=3, max_tokens=40, repeat_penalty=1.0)
 
 
-async def _backend(llm: LlmService) -> Any:
-    return await llm.backend(llm.sources.source("smollm2-135m-instruct"))
-
-
-async def _until_idle(backend: Any, timeout_s: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while backend.active:
-        assert loop.time() < deadline, "the worker did not stop"
-        await asyncio.sleep(0.005)
+async def _stopped_early(llm: LlmService, busy: dict[str, Any], max_tokens: int) -> None:
+    """The generation stopped in the engine long before ``max_tokens``, and every slot is free."""
+    generated = await wait_stopped(llm, busy)
+    assert generated < max_tokens // 2, generated
+    await wait_idle(llm)
 
 
 async def test_deltas_concatenate_to_the_answer_with_usage(llm_service: LlmService) -> None:
@@ -42,30 +40,27 @@ async def test_deltas_concatenate_to_the_answer_with_usage(llm_service: LlmServi
         deltas = [delta async for delta in answer]
     assert "".join(deltas) == "1. Red\n2. Blue\n3. Green"
     assert answer.finish_reason == "stop"
-    assert answer.usage is not None and answer.usage.completion_tokens == len(deltas)
+    # llama-server counts the end-of-generation token too.
+    assert answer.usage is not None and answer.usage.completion_tokens in (len(deltas), len(deltas) + 1)
     assert answer.time_to_first_token_s is not None and answer.time_to_first_token_s > 0
     completion = await llm_service.complete(COLORS, GREEDY)
     assert completion.text == "".join(deltas)
 
 
-async def test_breaking_out_stops_the_worker_within_one_token(llm_service: LlmService) -> None:
-    backend = await _backend(llm_service)
-    await _until_idle(backend)
+async def test_breaking_out_frees_the_engine_slot(llm_service: LlmService) -> None:
+    await wait_idle(llm_service)
     params = GenerationParams(temperature=0.0, max_tokens=500)
     stream = llm_service.stream(STORY, params)
     async for _ in stream:
-        if backend.generated_tokens and backend.active:
-            break
+        (busy,) = await wait_busy(llm_service)
+        break
     await stream.aclose()  # what ``async with`` does; breaking alone sets the cancel flag too
-    at_cancel = backend.generated_tokens
-    await _until_idle(backend)
-    assert backend.generated_tokens - at_cancel <= 1
+    await _stopped_early(llm_service, busy, 500)
     assert stream.finish_reason in (None, "cancelled")
 
 
-async def test_cancelling_the_consumer_task_stops_the_worker_within_one_token(llm_service: LlmService) -> None:
-    backend = await _backend(llm_service)
-    await _until_idle(backend)
+async def test_cancelling_the_consumer_task_frees_the_engine_slot(llm_service: LlmService) -> None:
+    await wait_idle(llm_service)
     received: list[str] = []
     started = asyncio.Event()
 
@@ -77,25 +72,24 @@ async def test_cancelling_the_consumer_task_stops_the_worker_within_one_token(ll
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(started.wait(), 60)
+    (busy,) = await wait_busy(llm_service)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    at_cancel = backend.generated_tokens
-    await _until_idle(backend)
-    assert backend.generated_tokens - at_cancel <= 1
+    await _stopped_early(llm_service, busy, 500)
     assert len(received) < 500
 
 
 async def test_dropping_the_stream_sets_its_cancel_flag(llm_service: LlmService) -> None:
-    """A consumer that forgets the stream (no aclose) still stops the worker."""
-    backend = await _backend(llm_service)
-    await _until_idle(backend)
+    """A consumer that forgets the stream (no aclose) still stops the generation."""
+    await wait_idle(llm_service)
     stream = llm_service.stream(STORY, GenerationParams(temperature=0.0, max_tokens=500))
     await anext(stream)
+    (busy,) = await wait_busy(llm_service)
     cancel: threading.Event = stream._cancel
     del stream
     assert cancel.is_set()
-    await _until_idle(backend)
+    await _stopped_early(llm_service, busy, 500)
 
 
 async def test_generation_runs_off_the_event_loop(llm_service: LlmService) -> None:
@@ -119,7 +113,7 @@ async def test_generation_runs_off_the_event_loop(llm_service: LlmService) -> No
 
 
 async def test_stop_strings_split_across_tokens(llm_service: LlmService) -> None:
-    params = GenerationParams(temperature=0.0, max_tokens=40, stop=("2. Bl",))
+    params = GenerationParams(temperature=0.0, max_tokens=40, stop=("2. Bl",), repeat_penalty=1.0)
     assert (await llm_service.complete(COLORS, params)).text == "1. Red\n"
 
 
@@ -149,14 +143,18 @@ async def test_limits_are_errors_before_any_work(llm_service: LlmService) -> Non
     assert caught.value.status == 400
 
 
-async def test_full_queue_is_overloaded_and_timeouts_are_504(base_settings: Settings) -> None:
-    settings = base_settings.model_copy(update={"llm_max_queue": 1, "llm_request_timeout_s": 3.0})
+async def test_full_queue_is_overloaded_and_timeouts_are_504(base_settings: Settings, server_factory: Any) -> None:
+    # An engine of its own, with one slot: a second generation waits for the first.
+    settings = base_settings.model_copy(update={"llm_slots": 1, "llm_max_queue": 1, "llm_request_timeout_s": 3.0})
     service = LlmService(settings, Metrics())
     await service.start()
     try:
         params = GenerationParams(temperature=0.0, max_tokens=1000)
         running = service.stream(STORY, params)
         await anext(running)  # holds the model
+        # The queued one's deadline starts a second later than the running one's: once the running
+        # one times out, the queued one has that second to get its first token.
+        await asyncio.sleep(1.0)
         waiting = service.stream(STORY, params)
         waiter = asyncio.create_task(anext(waiting))
         await asyncio.sleep(0.2)  # the second one is now in the queue
@@ -179,6 +177,12 @@ async def test_full_queue_is_overloaded_and_timeouts_are_504(base_settings: Sett
         with pytest.raises(Overloaded) as refused:
             await anext(service.stream(STORY, params))
         assert refused.value.retry_after_s is not None and refused.value.retry_after_s > 0
+        # Over HTTP: a 503 with the estimate as Retry-After.
+        live = await server_factory(llm=service)
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi."}]}
+        async with aiohttp.ClientSession() as session, session.post(f"{live.url}/v1/chat/completions", json=body) as r:
+            assert r.status == 503 and int(r.headers["Retry-After"]) >= 1
+            assert "llm_max_queue" in (await r.json())["error"]["message"]
         queued_first.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await queued_first

@@ -77,8 +77,13 @@ def test_history_is_kept_within_its_budget_and_whole_turns() -> None:
     messages = helper.messages("question 5")
     assert messages[0] == ChatMessage("system", "Be brief.")
     assert [m.content for m in messages[1:]] == ["question 3", "answer 3", "question 4", "answer 4", "question 5"]
-    helper.options = AssistantOptions(system_prompt="", history_turns=8, history_tokens=5)  # 20 characters
-    assert [m.content for m in helper.messages("q")] == ["question 4", "answer 4", "q"]
+    # No system prompt of the client's: the server's (a voice turn never goes without one), and the
+    # history budget counts it: 20 to 23 characters are left, one whole turn.
+    default = helper.settings.assistant_system_prompt
+    helper.options = AssistantOptions(system_prompt="", history_turns=8, history_tokens=(len(default) + 24) // 4)
+    messages = helper.messages("q")
+    assert messages[0] == ChatMessage("system", default)
+    assert [m.content for m in messages[1:]] == ["question 4", "answer 4", "q"]
 
 
 def test_client_options_are_checked() -> None:

@@ -62,6 +62,8 @@ class _ChatBody(_Lenient):
     top_p: float | None = Field(None, gt=0, le=1)
     stop: str | list[str] | None = None
     seed: int | None = None
+    # vLLM's extension: 1 turns the model's default repetition penalty off (llama.cpp models only).
+    repetition_penalty: float | None = Field(None, ge=0.5, le=2.0)
     n: int | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
@@ -108,7 +110,12 @@ def parse_chat(body: Any) -> tuple[_ChatBody, list[ChatMessage], GenerationParam
     roles: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
     messages = [ChatMessage(roles[m.role], _content(m)) for m in chat.messages]
     params = GenerationParams(
-        max_tokens=max_tokens, temperature=chat.temperature, top_p=chat.top_p, stop=stop, seed=chat.seed
+        max_tokens=max_tokens,
+        temperature=chat.temperature,
+        top_p=chat.top_p,
+        stop=stop,
+        seed=chat.seed,
+        repeat_penalty=chat.repetition_penalty,
     )
     return chat, messages, params
 

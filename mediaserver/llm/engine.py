@@ -1,0 +1,161 @@
+"""What the LLM service generates with: an ``LlmEngine``. There are two, on one client path.
+
+- ``UpstreamChat`` (``mediaserver.llm.upstream``): an external OpenAI-compatible server.
+- ``LlamaServerEngine`` (here): a local GGUF served by a supervised ``llama-server`` child
+  (``mediaserver.llm.engine_process``), driven by that same ``UpstreamChat`` client on loopback:
+  continuous batching over ``llm_slots`` slots, a prompt cache per slot. The service's queue
+  admits ``llm_slots`` generations at once, so the engine itself never queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any, Protocol
+
+from mediaserver.config import Settings
+from mediaserver.devices import DeviceChoice
+from mediaserver.errors import ApiError, ModelUnavailable, Overloaded
+from mediaserver.llm.engine_process import LlamaServerProcess
+from mediaserver.llm.registry import LlmSource
+from mediaserver.llm.slots import SlotAffinity
+from mediaserver.llm.types import BackendEvent, BackendKind, ChatRequest
+from mediaserver.llm.upstream import UpstreamChat, UpstreamError
+
+log = logging.getLogger(__name__)
+
+ENGINE_CONNECT_RETRIES = 2
+ENGINE_RESTART_RETRIES = 1  # a request that met a restarting engine is sent once more
+RESTART_NOTICE_S = 0.2  # time for the supervisor to see that its child died
+# Per message, what a chat template adds around the content, at most (role markers, separators).
+TEMPLATE_BYTES_PER_MESSAGE = 16
+
+
+class PromptTooLong(ApiError):
+    status = 400
+    code = "context_length_exceeded"
+
+
+def hub_gguf(location: str, settings: Settings) -> str:
+    """The local file of a Hugging Face "owner/repo:file.gguf" id (downloaded if allowed; blocking)."""
+    from huggingface_hub import snapshot_download
+
+    repo_id, _, pattern = location.partition(":")
+    try:
+        folder = snapshot_download(
+            repo_id,
+            allow_patterns=[pattern],
+            local_files_only=not settings.allow_model_download,
+            cache_dir=str(settings.model_cache_dir / "gguf"),
+        )
+    except Exception as exc:
+        raise ModelUnavailable(f"LLM {location!r} could not be fetched: {exc}") from exc
+    found = sorted(Path(folder).glob(pattern))
+    if not found:
+        raise ModelUnavailable(f"LLM {location!r}: no file matches {pattern!r} in {repo_id}")
+    return str(found[0])
+
+
+class LlmEngine(Protocol):
+    """What the service needs of an engine: stream a generation, say how many run at once."""
+
+    kind: BackendKind
+    max_concurrency: int
+
+    def stream(
+        self, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int
+    ) -> AsyncGenerator[BackendEvent, None]:
+        """Deltas then ``Finished``; closing the iterator (or ``cancel``) stops the generation."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class LlamaServerEngine:
+    """One local GGUF on its own llama-server child."""
+
+    kind: BackendKind = "llama.cpp"
+
+    def __init__(self, process: LlamaServerProcess, settings: Settings) -> None:
+        self.process = process
+        self.name = process.alias
+        self.max_concurrency = process.slots
+        self.affinity = SlotAffinity(process.slots)
+        self.client = UpstreamChat(
+            process.base_url + "/v1",
+            timeout_s=settings.llm_request_timeout_s,
+            connect_timeout_s=settings.llm_upstream_connect_timeout_s,
+            # llama-server closes a keep-alive connection idle for 5 s; a request that races that
+            # close fails to connect before anything was sent, and is sent again on a new one.
+            retries=ENGINE_CONNECT_RETRIES,
+            max_concurrency=process.slots,
+            label=f"the llama-server engine of {process.alias!r}",
+            engine=True,
+            timeout_setting="llm_request_timeout_s",
+        )
+
+    @classmethod
+    async def start(
+        cls, source: LlmSource, settings: Settings, device: DeviceChoice | None, on_restart: Any = None
+    ) -> LlamaServerEngine:
+        """Start the child and wait until it answers (ModelUnavailable naming why if it cannot)."""
+        location = await asyncio.to_thread(hub_gguf, source.location, settings) if source.is_hub_id else source.location
+        process = LlamaServerProcess(source.name, location, settings, device, on_restart=on_restart)
+        try:
+            await process.start()
+        except BaseException:
+            await process.aclose()
+            raise
+        return cls(process, settings)
+
+    async def stream(
+        self, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int
+    ) -> AsyncGenerator[BackendEvent, None]:
+        await self.process.wait_ready()
+        limit = min(max_prompt_tokens, self.process.settings.llm_context_tokens - 1)
+        # A byte-level tokenizer never makes more tokens than bytes: only a prompt that might be
+        # too long is counted exactly (llama-server's own template and tokenizer, two loopback calls).
+        if sum(len(m.content.encode()) + TEMPLATE_BYTES_PER_MESSAGE for m in request.messages) > limit:
+            count = await self.process.count_prompt_tokens(request.messages)
+            if count > limit:
+                raise PromptTooLong(
+                    f"the prompt is {count} tokens; this model takes at most {limit} (context window "
+                    f"{self.process.settings.llm_context_tokens} tokens per slot, llm_max_prompt_tokens "
+                    f"{max_prompt_tokens})",
+                    param="messages",
+                )
+        slot = self.affinity.take(request.messages)
+        try:
+            async for event in self._stream_in(slot, request, cancel, max_prompt_tokens):
+                yield event
+        finally:
+            self.affinity.give(slot)
+
+    async def _stream_in(
+        self, slot: int, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int
+    ) -> AsyncGenerator[BackendEvent, None]:
+        for attempt in range(ENGINE_RESTART_RETRIES + 1):
+            events = self.client.stream(request, cancel, max_prompt_tokens, slot=slot)
+            answered = False
+            try:
+                async for event in events:
+                    answered = True
+                    yield event
+                return
+            except (UpstreamError, Overloaded):
+                # Sent while the engine died or restarted (it is not ready now): nothing was
+                # generated yet, so wait for the new one and send again. Mid-answer, it is an error.
+                await asyncio.sleep(RESTART_NOTICE_S)
+                if answered or attempt == ENGINE_RESTART_RETRIES or self.process.ready:
+                    raise
+                log.info("the engine of %s restarted under a request: sending it again", self.name)
+                await self.process.wait_ready()
+            finally:
+                await events.aclose()  # closes the HTTP stream: llama-server frees the slot at once
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        await self.process.aclose()

@@ -1,0 +1,143 @@
+"""The llama-server engine: continuous batching, its prompt cache, and its faults, on the real engine.
+
+Every test here uses the session's one engine (the ``llm_service`` fixture) but the last, whose
+model cannot start. Slot states come from llama-server's own ``/slots``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from mediaserver.app import create_app
+from mediaserver.config import Settings
+from mediaserver.errors import ApiError
+from mediaserver.llm.service import LlmService
+from mediaserver.llm.types import ChatMessage, GenerationParams
+from tests.llm_engine import engine, wait_busy, wait_idle
+
+STORY = [{"role": "user", "content": "Tell me a long story about a cat who travels the world."}]
+
+
+async def _stream_chat(url: str, index: int, max_tokens: int, started: asyncio.Event) -> dict[str, Any]:
+    """One streamed chat over HTTP: when its first token and its end came (monotonic)."""
+    body = {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": f"Story {index}: tell me a long story about a lighthouse."}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    first: float | None = None
+    tokens = 0
+    async with aiohttp.ClientSession() as session, session.post(f"{url}/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200
+        async for line in resp.content:
+            if line.startswith(b"data: {"):
+                chunk = json.loads(line[6:])
+                if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                    tokens += 1
+                    first = first or time.monotonic()
+                    started.set()
+    return {"first": first, "end": time.monotonic(), "tokens": tokens}
+
+
+async def test_four_streams_progress_at_once(server: Any, llm_service: LlmService) -> None:
+    """Four chats at once on four slots: all have their first token before any has finished, and
+    /health and /metrics show the four slots busy meanwhile."""
+    await wait_idle(llm_service)
+    started = [asyncio.Event() for _ in range(4)]
+    runs = [asyncio.create_task(_stream_chat(server.url, i, 160, started[i])) for i in range(4)]
+    await wait_busy(llm_service, 4)
+    await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 60)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{server.url}/health") as resp:
+            health = await resp.json()
+        async with session.get(f"{server.url}/metrics") as resp:
+            metrics = await resp.text()
+    results = await asyncio.gather(*runs)
+    assert all(r["first"] is not None and r["tokens"] > 20 for r in results), results
+    assert max(r["first"] for r in results) < min(r["end"] for r in results), results
+    model = health["llm"]["models"]["smollm2-135m-instruct"]
+    assert model["slots"] == 4 and model["slots_busy"] == 4 and model["queue"] == 0, model
+    assert model["engine"]["state"] == "ready" and model["tokens_per_second"] > 0, model
+    assert 'mediaserver_llm_slots_busy{model="smollm2-135m-instruct"} 4.0' in metrics
+    assert 'mediaserver_llm_slots{model="smollm2-135m-instruct"} 4.0' in metrics
+
+
+async def test_a_conversation_keeps_its_prompt_cache(llm_service: LlmService) -> None:
+    """Two conversations interleaved, three turns each: every turn after the first is served from
+    its own slot's cache (the whole earlier conversation), not evaluated again."""
+    system = ChatMessage("system", "You are a helpful assistant. Answer in one sentence.")
+    questions = ["Name a fruit.", "What color is it?", "Where does it grow?"]
+    histories = {name: [system] for name in ("a", "b")}
+    last_prompt: dict[str, int] = {}
+    for turn, question in enumerate(questions):
+        for name, history in histories.items():
+            history.append(ChatMessage("user", f"{question} ({name})"))
+            async with llm_service.stream(history, GenerationParams(max_tokens=30)) as answer:
+                text = await answer.text()
+            usage = answer.usage
+            assert usage is not None and usage.cached_tokens is not None
+            if turn:
+                # At least everything up to this conversation's previous question came from the cache.
+                assert usage.cached_tokens >= last_prompt[name], (name, turn, usage)
+            last_prompt[name] = usage.prompt_tokens
+            history.append(ChatMessage("assistant", text))
+
+
+async def test_engine_killed_mid_answer_restarts(server: Any, llm_service: LlmService) -> None:
+    """The engine dies mid-answer: that answer ends with an error naming the engine, the supervisor
+    restarts it, and the next request is answered."""
+    await wait_idle(llm_service)
+    process = await engine(llm_service)
+    pid, restarts = process.pid, process.restarts
+    assert pid is not None
+    story = [ChatMessage("user", STORY[0]["content"])]
+    with pytest.raises(ApiError) as caught:
+        async with llm_service.stream(story, GenerationParams(max_tokens=500)) as stream:
+            async for _ in stream:
+                os.kill(pid, signal.SIGKILL)
+    assert caught.value.status == 502 and "llama-server engine" in caught.value.message, caught.value.message
+    # A request sent now waits for the restarted engine (llm_engine_ready_wait_s) and is answered.
+    answer = await llm_service.complete([ChatMessage("user", "Name three colors.")], GenerationParams(max_tokens=20))
+    assert answer.text and process.pid != pid and process.restarts == restarts + 1 and process.state == "ready"
+    async with aiohttp.ClientSession() as session, session.get(f"{server.url}/metrics") as resp:
+        assert 'mediaserver_llm_engine_restarts_total{model="smollm2-135m-instruct"}' in await resp.text()
+
+
+async def test_an_engine_that_cannot_start_turns_the_llm_off_naming_why(
+    base_settings: Settings, asr_service: Any, tts_service: Any, tmp_path: Path
+) -> None:
+    """A model file llama-server cannot load: the server runs without the LLM, and says why."""
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"this is not a GGUF file" * 100)
+    settings = base_settings.model_copy(update={"llm_model": str(bad), "llm_embedding_model": str(bad)})
+    app = create_app(settings, asr_service=asr_service, tts_service=tts_service)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{url}/health") as resp:
+                health = await resp.json()
+            body = {"model": "gpt-4o-mini", "messages": STORY}
+            async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+                status, error = resp.status, (await resp.json())["error"]
+            async with session.get(f"{url}/v1/audio/transcriptions") as resp:
+                assert resp.status != 503  # the rest of the server runs
+    finally:
+        await runner.cleanup()
+    feature = health["features"]["llm"]
+    assert feature["enabled"] is False and "llama-server" in feature["reason"], feature
+    assert status == 503 and error["code"] == "feature_disabled" and "llama-server" in error["message"], error

@@ -1,0 +1,38 @@
+"""Which llama-server slot a request goes to: its conversation's, while that slot is free."""
+
+from __future__ import annotations
+
+from mediaserver.llm.slots import SlotAffinity
+from mediaserver.llm.types import ChatMessage
+
+SYSTEM = ChatMessage("system", "Be brief.")
+
+
+def conversation(name: str, turns: int) -> list[ChatMessage]:
+    messages = [SYSTEM]
+    for turn in range(turns):
+        messages += [ChatMessage("user", f"{name} question {turn}"), ChatMessage("assistant", f"answer {turn}")]
+    return messages[:-1]  # ends with the new question
+
+
+def test_a_conversation_returns_to_its_slot_while_others_come_and_go() -> None:
+    slots = SlotAffinity(4)
+    a = slots.take(conversation("a", 1))
+    slots.give(a)
+    b = slots.take(conversation("b", 1))  # same system prompt, another conversation: another slot
+    slots.give(b)
+    assert b != a
+    assert slots.take(conversation("a", 2)) == a  # the next turn of a: its own slot again
+    slots.give(a)
+    assert slots.take(conversation("b", 3)) == b
+
+
+def test_a_busy_slot_sends_the_request_to_the_free_slot_used_longest_ago() -> None:
+    slots = SlotAffinity(3)
+    first = slots.take(conversation("a", 1))
+    second = slots.take(conversation("b", 1))
+    slots.give(second)
+    # a's slot is busy (a second request of the same conversation): the never-used slot, not b's.
+    other = slots.take(conversation("a", 1))
+    assert other not in (first, second)
+    assert sorted([first, second, other]) == [0, 1, 2]

@@ -41,6 +41,9 @@ COPY tools ./tools
 COPY --from=llama-wheel /wheels /wheels
 RUN pip install --upgrade pip \
  && pip install -c requirements.lock --only-binary llama-cpp-python --find-links /wheels .
+# The Smart Turn v3.2 end-of-turn model (BSD-2; its LICENSE lands beside it).
+RUN python -m mediaserver.turns.fetch /opt/turn
+ENV MEDIASERVER_TURN_MODEL_PATH=/opt/turn/smart-turn-v3.2-cpu.onnx
 
 # 19000 HTTPS (when /data/certs has cert.pem and key.pem: python tools/gen_cert.py --dir /data/certs),
 # 19001 HTTP. WebRTC media will need a UDP range too (see README).

@@ -422,6 +422,34 @@ class Settings(BaseSettings):
         description="speak the answer's first clause (at a comma) once it has this many words; 0 = whole sentences",
     )
 
+    # --- semantic end of turn: Smart Turn v3.2 (mediaserver/turns) -----------------------------
+    turn_detection: Literal["silence", "semantic"] = Field(
+        "silence",
+        description="how a streamed utterance ends when its session does not choose: 'silence' (after "
+        "stream_vad_hangover_ms) or 'semantic' (the turn model decides at each pause, see turn_*)",
+    )
+    turn_eagerness: Literal["low", "medium", "high", "auto"] = Field(
+        "auto", description="semantic turns: how long an unfinished turn is waited for (turn_wait_*_ms); auto = medium"
+    )
+    turn_model_path: Path | None = Field(
+        None,
+        description="the Smart Turn v3.2 ONNX file; none = ~/.cache/mediaserver/turn/smart-turn-v3.2-cpu.onnx "
+        "(make setup fetches it); missing = semantic turns fall back to silence detection",
+    )
+    turn_candidate_silence_ms: int = Field(
+        200, ge=30, description="semantic turns: a pause this long is scored by the turn model"
+    )
+    turn_threshold: float = Field(
+        0.5, gt=0, lt=1, description="semantic turns: a score (probability of a finished turn) at least this ends it"
+    )
+    turn_wait_low_ms: int = Field(8000, ge=60, description="eagerness low: silence that ends an unfinished turn")
+    turn_wait_medium_ms: int = Field(4000, ge=60, description="eagerness medium/auto: the same")
+    turn_wait_high_ms: int = Field(2000, ge=60, description="eagerness high: the same")
+    turn_threads: int = Field(1, ge=1, description="onnxruntime threads of one turn-model inference")
+    turn_batch_max: int = Field(
+        8, ge=1, description="pauses of different sessions waiting together are scored in one batch of up to this"
+    )
+
     # --- misc ----------------------------------------------------------------------------------
     malloc_arena_max: int = Field(
         2, ge=0, description="glibc malloc arenas (as MALLOC_ARENA_MAX); fewer keep RSS down; 0 = glibc's default"

@@ -47,11 +47,12 @@ from mediaserver.events import (
     SpeechStarted,
     SpeechStopped,
     StreamError,
+    TurnDecided,
 )
 from mediaserver.session_registry import SessionLimitReached
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.stream_session import StreamOptions, StreamSession
-from mediaserver.transport.common import loads_json, parse_bool, parse_int, stream_options_from
+from mediaserver.transport.common import loads_json, parse_bool, parse_int, stream_options_from, turn_payload
 from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
 from mediaserver.transport.voice import new_assistant, update_assistant
 
@@ -96,6 +97,8 @@ START_KEYS: Final = frozenset(
         "beam_size",
         "task",
         "prompt",
+        "turn_detection",
+        "eagerness",
         "assistant",
         "speak",
         "voice",
@@ -138,8 +141,8 @@ class StreamConfig:
 
     def stream_options(self) -> StreamOptions:
         transcription = replace(self.options.transcription, with_segment_timestamps=self.segments)
-        return StreamOptions(
-            model=self.options.model,
+        return replace(
+            self.options,
             transcription=transcription,
             server_vad=self.server_vad,
             partials=self.partials,
@@ -161,6 +164,8 @@ class StreamConfig:
             "beam_size": t.beam_size,
             "task": t.task,
             "prompt": t.initial_prompt,
+            "turn_detection": self.options.turn_detection,
+            "eagerness": self.options.eagerness,
         } | ({"assistant": True, "audio_sample_rate": self.audio_sample_rate_hz} if self.assistant else {})
 
 
@@ -326,6 +331,8 @@ class WsSession(SocketSession):
             self.send_json({"type": "speech_started", "audio_start_ms": event.audio_start_ms})
         elif isinstance(event, SpeechStopped):
             self.send_json({"type": "speech_stopped", "audio_end_ms": event.audio_end_ms, "discarded": event.discarded})
+        elif isinstance(event, TurnDecided):
+            self.send_json({"type": "turn", **turn_payload(event)})
         elif isinstance(event, StreamError):
             error: dict[str, Any] = {"type": "error", "code": event.code, "message": event.message}
             if event.audio_start_ms is not None and event.audio_end_ms is not None:

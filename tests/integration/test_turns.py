@@ -11,13 +11,21 @@ Piper's reading and are not used as unfinished turns (tools/bench_turns.py repor
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
+import openai
 import pytest
+from openai.types.realtime import (
+    ConversationItemInputAudioTranscriptionCompletedEvent,
+    InputAudioBufferCommittedEvent,
+    SessionCreatedEvent,
+    SessionUpdatedEvent,
+)
 
 from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
@@ -32,7 +40,7 @@ from mediaserver.events import (
 from mediaserver.stream_session import StreamOptions, StreamSession
 from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel
-from tests.conftest import Clip
+from tests.conftest import Clip, LiveServer
 
 CHUNK = SAMPLE_RATE_HZ // 50  # 20 ms
 
@@ -173,3 +181,69 @@ async def test_silence_detection_stays_the_default(
         while len(run.of(FinalTranscript)) < 1:
             await asyncio.sleep(0.05)
     assert len(run.of(SpeechStopped)) == 2
+
+
+async def realtime_items(server: LiveServer, audio: np.ndarray, turn_detection: dict[str, object]) -> list[str]:
+    """Stream ``audio`` in real time through the Realtime face with the ``openai`` SDK; the
+    transcripts of the items it made, once 3 s of silence after it have passed."""
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    chunk = 2 * SAMPLE_RATE_HZ // 10  # 100 ms at 16 kHz
+    transcripts: list[str] = []
+    async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
+        assert isinstance(await connection.recv(), SessionCreatedEvent)
+        session: Any = {
+            "type": "transcription",
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": 16000},
+                    "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
+                    "turn_detection": turn_detection,
+                }
+            },
+        }
+        await connection.session.update(session=session)
+        updated = await connection.recv()
+        assert isinstance(updated, SessionUpdatedEvent)
+
+        async def send() -> None:
+            started = time.monotonic()
+            for n, start in enumerate(range(0, len(pcm), chunk)):
+                await connection.input_audio_buffer.append(audio=base64.b64encode(pcm[start : start + chunk]).decode())
+                await asyncio.sleep(max(0.0, started + (n + 1) * 0.1 - time.monotonic()))
+
+        committed = 0
+
+        async def receive() -> None:
+            nonlocal committed
+            async for event in connection:
+                if isinstance(event, InputAudioBufferCommittedEvent):
+                    committed += 1
+                elif isinstance(event, ConversationItemInputAudioTranscriptionCompletedEvent):
+                    transcripts.append(event.transcript)
+
+        receiver = asyncio.create_task(receive())
+        try:
+            await send()  # ends with 3 s of silence: every turn has ended by then (the eagerness cap aside)
+            async with asyncio.timeout(60):
+                while len(transcripts) < committed or committed == 0:
+                    await asyncio.sleep(0.05)
+        finally:
+            receiver.cancel()
+    return transcripts
+
+
+async def test_realtime_semantic_vad_with_the_openai_sdk(server: LiveServer, speech: Callable[[str], Clip]) -> None:
+    """semantic_vad (eagerness low: up to 8 s for an unfinished turn) keeps "Play the song by ...
+    the Beatles." with its 800 ms pause one item; server_vad at 300 ms cuts it in two."""
+    first, rest, pause = PAUSED[2]
+    audio = np.concatenate(
+        [silence(0.3), speech(first).audio16k, silence(pause), speech(rest).audio16k, silence(3.0)]
+    ).astype(np.float32)
+    semantic, plain = await asyncio.gather(
+        realtime_items(server, audio, {"type": "semantic_vad", "eagerness": "low"}),
+        realtime_items(server, audio, {"type": "server_vad", "silence_duration_ms": 300}),
+    )
+    assert len(semantic) == 1, semantic
+    assert "beatles" in words(semantic[0]) and "play" in words(semantic[0]), semantic
+    assert len(plain) == 2, plain

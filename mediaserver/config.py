@@ -449,6 +449,11 @@ class Settings(BaseSettings):
     turn_batch_max: int = Field(
         8, ge=1, description="pauses of different sessions waiting together are scored in one batch of up to this"
     )
+    turn_speculative_answers: bool = Field(
+        True,
+        description="voice loop: start the answer (LLM and first clause's TTS, nothing sent) on the final decoded in "
+        "a pause, before the turn has ended; speech resuming drops it unheard, the turn ending sends it at once",
+    )
 
     # --- misc ----------------------------------------------------------------------------------
     malloc_arena_max: int = Field(

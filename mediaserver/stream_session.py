@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -145,6 +145,15 @@ class Answerer(Protocol):
     async def interrupt(self) -> bool: ...
 
     def observe_transcript(self, seconds: float) -> None: ...
+
+
+@runtime_checkable
+class Speculator(Protocol):
+    """An answerer that can prepare an answer before the turn has ended (``Assistant``)."""
+
+    def speculate(self, user_text: str, *, speech_ended_at: float | None = None) -> bool: ...
+
+    def drop_speculation(self) -> None: ...
 
 
 class StreamSession:
@@ -294,7 +303,21 @@ class StreamSession:
         self._cancel_partials()  # the final is about to be decoded: partials only compete with it now
         audio = self._segmenter.current_audio()
         task = self._start_final(audio, f"early-final-{self.id}")
-        self._early_final = _EarlyFinal(task, audio.size, silence_ms)
+        early = self._early_final = _EarlyFinal(task, audio.size, silence_ms)
+        if self.settings.turn_speculative_answers and isinstance(self.assistant, Speculator):
+            task.add_done_callback(lambda done: self._speculate(early, done, self._committed))
+
+    def _speculate(self, early: _EarlyFinal, task: asyncio.Task[Transcript], committed: str) -> None:
+        """The final was decoded while the turn is still open: the voice loop starts its answer now
+        (held until the turn ends; dropped if the speech resumes)."""
+        if task.cancelled() or task.exception() is not None or self._early_final is not early or self._closed:
+            return
+        assistant = self.assistant
+        if not isinstance(assistant, Speculator) or not self._segmenter.in_speech:
+            return
+        text = committed + continuation(committed, task.result().text)
+        if text.strip():
+            assistant.speculate(text, speech_ended_at=time.monotonic())
 
     def _start_turn_check(self, silence_ms: int) -> None:
         if self._closed:
@@ -346,6 +369,8 @@ class StreamSession:
         if self._early_final is not None:
             self._early_final.task.cancel()
             self._early_final = None
+            if isinstance(self.assistant, Speculator):
+                self.assistant.drop_speculation()  # the speech resumed: an answer started on it is unheard
 
     def _take_early_final(self, utterance: Utterance) -> _EarlyFinal | None:
         """The early final if it is this utterance's (it ended on the silence the final started in)."""

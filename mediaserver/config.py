@@ -439,8 +439,21 @@ class Settings(BaseSettings):
     turn_candidate_silence_ms: int = Field(
         200, ge=30, description="semantic turns: a pause this long is scored by the turn model"
     )
+    turn_rescore_ms: int = Field(
+        300,
+        ge=0,
+        description="semantic turns: a pause scored unfinished is scored again each time it has gone on this much "
+        "longer (the model grows surer with more silence), until the eagerness cap; 0 = once per pause",
+    )
     turn_threshold: float = Field(
         0.5, gt=0, lt=1, description="semantic turns: a score (probability of a finished turn) at least this ends it"
+    )
+    turn_rescore_threshold: float = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description="semantic turns: the score that ends the turn at a rescore (the model scores a fragment higher "
+        "the longer the silence after it: 'Remind me to buy' 0.01 after 200 ms, 0.84 after 500 ms)",
     )
     turn_wait_low_ms: int = Field(8000, ge=60, description="eagerness low: silence that ends an unfinished turn")
     turn_wait_medium_ms: int = Field(4000, ge=60, description="eagerness medium/auto: the same")

@@ -91,6 +91,7 @@ class _TurnCheck:
 
     task: asyncio.Task[None]
     silence_from_ms: int
+    silence_ms: int  # how long the pause was when it was scored
 
 
 @dataclass
@@ -291,8 +292,11 @@ class StreamSession:
             self._drop_turn_check()
         semantic = self.semantic_turns
         candidate_ms = self.settings.turn_candidate_silence_ms
-        if semantic and self._turn_check is None and self._segmenter.in_speech and silence_ms >= candidate_ms:
-            self._start_turn_check(silence_ms)
+        if semantic and self._segmenter.in_speech and silence_ms >= candidate_ms:
+            check = self._turn_check
+            rescore_ms = self.settings.turn_rescore_ms
+            if check is None or (rescore_ms > 0 and check.task.done() and silence_ms >= check.silence_ms + rescore_ms):
+                self._start_turn_check(silence_ms)  # scored unfinished: score again with more silence
         early_ms = self.settings.stream_final_early_ms
         if early_ms <= 0 or early is not None or not self._segmenter.in_speech or self._closed:
             return
@@ -326,7 +330,7 @@ class StreamSession:
         task = self._start_task(
             self._decide_turn(self._segmenter.current_audio(), silence_ms, silence_from_ms), f"turn-{self.id}"
         )
-        self._turn_check = _TurnCheck(task, silence_from_ms)
+        self._turn_check = _TurnCheck(task, silence_from_ms, silence_ms)
 
     def _drop_turn_check(self) -> None:
         check, self._turn_check = self._turn_check, None
@@ -346,7 +350,9 @@ class StreamSession:
             log.exception("session %s: the turn model failed; this utterance ends on silence", self.id)
             return
         decision_ms = (time.monotonic() - started) * 1000.0
-        complete = score.probability >= self.settings.turn_threshold
+        first = silence_ms < self.settings.turn_candidate_silence_ms + max(1, self.settings.turn_rescore_ms)
+        threshold = self.settings.turn_threshold if first else self.settings.turn_rescore_threshold
+        complete = score.probability >= threshold
         metrics = self.asr.metrics
         metrics.turn_decision_seconds.labels("complete" if complete else "incomplete").observe(decision_ms / 1000.0)
         metrics.turn_batch_size.observe(score.batch)

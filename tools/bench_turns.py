@@ -168,8 +168,8 @@ def config(settings: Settings, hangover_ms: int) -> SegmenterConfig:
 def first_end(case: Case, segmenter: VadSegmenter, model: TurnModel | None, settings: Settings) -> Result:
     """Feed the case frame by frame; where its first utterance ends (by silence or by the model)."""
     frame = SAMPLE_RATE_HZ * segmenter.config.frame_ms // 1000
-    pending: tuple[int, int, float] | None = None  # (decided at ms, pause start ms, probability)
-    checked_pause: int | None = None
+    pending: tuple[int, int, float, int] | None = None  # (decided at ms, pause start ms, probability, silence ms)
+    checked: tuple[int, int] | None = None  # (pause start ms, its length when last scored)
     scores: list[float] = []
     policy = "turn model" if model is not None else f"silence-{segmenter.config.hangover_ms}"
     for start in range(0, case.audio.size, frame):
@@ -185,20 +185,27 @@ def first_end(case: Case, segmenter: VadSegmenter, model: TurnModel | None, sett
             if pending is not None and pending[1] != pause_from:
                 pending = None  # the speech resumed before the model answered: that score is moot
             if pending is not None and position >= pending[0]:
-                if pending[2] >= settings.turn_threshold:
+                first = pending[3] < settings.turn_candidate_silence_ms + max(1, settings.turn_rescore_ms)
+                if pending[2] >= (settings.turn_threshold if first else settings.turn_rescore_threshold):
                     ended_ms = position
                 pending = None
+            rescore = settings.turn_rescore_ms
             if (
                 ended_ms is None
+                and pending is None
                 and segmenter.silence_ms >= settings.turn_candidate_silence_ms
-                and checked_pause != pause_from
+                and (
+                    checked is None
+                    or checked[0] != pause_from
+                    or (rescore > 0 and segmenter.silence_ms >= checked[1] + rescore)
+                )
             ):
-                checked_pause = pause_from
+                checked = (pause_from, segmenter.silence_ms)
                 began = time.perf_counter()
                 score = model.score_now([segmenter.current_audio()])[0]
                 decision_ms = (time.perf_counter() - began) * 1000.0
                 scores.append(score.probability)
-                pending = (position + int(decision_ms), pause_from, score.probability)
+                pending = (position + int(decision_ms), pause_from, score.probability, segmenter.silence_ms)
         if ended_ms is not None:
             cut = (
                 case.pause_ms > 0 and ended_ms < case.speech_end_ms
@@ -210,10 +217,12 @@ def first_end(case: Case, segmenter: VadSegmenter, model: TurnModel | None, sett
     raise RuntimeError(f"{case.text!r}: no end of turn in {case.audio.size / SAMPLE_RATE_HZ:.1f} s")
 
 
-def run(threads: int, candidate_ms: int | None) -> tuple[list[Result], list[float]]:
+def run(threads: int, candidate_ms: int | None, rescore_ms: int | None) -> tuple[list[Result], list[float]]:
     settings = Settings(_env_file=None)
     if candidate_ms is not None:
         settings = settings.model_copy(update={"turn_candidate_silence_ms": candidate_ms})
+    if rescore_ms is not None:
+        settings = settings.model_copy(update={"turn_rescore_ms": rescore_ms})
     model = TurnModel(fetch(default_dir()), threads=threads)
     model.score_now([silence(1.0)])  # warm up
     made = cases()
@@ -293,11 +302,12 @@ def main() -> None:
     parser.add_argument(
         "--candidate-ms", type=int, default=None, help="turn_candidate_silence_ms (default: the setting)"
     )
+    parser.add_argument("--rescore-ms", type=int, default=None, help="turn_rescore_ms (default: the setting; 0 = once)")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG here")
     parser.add_argument("--json", type=Path, default=None, help="write every result here")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per utterance and policy")
     args = parser.parse_args()
-    results, _ = run(args.threads, args.candidate_ms)
+    results, _ = run(args.threads, args.candidate_ms, args.rescore_ms)
     if args.verbose:
         for r in results:
             scores = " ".join(f"{s:.2f}" for s in r.scores)

@@ -122,7 +122,9 @@ async def test_speech_resuming_drops_the_speculative_answer_unheard(
     """ "Remind me to buy" scores unfinished: during the 1.5 s pause after it the final is decoded and
     an answer to it started; the speech resumes, the answer is dropped: nothing of it was queued or
     emitted, and the history holds the whole sentence and the one answer to it."""
-    settings = base_settings.model_copy(update=VOICE)
+    # Scored once per pause (turn_rescore_ms 0): with more silence the model scores this fragment
+    # higher (0.84 after 500 ms) and a rescore may end the turn; what is tested here is the drop.
+    settings = base_settings.model_copy(update={**VOICE, "turn_rescore_ms": 0})
     first, rest = speech("Remind me to buy").audio16k, speech("eggs and bread.").audio16k
     lead = silence(0.5)
     audio = np.concatenate([lead, first, silence(1.5), rest, silence(3.0)]).astype(np.float32)
@@ -154,8 +156,9 @@ async def test_a_turn_that_ends_sends_the_prepared_answer(
     turn_model: TurnModel,
 ) -> None:
     """ "Play the song by" and silence: unfinished for the model, so the turn waits for the high
-    eagerness cap (2 s); the answer prepared meanwhile is the one sent when the cap ends the turn."""
-    settings = base_settings.model_copy(update=VOICE)
+    eagerness cap (2 s: scored once, turn_rescore_ms 0); the answer prepared meanwhile is the one sent
+    when the cap ends the turn."""
+    settings = base_settings.model_copy(update={**VOICE, "turn_rescore_ms": 0})
     audio = np.concatenate([silence(0.5), speech("Play the song by").audio16k, silence(4.0)]).astype(np.float32)
     hits = count(asr_service, "hit")
     events, assistant, out, _ = await converse(

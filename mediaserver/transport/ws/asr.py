@@ -149,24 +149,34 @@ class StreamConfig:
             unstable_partials=self.partials and self.unstable,
         )
 
+    def _assistant_described(self) -> dict[str, Any]:
+        return {"assistant": True, "audio_sample_rate": self.audio_sample_rate_hz} if self.assistant else {}
+
+    def _turn_described(self) -> dict[str, Any]:
+        """``turn_detection`` / ``eagerness`` when the session chose them (else the server's settings hold)."""
+        chosen = {"turn_detection": self.options.turn_detection, "eagerness": self.options.eagerness}
+        return {key: value for key, value in chosen.items() if value is not None}
+
     def describe(self) -> dict[str, Any]:
         t = self.options.transcription
-        return {
-            "sample_rate": self.sample_rate_hz,
-            "encoding": self.encoding,
-            "channels": self.channels,
-            "mode": self.mode,
-            "partials": self.partials,
-            "unstable": self.unstable,
-            "segments": self.segments,
-            "language": t.language,
-            "model": self.options.model,
-            "beam_size": t.beam_size,
-            "task": t.task,
-            "prompt": t.initial_prompt,
-            "turn_detection": self.options.turn_detection,
-            "eagerness": self.options.eagerness,
-        } | ({"assistant": True, "audio_sample_rate": self.audio_sample_rate_hz} if self.assistant else {})
+        return (
+            {
+                "sample_rate": self.sample_rate_hz,
+                "encoding": self.encoding,
+                "channels": self.channels,
+                "mode": self.mode,
+                "partials": self.partials,
+                "unstable": self.unstable,
+                "segments": self.segments,
+                "language": t.language,
+                "model": self.options.model,
+                "beam_size": t.beam_size,
+                "task": t.task,
+                "prompt": t.initial_prompt,
+            }
+            | self._turn_described()
+            | self._assistant_described()
+        )
 
 
 def _text(value: object) -> str | None:

@@ -47,6 +47,9 @@ COPY --from=llama-wheel /wheels /wheels
 COPY --from=llama-wheel /wheels/llama-server /opt/llama-server
 RUN pip install --upgrade pip \
  && pip install -c requirements.lock --only-binary llama-cpp-python --find-links /wheels .
+# The Smart Turn v3.2 end-of-turn model (BSD-2; its LICENSE lands beside it).
+RUN python -m mediaserver.turns.fetch /opt/turn
+ENV MEDIASERVER_TURN_MODEL_PATH=/opt/turn/smart-turn-v3.2-cpu.onnx
 
 # 19000 HTTPS (when /data/certs has cert.pem and key.pem: python tools/gen_cert.py --dir /data/certs),
 # 19001 HTTP. WebRTC media will need a UDP range too (see README).

@@ -13,14 +13,20 @@ WHEELHOUSE ?= $(HOME)/.cache/mediaserver/wheels
 LLAMA_SERVER_CACHE ?= $(HOME)/.cache/mediaserver/llama-server
 LLAMA_WHEEL = --only-binary llama-cpp-python --find-links "$$(cat $(VENV)/.llama-wheelhouse)"
 
-.PHONY: run setup setup-dev test lint bench clean
+.PHONY: run setup setup-dev test lint bench clean turn-model
 
 run: setup
 	$(PY) -m mediaserver
 
-setup: $(VENV)/.installed $(VENV)/.llama-server
+setup: $(VENV)/.installed $(VENV)/.llama-server turn-model
 
-setup-dev: $(VENV)/.installed-dev $(VENV)/.llama-server
+# The Smart Turn v3.2 end-of-turn model (8 MB, BSD-2) out of a pinned pipecat-ai wheel, checked by
+# SHA-256 (mediaserver/turns/fetch.py); skipped when a good copy is there. The server runs without it
+# (every utterance then ends on silence) and says so at startup.
+turn-model: $(VENV)/.installed
+	$(PY) -m mediaserver.turns.fetch
+
+setup-dev: $(VENV)/.installed-dev $(VENV)/.llama-server turn-model
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -41,6 +41,7 @@ from mediaserver.transport.ws import asr as ws
 from mediaserver.transport.wyoming.server import wyoming_ctx
 from mediaserver.tts.service import TtsService
 from mediaserver.tts.voices import tts_unavailable
+from mediaserver.turns import model as turn_models
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +358,14 @@ def create_app(
         finally:
             await service.aclose()
 
+    async def turn_model_ctx(app: web.Application) -> AsyncIterator[None]:
+        # Semantic end of turn (mediaserver/turns): loaded off the event loop; a missing file is
+        # logged once and leaves every utterance ending on silence.
+        await asyncio.get_running_loop().run_in_executor(None, turn_models.load_shared, settings)
+        yield
+
     # Cleanup runs in reverse: sessions (and their assistants) close before the services they use.
+    app.cleanup_ctx.append(turn_model_ctx)
     app.cleanup_ctx.append(asr_ctx)
     app.cleanup_ctx.append(tts_ctx)
     app.cleanup_ctx.append(llm_ctx)

@@ -513,6 +513,52 @@ class Settings(BaseSettings):
     noise_near_field_level: int = Field(1, ge=1, le=4, description="level for Realtime noise_reduction near_field")
     noise_far_field_level: int = Field(2, ge=1, le=4, description="level for Realtime noise_reduction far_field")
 
+    # --- semantic end of turn: Smart Turn v3.2 (mediaserver/turns) -----------------------------
+    turn_detection: Literal["silence", "semantic"] = Field(
+        "silence",
+        description="how a streamed utterance ends when its session does not choose: 'silence' (after "
+        "stream_vad_hangover_ms) or 'semantic' (the turn model decides at each pause, see turn_*)",
+    )
+    turn_eagerness: Literal["low", "medium", "high", "auto"] = Field(
+        "auto", description="semantic turns: how long an unfinished turn is waited for (turn_wait_*_ms); auto = medium"
+    )
+    turn_model_path: Path | None = Field(
+        None,
+        description="the Smart Turn v3.2 ONNX file; none = ~/.cache/mediaserver/turn/smart-turn-v3.2-cpu.onnx "
+        "(make setup fetches it); missing = semantic turns fall back to silence detection",
+    )
+    turn_candidate_silence_ms: int = Field(
+        200, ge=30, description="semantic turns: a pause this long is scored by the turn model"
+    )
+    turn_rescore_ms: int = Field(
+        300,
+        ge=0,
+        description="semantic turns: a pause scored unfinished is scored again each time it has gone on this much "
+        "longer (the model grows surer with more silence), until the eagerness cap; 0 = once per pause",
+    )
+    turn_threshold: float = Field(
+        0.5, gt=0, lt=1, description="semantic turns: a score (probability of a finished turn) at least this ends it"
+    )
+    turn_rescore_threshold: float = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description="semantic turns: the score that ends the turn at a rescore (the model scores a fragment higher "
+        "the longer the silence after it: 'Remind me to buy' 0.01 after 200 ms, 0.84 after 500 ms)",
+    )
+    turn_wait_low_ms: int = Field(8000, ge=60, description="eagerness low: silence that ends an unfinished turn")
+    turn_wait_medium_ms: int = Field(4000, ge=60, description="eagerness medium/auto: the same")
+    turn_wait_high_ms: int = Field(2000, ge=60, description="eagerness high: the same")
+    turn_threads: int = Field(1, ge=1, description="onnxruntime threads of one turn-model inference")
+    turn_batch_max: int = Field(
+        8, ge=1, description="pauses of different sessions waiting together are scored in one batch of up to this"
+    )
+    turn_speculative_answers: bool = Field(
+        True,
+        description="voice loop: start the answer (LLM and first clause's TTS, nothing sent) on the final decoded in "
+        "a pause, before the turn has ended; speech resuming drops it unheard, the turn ending sends it at once",
+    )
+
     # --- misc ----------------------------------------------------------------------------------
     malloc_arena_max: int = Field(
         2, ge=0, description="glibc malloc arenas (as MALLOC_ARENA_MAX); fewer keep RSS down; 0 = glibc's default"

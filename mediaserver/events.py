@@ -107,6 +107,20 @@ class SpeechStopped:
 
 
 @dataclass(frozen=True)
+class TurnDecided:
+    """The turn model scored a pause (semantic end of turn): ``complete`` ends the utterance now
+    (a ``SpeechStopped`` follows); otherwise the server keeps listening up to the eagerness cap.
+    ``probability`` is the model's, ``decision_ms`` the scoring time (features, queue, inference),
+    ``silence_ms`` the pause when it was scored, ``audio_end_ms`` its stream time."""
+
+    complete: bool
+    probability: float
+    decision_ms: float
+    silence_ms: int
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
 class PartialTranscript:
     """Append-only: ``delta`` is new text after everything sent before; ``text`` is all of it so far.
 
@@ -182,4 +196,6 @@ class AssistantError:
 
 AssistantEvent = AssistantText | AssistantAudioStarted | AssistantAudioStopped | AssistantError
 
-SessionEvent = SpeechStarted | SpeechStopped | PartialTranscript | FinalTranscript | StreamError | AssistantEvent
+SessionEvent = (
+    SpeechStarted | SpeechStopped | TurnDecided | PartialTranscript | FinalTranscript | StreamError | AssistantEvent
+)

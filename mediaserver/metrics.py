@@ -84,6 +84,23 @@ class Metrics:
             ["model", "backend"],
             registry=self.registry,
         )
+        # --- semantic end of turn (mediaserver/turns) and speculative answers ---
+        self.turn_decision_seconds = Histogram(
+            "mediaserver_turn_decision_seconds",
+            "Time from a pause being scored to the turn model's answer (features, queue, inference), by outcome",
+            ["outcome"],
+            buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2),
+            registry=self.registry,
+        )
+        self.turn_batch_size = Histogram(
+            "mediaserver_turn_batch_size", "Pauses per turn-model batch", buckets=(1, 2, 4, 8), registry=self.registry
+        )
+        self.speculative_answers = Counter(
+            "mediaserver_speculative_answers",
+            "Answers started before the turn ended: hit (the turn ended: sent) or miss (speech resumed: dropped)",
+            ["result"],
+            registry=self.registry,
+        )
 
     def watch_engines(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
         """Expose each loaded engine's decode counters (read at scrape time, nothing on the hot path)."""

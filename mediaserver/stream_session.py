@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -45,7 +45,9 @@ from mediaserver.events import (
     StreamError,
     Transcript,
     TranscriptionOptions,
+    TurnDecided,
 )
+from mediaserver.turns import model as turn_models
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,10 @@ class StreamOptions:
     # Partials also carry the latest hypothesis' words after the agreed ones (may change), and are
     # sent whenever those change: words on screen one decode after the speech, not three.
     unstable_partials: bool = False
+    # How a server-VAD utterance ends: "silence" (the hangover), "semantic" (the turn model scores
+    # each pause; unfinished turns wait up to the eagerness cap); None = the turn_detection setting.
+    turn_detection: Literal["silence", "semantic"] | None = None
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
 
 
 def segmenter_config(settings: Settings, **overrides: int | float) -> SegmenterConfig:
@@ -77,6 +83,15 @@ def segmenter_config(settings: Settings, **overrides: int | float) -> SegmenterC
     }
     values.update(overrides)
     return SegmenterConfig(**values)  # type: ignore[arg-type]
+
+
+@dataclass
+class _TurnCheck:
+    """A pause being scored by the turn model; ``silence_from_ms`` is the stream time the pause began."""
+
+    task: asyncio.Task[None]
+    silence_from_ms: int
+    silence_ms: int  # how long the pause was when it was scored
 
 
 @dataclass
@@ -133,6 +148,15 @@ class Answerer(Protocol):
     def observe_transcript(self, seconds: float) -> None: ...
 
 
+@runtime_checkable
+class Speculator(Protocol):
+    """An answerer that can prepare an answer before the turn has ended (``Assistant``)."""
+
+    def speculate(self, user_text: str, *, speech_ended_at: float | None = None) -> bool: ...
+
+    def drop_speculation(self) -> None: ...
+
+
 class StreamSession:
     """The transport-neutral core of one live audio stream.
 
@@ -156,13 +180,17 @@ class StreamSession:
         *,
         session_id: str | None = None,
         segmenter: SegmenterConfig | None = None,
+        turn_model: turn_models.TurnModel | None = None,
     ) -> None:
         self.id = session_id or f"s{next(_ids)}"
         self.asr = asr
         self.settings = settings
         self.options = options or StreamOptions()
         self._emit = emit
-        self._segmenter = VadSegmenter(segmenter or segmenter_config(settings))
+        self._silence_config = segmenter or segmenter_config(settings)
+        self._segmenter = VadSegmenter(self._silence_config)
+        self._turn_model = turn_model if turn_model is not None else turn_models.shared(settings)
+        self._turn_check: _TurnCheck | None = None
         self._recording = False
         self._recorded: list[AudioArray] = []
         self._committed = ""  # partial text already sent for the current utterance
@@ -177,6 +205,7 @@ class StreamSession:
         self._closed = False
         self.assistant: Answerer | None = None
         self.barge_in = settings.assistant_barge_in
+        self._apply_turn_mode()
         # Gaps: a sender that stops sending mid-utterance (Opus DTX, a paused track, a device that
         # sends nothing in silence) must not keep the utterance open: see _watch_gaps.
         self._segment_lock = asyncio.Lock()
@@ -191,6 +220,26 @@ class StreamSession:
 
     def configure(self, options: StreamOptions) -> None:
         self.options = options
+        self._apply_turn_mode()
+
+    @property
+    def semantic_turns(self) -> bool:
+        """Whether the turn model ends this session's utterances (asked for, and the model is loaded)."""
+        wanted = self.options.turn_detection or self.settings.turn_detection
+        return wanted == "semantic" and self.options.server_vad and self._turn_model is not None
+
+    def _apply_turn_mode(self) -> None:
+        """Semantic turns: the segmenter's hangover becomes the eagerness cap (the longest an
+        unfinished turn is waited for); the turn model ends finished turns at their first pause."""
+        config = self._silence_config
+        if self.semantic_turns:
+            eagerness = self.options.eagerness or self.settings.turn_eagerness
+            cap_ms = {
+                "low": self.settings.turn_wait_low_ms,
+                "high": self.settings.turn_wait_high_ms,
+            }.get(eagerness, self.settings.turn_wait_medium_ms)
+            config = replace(config, hangover_ms=cap_ms)
+        self._segmenter.config = config
 
     @property
     def closed(self) -> bool:
@@ -231,37 +280,116 @@ class StreamSession:
             self._watch_trailing_silence()
 
     def _watch_trailing_silence(self) -> None:
-        """Start the final early once the speech has been silent long enough; drop it if speech resumed."""
+        """Start the final early once the speech has been silent long enough; drop it if speech resumed.
+
+        With semantic turns, a pause of ``turn_candidate_silence_ms`` is also scored by the turn
+        model (``_decide_turn``), and the final starts then too: it is decoded while the turn
+        model decides, ready when a finished turn ends."""
         early = self._early_final
         silence_ms = self._segmenter.silence_ms
         if early is not None and self._segmenter.in_speech and silence_ms < early.silence_ms:
             self._drop_early_final()  # voiced again: this silence was a pause, not the end
             early = None
+        check = self._turn_check
+        if check is not None and (
+            not self._segmenter.in_speech or self._segmenter.position_ms - silence_ms != check.silence_from_ms
+        ):
+            self._drop_turn_check()
+        semantic = self.semantic_turns
+        candidate_ms = self.settings.turn_candidate_silence_ms
+        if semantic and self._segmenter.in_speech and silence_ms >= candidate_ms:
+            check = self._turn_check
+            rescore_ms = self.settings.turn_rescore_ms
+            if check is None or (rescore_ms > 0 and check.task.done() and silence_ms >= check.silence_ms + rescore_ms):
+                self._start_turn_check(silence_ms)  # scored unfinished: score again with more silence
         early_ms = self.settings.stream_final_early_ms
         if early_ms <= 0 or early is not None or not self._segmenter.in_speech or self._closed:
             return
         config = self._segmenter.config
-        if silence_ms < max(config.frame_ms, config.hangover_ms - early_ms):
+        start_ms = min(candidate_ms, config.hangover_ms - early_ms) if semantic else config.hangover_ms - early_ms
+        if silence_ms < max(config.frame_ms, start_ms):
             return
         self._cancel_partials()  # the final is about to be decoded: partials only compete with it now
         audio = self._segmenter.current_audio()
         task = self._start_final(audio, f"early-final-{self.id}")
-        self._early_final = _EarlyFinal(task, audio.size, silence_ms)
+        early = self._early_final = _EarlyFinal(task, audio.size, silence_ms)
+        if self.settings.turn_speculative_answers and isinstance(self.assistant, Speculator):
+            task.add_done_callback(lambda done: self._speculate(early, done, self._committed))
+
+    def _speculate(self, early: _EarlyFinal, task: asyncio.Task[Transcript], committed: str) -> None:
+        """The final was decoded while the turn is still open: the voice loop starts its answer now
+        (held until the turn ends; dropped if the speech resumes)."""
+        if task.cancelled() or task.exception() is not None or self._early_final is not early or self._closed:
+            return
+        assistant = self.assistant
+        if not isinstance(assistant, Speculator) or not self._segmenter.in_speech:
+            return
+        text = committed + continuation(committed, task.result().text)
+        if text.strip():
+            assistant.speculate(text, speech_ended_at=time.monotonic())
+
+    def _start_turn_check(self, silence_ms: int) -> None:
+        if self._closed:
+            return
+        silence_from_ms = self._segmenter.position_ms - silence_ms
+        task = self._start_task(
+            self._decide_turn(self._segmenter.current_audio(), silence_ms, silence_from_ms), f"turn-{self.id}"
+        )
+        self._turn_check = _TurnCheck(task, silence_from_ms, silence_ms)
+
+    def _drop_turn_check(self) -> None:
+        check, self._turn_check = self._turn_check, None
+        if check is not None and check.task is not asyncio.current_task():
+            check.task.cancel()
+
+    async def _decide_turn(self, audio: AudioArray, silence_ms: int, silence_from_ms: int) -> None:
+        """Score the pause; a finished turn ends the utterance now (if the pause still goes on)."""
+        model = self._turn_model
+        assert model is not None
+        started = time.monotonic()
+        try:
+            score = await model.score(audio)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("session %s: the turn model failed; this utterance ends on silence", self.id)
+            return
+        decision_ms = (time.monotonic() - started) * 1000.0
+        first = silence_ms < self.settings.turn_candidate_silence_ms + max(1, self.settings.turn_rescore_ms)
+        threshold = self.settings.turn_threshold if first else self.settings.turn_rescore_threshold
+        complete = score.probability >= threshold
+        metrics = self.asr.metrics
+        metrics.turn_decision_seconds.labels("complete" if complete else "incomplete").observe(decision_ms / 1000.0)
+        metrics.turn_batch_size.observe(score.batch)
+        async with self._segment_lock:
+            segmenter = self._segmenter
+            if (
+                self._closed
+                or not segmenter.in_speech
+                or segmenter.position_ms - segmenter.silence_ms != silence_from_ms
+            ):
+                return  # the speech went on (or ended on silence) while the model was deciding
+            await self._emit(TurnDecided(complete, score.probability, decision_ms, silence_ms, segmenter.position_ms))
+            if not complete:
+                return  # keep listening: the speech resumes, or the eagerness cap ends the turn
+            event = segmenter.end_turn()
+            if event is not None:
+                await self._on_segment(event)
 
     def _drop_early_final(self) -> None:
         if self._early_final is not None:
             self._early_final.task.cancel()
             self._early_final = None
+            if isinstance(self.assistant, Speculator):
+                self.assistant.drop_speculation()  # the speech resumed: an answer started on it is unheard
 
     def _take_early_final(self, utterance: Utterance) -> _EarlyFinal | None:
         """The early final if it is this utterance's (it ended on the silence the final started in)."""
         early, self._early_final = self._early_final, None
         if early is None:
             return None
-        config = self._segmenter.config
-        ending_silence_ms = -(-config.hangover_ms // config.frame_ms) * config.frame_ms  # whole frames
-        rest = (ending_silence_ms - early.silence_ms) * SAMPLE_RATE_HZ // 1000
-        if utterance.reason == "silence" and utterance.audio.size == early.samples + rest:
+        rest = (utterance.silence_ms - early.silence_ms) * SAMPLE_RATE_HZ // 1000
+        if utterance.reason in ("silence", "turn") and rest >= 0 and utterance.audio.size == early.samples + rest:
             return early
         early.task.cancel()
         return None
@@ -300,11 +428,13 @@ class StreamSession:
                 await self.assistant.interrupt()  # the user talks over the answer: stop it first
             await self._emit(SpeechStarted(event.start_ms))
         elif isinstance(event, Utterance):
+            self._drop_turn_check()
             await self._emit(SpeechStopped(event.end_ms))
             await self._submit_final(event.audio, event.start_ms, event.end_ms, early=self._take_early_final(event))
         else:
             self._cancel_partials()
             self._drop_early_final()
+            self._drop_turn_check()
             await self._emit(SpeechStopped(event.end_ms, discarded=True))
 
     # --- push-to-talk ---------------------------------------------------------------------------
@@ -341,6 +471,7 @@ class StreamSession:
         if event is None:
             return None
         self._drop_early_final()  # committed now: the whole audio, as it is
+        self._drop_turn_check()
         if isinstance(event, Discarded):
             self._cancel_partials()
             await self._emit(SpeechStopped(event.end_ms, discarded=True))
@@ -359,6 +490,7 @@ class StreamSession:
         self._segmenter.reset()
         self._cancel_partials()
         self._drop_early_final()
+        self._drop_turn_check()
         self._forget_partials()
 
     # --- transcription ------------------------------------------------------------------------
@@ -366,6 +498,7 @@ class StreamSession:
     def _begin_utterance(self) -> None:
         self._cancel_partials()
         self._drop_early_final()
+        self._drop_turn_check()
         self._forget_partials()
 
     def _current_audio(self) -> AudioArray:
@@ -622,6 +755,7 @@ class StreamSession:
         self._closed = True
         self._cancel_partials()
         self._drop_early_final()
+        self._drop_turn_check()
         if self._gap_task is not None:
             self._gap_task.cancel()
             self._gap_task = None

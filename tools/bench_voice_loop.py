@@ -17,6 +17,11 @@ server's VAD hangover, which the in-process pipeline has no equivalent of, is le
 ratio and shown on its own). ``--sessions 1,4`` runs 1 and 4 concurrent sessions.
 
     python tools/bench_voice_loop.py [--sessions 1,4] [--turns 4] [--realtime] [--plot bench-results/voice-loop.png]
+                                     [--turn-detection silence,semantic]
+
+``--turn-detection silence,semantic`` runs every session count twice: plain silence detection, and
+the turn model (sessions started with ``turn_detection: semantic``: Smart Turn v3.2 ends a finished
+turn at a 200 ms pause, and the answer may start speculatively on the final decoded in it).
 
 ``--realtime`` adds the OpenAI Realtime WebSocket face on the same server (tools/bench_realtime_face.py:
 end of the question's audio → first ``response.output_audio.delta``).
@@ -65,6 +70,11 @@ class Turn:
     question: str
     stages: dict[str, float] = field(default_factory=dict)
     answer: str = ""
+    turn_detection: str = "silence"  # or "semantic" (the turn model, speculative answers)
+
+    @property
+    def key(self) -> str:
+        return str(self.sessions) if self.turn_detection == "silence" else f"{self.sessions}-{self.turn_detection}"
 
     @property
     def server_overhead_span(self) -> float:
@@ -161,8 +171,8 @@ class _Server:
         self.url = url
 
 
-async def one_turn(peer: Any, clip: Any, sessions: int, question: str, timeout_s: float) -> Turn:
-    turn = Turn(sessions, question)
+async def one_turn(peer: Any, clip: Any, sessions: int, question: str, timeout_s: float, mode: str) -> Turn:
+    turn = Turn(sessions, question, turn_detection=mode)
     peer.track.play(clip, silence_after_s=1.5)
     deadline = time.monotonic() + timeout_s
     while peer.track.playing_from is None:  # noqa: ASYNC110 (the track's recv() sets it; polled)
@@ -212,11 +222,11 @@ async def run(args: argparse.Namespace) -> tuple[list[Turn], list[Baseline], lis
     log_path = Path(args.plot).with_suffix(".server.log")
     with child_server(log_path, 180.0, env) as (url, _process):
         server = _Server(url)
-        for sessions in args.sessions:
+        for mode, sessions in [(m, n) for m in args.turn_detection for n in args.sessions]:
             peers = [await connect(server) for _ in range(sessions)]
             try:
                 for peer in peers:
-                    peer.send("start", {"hands_free": True, "assistant": True})
+                    peer.send("start", {"hands_free": True, "assistant": True, "turn_detection": mode})
                     await peer.next("log")
                 for round_index in range(args.turns):
                     question = QUESTIONS[round_index % len(QUESTIONS)]
@@ -224,7 +234,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Turn], list[Baseline], lis
                     baselines.append(await asyncio.to_thread(direct.run, question, clips[question].audio16k))
                     await asyncio.sleep(0.5)
                     outcomes = await asyncio.gather(
-                        *(one_turn(p, clips[question], sessions, question, args.timeout_s) for p in peers),
+                        *(one_turn(p, clips[question], sessions, question, args.timeout_s, mode) for p in peers),
                         return_exceptions=True,
                     )
                     results = [t for t in outcomes if isinstance(t, Turn)]
@@ -233,7 +243,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Turn], list[Baseline], lis
                     failed.extend(f"{sessions} session(s), {question!r}: {f}" for f in failures)
                     spans = ", ".join(f"{t.stages['first_audio_packet']:.2f}" for t in results)
                     note = f"; {len(failures)} failed: {failures}" if failures else ""
-                    print(f"  {sessions} session(s), {question!r}: first audio packet after {spans} s{note}")
+                    print(f"  {sessions} session(s), {mode}, {question!r}: first audio packet after {spans} s{note}")
                     for peer in peers:  # an answer that failed may still be playing: let it end
                         peer.send("interrupt")
                     await asyncio.sleep(1.0)
@@ -266,24 +276,31 @@ def report(turns: list[Turn], baselines: list[Baseline], failed: list[str]) -> d
         f"{summary['baseline']['tts_first_audio_s']:.3f} s = {base_total:.3f} s"
     )
     print(f"\n{'sessions':>8s} {'turns':>5s} " + " ".join(f"{s:>19s}" for s in STAGES) + "  overhead")
-    for sessions in sorted({t.sessions for t in turns}):
-        rows = [t for t in turns if t.sessions == sessions]
+    for key in sorted({t.key for t in turns}):
+        rows = [t for t in turns if t.key == key]
         stage_figures = {
             s: (median([t.stages[s] for t in rows]), percentile([t.stages[s] for t in rows], 95)) for s in STAGES
         }
         overhead = median([t.server_overhead_span for t in rows]) / base_total
-        summary["server"][str(sessions)] = {
+        summary["server"][key] = {
             "turns": len(rows),
             "median_s": {s: v[0] for s, v in stage_figures.items()},
             "p95_s": {s: v[1] for s, v in stage_figures.items()},
             "overhead_ratio": overhead,
         }
         cells = " ".join(f"{v[0]:8.3f} / {v[1]:8.3f}" for v in stage_figures.values())
-        print(f"{sessions:8d} {len(rows):5d} {cells}  {overhead:6.2f}x")
+        print(f"{key:>8s} {len(rows):5d} {cells}  {overhead:6.2f}x")
     print("(each stage: median / p95 seconds from the end of the user's speech; overhead: the server's")
     print(" speech_stopped → first audio packet over the in-process sum)")
     for failure in failed:
         print(f"failed turn: {failure}")
+    semantic = summary["server"].get("1-semantic")
+    if semantic:
+        first = semantic["median_s"]["first_audio_packet"]
+        print(
+            f"target (issue #26): median end of speech → first audio packet ≤ 0.8 s with 1 session and the turn "
+            f"model: {first:.2f} s {'met' if first <= 0.8 else 'NOT met'}"
+        )
     one = summary["server"].get("1")
     if one:
         first = one["median_s"]["first_audio_packet"]
@@ -315,7 +332,8 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = ["in-process"] + [f"server, {n} session(s)" for n in summary["server"]]
+    labels = ["in-process"] + [f"server, {n.replace('-', ' session(s), ')}" for n in summary["server"]]
+    labels = [label if "," in label[8:] or label == "in-process" else label + " session(s)" for label in labels]
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.7 * len(labels)))
     base = summary["baseline"]
     left = 0.0
@@ -348,6 +366,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", default="1,4", type=lambda v: [int(x) for x in v.split(",")])
     parser.add_argument("--turns", type=int, default=4, help="questions per session count")
+    parser.add_argument(
+        "--turn-detection",
+        default=["silence"],
+        type=lambda v: v.split(","),
+        help="silence, semantic (the turn model; speculative answers) or both: silence,semantic",
+    )
     parser.add_argument("--timeout-s", type=float, default=90.0)
     parser.add_argument("--plot", default=str(REPO / "bench-results" / "voice-loop.png"))
     parser.add_argument(

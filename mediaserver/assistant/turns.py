@@ -154,6 +154,19 @@ class Turn:
         self.usage: Usage | None = None
         self.finish_reason: FinishReason | None = None
         self._outcome: asyncio.Future[TurnOutcome] = asyncio.get_running_loop().create_future()
+        # A speculative turn (``Assistant.speculate``) is held: its text events wait in ``deferred``
+        # and its audio before the first write, until it is released (or dropped unseen).
+        self._release: asyncio.Event | None = None
+        self.deferred: list[SessionEvent] = []
+
+    @property
+    def held(self) -> bool:
+        return self._release is not None and not self._release.is_set()
+
+    async def released(self) -> None:
+        """Return at once for a turn that is not held; else when it is released."""
+        if self._release is not None:
+            await self._release.wait()
 
     @property
     def settled(self) -> bool:
@@ -199,6 +212,8 @@ class Assistant:
         self._current: Turn | None = None
         self._helpers: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._registry = metrics
+        self._speculation: tuple[str, Turn, asyncio.Task[None]] | None = None
 
     # --- state --------------------------------------------------------------------------------
 
@@ -253,6 +268,8 @@ class Assistant:
     async def answer(self, user_text: str, *, speech_ended_at: float | None = None) -> None:
         """Start answering ``user_text`` (an answer still playing is interrupted first)."""
         if self._closed or not user_text.strip():
+            return
+        if await self._release_speculation(user_text):
             return
         await self.interrupt()
         messages = self.messages(user_text)
@@ -347,6 +364,7 @@ class Assistant:
                 f"no progress for {self.settings.assistant_turn_timeout_s:g} s (assistant_turn_timeout_s)",
             )
             return
+        await turn.released()
         await self._emit(AssistantText(turn.number, "", turn.text, final=True))
         if self.out is not None and self._spoken(turn) and turn.audio_started:
             self.out.end_of_answer()
@@ -379,6 +397,7 @@ class Assistant:
                     await task
 
     async def _fail(self, turn: Turn, stage: str, code: str, message: str) -> None:
+        await turn.released()  # a speculative answer fails only if it is used
         log.warning("%s: turn %d failed at %s: %s", self.name, turn.number, stage, message)
         if self.out is not None:
             self.out.clear()
@@ -439,7 +458,7 @@ class Assistant:
                     self.metrics.observe("llm_first_token", time.monotonic() - speech_ended_at)
                 turn.text += delta
                 turn.progress_at = time.monotonic()
-                await self._emit(AssistantText(turn.number, delta, turn.text))
+                await self._turn_emit(turn, AssistantText(turn.number, delta, turn.text))
                 if speech is not None:
                     speech.feed(delta)
             turn.usage, turn.finish_reason = stream.usage, stream.finish_reason
@@ -455,6 +474,7 @@ class Assistant:
             async for chunk in speech:
                 if not chunk.pcm:
                     continue
+                await turn.released()  # a speculative answer's first clause waits here, ready
                 mark = self.out.write(chunk.pcm, chunk.sentence)
                 turn.progress_at = time.monotonic()
                 turn.marks.append(mark)
@@ -475,6 +495,62 @@ class Assistant:
         sent_at = await self.out.taken(sample_index)
         self.metrics.observe("first_audio_sent", sent_at - speech_ended_at)
 
+    # --- speculative answers ------------------------------------------------------------------
+
+    def speculate(self, user_text: str, *, speech_ended_at: float | None = None) -> bool:
+        """Start answering ``user_text`` before the user's turn has ended (the final was decoded
+        during the pause): the LLM writes and TTS synthesizes the first clause, but nothing is sent,
+        emitted or remembered. ``answer`` with the same text releases it at once; other text, or
+        ``drop_speculation`` (the user spoke again), discards it unseen. Only when no answer is
+        running (a playing answer is not cut for a turn that may not be over). True if started."""
+        if self._closed or not user_text.strip() or self.active:
+            return False
+        self.drop_speculation()
+        start = self.out.written_samples if self.out is not None else 0
+        turn = Turn(next(self._turns), self.options, start, record=True)
+        turn._release = asyncio.Event()
+        ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
+        messages = self.messages(user_text)
+        task = asyncio.get_running_loop().create_task(
+            self._run(turn, messages, ended), name=f"assistant-speculative-{self.name}"
+        )
+        task.add_done_callback(lambda _: turn.settle(self._interrupted(turn)))
+        self._speculation = (user_text, turn, task)
+        return True
+
+    def drop_speculation(self) -> None:
+        """Discard a speculative answer: nothing of it was sent, nothing goes into the history."""
+        speculation, self._speculation = self._speculation, None
+        if speculation is not None:
+            speculation[2].cancel()
+            self._registry.speculative_answers.labels("miss").inc()
+
+    async def _release_speculation(self, user_text: str) -> bool:
+        """The turn ended as speculated: the prepared answer becomes the running turn and goes out now."""
+        speculation = self._speculation
+        if speculation is None:
+            return False
+        text, turn, task = speculation
+        if text.strip() != user_text.strip() or task.done() or self.active:
+            self.drop_speculation()
+            return False
+        self._speculation = None
+        self._registry.speculative_answers.labels("hit").inc()
+        self.history.append(ChatMessage("user", user_text))
+        turn.start_sample = self.out.written_samples if self.out is not None else 0
+        self._task, self._current = task, turn
+        while turn.deferred:  # the text written so far, in order, before anything new
+            await self._emit(turn.deferred.pop(0))
+        assert turn._release is not None
+        turn._release.set()
+        return True
+
+    async def _turn_emit(self, turn: Turn, event: SessionEvent) -> None:
+        if turn.held:
+            turn.deferred.append(event)
+        else:
+            await self._emit(event)
+
     def observe_transcript(self, seconds: float) -> None:
         self.metrics.observe("transcript", seconds)
 
@@ -484,6 +560,9 @@ class Assistant:
             return
         self._closed = True
         self._cancel_helpers()
+        speculation, self._speculation = self._speculation, None
+        if speculation is not None:
+            speculation[2].cancel()
         task = self._task
         if task is not None and not task.done():
             if self.out is not None:

@@ -41,7 +41,8 @@ class Utterance:
     audio: AudioArray
     start_ms: int
     end_ms: int
-    reason: str  # "silence", "max_length" or "flush"
+    reason: str  # "silence", "turn" (end_turn: the turn model decided), "max_length" or "flush"
+    silence_ms: int = 0  # the continuous silence it ends with (part of ``audio``)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,13 @@ class VadSegmenter:
             return None
         return self._finish("flush")
 
+    def end_turn(self) -> Utterance | Discarded | None:
+        """End the utterance now, in a pause shorter than the hangover (the turn model found the
+        turn finished); the audio not yet framed stays for the next utterance."""
+        if not self._in_speech:
+            return None
+        return self._finish("turn")
+
     def reset(self) -> None:
         """Drop everything buffered; the stream clock still counts the dropped audio."""
         self._position_ms += int(self._pending.size * 1000 / SAMPLE_RATE_HZ)
@@ -151,11 +159,11 @@ class VadSegmenter:
             audio = np.concatenate([audio, self._pending])
             self._pending = np.zeros(0, np.float32)
         start_ms, end_ms = self._start_ms, self._position_ms
-        voiced_ms = self._voiced_ms
+        voiced_ms, silence_ms = self._voiced_ms, self._silence_ms
         self._frames = []
         self._in_speech = False
         self._silence_ms = 0
         self._voiced_ms = 0
         if voiced_ms < self.config.min_speech_ms:
             return Discarded(start_ms, end_ms)
-        return Utterance(audio, start_ms, end_ms, reason)
+        return Utterance(audio, start_ms, end_ms, reason, silence_ms)

@@ -9,13 +9,13 @@ import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import BodyPartReader, web
 
 from mediaserver.config import Settings
 from mediaserver.errors import AudioTooLarge, InvalidParameter, RequestTimeout
-from mediaserver.events import TranscriptionOptions
+from mediaserver.events import TranscriptionOptions, TurnDecided
 from mediaserver.languages import normalize_language
 from mediaserver.stream_session import StreamOptions
 
@@ -217,4 +217,47 @@ def stream_options_from(
         task="translate" if task == "translate" else "transcribe",
         initial_prompt=prompt,
     )
-    return replace(base, model=model, transcription=transcription)
+    turn_detection, eagerness = _turn_options(values, base)
+    return replace(base, model=model, transcription=transcription, turn_detection=turn_detection, eagerness=eagerness)
+
+
+def turn_payload(event: TurnDecided) -> dict[str, object]:
+    """A turn decision as the WebSocket and WebRTC faces send it (``type: "turn"``)."""
+    return {
+        "complete": event.complete,
+        "probability": round(event.probability, 3),
+        "decision_ms": round(event.decision_ms, 1),
+        "silence_ms": event.silence_ms,
+        "audio_end_ms": event.audio_end_ms,
+    }
+
+
+_TURN_DETECTION: dict[str, Literal["silence", "semantic"]] = {
+    "silence": "silence",
+    "server_vad": "silence",
+    "semantic": "semantic",
+    "semantic_vad": "semantic",
+}
+_EAGERNESS: tuple[Literal["low", "medium", "high", "auto"], ...] = ("low", "medium", "high", "auto")
+
+
+def _turn_options(
+    values: Mapping[str, object], base: StreamOptions
+) -> tuple[Literal["silence", "semantic"] | None, Literal["low", "medium", "high", "auto"] | None]:
+    """``turn_detection`` (``silence``/``server_vad`` or ``semantic``/``semantic_vad``: how a hands-free
+    utterance ends) and ``eagerness`` (``low``, ``medium``, ``high``, ``auto``) of a session."""
+    turn_detection, eagerness = base.turn_detection, base.eagerness
+    raw = values.get("turn_detection")
+    if raw is not None and str(raw).strip() != "":
+        if str(raw) not in _TURN_DETECTION:
+            raise InvalidParameter(
+                f"turn_detection must be 'silence' or 'semantic', got {raw!r}", param="turn_detection"
+            )
+        turn_detection = _TURN_DETECTION[str(raw)]
+    raw = values.get("eagerness")
+    if raw is not None and str(raw).strip() != "":
+        match = next((e for e in _EAGERNESS if e == str(raw)), None)
+        if match is None:
+            raise InvalidParameter(f"eagerness must be one of low, medium, high, auto, got {raw!r}", param="eagerness")
+        eagerness = match
+    return turn_detection, eagerness

@@ -13,6 +13,7 @@ const state = {
   connected: false,
   recording: false,
   handsFree: false,
+  turn: "",  // the turn model's last decision (semantic turns)
   speaking: false,
   wake: null, // hands-free with a wake word: {awake, text, heard}; null without
 
@@ -45,6 +46,7 @@ function options() {
   const language = $("language").value;
   if (model) out.model = model;
   if ($("noise").checked) out.noiseSuppression = true;
+  if ($("semantic-turns").checked) out.turnDetection = "semantic";
   if (beam) out.beamSize = Number(beam);
   if (language === "auto") out.detectLanguage = true;
   else if (language) {
@@ -138,6 +140,7 @@ function renderConnection() {
         ? "speech"
         : "waiting for speech"
       : "";
+  if (state.handsFree && !waitingForWake && state.turn) vad.textContent += ` · ${state.turn}`;
   vad.classList.toggle("speaking", state.speaking);
 }
 
@@ -225,7 +228,17 @@ client.addEventListener("infer", (ev) => {
   renderPartial();
   addTranscript({ text, final, latencyMs, at: Date.now() });
 });
+client.addEventListener("turn", (ev) => {
+  // The turn model's decision at a pause: when it thinks you finished, the utterance ends now.
+  const { complete, probability, decisionMs } = ev.detail;
+  const p = typeof probability === "number" ? probability.toFixed(2) : "?";
+  state.turn = complete
+    ? `you finished (p ${p}, decided in ${Math.round(decisionMs)} ms)`
+    : `still listening: sounds unfinished (p ${p})`;
+  renderConnection();
+});
 client.addEventListener("speech_started", () => {
+  state.turn = "";
   state.speaking = true;
   renderConnection();
 });

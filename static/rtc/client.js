@@ -20,6 +20,8 @@
 //   partial      {text, full, unstable, obj} partial transcript of the current utterance; `unstable`
 //                                            (with {unstable: true}): the latest guess after `full`
 //   speech_started / speech_stopped  {obj}  server VAD (hands-free only)
+//   turn         {complete, probability, decisionMs, silenceMs, obj}  the turn model scored a pause
+//                                            (turnDetection: "semantic"): complete = it thinks you finished
 //   pong         {message, rttMs}
 //   assistant    {delta, full, final}        the assistant's answer as it is written (assistant mode)
 //   assistant_audio_started {turn} / assistant_audio_stopped {turn, interrupted, heard}
@@ -54,6 +56,9 @@ export function serverOptions(options = {}) {
     wake: "wake",
     noiseSuppression: "noise_suppression",
     noise_suppression: "noise_suppression",
+    turnDetection: "turn_detection",
+    turn_detection: "turn_detection",
+    eagerness: "eagerness",
   };
   const out = {};
   for (const [key, value] of Object.entries(options)) {
@@ -508,6 +513,15 @@ export class MediaserverClient extends EventTarget {
       case "speech_stopped":
         this._speechStoppedAt = now;
         this._emit("speech_stopped", { obj });
+        break;
+      case "turn":
+        this._emit("turn", {
+          complete: !!(obj && obj.complete),
+          probability: obj ? obj.probability : null,
+          decisionMs: obj ? obj.decision_ms : null,
+          silenceMs: obj ? obj.silence_ms : null,
+          obj,
+        });
         break;
       default:
         break;

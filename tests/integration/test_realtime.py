@@ -341,7 +341,7 @@ async def test_turn_detection_changes_keep_one_session_clock(connect: Any, speec
     assert kinds.count("conversation.item.input_audio_transcription.completed") == 2, kinds
     second = [e for e in client.events if e["type"] == TRANSCRIPTION_EVENTS[1]][-1]
     assert wer(SENTENCES["kitchen"], second["transcript"]) <= 0.25, second
-    # semantic_vad runs the server VAD; the session clock continues across the changes.
+    # semantic_vad: the turn model ends the turn; the session clock continues across the changes.
     semantic = {"type": "semantic_vad", "eagerness": "high"}
     updated = await configure(client, {"type": "transcription", "audio": {"input": {"turn_detection": semantic}}})
     assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"

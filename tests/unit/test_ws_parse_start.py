@@ -111,3 +111,20 @@ def test_bad_values_name_their_parameter(
         parse_start(values, settings, models)
     assert info.value.param == param
     assert info.value.status == 400
+
+
+def test_turn_detection_and_eagerness(settings: Settings, models: ModelRegistry) -> None:
+    """Semantic turns per session (the OpenAI names too); a later start keeps them; bad values name
+    their parameter."""
+    config = start(settings, models, turn_detection="semantic_vad", eagerness="high")
+    options = config.stream_options()
+    assert (options.turn_detection, options.eagerness) == ("semantic", "high")
+    assert config.describe()["turn_detection"] == "semantic"
+    again = start(settings, models, base=config, partials=True).stream_options()
+    assert (again.turn_detection, again.eagerness) == ("semantic", "high")
+    assert start(settings, models, base=config, turn_detection="silence").stream_options().turn_detection == "silence"
+    assert start(settings, models).stream_options().turn_detection is None  # the server's setting decides
+    for key, value in (("turn_detection", "smart"), ("eagerness", "eager")):
+        with pytest.raises(InvalidParameter) as raised:
+            parse_start({key: value}, settings, models, None)
+        assert raised.value.param == key

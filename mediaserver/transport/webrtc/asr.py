@@ -27,6 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import av
@@ -52,10 +53,11 @@ from mediaserver.events import (
     SpeechStarted,
     SpeechStopped,
     StreamError,
+    TurnDecided,
 )
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.stream_session import StreamOptions, StreamSession
-from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from
+from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from, turn_payload
 from mediaserver.transport.voice import new_assistant, update_assistant
 from mediaserver.transport.webrtc import patches
 from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
@@ -258,9 +260,8 @@ class RtcSession:
         self.hands_free = bool(obj.get("hands_free", False))
         self.extensions = self.extensions or self.hands_free or bool(obj.get("partials", False))
         self.stream.configure(
-            StreamOptions(
-                model=options.model,
-                transcription=options.transcription,
+            replace(
+                options,
                 server_vad=self.hands_free,
                 partials=bool(obj.get("partials", False)),
                 unstable_partials=bool(obj.get("partials", False)) and bool(obj.get("unstable", False)),
@@ -294,12 +295,14 @@ class RtcSession:
             self.hands_free = False
             with contextlib.suppress(ApiError):  # a failure was already sent as the utterance's error
                 await self.stream.commit()  # finish an utterance in progress; its infer is sent by the event
-            self.stream.configure(StreamOptions(self.stream.options.model, self.stream.options.transcription))
+            self.stream.configure(
+                replace(self.stream.options, server_vad=False, partials=False, unstable_partials=False)
+            )
             self.send(message("log", "ASR hands-free - stopped"))
             return
         options = self._options(obj, base=self.stream.options)
         self.stream.configure(
-            StreamOptions(options.model, options.transcription, server_vad=False, partials=self.stream.options.partials)
+            replace(options, server_vad=False, partials=self.stream.options.partials, unstable_partials=False)
         )
         model = options.model or self.settings.asr_default_model
         beam = options.transcription.beam_size
@@ -376,6 +379,8 @@ class RtcSession:
             self.send(message("speech_started", None, {"ms": event.audio_start_ms}))
         elif isinstance(event, SpeechStopped):
             self.send(message("speech_stopped", None, {"ms": event.audio_end_ms}))
+        elif isinstance(event, TurnDecided):
+            self.send(message("turn", None, turn_payload(event)))
 
     async def aclose(self) -> None:
         """Idempotent, and never raises: whatever state the peer connection was left in (a

@@ -48,11 +48,12 @@ from mediaserver.events import (
     SpeechStarted,
     SpeechStopped,
     StreamError,
+    TurnDecided,
 )
 from mediaserver.session_registry import SessionLimitReached
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.stream_session import StreamOptions, StreamSession
-from mediaserver.transport.common import loads_json, parse_bool, parse_int, stream_options_from
+from mediaserver.transport.common import loads_json, parse_bool, parse_int, stream_options_from, turn_payload
 from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
 from mediaserver.transport.voice import new_assistant, update_assistant
 from mediaserver.wake.gate import WakeGate, new_gate, observe, parse_wake_option, wake_message
@@ -98,6 +99,8 @@ START_KEYS: Final = frozenset(
         "beam_size",
         "task",
         "prompt",
+        "turn_detection",
+        "eagerness",
         "assistant",
         "speak",
         "voice",
@@ -144,32 +147,44 @@ class StreamConfig:
 
     def stream_options(self) -> StreamOptions:
         transcription = replace(self.options.transcription, with_segment_timestamps=self.segments)
-        return StreamOptions(
-            model=self.options.model,
+        return replace(
+            self.options,
             transcription=transcription,
             server_vad=self.server_vad,
             partials=self.partials,
             unstable_partials=self.partials and self.unstable,
         )
 
+    def _assistant_described(self) -> dict[str, Any]:
+        return {"assistant": True, "audio_sample_rate": self.audio_sample_rate_hz} if self.assistant else {}
+
+    def _turn_described(self) -> dict[str, Any]:
+        """``turn_detection`` / ``eagerness`` when the session chose them (else the server's settings hold)."""
+        chosen = {"turn_detection": self.options.turn_detection, "eagerness": self.options.eagerness}
+        return {key: value for key, value in chosen.items() if value is not None}
+
     def describe(self) -> dict[str, Any]:
         t = self.options.transcription
-        return {
-            "sample_rate": self.sample_rate_hz,
-            "encoding": self.encoding,
-            "channels": self.channels,
-            "mode": self.mode,
-            "partials": self.partials,
-            "unstable": self.unstable,
-            "segments": self.segments,
-            "language": t.language,
-            "model": self.options.model,
-            "beam_size": t.beam_size,
-            "task": t.task,
-            "prompt": t.initial_prompt,
-            "noise_suppression": self.noise_level,
-            "wake": list(self.wake) if self.wake is not None else None,
-        } | ({"assistant": True, "audio_sample_rate": self.audio_sample_rate_hz} if self.assistant else {})
+        return (
+            {
+                "sample_rate": self.sample_rate_hz,
+                "encoding": self.encoding,
+                "channels": self.channels,
+                "mode": self.mode,
+                "partials": self.partials,
+                "unstable": self.unstable,
+                "segments": self.segments,
+                "language": t.language,
+                "model": self.options.model,
+                "beam_size": t.beam_size,
+                "task": t.task,
+                "prompt": t.initial_prompt,
+                "noise_suppression": self.noise_level,
+                "wake": list(self.wake) if self.wake is not None else None,
+            }
+            | self._turn_described()
+            | self._assistant_described()
+        )
 
 
 def _text(value: object) -> str | None:
@@ -349,6 +364,8 @@ class WsSession(SocketSession):
             self.send_json({"type": "speech_started", "audio_start_ms": event.audio_start_ms})
         elif isinstance(event, SpeechStopped):
             self.send_json({"type": "speech_stopped", "audio_end_ms": event.audio_end_ms, "discarded": event.discarded})
+        elif isinstance(event, TurnDecided):
+            self.send_json({"type": "turn", **turn_payload(event)})
         elif isinstance(event, StreamError):
             error: dict[str, Any] = {"type": "error", "code": event.code, "message": event.message}
             if event.audio_start_ms is not None and event.audio_end_ms is not None:

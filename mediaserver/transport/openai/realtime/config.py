@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from mediaserver.asr.models import ModelRegistry
@@ -36,6 +36,7 @@ _BETA_FORMATS: Final[dict[str, AudioType]] = {
 _PCM_RATES_HZ: Final = (24000, 16000)
 _EAGERNESS: Final = ("low", "medium", "high", "auto")
 _EAGERNESS_SILENCE_MS: Final = {"low": 1000, "high": 300}
+_EAGERNESS_LEVELS: Final[tuple[Literal["low", "medium", "high", "auto"], ...]] = ("low", "medium", "high", "auto")
 
 
 def new_id(prefix: str) -> str:
@@ -154,7 +155,21 @@ class RealtimeConfig:
             with_segment_timestamps=False,
         )
         # Partials are what delta events carry; a manual commit is transcribed in one go.
-        return StreamOptions(self.resolved_model, transcription, server_vad=self.server_vad, partials=self.server_vad)
+        vad = self.server_vad
+        return self._turn_options(StreamOptions(self.resolved_model, transcription, server_vad=vad, partials=vad))
+
+    def _turn_options(self, options: StreamOptions) -> StreamOptions:
+        """semantic_vad is the turn model's end of turn (mediaserver/turns), with OpenAI's eagerness
+        caps; server_vad is silence detection. Without the turn model semantic_vad falls back to
+        silence detection, with the silence the eagerness maps to (TurnDetection.segmenter)."""
+        detection = self.turn_detection
+        if detection is None:
+            return options
+        if detection.type != "semantic_vad":
+            return replace(options, turn_detection="silence")
+        eagerness = detection.eagerness or "auto"
+        levels = [e for e in _EAGERNESS_LEVELS if e == eagerness]
+        return replace(options, turn_detection="semantic", eagerness=levels[0] if levels else "auto")
 
     def segmenter(self, settings: Settings) -> SegmenterConfig:
         return (self.turn_detection or TurnDetection()).segmenter(settings)

@@ -1,0 +1,151 @@
+"""Smart Turn v3.2 on onnxruntime: the probability that a pause ends the speaker's turn.
+
+One worker thread per model runs every inference, so the event loop never waits on it. Pauses of
+several sessions that arrive while an inference runs are scored together in the next batch (up to
+``turn_batch_max``): one batched run costs much less than the same windows one by one. Each score
+reports its feature and inference times, the cost of one decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from mediaserver.config import Settings
+from mediaserver.events import AudioArray
+from mediaserver.turns.features import log_mel
+from mediaserver.turns.fetch import default_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TurnScore:
+    probability: float  # of a finished turn
+    features_ms: float  # this window's features
+    inference_ms: float  # the whole batch's inference
+    batch: int  # windows in that batch
+
+
+@dataclass
+class _Request:
+    audio: AudioArray
+    future: asyncio.Future[TurnScore]
+    loop: asyncio.AbstractEventLoop
+
+
+class TurnModel:
+    def __init__(self, path: Path, *, threads: int = 1, batch_max: int = 8) -> None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.path = path
+        self.batch_max = batch_max
+        self._session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        self._input = self._session.get_inputs()[0].name
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="turn-model")
+        self._lock = threading.Lock()
+        self._queue: list[_Request] = []
+        self._draining = False
+
+    def score_now(self, windows: list[AudioArray]) -> list[TurnScore]:
+        """Score ``windows`` in one batch on the calling thread (benchmarks; the server uses ``score``)."""
+        started = time.perf_counter()
+        features = [log_mel(audio) for audio in windows]
+        features_ms = (time.perf_counter() - started) * 1000.0 / max(1, len(windows))
+        started = time.perf_counter()
+        output = self._session.run(None, {self._input: np.stack(features)})[0]
+        inference_ms = (time.perf_counter() - started) * 1000.0
+        probabilities = np.asarray(output, dtype=np.float64).reshape(-1)
+        return [TurnScore(float(p), features_ms, inference_ms, len(windows)) for p in probabilities]
+
+    async def score(self, audio: AudioArray) -> TurnScore:
+        """The probability that the turn whose audio so far is ``audio`` (16 kHz, ending in the
+        pause) is finished, computed on the model's thread."""
+        loop = asyncio.get_running_loop()
+        request = _Request(audio, loop.create_future(), loop)
+        with self._lock:
+            self._queue.append(request)
+            start = not self._draining
+            self._draining = True
+        if start:
+            self._executor.submit(self._drain)
+        return await request.future
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                batch = [r for r in self._queue[: self.batch_max] if not r.future.done()]
+                del self._queue[: self.batch_max]
+                if not batch and not self._queue:
+                    self._draining = False
+                    return
+            if not batch:
+                continue
+            try:
+                scores = self.score_now([r.audio for r in batch])
+            except Exception as exc:  # a broken model file: every waiting pause hears of it
+                for request in batch:
+                    request.loop.call_soon_threadsafe(_fail, request.future, exc)
+                continue
+            for request, result in zip(batch, scores, strict=True):
+                request.loop.call_soon_threadsafe(_resolve, request.future, result)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _resolve(future: asyncio.Future[TurnScore], result: TurnScore) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future[TurnScore], exc: Exception) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def model_path(settings: Settings) -> Path:
+    return settings.turn_model_path or default_path()
+
+
+_shared: dict[tuple[Path, int, int], TurnModel | None] = {}
+
+
+def load_shared(settings: Settings) -> TurnModel | None:
+    """The server's turn model (loaded once per path; blocking: call it off the event loop), or
+    None, with a log line saying why, when the file is missing or unreadable."""
+    key = (model_path(settings), settings.turn_threads, settings.turn_batch_max)
+    if key in _shared:
+        return _shared[key]
+    path = key[0]
+    model: TurnModel | None = None
+    if not path.is_file():
+        log.warning(
+            "turn model %s is missing: semantic end of turn is off, every utterance ends on silence "
+            "(fetch it with `make setup` or `python -m mediaserver.turns.fetch`)",
+            path,
+        )
+    else:
+        try:
+            model = TurnModel(path, threads=settings.turn_threads, batch_max=settings.turn_batch_max)
+            log.info("turn model Smart Turn v3.2 loaded from %s (%d thread(s))", path, settings.turn_threads)
+        except Exception as exc:
+            log.warning("turn model %s could not be loaded (%s): semantic end of turn is off", path, exc)
+    _shared[key] = model
+    return model
+
+
+def shared(settings: Settings) -> TurnModel | None:
+    """The turn model ``load_shared`` loaded for these settings, without loading it (None if not)."""
+    return _shared.get((model_path(settings), settings.turn_threads, settings.turn_batch_max))

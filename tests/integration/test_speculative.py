@@ -1,0 +1,173 @@
+"""Speculative answers in the voice loop, with real parts: Piper speech streamed in real time into a
+StreamSession with semantic turns (the real turn model), the real ASR service, the bundled LLM and
+Piper answering through an Assistant into an AudioOut (what the transport would drain).
+
+The answer starts on the final decoded during a pause, before the turn has ended: if the speech
+resumes it is dropped unseen (no text event, no audio queued, nothing in the history); if the turn
+ends, what was prepared goes out at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mediaserver.asr.service import AsrService
+from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.turns import Assistant, AssistantOptions
+from mediaserver.config import Settings
+from mediaserver.events import (
+    SAMPLE_RATE_HZ,
+    AssistantAudioStarted,
+    AssistantAudioStopped,
+    AssistantText,
+    FinalTranscript,
+    SessionEvent,
+    SpeechStopped,
+    TranscriptionOptions,
+    TurnDecided,
+)
+from mediaserver.llm.service import LlmService
+from mediaserver.stream_session import StreamOptions, StreamSession
+from mediaserver.tts.service import TtsService
+from mediaserver.turns.fetch import default_dir, fetch
+from mediaserver.turns.model import TurnModel
+from tests.conftest import Clip
+from tests.integration.test_turns import silence, stream_real_time
+
+VOICE: dict[str, Any] = {
+    "assistant_temperature": 0.0,
+    "assistant_max_answer_tokens": 40,
+    "assistant_system_prompt": "You are a helpful voice assistant. Answer in one short sentence.",
+}
+
+
+@pytest.fixture(scope="module")
+def turn_model() -> TurnModel:
+    return TurnModel(fetch(default_dir()))
+
+
+def count(asr: AsrService, result: str) -> float:
+    return float(asr.metrics.speculative_answers.labels(result)._value.get())
+
+
+async def converse(
+    asr: AsrService,
+    llm: LlmService,
+    tts: TtsService,
+    settings: Settings,
+    model: TurnModel,
+    audio: np.ndarray,
+    *,
+    eagerness: str,
+    resume_at_s: float | None = None,
+) -> tuple[list[tuple[float, SessionEvent]], Assistant, AudioOut, int]:
+    """Stream ``audio`` in real time into a semantic-turn session answered by an Assistant; the
+    events (with times), the assistant, its AudioOut, and the samples queued on it at ``resume_at_s``
+    of the stream (the moment speech resumes after a pause), once the answer has played."""
+    events: list[tuple[float, SessionEvent]] = []
+
+    async def emit(event: SessionEvent) -> None:
+        events.append((time.monotonic(), event))
+
+    out = AudioOut(SAMPLE_RATE_HZ)
+    options = StreamOptions(
+        transcription=TranscriptionOptions(language="en", with_segment_timestamps=False),
+        server_vad=True,
+        turn_detection="semantic",
+        eagerness=eagerness,  # type: ignore[arg-type]
+    )
+    session = StreamSession(asr, settings, emit, options, turn_model=model)
+    assistant = Assistant(llm, tts, settings, AssistantOptions.from_settings(settings), emit, out, asr.metrics)
+    session.assistant = assistant
+    queued_at_resume = -1
+
+    async def drain() -> None:  # the transport: takes frames at real time
+        while True:
+            await asyncio.sleep(out.frame_samples / SAMPLE_RATE_HZ)
+            out.take()
+
+    drainer = asyncio.create_task(drain())
+    try:
+        if resume_at_s is None:
+            await stream_real_time(session, audio)
+        else:
+            cut = int(resume_at_s * SAMPLE_RATE_HZ)
+            await stream_real_time(session, audio[:cut])
+            queued_at_resume = out.written_samples
+            await stream_real_time(session, audio[cut:])
+        async with asyncio.timeout(90):
+            while not any(isinstance(e, AssistantAudioStopped) for _, e in events):
+                await asyncio.sleep(0.05)
+    finally:
+        drainer.cancel()
+        await assistant.aclose()
+        await session.aclose()
+    return events, assistant, out, queued_at_resume
+
+
+async def test_speech_resuming_drops_the_speculative_answer_unheard(
+    asr_service: AsrService,
+    llm_service: LlmService,
+    tts_service: TtsService,
+    base_settings: Settings,
+    speech: Callable[[str], Clip],
+    turn_model: TurnModel,
+) -> None:
+    """ "Remind me to buy" scores unfinished: during the 1.5 s pause after it the final is decoded and
+    an answer to it started; the speech resumes, the answer is dropped: nothing of it was queued or
+    emitted, and the history holds the whole sentence and the one answer to it."""
+    # Scored once per pause (turn_rescore_ms 0): with more silence the model scores this fragment
+    # higher (0.84 after 500 ms) and a rescore may end the turn; what is tested here is the drop.
+    settings = base_settings.model_copy(update={**VOICE, "turn_rescore_ms": 0})
+    first, rest = speech("Remind me to buy").audio16k, speech("eggs and bread.").audio16k
+    lead = silence(0.5)
+    audio = np.concatenate([lead, first, silence(1.5), rest, silence(3.0)]).astype(np.float32)
+    resume_at_s = (lead.size + first.size) / SAMPLE_RATE_HZ + 1.5
+    misses = count(asr_service, "miss")
+    events, assistant, out, queued_at_resume = await converse(
+        asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="medium", resume_at_s=resume_at_s
+    )
+    decided = [e for _, e in events if isinstance(e, TurnDecided)]
+    assert decided and not decided[0].complete, decided  # the pause: unfinished
+    assert count(asr_service, "miss") >= misses + 1  # an answer was started in the pause, and dropped
+    assert queued_at_resume == 0  # nothing of it was queued for the user
+    finals = [e for _, e in events if isinstance(e, FinalTranscript)]
+    assert len(finals) == 1, finals
+    texts = [e for _, e in events if isinstance(e, AssistantText)]
+    assert {e.turn for e in texts} == {texts[-1].turn}, texts  # one answer's text, nothing of another
+    assert [m.role for m in assistant.history] == ["user", "assistant"], assistant.history
+    assert assistant.history[0].content == finals[0].transcript.text
+    assert "bread" in assistant.history[0].content.lower()
+    assert out.written_samples > 0
+
+
+async def test_a_turn_that_ends_sends_the_prepared_answer(
+    asr_service: AsrService,
+    llm_service: LlmService,
+    tts_service: TtsService,
+    base_settings: Settings,
+    speech: Callable[[str], Clip],
+    turn_model: TurnModel,
+) -> None:
+    """ "Play the song by" and silence: unfinished for the model, so the turn waits for the high
+    eagerness cap (2 s: scored once, turn_rescore_ms 0); the answer prepared meanwhile is the one sent
+    when the cap ends the turn."""
+    settings = base_settings.model_copy(update={**VOICE, "turn_rescore_ms": 0})
+    audio = np.concatenate([silence(0.5), speech("Play the song by").audio16k, silence(4.0)]).astype(np.float32)
+    hits = count(asr_service, "hit")
+    events, assistant, out, _ = await converse(
+        asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="high"
+    )
+    assert count(asr_service, "hit") == hits + 1
+    kinds = [type(e).__name__ for _, e in events]
+    stopped = kinds.index(SpeechStopped.__name__)
+    assert AssistantText.__name__ not in kinds[:stopped], kinds  # nothing was shown before the turn ended
+    assert AssistantAudioStarted.__name__ in kinds[stopped:], kinds
+    assert [m.role for m in assistant.history] == ["user", "assistant"], assistant.history
+    assert out.written_samples > 0

@@ -24,7 +24,7 @@ from typing import Any
 
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
-from mediaserver.errors import ApiError, ModelUnavailable
+from mediaserver.errors import ApiError, InvalidParameter, ModelUnavailable
 from mediaserver.llm.registry import LlmSource
 from mediaserver.llm.types import BackendEvent, BackendKind, ChatMessage, ChatRequest, Finished, TextDelta, Usage
 
@@ -156,6 +156,12 @@ class LlamaCppChat:
     ) -> AsyncGenerator[BackendEvent, None]:
         """Deltas of one generation; ends with ``Finished``. Setting ``cancel`` (or closing this
         iterator) stops the worker before its next token."""
+        if request.tools is not None or any(m.role == "tool" or m.tool_calls for m in request.messages):
+            raise InvalidParameter(
+                "tools (function calling) need an OpenAI-compatible LLM server (llm_upstream_url, e.g. llama.cpp's "
+                "llama-server --jinja): the in-process llama.cpp backend does not run them",
+                param="tools",
+            )
         tokens, template_stops = await asyncio.to_thread(self.render, request.messages)
         limit = min(max_prompt_tokens, self.context_tokens - 1)
         if len(tokens) > limit:

@@ -30,6 +30,7 @@ from mediaserver.llm.embeddings import EmbeddingBatcher, Vector
 from mediaserver.llm.llama_cpp import LlamaCppChat, LlamaCppEmbedder
 from mediaserver.llm.metrics import LlmMetrics
 from mediaserver.llm.registry import LlmRegistry, LlmSource
+from mediaserver.llm.tools import ToolCall, ToolCallAccumulator, ToolCallDelta
 from mediaserver.llm.types import (
     BackendEvent,
     BackendKind,
@@ -110,13 +111,31 @@ class _Outcome:
 
 
 class LlmStream:
-    """The text deltas of one generation (an async iterator), then its usage and finish reason."""
+    """The text deltas of one generation (an async iterator), then its usage and finish reason.
+
+    With tools, ``events()`` also yields the ``ToolCallDelta`` pieces (iterating the stream itself
+    skips them); either way ``tool_calls`` has the whole calls once the generation ended.
+    """
 
     def __init__(self, service: LlmService, source: LlmSource, request: ChatRequest) -> None:
         self.model = source.name
         self._cancel = threading.Event()
         self._outcome = _Outcome()
+        self._calls = ToolCallAccumulator()
         self._gen = _generate(service, source, request, self._cancel, self._outcome)
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return self._calls.calls()
+
+    async def events(self) -> AsyncGenerator[str | ToolCallDelta, None]:
+        """Text deltas and tool-call pieces, in order (pieces cleaned of repeated ids and names)."""
+        while True:
+            try:
+                item = await self._next()
+            except StopAsyncIteration:
+                return
+            yield self._calls.clean(item) if isinstance(item, ToolCallDelta) else item
 
     @property
     def finish_reason(self) -> FinishReason | None:
@@ -134,6 +153,13 @@ class LlmStream:
         return self
 
     async def __anext__(self) -> str:
+        while True:
+            item = await self._next()
+            if isinstance(item, str):
+                return item
+            self._calls.add(item)
+
+    async def _next(self) -> str | ToolCallDelta:
         try:
             return await self._gen.__anext__()
         except BaseException:  # the end, an error, or the consumer cancelled: the worker stops
@@ -168,7 +194,7 @@ class LlmStream:
 
 async def _generate(
     service: LlmService, source: LlmSource, request: ChatRequest, cancel: threading.Event, outcome: _Outcome
-) -> AsyncGenerator[str, None]:
+) -> AsyncGenerator[str | ToolCallDelta, None]:
     metrics = service.metrics
     model = source.name
     timeout_s = service.settings.llm_request_timeout_s
@@ -211,12 +237,12 @@ async def _generate(
                 except TimeoutError:
                     result = "timeout"
                     raise LlmTimeout(f"the LLM did not finish within {timeout_s:g} s (llm_request_timeout_s)") from None
-                if isinstance(event, TextDelta):
+                if isinstance(event, TextDelta | ToolCallDelta):
                     if first_at is None:
                         first_at = time.monotonic()
                         outcome.time_to_first_token_s = first_at - started
                         metrics.time_to_first_token.labels(model).observe(first_at - started)
-                    yield event.text
+                    yield event.text if isinstance(event, TextDelta) else event
                 elif isinstance(event, Finished):
                     outcome.finish_reason = event.finish_reason
                     outcome.usage = event.usage
@@ -379,6 +405,7 @@ class LlmService:
             stop=params.stop,
             seed=params.seed,
             repeat_penalty=params.repeat_penalty,
+            tools=params.tools,
         )
         return LlmStream(self, source, request)
 

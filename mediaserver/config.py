@@ -102,6 +102,7 @@ class McpServerConfig(BaseModel):
     command: str | None = None
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    allowed_tools: list[str] | None = Field(None, description="offer only these of the server's tools")
 
     @model_validator(mode="after")
     def _one_way(self) -> McpServerConfig:
@@ -462,6 +463,9 @@ class Settings(BaseSettings):
     mcp_max_calls_per_turn: int = Field(4, ge=1, description="tool calls in one answer; more end it with an error")
     mcp_max_result_chars: int = Field(
         4000, ge=100, description="a tool result longer than this is cut for the model, with a note"
+    )
+    mcp_tool_choice: Literal["auto", "required"] = Field(
+        "auto", description="required: every spoken answer starts with a tool call (for models that never choose one)"
     )
 
     # --- misc ----------------------------------------------------------------------------------

@@ -180,6 +180,38 @@ class AssistantError:
     message: str
 
 
-AssistantEvent = AssistantText | AssistantAudioStarted | AssistantAudioStopped | AssistantError
+# --- tool calls of the voice loop (mediaserver/assistant/tool_rounds.py) ---
+@dataclass(frozen=True)
+class AssistantToolCall:
+    """Turn ``turn``'s answer calls tool ``name`` with ``arguments`` (JSON text, as the model wrote it)."""
+
+    turn: int
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class AssistantToolResult:
+    """What call ``call_id`` gave back to the model (an error result when ``is_error``)."""
+
+    turn: int
+    call_id: str
+    name: str
+    result: str
+    is_error: bool
+
+
+# --- end tool calls ---
+
+
+AssistantEvent = (
+    AssistantText
+    | AssistantAudioStarted
+    | AssistantAudioStopped
+    | AssistantError
+    | AssistantToolCall
+    | AssistantToolResult
+)
 
 SessionEvent = SpeechStarted | SpeechStopped | PartialTranscript | FinalTranscript | StreamError | AssistantEvent

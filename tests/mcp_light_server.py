@@ -3,10 +3,12 @@
     python -m tests.mcp_light_server --state FILE stdio
     python -m tests.mcp_light_server --state FILE http --port N [--token T]
 
-Tools: ``set_light(name, on)``, ``get_state(name)``, ``slow(seconds)`` (sleeps: a tool past the
-call timeout) and ``broken()`` (raises: a tool that fails). The lights live in FILE (JSON), so a
-test sees a change made by a server it did not start itself (stdio: mediaserver's child).
-With ``--token``, HTTP requests without ``Authorization: Bearer T`` get a 401.
+Tools: ``set_light(name, on)``, ``get_state(name)`` (``name`` one of ``Light``: an enum in the
+schema, so a grammar-constrained small model names a real light), ``echo(text)``,
+``slow(seconds)`` (sleeps: a tool past the call timeout) and ``broken()`` (raises: a tool that
+fails). The lights live in FILE (JSON), so a test sees a change made by a server it did not
+start itself (stdio: mediaserver's child). With ``--token``, HTTP requests without
+``Authorization: Bearer T`` get a 401.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import argparse
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mcp.server.mcpserver import MCPServer
+
+Light = Literal["kitchen", "bedroom", "living room"]
 
 
 def build(state: Path) -> MCPServer:
@@ -27,7 +31,7 @@ def build(state: Path) -> MCPServer:
         return json.loads(state.read_text()) if state.exists() else {}
 
     @server.tool()
-    def set_light(name: str, on: bool) -> str:
+    def set_light(name: Light, on: bool) -> str:
         """Turn a light (kitchen, bedroom, ...) on or off."""
         lights = load()
         lights[name.strip().lower()] = on
@@ -35,10 +39,15 @@ def build(state: Path) -> MCPServer:
         return f"The {name} light is now {'on' if on else 'off'}."
 
     @server.tool()
-    def get_state(name: str) -> str:
+    def get_state(name: Light) -> str:
         """Whether a light is on or off."""
         value = load().get(name.strip().lower())
         return f"The {name} light is {'unknown' if value is None else 'on' if value else 'off'}."
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Say it back."""
+        return text
 
     @server.tool()
     async def slow(seconds: float) -> str:

@@ -146,9 +146,11 @@ class McpToolbox:
                     client = await client_cm.__aenter__()
                 try:
                     listing = await asyncio.wait_for(client.list_tools(), self.settings.mcp_call_timeout_s)
+                    allowed = server.config.allowed_tools
                     server.tools = {
                         t.name: ToolSpec(t.name, t.description or "", t.input_schema or {"type": "object"})
                         for t in listing.tools
+                        if allowed is None or t.name in allowed
                     }
                     server.client, server.problem = client, None
                     server.connected.set()

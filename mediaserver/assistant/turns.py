@@ -37,6 +37,8 @@ from typing import Any, Literal
 from prometheus_client import Histogram
 
 from mediaserver.assistant.audio_out import AudioOut, Mark, played_text
+from mediaserver.assistant.mcp import McpToolbox
+from mediaserver.assistant.tool_rounds import ToolRounds
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import (
@@ -199,6 +201,7 @@ class Assistant:
         self._current: Turn | None = None
         self._helpers: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.toolbox: McpToolbox | None = None  # MCP tools for this assistant's own turns (assistant/tool_rounds.py)
 
     # --- state --------------------------------------------------------------------------------
 
@@ -393,18 +396,18 @@ class Assistant:
         if self.llm is None:
             why = self._unavailable.get("llm", "not configured")
             raise StageFailed("llm", "feature_disabled", f"the LLM is disabled on this server: {why}")
+        params = GenerationParams(max_tokens=options.max_answer_tokens, temperature=options.temperature)
+        rounds = self._tool_rounds(turn, messages, params)
+        if rounds is not None:
+            params = rounds.params
         try:
-            stream = self.llm.stream(
-                messages,
-                GenerationParams(max_tokens=options.max_answer_tokens, temperature=options.temperature),
-                model=options.model,
-            )
+            stream = self.llm.stream(messages, params, model=options.model)
         except ApiError as exc:
             raise StageFailed("llm", exc.code, exc.message) from None
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(stream)
             if not self._spoken(turn) or self.out is None:
-                await self._read_llm(turn, stream, speech_ended_at, None)
+                await self._read_llm(turn, stream, speech_ended_at, None, rounds)
                 return
             if self.tts is None:
                 why = self._unavailable.get("tts", "not configured")
@@ -423,15 +426,40 @@ class Assistant:
                 raise StageFailed("tts", exc.code, exc.message) from None
             try:
                 async with asyncio.TaskGroup() as group:
-                    group.create_task(self._read_llm(turn, stream, speech_ended_at, speech))
+                    group.create_task(self._read_llm(turn, stream, speech_ended_at, speech, rounds))
                     group.create_task(self._play(turn, speech, speech_ended_at))
             except* StageFailed as failures:
                 raise failures.exceptions[0] from None
 
-    async def _read_llm(self, turn: Turn, stream: LlmStream, speech_ended_at: float, speech: Speech | None) -> None:
+    def _tool_rounds(self, turn: Turn, messages: list[ChatMessage], params: GenerationParams) -> ToolRounds | None:
+        """Tool calls for the voice loop's own turns when MCP servers offer tools (not ``respond``:
+        a Realtime conversation brings its own tools)."""
+        if not turn.record or self.toolbox is None or self.llm is None:
+            return None
+        config = ToolRounds.config(self.toolbox, self.settings.mcp_tool_choice)
+        if config is None:
+            return None
+
+        def progress() -> None:
+            turn.progress_at = time.monotonic()
+
+        rounds = ToolRounds(
+            self.llm, self.toolbox, messages, replace(params, tools=config), turn.options.model, self._emit,
+            turn.number, self.settings.mcp_max_calls_per_turn, progress,
+        )  # fmt: skip
+        return rounds
+
+    async def _read_llm(
+        self,
+        turn: Turn,
+        stream: LlmStream,
+        speech_ended_at: float,
+        speech: Speech | None,
+        rounds: ToolRounds | None = None,
+    ) -> None:
         first = True
         try:
-            async for delta in stream:
+            async for delta in stream if rounds is None else rounds.text(stream):
                 if first:
                     first = False
                     self.metrics.observe("llm_first_token", time.monotonic() - speech_ended_at)
@@ -440,7 +468,8 @@ class Assistant:
                 await self._emit(AssistantText(turn.number, delta, turn.text))
                 if speech is not None:
                     speech.feed(delta)
-            turn.usage, turn.finish_reason = stream.usage, stream.finish_reason
+            last = rounds.last if rounds is not None and rounds.last is not None else stream
+            turn.usage, turn.finish_reason = last.usage, last.finish_reason
         except ApiError as exc:
             raise StageFailed("llm", exc.code, exc.message) from None
         finally:

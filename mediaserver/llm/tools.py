@@ -57,8 +57,12 @@ class ToolConfig:
     parallel: bool | None = None
 
     def openai_choice(self) -> str | dict[str, Any]:
+        """As an upstream takes it. ``required`` with one tool is sent as that tool, named: the same
+        choice, and servers without ``required`` (llama-cpp-python's) do take a named one."""
         if self.forced:
             return {"type": "function", "function": {"name": self.choice}}
+        if self.choice == "required" and len(self.tools) == 1:
+            return {"type": "function", "function": {"name": self.tools[0].name}}
         return self.choice
 
 

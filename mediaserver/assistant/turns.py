@@ -49,6 +49,7 @@ from mediaserver.events import (
     SessionEvent,
 )
 from mediaserver.llm.service import LlmService, LlmStream
+from mediaserver.llm.tools import ToolCall, ToolConfig
 from mediaserver.llm.types import ChatMessage, FinishReason, GenerationParams, Usage
 from mediaserver.metrics import Metrics
 from mediaserver.tts.service import Speech, TtsService
@@ -73,6 +74,7 @@ class AssistantOptions:
     history_turns: int = 8
     history_tokens: int = 1500
     speed: float = 1.0  # TTS speed of the answer
+    tools: ToolConfig | None = None  # functions the caller runs (Realtime): calls end the turn, in its outcome
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AssistantOptions:
@@ -138,6 +140,7 @@ class TurnOutcome:
     usage: Usage | None = None
     finish_reason: FinishReason | None = None
     error: AssistantError | None = None
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls of a turn with ``options.tools``, for its caller to run
 
 
 class Turn:
@@ -155,6 +158,7 @@ class Turn:
         self.progress_at = time.monotonic()  # the last token or audio (the progress deadline)
         self.usage: Usage | None = None
         self.finish_reason: FinishReason | None = None
+        self.tool_calls: tuple[ToolCall, ...] = ()
         self._outcome: asyncio.Future[TurnOutcome] = asyncio.get_running_loop().create_future()
 
     @property
@@ -355,7 +359,9 @@ class Assistant:
             await self._emit(AssistantAudioStopped(turn.number, False, turn.text))
         if turn.record:
             self._remember(turn.text)
-        turn.settle(TurnOutcome("completed", turn.text, turn.text, turn.usage, turn.finish_reason))
+        turn.settle(
+            TurnOutcome("completed", turn.text, turn.text, turn.usage, turn.finish_reason, tool_calls=turn.tool_calls)
+        )
 
     async def _within_progress_deadline(self, turn: Turn, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` while it makes progress: a turn whose LLM and TTS produce nothing (no token,
@@ -396,7 +402,9 @@ class Assistant:
         if self.llm is None:
             why = self._unavailable.get("llm", "not configured")
             raise StageFailed("llm", "feature_disabled", f"the LLM is disabled on this server: {why}")
-        params = GenerationParams(max_tokens=options.max_answer_tokens, temperature=options.temperature)
+        params = GenerationParams(
+            max_tokens=options.max_answer_tokens, temperature=options.temperature, tools=options.tools
+        )
         rounds = self._tool_rounds(turn, messages, params)
         if rounds is not None:
             params = rounds.params
@@ -470,6 +478,8 @@ class Assistant:
                     speech.feed(delta)
             last = rounds.last if rounds is not None and rounds.last is not None else stream
             turn.usage, turn.finish_reason = last.usage, last.finish_reason
+            if rounds is None:
+                turn.tool_calls = tuple(last.tool_calls)
         except ApiError as exc:
             raise StageFailed("llm", exc.code, exc.message) from None
         finally:

@@ -125,7 +125,15 @@ class Conversation:
         """``conversation.item.create``: text now, input audio once transcribed."""
         self.items.check_insert(new.id, previous_item_id)
         item_id = new.id or new_id("item")
-        if new.audio is None:
+        if new.type == "function_call_output" and not self.items.has_call(new.call_id or ""):
+            raise EventError(
+                "invalid_value",
+                f"Invalid 'item.call_id': no function call with call_id {new.call_id!r} is in the conversation.",
+                "item.call_id",
+            )
+        if new.type != "message":
+            item = Item(item_id, new.role, new.kind, new.text or "", type=new.type, call_id=new.call_id, name=new.name)
+        elif new.audio is None:
             item = Item(item_id, new.role, new.kind, new.text or "")
         else:
             item = Item(item_id, "user", "input_audio", None)
@@ -338,6 +346,7 @@ class Conversation:
             max_answer_tokens=max_tokens,
             temperature=options.temperature if options.temperature is not None else base.temperature,
             speed=options.speed,
+            tools=options.tools,
         )
 
     async def _wait_for_transcripts(self) -> None:
@@ -430,12 +439,35 @@ class Conversation:
             send("response.output_item.done", **ids, output_index=0, item=described)
             if response.options.in_conversation and item.id in self.items:
                 self._done(item, self.items.previous_id(item.id))
+        if outcome is not None and status in ("completed", "incomplete"):
+            for call in outcome.tool_calls:
+                self._function_call(response, call.id, call.name, call.arguments)
         if self.audio == "track" and response.audio_started and status == "cancelled":
             send("output_audio_buffer.cleared", **ids)
         usage = outcome.usage if outcome is not None else None
         send("response.done", response=describe_response(response, status, details, usage, beta=self.host.beta))
         if self.audio == "track" and response.audio_started and status != "cancelled":
             send("output_audio_buffer.stopped", **ids)
+
+    def _function_call(self, response: Response, call_id: str, name: str, arguments: str) -> None:
+        """A call the model made, as an output item of ``response`` (the client runs it and answers
+        with a ``function_call_output`` item and ``response.create``)."""
+        item = Item(new_id("item"), "assistant", "output_text", "", status="in_progress",
+                    type="function_call", call_id=call_id, name=name)  # fmt: skip
+        index = 1 + len(response.calls)
+        response.calls.append(item)
+        send, ids = self.host.send, {"response_id": response.id}
+        send("response.output_item.added", **ids, output_index=index, item=item.describe(beta=self.host.beta))
+        previous = self.items.add(item) if response.options.in_conversation else None
+        if response.options.in_conversation:
+            self._added(item, previous)
+        where = {**ids, "item_id": item.id, "output_index": index, "call_id": call_id}
+        send("response.function_call_arguments.delta", **where, delta=arguments)
+        item.text, item.status = arguments, "completed"
+        send("response.function_call_arguments.done", **where, name=name, arguments=arguments)
+        send("response.output_item.done", **ids, output_index=index, item=item.describe(beta=self.host.beta))
+        if response.options.in_conversation and item.id in self.items:
+            self._done(item, self.items.previous_id(item.id))
 
     # --- the assistant's events -----------------------------------------------------------------
 

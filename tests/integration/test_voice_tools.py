@@ -25,8 +25,12 @@ import pytest
 import pytest_asyncio
 
 from mediaserver.asr.service import AsrService
+from mediaserver.assistant.mcp import McpToolbox
+from mediaserver.assistant.tool_rounds import ToolRounds
 from mediaserver.config import McpServerConfig, Settings
+from mediaserver.events import AssistantToolCall, AssistantToolResult
 from mediaserver.llm.service import LlmService
+from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.metrics import Metrics
 from mediaserver.state import TOOLS
 from tests.conftest import Clip, LiveServer
@@ -174,3 +178,41 @@ async def test_a_server_that_went_down_gives_an_error_result_and_the_answer_goes
     finally:
         await client.ws.close()
         await http.close()
+
+
+async def test_calls_past_the_cap_are_refused_and_the_answer_has_no_tools(
+    base_settings: Settings, tools_upstream: str, tmp_path: Path
+) -> None:
+    """``mcp_max_calls_per_turn``: a call past the cap is not run; its result says so, and the
+    answer's last round goes without tools. (The cap is 0 here, below what settings allow, so the
+    model's first, forced call is already past it.)"""
+    state = tmp_path / "lights.json"
+    settings = base_settings.model_copy(
+        update={"llm_upstream_url": tools_upstream, "mcp_servers": [_stdio(state, allowed_tools=["set_light"])]}
+    )
+    llm = LlmService(settings, Metrics())
+    await llm.start()
+    toolbox = McpToolbox(settings, Metrics())
+    await toolbox.start()
+    events: list[Any] = []
+
+    async def emit(event: Any) -> None:
+        events.append(event)
+
+    try:
+        messages = [ChatMessage("user", "Turn on the kitchen light.")]
+        config = ToolRounds.config(toolbox, "required")
+        params = GenerationParams(max_tokens=30, temperature=0.0, tools=config)
+        rounds = ToolRounds(llm, toolbox, messages, params, None, emit, 1, 0, lambda: None)
+        async with llm.stream(messages, params) as first:
+            text = "".join([delta async for delta in rounds.text(first)])
+    finally:
+        await toolbox.aclose()
+        await llm.aclose()
+    calls = [e for e in events if isinstance(e, AssistantToolCall)]
+    results = [e for e in events if isinstance(e, AssistantToolResult)]
+    assert [c.name for c in calls] == ["set_light"] and len(results) == 1
+    assert results[0].is_error and "mcp_max_calls_per_turn" in results[0].result
+    assert not state.exists()  # the call was not run
+    assert rounds.calls == 0 and rounds.last is not None and not rounds.last.tool_calls
+    print(f"answer after the refused call: {text!r}")

@@ -202,6 +202,18 @@ class AssistantToolResult:
     is_error: bool
 
 
+@dataclass(frozen=True)
+class AssistantToolCallDelta:
+    """A piece of call number ``index`` of a turn whose caller runs the tools (Realtime): the first
+    piece has ``call_id`` and ``name``, the rest more ``arguments`` text."""
+
+    turn: int
+    index: int
+    call_id: str | None
+    name: str | None
+    arguments: str
+
+
 # --- end tool calls ---
 
 
@@ -212,6 +224,7 @@ AssistantEvent = (
     | AssistantError
     | AssistantToolCall
     | AssistantToolResult
+    | AssistantToolCallDelta
 )
 
 SessionEvent = SpeechStarted | SpeechStopped | PartialTranscript | FinalTranscript | StreamError | AssistantEvent

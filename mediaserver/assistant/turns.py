@@ -30,7 +30,7 @@ import itertools
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -46,6 +46,7 @@ from mediaserver.events import (
     AssistantAudioStopped,
     AssistantError,
     AssistantText,
+    AssistantToolCallDelta,
     SessionEvent,
 )
 from mediaserver.llm.service import LlmService, LlmStream
@@ -467,7 +468,7 @@ class Assistant:
     ) -> None:
         first = True
         try:
-            async for delta in stream if rounds is None else rounds.text(stream):
+            async for delta in self._deltas(turn, stream, rounds):
                 if first:
                     first = False
                     self.metrics.observe("llm_first_token", time.monotonic() - speech_ended_at)
@@ -485,6 +486,26 @@ class Assistant:
         finally:
             if speech is not None and not speech.closed:
                 speech.end()
+
+    async def _deltas(self, turn: Turn, stream: LlmStream, rounds: ToolRounds | None) -> AsyncIterator[str]:
+        """The answer's text. With tools the caller runs (``options.tools``), the calls' pieces go
+        out as ``AssistantToolCallDelta`` events as they come; with MCP tools, ``rounds`` runs them."""
+        if rounds is not None:
+            async for delta in rounds.text(stream):
+                yield delta
+            return
+        if turn.options.tools is None:
+            async for delta in stream:
+                yield delta
+            return
+        async for event in stream.events():
+            if isinstance(event, str):
+                yield event
+            else:
+                turn.progress_at = time.monotonic()
+                await self._emit(
+                    AssistantToolCallDelta(turn.number, event.index, event.id, event.name, event.arguments)
+                )
 
     async def _play(self, turn: Turn, speech: Speech, speech_ended_at: float) -> None:
         assert self.out is not None

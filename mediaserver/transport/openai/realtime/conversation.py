@@ -43,7 +43,7 @@ from mediaserver.assistant.turns import Assistant, AssistantOptions, TurnOutcome
 from mediaserver.audio.stream_decode import encode_g711
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
-from mediaserver.events import AssistantAudioStarted, AssistantText, Priority, SessionEvent
+from mediaserver.events import AssistantAudioStarted, AssistantText, AssistantToolCallDelta, Priority, SessionEvent
 from mediaserver.llm.types import ChatMessage
 from mediaserver.transport.openai.realtime.config import EventError, InputFormat, new_id
 from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, ResponseOptions
@@ -439,9 +439,13 @@ class Conversation:
             send("response.output_item.done", **ids, output_index=0, item=described)
             if response.options.in_conversation and item.id in self.items:
                 self._done(item, self.items.previous_id(item.id))
-        if outcome is not None and status in ("completed", "incomplete"):
-            for call in outcome.tool_calls:
-                self._function_call(response, call.id, call.name, call.arguments)
+        calls = outcome.tool_calls if outcome is not None and status in ("completed", "incomplete") else ()
+        for index, call in enumerate(calls):
+            self._function_call_done(response, index, call.id, call.name, call.arguments)
+        for index in sorted(set(response.open_calls) - set(range(len(calls)))):  # cut off by a cancel
+            item = response.open_calls[index]
+            item.status = "incomplete"
+            send("response.output_item.done", **ids, output_index=1 + index, item=item.describe(beta=self.host.beta))
         if self.audio == "track" and response.audio_started and status == "cancelled":
             send("output_audio_buffer.cleared", **ids)
         usage = outcome.usage if outcome is not None else None
@@ -449,23 +453,43 @@ class Conversation:
         if self.audio == "track" and response.audio_started and status != "cancelled":
             send("output_audio_buffer.stopped", **ids)
 
-    def _function_call(self, response: Response, call_id: str, name: str, arguments: str) -> None:
-        """A call the model made, as an output item of ``response`` (the client runs it and answers
-        with a ``function_call_output`` item and ``response.create``)."""
+    def _function_call_open(self, response: Response, index: int, call_id: str, name: str) -> Item:
+        """A call the model makes, as output item ``1 + index`` of ``response`` (the client runs it
+        and answers with a ``function_call_output`` item and ``response.create``)."""
+        item = response.open_calls.get(index)
+        if item is not None:
+            return item
         item = Item(new_id("item"), "assistant", "output_text", "", status="in_progress",
                     type="function_call", call_id=call_id, name=name)  # fmt: skip
-        index = 1 + len(response.calls)
+        response.open_calls[index] = item
         response.calls.append(item)
-        send, ids = self.host.send, {"response_id": response.id}
-        send("response.output_item.added", **ids, output_index=index, item=item.describe(beta=self.host.beta))
-        previous = self.items.add(item) if response.options.in_conversation else None
+        ids = {"response_id": response.id}
+        self.host.send(
+            "response.output_item.added", **ids, output_index=1 + index, item=item.describe(beta=self.host.beta)
+        )
         if response.options.in_conversation:
-            self._added(item, previous)
-        where = {**ids, "item_id": item.id, "output_index": index, "call_id": call_id}
-        send("response.function_call_arguments.delta", **where, delta=arguments)
+            self._added(item, self.items.add(item))
+        return item
+
+    def _function_call_delta(self, response: Response, index: int, call_id: str, name: str, arguments: str) -> None:
+        item = self._function_call_open(response, index, call_id, name)
+        if arguments:
+            item.text = (item.text or "") + arguments
+            self.host.send(
+                "response.function_call_arguments.delta", response_id=response.id, item_id=item.id,
+                output_index=1 + index, call_id=item.call_id, delta=arguments,
+            )  # fmt: skip
+
+    def _function_call_done(self, response: Response, index: int, call_id: str, name: str, arguments: str) -> None:
+        item = self._function_call_open(response, index, call_id, name)
+        missing = arguments[len(item.text or "") :] if arguments.startswith(item.text or "") else ""
+        if missing:
+            self._function_call_delta(response, index, call_id, name, missing)
         item.text, item.status = arguments, "completed"
-        send("response.function_call_arguments.done", **where, name=name, arguments=arguments)
-        send("response.output_item.done", **ids, output_index=index, item=item.describe(beta=self.host.beta))
+        send, ids = self.host.send, {"response_id": response.id}
+        where = {**ids, "item_id": item.id, "output_index": 1 + index, "call_id": item.call_id}
+        send("response.function_call_arguments.done", **where, name=item.name, arguments=arguments)
+        send("response.output_item.done", **ids, output_index=1 + index, item=item.describe(beta=self.host.beta))
         if response.options.in_conversation and item.id in self.items:
             self._done(item, self.items.previous_id(item.id))
 
@@ -491,6 +515,9 @@ class Conversation:
                 content_index=0,
                 delta=event.delta,
             )
+        elif isinstance(event, AssistantToolCallDelta):
+            call_id = event.call_id or f"call_{response.id}_{event.index}"
+            self._function_call_delta(response, event.index, call_id, event.name or "", event.arguments)
         elif isinstance(event, AssistantAudioStarted):
             response.audio_started = True
             if self.audio == "track":

@@ -29,6 +29,7 @@ class Response:
     reason: str | None = None  # why it was cancelled
     audio_started: bool = False
     calls: list[Item] = field(default_factory=list)  # function_call output items, after the message
+    open_calls: dict[int, Item] = field(default_factory=dict)  # by the model's call index, while streamed
 
 
 def usage_of(usage: Usage | None) -> dict[str, Any]:

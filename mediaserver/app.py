@@ -18,6 +18,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from mediaserver import openapi
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.service import AsrService
+from mediaserver.assistant.mcp import McpToolbox
 from mediaserver.capabilities import Feature, FeatureRequest, decide
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice, choose_device
@@ -26,7 +27,7 @@ from mediaserver.llm.registry import LlmRegistry
 from mediaserver.llm.service import LlmService
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
 from mediaserver.session_registry import SessionRegistry
-from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, TTS
+from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, TOOLS, TTS
 from mediaserver.transport.openai import chat as openai_chat
 from mediaserver.transport.openai import models as openai_models
 from mediaserver.transport.openai import realtime
@@ -364,11 +365,24 @@ def create_app(
         await asyncio.get_running_loop().run_in_executor(None, turn_models.load_shared, settings)
         yield
 
+    # --- MCP tools (mcp_servers): the assistant's tools, connected before sessions start ---
+    async def tools_ctx(app: web.Application) -> AsyncIterator[None]:
+        toolbox = McpToolbox(settings, metrics)
+        app[TOOLS] = toolbox
+        await toolbox.start()
+        try:
+            yield
+        finally:
+            await toolbox.aclose()
+
+    # --- end MCP tools ---
+
     # Cleanup runs in reverse: sessions (and their assistants) close before the services they use.
     app.cleanup_ctx.append(turn_model_ctx)
     app.cleanup_ctx.append(asr_ctx)
     app.cleanup_ctx.append(tts_ctx)
     app.cleanup_ctx.append(llm_ctx)
+    app.cleanup_ctx.append(tools_ctx)
     app.cleanup_ctx.append(sessions_ctx)
     app.cleanup_ctx.append(wyoming_ctx)
     willow.add_routes(app)

@@ -11,7 +11,7 @@ import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL_ALIASES: dict[str, str] = {
@@ -81,6 +81,37 @@ class RemoteModel(BaseModel):
         30.0, ge=0, le=30, description="triton concurrent mode: pad each WAV to this length so Triton can batch them"
     )
     max_new_tokens: int = Field(224, ge=1, le=448, description="triton: MAX_NEW_TOKENS per 30 s window")
+
+
+# --- MCP servers (function calling, mediaserver/assistant/mcp.py) ---
+class McpServerConfig(BaseModel):
+    """An MCP server whose tools the assistant may call (``mcp_servers``): a URL or a command.
+
+    ``url``: streamable HTTP (``transport: "http"``, what Home Assistant's MCP Server integration
+    serves at ``/api/mcp``) or legacy SSE (``transport: "sse"``), with ``headers`` on every request
+    (``{"Authorization": "Bearer <long-lived token>"}``). ``command`` + ``args``: a stdio server, a
+    child process of mediaserver.
+    """
+
+    model_config = {"extra": "forbid"}
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,32}$", description="names the server in logs and metrics")
+    url: str | None = None
+    transport: Literal["http", "sse"] = "http"
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    allowed_tools: list[str] | None = Field(None, description="offer only these of the server's tools")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> McpServerConfig:
+        if (self.url is None) == (self.command is None):
+            raise ValueError(f"MCP server {self.name!r}: give either url or command")
+        return self
+
+
+# --- end MCP servers ---
 
 
 def _renamed(name: str, old: str) -> AliasChoices:
@@ -557,6 +588,21 @@ class Settings(BaseSettings):
         True,
         description="voice loop: start the answer (LLM and first clause's TTS, nothing sent) on the final decoded in "
         "a pause, before the turn has ended; speech resuming drops it unheard, the turn ending sends it at once",
+    )
+
+    # --- tools from MCP servers for the voice loop (mediaserver/assistant/mcp.py) ---------------
+    mcp_servers: list[McpServerConfig] = Field(
+        default_factory=list, description="MCP servers whose tools the assistant may call (JSON list)"
+    )
+    mcp_connect_timeout_s: float = Field(10.0, gt=0, description="connecting to a server and listing its tools")
+    mcp_reconnect_s: float = Field(10.0, gt=0, description="wait before connecting again to a server that is down")
+    mcp_call_timeout_s: float = Field(10.0, gt=0, description="one tool call; past it the model gets an error result")
+    mcp_max_calls_per_turn: int = Field(4, ge=1, description="tool calls in one answer; more end it with an error")
+    mcp_max_result_chars: int = Field(
+        4000, ge=100, description="a tool result longer than this is cut for the model, with a note"
+    )
+    mcp_tool_choice: Literal["auto", "required"] = Field(
+        "auto", description="required: every spoken answer starts with a tool call (for models that never choose one)"
     )
 
     # --- misc ----------------------------------------------------------------------------------

@@ -194,7 +194,52 @@ class AssistantError:
     message: str
 
 
-AssistantEvent = AssistantText | AssistantAudioStarted | AssistantAudioStopped | AssistantError
+# --- tool calls of the voice loop (mediaserver/assistant/tool_rounds.py) ---
+@dataclass(frozen=True)
+class AssistantToolCall:
+    """Turn ``turn``'s answer calls tool ``name`` with ``arguments`` (JSON text, as the model wrote it)."""
+
+    turn: int
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class AssistantToolResult:
+    """What call ``call_id`` gave back to the model (an error result when ``is_error``)."""
+
+    turn: int
+    call_id: str
+    name: str
+    result: str
+    is_error: bool
+
+
+@dataclass(frozen=True)
+class AssistantToolCallDelta:
+    """A piece of call number ``index`` of a turn whose caller runs the tools (Realtime): the first
+    piece has ``call_id`` and ``name``, the rest more ``arguments`` text."""
+
+    turn: int
+    index: int
+    call_id: str | None
+    name: str | None
+    arguments: str
+
+
+# --- end tool calls ---
+
+
+AssistantEvent = (
+    AssistantText
+    | AssistantAudioStarted
+    | AssistantAudioStopped
+    | AssistantError
+    | AssistantToolCall
+    | AssistantToolResult
+    | AssistantToolCallDelta
+)
 
 SessionEvent = (
     SpeechStarted | SpeechStopped | TurnDecided | PartialTranscript | FinalTranscript | StreamError | AssistantEvent

@@ -6,12 +6,58 @@ from typing import Any
 
 from mediaserver.openapi_schema import ERROR_OPENAI, ERROR_WIS, error_responses, json_body, query_param
 
+# --- function calling ---
+_TOOL_CALL = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "arguments": {"type": "string", "description": "JSON text"}},
+        },
+    },
+}
+_TOOL = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                "description": {"type": "string"},
+                "parameters": {"type": "object", "description": "a JSON Schema (checked: 400 when it is not one)"},
+            },
+            "required": ["name"],
+        },
+    },
+    "required": ["type", "function"],
+}
+_TOOL_PROPERTIES = {
+    "tools": {"type": "array", "items": _TOOL, "maxItems": 128},
+    "tool_choice": {
+        "oneOf": [
+            {"type": "string", "enum": ["auto", "none", "required"]},
+            {
+                "type": "object",
+                "properties": {"type": {"const": "function"}, "function": {"type": "object"}},
+                "description": "a function of tools (400, param tool_choice, when it is not one)",
+            },
+        ]
+    },
+    "parallel_tool_calls": {"type": "boolean"},
+}
+# --- end function calling ---
 _MESSAGE = {
     "type": "object",
     "properties": {
-        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
+        "tool_calls": {"type": "array", "items": _TOOL_CALL, "description": "an assistant message's calls"},
+        "tool_call_id": {"type": "string", "description": "the call a tool message answers"},
         "content": {
             "oneOf": [
+                {"type": "null", "description": "an assistant message with tool_calls only"},
                 {"type": "string"},
                 {
                     "type": "array",
@@ -24,7 +70,7 @@ _MESSAGE = {
             ]
         },
     },
-    "required": ["role", "content"],
+    "required": ["role"],
 }
 _USAGE = {
     "type": "object",
@@ -58,6 +104,7 @@ _CHAT_REQUEST = {
             "description": "vLLM's extension (llama.cpp models here); 1 = off; unset: the model's default",
         },
         "n": {"type": "integer", "const": 1},
+        **_TOOL_PROPERTIES,
     },
     "required": ["model", "messages"],
 }
@@ -76,9 +123,13 @@ _CHAT_RESPONSE = {
                     "index": {"type": "integer"},
                     "message": {
                         "type": "object",
-                        "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}},
+                        "properties": {
+                            "role": {"const": "assistant"},
+                            "content": {"type": ["string", "null"]},
+                            "tool_calls": {"type": "array", "items": _TOOL_CALL},
+                        },
                     },
-                    "finish_reason": {"type": "string", "enum": ["stop", "length"]},
+                    "finish_reason": {"type": "string", "enum": ["stop", "length", "tool_calls"]},
                 },
             },
         },

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from mediaserver.asr.service import AsrService
+from mediaserver.assistant.mcp import McpToolbox
 from mediaserver.capabilities import Capabilities
 from mediaserver.config import Settings
 from mediaserver.llm.service import LlmService
@@ -19,3 +20,4 @@ SESSIONS = web.AppKey("sessions", SessionRegistry)
 CAPABILITIES = web.AppKey("capabilities", Capabilities)
 TTS = web.AppKey("tts", TtsService)
 LLM = web.AppKey("llm", LlmService)
+TOOLS = web.AppKey("tools", McpToolbox)  # the MCP servers' tools (mcp_servers), always present

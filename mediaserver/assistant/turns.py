@@ -30,13 +30,15 @@ import itertools
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from prometheus_client import Histogram
 
 from mediaserver.assistant.audio_out import AudioOut, Mark, played_text
+from mediaserver.assistant.mcp import McpToolbox
+from mediaserver.assistant.tool_rounds import ToolRounds
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import (
@@ -44,9 +46,11 @@ from mediaserver.events import (
     AssistantAudioStopped,
     AssistantError,
     AssistantText,
+    AssistantToolCallDelta,
     SessionEvent,
 )
 from mediaserver.llm.service import LlmService, LlmStream
+from mediaserver.llm.tools import ToolCall, ToolConfig
 from mediaserver.llm.types import ChatMessage, FinishReason, GenerationParams, Usage
 from mediaserver.metrics import Metrics
 from mediaserver.tts.service import Speech, TtsService
@@ -71,6 +75,7 @@ class AssistantOptions:
     history_turns: int = 8
     history_tokens: int = 1500
     speed: float = 1.0  # TTS speed of the answer
+    tools: ToolConfig | None = None  # functions the caller runs (Realtime): calls end the turn, in its outcome
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AssistantOptions:
@@ -136,6 +141,7 @@ class TurnOutcome:
     usage: Usage | None = None
     finish_reason: FinishReason | None = None
     error: AssistantError | None = None
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls of a turn with ``options.tools``, for its caller to run
 
 
 class Turn:
@@ -153,6 +159,7 @@ class Turn:
         self.progress_at = time.monotonic()  # the last token or audio (the progress deadline)
         self.usage: Usage | None = None
         self.finish_reason: FinishReason | None = None
+        self.tool_calls: tuple[ToolCall, ...] = ()
         self._outcome: asyncio.Future[TurnOutcome] = asyncio.get_running_loop().create_future()
         # A speculative turn (``Assistant.speculate``) is held: its text events wait in ``deferred``
         # and its audio before the first write, until it is released (or dropped unseen).
@@ -214,6 +221,7 @@ class Assistant:
         self._closed = False
         self._registry = metrics
         self._speculation: tuple[str, Turn, asyncio.Task[None]] | None = None
+        self.toolbox: McpToolbox | None = None  # MCP tools for this assistant's own turns (assistant/tool_rounds.py)
 
     # --- state --------------------------------------------------------------------------------
 
@@ -372,7 +380,9 @@ class Assistant:
             await self._emit(AssistantAudioStopped(turn.number, False, turn.text))
         if turn.record:
             self._remember(turn.text)
-        turn.settle(TurnOutcome("completed", turn.text, turn.text, turn.usage, turn.finish_reason))
+        turn.settle(
+            TurnOutcome("completed", turn.text, turn.text, turn.usage, turn.finish_reason, tool_calls=turn.tool_calls)
+        )
 
     async def _within_progress_deadline(self, turn: Turn, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` while it makes progress: a turn whose LLM and TTS produce nothing (no token,
@@ -414,18 +424,20 @@ class Assistant:
         if self.llm is None:
             why = self._unavailable.get("llm", "not configured")
             raise StageFailed("llm", "feature_disabled", f"the LLM is disabled on this server: {why}")
+        params = GenerationParams(
+            max_tokens=options.max_answer_tokens, temperature=options.temperature, tools=options.tools
+        )
+        rounds = self._tool_rounds(turn, messages, params)
+        if rounds is not None:
+            params = rounds.params
         try:
-            stream = self.llm.stream(
-                messages,
-                GenerationParams(max_tokens=options.max_answer_tokens, temperature=options.temperature),
-                model=options.model,
-            )
+            stream = self.llm.stream(messages, params, model=options.model)
         except ApiError as exc:
             raise StageFailed("llm", exc.code, exc.message) from None
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(stream)
             if not self._spoken(turn) or self.out is None:
-                await self._read_llm(turn, stream, speech_ended_at, None)
+                await self._read_llm(turn, stream, speech_ended_at, None, rounds)
                 return
             if self.tts is None:
                 why = self._unavailable.get("tts", "not configured")
@@ -444,15 +456,40 @@ class Assistant:
                 raise StageFailed("tts", exc.code, exc.message) from None
             try:
                 async with asyncio.TaskGroup() as group:
-                    group.create_task(self._read_llm(turn, stream, speech_ended_at, speech))
+                    group.create_task(self._read_llm(turn, stream, speech_ended_at, speech, rounds))
                     group.create_task(self._play(turn, speech, speech_ended_at))
             except* StageFailed as failures:
                 raise failures.exceptions[0] from None
 
-    async def _read_llm(self, turn: Turn, stream: LlmStream, speech_ended_at: float, speech: Speech | None) -> None:
+    def _tool_rounds(self, turn: Turn, messages: list[ChatMessage], params: GenerationParams) -> ToolRounds | None:
+        """Tool calls for the voice loop's own turns when MCP servers offer tools (not ``respond``:
+        a Realtime conversation brings its own tools)."""
+        if not turn.record or self.toolbox is None or self.llm is None:
+            return None
+        config = ToolRounds.config(self.toolbox, self.settings.mcp_tool_choice)
+        if config is None:
+            return None
+
+        def progress() -> None:
+            turn.progress_at = time.monotonic()
+
+        rounds = ToolRounds(
+            self.llm, self.toolbox, messages, replace(params, tools=config), turn.options.model, self._emit,
+            turn.number, self.settings.mcp_max_calls_per_turn, progress,
+        )  # fmt: skip
+        return rounds
+
+    async def _read_llm(
+        self,
+        turn: Turn,
+        stream: LlmStream,
+        speech_ended_at: float,
+        speech: Speech | None,
+        rounds: ToolRounds | None = None,
+    ) -> None:
         first = True
         try:
-            async for delta in stream:
+            async for delta in self._deltas(turn, stream, rounds):
                 if first:
                     first = False
                     self.metrics.observe("llm_first_token", time.monotonic() - speech_ended_at)
@@ -461,12 +498,35 @@ class Assistant:
                 await self._turn_emit(turn, AssistantText(turn.number, delta, turn.text))
                 if speech is not None:
                     speech.feed(delta)
-            turn.usage, turn.finish_reason = stream.usage, stream.finish_reason
+            last = rounds.last if rounds is not None and rounds.last is not None else stream
+            turn.usage, turn.finish_reason = last.usage, last.finish_reason
+            if rounds is None:
+                turn.tool_calls = tuple(last.tool_calls)
         except ApiError as exc:
             raise StageFailed("llm", exc.code, exc.message) from None
         finally:
             if speech is not None and not speech.closed:
                 speech.end()
+
+    async def _deltas(self, turn: Turn, stream: LlmStream, rounds: ToolRounds | None) -> AsyncIterator[str]:
+        """The answer's text. With tools the caller runs (``options.tools``), the calls' pieces go
+        out as ``AssistantToolCallDelta`` events as they come; with MCP tools, ``rounds`` runs them."""
+        if rounds is not None:
+            async for delta in rounds.text(stream):
+                yield delta
+            return
+        if turn.options.tools is None:
+            async for delta in stream:
+                yield delta
+            return
+        async for event in stream.events():
+            if isinstance(event, str):
+                yield event
+            else:
+                turn.progress_at = time.monotonic()
+                await self._emit(
+                    AssistantToolCallDelta(turn.number, event.index, event.id, event.name, event.arguments)
+                )
 
     async def _play(self, turn: Turn, speech: Speech, speech_ended_at: float) -> None:
         assert self.out is not None

@@ -33,6 +33,7 @@ from mediaserver.llm.engine import LlamaServerEngine, LlmEngine
 from mediaserver.llm.llama_cpp import LlamaCppEmbedder
 from mediaserver.llm.metrics import LlmMetrics
 from mediaserver.llm.registry import LlmRegistry, LlmSource
+from mediaserver.llm.tools import ToolCall, ToolCallAccumulator, ToolCallDelta
 from mediaserver.llm.types import (
     ChatMessage,
     ChatRequest,
@@ -112,13 +113,31 @@ class _Outcome:
 
 
 class LlmStream:
-    """The text deltas of one generation (an async iterator), then its usage and finish reason."""
+    """The text deltas of one generation (an async iterator), then its usage and finish reason.
+
+    With tools, ``events()`` also yields the ``ToolCallDelta`` pieces (iterating the stream itself
+    skips them); either way ``tool_calls`` has the whole calls once the generation ended.
+    """
 
     def __init__(self, service: LlmService, source: LlmSource, request: ChatRequest) -> None:
         self.model = source.name
         self._cancel = threading.Event()
         self._outcome = _Outcome()
+        self._calls = ToolCallAccumulator()
         self._gen = _generate(service, source, request, self._cancel, self._outcome)
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return self._calls.calls()
+
+    async def events(self) -> AsyncGenerator[str | ToolCallDelta, None]:
+        """Text deltas and tool-call pieces, in order (pieces cleaned of repeated ids and names)."""
+        while True:
+            try:
+                item = await self._next()
+            except StopAsyncIteration:
+                return
+            yield self._calls.clean(item) if isinstance(item, ToolCallDelta) else item
 
     @property
     def finish_reason(self) -> FinishReason | None:
@@ -136,6 +155,13 @@ class LlmStream:
         return self
 
     async def __anext__(self) -> str:
+        while True:
+            item = await self._next()
+            if isinstance(item, str):
+                return item
+            self._calls.add(item)
+
+    async def _next(self) -> str | ToolCallDelta:
         try:
             return await self._gen.__anext__()
         except BaseException:  # the end, an error, or the consumer cancelled: the worker stops
@@ -170,7 +196,7 @@ class LlmStream:
 
 async def _generate(
     service: LlmService, source: LlmSource, request: ChatRequest, cancel: threading.Event, outcome: _Outcome
-) -> AsyncGenerator[str, None]:
+) -> AsyncGenerator[str | ToolCallDelta, None]:
     metrics = service.metrics
     model = source.name
     timeout_s = service.settings.llm_request_timeout_s
@@ -215,14 +241,15 @@ async def _generate(
                 except TimeoutError:
                     result = "timeout"
                     raise LlmTimeout(f"the LLM did not finish within {timeout_s:g} s (llm_request_timeout_s)") from None
-                if isinstance(event, TextDelta):
-                    now = time.monotonic()
-                    metrics.recent_tokens_per_second.labels(model).set(gate.count_token(now, TOKEN_RATE_WINDOW_S))
+                if isinstance(event, TextDelta | ToolCallDelta):
+                    if isinstance(event, TextDelta):
+                        now = time.monotonic()
+                        metrics.recent_tokens_per_second.labels(model).set(gate.count_token(now, TOKEN_RATE_WINDOW_S))
                     if first_at is None:
                         first_at = time.monotonic()
                         outcome.time_to_first_token_s = first_at - started
                         metrics.time_to_first_token.labels(model).observe(first_at - started)
-                    yield event.text
+                    yield event.text if isinstance(event, TextDelta) else event
                 elif isinstance(event, Finished):
                     outcome.finish_reason = event.finish_reason
                     outcome.usage = event.usage
@@ -426,6 +453,7 @@ class LlmService:
             seed=resolved.seed,
             repeat_penalty=resolved.repeat_penalty,
             dry_multiplier=defaults_for(source.name, self.settings).dry_multiplier,
+            tools=params.tools,
         )
         return LlmStream(self, source, request)
 

@@ -9,15 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Role = Literal["system", "user", "assistant"]
-FinishReason = Literal["stop", "length", "cancelled"]
+from mediaserver.llm.tools import ToolCall, ToolCallDelta, ToolConfig
+
+Role = Literal["system", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
 BackendKind = Literal["llama.cpp", "upstream"]
 
 
 @dataclass(frozen=True)
 class ChatMessage:
+    """``tool_calls`` are an assistant's calls; ``tool_call_id`` names the call a ``tool`` message answers."""
+
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     repeat_penalty: float | None = None
+    tools: ToolConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class ChatRequest:
     seed: int | None = None
     repeat_penalty: float | None = None
     dry_multiplier: float | None = None
+    tools: ToolConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,7 @@ class Finished:
     usage: Usage | None
 
 
-BackendEvent = TextDelta | Finished
+BackendEvent = TextDelta | ToolCallDelta | Finished
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,17 @@ import openai
 
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, GatewayTimeout, InvalidParameter, Overloaded
-from mediaserver.llm.types import BackendEvent, BackendKind, ChatRequest, Finished, FinishReason, TextDelta, Usage
+from mediaserver.llm.tools import ToolCallDelta
+from mediaserver.llm.types import (
+    BackendEvent,
+    BackendKind,
+    ChatMessage,
+    ChatRequest,
+    Finished,
+    FinishReason,
+    TextDelta,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +154,7 @@ class UpstreamChat:
         is how vLLM, llama.cpp and Ollama learn to stop generating."""
         kwargs: dict[str, Any] = {
             "model": request.model,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "messages": [_message_json(m) for m in request.messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": request.max_tokens,
@@ -155,6 +165,11 @@ class UpstreamChat:
             kwargs["stop"] = list(request.stop)
         if request.seed is not None:
             kwargs["seed"] = request.seed
+        if request.tools is not None:
+            kwargs["tools"] = [tool.openai() for tool in request.tools.tools]
+            kwargs["tool_choice"] = request.tools.openai_choice()
+            if request.tools.parallel is not None:
+                kwargs["parallel_tool_calls"] = request.tools.parallel
         if self._engine:
             # llama.cpp's own fields. A seeded request is evaluated from scratch (no prompt cache):
             # logits of a prompt partly served from the cache differ in the last bits, enough to
@@ -184,8 +199,16 @@ class UpstreamChat:
                 for choice in chunk.choices:
                     if choice.delta is not None and choice.delta.content:
                         yield TextDelta(choice.delta.content)
-                    if choice.finish_reason == "length":
-                        finish = "length"
+                    for call in (choice.delta.tool_calls if choice.delta is not None else None) or ():
+                        function = call.function
+                        yield ToolCallDelta(
+                            call.index,
+                            call.id or None,
+                            function.name if function is not None else None,
+                            (function.arguments if function is not None else None) or "",
+                        )
+                    if choice.finish_reason in ("length", "tool_calls"):
+                        finish = choice.finish_reason
         except openai.APITimeoutError:
             raise self._timed_out() from None
         except openai.APIError as exc:  # the connection broke, or an error event inside the stream
@@ -200,6 +223,16 @@ class UpstreamChat:
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _message_json(message: ChatMessage) -> dict[str, Any]:
+    body: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        # content stays a string ("" with only calls): llama-cpp-python's server refuses null there.
+        body["tool_calls"] = [call.openai() for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        body["tool_call_id"] = message.tool_call_id
+    return body
 
 
 def _upstream_message(exc: openai.APIStatusError) -> str:

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.turns import Assistant, AssistantOptions, assistant_options_from
-from mediaserver.state import CAPABILITIES, LLM, METRICS, SETTINGS, TTS
+from mediaserver.state import CAPABILITIES, LLM, METRICS, SETTINGS, TOOLS, TTS
 from mediaserver.stream_session import Emit, StreamSession
 
 
@@ -25,7 +25,9 @@ def make_assistant(
     llm = app.get(LLM) if capabilities.enabled("llm") else None
     tts = app.get(TTS) if capabilities.enabled("tts") else None
     unavailable = {name: capabilities.reason(name) for name in ("llm", "tts") if not capabilities.enabled(name)}
-    return Assistant(llm, tts, settings, options, emit, out, app[METRICS], name=name, unavailable=unavailable)
+    assistant = Assistant(llm, tts, settings, options, emit, out, app[METRICS], name=name, unavailable=unavailable)
+    assistant.toolbox = app.get(TOOLS)  # MCP tools: the voice loop's own turns (answer()) may call them
+    return assistant
 
 
 def new_assistant(

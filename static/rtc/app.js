@@ -269,6 +269,23 @@ client.addEventListener("assistant_audio_stopped", (ev) => {
   $("answer").textContent = "";
   renderConnection();
 });
+// Tool calls (MCP servers the operator configured) show in the conversation as they run.
+function addToolLine(text, isError) {
+  const li = document.createElement("li");
+  li.className = isError ? "tool error" : "tool";
+  const span = document.createElement("span");
+  span.className = "text";
+  span.textContent = text;
+  li.append(span);
+  $("answers").append(li);
+  $("assistant-card").hidden = false;
+}
+client.addEventListener("assistant_tool_call", (ev) => {
+  addToolLine(`\u2192 ${ev.detail.name}(${ev.detail.arguments})`, false);
+});
+client.addEventListener("assistant_tool_result", (ev) => {
+  addToolLine(`\u2190 ${ev.detail.name}: ${ev.detail.result}`, !!ev.detail.is_error);
+});
 client.addEventListener("assistant_track", (ev) => {
   state.assistantTrack = true;
   const audio = $("assistant-audio");

@@ -25,6 +25,7 @@
 //   pong         {message, rttMs}
 //   assistant    {delta, full, final}        the assistant's answer as it is written (assistant mode)
 //   assistant_audio_started {turn} / assistant_audio_stopped {turn, interrupted, heard}
+//   assistant_tool_call {turn, call_id, name, arguments} / assistant_tool_result {turn, call_id, name, result, is_error}
 //   assistant_track {stream, track}          the server's outbound audio (answers), for an <audio>
 //   bitrate      {audioKbps, audioPayloadKbps, totalKbps, intervalMs, bytesSent}
 //   message      {msg}                       every data channel message, parsed
@@ -494,6 +495,12 @@ export class MediaserverClient extends EventTarget {
         break;
       case "assistant_audio_started":
         this._emit("assistant_audio_started", { turn: obj && obj.turn });
+        break;
+      case "assistant_tool_call":
+        this._emit("assistant_tool_call", { ...(obj || {}) });
+        break;
+      case "assistant_tool_result":
+        this._emit("assistant_tool_result", { ...(obj || {}) });
         break;
       case "assistant_audio_stopped":
         this._emit("assistant_audio_stopped", {

@@ -458,7 +458,20 @@ async def test_bad_input_is_an_error_event_and_the_session_stays(raw: Callable[.
             "session.output_modalities",
         ),
         ({"type": "conversation.item.create"}, "missing_required_parameter", "item"),
-        ({"type": "conversation.item.create", "item": {"type": "function_call"}}, "invalid_value", "item.type"),
+        ({"type": "conversation.item.create", "item": {"type": "image"}}, "invalid_value", "item.type"),
+        (
+            {"type": "conversation.item.create", "item": {"type": "function_call"}},
+            "missing_required_parameter",
+            "item.call_id",
+        ),
+        (
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "function_call_output", "call_id": "c", "output": ""},
+            },
+            "invalid_value",
+            "item.call_id",
+        ),
         (
             {
                 "type": "conversation.item.create",

@@ -190,6 +190,17 @@ def test_beta_session(base: ConversationConfig, models: ModelRegistry, settings:
         ({"max_output_tokens": 5000}, "integer_above_max_value", "session.max_output_tokens"),
         ({"temperature": 3}, "invalid_value", "session.temperature"),
         ({"tools": "all"}, "invalid_type", "session.tools"),
+        (
+            {"tools": [{"type": "function", "name": "f", "parameters": {"type": "objekt"}}]},
+            "invalid_value",
+            "session.tools",
+        ),
+        ({"tools": [{"type": "mcp", "server_url": "http://x/mcp"}]}, "invalid_value", "session.tools"),
+        (
+            {"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}},
+            "invalid_value",
+            "session.tool_choice",
+        ),
         ({"turn_detection": {"create_response": "yes"}}, "invalid_type", "session.turn_detection.create_response"),
     ],
 )
@@ -311,7 +322,10 @@ def test_new_items() -> None:
     ("item", "code", "param"),
     [
         ("hello", "invalid_type", "item"),
-        ({"type": "function_call_output", "output": "{}"}, "invalid_value", "item.type"),
+        ({"type": "image"}, "invalid_value", "item.type"),
+        ({"type": "function_call_output", "output": "{}"}, "missing_required_parameter", "item.call_id"),
+        ({"type": "function_call_output", "call_id": 3, "output": "{}"}, "invalid_type", "item.call_id"),
+        ({"type": "function_call", "call_id": "c"}, "missing_required_parameter", "item.name"),
         ({"role": "robot", "content": [{"type": "input_text", "text": "x"}]}, "invalid_value", "item.role"),
         ({"role": "user", "content": []}, "invalid_value", "item.content"),
         ({"role": "user", "content": [{"type": "input_text", "text": 3}]}, "invalid_type", "item.content[0].text"),

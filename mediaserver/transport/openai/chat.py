@@ -13,6 +13,7 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.llm.service import LlmStream
+from mediaserver.llm.tools import ToolCall, ToolCallDelta, parse_tools
 from mediaserver.llm.types import ChatMessage, GenerationParams, Role
 from mediaserver.state import CAPABILITIES, LLM, SETTINGS
 from mediaserver.transport.openai.bodies import parse_body, read_json_object
@@ -42,9 +44,22 @@ class _TextPart(_Lenient):
     text: str
 
 
+class _FunctionCall(_Lenient):
+    name: str
+    arguments: str
+
+
+class _ToolCall(_Lenient):
+    id: str
+    type: Literal["function"] = "function"
+    function: _FunctionCall
+
+
 class _Message(_Lenient):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[_TextPart | ImagePart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[_TextPart | ImagePart] | None = None
+    tool_calls: list[_ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # the call a ``tool`` message answers
 
 
 class _StreamOptions(_Lenient):
@@ -66,6 +81,8 @@ class _ChatBody(_Lenient):
     repetition_penalty: float | None = Field(None, ge=0.5, le=2.0)
     n: int | None = None
     tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     logprobs: bool | None = None
 
@@ -84,9 +101,29 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
 
 
 def _content(message: _Message) -> str:
+    if message.content is None:
+        return ""
     if isinstance(message.content, str):
         return message.content
     return "".join(part.text for part in message.content if isinstance(part, _TextPart))
+
+
+def _messages(chat: _ChatBody) -> list[ChatMessage]:
+    roles: dict[str, Role] = {
+        "system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"
+    }  # fmt: skip
+    messages = []
+    for index, m in enumerate(chat.messages):
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise InvalidParameter(f"messages[{index}].content is missing", param="messages")
+        if m.role == "tool" and not m.tool_call_id:
+            raise InvalidParameter(f"messages[{index}] (role tool) needs tool_call_id", param="messages")
+        calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ())
+        if calls and m.role != "assistant":
+            raise InvalidParameter(f"messages[{index}]: only assistant messages have tool_calls", param="messages")
+        tool_call_id = m.tool_call_id if m.role == "tool" else None
+        messages.append(ChatMessage(roles[m.role], _content(m), calls, tool_call_id))
+    return messages
 
 
 def parse_chat(body: Any) -> tuple[_ChatBody, list[ChatMessage], GenerationParams]:
@@ -94,8 +131,7 @@ def parse_chat(body: Any) -> tuple[_ChatBody, list[ChatMessage], GenerationParam
     refuse_images(chat.model, [m.content for m in chat.messages])
     if chat.n is not None and chat.n != 1:
         raise InvalidParameter(f"n must be 1 on this server (one choice per request), got {chat.n}", param="n")
-    if chat.tools:
-        raise InvalidParameter("tools (function calling) are not supported by this server", param="tools")
+    tools = parse_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls)
     if chat.response_format and chat.response_format.get("type", "text") != "text":
         raise InvalidParameter("only response_format {'type': 'text'} is supported", param="response_format")
     if chat.logprobs:
@@ -107,8 +143,7 @@ def parse_chat(body: Any) -> tuple[_ChatBody, list[ChatMessage], GenerationParam
     stop = (chat.stop,) if isinstance(chat.stop, str) else tuple(chat.stop or ())
     if len(stop) > MAX_STOP_SEQUENCES:
         raise InvalidParameter(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stop)}", param="stop")
-    roles: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-    messages = [ChatMessage(roles[m.role], _content(m)) for m in chat.messages]
+    messages = _messages(chat)
     params = GenerationParams(
         max_tokens=max_tokens,
         temperature=chat.temperature,
@@ -116,6 +151,7 @@ def parse_chat(body: Any) -> tuple[_ChatBody, list[ChatMessage], GenerationParam
         stop=stop,
         seed=chat.seed,
         repeat_penalty=chat.repetition_penalty,
+        tools=tools,
     )
     return chat, messages, params
 
@@ -133,6 +169,8 @@ def _usage_json(stream: LlmStream) -> dict[str, int] | None:
 
 
 def _finish(stream: LlmStream) -> str:
+    if stream.tool_calls:
+        return "tool_calls"
     return "length" if stream.finish_reason == "length" else "stop"
 
 
@@ -155,11 +193,18 @@ async def chat_completions_handler(request: web.Request) -> web.StreamResponse:
     completion_id = "chatcmpl-" + secrets.token_hex(12)
     created = int(time.time())
     async with stream:
+        events = stream.events()
         # The first delta (or the end) comes before any byte is sent, so a full queue, a prompt
         # over the context window or an unreachable upstream is still a proper HTTP error.
-        first = await anext(stream, None)
+        first = await anext(events, None)
         if not chat.stream:
-            rest = "".join([delta async for delta in stream])
+            pieces = [first] if isinstance(first, str) else []
+            pieces += [delta async for delta in events if isinstance(delta, str)]
+            text = "".join(pieces)
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            if stream.tool_calls:
+                message["content"] = text or None
+                message["tool_calls"] = [call.openai() for call in stream.tool_calls]
             body = {
                 "id": completion_id,
                 "object": "chat.completion",
@@ -168,7 +213,7 @@ async def chat_completions_handler(request: web.Request) -> web.StreamResponse:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": (first or "") + rest, "refusal": None},
+                        "message": message,
                         "logprobs": None,
                         "finish_reason": _finish(stream),
                     }
@@ -177,17 +222,23 @@ async def chat_completions_handler(request: web.Request) -> web.StreamResponse:
                 "system_fingerprint": None,
             }
             return web.json_response(body)
-        return await _sse(request, stream, first, completion_id, created, chat)
+        return await _sse(request, stream, events, first, completion_id, created, chat)
 
 
 async def _sse(
-    request: web.Request, stream: LlmStream, first: str | None, completion_id: str, created: int, chat: _ChatBody
+    request: web.Request,
+    stream: LlmStream,
+    events: AsyncIterator[str | ToolCallDelta],
+    first: str | ToolCallDelta | None,
+    completion_id: str,
+    created: int,
+    chat: _ChatBody,
 ) -> web.StreamResponse:
     include_usage = chat.stream_options is not None and chat.stream_options.include_usage
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
 
-    def chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         body: dict[str, Any] = {
             "id": completion_id,
             "object": "chat.completion.chunk",
@@ -203,10 +254,10 @@ async def _sse(
     try:
         await response.write(chunk({"role": "assistant", "content": ""}))
         if first is not None:
-            await response.write(chunk({"content": first}))
+            await response.write(_delta_chunk(chunk, first))
             try:
-                async for delta in stream:
-                    await response.write(chunk({"content": delta}))
+                async for delta in events:
+                    await response.write(_delta_chunk(chunk, delta))
             except ApiError as exc:  # a timeout or upstream failure after the stream started
                 error = {"message": exc.message, "type": "server_error", "param": exc.param, "code": exc.code}
                 await response.write(b"data: " + json.dumps({"error": error}).encode() + b"\n\n")
@@ -229,6 +280,12 @@ async def _sse(
         # The client went away: leaving ``async with stream`` stops the generation.
         log.info("chat completion %s: client disconnected mid-stream", completion_id)
     return response
+
+
+def _delta_chunk(chunk: Callable[[dict[str, Any]], bytes], delta: str | ToolCallDelta) -> bytes:
+    if isinstance(delta, str):
+        return chunk({"content": delta})
+    return chunk({"tool_calls": [delta.openai()]})
 
 
 # --- embeddings --------------------------------------------------------------------------------

@@ -46,6 +46,8 @@ from mediaserver.events import (
     AssistantAudioStopped,
     AssistantError,
     AssistantText,
+    AssistantToolCall,
+    AssistantToolResult,
     AudioArray,
     FinalTranscript,
     PartialTranscript,
@@ -338,6 +340,14 @@ class RtcSession:
         if isinstance(event, AssistantAudioStopped):
             stopped = {"turn": event.turn, "interrupted": event.interrupted, "heard": event.heard}
             self.send(message("assistant_audio_stopped", None, stopped))
+            return
+        if isinstance(event, AssistantToolCall):
+            call = {"turn": event.turn, "call_id": event.call_id, "name": event.name, "arguments": event.arguments}
+            self.send(message("assistant_tool_call", None, call))
+            return
+        if isinstance(event, AssistantToolResult):
+            result = {"turn": event.turn, "call_id": event.call_id, "name": event.name, "result": event.result}
+            self.send(message("assistant_tool_result", None, {**result, "is_error": event.is_error}))
             return
         if isinstance(event, AssistantError):
             self.send(

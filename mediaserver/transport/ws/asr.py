@@ -41,6 +41,8 @@ from mediaserver.events import (
     AssistantAudioStopped,
     AssistantError,
     AssistantText,
+    AssistantToolCall,
+    AssistantToolResult,
     AudioArray,
     FinalTranscript,
     PartialTranscript,
@@ -353,6 +355,12 @@ class WsSession(SocketSession):
             self.send_json({"type": "assistant_audio_stopped", "interrupted": event.interrupted, "heard": event.heard})
         elif isinstance(event, AssistantError):
             self.send_json({"type": "error", "code": event.code, "message": event.message, "stage": event.stage})
+        elif isinstance(event, AssistantToolCall):
+            call = {"type": "assistant_tool_call", "call_id": event.call_id, "name": event.name}
+            self.send_json({**call, "arguments": event.arguments})
+        elif isinstance(event, AssistantToolResult):
+            result = {"type": "assistant_tool_result", "call_id": event.call_id, "name": event.name}
+            self.send_json({**result, "result": event.result, "is_error": event.is_error})
         elif isinstance(event, FinalTranscript):
             self.send_json(self._final_message(event))
         elif isinstance(event, PartialTranscript):

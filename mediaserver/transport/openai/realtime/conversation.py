@@ -43,7 +43,7 @@ from mediaserver.assistant.turns import Assistant, AssistantOptions, TurnOutcome
 from mediaserver.audio.stream_decode import encode_g711
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
-from mediaserver.events import AssistantAudioStarted, AssistantText, Priority, SessionEvent
+from mediaserver.events import AssistantAudioStarted, AssistantText, AssistantToolCallDelta, Priority, SessionEvent
 from mediaserver.llm.types import ChatMessage
 from mediaserver.transport.openai.realtime.config import EventError, InputFormat, new_id
 from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, ResponseOptions
@@ -125,7 +125,15 @@ class Conversation:
         """``conversation.item.create``: text now, input audio once transcribed."""
         self.items.check_insert(new.id, previous_item_id)
         item_id = new.id or new_id("item")
-        if new.audio is None:
+        if new.type == "function_call_output" and not self.items.has_call(new.call_id or ""):
+            raise EventError(
+                "invalid_value",
+                f"Invalid 'item.call_id': no function call with call_id {new.call_id!r} is in the conversation.",
+                "item.call_id",
+            )
+        if new.type != "message":
+            item = Item(item_id, new.role, new.kind, new.text or "", type=new.type, call_id=new.call_id, name=new.name)
+        elif new.audio is None:
             item = Item(item_id, new.role, new.kind, new.text or "")
         else:
             item = Item(item_id, "user", "input_audio", None)
@@ -338,6 +346,7 @@ class Conversation:
             max_answer_tokens=max_tokens,
             temperature=options.temperature if options.temperature is not None else base.temperature,
             speed=options.speed,
+            tools=options.tools,
         )
 
     async def _wait_for_transcripts(self) -> None:
@@ -430,12 +439,59 @@ class Conversation:
             send("response.output_item.done", **ids, output_index=0, item=described)
             if response.options.in_conversation and item.id in self.items:
                 self._done(item, self.items.previous_id(item.id))
+        calls = outcome.tool_calls if outcome is not None and status in ("completed", "incomplete") else ()
+        for index, call in enumerate(calls):
+            self._function_call_done(response, index, call.id, call.name, call.arguments)
+        for index in sorted(set(response.open_calls) - set(range(len(calls)))):  # cut off by a cancel
+            item = response.open_calls[index]
+            item.status = "incomplete"
+            send("response.output_item.done", **ids, output_index=1 + index, item=item.describe(beta=self.host.beta))
         if self.audio == "track" and response.audio_started and status == "cancelled":
             send("output_audio_buffer.cleared", **ids)
         usage = outcome.usage if outcome is not None else None
         send("response.done", response=describe_response(response, status, details, usage, beta=self.host.beta))
         if self.audio == "track" and response.audio_started and status != "cancelled":
             send("output_audio_buffer.stopped", **ids)
+
+    def _function_call_open(self, response: Response, index: int, call_id: str, name: str) -> Item:
+        """A call the model makes, as output item ``1 + index`` of ``response`` (the client runs it
+        and answers with a ``function_call_output`` item and ``response.create``)."""
+        item = response.open_calls.get(index)
+        if item is not None:
+            return item
+        item = Item(new_id("item"), "assistant", "output_text", "", status="in_progress",
+                    type="function_call", call_id=call_id, name=name)  # fmt: skip
+        response.open_calls[index] = item
+        response.calls.append(item)
+        ids = {"response_id": response.id}
+        self.host.send(
+            "response.output_item.added", **ids, output_index=1 + index, item=item.describe(beta=self.host.beta)
+        )
+        if response.options.in_conversation:
+            self._added(item, self.items.add(item))
+        return item
+
+    def _function_call_delta(self, response: Response, index: int, call_id: str, name: str, arguments: str) -> None:
+        item = self._function_call_open(response, index, call_id, name)
+        if arguments:
+            item.text = (item.text or "") + arguments
+            self.host.send(
+                "response.function_call_arguments.delta", response_id=response.id, item_id=item.id,
+                output_index=1 + index, call_id=item.call_id, delta=arguments,
+            )  # fmt: skip
+
+    def _function_call_done(self, response: Response, index: int, call_id: str, name: str, arguments: str) -> None:
+        item = self._function_call_open(response, index, call_id, name)
+        missing = arguments[len(item.text or "") :] if arguments.startswith(item.text or "") else ""
+        if missing:
+            self._function_call_delta(response, index, call_id, name, missing)
+        item.text, item.status = arguments, "completed"
+        send, ids = self.host.send, {"response_id": response.id}
+        where = {**ids, "item_id": item.id, "output_index": 1 + index, "call_id": item.call_id}
+        send("response.function_call_arguments.done", **where, name=item.name, arguments=arguments)
+        send("response.output_item.done", **ids, output_index=1 + index, item=item.describe(beta=self.host.beta))
+        if response.options.in_conversation and item.id in self.items:
+            self._done(item, self.items.previous_id(item.id))
 
     # --- the assistant's events -----------------------------------------------------------------
 
@@ -459,6 +515,9 @@ class Conversation:
                 content_index=0,
                 delta=event.delta,
             )
+        elif isinstance(event, AssistantToolCallDelta):
+            call_id = event.call_id or f"call_{response.id}_{event.index}"
+            self._function_call_delta(response, event.index, call_id, event.name or "", event.arguments)
         elif isinstance(event, AssistantAudioStarted):
             response.audio_started = True
             if self.audio == "track":

@@ -7,9 +7,10 @@ and error text is unit-tested directly (tests/unit/test_realtime_conversation_co
 What maps onto the voice loop: ``instructions`` is the system prompt, ``output_modalities``
 (beta ``modalities``) chooses a spoken or a text answer, ``voice`` (OpenAI's names are aliases of the
 default voice) and ``speed`` go to TTS, ``max_output_tokens`` caps the answer, beta ``temperature``
-is the LLM's. ``tools``, ``tool_choice``, ``tracing``, ``truncation``, ``prompt`` and ``reasoning`` are accepted,
-echoed where OpenAI echoes them, and not acted on; ``noise_reduction`` turns on WebRTC noise
-suppression (``audio/noise.py``).
+is the LLM's, ``tools`` (type ``function``, checked as JSON Schema) and ``tool_choice`` are the
+functions the model may call (the client runs them). ``tracing``, ``truncation``, ``prompt`` and
+``reasoning`` are accepted, echoed where OpenAI echoes them, and not acted on; ``noise_reduction``
+turns on WebRTC noise suppression (``audio/noise.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any, Final, Literal
 
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.config import Settings
+from mediaserver.errors import InvalidParameter
+from mediaserver.llm.tools import ToolConfig, parse_tools
 from mediaserver.transport.openai.realtime.config import (
     EventError,
     InputFormat,
@@ -61,6 +64,24 @@ class ConversationConfig:
     output_format: InputFormat = OUTPUT_FORMAT
     tools: tuple[Any, ...] = ()
     tool_choice: Any = "auto"
+
+    def tool_config(self) -> ToolConfig | None:
+        """The session's functions for the LLM (None: none, or ``tool_choice`` ``none``).
+
+        ``type: "mcp"`` tools (the server calling an MCP server itself) are not supported: an error."""
+        for index, tool in enumerate(self.tools):
+            if isinstance(tool, dict) and tool.get("type") == "mcp":
+                raise EventError(
+                    "invalid_value",
+                    f"Invalid 'session.tools[{index}]': tools of type 'mcp' are not supported by this server "
+                    "(function tools are; the operator can give the voice loop MCP servers).",
+                    "session.tools",
+                )
+        try:
+            return parse_tools(list(self.tools), self.tool_choice, None, flat=True)
+        except InvalidParameter as exc:
+            param = "session.tool_choice" if exc.param == "tool_choice" else "session.tools"
+            raise EventError("invalid_value", exc.message, param) from None
 
     @property
     def turn_detection_on(self) -> bool:
@@ -140,6 +161,7 @@ class ResponseOptions:
     in_conversation: bool = True  # conversation "auto"; "none" keeps the output out of it
     input: tuple[Mapping[str, Any], ...] | None = None  # its own context instead of the conversation
     conversation_id: str | None = field(default=None, compare=False)
+    tools: ToolConfig | None = None  # the session's functions (the client runs the calls)
 
     @classmethod
     def of(cls, config: ConversationConfig) -> ResponseOptions:
@@ -151,6 +173,7 @@ class ResponseOptions:
             max_output_tokens=config.max_output_tokens,
             temperature=config.temperature,
             output_format=config.output_format,
+            tools=config.tool_config(),
         )
 
     def describe(self, *, beta: bool) -> dict[str, Any]:
@@ -282,7 +305,6 @@ def parse_conversation_session(
         )
     if "temperature" in session:
         changes["temperature"] = number(session["temperature"], "session.temperature", 0.0, 2.0)
-    # accepted, echoed, not acted on
     if "tools" in session:
         tools = session["tools"]
         if tools is not None and not isinstance(tools, list):
@@ -294,7 +316,10 @@ def parse_conversation_session(
         changes["tools"] = tuple(tools or ())
     if "tool_choice" in session:
         changes["tool_choice"] = session["tool_choice"]
-    return replace(base, **changes)
+    updated = replace(base, **changes)
+    if "tools" in session or "tool_choice" in session:
+        updated.tool_config()  # the pair is valid, or this update is an error (and changes nothing)
+    return updated
 
 
 def parse_response_options(

@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from mediaserver.assistant.audio_out import Mark, played_text
+from mediaserver.llm.tools import ToolCall
 from mediaserver.llm.types import ChatMessage
 from mediaserver.transport.openai.realtime.config import EventError, as_object, type_name
 
 Role = Literal["user", "assistant", "system"]
 ContentKind = Literal["input_text", "input_audio", "output_text", "output_audio"]
 ItemStatus = Literal["completed", "incomplete", "in_progress"]
+ItemType = Literal["message", "function_call", "function_call_output"]
 ROOT: Final = "root"
 MAX_ITEM_ID_CHARS: Final = 64
 
@@ -50,6 +52,11 @@ class Item:
     rate_hz: int = 24000
     marks: tuple[Mark, ...] = ()
     transcribed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    # function calling: a call's ``name`` and ``call_id`` (its arguments are ``text``), or the
+    # ``call_id`` an output answers (the output is ``text``)
+    type: ItemType = "message"
+    call_id: str | None = None
+    name: str | None = None
 
     def __post_init__(self) -> None:
         if self.text is not None:
@@ -73,6 +80,25 @@ class Item:
         return [{"type": "audio" if beta else "output_audio", "transcript": self.text or ""}]
 
     def describe(self, *, beta: bool) -> dict[str, Any]:
+        if self.type == "function_call":
+            return {
+                "id": self.id,
+                "object": "realtime.item",
+                "type": "function_call",
+                "status": self.status,
+                "call_id": self.call_id,
+                "name": self.name,
+                "arguments": self.text or "",
+            }
+        if self.type == "function_call_output":
+            return {
+                "id": self.id,
+                "object": "realtime.item",
+                "type": "function_call_output",
+                "status": self.status,
+                "call_id": self.call_id,
+                "output": self.text or "",
+            }
         return {
             "id": self.id,
             "object": "realtime.item",
@@ -162,9 +188,19 @@ class Items:
         messages: list[ChatMessage] = []
         for item_id in self._order if ids is None else ids:
             item = self._items.get(item_id)
-            if item is not None and item.text and item.text.strip():
+            if item is None:
+                continue
+            if item.type == "function_call":
+                call = ToolCall(item.call_id or item.id, item.name or "", item.text or "")
+                messages.append(ChatMessage("assistant", "", (call,)))
+            elif item.type == "function_call_output":
+                messages.append(ChatMessage("tool", item.text or "", tool_call_id=item.call_id))
+            elif item.text and item.text.strip():
                 messages.append(ChatMessage(item.role, item.text.strip()))
         return messages
+
+    def has_call(self, call_id: str) -> bool:
+        return any(i.type == "function_call" and i.call_id == call_id for i in self._items.values())
 
 
 # --- conversation.item.create -----------------------------------------------------------------------
@@ -179,6 +215,39 @@ class NewItem:
     kind: ContentKind
     text: str | None
     audio: bytes | None = None
+    type: ItemType = "message"
+    call_id: str | None = None
+    name: str | None = None
+
+
+def _call_string(spec: Mapping[str, Any], key: str, param: str) -> str:
+    value = spec.get(key)
+    if value is None:
+        raise EventError(
+            "missing_required_parameter", f"Missing required parameter: '{param}.{key}'.", f"{param}.{key}"
+        )
+    if not isinstance(value, str):
+        raise EventError(
+            "invalid_type",
+            f"Invalid type for '{param}.{key}': expected a string, but got {type_name(value)}.",
+            f"{param}.{key}",
+        )
+    return value
+
+
+def _function_item(spec: Mapping[str, Any], item_type: str, item_id: str | None, param: str) -> NewItem:
+    """A ``function_call`` (a call the model made, added by the client) or its ``function_call_output``."""
+    call_id = _call_string(spec, "call_id", param)
+    if item_type == "function_call_output":
+        return NewItem(item_id, "user", "input_text", _call_string(spec, "output", param), None,
+                       "function_call_output", call_id)  # fmt: skip
+    name = _call_string(spec, "name", param)
+    arguments = spec.get("arguments", "{}")
+    if not isinstance(arguments, str):
+        raise EventError(
+            "invalid_type", f"Invalid type for '{param}.arguments': expected a string.", f"{param}.arguments"
+        )
+    return NewItem(item_id, "assistant", "output_text", arguments, None, "function_call", call_id, name)
 
 
 def _decode_audio(value: object, param: str, max_bytes: int) -> bytes:
@@ -199,11 +268,11 @@ def parse_item(value: object, *, max_audio_bytes: int, param: str = "item") -> N
     system, or the assistant (text only: OpenAI does not take assistant audio either)."""
     spec = as_object(value, param)
     item_type = spec.get("type", "message")
-    if item_type != "message":
+    if item_type not in ("message", "function_call", "function_call_output"):
         raise EventError(
             "invalid_value",
-            f"Invalid '{param}.type': {item_type!r}. This server supports 'message' items only "
-            "(it does not call functions).",
+            f"Invalid '{param}.type': {item_type!r}. Supported values are: 'message', 'function_call' and "
+            "'function_call_output'.",
             f"{param}.type",
         )
     item_id = spec.get("id")
@@ -213,6 +282,8 @@ def parse_item(value: object, *, max_audio_bytes: int, param: str = "item") -> N
             f"Invalid '{param}.id': expected a string of 1 to {MAX_ITEM_ID_CHARS} characters.",
             f"{param}.id",
         )
+    if item_type != "message":
+        return _function_item(spec, str(item_type), item_id, param)
     role = spec.get("role")
     if role not in ("user", "assistant", "system"):
         raise EventError(

@@ -9,7 +9,7 @@ not counted in tokens here) and the ``realtime.response`` object in GA and beta 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mediaserver.assistant.turns import Turn, TurnOutcome
@@ -28,6 +28,8 @@ class Response:
     turn: Turn | None = None
     reason: str | None = None  # why it was cancelled
     audio_started: bool = False
+    calls: list[Item] = field(default_factory=list)  # function_call output items, after the message
+    open_calls: dict[int, Item] = field(default_factory=dict)  # by the model's call index, while streamed
 
 
 def usage_of(usage: Usage | None) -> dict[str, Any]:
@@ -74,6 +76,7 @@ def describe_response(
     beta: bool,
 ) -> dict[str, Any]:
     output = [response.item.describe(beta=beta)] if response.item is not None else []
+    output += [call.describe(beta=beta) for call in response.calls]
     return {
         "id": response.id,
         "object": "realtime.response",

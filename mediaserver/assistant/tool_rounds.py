@@ -1,0 +1,97 @@
+"""The voice loop's tool calls: the answer's text, across as many LLM rounds as its tool calls need.
+
+``ToolRounds.text(stream)`` yields the text deltas of the first generation; when it ends with tool
+calls, each call runs on the MCP servers (``McpToolbox``: errors, timeouts and a server that is
+down come back as error results, never exceptions), the calls and their results join the
+messages, and the next generation's text follows, until an answer without calls. The turn's
+speech is fed from this one iterator, so the answer after a call is spoken like any other.
+
+At most ``mcp_max_calls_per_turn`` calls run in one turn: a call past it is answered with an error
+result saying so, and the last round is generated without tools, so a model that keeps calling
+cannot loop. Every call and result is emitted (``AssistantToolCall``, ``AssistantToolResult``),
+which the transports show to the client.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import replace
+
+from mediaserver.assistant.mcp import McpToolbox
+from mediaserver.events import AssistantToolCall, AssistantToolResult, SessionEvent
+from mediaserver.llm.service import LlmService, LlmStream
+from mediaserver.llm.tools import ToolConfig
+from mediaserver.llm.types import ChatMessage, GenerationParams
+
+log = logging.getLogger(__name__)
+
+
+class ToolRounds:
+    def __init__(
+        self,
+        llm: LlmService,
+        toolbox: McpToolbox,
+        messages: list[ChatMessage],
+        params: GenerationParams,
+        model: str | None,
+        emit: Callable[[SessionEvent], Awaitable[None]],
+        turn: int,
+        max_calls: int,
+        on_progress: Callable[[], None],
+    ) -> None:
+        self.llm = llm
+        self.toolbox = toolbox
+        self.messages = list(messages)
+        self.params = params
+        self.model = model
+        self._emit = emit
+        self.turn = turn
+        self.max_calls = max_calls
+        self._progress = on_progress
+        self.calls = 0
+        self.last: LlmStream | None = None
+
+    @staticmethod
+    def config(toolbox: McpToolbox, choice: str) -> ToolConfig | None:
+        tools = tuple(toolbox.tools())
+        return ToolConfig(tools, choice) if tools else None
+
+    async def text(self, stream: LlmStream) -> AsyncGenerator[str, None]:
+        """The answer's text deltas, across rounds. ``stream`` is the first round, already open
+        (its caller closes it); later rounds are opened and closed here."""
+        current = stream
+        while True:
+            self.last = current
+            said: list[str] = []
+            try:
+                async for delta in current:  # text only; the stream collects the calls
+                    said.append(delta)
+                    yield delta
+            finally:
+                if current is not stream:
+                    await current.aclose()
+            calls = current.tool_calls
+            if not calls:
+                return
+            self.messages.append(ChatMessage("assistant", "".join(said), tuple(calls)))
+            for call in calls:
+                await self._emit(AssistantToolCall(self.turn, call.id, call.name, call.arguments))
+                if self.calls >= self.max_calls:
+                    result_text = (
+                        f"Error: not run, this answer already made {self.max_calls} tool calls "
+                        "(mcp_max_calls_per_turn); answer with what you have."
+                    )
+                    is_error = True
+                    log.warning("turn %d: tool call %s refused: %d calls already", self.turn, call.name, self.calls)
+                else:
+                    self.calls += 1
+                    result = await self.toolbox.call(call.name, call.arguments)
+                    result_text, is_error = result.text, result.is_error
+                self._progress()
+                await self._emit(AssistantToolResult(self.turn, call.id, call.name, result_text, is_error))
+                self.messages.append(ChatMessage("tool", result_text, tool_call_id=call.id))
+            # After the calls: let the model call again while it may, else answer without tools.
+            tools = self.config(self.toolbox, "auto") if self.calls < self.max_calls else None
+            params = replace(self.params, tools=tools)
+            current = self.llm.stream(self.messages, params, model=self.model)

@@ -1,0 +1,206 @@
+"""Function calling on /v1/chat/completions, through the ``openai`` SDK.
+
+The LLM is a real OpenAI-compatible upstream (llama-cpp-python's server on the bundled SmolLM2,
+``chatml-function-calling``: grammar-constrained calls), the path the embedded engine also takes
+once it runs as a llama-server child. The in-process llama.cpp backend answers tools with a 400.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+import pytest_asyncio
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
+
+from mediaserver.config import Settings
+from mediaserver.llm.service import LlmService
+from mediaserver.metrics import Metrics
+from tests.llama_upstream import llama_server
+
+MODEL = "smollm2-tools"
+LIGHT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "on": {"type": "boolean"}},
+    "required": ["name", "on"],
+}
+TOOLS: list[ChatCompletionToolParam] = [
+    {
+        "type": "function",
+        "function": {"name": "set_light", "description": "Turn a light on or off", "parameters": LIGHT_SCHEMA},
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+]
+KITCHEN: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Turn on the kitchen light."}]
+SET_LIGHT: Any = {"type": "function", "function": {"name": "set_light"}}
+
+
+@pytest.fixture(scope="module")
+def tools_upstream() -> Iterator[str]:
+    with llama_server(MODEL, "--chat_format", "chatml-function-calling") as url:
+        yield url
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def sdk(server_factory: Any, base_settings: Settings, tools_upstream: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    settings = {"llm_upstream_url": tools_upstream}
+    service = LlmService(base_settings.model_copy(update=settings), Metrics())
+    await service.start()
+    try:
+        live = await server_factory(llm=service, **settings)
+        async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as client:
+            yield client
+    finally:
+        await service.aclose()
+
+
+async def test_named_tool_choice_returns_a_schema_valid_call(sdk: openai.AsyncOpenAI) -> None:
+    answer = await sdk.chat.completions.create(
+        model=MODEL, messages=KITCHEN, tools=TOOLS, tool_choice=SET_LIGHT, temperature=0
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = choice.message.tool_calls
+    assert calls is not None and len(calls) == 1
+    call = calls[0]
+    assert call.type == "function" and call.id
+    assert call.function.name == "set_light"
+    jsonschema.validate(json.loads(call.function.arguments), LIGHT_SCHEMA)
+    assert not choice.message.content
+
+
+async def test_named_tool_choice_streams_as_the_sdk_accumulates(sdk: openai.AsyncOpenAI) -> None:
+    argument_deltas = []
+    async with sdk.chat.completions.stream(
+        model=MODEL, messages=KITCHEN, tools=TOOLS, tool_choice=SET_LIGHT, temperature=0
+    ) as stream:
+        async for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                argument_deltas.append(event.arguments_delta)
+        final = await stream.get_final_completion()
+    assert len(argument_deltas) > 1  # streamed in pieces, not in one chunk at the end
+    choice = final.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = choice.message.tool_calls
+    assert calls is not None and len(calls) == 1
+    assert calls[0].function.name == "set_light"  # the name once, not once per chunk
+    assert calls[0].function.arguments == "".join(argument_deltas)
+    jsonschema.validate(json.loads(calls[0].function.arguments), LIGHT_SCHEMA)
+
+
+async def test_raw_stream_chunks_name_a_call_once(sdk: openai.AsyncOpenAI) -> None:
+    stream = await sdk.chat.completions.create(
+        model=MODEL, messages=KITCHEN, tools=TOOLS, tool_choice=SET_LIGHT, temperature=0, stream=True
+    )
+    pieces = [tc async for chunk in stream for c in chunk.choices for tc in c.delta.tool_calls or ()]
+    assert pieces[0].id and pieces[0].type == "function" and pieces[0].function is not None
+    assert pieces[0].function.name == "set_light"
+    assert all(p.id is None and p.function is not None and p.function.name is None for p in pieces[1:])
+    assert {p.index for p in pieces} == {0}
+
+
+async def test_auto_tool_choice(sdk: openai.AsyncOpenAI) -> None:
+    """``auto``: the model decides. Only the shape is asserted; how often the 135M model calls is printed."""
+    called = 0
+    runs = 4
+    for seed in range(runs):
+        answer = await sdk.chat.completions.create(
+            model=MODEL, messages=KITCHEN, tools=TOOLS, tool_choice="auto", temperature=0.7, seed=seed, max_tokens=60
+        )
+        choice = answer.choices[0]
+        if choice.message.tool_calls:
+            called += 1
+            assert choice.finish_reason == "tool_calls"
+            for call in choice.message.tool_calls:
+                assert call.type == "function"
+                assert call.function.name in {"set_light", "get_weather"}
+        else:
+            assert choice.finish_reason in ("stop", "length")
+            assert isinstance(choice.message.content, str)
+    print(f"auto: the model called a tool in {called} of {runs} answers")
+
+
+async def test_tool_results_in_the_history_are_answered(sdk: openai.AsyncOpenAI) -> None:
+    messages: list[ChatCompletionMessageParam] = [
+        *KITCHEN,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "set_light", "arguments": '{"name": "kitchen", "on": true}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"kitchen": "on"}'},
+    ]
+    answer = await sdk.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=40
+    )
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert answer.choices[0].message.content
+    assert not answer.choices[0].message.tool_calls
+
+
+# --- bad input: answered before any model runs (the shared embedded-engine server) -------------
+@pytest_asyncio.fixture(loop_scope="session")
+async def local_sdk(server_factory: Any) -> AsyncIterator[openai.AsyncOpenAI]:
+    live = await server_factory()
+    async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+async def _bad_request(client: openai.AsyncOpenAI, **kwargs: Any) -> openai.BadRequestError:
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model="gpt-4o-mini", messages=KITCHEN, max_tokens=5, **kwargs)
+    return caught.value
+
+
+async def test_tool_choice_naming_an_unknown_function_is_a_400(local_sdk: openai.AsyncOpenAI) -> None:
+    error = await _bad_request(
+        local_sdk, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "open_door"}}
+    )
+    assert isinstance(error.body, dict) and error.body.get("param") == "tool_choice"
+    assert "open_door" in error.message
+
+
+async def test_a_schema_that_is_not_json_schema_is_a_400(local_sdk: openai.AsyncOpenAI) -> None:
+    bad: Any = [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]
+    error = await _bad_request(local_sdk, tools=bad)
+    assert isinstance(error.body, dict) and error.body.get("param") == "tools"
+    assert "JSON Schema" in error.message
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"x": {"minLength": -1}}}}}]
+    error = await _bad_request(local_sdk, tools=bad)
+    assert "JSON Schema" in error.message
+
+
+async def test_other_bad_tools_are_400s(local_sdk: openai.AsyncOpenAI) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"tools": [{"type": "code_interpreter"}]}, "tools"),
+        ({"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+    ]
+    for kwargs, param in cases:
+        error = await _bad_request(local_sdk, **kwargs)
+        assert isinstance(error.body, dict) and error.body.get("param") == param, (kwargs, error.body)
+
+
+async def test_the_in_process_engine_says_tools_need_a_server(local_sdk: openai.AsyncOpenAI) -> None:
+    error = await _bad_request(local_sdk, tools=TOOLS, tool_choice=SET_LIGHT)
+    assert isinstance(error.body, dict) and error.body.get("param") == "tools"
+    assert "llm_upstream_url" in error.message

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
-from mediaserver.errors import ApiError, ModelUnavailable, Overloaded
+from mediaserver.errors import ApiError, InvalidParameter, ModelUnavailable, Overloaded
 from mediaserver.llm.engine_process import LlamaServerProcess
 from mediaserver.llm.registry import LlmSource
 from mediaserver.llm.slots import SlotAffinity
@@ -114,6 +114,17 @@ class LlamaServerEngine:
     async def stream(
         self, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int
     ) -> AsyncGenerator[BackendEvent, None]:
+        if request.tools is not None or any(m.role == "tool" or m.tool_calls for m in request.messages):
+            # The llama.cpp this engine is built from (the one llama-cpp-python pins) passes tools
+            # only through the model's chat template: SmolLM2's renders none, a named tool_choice is
+            # refused and no grammar constrains a call, so tools would be silently ignored.
+            raise InvalidParameter(
+                "tools (function calling) need an OpenAI-compatible LLM server that runs them "
+                "(llm_upstream_url: vLLM, or llama-cpp-python's server with --chat_format "
+                "chatml-function-calling): the embedded llama-server does not constrain tool calls for "
+                f"model {request.model!r}",
+                param="tools",
+            )
         await self.process.wait_ready()
         limit = min(max_prompt_tokens, self.process.settings.llm_context_tokens - 1)
         # A byte-level tokenizer never makes more tokens than bytes: only a prompt that might be

@@ -1,8 +1,8 @@
 """Function calling on /v1/chat/completions, through the ``openai`` SDK.
 
 The LLM is a real OpenAI-compatible upstream (llama-cpp-python's server on the bundled SmolLM2,
-``chatml-function-calling``: grammar-constrained calls), the path the embedded engine also takes
-once it runs as a llama-server child. The in-process llama.cpp backend answers tools with a 400.
+``chatml-function-calling``: grammar-constrained calls). The embedded llama-server answers tools with
+a 400 naming ``llm_upstream_url``: its llama.cpp would ignore them with SmolLM2's template.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ async def test_other_bad_tools_are_400s(local_sdk: openai.AsyncOpenAI) -> None:
         assert isinstance(error.body, dict) and error.body.get("param") == param, (kwargs, error.body)
 
 
-async def test_the_in_process_engine_says_tools_need_a_server(local_sdk: openai.AsyncOpenAI) -> None:
+async def test_the_embedded_engine_says_tools_need_a_server(local_sdk: openai.AsyncOpenAI) -> None:
     error = await _bad_request(local_sdk, tools=TOOLS, tool_choice=SET_LIGHT)
     assert isinstance(error.body, dict) and error.body.get("param") == "tools"
     assert "llm_upstream_url" in error.message

@@ -35,6 +35,10 @@ NOT_RUN = {
     "MEDIASERVER_LLM_UPSTREAM_MODELS='[\"gpt-4o-mini\"]' make run": "needs an OpenAI key and the internet",
     'MEDIASERVER_REMOTE_MODELS=\'{"tiny.en": {"backend": "triton", '
     '"url": "grpc://triton:8001", "multilingual": false}}\'': "a setting for a Triton host, not a command",
+    'MEDIASERVER_MCP_SERVERS=\'[ {"name": "ha", "url": "http://homeassistant.local:8123/api/mcp", '
+    '"headers": {"Authorization": "Bearer <long-lived access token>"}}, {"name": "files", "command": "npx", '
+    '"args": ["-y", "@modelcontextprotocol/server-filesystem", "/srv/notes"]} ]\'': "a setting naming a Home "
+    "Assistant host and an npx MCP server (tests/integration/test_mcp_tools.py runs real MCP servers)",
 }
 
 
@@ -50,10 +54,21 @@ def shell_commands(markdown: str) -> list[str]:
             if stripped.endswith("\\"):
                 pending += stripped[:-1].rstrip() + " "
                 continue
+            if _open_quote(pending + stripped):  # a quoted value over several lines: one command
+                pending += stripped + " "
+                continue
             commands.append(pending + stripped)
             pending = ""
         assert not pending, f"a ```sh block ends in a continuation: {pending!r}"
     return commands
+
+
+def _open_quote(command: str) -> bool:
+    try:
+        shlex.split(command)
+    except ValueError:  # "No closing quotation"
+        return True
+    return False
 
 
 COMMANDS = shell_commands(README.read_text(encoding="utf-8"))

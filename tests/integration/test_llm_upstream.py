@@ -9,13 +9,8 @@ that accepts and never answers, since no real server can be made to hang on dema
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -27,11 +22,11 @@ from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 
 from mediaserver.config import Settings
-from mediaserver.llm.registry import bundled_gguf
 from mediaserver.llm.service import LlmService
 from mediaserver.llm.types import ChatMessage
 from mediaserver.llm.upstream import UpstreamError
 from mediaserver.metrics import Metrics
+from tests.llama_upstream import llama_server
 from tests.ports import bound_port, free_port
 
 UPSTREAM_MODEL = "smollm2-upstream"
@@ -42,34 +37,8 @@ COLORS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name th
 @pytest.fixture(scope="module")
 def upstream_url() -> Iterator[str]:
     """llama-cpp-python's OpenAI-compatible server on the bundled GGUF."""
-    port = free_port()
-    command = [
-        sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_gguf()), "--model_alias", UPSTREAM_MODEL,
-        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", "1", "--verbose", "False",
-        "--api_key", UPSTREAM_KEY,
-    ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 120
-    try:
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited: {process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-            with contextlib.suppress(OSError):
-                ready = urllib.request.Request(url + "/models", headers={"Authorization": f"Bearer {UPSTREAM_KEY}"})
-                with urllib.request.urlopen(ready, timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            assert time.monotonic() < deadline, "llama_cpp.server did not start"
-            time.sleep(0.2)
+    with llama_server(UPSTREAM_MODEL, api_key=UPSTREAM_KEY) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 async def _service(base_settings: Settings, **overrides: Any) -> LlmService:

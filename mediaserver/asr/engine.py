@@ -289,7 +289,7 @@ class WhisperEngine:
     def voiced_seconds(self, audio: AudioArray) -> float:
         """Seconds of speech in ``audio`` by the neural VAD (webrtcvad without it)."""
         if self._neural_vad_filter:
-            return sum(span.end - span.start for span in self._speech_spans(audio)) / SAMPLE_RATE_HZ
+            return _spans_s(self._speech_spans(audio))
         from mediaserver.audio.vad import speech_ms
 
         return speech_ms(audio, self._vad) / 1000.0
@@ -337,7 +337,7 @@ class WhisperEngine:
     def _plan_windows(self, index: int, job: AsrJob, run: BatchRun) -> list[Window]:
         audio = job.audio
         speech = self._speech_spans(audio)
-        run.voiced_s[index] = sum(span.end - span.start for span in speech) / SAMPLE_RATE_HZ
+        run.voiced_s[index] = _spans_s(speech)
         spans = split_into_windows(speech, audio.size, int(self._speech_pad_s * SAMPLE_RATE_HZ))
         # A short encoder window only for a job that fits in one (a partial of an utterance so far).
         short = job.min_window_s < WINDOW_S and len(spans) == 1
@@ -589,3 +589,8 @@ class WhisperEngine:
             task=options.task,
             speech_detected=bool(segments),
         )
+
+
+def _spans_s(spans: Sequence[Span]) -> float:
+    """Seconds of audio the spans cover (they do not overlap)."""
+    return sum(span.end - span.start for span in spans) / SAMPLE_RATE_HZ

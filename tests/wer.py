@@ -1,7 +1,9 @@
 """Word error rate, one way for every test and tool, so WERs in tools/README compare across tools.
 
-Normalization: lower case; every character that is neither a word character, white space nor an
-apostrophe becomes a space ("well-known" is two words, "don't" stays one); spaces collapsed.
+Normalization: lower case; a clock time's colon is dropped ("6:30" and "630" are the same spoken
+words, and Whisper writes either); every other character that is neither a word character, white
+space nor an apostrophe becomes a space ("well-known" is two words, "don't" stays one); spaces
+collapsed.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from collections.abc import Sequence
 import jiwer
 
 _PUNCTUATION = re.compile(r"[^\w\s']")
+_CLOCK_COLON = re.compile(r"(?<=\d):(?=\d\d\b)")
 
 
 def normalize(text: str) -> str:
-    return " ".join(_PUNCTUATION.sub(" ", text.lower()).split())
+    text = _CLOCK_COLON.sub("", text.lower())
+    return " ".join(_PUNCTUATION.sub(" ", text).split())
 
 
 _ONES = [

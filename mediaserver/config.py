@@ -463,6 +463,11 @@ class Settings(BaseSettings):
         description="model name -> sampling defaults applied when a request leaves them out (over the built-in "
         "ones of known models, mediaserver/llm/defaults.py)",
     )
+    llm_chat_templates: dict[str, Path] = Field(
+        default_factory=dict,
+        description="model name -> a Jinja chat template file the llama-server engine uses instead of the GGUF's "
+        "own (the bundled SmolLM2 gets one that renders tools, mediaserver/llm/chat_templates/)",
+    )
     llm_system_prompt: str = Field(
         "You are a helpful voice assistant. Answer briefly and clearly.",
         description="system message of the WIS chatbot endpoints (OpenAI clients send their own)",

@@ -11,14 +11,31 @@ defaults then apply); ``llm_generation_defaults`` adds or overrides models by na
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from mediaserver.config import GenerationDefaults, Settings
+
+CHAT_TEMPLATES = Path(__file__).parent / "chat_templates"
 
 # The model cards' recommended values (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct: temperature
 # 0.2, top_p 0.9); the repetition controls are llama.cpp's, set where the bundled model stops looping.
 BUILTIN: dict[str, GenerationDefaults] = {
     "smollm2-135m-instruct": GenerationDefaults(temperature=0.2, top_p=0.9, repeat_penalty=1.1, dry_multiplier=0.8),
 }
+
+
+# Chat templates that replace a GGUF's own for the llama-server engine. SmolLM2's renders no tools;
+# its replacement renders exactly the same prompts without tools, and with them lists the tools and
+# writes calls and results the way llama.cpp recognizes (Hermes' <tool_call>), so llama-server
+# parses the calls and constrains them with a grammar.
+BUILTIN_CHAT_TEMPLATES: dict[str, Path] = {
+    "smollm2-135m-instruct": CHAT_TEMPLATES / "smollm2-tools.jinja",
+}
+
+
+def chat_template_for(model: str, settings: Settings) -> Path | None:
+    """The template file replacing ``model``'s own (``llm_chat_templates`` first), or None."""
+    return settings.llm_chat_templates.get(model) or BUILTIN_CHAT_TEMPLATES.get(model)
 
 
 @dataclass(frozen=True)

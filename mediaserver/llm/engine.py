@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,8 +22,10 @@ from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
 from mediaserver.errors import ApiError, InvalidParameter, ModelUnavailable, Overloaded
 from mediaserver.llm.engine_process import LlamaServerProcess
+from mediaserver.llm.forced_calls import as_call, call_schema, forced_tools
 from mediaserver.llm.registry import LlmSource
 from mediaserver.llm.slots import SlotAffinity
+from mediaserver.llm.tools import ToolConfig
 from mediaserver.llm.types import BackendEvent, BackendKind, ChatRequest
 from mediaserver.llm.upstream import UpstreamChat, UpstreamError
 
@@ -114,23 +118,24 @@ class LlamaServerEngine:
     async def stream(
         self, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int
     ) -> AsyncGenerator[BackendEvent, None]:
-        if request.tools is not None or any(m.role == "tool" or m.tool_calls for m in request.messages):
-            # The llama.cpp this engine is built from (the one llama-cpp-python pins) passes tools
-            # only through the model's chat template: SmolLM2's renders none, a named tool_choice is
-            # refused and no grammar constrains a call, so tools would be silently ignored.
+        await self.process.wait_ready()
+        tools = request.tools
+        if (tools is not None or any(m.role == "tool" or m.tool_calls for m in request.messages)) and not (
+            self.process.supports_tools
+        ):
             raise InvalidParameter(
-                "tools (function calling) need an OpenAI-compatible LLM server that runs them "
-                "(llm_upstream_url: vLLM, or llama-cpp-python's server with --chat_format "
-                "chatml-function-calling): the embedded llama-server does not constrain tool calls for "
-                f"model {request.model!r}",
+                f"tools (function calling): the chat template of model {request.model!r} renders no tools; give "
+                "llama-server one that does (llm_chat_templates) or use an LLM server that runs them "
+                "(llm_upstream_url)",
                 param="tools",
             )
-        await self.process.wait_ready()
         limit = min(max_prompt_tokens, self.process.settings.llm_context_tokens - 1)
         # A byte-level tokenizer never makes more tokens than bytes: only a prompt that might be
         # too long is counted exactly (llama-server's own template and tokenizer, two loopback calls).
-        if sum(len(m.content.encode()) + TEMPLATE_BYTES_PER_MESSAGE for m in request.messages) > limit:
-            count = await self.process.count_prompt_tokens(request.messages)
+        size = sum(len(m.content.encode()) + TEMPLATE_BYTES_PER_MESSAGE for m in request.messages)
+        size += sum(len(json.dumps(tool.openai())) for tool in tools.tools) if tools is not None else 0
+        if size > limit:
+            count = await self.process.count_prompt_tokens(request.messages, tools)
             if count > limit:
                 raise PromptTooLong(
                     f"the prompt is {count} tokens; this model takes at most {limit} (context window "
@@ -140,16 +145,29 @@ class LlamaServerEngine:
                 )
         slot = self.affinity.take(request.messages)
         try:
-            async for event in self._stream_in(slot, request, cancel, max_prompt_tokens):
-                yield event
+            forced = forced_tools(tools) if tools is not None else None
+            if forced is None:
+                async for event in self._stream_in(slot, request, cancel, max_prompt_tokens):
+                    yield event
+            else:
+                # The tools stay in the prompt; the answer is one call, constrained (forced_calls).
+                listed = replace(request, tools=ToolConfig(forced, "auto"))
+                events = self._stream_in(slot, listed, cancel, max_prompt_tokens, call_schema(forced))
+                async for event in as_call(events, forced):
+                    yield event
         finally:
             self.affinity.give(slot)
 
     async def _stream_in(
-        self, slot: int, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int
+        self,
+        slot: int,
+        request: ChatRequest,
+        cancel: threading.Event,
+        max_prompt_tokens: int,
+        json_schema: dict[str, Any] | None = None,
     ) -> AsyncGenerator[BackendEvent, None]:
         for attempt in range(ENGINE_RESTART_RETRIES + 1):
-            events = self.client.stream(request, cancel, max_prompt_tokens, slot=slot)
+            events = self.client.stream(request, cancel, max_prompt_tokens, slot=slot, json_schema=json_schema)
             answered = False
             try:
                 async for event in events:

@@ -35,6 +35,8 @@ import aiohttp
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
 from mediaserver.errors import ModelUnavailable, Overloaded
+from mediaserver.llm.defaults import chat_template_for
+from mediaserver.llm.tools import ToolConfig
 from mediaserver.llm.types import ChatMessage
 
 log = logging.getLogger(__name__)
@@ -133,6 +135,9 @@ class LlamaServerProcess:
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
         self._http: aiohttp.ClientSession | None = None
+        self.chat_template = chat_template_for(alias, settings)
+        # What the chat template can do (llama-server's /props), read once the child is healthy.
+        self.supports_tools = False
 
     @property
     def ready(self) -> bool:
@@ -159,6 +164,7 @@ class LlamaServerProcess:
             "--threads", str(threads), "--threads-batch", str(threads), "--threads-http", str(max(2, self.slots)),
             "--cache-prompt", "--cache-ram", str(s.llm_engine_cache_ram_mb),
             "--n-gpu-layers", layers, "--no-webui", "--metrics", "--log-prefix", "--log-colors", "off",
+            "--jinja", *(["--chat-template-file", str(self.chat_template)] if self.chat_template else []),
         ]  # fmt: skip
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -167,6 +173,9 @@ class LlamaServerProcess:
         exits or does not become healthy within ``llm_engine_start_timeout_s``."""
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         problem = binary_problem(self.settings)
+        if problem is None and self.chat_template is not None and not self.chat_template.is_file():
+            problem = f"the chat template {str(self.chat_template)!r} of {self.alias!r} is not a file"
+            problem += " (llm_chat_templates)"
         if problem:
             self.state = "failed"
             self.last_exit = problem
@@ -199,6 +208,7 @@ class LlamaServerProcess:
         except ModelUnavailable:
             await self._kill()
             raise
+        self.supports_tools = await self._template_renders_tools()
         self.state = "ready"
         self._ready.set()
         log.info("llama-server for %s ready in %.1f s (pid %d)", self.alias, time.monotonic() - started, self.pid)
@@ -223,6 +233,18 @@ class LlamaServerProcess:
                     f"(llm_engine_start_timeout_s): {self.output_tail()}"
                 )
             await asyncio.sleep(HEALTH_POLL_S)
+
+    async def _template_renders_tools(self) -> bool:
+        """Whether the chat template renders tools and calls, so llama-server parses and constrains them."""
+        assert self._http is not None
+        try:
+            async with self._http.get(f"{self.base_url}/props") as response:
+                response.raise_for_status()
+                caps = (await response.json()).get("chat_template_caps") or {}
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("llama-server for %s: no /props (%s); tools are off for it", self.alias, exc)
+            return False
+        return bool(caps.get("supports_tools") and caps.get("supports_tool_calls"))
 
     def output_tail(self, lines: int = 6) -> str:
         """The child's last lines of output, errors first: what a start failure is explained by."""
@@ -310,10 +332,12 @@ class LlamaServerProcess:
             slots: list[dict[str, Any]] = await response.json()
             return slots
 
-    async def count_prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
+    async def count_prompt_tokens(self, messages: Sequence[ChatMessage], tools: ToolConfig | None = None) -> int:
         """The prompt's length in tokens, with the model's chat template (``/apply-template``, ``/tokenize``)."""
         assert self._http is not None
-        body = {"messages": [{"role": m.role, "content": m.content} for m in messages]}
+        body: dict[str, Any] = {"messages": [m.openai() for m in messages]}
+        if tools is not None:
+            body["tools"] = [tool.openai() for tool in tools.tools]
         async with self._http.post(f"{self.base_url}/apply-template", json=body) as response:
             response.raise_for_status()
             prompt = (await response.json())["prompt"]

@@ -7,7 +7,7 @@ the transports nor the voice loop need to know how a backend represents a genera
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from mediaserver.llm.tools import ToolCall, ToolCallDelta, ToolConfig
 
@@ -24,6 +24,16 @@ class ChatMessage:
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+
+    def openai(self) -> dict[str, Any]:
+        """As ``/v1/chat/completions`` takes it."""
+        body: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            # content stays a string ("" with only calls): llama-cpp-python's server refuses null there.
+            body["tool_calls"] = [call.openai() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            body["tool_call_id"] = self.tool_call_id
+        return body
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import openai
@@ -27,7 +27,6 @@ from mediaserver.llm.tools import ToolCallDelta
 from mediaserver.llm.types import (
     BackendEvent,
     BackendKind,
-    ChatMessage,
     ChatRequest,
     Finished,
     FinishReason,
@@ -148,13 +147,20 @@ class UpstreamChat:
         return [m.id for m in page.data]
 
     async def stream(
-        self, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int, *, slot: int | None = None
+        self,
+        request: ChatRequest,
+        cancel: threading.Event,
+        max_prompt_tokens: int,
+        *,
+        slot: int | None = None,
+        json_schema: Mapping[str, Any] | None = None,
     ) -> AsyncGenerator[BackendEvent, None]:
         """Deltas of one upstream generation; closing this iterator closes the HTTP stream, which
-        is how vLLM, llama.cpp and Ollama learn to stop generating."""
+        is how vLLM, llama.cpp and Ollama learn to stop generating. ``json_schema`` constrains the
+        answer's text to JSON matching it (``response_format``)."""
         kwargs: dict[str, Any] = {
             "model": request.model,
-            "messages": [_message_json(m) for m in request.messages],
+            "messages": [m.openai() for m in request.messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": request.max_tokens,
@@ -165,6 +171,9 @@ class UpstreamChat:
             kwargs["stop"] = list(request.stop)
         if request.seed is not None:
             kwargs["seed"] = request.seed
+        if json_schema is not None:
+            schema = {"name": "answer", "schema": dict(json_schema)}
+            kwargs["response_format"] = {"type": "json_schema", "json_schema": schema}
         if request.tools is not None:
             kwargs["tools"] = [tool.openai() for tool in request.tools.tools]
             kwargs["tool_choice"] = request.tools.openai_choice()
@@ -223,16 +232,6 @@ class UpstreamChat:
 
     async def aclose(self) -> None:
         await self._client.close()
-
-
-def _message_json(message: ChatMessage) -> dict[str, Any]:
-    body: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        # content stays a string ("" with only calls): llama-cpp-python's server refuses null there.
-        body["tool_calls"] = [call.openai() for call in message.tool_calls]
-    if message.tool_call_id is not None:
-        body["tool_call_id"] = message.tool_call_id
-    return body
 
 
 def _upstream_message(exc: openai.APIStatusError) -> str:

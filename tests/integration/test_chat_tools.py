@@ -1,8 +1,9 @@
-"""Function calling on /v1/chat/completions, through the ``openai`` SDK.
+"""Function calling on /v1/chat/completions, through the ``openai`` SDK, on both engines.
 
-The LLM is a real OpenAI-compatible upstream (llama-cpp-python's server on the bundled SmolLM2,
-``chatml-function-calling``: grammar-constrained calls). The embedded llama-server answers tools with
-a 400 naming ``llm_upstream_url``: its llama.cpp would ignore them with SmolLM2's template.
+- ``embedded``: the server's own llama-server on the bundled SmolLM2 (its tool template,
+  mediaserver/llm/chat_templates/; a forced call constrained by mediaserver.llm.forced_calls).
+- ``upstream``: a real OpenAI-compatible upstream, llama-cpp-python's server on the same GGUF with
+  ``chatml-function-calling`` (grammar-constrained calls), the fields passed through.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import pytest_asyncio
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from mediaserver.config import Settings
+from mediaserver.llm.registry import bundled_gguf
 from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics
 from tests.llama_upstream import llama_server
 
-MODEL = "smollm2-tools"
+UPSTREAM_ALIAS = "smollm2-tools"
+MODEL = "gpt-4o-mini"  # an alias of the default model on either engine
 LIGHT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "on": {"type": "boolean"}},
@@ -43,18 +46,26 @@ TOOLS: list[ChatCompletionToolParam] = [
     },
 ]
 KITCHEN: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Turn on the kitchen light."}]
+WEATHER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
 SET_LIGHT: Any = {"type": "function", "function": {"name": "set_light"}}
 
 
 @pytest.fixture(scope="module")
 def tools_upstream() -> Iterator[str]:
-    with llama_server(MODEL, "--chat_format", "chatml-function-calling") as url:
+    with llama_server(UPSTREAM_ALIAS, "--chat_format", "chatml-function-calling") as url:
         yield url
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def sdk(server_factory: Any, base_settings: Settings, tools_upstream: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    settings = {"llm_upstream_url": tools_upstream}
+@pytest_asyncio.fixture(loop_scope="session", params=["embedded", "upstream"])
+async def sdk(
+    request: pytest.FixtureRequest, server_factory: Any, base_settings: Settings
+) -> AsyncIterator[openai.AsyncOpenAI]:
+    if request.param == "embedded":
+        live = await server_factory()
+        async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as client:
+            yield client
+        return
+    settings = {"llm_upstream_url": request.getfixturevalue("tools_upstream")}
     service = LlmService(base_settings.model_copy(update=settings), Metrics())
     await service.start()
     try:
@@ -131,6 +142,25 @@ async def test_auto_tool_choice(sdk: openai.AsyncOpenAI) -> None:
     print(f"auto: the model called a tool in {called} of {runs} answers")
 
 
+async def test_required_calls_one_of_the_offered_tools(sdk: openai.AsyncOpenAI, request: pytest.FixtureRequest) -> None:
+    """``required`` with two tools: a call of one of them, its arguments valid for that one."""
+    if request.node.callspec.params["sdk"] == "upstream":
+        pytest.skip("llama-cpp-python's server has no tool_choice 'required' with more than one tool")
+    schemas = {tool["function"]["name"]: tool["function"].get("parameters", {}) for tool in TOOLS}
+    for messages in (KITCHEN, WEATHER):
+        answer = await sdk.chat.completions.create(
+            model=MODEL, messages=messages, tools=TOOLS, tool_choice="required", temperature=0
+        )
+        choice = answer.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        calls = choice.message.tool_calls
+        assert calls, choice.message
+        for call in calls:
+            assert call.type == "function" and call.function.name in schemas
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+        print(f"required: {messages[0]['content']!r} -> {[(c.function.name, c.function.arguments) for c in calls]}")
+
+
 async def test_tool_results_in_the_history_are_answered(sdk: openai.AsyncOpenAI) -> None:
     messages: list[ChatCompletionMessageParam] = [
         *KITCHEN,
@@ -163,9 +193,9 @@ async def local_sdk(server_factory: Any) -> AsyncIterator[openai.AsyncOpenAI]:
         yield client
 
 
-async def _bad_request(client: openai.AsyncOpenAI, **kwargs: Any) -> openai.BadRequestError:
+async def _bad_request(client: openai.AsyncOpenAI, model: str = MODEL, **kwargs: Any) -> openai.BadRequestError:
     with pytest.raises(openai.BadRequestError) as caught:
-        await client.chat.completions.create(model="gpt-4o-mini", messages=KITCHEN, max_tokens=5, **kwargs)
+        await client.chat.completions.create(model=model, messages=KITCHEN, max_tokens=5, **kwargs)
     return caught.value
 
 
@@ -200,7 +230,22 @@ async def test_other_bad_tools_are_400s(local_sdk: openai.AsyncOpenAI) -> None:
         assert isinstance(error.body, dict) and error.body.get("param") == param, (kwargs, error.body)
 
 
-async def test_the_embedded_engine_says_tools_need_a_server(local_sdk: openai.AsyncOpenAI) -> None:
-    error = await _bad_request(local_sdk, tools=TOOLS, tool_choice=SET_LIGHT)
-    assert isinstance(error.body, dict) and error.body.get("param") == "tools"
-    assert "llm_upstream_url" in error.message
+async def test_a_model_whose_template_renders_no_tools_says_which_settings_help(
+    server_factory: Any, base_settings: Settings
+) -> None:
+    """The same GGUF under another name keeps its own template (SmolLM2's renders no tools): a 400."""
+    gguf = bundled_gguf()
+    assert gguf is not None
+    settings = {"llm_extra_models": {"plain-smollm2": str(gguf)}, "llm_preload": False, "llm_slots": 1}
+    service = LlmService(base_settings.model_copy(update=settings), Metrics())
+    await service.start()
+    try:
+        live = await server_factory(llm=service, **settings)
+        async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as client:
+            error = await _bad_request(client, model="plain-smollm2", tools=TOOLS, tool_choice=SET_LIGHT)
+            assert isinstance(error.body, dict) and error.body.get("param") == "tools"
+            assert "llm_chat_templates" in error.message and "llm_upstream_url" in error.message
+            plain = await client.chat.completions.create(model="plain-smollm2", messages=KITCHEN, max_tokens=5)
+            assert plain.choices[0].message.content  # the model itself works
+    finally:
+        await service.aclose()

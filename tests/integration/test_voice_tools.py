@@ -3,8 +3,9 @@ WebSocket, heard by the server's ASR, answered by the LLM with a call to a real 
 ``set_light`` (tests/mcp_light_server.py, a stdio child of mediaserver or over streamable HTTP),
 whose state changes; the result goes back to the LLM and the answer is spoken.
 
-The LLM is llama-cpp-python's server on the bundled SmolLM2-135M with grammar-constrained calls.
-That model never chooses a tool by itself (tests/integration/test_chat_tools.py prints how often),
+The LLM is the bundled SmolLM2-135M, on the server's own llama-server engine (a forced call
+constrained by mediaserver.llm.forced_calls) or on llama-cpp-python's server with grammar-constrained
+calls (an upstream). That model never chooses a tool by itself (tests/integration/test_chat_tools.py prints how often),
 so these tests set ``mcp_tool_choice=required`` and offer only ``set_light`` (``allowed_tools``);
 which light and on/off are the model's, from the transcript.
 """
@@ -65,9 +66,8 @@ async def voice_tools_server(
 ) -> AsyncIterator[Callable[..., Any]]:
     services: list[LlmService] = []
 
-    async def start(*servers: McpServerConfig, **overrides: Any) -> LiveServer:
+    async def start(*servers: McpServerConfig, engine: str = "upstream", **overrides: Any) -> LiveServer:
         settings: dict[str, Any] = {
-            "llm_upstream_url": tools_upstream,
             "assistant_temperature": 0.0,
             "assistant_max_answer_tokens": 40,
             "assistant_system_prompt": "You are a voice assistant that controls the lights in the house.",
@@ -76,6 +76,10 @@ async def voice_tools_server(
             "mcp_max_calls_per_turn": 1,
             **overrides,
         }
+        if engine == "embedded":  # the test session's shared engine
+            embedded: LiveServer = await server_factory(**settings)
+            return embedded
+        settings["llm_upstream_url"] = tools_upstream
         service = LlmService(base_settings.model_copy(update=settings), Metrics())
         services.append(service)
         await service.start()
@@ -98,14 +102,16 @@ async def _ask(server: LiveServer, clip: Clip) -> tuple[list[dict[str, Any]], Ws
     return messages, client, http
 
 
+@pytest.mark.parametrize("engine", ["embedded", "upstream"])
 async def test_turn_on_the_kitchen_light_by_voice(
     voice_tools_server: Callable[..., Any],
     speech: Callable[[str], Clip],
     asr_service: AsrService,
     tmp_path: Path,
+    engine: str,
 ) -> None:
     state = tmp_path / "lights.json"
-    server = await voice_tools_server(_stdio(state, allowed_tools=["set_light"]))
+    server = await voice_tools_server(_stdio(state, allowed_tools=["set_light"]), engine=engine)
     messages, client, http = await _ask(server, speech("Turn on the kitchen light."))
     try:
         kinds = [m["type"] for m in messages]

@@ -1,0 +1,89 @@
+"""A forced call's constrained answer becomes one streamed call (mediaserver.llm.forced_calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import jsonschema
+import pytest
+
+from mediaserver.llm.forced_calls import as_call, call_schema, forced_tools
+from mediaserver.llm.tools import ToolCallAccumulator, ToolCallDelta, ToolConfig, ToolSpec
+from mediaserver.llm.types import BackendEvent, Finished, TextDelta, Usage
+
+LIGHT = ToolSpec(
+    "set_light",
+    "Turn a light on or off",
+    {"type": "object", "properties": {"name": {"type": "string"}, "on": {"type": "boolean"}}, "required": ["name"]},
+)
+WEATHER = ToolSpec("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}})
+ANSWER = '{\n  "name": "set_light",\n  "arguments": {\n    "name": "kitchen {main}",\n    "on": true\n  }\n}'
+
+
+def run(pieces: list[str], finish: str = "stop") -> list[BackendEvent]:
+    async def events() -> AsyncIterator[BackendEvent]:
+        for piece in pieces:
+            yield TextDelta(piece)
+        yield Finished(finish, Usage(10, 20))  # type: ignore[arg-type]
+
+    async def collect() -> list[BackendEvent]:
+        return [event async for event in as_call(events(), (LIGHT, WEATHER))]
+
+    return asyncio.run(collect())
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, len(ANSWER)])
+def test_the_answer_becomes_one_call_streamed_in_pieces(size: int) -> None:
+    events = run([ANSWER[i : i + size] for i in range(0, len(ANSWER), size)])
+    deltas = [e for e in events if isinstance(e, ToolCallDelta)]
+    assert deltas[0].id and deltas[0].id.startswith("call_") and deltas[0].name == "set_light"
+    assert all(d.id is None and d.name is None for d in deltas[1:])
+    calls = ToolCallAccumulator()
+    for delta in deltas:
+        calls.add(delta)
+    (call,) = calls.calls()
+    assert json.loads(call.arguments) == {"name": "kitchen {main}", "on": True}
+    assert call.arguments == call.arguments.strip()
+    assert not any(isinstance(e, TextDelta) for e in events)
+    assert events[-1] == Finished("tool_calls", Usage(10, 20))
+    if size < 10:
+        assert len(deltas) > 2  # the arguments come as they are written
+
+
+def test_a_fenced_answer_is_a_call_too() -> None:
+    events = run(["```json\n", ANSWER, "\n```"])
+    assert events[-1].finish_reason == "tool_calls"  # type: ignore[union-attr]
+
+
+def test_cut_off_arguments_keep_the_finish_reason() -> None:
+    events = run([ANSWER[:60]], finish="length")
+    deltas = [e for e in events if isinstance(e, ToolCallDelta)]
+    assert deltas[0].name == "set_light"
+    assert "".join(d.arguments for d in deltas).startswith('{\n    "name": "kitch')
+    assert events[-1].finish_reason == "length"  # type: ignore[union-attr]
+
+
+def test_cut_off_before_the_name_is_text() -> None:
+    events = run(['{"na'], finish="length")
+    assert events == [TextDelta('{"na'), Finished("length", Usage(10, 20))]
+
+
+def test_which_choices_force_a_call() -> None:
+    assert forced_tools(ToolConfig((LIGHT, WEATHER), "auto")) is None
+    assert forced_tools(ToolConfig((LIGHT, WEATHER), "required")) == (LIGHT, WEATHER)
+    assert forced_tools(ToolConfig((LIGHT, WEATHER), "get_weather", forced=True)) == (WEATHER,)
+
+
+def test_the_schema_takes_exactly_a_call_of_an_offered_tool() -> None:
+    schema = call_schema((LIGHT, WEATHER))
+    jsonschema.validate(json.loads(ANSWER), schema)
+    for wrong in (
+        {"name": "open_door", "arguments": {}},
+        {"name": "set_light", "arguments": {"on": True}},  # "name" is required
+        {"name": "set_light"},
+        {"name": "get_weather", "arguments": {}, "extra": 1},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, schema)

@@ -16,6 +16,7 @@ import jsonschema
 import openai
 import pytest
 import pytest_asyncio
+from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from mediaserver.config import Settings
@@ -23,6 +24,7 @@ from mediaserver.llm.registry import bundled_gguf
 from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics
 from tests.llama_upstream import llama_server
+from tests.ports import bound_port
 
 UPSTREAM_ALIAS = "smollm2-tools"
 MODEL = "gpt-4o-mini"  # an alias of the default model on either engine
@@ -249,5 +251,67 @@ async def test_a_model_whose_template_renders_no_tools_says_which_settings_help(
             assert "llm_chat_templates" in error.message and "llm_upstream_url" in error.message
             plain = await client.chat.completions.create(model="plain-smollm2", messages=KITCHEN, max_tokens=5)
             assert plain.choices[0].message.content  # the model itself works
+    finally:
+        await service.aclose()
+
+
+# --- a model that writes invalid arguments (a fault the grammar-constrained engines cannot make) --
+BROKEN_ARGUMENTS = '{"name": "kitchen", "on": tru'
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def careless_upstream() -> AsyncIterator[str]:
+    """An OpenAI-compatible server whose model calls ``set_light`` with arguments that are not JSON."""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        body = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "careless"}
+        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        call = {"index": 0, "id": "call_x", "type": "function", "function": {"name": "set_light", "arguments": ""}}
+        await response.write(chunk({"role": "assistant", "tool_calls": [call]}))
+        for piece in (BROKEN_ARGUMENTS[:12], BROKEN_ARGUMENTS[12:]):
+            await response.write(chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}))
+        await response.write(chunk({}, "tool_calls"))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "careless", "object": "model", "owned_by": "x"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{bound_port(runner)}/v1"
+    finally:
+        await runner.cleanup()
+
+
+async def test_invalid_arguments_from_an_upstream_reach_the_client_as_sent(
+    server_factory: Any, base_settings: Settings, careless_upstream: str
+) -> None:
+    settings = {"llm_upstream_url": careless_upstream}
+    service = LlmService(base_settings.model_copy(update=settings), Metrics())
+    await service.start()
+    try:
+        live = await server_factory(llm=service, **settings)
+        async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as client:
+            answer = await client.chat.completions.create(model="careless", messages=KITCHEN, tools=TOOLS)
+            calls = answer.choices[0].message.tool_calls
+            assert answer.choices[0].finish_reason == "tool_calls" and calls
+            call = calls[0]
+            assert call.type == "function" and call.function.name == "set_light"
+            assert call.function.arguments == BROKEN_ARGUMENTS
+            stream = await client.chat.completions.create(model="careless", messages=KITCHEN, tools=TOOLS, stream=True)
+            pieces = [tc async for c in stream for choice in c.choices for tc in choice.delta.tool_calls or ()]
+            assert "".join(p.function.arguments or "" for p in pieces if p.function) == BROKEN_ARGUMENTS
     finally:
         await service.aclose()

@@ -320,6 +320,13 @@ class Settings(BaseSettings):
         "closed; after half of it the server sends an ICE consent check to make a live peer answer; 0 = off "
         "(then only ICE consent expiry, ~30 s, ends it)",
     )
+    rtc_audio_jitter_frames: int = Field(
+        0,
+        ge=0,
+        le=15,
+        description="audio frames an inbound track's jitter buffer holds before passing the oldest on (aiortc's "
+        "own: 4, 80 ms added to every end of speech); reordered packets are still put in order",
+    )
     rtc_opus_dtx: bool = Field(True, description="ask browsers for Opus DTX (silence costs ~2 kbps, not ~25)")
     rtc_idle_rtcp_interval_s: float = Field(
         5.0,

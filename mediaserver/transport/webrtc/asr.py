@@ -457,6 +457,7 @@ async def offer_handler(request: web.Request) -> web.Response:
             prepare=prepare,
             opus_dtx=settings.rtc_opus_dtx,
             idle_rtcp_interval_s=settings.rtc_idle_rtcp_interval_s,
+            audio_jitter_frames=settings.rtc_audio_jitter_frames,
         )
     except BaseException:
         await session.aclose()

@@ -15,6 +15,10 @@ are in (tests/unit/test_rtc_rtcp.py fails when an upgrade moves a target).
   in wait longer between reports that say nothing new (webrtc/rtcp.py).
 - ``receive_stamp``: every datagram an ICE connection receives stamps the time on it, which the
   dead-peer watchdog reads (webrtc/liveness.py).
+- ``set_audio_jitter`` (per connection, not a class patch): an audio receiver's jitter buffer is
+  replaced by one that holds ``rtc_audio_jitter_frames`` frames. aiortc's own holds 4 (80 ms at
+  20 ms a packet) before it passes the oldest on: latency added to every end of speech, and the
+  last 80 ms of an utterance stay in it while a paused track sends nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import aiortc
 from aioice import ice
 from aiortc import RTCPeerConnection
 from aiortc.exceptions import InvalidStateError
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.rtp import RtcpByePacket
@@ -106,6 +111,24 @@ def _receive_stamp() -> None:
 
     _mark(datagram_received, "receive_stamp")
     ice.StunProtocol.datagram_received = datagram_received  # type: ignore[method-assign]
+
+
+_JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"  # RTCRtpReceiver.__init__ makes it; _handle_rtp_packet uses it
+
+
+def set_audio_jitter(pc: RTCPeerConnection, prefetch_frames: int) -> bool:
+    """Give ``pc``'s audio receivers a jitter buffer that holds ``prefetch_frames`` frames before
+    passing one on (aiortc's capacity kept: packets still wait for a late one within it). Call it
+    before media flows (after the remote description). False, with a warning, if aiortc changed."""
+    for transceiver in pc.getTransceivers():
+        if transceiver.kind != "audio":
+            continue
+        buffer = getattr(transceiver.receiver, _JITTER_BUFFER, None)
+        if not isinstance(buffer, JitterBuffer):
+            log.warning("aiortc %s: audio receivers have no jitter buffer where expected", aiortc.__version__)
+            return False
+        setattr(transceiver.receiver, _JITTER_BUFFER, JitterBuffer(capacity=buffer.capacity, prefetch=prefetch_frames))
+    return True
 
 
 # name → (the private attributes it wraps, how to install it)

@@ -22,6 +22,7 @@ from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import AudioArray
 from mediaserver.transport.webrtc import liveness as rtc_liveness
+from mediaserver.transport.webrtc import patches
 from mediaserver.transport.webrtc import rtcp as rtc_rtcp
 from mediaserver.transport.webrtc.sdp import check_offer, sdp_problem, with_opus_dtx
 
@@ -82,6 +83,7 @@ async def answer_offer(
     prepare: Callable[[], None],
     opus_dtx: bool,
     idle_rtcp_interval_s: float,
+    audio_jitter_frames: int | None = None,
 ) -> str:
     """Take a client's SDP offer and answer it (no trickle ICE: the answer carries the candidates).
 
@@ -89,11 +91,14 @@ async def answer_offer(
     ApiError) and adds outbound tracks. Whatever a mangled offer makes aiortc raise (its parser's
     asserts, negotiation ValueErrors, errors on a half-built connection) is a 400 naming the problem,
     logged in one INFO line. On any error the caller closes ``pc`` (``close_peer_connection``).
-    The connection's RTCP reports slow down while its streams are idle (``webrtc/rtcp.py``).
+    The connection's RTCP reports slow down while its streams are idle (``webrtc/rtcp.py``), and its
+    audio receivers hold ``audio_jitter_frames`` frames (``rtc_audio_jitter_frames``; None = aiortc's 4).
     """
     try:
         check_offer(sdp)
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        if audio_jitter_frames is not None:
+            patches.set_audio_jitter(pc, audio_jitter_frames)
         prepare()
         await pc.setLocalDescription(await pc.createAnswer())
         rtc_rtcp.quiet_idle_reports(pc, idle_rtcp_interval_s)

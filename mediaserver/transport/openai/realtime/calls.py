@@ -371,6 +371,7 @@ async def calls_handler(request: web.Request) -> web.Response:
             prepare=prepare,
             opus_dtx=request.app[SETTINGS].rtc_opus_dtx,
             idle_rtcp_interval_s=request.app[SETTINGS].rtc_idle_rtcp_interval_s,
+            audio_jitter_frames=request.app[SETTINGS].rtc_audio_jitter_frames,
         )
     except BaseException:
         await call.aclose()

@@ -475,6 +475,11 @@ class Settings(BaseSettings):
         description="model name -> a Jinja chat template file the llama-server engine uses instead of the GGUF's "
         "own (the bundled SmolLM2 gets one that renders tools, mediaserver/llm/chat_templates/)",
     )
+    llm_vision_projectors: dict[str, str] = Field(
+        default_factory=dict,
+        description="model name -> its multimodal projector (.gguf path or Hugging Face 'owner/repo:file.gguf'): "
+        "the llama-server engine then takes image_url parts for that model",
+    )
     llm_system_prompt: str = Field(
         "You are a helpful voice assistant. Answer briefly and clearly.",
         description="system message of the WIS chatbot endpoints (OpenAI clients send their own)",

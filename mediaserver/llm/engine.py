@@ -23,7 +23,7 @@ from mediaserver.devices import DeviceChoice
 from mediaserver.errors import ApiError, InvalidParameter, ModelUnavailable, Overloaded
 from mediaserver.llm.engine_process import LlamaServerProcess
 from mediaserver.llm.forced_calls import as_call, call_schema, forced_tools
-from mediaserver.llm.registry import LlmSource
+from mediaserver.llm.registry import LlmSource, is_hub_id
 from mediaserver.llm.slots import SlotAffinity
 from mediaserver.llm.tools import ToolConfig
 from mediaserver.llm.types import BackendEvent, BackendKind, ChatRequest
@@ -107,7 +107,12 @@ class LlamaServerEngine:
     ) -> LlamaServerEngine:
         """Start the child and wait until it answers (ModelUnavailable naming why if it cannot)."""
         location = await asyncio.to_thread(hub_gguf, source.location, settings) if source.is_hub_id else source.location
-        process = LlamaServerProcess(source.name, location, settings, device, on_restart=on_restart)
+        projector = settings.llm_vision_projectors.get(source.name)
+        if projector is not None and is_hub_id(projector):
+            projector = await asyncio.to_thread(hub_gguf, projector, settings)
+        process = LlamaServerProcess(
+            source.name, location, settings, device, on_restart=on_restart, projector_path=projector
+        )
         try:
             await process.start()
         except BaseException:
@@ -119,6 +124,14 @@ class LlamaServerEngine:
         self, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int
     ) -> AsyncGenerator[BackendEvent, None]:
         await self.process.wait_ready()
+        images = [image for message in request.messages for image in message.images]
+        if images and not self.process.supports_images:
+            raise InvalidParameter(
+                f"'{images[0].where}' is an image, and model {request.model!r} reads text only: give it a vision "
+                "projector (llm_vision_projectors) if it is a vision model, or use an LLM server with a vision "
+                "model (llm_upstream_url)",
+                param="messages",
+            )
         tools = request.tools
         if (tools is not None or any(m.role == "tool" or m.tool_calls for m in request.messages)) and not (
             self.process.supports_tools

@@ -116,9 +116,11 @@ class LlamaServerProcess:
         device: DeviceChoice | None = None,
         *,
         on_restart: Callable[[], None] | None = None,
+        projector_path: str | None = None,
     ) -> None:
         self.alias = alias
         self.model_path = model_path
+        self.projector_path = projector_path  # a vision model's multimodal projector (--mmproj)
         self.settings = settings
         self.device = device
         self.slots = settings.llm_slots
@@ -136,8 +138,9 @@ class LlamaServerProcess:
         self._closing = False
         self._http: aiohttp.ClientSession | None = None
         self.chat_template = chat_template_for(alias, settings)
-        # What the chat template can do (llama-server's /props), read once the child is healthy.
+        # What the chat template and model can do (llama-server's /props), read once the child is healthy.
         self.supports_tools = False
+        self.supports_images = False
 
     @property
     def ready(self) -> bool:
@@ -165,6 +168,7 @@ class LlamaServerProcess:
             "--cache-prompt", "--cache-ram", str(s.llm_engine_cache_ram_mb),
             "--n-gpu-layers", layers, "--no-webui", "--metrics", "--log-prefix", "--log-colors", "off",
             "--jinja", *(["--chat-template-file", str(self.chat_template)] if self.chat_template else []),
+            *(["--mmproj", self.projector_path] if self.projector_path else ["--no-mmproj"]),
         ]  # fmt: skip
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -172,10 +176,7 @@ class LlamaServerProcess:
         """Start the child and wait for its health; ModelUnavailable (with its last output) if it
         exits or does not become healthy within ``llm_engine_start_timeout_s``."""
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
-        problem = binary_problem(self.settings)
-        if problem is None and self.chat_template is not None and not self.chat_template.is_file():
-            problem = f"the chat template {str(self.chat_template)!r} of {self.alias!r} is not a file"
-            problem += " (llm_chat_templates)"
+        problem = self._start_problem()
         if problem:
             self.state = "failed"
             self.last_exit = problem
@@ -186,6 +187,19 @@ class LlamaServerProcess:
             self.state = "failed"
             raise
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name=f"llm-engine-{self.alias}")
+
+    def _start_problem(self) -> str | None:
+        """Why the child cannot start: no binary, or a configured file that is not there."""
+        problem = binary_problem(self.settings)
+        if problem is None and self.chat_template is not None and not self.chat_template.is_file():
+            problem = (
+                f"the chat template {str(self.chat_template)!r} of {self.alias!r} is not a file (llm_chat_templates)"
+            )
+        if problem is None and self.projector_path is not None and not Path(self.projector_path).is_file():
+            problem = (
+                f"the vision projector {self.projector_path!r} of {self.alias!r} is not a file (llm_vision_projectors)"
+            )
+        return problem
 
     async def _spawn(self) -> None:
         binary = find_binary(self.settings)
@@ -208,7 +222,7 @@ class LlamaServerProcess:
         except ModelUnavailable:
             await self._kill()
             raise
-        self.supports_tools = await self._template_renders_tools()
+        await self._read_capabilities()
         self.state = "ready"
         self._ready.set()
         log.info("llama-server for %s ready in %.1f s (pid %d)", self.alias, time.monotonic() - started, self.pid)
@@ -234,17 +248,20 @@ class LlamaServerProcess:
                 )
             await asyncio.sleep(HEALTH_POLL_S)
 
-    async def _template_renders_tools(self) -> bool:
-        """Whether the chat template renders tools and calls, so llama-server parses and constrains them."""
+    async def _read_capabilities(self) -> None:
+        """Whether the chat template renders tools and calls (so llama-server parses and constrains
+        them), and whether the model sees images (a projector loaded): llama-server's ``/props``."""
         assert self._http is not None
         try:
             async with self._http.get(f"{self.base_url}/props") as response:
                 response.raise_for_status()
-                caps = (await response.json()).get("chat_template_caps") or {}
+                props = await response.json()
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("llama-server for %s: no /props (%s); tools are off for it", self.alias, exc)
-            return False
-        return bool(caps.get("supports_tools") and caps.get("supports_tool_calls"))
+            log.warning("llama-server for %s: no /props (%s); tools and images are off for it", self.alias, exc)
+            props = {}
+        caps = props.get("chat_template_caps") or {}
+        self.supports_tools = bool(caps.get("supports_tools") and caps.get("supports_tool_calls"))
+        self.supports_images = bool((props.get("modalities") or {}).get("vision"))
 
     def output_tail(self, lines: int = 6) -> str:
         """The child's last lines of output, errors first: what a start failure is explained by."""

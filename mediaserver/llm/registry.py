@@ -26,6 +26,11 @@ EMBEDDING_ALIAS = "@embedding"
 _HF_GGUF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+:[^/:]+$")
 
 
+def is_hub_id(location: str) -> bool:
+    """``location`` names a file of a Hugging Face repository ("owner/repo:file.gguf"), not a path."""
+    return bool(_HF_GGUF_ID.match(location))
+
+
 @dataclass(frozen=True)
 class LlmSource:
     """Where one model comes from. ``location`` is a .gguf path, an "owner/repo:file" Hugging Face id

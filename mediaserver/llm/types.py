@@ -17,17 +17,39 @@ BackendKind = Literal["llama.cpp", "upstream"]
 
 
 @dataclass(frozen=True)
+class ImageInput:
+    """An image a message shows the model: an https URL or a ``data:image/...;base64,`` URI, and
+    where the client put it (``messages[1].content[1]``), for errors that name it."""
+
+    url: str
+    detail: str | None = None
+    where: str = ""
+
+    def openai(self) -> dict[str, Any]:
+        image: dict[str, Any] = {"url": self.url}
+        if self.detail is not None:
+            image["detail"] = self.detail
+        return {"type": "image_url", "image_url": image}
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    """``tool_calls`` are an assistant's calls; ``tool_call_id`` names the call a ``tool`` message answers."""
+    """``tool_calls`` are an assistant's calls; ``tool_call_id`` names the call a ``tool`` message
+    answers; ``images`` are shown to the model after the text (only a vision model takes them)."""
 
     role: Role
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    images: tuple[ImageInput, ...] = ()
 
     def openai(self) -> dict[str, Any]:
         """As ``/v1/chat/completions`` takes it."""
-        body: dict[str, Any] = {"role": self.role, "content": self.content}
+        content: str | list[dict[str, Any]] = self.content
+        if self.images:
+            content = [{"type": "text", "text": self.content}] if self.content else []
+            content += [image.openai() for image in self.images]
+        body: dict[str, Any] = {"role": self.role, "content": content}
         if self.tool_calls:
             # content stays a string ("" with only calls): llama-cpp-python's server refuses null there.
             body["tool_calls"] = [call.openai() for call in self.tool_calls]

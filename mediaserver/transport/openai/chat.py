@@ -26,7 +26,7 @@ from mediaserver.llm.tools import ToolCall, ToolCallDelta, parse_tools
 from mediaserver.llm.types import ChatMessage, GenerationParams, Role
 from mediaserver.state import CAPABILITIES, LLM, SETTINGS
 from mediaserver.transport.openai.bodies import parse_body, read_json_object
-from mediaserver.transport.openai.chat_images import ImagePart, refuse_images
+from mediaserver.transport.openai.chat_images import ImagePart, image_inputs
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +122,15 @@ def _messages(chat: _ChatBody) -> list[ChatMessage]:
         if calls and m.role != "assistant":
             raise InvalidParameter(f"messages[{index}]: only assistant messages have tool_calls", param="messages")
         tool_call_id = m.tool_call_id if m.role == "tool" else None
-        messages.append(ChatMessage(roles[m.role], _content(m), calls, tool_call_id))
+        images = image_inputs(index, m.content)
+        if images and m.role != "user":
+            raise InvalidParameter(f"messages[{index}]: only user messages have images", param="messages")
+        messages.append(ChatMessage(roles[m.role], _content(m), calls, tool_call_id, images))
     return messages
 
 
 def parse_chat(body: Any) -> tuple[_ChatBody, list[ChatMessage], GenerationParams]:
     chat = parse_body(_ChatBody, body)
-    refuse_images(chat.model, [m.content for m in chat.messages])
     if chat.n is not None and chat.n != 1:
         raise InvalidParameter(f"n must be 1 on this server (one choice per request), got {chat.n}", param="n")
     tools = parse_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls)

@@ -1,0 +1,116 @@
+"""Realtime ``type: "mcp"`` session tools, parsed directly: what the operator allows a client to
+reach (URL prefixes, the operator's own servers by label), approval, allowed tools, and the echo
+without credentials."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mediaserver.config import McpServerConfig
+from mediaserver.transport.openai.realtime.config import EventError
+from mediaserver.transport.openai.realtime.mcp_tools import (
+    REDACTED,
+    McpPolicy,
+    parse_mcp_tool,
+    parse_mcp_tools,
+    redacted,
+    url_allowed,
+)
+
+ALLOWED = ("http://127.0.0.1:8123/mcp", "https://tools.example.com/")
+HOME = McpServerConfig(name="home", url="http://ha.local:8123/api/mcp", headers={"Authorization": "Bearer t"},
+                       allowed_tools=["HassTurnOn", "HassTurnOff"])  # fmt: skip
+POLICY = McpPolicy(ALLOWED, {"home": HOME})
+
+
+def tool(**fields: Any) -> dict[str, Any]:
+    return {"type": "mcp", "server_label": "lights", "require_approval": "never", **fields}
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://127.0.0.1:8123/mcp", True),
+        ("http://127.0.0.1:8123/mcp/", True),
+        ("http://127.0.0.1:8123/mcp/sub", True),
+        ("http://127.0.0.1:8123/mcpx", False),  # not under the prefix's path
+        ("http://127.0.0.1:8124/mcp", False),  # another port
+        ("https://127.0.0.1:8123/mcp", False),  # another scheme
+        ("http://127.0.0.1.evil.com:8123/mcp", False),
+        ("http://user@127.0.0.1:8123/mcp", False),  # credentials in the URL
+        ("http://127.0.0.1:8123/mcp/../admin", False),
+        ("https://tools.example.com/anything", True),
+        ("https://tools.example.com:443/x", False),  # an explicit port is another origin spelling: refused
+        ("file:///etc/passwd", False),
+        ("http://[::1", False),
+    ],
+)
+def test_urls_are_allowed_by_prefix(url: str, allowed: bool) -> None:
+    assert url_allowed(url, ALLOWED) is allowed
+
+
+def test_a_client_server_with_headers_and_a_token() -> None:
+    parsed = parse_mcp_tool(
+        tool(server_url="http://127.0.0.1:8123/mcp", headers={"X-Key": "k"}, authorization="tok",
+             allowed_tools={"tool_names": ["set_light"]}),
+        "session.tools[0]",
+        POLICY,
+    )  # fmt: skip
+    assert parsed.label == "lights" and parsed.server.url == "http://127.0.0.1:8123/mcp"
+    headers = {k: v.get_secret_value() for k, v in parsed.server.headers.items()}
+    assert headers == {"X-Key": "k", "Authorization": "Bearer tok"}
+    assert parsed.allowed == ("set_light",)
+
+
+def test_the_operator_server_by_label_keeps_its_own_connection_and_limits() -> None:
+    parsed = parse_mcp_tool(
+        {"type": "mcp", "server_label": "home", "require_approval": "never", "allowed_tools": ["HassTurnOn", "Nuke"]},
+        "session.tools[0]",
+        POLICY,
+    )
+    assert parsed.server is HOME and parsed.allowed == ("HassTurnOn",)  # never more than the operator allows
+    error = _error(tool(server_label="home"), McpPolicy(ALLOWED, None))  # realtime_mcp_operator_servers off
+    assert error.param == "session.tools[0].server_url"
+
+
+def _error(spec: dict[str, Any], policy: McpPolicy | None = POLICY) -> EventError:
+    with pytest.raises(EventError) as caught:
+        parse_mcp_tool(spec, "session.tools[0]", policy)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("spec", "param", "words"),
+    [
+        (tool(server_url="http://10.0.0.1/mcp"), "session.tools[0].server_url", "realtime_mcp_allowed_urls"),
+        (tool(require_approval="always", server_url=ALLOWED[0]), "session.tools[0].require_approval", "never"),
+        ({**tool(server_url=ALLOWED[0]), "require_approval": None}, "session.tools[0].require_approval", "never"),
+        (tool(require_approval={"never": {"tool_names": ["x"]}}), "session.tools[0].require_approval", "never"),
+        (tool(server_label="bad label!"), "session.tools[0].server_label", "letters"),
+        (tool(connector_id="connector_gmail"), "session.tools[0].connector_id", "connectors"),
+        (tool(server_label="nowhere"), "session.tools[0].server_url", "home"),
+        (tool(server_url=5), "session.tools[0].server_url", "string"),
+        (tool(server_url=ALLOWED[0], headers={"a": 1}), "session.tools[0].headers", "strings"),
+        (
+            tool(server_url=ALLOWED[0], allowed_tools={"read_only": True}),
+            "session.tools[0].allowed_tools.read_only",
+            "read_only",
+        ),
+        (tool(server_url=ALLOWED[0], allowed_tools="all"), "session.tools[0].allowed_tools", "array"),
+    ],
+)
+def test_bad_mcp_tools(spec: dict[str, Any], param: str, words: str) -> None:
+    error = _error(spec)
+    assert error.param == param and words in error.message, error.message
+
+
+def test_labels_are_unique_and_the_echo_has_no_credentials() -> None:
+    one = tool(server_url=ALLOWED[0], authorization="secret", headers={"X-Key": "k"})
+    with pytest.raises(EventError) as caught:
+        parse_mcp_tools([one, {"type": "function", "name": "f"}, dict(one)], POLICY)
+    assert "twice" in caught.value.message
+    echoed = redacted(one)
+    assert "authorization" not in echoed and echoed["headers"] == {"X-Key": REDACTED}
+    assert one["authorization"] == "secret"  # the session's own copy is untouched

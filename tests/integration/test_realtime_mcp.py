@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import pytest_asyncio
 import websockets
@@ -295,3 +296,26 @@ async def test_beta_sessions_have_no_mcp_tools(mcp_server: LiveServer, lights: t
         assert error["param"] == "session.tools" and "GA" in error["message"]
         await connection.send({"type": "session.update", "session": {"instructions": "still here"}})
         assert (await connection.until("session.updated"))[-1]["session"]["tools"] == []
+
+
+async def test_a_client_secret_session_lists_its_servers_at_once(
+    mcp_server: LiveServer, lights: tuple[str, Path]
+) -> None:
+    """A session configured before it opens (a client secret's) connects its MCP servers after
+    ``session.created``; an MCP tool the operator does not allow is a 400 at minting."""
+    url, _ = lights
+    client = sdk(mcp_server)
+    secret = await client.realtime.client_secrets.create(session={**TEXT, "tools": [mcp_tool(url, "get_state")]})
+    async with sdk_with_key(mcp_server, secret.value).realtime.connect(model="gpt-realtime") as connection:
+        events = await until(connection, "conversation.item.done", timeout=60)
+        kinds = [e.type for e in events]
+        assert kinds[0] == "session.created" and "mcp_list_tools.completed" in kinds
+        assert [t.name for t in events[-1].item.tools] == ["get_state"]
+        assert events[0].session.tools[0].headers is None and events[0].session.tools[0].authorization is None
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.realtime.client_secrets.create(session={**TEXT, "tools": [mcp_tool("http://10.1.2.3/mcp")]})
+    assert "realtime_mcp_allowed_urls" in str(refused.value)
+
+
+def sdk_with_key(server: LiveServer, key: str) -> Any:
+    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)

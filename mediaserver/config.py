@@ -616,6 +616,7 @@ class Settings(BaseSettings):
         description="a Realtime MCP tool without server_url whose server_label names one of mcp_servers uses "
         "that server (its URL, headers or command stay the operator's)",
     )
+    realtime_mcp_max_servers: int = Field(4, ge=1, le=32, description="type mcp tools in one Realtime session")
 
     # --- misc ----------------------------------------------------------------------------------
     malloc_arena_max: int = Field(

@@ -13,12 +13,15 @@ by itself.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 import pytest_asyncio
@@ -64,9 +67,10 @@ def lights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
 
 
 @pytest.fixture(scope="module")
-def spare_ports() -> tuple[int, int]:
-    """Two more allowed servers: one nothing listens on ("down"), one stopped after its listing."""
-    return free_port(), free_port()
+def spare_ports() -> tuple[int, int, int]:
+    """More allowed servers: one nothing listens on ("down"), one stopped after its listing, one
+    paused (SIGSTOP: a server that hangs)."""
+    return free_port(), free_port(), free_port()
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +85,7 @@ async def mcp_server(
     base_settings: Settings,
     mcp_upstream: str,
     lights: tuple[str, Path],
-    spare_ports: tuple[int, int],
+    spare_ports: tuple[int, int, int],
 ) -> AsyncIterator[LiveServer]:
     url, _ = lights
     settings: dict[str, Any] = {
@@ -190,6 +194,10 @@ async def test_an_mcp_tool_is_listed_called_and_answered(mcp_server: LiveServer,
         later = [e for e in events if e.type == "response.output_audio.delta" and e.item_id == answer.id]
         assert later and audio_of(later).size > 0 and transcript.strip()
         print(f"call {done.arguments} -> {item_done.item.output!r}; answer {transcript!r}; output {types}")
+        async with aiohttp.ClientSession() as http, http.get(mcp_server.url + "/metrics") as reply:
+            metrics = await reply.text()
+        # counted under the allowed prefix's index, not the client's label
+        assert 'mediaserver_tool_calls_total{outcome="ok",server="realtime-0",tool="set_light"}' in metrics
 
         # The call and its output are in the conversation: a later response reads them.
         item = await connection.conversation.item.retrieve(item_id=call_id)
@@ -215,9 +223,9 @@ async def test_a_tool_that_raises_is_an_error_the_model_reads(mcp_server: LiveSe
 
 
 async def test_a_server_that_is_down_when_listed_or_when_called(
-    mcp_server: LiveServer, tmp_path: Path, spare_ports: tuple[int, int]
+    mcp_server: LiveServer, tmp_path: Path, spare_ports: tuple[int, int, int]
 ) -> None:
-    down, stopped = spare_ports
+    down, stopped, _ = spare_ports
     async with sdk(mcp_server).realtime.connect(model="gpt-realtime") as connection:
         await until(connection, "session.created")
         nowhere = f"http://127.0.0.1:{down}/mcp"
@@ -245,6 +253,43 @@ async def test_a_server_that_is_down_when_listed_or_when_called(
         print(f"a call to a stopped server: {call.error.message!r}")
         await connection.session.update(session={**TEXT, "instructions": "still here"})
         assert (await until(connection, "session.updated"))[-1].session.instructions == "still here"
+
+
+async def test_a_server_that_hangs_times_out_and_a_cancel_stops_the_call(
+    mcp_server: LiveServer, tmp_path: Path, spare_ports: tuple[int, int, int]
+) -> None:
+    process, url = start_lights(tmp_path / "state.json", spare_ports[2])
+    try:
+        async with sdk(mcp_server).realtime.connect(model="gpt-realtime") as connection:
+            await until(connection, "session.created")
+            await listed(connection, {**TEXT, "tools": [mcp_tool(url, "set_light")], "tool_choice": "required"})
+            os.kill(process.pid, signal.SIGSTOP)  # the server hangs: calls get no answer
+            events = await ask(connection, "Turn on the kitchen light.")
+            failed = next(e for e in events if e.type == "response.mcp_call.failed")
+            call = next(e for e in events if e.type == "response.output_item.done" and e.item.id == failed.item_id)
+            assert "did not answer within 10 seconds" in call.item.error.message, call.item.error
+            assert events[-1].response.status in ("completed", "incomplete")
+            assert events[-1].response.output[-1].type == "message"
+
+            # response.cancel while a call is running: the call is cut off, the response cancelled.
+            await connection.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Again."}]}
+            )
+            await connection.response.create()
+            events = await until(connection, "response.mcp_call.in_progress", timeout=120)
+            await connection.response.cancel()
+            events += await until(connection, "response.done", timeout=5)  # well before the call's timeout
+            response = events[-1].response
+            assert response.status == "cancelled" and response.status_details.reason == "client_cancelled"
+            call = next(o for o in response.output if o.type == "mcp_call")
+            assert call.output is None and "cancelled" in call.error.message
+            assert not [e for e in events if e.type in ("response.mcp_call.completed", "response.mcp_call.failed")]
+            os.kill(process.pid, signal.SIGCONT)
+            await connection.session.update(session={**TEXT, "instructions": "still here"})
+            assert (await until(connection, "session.updated"))[-1].session.instructions == "still here"
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+        stop(process)
 
 
 async def test_refused_mcp_tools_are_errors_and_change_nothing(

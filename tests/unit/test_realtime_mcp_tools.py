@@ -62,6 +62,9 @@ def test_a_client_server_with_headers_and_a_token() -> None:
     headers = {k: v.get_secret_value() for k, v in parsed.server.headers.items()}
     assert headers == {"X-Key": "k", "Authorization": "Bearer tok"}
     assert parsed.allowed == ("set_light",)
+    assert parsed.metrics_name == "realtime-0"  # the client's label is not a metric label
+    other = parse_mcp_tool(tool(server_url="https://tools.example.com/x"), "session.tools[0]", POLICY)
+    assert other.metrics_name == "realtime-1" and other.allowed is None
 
 
 def test_the_operator_server_by_label_keeps_its_own_connection_and_limits() -> None:
@@ -71,6 +74,7 @@ def test_the_operator_server_by_label_keeps_its_own_connection_and_limits() -> N
         POLICY,
     )
     assert parsed.server is HOME and parsed.allowed == ("HassTurnOn",)  # never more than the operator allows
+    assert parsed.metrics_name == "home"
     error = _error(tool(server_label="home"), McpPolicy(ALLOWED, None))  # realtime_mcp_operator_servers off
     assert error.param == "session.tools[0].server_url"
 
@@ -114,3 +118,11 @@ def test_labels_are_unique_and_the_echo_has_no_credentials() -> None:
     echoed = redacted(one)
     assert "authorization" not in echoed and echoed["headers"] == {"X-Key": REDACTED}
     assert one["authorization"] == "secret"  # the session's own copy is untouched
+
+
+def test_a_session_has_at_most_max_servers() -> None:
+    servers = [tool(server_label=f"s{i}", server_url=ALLOWED[0]) for i in range(3)]
+    assert len(parse_mcp_tools(servers, McpPolicy(ALLOWED, None, max_servers=3))) == 3
+    with pytest.raises(EventError) as caught:
+        parse_mcp_tools(servers, McpPolicy(ALLOWED, None, max_servers=2))
+    assert "realtime_mcp_max_servers" in caught.value.message and caught.value.param == "session.tools"

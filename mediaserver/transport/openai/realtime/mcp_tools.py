@@ -42,11 +42,12 @@ class McpPolicy:
 
     allowed_urls: tuple[str, ...] = ()
     operator: Mapping[str, McpServerConfig] | None = None  # by name; None: not offered
+    max_servers: int = 4
 
     @classmethod
     def of(cls, settings: Settings) -> McpPolicy:
         operator = {s.name: s for s in settings.mcp_servers} if settings.realtime_mcp_operator_servers else None
-        return cls(tuple(settings.realtime_mcp_allowed_urls), operator)
+        return cls(tuple(settings.realtime_mcp_allowed_urls), operator, settings.realtime_mcp_max_servers)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class McpTool:
     label: str
     server: McpServerConfig  # how to reach it (the client's URL and headers, or the operator's server)
     allowed: tuple[str, ...] | None = None  # None: all its tools
+    # Its name in logs and metrics: the operator's server's name, or ``realtime-<i>`` for a URL under
+    # the i-th allowed prefix (a client's labels would be metric labels without bound).
+    metrics_name: str = "realtime"
 
     def key(self) -> tuple[Any, ...]:
         """Equal for two declarations of the same connection (a session.update repeating it keeps it)."""
@@ -69,17 +73,22 @@ def is_mcp(tool: object) -> bool:
 
 def url_allowed(url: str, prefixes: Sequence[str]) -> bool:
     """``url`` is under one of ``prefixes``: same scheme, host and port, and its path below theirs."""
+    return matching_prefix(url, prefixes) is not None
+
+
+def matching_prefix(url: str, prefixes: Sequence[str]) -> int | None:
+    """The index of the first of ``prefixes`` that ``url`` is under (``url_allowed``), or None."""
     try:
         target = urllib.parse.urlsplit(url)
         target_port = target.port
     except ValueError:
-        return False
+        return None
     if target.scheme not in ("http", "https") or not target.hostname or target.username or target.password:
-        return False
+        return None
     path = target.path or "/"
     if "/../" in path + "/" or "/./" in path + "/":
-        return False
-    for prefix in prefixes:
+        return None
+    for index, prefix in enumerate(prefixes):
         try:
             allowed = urllib.parse.urlsplit(prefix.strip())
             allowed_port = allowed.port
@@ -89,8 +98,8 @@ def url_allowed(url: str, prefixes: Sequence[str]) -> bool:
             continue
         base = allowed.path or "/"
         if path == base or path.startswith(base if base.endswith("/") else base + "/"):
-            return True
-    return False
+            return index
+    return None
 
 
 def _strings(value: object, param: str) -> tuple[str, ...]:
@@ -180,14 +189,15 @@ def parse_mcp_tool(spec: Mapping[str, Any], param: str, policy: McpPolicy | None
             allowed = tuple(name for name in allowed if name in operator.allowed_tools)
         elif allowed is None and operator.allowed_tools is not None:
             allowed = tuple(operator.allowed_tools)
-        return McpTool(label, operator, allowed)
+        return McpTool(label, operator, allowed, operator.name)
     if not isinstance(url, str):
         raise EventError(
             "invalid_type",
             f"Invalid type for '{param}.server_url': expected a string, but got {type_name(url)}.",
             f"{param}.server_url",
         )
-    if not url_allowed(url, policy.allowed_urls):
+    matched = matching_prefix(url, policy.allowed_urls)
+    if matched is None:
         raise EventError(
             "invalid_value",
             f"Invalid '{param}.server_url': {url!r} is not an MCP server this server may connect to for a client; "
@@ -195,7 +205,7 @@ def parse_mcp_tool(spec: Mapping[str, Any], param: str, policy: McpPolicy | None
             f"{param}.server_url",
         )
     server = McpServerConfig(name=label, url=url, headers=_headers(spec, param))
-    return McpTool(label, server, allowed)
+    return McpTool(label, server, allowed, f"realtime-{matched}")
 
 
 def parse_mcp_tools(tools: Sequence[Any], policy: McpPolicy | None) -> tuple[McpTool, ...]:
@@ -210,6 +220,14 @@ def parse_mcp_tools(tools: Sequence[Any], policy: McpPolicy | None) -> tuple[Mcp
                     "session.tools",
                 )
             parsed.append(mcp)
+            limit = policy.max_servers if policy is not None else 0
+            if len(parsed) > limit:
+                raise EventError(
+                    "invalid_value",
+                    f"Invalid 'session.tools[{index}]': a session has at most {limit} tools of type 'mcp' "
+                    "(realtime_mcp_max_servers).",
+                    "session.tools",
+                )
     return tuple(parsed)
 
 
@@ -241,19 +259,29 @@ class SessionTools:
 
     def __init__(self, declared: Sequence[McpTool], settings: Settings, metrics: Metrics) -> None:
         self.declared = tuple(declared)
-        servers = [
-            mcp.server.model_copy(update={"name": mcp.label, "allowed_tools": list(mcp.allowed)})
-            if mcp.allowed is not None
-            else mcp.server.model_copy(update={"name": mcp.label})
-            for mcp in self.declared
-        ]
+        self._labels: dict[str, str] = {}  # the toolbox's server name -> the session's server_label
+        servers: list[McpServerConfig] = []
+        for mcp in self.declared:
+            name, repeat = mcp.metrics_name, 1
+            while name in self._labels:
+                repeat += 1
+                name = f"{mcp.metrics_name}-{repeat}"
+            self._labels[name] = mcp.label
+            update: dict[str, Any] = {"name": name}
+            if mcp.allowed is not None:
+                update["allowed_tools"] = list(mcp.allowed)
+            servers.append(mcp.server.model_copy(update=update))
         self.toolbox = McpToolbox(settings.model_copy(update={"mcp_servers": servers}), metrics)
+
+    def _name_of(self, label: str) -> str | None:
+        return next((name for name, known in self._labels.items() if known == label), None)
 
     async def start(self) -> None:
         await self.toolbox.start()
 
     def listing(self, label: str) -> tuple[list[ToolSpec], str | None]:
-        return self.toolbox.server_tools(label)
+        name = self._name_of(label)
+        return self.toolbox.server_tools(name) if name is not None else ([], "not declared")
 
     def tools(self) -> list[ToolSpec]:
         return self.toolbox.tools()
@@ -262,12 +290,15 @@ class SessionTools:
         return self.toolbox.locate(name) is not None
 
     def locate(self, name: str) -> tuple[str, str] | None:
-        return self.toolbox.locate(name)
+        """An exposed tool name -> (the server_label, the server's own tool name)."""
+        found = self.toolbox.locate(name)
+        return (self._labels.get(found[0], found[0]), found[1]) if found is not None else None
 
     def exposed(self, label: object, name: object) -> str | None:
-        if not isinstance(label, str) or not isinstance(name, str):
+        server = self._name_of(label) if isinstance(label, str) else None
+        if server is None or not isinstance(name, str):
             return None
-        return self.toolbox.exposed(label, name)
+        return self.toolbox.exposed(server, name)
 
     async def call(self, name: str, arguments: str) -> ToolResult:
         return await self.toolbox.call(name, arguments)

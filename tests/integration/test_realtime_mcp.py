@@ -12,6 +12,7 @@ by itself.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -32,9 +33,10 @@ from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics
 from tests.conftest import LiveServer
 from tests.integration.test_mcp_tools import ROOT, TOKEN, http_config, wait_listening
-from tests.integration.test_realtime_conversation import Raw, audio_of, sdk, until
+from tests.integration.test_realtime_conversation import GA_EVENTS, Raw, audio_of, sdk, until
 from tests.llama_upstream import llama_server
 from tests.ports import free_port
+from tests.rtc_peer import connect_call
 
 MODEL = "smollm2-realtime-mcp"
 TEXT = {"type": "realtime", "output_modalities": ["text"]}
@@ -364,3 +366,39 @@ async def test_a_client_secret_session_lists_its_servers_at_once(
 
 def sdk_with_key(server: LiveServer, key: str) -> Any:
     return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+
+
+async def test_a_webrtc_call_with_an_mcp_tool(mcp_server: LiveServer, lights: tuple[str, Path]) -> None:
+    """``POST /v1/realtime/calls`` with the tool in its session: the listing and the call's events on
+    the ``oai-events`` data channel, validated like the socket's."""
+    url, state = lights
+    session = {**TEXT, "tools": [mcp_tool(url, "set_light")], "tool_choice": "required"}
+    peer, _ = await connect_call(mcp_server, session)
+    try:
+        events = await call_events(peer, "conversation.item.done")
+        assert events[0]["type"] == "session.created" and "mcp_list_tools.completed" in [e["type"] for e in events]
+        assert [t["name"] for t in events[-1]["item"]["tools"]] == ["set_light"]
+        user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Bedroom light off."}]}
+        peer.channel.send(json.dumps({"type": "conversation.item.create", "item": user}))
+        peer.channel.send(json.dumps({"type": "response.create"}))
+        events = await call_events(peer, "response.done", timeout=180)
+        call = next(
+            e["item"] for e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "mcp_call"
+        )
+        arguments = json.loads(call["arguments"])
+        assert call["output"].startswith(f"The {arguments['name']} light is now")
+        assert lights_of(state)[arguments["name"]] is arguments["on"]
+        assert events[-1]["response"]["status"] in ("completed", "incomplete")
+    finally:
+        await peer.close()
+
+
+async def call_events(peer: Any, kind: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    async with asyncio.timeout(timeout):
+        while True:
+            event = await peer.next(timeout=timeout)
+            GA_EVENTS.validate_python(event)
+            got.append(event)
+            if event["type"] == kind:
+                return got

@@ -18,6 +18,12 @@ answer); at the end ``response.output_audio.done``, ``...transcript.done``, ``re
 sent (the text deltas may have run ahead); ``conversation.item.truncate`` cuts it further to what
 the client played.
 
+Tools: a call the model makes is an output item after the message (``tool_items.py``). A
+``function_call`` ends the response (the client runs it). A call of one of the session's MCP
+servers' tools (``type: "mcp"``) is an ``mcp_call`` run here; the response then goes on with
+another round, a new assistant turn that reads the results, whose answer is a new message item of
+the same response (``_run``), up to ``mcp_max_calls_per_turn`` calls.
+
 Audio leaves in one of two ways. Over WebSocket (``deltas``) a sender drains the assistant's
 ``AudioOut`` into delta events, at most ``realtime_audio_lead_ms`` ahead of real time, so a
 barge-in drops what the client has not received. Over WebRTC (``track``) the call's outbound track
@@ -44,15 +50,15 @@ from mediaserver.audio.stream_decode import encode_g711
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import AssistantAudioStarted, AssistantText, AssistantToolCallDelta, Priority, SessionEvent
-from mediaserver.llm.tools import ToolCall, ToolConfig
 from mediaserver.llm.types import ChatMessage
 from mediaserver.metrics import Metrics
 from mediaserver.transport.openai.realtime.config import EventError, InputFormat, new_id
 from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, ResponseOptions
 from mediaserver.transport.openai.realtime.input_transcription import Host
 from mediaserver.transport.openai.realtime.items import ContentKind, Item, Items, NewItem, parse_item
-from mediaserver.transport.openai.realtime.mcp_tools import McpTool, SessionTools, list_tools_item
+from mediaserver.transport.openai.realtime.mcp_tools import McpTool
 from mediaserver.transport.openai.realtime.responses import Response, describe_response, status_of
+from mediaserver.transport.openai.realtime.tool_items import ToolItems
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +97,7 @@ class Conversation:
         self.responses = 0
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
-        self.metrics = metrics or Metrics()
-        self.mcp: SessionTools | None = None  # the session's MCP servers (type "mcp" tools)
-        self._mcp_keys: tuple[object, ...] = ()
-        self._mcp_listing: asyncio.Task[None] | None = None
+        self.tools = ToolItems(host, settings, metrics or Metrics(), self.items, self._added, self._done)
         if audio == "deltas":
             self._ensure_out(config.output_format)
 
@@ -368,13 +371,13 @@ class Conversation:
 
     async def _run(self, response: Response, speech_ended_at: float | None) -> None:
         """The response's rounds: one assistant turn each; a turn that calls MCP tools has them run
-        here (``_run_mcp_call``), and the next round answers with their results."""
+        here (``ToolItems.run_mcp``), and the next round answers with their results."""
         outcome: TurnOutcome | None = None
         round_closed = False
         try:
             if response.context is None:
                 await self._wait_for_transcripts()
-            await self._mcp_ready()
+            await self.tools.ready()
             context = list(response.context if response.context is not None else self.items.context())
             if self.audio == "deltas" and response.options.modality == "audio":
                 self._ensure_out(response.options.output_format)
@@ -383,11 +386,11 @@ class Conversation:
                 round_closed = False
                 self._open(response)
                 options = self._assistant_options(response.options)
-                options = replace(options, tools=self._tools_for(response, after_calls=after_calls))
+                options = replace(options, tools=self.tools.tools_for(response, after_calls=after_calls))
                 response.turn = await self.assistant.respond(context, options, speech_ended_at=speech_ended_at)
                 outcome = await response.turn.outcome()
                 calls = outcome.tool_calls if outcome.status == "completed" else ()
-                mcp_calls = [(index, call) for index, call in enumerate(calls) if self._is_mcp(call.name)]
+                mcp_calls = [(index, call) for index, call in enumerate(calls) if self.tools.is_mcp(call.name)]
                 if not mcp_calls:
                     break
                 self._close_round(response, outcome, "completed")
@@ -395,7 +398,7 @@ class Conversation:
                 context.append(ChatMessage("assistant", outcome.text, tuple(calls)))
                 response.running_tools = True
                 for index, call in mcp_calls:
-                    result = await self._run_mcp_call(response, index, call)
+                    result = await self.tools.run_mcp(response, index, call)
                     context.append(ChatMessage("tool", result, tool_call_id=call.id))
                 response.running_tools = False
                 if len(mcp_calls) < len(calls):
@@ -472,8 +475,8 @@ class Conversation:
             response.item = None
         calls = outcome.tool_calls if outcome is not None and status in ("completed", "incomplete") else ()
         for index, call in enumerate(calls):
-            if not self._is_mcp(call.name):
-                self._function_call_done(response, index, call.id, call.name, call.arguments)
+            if not self.tools.is_mcp(call.name):
+                self.tools.function_done(response, index, call.id, call.name, call.arguments)
 
     def _finish(self, response: Response, outcome: TurnOutcome | None, *, round_closed: bool = False) -> None:
         """Close the response's parts and send ``response.done`` (never awaits)."""
@@ -500,188 +503,9 @@ class Conversation:
         if self.audio == "track" and response.audio_started and status != "cancelled":
             send("output_audio_buffer.stopped", **ids)
 
-    def _function_call_open(self, response: Response, index: int, call_id: str, name: str) -> Item:
-        """A call the model makes, as an output item after the round's message: a ``function_call``
-        (the client runs it and answers with a ``function_call_output`` item and ``response.create``)
-        or, for an MCP server's tool, an ``mcp_call`` (run here)."""
-        item = response.open_calls.get(index)
-        if item is not None:
-            return item
-        located = self.mcp.locate(name) if self.mcp is not None else None
-        if located is not None:
-            item = Item(new_id("item"), "assistant", "output_text", "", status="in_progress",
-                        type="mcp_call", call_id=call_id, name=located[1], server_label=located[0])  # fmt: skip
-        else:
-            item = Item(new_id("item"), "assistant", "output_text", "", status="in_progress",
-                        type="function_call", call_id=call_id, name=name)  # fmt: skip
-        response.open_calls[index] = item
-        response.output.append(item)
-        ids = {"response_id": response.id}
-        self.host.send(
-            "response.output_item.added",
-            **ids,
-            output_index=response.index_of(item),
-            item=item.describe(beta=self.host.beta),
-        )
-        if response.options.in_conversation:
-            self._added(item, self.items.add(item))
-        return item
-
-    def _function_call_delta(self, response: Response, index: int, call_id: str, name: str, arguments: str) -> None:
-        item = self._function_call_open(response, index, call_id, name)
-        if not arguments:
-            return
-        item.text = (item.text or "") + arguments
-        where = {"response_id": response.id, "item_id": item.id, "output_index": response.index_of(item)}
-        if item.type == "mcp_call":
-            self.host.send("response.mcp_call_arguments.delta", **where, delta=arguments)
-        else:
-            self.host.send("response.function_call_arguments.delta", **where, call_id=item.call_id, delta=arguments)
-
-    def _arguments_done(self, response: Response, index: int, call: ToolCall) -> Item:
-        """The call's whole arguments: the pieces not streamed yet, then the ``.done`` event."""
-        item = self._function_call_open(response, index, call.id, call.name)
-        arguments = call.arguments
-        missing = arguments[len(item.text or "") :] if arguments.startswith(item.text or "") else ""
-        if missing:
-            self._function_call_delta(response, index, call.id, call.name, missing)
-        item.text = arguments
-        where = {"response_id": response.id, "item_id": item.id, "output_index": response.index_of(item)}
-        if item.type == "mcp_call":
-            self.host.send("response.mcp_call_arguments.done", **where, arguments=arguments)
-        else:
-            self.host.send(
-                "response.function_call_arguments.done", **where, call_id=item.call_id, name=item.name,
-                arguments=arguments,
-            )  # fmt: skip
-        return item
-
-    def _item_done(self, response: Response, item: Item) -> None:
-        self.host.send(
-            "response.output_item.done",
-            response_id=response.id,
-            output_index=response.index_of(item),
-            item=item.describe(beta=self.host.beta),
-        )
-        if response.options.in_conversation and item.id in self.items:
-            self._done(item, self.items.previous_id(item.id))
-
-    def _function_call_done(self, response: Response, index: int, call_id: str, name: str, arguments: str) -> None:
-        item = self._arguments_done(response, index, ToolCall(call_id, name, arguments))
-        item.status = "completed"
-        self._item_done(response, item)
-
-    # --- MCP tools (mcp_tools.py): the session's servers, listed, and the calls run here ----------
-
     def set_mcp(self, declared: tuple[McpTool, ...]) -> None:
         """The session's MCP tools changed (or were first given): connect and list the new set."""
-        keys = tuple(tool.key() for tool in declared)
-        if keys == self._mcp_keys or self._closed:
-            return
-        self._mcp_keys = keys
-        old, previous = self.mcp, self._mcp_listing
-        self.mcp = SessionTools(declared, self.settings, self.metrics) if declared else None
-        self._mcp_listing = self.host.spawn(self._list_mcp(old, previous, self.mcp), "realtime-mcp-list")
-
-    async def _list_mcp(
-        self, old: SessionTools | None, previous: asyncio.Task[None] | None, new: SessionTools | None
-    ) -> None:
-        if previous is not None and not previous.done():
-            previous.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await previous
-        if old is not None:
-            await old.aclose()
-        if new is None:
-            return
-        items: list[Item] = []
-        for tool in new.declared:
-            item = Item(new_id("item"), "assistant", "output_text", "", type="mcp_list_tools",
-                        server_label=tool.label, tools=[])  # fmt: skip
-            self._added(item, self.items.add(item))
-            self.host.send("mcp_list_tools.in_progress", item_id=item.id)
-            items.append(item)
-        await new.start()
-        for item in items:
-            label = item.server_label or ""
-            tools, problem = new.listing(label)
-            if problem is None:
-                item.tools = list_tools_item(item.id, label, tools)["tools"]
-                self.host.send("mcp_list_tools.completed", item_id=item.id)
-            else:
-                self.host.send("mcp_list_tools.failed", item_id=item.id)
-                self.host.send_error(
-                    "mcp_list_tools_failed",
-                    f"MCP server {label!r}: its tools could not be listed ({problem}); they are left out "
-                    f"until it answers (tried again every {self.settings.mcp_reconnect_s:g} s).",
-                    param="session.tools",
-                    kind="server_error",
-                )
-            if item.id in self.items:
-                self._done(item, self.items.previous_id(item.id))
-
-    async def _mcp_ready(self) -> None:
-        """A response waits for the listing in progress (it ends within ``mcp_connect_timeout_s``)."""
-        listing = self._mcp_listing
-        if listing is not None and not listing.done():
-            await asyncio.wait({listing})
-
-    def _is_mcp(self, name: str) -> bool:
-        return self.mcp is not None and self.mcp.owns(name)
-
-    def _tools_for(self, response: Response, *, after_calls: bool) -> ToolConfig | None:
-        """The tools of one round: the session's functions and its MCP servers' tools. After MCP
-        calls the model may call again (``auto``) until ``mcp_max_calls_per_turn``; then only the
-        functions are offered."""
-        options = response.options
-        mcp = self.mcp
-        if mcp is None:
-            return options.tools
-        choice = options.tool_choice
-        if choice == "none":
-            return None
-        functions = options.tools.tools if options.tools is not None else ()
-        mcp_on = response.mcp_calls < self.settings.mcp_max_calls_per_turn
-        specs = (*functions, *(mcp.tools() if mcp_on else ()))
-        if not specs:
-            return None
-        if after_calls:
-            return ToolConfig(specs, "auto")
-        if isinstance(choice, dict) and choice.get("type") == "function":
-            return ToolConfig(specs, str(choice.get("name")), forced=True)
-        if isinstance(choice, dict) and choice.get("type") == "mcp":
-            name = mcp.exposed(choice.get("server_label"), choice.get("name"))
-            if name is not None:
-                return ToolConfig(specs, name, forced=True)
-            return ToolConfig(specs, "required" if choice.get("name") is None else "auto")
-        return ToolConfig(specs, "required" if choice == "required" else "auto")
-
-    async def _run_mcp_call(self, response: Response, index: int, call: ToolCall) -> str:
-        """Run one MCP call of the model's: the ``mcp_call`` item's events; the result for the model."""
-        assert self.mcp is not None
-        item = self._arguments_done(response, index, call)
-        where = {"item_id": item.id, "output_index": response.index_of(item)}
-        self.host.send("response.mcp_call.in_progress", **where)
-        limit = self.settings.mcp_max_calls_per_turn
-        if response.mcp_calls >= limit:
-            text, is_error = (
-                f"Error: not run, this answer already made {limit} tool calls (mcp_max_calls_per_turn); "
-                "answer with what you have.",
-                True,
-            )
-        else:
-            response.mcp_calls += 1
-            result = await self.mcp.call(call.name, call.arguments)
-            text, is_error = result.text, result.is_error
-        if is_error:
-            item.error = {"type": "tool_execution_error", "message": text.removeprefix("Error: ")}
-            item.status = "incomplete"
-            self.host.send("response.mcp_call.failed", **where)
-        else:
-            item.output, item.status = text, "completed"
-            self.host.send("response.mcp_call.completed", **where)
-        self._item_done(response, item)
-        return text
+        self.tools.set_mcp(declared)
 
     # --- the assistant's events -----------------------------------------------------------------
 
@@ -707,7 +531,7 @@ class Conversation:
             )
         elif isinstance(event, AssistantToolCallDelta):
             call_id = event.call_id or f"call_{response.id}_{event.index}"
-            self._function_call_delta(response, event.index, call_id, event.name or "", event.arguments)
+            self.tools.delta(response, event.index, call_id, event.name or "", event.arguments)
         elif isinstance(event, AssistantAudioStarted):
             response.audio_started = True
             if self.audio == "track":
@@ -755,13 +579,7 @@ class Conversation:
             response.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await response.task
-        listing = self._mcp_listing
-        if listing is not None and not listing.done():
-            listing.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await listing
-        if self.mcp is not None:
-            await self.mcp.aclose()
+        await self.tools.aclose()
         await self.assistant.aclose()
 
 

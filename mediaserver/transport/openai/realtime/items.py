@@ -2,7 +2,9 @@
 LLM reads them.
 
 An item is a message: a user's text or audio (its transcript once the ASR has it), a system
-message, or an assistant's answer (text, or audio with its transcript). ``Items`` keeps their
+message, or an assistant's answer (text, or audio with its transcript); or a tool's: a
+``function_call`` and its ``function_call_output``, an ``mcp_call`` (run by the server, with its
+output or error) or an ``mcp_list_tools`` listing. ``Items`` keeps their
 order (``previous_item_id`` inserts mid-conversation, ``"root"`` at the start), deletes, and
 truncates an assistant's audio answer at the millisecond the client says playback stopped (its
 transcript then keeps only the words that were heard). ``context()`` is the conversation as chat

@@ -211,7 +211,8 @@ async def test_a_tool_that_raises_is_an_error_the_model_reads(mcp_server: LiveSe
     url, _ = lights
     async with sdk(mcp_server).realtime.connect(model="gpt-realtime") as connection:
         await until(connection, "session.created")
-        await listed(connection, {**TEXT, "tools": [mcp_tool(url, "broken")], "tool_choice": "required"})
+        choice = {"type": "mcp", "server_label": "lights", "name": "broken"}  # a named MCP tool
+        await listed(connection, {**TEXT, "tools": [mcp_tool(url, "broken", "echo")], "tool_choice": choice})
         events = await ask(connection, "Check the light controller.")
         failed = next(e for e in events if e.type == "response.mcp_call.failed")
         call = next(e for e in events if e.type == "response.output_item.done" and e.item.id == failed.item_id).item

@@ -7,9 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from openai.types.realtime import ConversationItem
+from pydantic import TypeAdapter
 
 from mediaserver.config import McpServerConfig
 from mediaserver.transport.openai.realtime.config import EventError
+from mediaserver.transport.openai.realtime.items import Item, Items
 from mediaserver.transport.openai.realtime.mcp_tools import (
     REDACTED,
     McpPolicy,
@@ -126,3 +129,30 @@ def test_a_session_has_at_most_max_servers() -> None:
     with pytest.raises(EventError) as caught:
         parse_mcp_tools(servers, McpPolicy(ALLOWED, None, max_servers=2))
     assert "realtime_mcp_max_servers" in caught.value.message and caught.value.param == "session.tools"
+
+
+def test_mcp_items_in_the_context_and_their_shape() -> None:
+    """An ``mcp_call`` is the model's call and its result for later responses (an error as an error
+    result); an ``mcp_list_tools`` item is left out. Both are the SDK's item shapes."""
+    items = Items(10)
+    items.add(Item("item_1", "user", "input_text", "Turn on the kitchen light."))
+    ok = Item("item_2", "assistant", "output_text", '{"name": "kitchen", "on": true}', type="mcp_call")
+    ok.call_id, ok.name, ok.server_label, ok.output = "call_1", "set_light", "lights", "The kitchen light is now on."
+    failed = Item("item_3", "assistant", "output_text", "{}", type="mcp_call", call_id="call_2", name="broken")
+    failed.server_label, failed.error = "lights", {"type": "tool_execution_error", "message": "on fire"}
+    listing = Item("item_4", "assistant", "output_text", "", type="mcp_list_tools", server_label="lights", tools=[])
+    for item in (ok, failed, listing):
+        items.add(item)
+    context = items.context()
+    assert [(m.role, m.content) for m in context] == [
+        ("user", "Turn on the kitchen light."),
+        ("assistant", ""),
+        ("tool", "The kitchen light is now on."),
+        ("assistant", ""),
+        ("tool", "Error: on fire"),
+    ]
+    assert context[1].tool_calls[0].name == "set_light" and context[2].tool_call_id == "call_1"
+    assert items.pending() == []  # a listing is not an input waiting for its transcript
+    adapter: TypeAdapter[Any] = TypeAdapter(ConversationItem)
+    for item in (ok, failed, listing):
+        adapter.validate_python(item.describe(beta=False))

@@ -388,6 +388,7 @@ class Conversation:
                 options = self._assistant_options(response.options)
                 options = replace(options, tools=self.tools.tools_for(response, after_calls=after_calls))
                 response.turn = await self.assistant.respond(context, options, speech_ended_at=speech_ended_at)
+                response.running_tools = False  # the new round's turn is what a cancel interrupts now
                 outcome = await response.turn.outcome()
                 calls = outcome.tool_calls if outcome.status == "completed" else ()
                 mcp_calls = [(index, call) for index, call in enumerate(calls) if self.tools.is_mcp(call.name)]
@@ -400,7 +401,6 @@ class Conversation:
                 for index, call in mcp_calls:
                     result = await self.tools.run_mcp(response, index, call)
                     context.append(ChatMessage("tool", result, tool_call_id=call.id))
-                response.running_tools = False
                 if len(mcp_calls) < len(calls):
                     break  # the client runs its functions, then asks for the next response
                 after_calls, speech_ended_at = True, None

@@ -33,7 +33,7 @@ class Response:
     output: list[Item] = field(default_factory=list)
     open_calls: dict[int, Item] = field(default_factory=dict)  # this round's calls by the model's index
     mcp_calls: int = 0  # MCP calls run in this response (at most mcp_max_calls_per_turn)
-    running_tools: bool = False  # between two rounds: its MCP calls are running
+    running_tools: bool = False  # between two rounds (its MCP calls running): a cancel cancels the task
 
     @property
     def item_index(self) -> int:

@@ -621,6 +621,19 @@ class Settings(BaseSettings):
     mcp_tool_choice: Literal["auto", "required"] = Field(
         "auto", description="required: every spoken answer starts with a tool call (for models that never choose one)"
     )
+    # Realtime sessions' own ``type: "mcp"`` tools (transport/openai/realtime/mcp_tools.py): a client
+    # telling the server to connect somewhere is a request forgery risk, so only these are reached.
+    realtime_mcp_allowed_urls: list[str] = Field(
+        default_factory=list,
+        description="URL prefixes a Realtime client's MCP server_url may start with (scheme, host and port "
+        "must match, the path must be under the prefix's); empty: client-given URLs are refused",
+    )
+    realtime_mcp_operator_servers: bool = Field(
+        True,
+        description="a Realtime MCP tool without server_url whose server_label names one of mcp_servers uses "
+        "that server (its URL, headers or command stay the operator's)",
+    )
+    realtime_mcp_max_servers: int = Field(4, ge=1, le=32, description="type mcp tools in one Realtime session")
 
     # --- misc ----------------------------------------------------------------------------------
     malloc_arena_max: int = Field(

@@ -196,6 +196,25 @@ class McpToolbox:
     def status(self) -> dict[str, Any]:
         return {s.config.name: {"tools": sorted(s.tools), "problem": s.problem} for s in self._servers}
 
+    def server_tools(self, server: str) -> tuple[list[ToolSpec], str | None]:
+        """One server's tools under its own names, and why it has none (None: connected)."""
+        for s in self._servers:
+            if s.config.name == server:
+                return list(s.tools.values()), s.problem
+        return [], "no such server"
+
+    def locate(self, name: str) -> tuple[str, str] | None:
+        """An exposed tool name -> (its server's name, the server's own name for it)."""
+        found = self._names().get(name)
+        return (found[0].config.name, found[1]) if found is not None else None
+
+    def exposed(self, server: str, tool: str) -> str | None:
+        """The exposed name of ``server``'s tool ``tool`` (None: it has no such tool now)."""
+        for exposed, (s, name) in self._names().items():
+            if s.config.name == server and name == tool:
+                return exposed
+        return None
+
     async def call(self, name: str, arguments: str) -> ToolResult:
         started = time.monotonic()
         found = self._names().get(name)

@@ -195,7 +195,16 @@ def test_beta_session(base: ConversationConfig, models: ModelRegistry, settings:
             "invalid_value",
             "session.tools",
         ),
-        ({"tools": [{"type": "mcp", "server_url": "http://x/mcp"}]}, "invalid_value", "session.tools"),
+        ({"tools": [{"type": "mcp", "server_url": "http://x/mcp"}]}, "invalid_value", "session.tools[0].server_label"),
+        (
+            {
+                "tools": [
+                    {"type": "mcp", "server_label": "x", "server_url": "http://x/mcp", "require_approval": "never"}
+                ]
+            },
+            "invalid_value",
+            "session.tools[0].server_url",  # no URL is allowed without realtime_mcp_allowed_urls
+        ),
         (
             {"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}},
             "invalid_value",

@@ -60,7 +60,8 @@ queued events in order. Closing always ends in ``RealtimeSession.aclose``: the s
 The package: ``config`` parses and validates session configuration (pure functions), ``events``
 translates speech and transcript events into server events, ``session`` is the connection,
 ``websocket`` and ``calls`` the endpoints, ``lookups`` what the app knows (LLM models, voices),
-``client_secrets`` the short-lived keys browsers connect with, ``idle`` ``turn_detection.idle_timeout_ms``.
+``client_secrets`` the short-lived keys browsers connect with, ``idle`` ``turn_detection.idle_timeout_ms``,
+``tool_items`` the calls' output items and ``mcp_tools`` the session's ``type: "mcp"`` servers.
 """
 
 from aiohttp import web

@@ -49,6 +49,7 @@ from mediaserver.transport.openai.realtime.conversation_config import (
     parse_conversation_session,
 )
 from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
+from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
 from mediaserver.transport.openai.realtime.session import RealtimeSession
 from mediaserver.transport.webrtc import patches
 from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
@@ -226,7 +227,7 @@ class RealtimeCall:
 
     def start(self) -> None:
         self.session.start()
-        self.session.send_session("session.created", self.session.config, self.session.conversation_config)
+        self.session.send_created()
         self._spawn(self._run(), "call-events")
         start_watchdogs(
             self.pc,
@@ -336,6 +337,7 @@ def call_config(request: web.Request, session: dict[str, Any] | None) -> tuple[R
                 models,
                 check_voice=lambda name, param: check_voice(app, name, param),
                 is_llm=lambda name: is_llm_model(app, name),
+                mcp_policy=McpPolicy.of(settings),
             )
         except EventError as exc:
             raise InvalidParameter(exc.message, param=exc.param) from None

@@ -52,6 +52,7 @@ from mediaserver.transport.openai.realtime.conversation_config import (
     parse_conversation_session,
 )
 from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
+from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
 
 PREFIX: Final = "ek_"
 SUBPROTOCOL_PREFIX: Final = "openai-insecure-api-key."
@@ -173,6 +174,7 @@ def apply(
                 app[ASR].models,
                 check_voice=lambda name, param: check_voice(app, name, param),
                 is_llm=lambda name: is_llm_model(app, name),
+                mcp_policy=McpPolicy.of(app[SETTINGS]),
             )
             return conversation.input, conversation
         return parse_session(session, config, app[ASR].models), None

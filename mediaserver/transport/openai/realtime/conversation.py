@@ -18,6 +18,12 @@ answer); at the end ``response.output_audio.done``, ``...transcript.done``, ``re
 sent (the text deltas may have run ahead); ``conversation.item.truncate`` cuts it further to what
 the client played.
 
+Tools: a call the model makes is an output item after the message (``tool_items.py``). A
+``function_call`` ends the response (the client runs it). A call of one of the session's MCP
+servers' tools (``type: "mcp"``) is an ``mcp_call`` run here; the response then goes on with
+another round, a new assistant turn that reads the results, whose answer is a new message item of
+the same response (``_run``), up to ``mcp_max_calls_per_turn`` calls.
+
 Audio leaves in one of two ways. Over WebSocket (``deltas``) a sender drains the assistant's
 ``AudioOut`` into delta events, at most ``realtime_audio_lead_ms`` ahead of real time, so a
 barge-in drops what the client has not received. Over WebRTC (``track``) the call's outbound track
@@ -45,11 +51,14 @@ from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import AssistantAudioStarted, AssistantText, AssistantToolCallDelta, Priority, SessionEvent
 from mediaserver.llm.types import ChatMessage
+from mediaserver.metrics import Metrics
 from mediaserver.transport.openai.realtime.config import EventError, InputFormat, new_id
 from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, ResponseOptions
 from mediaserver.transport.openai.realtime.input_transcription import Host
 from mediaserver.transport.openai.realtime.items import ContentKind, Item, Items, NewItem, parse_item
+from mediaserver.transport.openai.realtime.mcp_tools import McpTool
 from mediaserver.transport.openai.realtime.responses import Response, describe_response, status_of
+from mediaserver.transport.openai.realtime.tool_items import ToolItems
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +84,7 @@ class Conversation:
         assistant: Assistant,
         config: ConversationConfig,
         audio: AudioMode,
+        metrics: Metrics | None = None,
     ) -> None:
         self.host = host
         self.settings = settings
@@ -87,6 +97,7 @@ class Conversation:
         self.responses = 0
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
+        self.tools = ToolItems(host, settings, metrics or Metrics(), self.items, self._added, self._done)
         if audio == "deltas":
             self._ensure_out(config.output_format)
 
@@ -325,10 +336,10 @@ class Conversation:
                 )
             return
         response.reason = response.reason or reason
-        if response.turn is not None:
+        if response.turn is not None and not response.turn.settled:
             await self.assistant.interrupt()
-        elif response.task is not None:
-            response.task.cancel()
+        elif response.task is not None and (response.turn is None or response.running_tools):
+            response.task.cancel()  # not begun, or between rounds (MCP calls running)
         if response.task is not None and response.task is not asyncio.current_task():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await response.task
@@ -359,31 +370,56 @@ class Conversation:
                     await item.transcribed.wait()
 
     async def _run(self, response: Response, speech_ended_at: float | None) -> None:
+        """The response's rounds: one assistant turn each; a turn that calls MCP tools has them run
+        here (``ToolItems.run_mcp``), and the next round answers with their results."""
         outcome: TurnOutcome | None = None
+        round_closed = False
         try:
             if response.context is None:
                 await self._wait_for_transcripts()
-            context = response.context if response.context is not None else self.items.context()
+            await self.tools.ready()
+            context = list(response.context if response.context is not None else self.items.context())
             if self.audio == "deltas" and response.options.modality == "audio":
                 self._ensure_out(response.options.output_format)
-            self._open(response)
-            response.turn = await self.assistant.respond(
-                context, self._assistant_options(response.options), speech_ended_at=speech_ended_at
-            )
-            outcome = await response.turn.outcome()
+            after_calls = False
+            while True:
+                round_closed = False
+                self._open(response)
+                options = self._assistant_options(response.options)
+                options = replace(options, tools=self.tools.tools_for(response, after_calls=after_calls))
+                response.turn = await self.assistant.respond(context, options, speech_ended_at=speech_ended_at)
+                response.running_tools = False  # the new round's turn is what a cancel interrupts now
+                outcome = await response.turn.outcome()
+                calls = outcome.tool_calls if outcome.status == "completed" else ()
+                mcp_calls = [(index, call) for index, call in enumerate(calls) if self.tools.is_mcp(call.name)]
+                if not mcp_calls:
+                    break
+                self._close_round(response, outcome, "completed")
+                round_closed = True
+                context.append(ChatMessage("assistant", outcome.text, tuple(calls)))
+                response.running_tools = True
+                for index, call in mcp_calls:
+                    result = await self.tools.run_mcp(response, index, call)
+                    context.append(ChatMessage("tool", result, tool_call_id=call.id))
+                if len(mcp_calls) < len(calls):
+                    break  # the client runs its functions, then asks for the next response
+                after_calls, speech_ended_at = True, None
         except asyncio.CancelledError:
-            outcome = None  # cancelled before the turn began (or the session is closing)
+            outcome = None  # cancelled before the turn began, during MCP calls, or the session is closing
         finally:
-            self._finish(response, outcome)
+            self._finish(response, outcome, round_closed=round_closed)
 
     def _open(self, response: Response) -> None:
+        """A round's message item (its text or audio answer)."""
         kind: ContentKind = "output_audio" if response.options.modality == "audio" else "output_text"
         item = Item(new_id("item"), "assistant", kind, "", status="in_progress", rate_hz=self._out_rate())
         response.item = item
+        response.output.append(item)
+        response.open_calls = {}
         self.host.send(
             "response.output_item.added",
             response_id=response.id,
-            output_index=0,
+            output_index=response.item_index,
             item=item.describe(beta=self.host.beta),
         )
         if response.options.in_conversation:
@@ -393,7 +429,7 @@ class Conversation:
             "response.content_part.added",
             response_id=response.id,
             item_id=item.id,
-            output_index=0,
+            output_index=response.item_index,
             content_index=0,
             part=part,
         )
@@ -402,11 +438,8 @@ class Conversation:
         out = self.assistant.out
         return out.sample_rate_hz if out is not None else 24000
 
-    def _finish(self, response: Response, outcome: TurnOutcome | None) -> None:
-        """Close the response's parts and send ``response.done`` (never awaits)."""
-        if self.response is response:
-            self.response = None
-        status, details = status_of(response, outcome)
+    def _close_round(self, response: Response, outcome: TurnOutcome | None, status: str) -> None:
+        """Close a round's message item and the function calls its turn made (never awaits)."""
         item = response.item
         send = self.host.send
         ids = {"response_id": response.id}
@@ -421,7 +454,7 @@ class Conversation:
                 item.marks = tuple(
                     replace(m, start=m.start - turn.start_sample, end=m.end - turn.start_sample) for m in turn.marks
                 )
-            part_ids = {**ids, "item_id": item.id, "output_index": 0, "content_index": 0}
+            part_ids = {**ids, "item_id": item.id, "output_index": response.item_index, "content_index": 0}
             text = item.text or ""
             if item.kind == "output_audio":
                 send(self._kind("response.output_audio.done", "response.audio.done"), **part_ids)
@@ -436,16 +469,33 @@ class Conversation:
                 part = {"type": "text", "text": text}
             send("response.content_part.done", **part_ids, part=part)
             described = item.describe(beta=self.host.beta)
-            send("response.output_item.done", **ids, output_index=0, item=described)
+            send("response.output_item.done", **ids, output_index=response.item_index, item=described)
             if response.options.in_conversation and item.id in self.items:
                 self._done(item, self.items.previous_id(item.id))
+            response.item = None
         calls = outcome.tool_calls if outcome is not None and status in ("completed", "incomplete") else ()
         for index, call in enumerate(calls):
-            self._function_call_done(response, index, call.id, call.name, call.arguments)
-        for index in sorted(set(response.open_calls) - set(range(len(calls)))):  # cut off by a cancel
-            item = response.open_calls[index]
-            item.status = "incomplete"
-            send("response.output_item.done", **ids, output_index=1 + index, item=item.describe(beta=self.host.beta))
+            if not self.tools.is_mcp(call.name):
+                self.tools.function_done(response, index, call.id, call.name, call.arguments)
+
+    def _finish(self, response: Response, outcome: TurnOutcome | None, *, round_closed: bool = False) -> None:
+        """Close the response's parts and send ``response.done`` (never awaits)."""
+        if self.response is response:
+            self.response = None
+        status, details = status_of(response, outcome)
+        send = self.host.send
+        ids = {"response_id": response.id}
+        if not round_closed:
+            self._close_round(response, outcome, status)
+        for item in response.output:  # calls cut off by a cancel
+            if item.type in ("function_call", "mcp_call") and item.status == "in_progress":
+                item.status = "incomplete"
+                if item.type == "mcp_call" and item.output is None and item.error is None:
+                    item.error = {"type": "tool_execution_error", "message": "cancelled before it finished"}
+                where = response.index_of(item)
+                send("response.output_item.done", **ids, output_index=where, item=item.describe(beta=self.host.beta))
+                if response.options.in_conversation and item.id in self.items:
+                    self._done(item, self.items.previous_id(item.id))
         if self.audio == "track" and response.audio_started and status == "cancelled":
             send("output_audio_buffer.cleared", **ids)
         usage = outcome.usage if outcome is not None else None
@@ -453,45 +503,9 @@ class Conversation:
         if self.audio == "track" and response.audio_started and status != "cancelled":
             send("output_audio_buffer.stopped", **ids)
 
-    def _function_call_open(self, response: Response, index: int, call_id: str, name: str) -> Item:
-        """A call the model makes, as output item ``1 + index`` of ``response`` (the client runs it
-        and answers with a ``function_call_output`` item and ``response.create``)."""
-        item = response.open_calls.get(index)
-        if item is not None:
-            return item
-        item = Item(new_id("item"), "assistant", "output_text", "", status="in_progress",
-                    type="function_call", call_id=call_id, name=name)  # fmt: skip
-        response.open_calls[index] = item
-        response.calls.append(item)
-        ids = {"response_id": response.id}
-        self.host.send(
-            "response.output_item.added", **ids, output_index=1 + index, item=item.describe(beta=self.host.beta)
-        )
-        if response.options.in_conversation:
-            self._added(item, self.items.add(item))
-        return item
-
-    def _function_call_delta(self, response: Response, index: int, call_id: str, name: str, arguments: str) -> None:
-        item = self._function_call_open(response, index, call_id, name)
-        if arguments:
-            item.text = (item.text or "") + arguments
-            self.host.send(
-                "response.function_call_arguments.delta", response_id=response.id, item_id=item.id,
-                output_index=1 + index, call_id=item.call_id, delta=arguments,
-            )  # fmt: skip
-
-    def _function_call_done(self, response: Response, index: int, call_id: str, name: str, arguments: str) -> None:
-        item = self._function_call_open(response, index, call_id, name)
-        missing = arguments[len(item.text or "") :] if arguments.startswith(item.text or "") else ""
-        if missing:
-            self._function_call_delta(response, index, call_id, name, missing)
-        item.text, item.status = arguments, "completed"
-        send, ids = self.host.send, {"response_id": response.id}
-        where = {**ids, "item_id": item.id, "output_index": 1 + index, "call_id": item.call_id}
-        send("response.function_call_arguments.done", **where, name=item.name, arguments=arguments)
-        send("response.output_item.done", **ids, output_index=1 + index, item=item.describe(beta=self.host.beta))
-        if response.options.in_conversation and item.id in self.items:
-            self._done(item, self.items.previous_id(item.id))
+    def set_mcp(self, declared: tuple[McpTool, ...]) -> None:
+        """The session's MCP tools changed (or were first given): connect and list the new set."""
+        self.tools.set_mcp(declared)
 
     # --- the assistant's events -----------------------------------------------------------------
 
@@ -511,13 +525,13 @@ class Conversation:
                 kind,
                 response_id=response.id,
                 item_id=response.item.id,
-                output_index=0,
+                output_index=response.item_index,
                 content_index=0,
                 delta=event.delta,
             )
         elif isinstance(event, AssistantToolCallDelta):
             call_id = event.call_id or f"call_{response.id}_{event.index}"
-            self._function_call_delta(response, event.index, call_id, event.name or "", event.arguments)
+            self.tools.delta(response, event.index, call_id, event.name or "", event.arguments)
         elif isinstance(event, AssistantAudioStarted):
             response.audio_started = True
             if self.audio == "track":
@@ -551,7 +565,7 @@ class Conversation:
             self._kind("response.output_audio.delta", "response.audio.delta"),
             response_id=response.id,
             item_id=response.item.id,
-            output_index=0,
+            output_index=response.item_index,
             content_index=0,
             delta=base64.b64encode(data).decode("ascii"),
         )
@@ -565,6 +579,7 @@ class Conversation:
             response.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await response.task
+        await self.tools.aclose()
         await self.assistant.aclose()
 
 

@@ -8,9 +8,10 @@ What maps onto the voice loop: ``instructions`` is the system prompt, ``output_m
 (beta ``modalities``) chooses a spoken or a text answer, ``voice`` (OpenAI's names are aliases of the
 default voice) and ``speed`` go to TTS, ``max_output_tokens`` caps the answer, beta ``temperature``
 is the LLM's, ``tools`` (type ``function``, checked as JSON Schema) and ``tool_choice`` are the
-functions the model may call (the client runs them). ``tracing``, ``truncation``, ``prompt`` and
-``reasoning`` are accepted, echoed where OpenAI echoes them, and not acted on; ``noise_reduction``
-turns on WebRTC noise suppression (``audio/noise.py``).
+functions the model may call (the client runs them); ``tools`` of type ``mcp`` are MCP servers this
+server calls itself (``mcp_tools``: checked against what the operator allows). ``tracing``,
+``truncation``, ``prompt`` and ``reasoning`` are accepted, echoed where OpenAI echoes them, and not
+acted on; ``noise_reduction`` turns on WebRTC noise suppression (``audio/noise.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from mediaserver.transport.openai.realtime.config import (
     parse_input,
     type_name,
 )
+from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy, McpTool, is_mcp, parse_mcp_tools, redacted
 
 Modality = Literal["text", "audio"]
 MAX_OUTPUT_TOKENS: Final = 4096  # OpenAI's cap on max_output_tokens
@@ -64,21 +66,29 @@ class ConversationConfig:
     output_format: InputFormat = OUTPUT_FORMAT
     tools: tuple[Any, ...] = ()
     tool_choice: Any = "auto"
+    mcp: tuple[McpTool, ...] = ()  # the ``type: "mcp"`` tools, parsed (mcp_tools.py)
 
     def tool_config(self) -> ToolConfig | None:
         """The session's functions for the LLM (None: none, or ``tool_choice`` ``none``).
 
-        ``type: "mcp"`` tools (the server calling an MCP server itself) are not supported: an error."""
-        for index, tool in enumerate(self.tools):
-            if isinstance(tool, dict) and tool.get("type") == "mcp":
+        Only the ``function`` tools: the MCP servers' tools join at response time, once listed
+        (``Conversation``); a ``tool_choice`` naming one (``{"type": "mcp", ...}``) is checked here
+        against the declared servers."""
+        functions = [tool for tool in self.tools if not is_mcp(tool)]
+        choice = self.tool_choice
+        if isinstance(choice, dict) and choice.get("type") == "mcp":
+            label = choice.get("server_label")
+            if not any(m.label == label for m in self.mcp):
                 raise EventError(
                     "invalid_value",
-                    f"Invalid 'session.tools[{index}]': tools of type 'mcp' are not supported by this server "
-                    "(function tools are; the operator can give the voice loop MCP servers).",
-                    "session.tools",
+                    f"Invalid 'session.tool_choice': no MCP tool with server_label {label!r} is in tools.",
+                    "session.tool_choice",
                 )
+            choice = "auto"
+        if not functions and self.mcp and choice == "required":
+            return None  # a call of an MCP tool is required
         try:
-            return parse_tools(list(self.tools), self.tool_choice, None, flat=True)
+            return parse_tools(functions, choice, None, flat=True)
         except InvalidParameter as exc:
             param = "session.tool_choice" if exc.param == "tool_choice" else "session.tools"
             raise EventError("invalid_value", exc.message, param) from None
@@ -109,7 +119,7 @@ class ConversationConfig:
                 },
                 "output": {"format": self.output_format.ga(), "voice": self.voice, "speed": self.speed},
             },
-            "tools": list(self.tools),
+            "tools": [redacted(tool) for tool in self.tools],
             "tool_choice": self.tool_choice,
             "max_output_tokens": "inf" if self.max_output_tokens is None else self.max_output_tokens,
             "tracing": None,
@@ -137,7 +147,7 @@ class ConversationConfig:
             },
             "turn_detection": turn.describe(settings, conversation=True) if turn is not None else None,
             "input_audio_noise_reduction": self.input.noise_reduction_object(),
-            "tools": list(self.tools),
+            "tools": [redacted(tool) for tool in self.tools],
             "tool_choice": self.tool_choice,
             "temperature": self.temperature if self.temperature is not None else 0.8,
             "max_response_output_tokens": "inf" if self.max_output_tokens is None else self.max_output_tokens,
@@ -162,6 +172,7 @@ class ResponseOptions:
     input: tuple[Mapping[str, Any], ...] | None = None  # its own context instead of the conversation
     conversation_id: str | None = field(default=None, compare=False)
     tools: ToolConfig | None = None  # the session's functions (the client runs the calls)
+    tool_choice: Any = "auto"  # as the session said it (with MCP tools the choice is made per response)
 
     @classmethod
     def of(cls, config: ConversationConfig) -> ResponseOptions:
@@ -174,6 +185,7 @@ class ResponseOptions:
             temperature=config.temperature,
             output_format=config.output_format,
             tools=config.tool_config(),
+            tool_choice=config.tool_choice,
         )
 
     def describe(self, *, beta: bool) -> dict[str, Any]:
@@ -254,8 +266,11 @@ def parse_conversation_session(
     *,
     check_voice: VoiceCheck,
     is_llm: LlmCheck,
+    mcp_policy: McpPolicy | None = None,
 ) -> ConversationConfig:
-    """Apply a ``session`` object (GA nested or beta flat shape) to ``base``; all or nothing."""
+    """Apply a ``session`` object (GA nested or beta flat shape) to ``base``; all or nothing.
+
+    ``mcp_policy``: what MCP servers a ``type: "mcp"`` tool may reach (None: none)."""
     session_type = session.get("type")
     if session_type is not None and session_type != "realtime":
         raise EventError(
@@ -314,6 +329,7 @@ def parse_conversation_session(
                 "session.tools",
             )
         changes["tools"] = tuple(tools or ())
+        changes["mcp"] = parse_mcp_tools(changes["tools"], mcp_policy)
     if "tool_choice" in session:
         changes["tool_choice"] = session["tool_choice"]
     updated = replace(base, **changes)

@@ -2,7 +2,9 @@
 LLM reads them.
 
 An item is a message: a user's text or audio (its transcript once the ASR has it), a system
-message, or an assistant's answer (text, or audio with its transcript). ``Items`` keeps their
+message, or an assistant's answer (text, or audio with its transcript); or a tool's: a
+``function_call`` and its ``function_call_output``, an ``mcp_call`` (run by the server, with its
+output or error) or an ``mcp_list_tools`` listing. ``Items`` keeps their
 order (``previous_item_id`` inserts mid-conversation, ``"root"`` at the start), deletes, and
 truncates an assistant's audio answer at the millisecond the client says playback stopped (its
 transcript then keeps only the words that were heard). ``context()`` is the conversation as chat
@@ -29,7 +31,7 @@ from mediaserver.transport.openai.realtime.config import EventError, as_object, 
 Role = Literal["user", "assistant", "system"]
 ContentKind = Literal["input_text", "input_audio", "output_text", "output_audio"]
 ItemStatus = Literal["completed", "incomplete", "in_progress"]
-ItemType = Literal["message", "function_call", "function_call_output"]
+ItemType = Literal["message", "function_call", "function_call_output", "mcp_call", "mcp_list_tools"]
 ROOT: Final = "root"
 MAX_ITEM_ID_CHARS: Final = 64
 
@@ -57,6 +59,13 @@ class Item:
     type: ItemType = "message"
     call_id: str | None = None
     name: str | None = None
+    # MCP (the server runs the call): the server's label; a call's ``output`` or ``error`` (its
+    # ``call_id`` is the model's, for the chat context; ``name`` the server's own tool name);
+    # a listing's ``tools`` (described already)
+    server_label: str | None = None
+    output: str | None = None
+    error: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.text is not None:
@@ -80,6 +89,27 @@ class Item:
         return [{"type": "audio" if beta else "output_audio", "transcript": self.text or ""}]
 
     def describe(self, *, beta: bool) -> dict[str, Any]:
+        if self.type == "mcp_call":
+            return {
+                "id": self.id,
+                "object": "realtime.item",
+                "type": "mcp_call",
+                "status": self.status,
+                "server_label": self.server_label,
+                "name": self.name,
+                "arguments": self.text or "",
+                "output": self.output,
+                "error": self.error,
+                "approval_request_id": None,
+            }
+        if self.type == "mcp_list_tools":
+            return {
+                "id": self.id,
+                "object": "realtime.item",
+                "type": "mcp_list_tools",
+                "server_label": self.server_label,
+                "tools": list(self.tools or []),
+            }
         if self.type == "function_call":
             return {
                 "id": self.id,
@@ -193,6 +223,13 @@ class Items:
             if item.type == "function_call":
                 call = ToolCall(item.call_id or item.id, item.name or "", item.text or "")
                 messages.append(ChatMessage("assistant", "", (call,)))
+            elif item.type == "mcp_call":
+                call = ToolCall(item.call_id or item.id, item.name or "", item.text or "")
+                messages.append(ChatMessage("assistant", "", (call,)))
+                result = item.output if item.error is None else f"Error: {item.error.get('message', '')}"
+                messages.append(ChatMessage("tool", result or "", tool_call_id=call.id))
+            elif item.type == "mcp_list_tools":
+                continue
             elif item.type == "function_call_output":
                 messages.append(ChatMessage("tool", item.text or "", tool_call_id=item.call_id))
             elif item.text and item.text.strip():

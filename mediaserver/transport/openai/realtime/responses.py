@@ -28,8 +28,20 @@ class Response:
     turn: Turn | None = None
     reason: str | None = None  # why it was cancelled
     audio_started: bool = False
-    calls: list[Item] = field(default_factory=list)  # function_call output items, after the message
-    open_calls: dict[int, Item] = field(default_factory=dict)  # by the model's call index, while streamed
+    # Every output item in order: a round's message, then the calls its turn made (function_call,
+    # mcp_call); after MCP calls the next round's message and calls follow (``Conversation._run``).
+    output: list[Item] = field(default_factory=list)
+    open_calls: dict[int, Item] = field(default_factory=dict)  # this round's calls by the model's index
+    mcp_calls: int = 0  # MCP calls run in this response (at most mcp_max_calls_per_turn)
+    running_tools: bool = False  # between two rounds (its MCP calls running): a cancel cancels the task
+
+    @property
+    def item_index(self) -> int:
+        """The output index of the current round's message item."""
+        return self.output.index(self.item) if self.item is not None and self.item in self.output else 0
+
+    def index_of(self, item: Item) -> int:
+        return self.output.index(item) if item in self.output else len(self.output)
 
 
 def usage_of(usage: Usage | None) -> dict[str, Any]:
@@ -75,8 +87,7 @@ def describe_response(
     *,
     beta: bool,
 ) -> dict[str, Any]:
-    output = [response.item.describe(beta=beta)] if response.item is not None else []
-    output += [call.describe(beta=beta) for call in response.calls]
+    output = [item.describe(beta=beta) for item in response.output]
     return {
         "id": response.id,
         "object": "realtime.response",

@@ -17,7 +17,7 @@ from mediaserver.audio.noise import new_filter, realtime_level
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent, SpeechStarted
-from mediaserver.state import ASR
+from mediaserver.state import ASR, METRICS
 from mediaserver.stream_session import Emit, StreamSession
 from mediaserver.transport.openai.realtime.config import (
     EventError,
@@ -40,6 +40,7 @@ from mediaserver.transport.openai.realtime.idle import IdleTimer
 from mediaserver.transport.openai.realtime.input_transcription import AudioInput, InputTranscription
 from mediaserver.transport.openai.realtime.items import NewItem, parse_item, required_id
 from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
+from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
 from mediaserver.transport.socket_session import Limits, MessageSocket, SocketSession
 from mediaserver.transport.voice import make_assistant
 
@@ -187,7 +188,8 @@ class RealtimeSession(SocketSession):
         self.conversation: Conversation | None = None
         if conversation is not None:
             assistant = make_assistant(app, self.id, self._on_assistant_event, audio_out, {})
-            self.conversation = Conversation(self, settings, self.asr, assistant, conversation, audio)
+            metrics = app.get(METRICS)
+            self.conversation = Conversation(self, settings, self.asr, assistant, conversation, audio, metrics)
         self.items = InputTranscription(self, self.conversation)
         self.idle = IdleTimer(self.conversation, self.items) if self.conversation is not None else None
         self.stream = self._new_stream(config)
@@ -264,6 +266,15 @@ class RealtimeSession(SocketSession):
             self.send(kind, session=config.describe_beta(self.id, self.settings))
         else:
             self.send(kind, session=config.describe_ga(self.id, self.settings))
+
+    def send_created(self) -> None:
+        """``session.created`` (and the beta transcription twin), then the MCP servers the session's
+        configuration declares (a client secret's or a call's) are connected and listed."""
+        self.send_session("session.created", self.config, self.conversation_config)
+        if self.beta and self.conversation is None:
+            self.send_session("transcription_session.created", self.config)
+        if self.conversation is not None and self.conversation_config is not None:
+            self.conversation.set_mcp(self.conversation_config.mcp)
 
     def on_idle(self, idle_s: float) -> None:
         self.send_error("idle_timeout", f"No client event for {idle_s:g} s; closing the session.")
@@ -385,8 +396,20 @@ class RealtimeSession(SocketSession):
         conversation: ConversationConfig | None = None
         if self.conversation_config is not None:
             conversation = parse_conversation_session(
-                session, self.conversation_config, self.models, check_voice=self._check_voice, is_llm=self._is_llm
+                session,
+                self.conversation_config,
+                self.models,
+                check_voice=self._check_voice,
+                is_llm=self._is_llm,
+                mcp_policy=McpPolicy.of(self.settings),
             )
+            if conversation.mcp and self.beta:
+                raise EventError(
+                    "invalid_value",
+                    "Invalid 'session.tools': tools of type 'mcp' are part of the GA Realtime interface; connect "
+                    "without the 'OpenAI-Beta: realtime=v1' header to use them.",
+                    "session.tools",
+                )
             config = conversation.input
         else:
             config = parse_session(session, self.config, self.models)
@@ -484,6 +507,8 @@ class RealtimeSession(SocketSession):
             if self.conversation is not None and work.conversation is not None:
                 self.conversation.config = work.conversation
             self.send_session(work.reply, work.config, work.conversation)
+            if self.conversation is not None and work.conversation is not None:
+                self.conversation.set_mcp(work.conversation.mcp)
         elif isinstance(work, _Commit):
             await self._commit_buffer(work.client_event_id)
         elif isinstance(work, _Clear):

@@ -78,9 +78,7 @@ async def realtime_handler(request: web.Request) -> web.StreamResponse:
         log.info(
             "realtime session %s: %s opened from %s (model %s)", session.id, kind, request.remote, config.resolved_model
         )
-        session.send_session("session.created", config, conversation)
-        if session.beta and conversation is None:
-            session.send_session("transcription_session.created", config)
+        session.send_created()
         await session.run()
     finally:
         await session.aclose(WSCloseCode.GOING_AWAY, "session closed")

@@ -51,62 +51,81 @@ def call_schema(tools: Sequence[ToolSpec]) -> dict[str, Any]:
 _HEAD = re.compile(r'\s*(?:```(?:json)?\s*)?\{\s*"name"\s*:\s*"(?P<name>[^"]+)"\s*,\s*"arguments"\s*:\s*')
 
 
+class _ArgumentsScanner:
+    """Follows the arguments object's JSON as it is written, to know where it ends (the answer's own
+    ``}`` follows it): depth of braces and brackets, outside strings."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.done = False
+
+    def take(self, text: str) -> str:
+        """The part of ``text`` that belongs to the arguments (all of it until they close)."""
+        for index, char in enumerate(text):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif char == "\\":
+                    self.escaped = True
+                elif char == '"':
+                    self.in_string = False
+            elif char == '"':
+                self.in_string = True
+            elif char in "{[":
+                self.depth += 1
+            elif char in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.done = True
+                    return text[: index + 1]
+        return text
+
+
 async def as_call(events: AsyncIterator[BackendEvent], tools: Sequence[ToolSpec]) -> AsyncIterator[BackendEvent]:
     """The constrained answer's events as one call, streamed: a ``ToolCallDelta`` with the id and
-    name as soon as the name is written, then the arguments' text in pieces as it comes (the last
-    ``}`` so far and the white space before it are held back: they may close the answer's own object).
+    name as soon as the name is written, then the arguments' text in pieces as it is written.
 
     An answer cut off before it closed (``max_tokens``) keeps its finish reason and the arguments
     written so far, as OpenAI's own cut-off calls do; one cut off before its name is passed on as text.
     """
     names = {tool.name for tool in tools}
-    text = ""
-    head_end = -1  # where the arguments start, once the name was seen
-    sent = 0  # how far into ``text`` the arguments were sent
+    head = ""  # the answer until its arguments start
+    arguments: _ArgumentsScanner | None = None
+    written: list[str] = []
     async for event in events:
         if isinstance(event, TextDelta):
-            text += event.text
-            if head_end < 0:
-                head = _HEAD.match(text)
-                if head is None or head.group("name") not in names:
+            text = event.text
+            if arguments is None:
+                head += text
+                match = _HEAD.match(head)
+                if match is None or match.group("name") not in names:
                     continue
-                head_end = sent = head.end()
-                yield ToolCallDelta(0, "call_" + secrets.token_hex(12), head.group("name"), "")
-            if sent == head_end:  # the arguments start at their "{"
-                while sent < len(text) and text[sent].isspace():
-                    sent += 1
-                head_end = sent
-            release = text.rfind("}")
-            while release > sent and text[release - 1].isspace():  # may be before the answer's "}"
-                release -= 1
-            if release > sent:
-                yield ToolCallDelta(0, arguments=text[sent:release])
-                sent = release
+                arguments = _ArgumentsScanner()
+                yield ToolCallDelta(0, "call_" + secrets.token_hex(12), match.group("name"), "")
+                text = head[match.end() :]
+            if not written:
+                text = text.lstrip()  # the arguments start at their "{"
+            piece = "" if arguments.done else arguments.take(text)
+            if piece:
+                written.append(piece)
+                yield ToolCallDelta(0, arguments=piece)
             continue
         if isinstance(event, Finished) and event.finish_reason != "cancelled":
-            if head_end < 0:
-                if text:
-                    yield TextDelta(text)
+            if arguments is None:
+                if head:
+                    yield TextDelta(head)
                 yield event
                 return
-            whole = _closed_arguments(text, head_end)
-            if whole is None:  # cut off: what was written
-                if len(text) > sent:
-                    yield ToolCallDelta(0, arguments=text[sent:])
-                yield event
-                return
-            if len(whole) > sent - head_end:
-                yield ToolCallDelta(0, arguments=whole[sent - head_end :])
-            yield Finished("tool_calls", event.usage)
+            whole = arguments.done and _is_object("".join(written))
+            yield Finished("tool_calls", event.usage) if whole else event
             return
         yield event
 
 
-def _closed_arguments(text: str, head_end: int) -> str | None:
-    """The arguments' JSON text of a whole answer (up to the answer's closing ``}``), None if not whole."""
-    end = text.rfind("}")
-    arguments = text[head_end:end].rstrip() if end >= head_end else ""
+def _is_object(text: str) -> bool:
     try:
-        return arguments if isinstance(json.loads(arguments), dict) else None
+        return isinstance(json.loads(text), dict)
     except ValueError:
-        return None
+        return False

@@ -48,16 +48,21 @@ def tools_upstream() -> Iterator[str]:
         yield url
 
 
-@pytest_asyncio.fixture(loop_scope="session")
+@pytest_asyncio.fixture(loop_scope="session", params=["embedded", "upstream"])
 async def rt_server(
-    server_factory: Callable[..., Any], base_settings: Settings, tools_upstream: str
+    request: pytest.FixtureRequest, server_factory: Callable[..., Any], base_settings: Settings
 ) -> AsyncIterator[LiveServer]:
+    """The server with the session's shared embedded engine, or with llama-cpp-python as its upstream."""
     settings: dict[str, Any] = {
-        "llm_upstream_url": tools_upstream,
         "assistant_temperature": 0.0,
         "assistant_max_answer_tokens": 30,
         "realtime_audio_lead_ms": 600_000,
     }
+    if request.param == "embedded":
+        embedded: LiveServer = await server_factory(**settings)
+        yield embedded
+        return
+    settings["llm_upstream_url"] = request.getfixturevalue("tools_upstream")
     service = LlmService(base_settings.model_copy(update=settings), Metrics())
     await service.start()
     try:
@@ -76,6 +81,7 @@ async def test_function_call_round_trip_then_a_spoken_answer(rt_server: LiveServ
                 "instructions": "You control the lights.",
                 "tools": [SET_LIGHT],
                 "tool_choice": {"type": "function", "name": "set_light"},
+                "max_output_tokens": 80,  # room for the call (the embedded engine writes indented JSON)
             }
         )
         updated = (await until(connection, "session.updated"))[-1]
@@ -107,7 +113,7 @@ async def test_function_call_round_trip_then_a_spoken_answer(rt_server: LiveServ
         assert [o.type for o in response.output if o.type == "function_call"] == ["function_call"]
 
         # The client runs the function and answers; the next response speaks.
-        await connection.session.update(session={"type": "realtime", "tool_choice": "none"})
+        await connection.session.update(session={"type": "realtime", "tool_choice": "none", "max_output_tokens": 30})
         await until(connection, "session.updated")
         await connection.conversation.item.create(
             item={"type": "function_call_output", "call_id": call_id, "output": "The kitchen light is now on."}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mediaserver.asr.guards import GuardConfig
 from mediaserver.asr.remote import RemoteEngine
 from mediaserver.asr.remote_openai import OpenAIEngine
 from mediaserver.asr.triton import TritonEngine
@@ -13,7 +14,14 @@ REMOTE_ENGINES: dict[str, type[RemoteEngine]] = {"openai": OpenAIEngine, "triton
 
 
 def build_remote_engine(
-    name: str, config: RemoteModel, *, vad: VadConfig, metrics: Metrics | None, default_language: str
+    name: str,
+    config: RemoteModel,
+    *,
+    vad: VadConfig,
+    metrics: Metrics | None,
+    default_language: str,
+    guards: GuardConfig | None = None,
 ) -> RemoteEngine:
     """The engine for one ``remote_models`` entry; contacts nothing (the backend may be down at start)."""
-    return REMOTE_ENGINES[config.backend](name, config, vad=vad, metrics=metrics, default_language=default_language)
+    engine = REMOTE_ENGINES[config.backend]
+    return engine(name, config, vad=vad, metrics=metrics, default_language=default_language, guards=guards)

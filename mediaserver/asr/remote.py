@@ -27,11 +27,12 @@ import re
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from mediaserver.asr.engine import AsrJob
-from mediaserver.audio.vad import VadConfig, has_speech
+from mediaserver.asr.guards import GUARD_REASONS, GuardConfig, GuardReason, check_text
+from mediaserver.audio.vad import VadConfig, has_speech, speech_ms
 from mediaserver.config import RemoteModel
 from mediaserver.errors import ApiError, BackendTimeout, BackendUnavailable
 from mediaserver.events import SAMPLE_RATE_HZ, Segment, Transcript
@@ -40,6 +41,11 @@ from mediaserver.metrics import Metrics
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+# The temperature of a guarded answer's second request: Whisper's greedy decode repeats its loop on
+# the same audio, and sampling at a temperature Whisper's own fallback reaches breaks it.
+SAFE_TEMPERATURE: tuple[float, ...] = (0.4,)
 
 
 @dataclass(frozen=True)
@@ -117,12 +123,17 @@ class RemoteEngine(abc.ABC):
         vad: VadConfig | None = None,
         metrics: Metrics | None = None,
         default_language: str = "en",
+        guards: GuardConfig | None = None,
     ) -> None:
         self.name = name
         self.config = config
         self.multilingual = config.multilingual
         self.url = redact_url(config.url)
-        self.counters: dict[str, int] = {"jobs_alone": 0}
+        self.guards = guards or GuardConfig()
+        self.counters: dict[str, int] = {
+            "jobs_alone": 0,
+            **{f"guard_{action}_{reason}": 0 for action in ("redecode", "keep") for reason in GUARD_REASONS},
+        }
         self._vad = vad or VadConfig()
         self._metrics = metrics
         self._default_language = default_language
@@ -203,9 +214,59 @@ class RemoteEngine(abc.ABC):
         if speech:
             self.counters["jobs_alone"] += len(speech)
             answers = await self._transcribe([jobs[i] for i in speech])
-            for index, answer in zip(speech, answers, strict=True):
+            guarded = await self._guarded([jobs[i] for i in speech], answers)
+            for index, answer in zip(speech, guarded, strict=True):
                 results[index] = answer
         return [r if r is not None else RuntimeError("job produced no result") for r in results]
+
+    # --- guards (asr/guards.py), as the local engine applies them -------------------------------
+
+    async def _guarded(
+        self, jobs: Sequence[AsrJob], answers: list[Transcript | BaseException]
+    ) -> list[Transcript | BaseException]:
+        """The answers, a decode that trips a loop or hallucination guard marked (partials) or asked
+        for once more the safe way (finals, uploads): no prompt or forced prefix, and a sampling
+        temperature instead of the greedy decode that looped (the backend's window is its own).
+        A second answer that still trips a guard and is longer gives way to the first."""
+        results = list(answers)
+        again: list[tuple[int, GuardReason]] = []
+        for index, (job, answer) in enumerate(zip(jobs, answers, strict=True)):
+            if not isinstance(answer, Transcript):
+                continue
+            reason = check_text(answer.text, speech_ms(job.audio, self._vad) / 1000.0, self.guards)
+            if reason is None:
+                continue
+            self.counters[f"guard_{job.on_guard}_{reason}"] += 1
+            if job.on_guard == "keep":
+                results[index] = replace(answer, guard=reason)
+            elif reason == "no_speech":
+                results[index] = replace(self.empty(job, answer.infer_time_s), guard=reason)
+            else:
+                log.info(
+                    "%s: an answer of %d words tripped the %s guard; asking again",
+                    self.label,
+                    len(answer.text.split()),
+                    reason,
+                )
+                again.append((index, reason))
+        if again:
+            safe = [
+                replace(
+                    jobs[i],
+                    options=replace(jobs[i].options, prefix=None, initial_prompt=None, temperature=SAFE_TEMPERATURE),
+                )
+                for i, _ in again
+            ]
+            for (index, reason), retry in zip(again, await self._transcribe(safe), strict=True):
+                first = answers[index]
+                assert isinstance(first, Transcript)
+                voiced_s = speech_ms(jobs[index].audio, self._vad) / 1000.0
+                if not isinstance(retry, Transcript) or (
+                    check_text(retry.text, voiced_s, self.guards) is not None and len(retry.text) > len(first.text)
+                ):
+                    retry = first
+                results[index] = replace(retry, guard=reason, infer_time_s=first.infer_time_s + retry.infer_time_s)
+        return results
 
     @abc.abstractmethod
     async def _transcribe(self, jobs: Sequence[AsrJob]) -> list[Transcript | BaseException]:

@@ -127,10 +127,7 @@ class AsrService:
                 speech_pad_s=self.settings.asr_speech_pad_ms / 1000.0,
                 replicas=self.settings.asr_replicas,
                 max_encoder_windows=self.settings.asr_encoder_max_windows,
-                guards=GuardConfig(
-                    max_words_per_s=self.settings.asr_guard_max_words_per_s,
-                    repeat_min=self.settings.asr_guard_repeat_min,
-                ),
+                guards=self._guards(),
             )
 
         try:
@@ -161,6 +158,11 @@ class AsrService:
         cores = self.device.cpu_threads or os.cpu_count() or 1
         return max(1, cores // self.settings.asr_replicas)
 
+    def _guards(self) -> GuardConfig:
+        return GuardConfig(
+            max_words_per_s=self.settings.asr_guard_max_words_per_s, repeat_min=self.settings.asr_guard_repeat_min
+        )
+
     def _load_remote(self, name: str) -> LoadedModel:
         config = self.settings.remote_models[name]
         engine = build_remote_engine(
@@ -171,6 +173,7 @@ class AsrService:
             ),
             metrics=self.metrics,
             default_language=self.settings.default_language,
+            guards=self._guards(),
         )
         engine.start()
         self.models.learn(name, engine.multilingual)

@@ -19,7 +19,10 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from prometheus_client import generate_latest
 
+from mediaserver.asr.guards import normalized_words
+from mediaserver.asr.remote import RemoteEngine
 from mediaserver.audio.decode import encode_wav
 from mediaserver.config import RemoteModel, Settings
 from mediaserver.state import ASR
@@ -28,6 +31,7 @@ from tests.conftest import Clip, LiveServer
 from tests.integration.test_ws_stream import check_streamed_partials, connect, pcm16, silence
 from tests.ports import free_port
 from tests.processes import front_server, mediaserver_process, wait_http_ok
+from tests.unit.test_guards import streamed_utterance
 
 KITCHEN = "Turn on the kitchen lights and close the garage door."
 
@@ -333,3 +337,58 @@ async def test_upstream_lost_mid_load_then_back_and_streams_recover(
             await wait_backend(http, front, "up")
     finally:
         process.stop()
+
+
+# --- guards: a backend's looping answer is caught here, as the local engine's would be ------------
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def unguarded_upstream(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    """A second mediaserver with its loop and hallucination guards off: it answers as Whisper decodes."""
+    process, url = mediaserver_process(
+        tmp_path_factory.mktemp("unguarded"), name="unguarded", asr_guard_max_words_per_s="0", asr_guard_repeat_min="0"
+    )
+    process.start()
+    try:
+        await wait_http_ok(f"{url}/health", process=process.process)
+        yield url
+    finally:
+        process.stop()
+
+
+async def _upload(http: aiohttp.ClientSession, url: str, wav: bytes) -> str:
+    form = aiohttp.FormData()
+    form.add_field("file", wav, filename="a.wav")
+    form.add_field("model", "tiny.en")
+    async with http.post(f"{url}/v1/audio/transcriptions", data=form) as resp:
+        assert resp.status == 200, await resp.text()
+        text: str = (await resp.json())["text"]
+        return text
+
+
+async def test_a_looping_backend_answer_is_asked_again_and_marked(
+    unguarded_upstream: str, base_settings: Settings, human_clips: list[tuple[str, np.ndarray, str]]
+) -> None:
+    # The real "ten of clubs" as a stream's VAD cuts it: tiny.en on its short window loops on it.
+    utterance = streamed_utterance(human_clips, "cards_001", base_settings)
+    wav = encode_wav(utterance)
+    async with (
+        front_server(
+            base_settings, remote_models={"tiny.en": remote(unguarded_upstream, response_format="json")}
+        ) as front,
+        aiohttp.ClientSession() as http,
+    ):
+        looped = await _upload(http, unguarded_upstream, wav)
+        assert len(normalized_words(looped)) >= 6, f"no loop to guard against any more: {looped!r}"
+        await wait_backend(http, front, "up")
+        service = front.app[ASR]
+        engine = (await service.get_model("tiny.en")).engine
+        assert isinstance(engine, RemoteEngine)
+        before = dict(engine.counters)
+        text = await _upload(http, front.url, wav)
+        tripped = [k for k, v in engine.counters.items() if k.startswith("guard_redecode_") and v > before[k]]
+        assert tripped, (engine.counters, looped, text)  # the looping answer was caught and asked for again
+        assert len(normalized_words(text)) <= len(normalized_words(looped)), (looped, text)
+        print(f"backend: {looped!r}; front after its guard: {text!r}")
+        # Counted where the local engine's guards are (front_server gives its ASR service its own registry).
+        metrics = generate_latest(service.metrics.registry).decode()
+        reason = tripped[0].removeprefix("guard_redecode_")
+        assert f'mediaserver_asr_guard_total{{action="redecode",model="tiny.en",reason="{reason}"}} 1.0' in metrics

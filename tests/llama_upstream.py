@@ -14,11 +14,15 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 from mediaserver.config import Settings
 from mediaserver.llm.engine_process import find_binary
 from mediaserver.llm.registry import bundled_gguf
+from mediaserver.llm.service import LlmService
+from mediaserver.metrics import Metrics
+from tests.conftest import LiveServer
 from tests.ports import free_port
 
 
@@ -78,3 +82,17 @@ def _serving(command: list[str], port: int, api_key: str | None) -> Iterator[str
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+@contextlib.asynccontextmanager
+async def server_with_llm(
+    server_factory: Callable[..., Awaitable[LiveServer]], base_settings: Settings, **settings: Any
+) -> AsyncIterator[LiveServer]:
+    """A live server whose LLM service is its own, built with ``settings`` (an upstream, other models,
+    a projector ...); models and voices are the session's. The service is closed after."""
+    service = LlmService(base_settings.model_copy(update=settings), Metrics())
+    await service.start()
+    try:
+        yield await server_factory(llm=service, **settings)
+    finally:
+        await service.aclose()

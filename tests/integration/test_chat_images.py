@@ -19,9 +19,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from mediaserver.config import Settings
-from mediaserver.llm.service import LlmService
-from mediaserver.metrics import Metrics
-from tests.llama_upstream import llama_cpp_server
+from tests.llama_upstream import llama_cpp_server, server_with_llm
 
 PNG_1X1 = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
@@ -73,24 +71,18 @@ async def test_an_upstream_gets_the_image_parts(
     server_factory: Any, base_settings: Settings, text_only_upstream: str
 ) -> None:
     settings = {"llm_upstream_url": text_only_upstream}
-    service = LlmService(base_settings.model_copy(update=settings), Metrics())
-    await service.start()
-    try:
-        live = await server_factory(llm=service, **settings)
-        async with _client(live) as client:
-            with pytest.raises(openai.APIStatusError) as caught:
-                await client.chat.completions.create(
-                    model="text-only", messages=_with_image("https://example.org/cat.png"), max_tokens=5
-                )
-            # llama-server's own words: it got an image part, and has no projector to read it
-            assert "image input is not supported" in caught.value.message, caught.value.message
-            assert caught.value.status_code == 502  # the upstream failed on it (llama-server answers 500)
-            text = await client.chat.completions.create(
-                model="text-only", messages=[{"role": "user", "content": "Hi"}], max_tokens=5
+    async with server_with_llm(server_factory, base_settings, **settings) as live, _client(live) as client:
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(
+                model="text-only", messages=_with_image("https://example.org/cat.png"), max_tokens=5
             )
-            assert text.choices[0].message.content is not None  # the same upstream takes text
-    finally:
-        await service.aclose()
+        # llama-server's own words: it got an image part, and has no projector to read it
+        assert "image input is not supported" in caught.value.message, caught.value.message
+        assert caught.value.status_code == 502  # the upstream failed on it (llama-server answers 500)
+        text = await client.chat.completions.create(
+            model="text-only", messages=[{"role": "user", "content": "Hi"}], max_tokens=5
+        )
+        assert text.choices[0].message.content is not None  # the same upstream takes text
 
 
 async def test_a_projector_that_is_not_there_is_a_503_with_the_reason(
@@ -101,10 +93,7 @@ async def test_a_projector_that_is_not_there_is_a_503_with_the_reason(
     # and the app turns the LLM off with this reason, app.llm_ctx).
     projectors = {"smollm2-135m-instruct": str(missing)}
     settings = {"llm_vision_projectors": projectors, "llm_slots": 1, "llm_preload": False}
-    service = LlmService(base_settings.model_copy(update=settings), Metrics())
-    await service.start()
-    try:
-        live = await server_factory(llm=service, **settings)
+    async with server_with_llm(server_factory, base_settings, **settings) as live:
         async with _client(live) as client:
             with pytest.raises(openai.APIStatusError) as caught:
                 await client.chat.completions.create(
@@ -112,8 +101,6 @@ async def test_a_projector_that_is_not_there_is_a_503_with_the_reason(
                 )
         assert caught.value.status_code == 503
         assert str(missing) in caught.value.message and "llm_vision_projectors" in caught.value.message
-    finally:
-        await service.aclose()
 
 
 async def test_malformed_image_url_is_a_400(server: Any) -> None:

@@ -21,9 +21,7 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolPara
 
 from mediaserver.config import Settings
 from mediaserver.llm.registry import bundled_gguf
-from mediaserver.llm.service import LlmService
-from mediaserver.metrics import Metrics
-from tests.llama_upstream import llama_server
+from tests.llama_upstream import llama_server, server_with_llm
 from tests.ports import bound_port
 
 UPSTREAM_ALIAS = "smollm2-tools"
@@ -67,15 +65,12 @@ async def sdk(
         async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as client:
             yield client
         return
-    settings = {"llm_upstream_url": request.getfixturevalue("tools_upstream")}
-    service = LlmService(base_settings.model_copy(update=settings), Metrics())
-    await service.start()
-    try:
-        live = await server_factory(llm=service, **settings)
-        async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as client:
-            yield client
-    finally:
-        await service.aclose()
+    upstream = request.getfixturevalue("tools_upstream")
+    async with (
+        server_with_llm(server_factory, base_settings, llm_upstream_url=upstream) as live,
+        openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as client,
+    ):
+        yield client
 
 
 async def test_named_tool_choice_returns_a_schema_valid_call(sdk: openai.AsyncOpenAI) -> None:
@@ -241,18 +236,15 @@ async def test_a_model_whose_template_renders_no_tools_says_which_settings_help(
     gguf = bundled_gguf()
     assert gguf is not None
     settings = {"llm_extra_models": {"plain-smollm2": str(gguf)}, "llm_preload": False, "llm_slots": 1}
-    service = LlmService(base_settings.model_copy(update=settings), Metrics())
-    await service.start()
-    try:
-        live = await server_factory(llm=service, **settings)
-        async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as client:
-            error = await _bad_request(client, model="plain-smollm2", tools=TOOLS, tool_choice=SET_LIGHT)
-            assert isinstance(error.body, dict) and error.body.get("param") == "tools"
-            assert "llm_chat_templates" in error.message and "llm_upstream_url" in error.message
-            plain = await client.chat.completions.create(model="plain-smollm2", messages=KITCHEN, max_tokens=5)
-            assert plain.choices[0].message.content  # the model itself works
-    finally:
-        await service.aclose()
+    async with (
+        server_with_llm(server_factory, base_settings, **settings) as live,
+        openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as client,
+    ):
+        error = await _bad_request(client, model="plain-smollm2", tools=TOOLS, tool_choice=SET_LIGHT)
+        assert isinstance(error.body, dict) and error.body.get("param") == "tools"
+        assert "llm_chat_templates" in error.message and "llm_upstream_url" in error.message
+        plain = await client.chat.completions.create(model="plain-smollm2", messages=KITCHEN, max_tokens=5)
+        assert plain.choices[0].message.content  # the model itself works
 
 
 # --- a model that writes invalid arguments (a fault the grammar-constrained engines cannot make) --
@@ -298,20 +290,16 @@ async def careless_upstream() -> AsyncIterator[str]:
 async def test_invalid_arguments_from_an_upstream_reach_the_client_as_sent(
     server_factory: Any, base_settings: Settings, careless_upstream: str
 ) -> None:
-    settings = {"llm_upstream_url": careless_upstream}
-    service = LlmService(base_settings.model_copy(update=settings), Metrics())
-    await service.start()
-    try:
-        live = await server_factory(llm=service, **settings)
-        async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as client:
-            answer = await client.chat.completions.create(model="careless", messages=KITCHEN, tools=TOOLS)
-            calls = answer.choices[0].message.tool_calls
-            assert answer.choices[0].finish_reason == "tool_calls" and calls
-            call = calls[0]
-            assert call.type == "function" and call.function.name == "set_light"
-            assert call.function.arguments == BROKEN_ARGUMENTS
-            stream = await client.chat.completions.create(model="careless", messages=KITCHEN, tools=TOOLS, stream=True)
-            pieces = [tc async for c in stream for choice in c.choices for tc in choice.delta.tool_calls or ()]
-            assert "".join(p.function.arguments or "" for p in pieces if p.function) == BROKEN_ARGUMENTS
-    finally:
-        await service.aclose()
+    async with (
+        server_with_llm(server_factory, base_settings, llm_upstream_url=careless_upstream) as live,
+        openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as client,
+    ):
+        answer = await client.chat.completions.create(model="careless", messages=KITCHEN, tools=TOOLS)
+        calls = answer.choices[0].message.tool_calls
+        assert answer.choices[0].finish_reason == "tool_calls" and calls
+        call = calls[0]
+        assert call.type == "function" and call.function.name == "set_light"
+        assert call.function.arguments == BROKEN_ARGUMENTS
+        stream = await client.chat.completions.create(model="careless", messages=KITCHEN, tools=TOOLS, stream=True)
+        pieces = [tc async for c in stream for choice in c.choices for tc in choice.delta.tool_calls or ()]
+        assert "".join(p.function.arguments or "" for p in pieces if p.function) == BROKEN_ARGUMENTS

@@ -29,12 +29,10 @@ import pytest_asyncio
 import websockets
 
 from mediaserver.config import Settings
-from mediaserver.llm.service import LlmService
-from mediaserver.metrics import Metrics
 from tests.conftest import LiveServer
 from tests.integration.test_mcp_tools import ROOT, TOKEN, http_config, wait_listening
 from tests.integration.test_realtime_conversation import GA_EVENTS, Raw, audio_of, sdk, until
-from tests.llama_upstream import llama_server
+from tests.llama_upstream import llama_server, server_with_llm
 from tests.ports import free_port
 from tests.rtc_peer import connect_call
 
@@ -103,13 +101,8 @@ async def mcp_server(
         "mcp_connect_timeout_s": 10.0,
         "mcp_servers": [http_config(url).model_copy(update={"name": "home"})],  # the operator's own
     }
-    service = LlmService(base_settings.model_copy(update=settings), Metrics())
-    await service.start()
-    try:
-        server: LiveServer = await server_factory(llm=service, **settings)
+    async with server_with_llm(server_factory, base_settings, **settings) as server:
         yield server
-    finally:
-        await service.aclose()
 
 
 def mcp_tool(url: str, *allowed: str, **extra: Any) -> dict[str, Any]:

@@ -21,12 +21,10 @@ import pytest_asyncio
 
 from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
-from mediaserver.llm.service import LlmService
-from mediaserver.metrics import Metrics
 from tests.conftest import LiveServer
 from tests.integration.test_realtime_conversation import audio_of, sdk, until
 from tests.integration.test_voice_loop import transcribe
-from tests.llama_upstream import llama_server
+from tests.llama_upstream import llama_server, server_with_llm
 
 MODEL = "smollm2-realtime-tools"
 LIGHT_SCHEMA: dict[str, Any] = {
@@ -63,13 +61,8 @@ async def rt_server(
         yield embedded
         return
     settings["llm_upstream_url"] = request.getfixturevalue("tools_upstream")
-    service = LlmService(base_settings.model_copy(update=settings), Metrics())
-    await service.start()
-    try:
-        server: LiveServer = await server_factory(llm=service, **settings)
+    async with server_with_llm(server_factory, base_settings, **settings) as server:
         yield server
-    finally:
-        await service.aclose()
 
 
 async def test_function_call_round_trip_then_a_spoken_answer(rt_server: LiveServer, asr_service: AsrService) -> None:

@@ -10,10 +10,11 @@ final is joined to the promised text by ``continuation``, so it always extends t
 never doubles a word at the seam. Model work goes through the shared ``AsrService``; the session
 only submits jobs (partials with its id as supersede key, so stale ones are dropped).
 
-Two parts live beside it: ``stream_partials.py`` (the partial decodes and what they promised:
-``continuation``, the agreement rule, the commit lag) and ``stream_turns.py`` (the turn check:
-the turn model's scoring of pauses). Closing is idempotent and cancels every task the session
-started. ``session_registry.py`` holds the registry of open sessions (the cap, idle reaping).
+Three parts live beside it: ``stream_partials.py`` (the partial decodes and what they promised:
+``continuation``, the agreement rule, the commit lag), ``stream_turns.py`` (the turn check: the
+turn model's scoring of pauses) and ``stream_finals.py`` (final transcriptions, started early and
+sent in order). Closing is idempotent and cancels every task the session started.
+``session_registry.py`` holds the registry of open sessions (the cap, idle reaping).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
@@ -29,29 +29,24 @@ from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from mediaserver.asr.scheduler import DeadlineExceeded
 from mediaserver.asr.service import AsrService
 from mediaserver.audio.segmenter import Discarded, SegmenterConfig, SpeechStart, Utterance, VadSegmenter
 from mediaserver.config import Settings
-from mediaserver.errors import ApiError, Overloaded
 from mediaserver.events import (
     SAMPLE_RATE_HZ,
     AudioArray,
     FinalTranscript,
-    Priority,
     SessionEvent,
     SpeechStarted,
     SpeechStopped,
-    StreamError,
     Transcript,
     TranscriptionOptions,
     TurnDecided,
 )
+from mediaserver.stream_finals import EarlyFinal, Finals
 from mediaserver.stream_partials import Partials, continuation
 from mediaserver.stream_turns import TurnChecks
 from mediaserver.turns import model as turn_models
-
-log = logging.getLogger(__name__)
 
 Emit = Callable[[SessionEvent], Awaitable[None]]
 _T = TypeVar("_T")
@@ -87,20 +82,6 @@ def segmenter_config(settings: Settings, **overrides: int | float) -> SegmenterC
     return SegmenterConfig(**values)  # type: ignore[arg-type]
 
 
-@dataclass
-class _EarlyFinal:
-    """A final decoded during the trailing silence, before the segmenter ends the utterance.
-
-    It is the utterance's final if the utterance ends on this silence: then its audio is
-    ``samples`` long plus exactly the rest of the hangover (any voiced frame would have restarted
-    the silence and made the utterance longer).
-    """
-
-    task: asyncio.Task[Transcript]
-    samples: int
-    silence_ms: int
-
-
 class Answerer(Protocol):
     """What the session needs of a voice-loop assistant (``mediaserver.assistant.turns.Assistant``)."""
 
@@ -124,10 +105,11 @@ class StreamSession:
     """The transport-neutral core of one live audio stream.
 
     It owns the stream's segmentation (push-to-talk recording or a VAD segmenter), the partial
-    transcript state of the utterance in progress (what was promised to the client, so the final
-    extends it), and the tasks that wait on the shared ASR service (partials, and finals chained so
-    they arrive in order). Transports feed it 16 kHz audio and translate the events it emits; they
-    never call the ASR service themselves, so every transport segments and transcribes alike.
+    transcript state of the utterance in progress (``Partials``: what was promised to the client,
+    so the final extends it), the turn check (``TurnChecks``), and the tasks that wait on the
+    shared ASR service (partials, and ``Finals`` chained so they arrive in order). Transports feed
+    it 16 kHz audio and translate the events it emits; they never call the ASR service themselves,
+    so every transport segments and transcribes alike.
 
     With an ``assistant`` attached (the voice loop), each final transcript is answered, and the user
     starting to speak while an answer plays interrupts it (barge-in); the assistant's events come
@@ -157,10 +139,9 @@ class StreamSession:
         self._recording = False
         self._recorded: list[AudioArray] = []
         self._partials = Partials(self, emit)  # the decodes of the utterance in progress, what they promised
-        self._early_final: _EarlyFinal | None = None
+        self._early_final: EarlyFinal | None = None
         self._tasks: set[asyncio.Task[object]] = set()
-        self._final_chain: asyncio.Future[None] | None = None
-        self._pending_finals = 0  # utterances submitted whose final was not yet sent
+        self._finals = Finals(self, emit, self._start_task)  # transcriptions under way, sent in order
         self._closed = False
         self.assistant: Answerer | None = None
         self.barge_in = settings.assistant_barge_in
@@ -259,12 +240,12 @@ class StreamSession:
             return
         self._partials.cancel()  # the final is about to be decoded: partials only compete with it now
         audio = self._segmenter.current_audio()
-        task = self._start_final(audio, f"early-final-{self.id}")
-        early = self._early_final = _EarlyFinal(task, audio.size, silence_ms)
+        task = self._finals.start(audio, f"early-final-{self.id}")
+        early = self._early_final = EarlyFinal(task, audio.size, silence_ms)
         if self.settings.turn_speculative_answers and isinstance(self.assistant, Speculator):
             task.add_done_callback(lambda done: self._speculate(early, done, self._partials.promises.committed))
 
-    def _speculate(self, early: _EarlyFinal, task: asyncio.Task[Transcript], committed: str) -> None:
+    def _speculate(self, early: EarlyFinal, task: asyncio.Task[Transcript], committed: str) -> None:
         """The final was decoded while the turn is still open: the voice loop starts its answer now
         (held until the turn ends; dropped if the speech resumes)."""
         if task.cancelled() or task.exception() is not None or self._early_final is not early or self._closed:
@@ -316,13 +297,12 @@ class StreamSession:
             if isinstance(self.assistant, Speculator):
                 self.assistant.drop_speculation()  # the speech resumed: an answer started on it is unheard
 
-    def _take_early_final(self, utterance: Utterance) -> _EarlyFinal | None:
+    def _take_early_final(self, utterance: Utterance) -> EarlyFinal | None:
         """The early final if it is this utterance's (it ended on the silence the final started in)."""
         early, self._early_final = self._early_final, None
         if early is None:
             return None
-        rest = (utterance.silence_ms - early.silence_ms) * SAMPLE_RATE_HZ // 1000
-        if utterance.reason in ("silence", "turn") and rest >= 0 and utterance.audio.size == early.samples + rest:
+        if early.fits(utterance):
             return early
         early.task.cancel()
         return None
@@ -411,10 +391,7 @@ class StreamSession:
             return None
         await self._emit(SpeechStopped(event.end_ms))
         ended_at = time.monotonic()
-        previous = self._final_chain
-        if previous is not None:
-            with contextlib.suppress(Exception):
-                await previous
+        await self._finals.wait()
         return await self._final(event.audio, event.start_ms, event.end_ms, ended_at=ended_at)
 
     def clear(self) -> None:
@@ -446,70 +423,20 @@ class StreamSession:
         await self._partials.advance(hypothesis, audio_samples)
 
     async def _submit_final(
-        self, audio: AudioArray, start_ms: int, end_ms: int, *, early: _EarlyFinal | None = None
+        self, audio: AudioArray, start_ms: int, end_ms: int, *, early: EarlyFinal | None = None
     ) -> None:
-        """Start a final without blocking the audio path; finals of a session arrive in order.
-
-        The transcription enters the shared ASR queue at once (so the service's ``asr_max_queue``
-        bounds every session's waiting finals together, and a session's backlog fills batches);
-        only the results wait for the earlier utterances'. With ``early``, the final decoded during
-        the trailing silence is this utterance's. A session with ``stream_max_pending_finals``
-        finals already waiting drops the utterance with an ``overloaded`` error.
-        """
-        previous = self._final_chain
+        """Start a final without blocking the audio path (``Finals.submit``); finals of a session
+        arrive in order. With ``early``, the final decoded during the trailing silence is this
+        utterance's."""
         committed = self._partials.promises.committed
         ended_at = time.monotonic()
         self._partials.cancel()
         self._partials.promises.forget()
-        limit = self.settings.stream_max_pending_finals
-        if self._pending_finals >= limit:
-            if early is not None:
-                early.task.cancel()
-            self.asr.metrics.stream_dropped.inc()
-            log.info("session %s: utterance %d-%d ms dropped, %d finals waiting", self.id, start_ms, end_ms, limit)
-            await self._emit(
-                StreamError(
-                    f"server overloaded: {limit} earlier utterances of this session are still waiting for their "
-                    "transcripts (stream_max_pending_finals); this one was dropped",
-                    Overloaded.code,
-                    start_ms,
-                    end_ms,
-                )
-            )
-            return
-        transcription = early.task if early is not None else self._start_final(audio, f"transcribe-{self.id}")
-        self._pending_finals += 1
 
-        async def run() -> None:
-            try:
-                if previous is not None:
-                    with contextlib.suppress(Exception):
-                        await previous
-                await self._final(audio, start_ms, end_ms, committed=committed, ended_at=ended_at, early=transcription)
-            except ApiError:
-                pass  # _final already reported it as a StreamError
-            except Exception:
-                log.exception("session %s: final transcription failed", self.id)
-                await self._emit(StreamError("transcription failed", "internal_error", start_ms, end_ms))
-            finally:
-                self._pending_finals -= 1
-                transcription.cancel()  # only if this final was cancelled before it was done
+        async def send(transcription: asyncio.Task[Transcript]) -> None:
+            await self._final(audio, start_ms, end_ms, committed=committed, ended_at=ended_at, early=transcription)
 
-        self._final_chain = self._start_task(run(), f"final-{self.id}")
-
-    def _start_final(self, audio: AudioArray, name: str) -> asyncio.Task[Transcript]:
-        """Put a final's transcription in the ASR queue now.
-
-        A final is decoded as an upload of its audio would be, with no forced prefix: forcing the
-        promised text made the decoder continue past it on the trailing silence ("... forever.
-        Ferever.") and made short real commands loop. ``continuation`` joins it to the promise.
-        """
-        options = replace(self.options.transcription, prefix=None)
-        task = self._start_task(
-            self.asr.transcribe(audio, options, model=self.options.model, priority=Priority.FINAL), name
-        )
-        task.add_done_callback(_retrieve_exception)  # whoever awaits it handles a failure
-        return task
+        await self._finals.submit(audio, start_ms, end_ms, early, send)
 
     def _start_task(self, coro: Coroutine[object, object, _T], name: str) -> asyncio.Task[_T]:
         """A task of this session: ``aclose`` cancels it."""
@@ -528,37 +455,13 @@ class StreamSession:
         ended_at: float | None = None,
         early: asyncio.Task[Transcript] | None = None,
     ) -> FinalTranscript:
-        """Transcribe an utterance; ``ended_at`` is when its speech ended (monotonic).
-
-        ``early`` is its transcription already under way (started in the trailing silence, or when
-        the utterance ended); if that was refused or failed, the utterance is transcribed again
-        here, once: not after it already waited ``asr_request_timeout_s``.
-        """
+        """Transcribe an utterance (``Finals.transcribe``: ``early`` is its transcription already
+        under way), join it to what partials promised (``committed``), send it and answer it;
+        ``ended_at`` is when its speech ended (monotonic)."""
         ended_at = time.monotonic() if ended_at is None else ended_at
         committed = self._partials.promises.committed if committed is None else committed
         self._partials.cancel()
-        options = replace(self.options.transcription, prefix=None)
-        transcript: Transcript | None = None
-        if early is not None:
-            try:
-                transcript = await early
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
-            except DeadlineExceeded as exc:
-                await self._emit(StreamError(exc.message, exc.code, start_ms, end_ms))
-                raise
-            except Exception:
-                log.debug("session %s: the started final failed; transcribing again", self.id)
-        try:
-            if transcript is None:
-                transcript = await self.asr.transcribe(
-                    audio, options, model=self.options.model, priority=Priority.FINAL
-                )
-        except ApiError as exc:
-            await self._emit(StreamError(exc.message, exc.code, start_ms, end_ms))
-            raise
+        transcript = await self._finals.transcribe(audio, start_ms, end_ms, early)
         delta = continuation(committed, transcript.text)
         text = (committed + delta) if committed else delta
         if text != transcript.text:
@@ -589,9 +492,3 @@ class StreamSession:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
-
-
-def _retrieve_exception(task: asyncio.Task[Transcript]) -> None:
-    """An early final that is dropped or fails is not an error of its own (the final retries)."""
-    if not task.cancelled():
-        task.exception()

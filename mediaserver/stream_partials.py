@@ -171,10 +171,6 @@ class Partials:
         self.promises = PartialPromises(stream.settings)
         self._task: asyncio.Task[None] | None = None
 
-    @property
-    def running(self) -> bool:
-        return self._task is not None
-
     def start(self) -> None:
         """Decode the utterance in progress until it ends (or ``cancel``), unless that already runs."""
         if self._task is None:

@@ -10,7 +10,7 @@ from mediaserver.asr.models import ModelRegistry
 from mediaserver.audio.decode import PcmFormat
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter, UnknownModel
-from mediaserver.transport.ws.asr import StreamConfig, parse_start
+from mediaserver.transport.ws.start import StreamConfig, parse_start
 
 
 @pytest.fixture(scope="module")

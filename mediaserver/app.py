@@ -52,7 +52,22 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # what /api/docs loads: it describes the API, it holds nothing secret.
 _PUBLIC_PATHS = frozenset({"/health", "/rtc", "/api/docs", "/api/openapi.json"})
 _PUBLIC_PREFIXES = ("/rtc/", "/static/")
+# Where a client secret (``ek_...``, client_secrets.py) stands in for an API key, and nowhere else
+# (not uploads, not minting, not admin). The realtime connect endpoints check the secret themselves
+# (its kind decides the session's). The /rtc/ page's own calls (static/rtc/*.js) are checked here and
+# take a ``realtime`` (conversation) secret only: the page's WebRTC session turns into the voice
+# assistant (LLM and TTS) with a data-channel message, so a ``transcription`` secret would open more
+# than it was minted for.
 _CLIENT_SECRET_PATHS = frozenset({"/v1/realtime", "/v1/realtime/calls"})
+_PAGE_SECRET_ROUTES = frozenset(
+    {
+        ("POST", "/api/rtc/asr"),  # the session (SDP offer): push-to-talk, hands-free, assistant
+        ("GET", "/api/rtc/config"),  # ICE servers
+        ("GET", "/v1/models"),  # the model menu
+        ("GET", "/api/tts"),  # the Speak panel
+        ("GET", "/api/speaker"),  # its voices
+    }
+)
 
 
 def _is_openai(request: web.Request) -> bool:
@@ -175,9 +190,18 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     settings = request.app[SETTINGS]
     if request.path in _PUBLIC_PATHS or request.path.startswith(_PUBLIC_PREFIXES) or request.method == "OPTIONS":
         return await handler(request)
-    # A client secret opens realtime sessions only; their handlers check it (client_secrets.py).
-    secret_path = request.path in _CLIENT_SECRET_PATHS and client_secrets.presented(request) is not None
-    if not secret_path and not _check_credentials(request, settings):
+    secret = client_secrets.presented(request)
+    if secret is not None and request.path in _CLIENT_SECRET_PATHS:
+        return await handler(request)  # the realtime handlers check it (and its kind)
+    if secret is not None and (request.method, request.path) in _PAGE_SECRET_ROUTES:
+        client_secrets.verify(request.app, secret, "realtime")  # a 401 unless valid, unexpired, realtime
+        return await handler(request)
+    if not _check_credentials(request, settings):
+        if secret is not None:
+            raise Unauthorized(
+                "a client secret opens only realtime sessions and the /rtc/ page's endpoints; "
+                "this one needs HTTP Basic credentials or an API key"
+            )
         raise Unauthorized("authentication required: HTTP Basic credentials or an API key")
     return await handler(request)
 

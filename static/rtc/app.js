@@ -4,7 +4,10 @@ import { MediaserverClient } from "./client.js";
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 
-const client = new MediaserverClient({ apiKey: params.get("api_key") || undefined });
+// The credential: a short-lived client secret in the fragment (#client_secret=ek_...: a fragment never
+// reaches the server, its logs or a Referer), else an API key in ?api_key= (kept for compatibility).
+const credential = new URLSearchParams(location.hash.slice(1)).get("client_secret") || params.get("api_key");
+const client = new MediaserverClient({ apiKey: credential || undefined });
 
 /** Everything a test (or a curious developer in the console) may want to read. */
 const state = {

@@ -8,6 +8,7 @@
 //   theme=auto|light|dark|transparent   (default auto: follows the OS)
 //   autoconnect=0     wait for a tap before asking for the microphone (default: connect on load)
 //   api_key           sent as a Bearer token when the server requires one
+// Fragment: #client_secret=ek_...   a short-lived client secret instead of api_key (python -m mediaserver.mint_secret)
 import { MediaserverClient } from "./client.js";
 
 const $ = (id) => document.getElementById(id);
@@ -42,7 +43,8 @@ function environmentProblem() {
   return null;
 }
 
-const client = new MediaserverClient({ apiKey: params.get("api_key") || undefined });
+const credential = new URLSearchParams(location.hash.slice(1)).get("client_secret") || params.get("api_key");
+const client = new MediaserverClient({ apiKey: credential || undefined });
 const state = {
   connection: { ...client.state },
   connecting: false,

@@ -6,7 +6,8 @@
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
-const apiKey = params.get("api_key") || null;
+// A client secret in the fragment (#client_secret=ek_...), else ?api_key= (as app.js).
+const apiKey = new URLSearchParams(location.hash.slice(1)).get("client_secret") || params.get("api_key") || null;
 
 /** What a test (or a curious developer) may read: window.mediaserverSpeak. */
 const state = {

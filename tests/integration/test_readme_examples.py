@@ -28,6 +28,8 @@ README_ADDRESS = "localhost:19001"
 NOT_RUN = {
     "make run": "builds .venv and starts a server on the fixed port 19001; the test servers are already running",
     "make test": "runs the whole suite (this test included)",
+    'python -m mediaserver.mint_secret --server http://localhost:19001 --api-key "$KEY" --ttl 600': "needs a "
+    "server with auth on; tests/integration/test_rtc_page_secret.py runs this command against one",
     "MEDIASERVER_LLM_UPSTREAM_URL=http://gpu-box:8000/v1 make run": "needs a vLLM host",
     "MEDIASERVER_LLM_UPSTREAM_URL=http://localhost:11434/v1 "
     "MEDIASERVER_LLM_UPSTREAM_MODELS='[\"llama3.2\"]' make run": "needs Ollama",

@@ -207,8 +207,9 @@ async def test_minting_needs_a_real_key(auth_server: LiveServer) -> None:
     secret = await _mint(auth_server, {"type": "realtime"})
     with pytest.raises(openai.AuthenticationError):  # a secret mints nothing
         await _client(auth_server, secret.value).realtime.client_secrets.create(session={"type": "realtime"})
-    with pytest.raises(openai.AuthenticationError):  # nor opens anything but realtime sessions
-        await _client(auth_server, secret.value).models.list()
+    with pytest.raises(openai.AuthenticationError):  # nor opens anything but realtime sessions (and the
+        # /rtc/ page's endpoints: tests/integration/test_rtc_page_secret.py)
+        await _client(auth_server, secret.value).audio.speech.create(model="tts-1", input="hi", voice="alloy")
 
 
 @pytest.mark.parametrize("seconds", [5, 7201, "600"])

@@ -15,7 +15,8 @@ key at start: a restart invalidates every secret. A secret cannot be revoked bef
 
 A presented ``ek_`` credential is always checked, whether auth is on or off: unknown (bad signature),
 expired, or used for the other kind of session is a 401 in OpenAI's error shape. Only the realtime
-connect endpoints accept a secret; minting needs a real key when auth is on.
+connect endpoints accept a secret, and, when auth is on, the /rtc/ page's own endpoints take a
+``realtime`` one (``verify``; the allow-list is in app.py); minting needs a real key when auth is on.
 """
 
 from __future__ import annotations
@@ -152,6 +153,19 @@ def check_kind(secret: ClientSecret, kind: SessionKind) -> None:
         raise InvalidClientSecret(
             f"Invalid client secret: it was minted for a {secret.kind!r} session and cannot open a {kind} session."
         )
+
+
+def verify(app: web.Application, value: str, kind: SecretKind) -> ClientSecret:
+    """A secret presented where only secrets of ``kind`` are accepted (the /rtc/ page's endpoints:
+    see ``_PAGE_SECRET_ROUTES`` in app.py): its claims, or a 401 when it is unknown, expired or of
+    the other kind."""
+    secret = decode(app, value)
+    if secret.kind != kind:
+        raise InvalidClientSecret(
+            f"Invalid client secret: it was minted for a {secret.kind!r} session; this endpoint takes a "
+            f"{kind!r} one (or an API key)."
+        )
+    return secret
 
 
 def url_query_for(secret: ClientSecret, query: Mapping[str, str]) -> Mapping[str, str]:

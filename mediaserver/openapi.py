@@ -188,7 +188,12 @@ def spec() -> dict[str, Any]:
             "securitySchemes": {
                 "basic": {"type": "http", "scheme": "basic"},
                 "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
-                "bearer": {"type": "http", "scheme": "bearer"},
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "an API key (api_keys), or a short-lived client secret ek_... "
+                    "(POST /v1/realtime/client_secrets) on the realtime endpoints and the /rtc/ page's",
+                },
             }
         },
         "paths": {

@@ -193,10 +193,17 @@ class McpToolbox:
             out.append(ToolSpec(exposed, spec.description, spec.parameters))
         return out
 
+    # What ToolRounds' Toolbox protocol asks beyond tools() and call(): the operator's
+    # mcp_tool_choice holds, and every tool runs here.
+    tool_choice: tuple[str, bool] | None = None
+
+    def client_side(self, name: str) -> bool:
+        return False
+
     def status(self) -> dict[str, Any]:
         return {s.config.name: {"tools": sorted(s.tools), "problem": s.problem} for s in self._servers}
 
-    async def call(self, name: str, arguments: str) -> ToolResult:
+    async def call(self, name: str, arguments: str, *, call_id: str = "") -> ToolResult:
         started = time.monotonic()
         found = self._names().get(name)
         server_name = found[0].config.name if found else "-"

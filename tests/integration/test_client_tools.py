@@ -16,6 +16,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,16 @@ import aiohttp
 import pytest_asyncio
 
 from mediaserver.asr.service import AsrService
-from mediaserver.config import McpServerConfig
+from mediaserver.assistant.client_tools import ClientToolbox, SessionToolbox, parse_client_tools
+from mediaserver.assistant.turns import Assistant, AssistantOptions
+from mediaserver.config import McpServerConfig, Settings
+from mediaserver.events import AssistantText, AssistantToolCall, AssistantToolResult, SessionEvent
+from mediaserver.llm.service import LlmService
+from mediaserver.metrics import Metrics
 from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
 from tests.faults import session_tasks
-from tests.integration.test_voice_loop import transcribe
+from tests.integration.test_voice_loop import llm_busy, transcribe
 from tests.rtc_peer import Peer, connect
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,3 +246,55 @@ async def test_a_page_tool_may_not_take_an_operator_tool_name(
         await _start(peer, [SET_PAGE_COLOR])  # another name is fine
     finally:
         await peer.close()
+
+
+async def test_a_speculative_answer_calls_no_tool_before_it_is_released(
+    base_settings: Settings, llm_service: LlmService
+) -> None:
+    """An answer started during a pause (semantic turns) writes its call, but nothing is sent to
+    the page until the turn has ended: dropped, the page never saw it; released, the call goes out."""
+    settings = base_settings.model_copy(update=SETTINGS)
+    events: list[SessionEvent] = []
+
+    async def emit(event: SessionEvent) -> None:
+        events.append(event)
+
+    options = replace(AssistantOptions.from_settings(settings), speak=False)
+    assistant = Assistant(llm_service, None, settings, options, emit, None, Metrics())
+    client = ClientToolbox(settings, Metrics())
+    client.declare(parse_client_tools([SET_PAGE_COLOR], "required"))
+    assistant.toolbox = SessionToolbox(client, None)
+
+    async def first_round_written() -> None:  # the engine took the generation and finished it
+        async with asyncio.timeout(60):
+            while not llm_busy(llm_service):
+                await asyncio.sleep(0.01)
+            while llm_busy(llm_service):
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)
+
+    try:
+        assert assistant.speculate("Make the page red.")
+        await first_round_written()
+        assert events == [] and client.waiting == []  # written, held: nothing went to the page
+        assistant.drop_speculation()
+        await asyncio.sleep(0.2)
+        assert events == [] and client.waiting == []
+
+        assert assistant.speculate("Make the page green.")
+        await first_round_written()
+        assert events == [] and client.waiting == []
+        await assistant.answer("Make the page green.")  # the turn ended as speculated: released
+        async with asyncio.timeout(30):
+            while not client.waiting:
+                await asyncio.sleep(0.01)
+        call = next(e for e in events if isinstance(e, AssistantToolCall))
+        assert call.client and client.waiting == [call.call_id]
+        assert client.answer(call.call_id, "The page background is now green.")
+        async with asyncio.timeout(60):
+            while not any(isinstance(e, AssistantText) and e.final for e in events):
+                await asyncio.sleep(0.05)
+        result = next(e for e in events if isinstance(e, AssistantToolResult))
+        assert result.result == "The page background is now green." and not result.is_error
+    finally:
+        await assistant.aclose()

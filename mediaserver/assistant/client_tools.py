@@ -30,7 +30,7 @@ from mediaserver.assistant.mcp import ToolMetrics, ToolResult
 from mediaserver.assistant.tool_rounds import Toolbox
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
-from mediaserver.llm.tools import ToolConfig, ToolSpec, parse_tools
+from mediaserver.llm.tools import ToolCall, ToolConfig, ToolSpec, parse_tools
 from mediaserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,9 @@ class ClientToolbox:
 
     def client_side(self, name: str) -> bool:
         return name in self.names()
+
+    async def run(self, call: ToolCall) -> ToolResult:
+        return await self.call(call.name, call.arguments, call_id=call.id)
 
     @property
     def waiting(self) -> list[str]:
@@ -197,10 +200,10 @@ class SessionToolbox:
     def client_side(self, name: str) -> bool:
         return self.client.client_side(name) and name not in self._operator_names()
 
-    async def call(self, name: str, arguments: str, *, call_id: str = "") -> ToolResult:
-        if self.client_side(name) or self.operator is None:
-            return await self.client.call(name, arguments, call_id=call_id)
-        return await self.operator.call(name, arguments, call_id=call_id)
+    async def run(self, call: ToolCall) -> ToolResult:
+        if self.client_side(call.name) or self.operator is None:
+            return await self.client.run(call)
+        return await self.operator.run(call)
 
     def check_clash(self, declared: ClientTools) -> None:
         """A page's tool may not take the name of one of the operator's (they win: refuse it now)."""

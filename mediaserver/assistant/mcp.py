@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from mediaserver.config import McpServerConfig, Settings
-from mediaserver.llm.tools import ToolSpec
+from mediaserver.llm.tools import ToolCall, ToolSpec
 from mediaserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -193,17 +193,20 @@ class McpToolbox:
             out.append(ToolSpec(exposed, spec.description, spec.parameters))
         return out
 
-    # What ToolRounds' Toolbox protocol asks beyond tools() and call(): the operator's
-    # mcp_tool_choice holds, and every tool runs here.
+    # What ToolRounds' Toolbox protocol asks beyond tools(): the operator's mcp_tool_choice
+    # holds, every tool runs here, and a call is run by name.
     tool_choice: tuple[str, bool] | None = None
 
     def client_side(self, name: str) -> bool:
         return False
 
+    async def run(self, call: ToolCall) -> ToolResult:
+        return await self.call(call.name, call.arguments)
+
     def status(self) -> dict[str, Any]:
         return {s.config.name: {"tools": sorted(s.tools), "problem": s.problem} for s in self._servers}
 
-    async def call(self, name: str, arguments: str, *, call_id: str = "") -> ToolResult:
+    async def call(self, name: str, arguments: str) -> ToolResult:
         started = time.monotonic()
         found = self._names().get(name)
         server_name = found[0].config.name if found else "-"

@@ -25,7 +25,7 @@ from typing import Protocol
 from mediaserver.assistant.mcp import ToolResult
 from mediaserver.events import AssistantToolCall, AssistantToolResult, SessionEvent
 from mediaserver.llm.service import LlmService, LlmStream
-from mediaserver.llm.tools import ToolConfig, ToolSpec
+from mediaserver.llm.tools import ToolCall, ToolConfig, ToolSpec
 from mediaserver.llm.types import ChatMessage, GenerationParams
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class Toolbox(Protocol):
         """The client runs ``name`` (its call is announced with ``client``, its answer awaited)."""
         ...
 
-    async def call(self, name: str, arguments: str, *, call_id: str = "") -> ToolResult:
+    async def run(self, call: ToolCall) -> ToolResult:
         """Run a call; never raises for what the tool does (an error result instead)."""
         ...
 
@@ -117,7 +117,7 @@ class ToolRounds:
                     log.warning("turn %d: tool call %s refused: %d calls already", self.turn, call.name, self.calls)
                 else:
                     self.calls += 1
-                    result = await self.toolbox.call(call.name, call.arguments, call_id=call.id)
+                    result = await self.toolbox.run(call)
                     result_text, is_error = result.text, result.is_error
                 self._progress()
                 await self._emit(AssistantToolResult(self.turn, call.id, call.name, result_text, is_error))

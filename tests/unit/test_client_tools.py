@@ -17,6 +17,7 @@ from mediaserver.assistant.client_tools import (
 from mediaserver.assistant.mcp import McpToolbox
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
+from mediaserver.llm.tools import ToolCall
 from mediaserver.metrics import Metrics
 
 FLAT = {
@@ -168,8 +169,8 @@ async def test_the_session_toolbox_offers_both_and_the_operators_win() -> None:
     client.declare(parse_client_tools([FLAT], "none"))
     assert tools.tools() == []  # tool_choice none: no calls at all
     client.declare(parse_client_tools([FLAT], None))
-    call = asyncio.ensure_future(tools.call("get_local_time", "{}", call_id="c1"))
+    call = asyncio.ensure_future(tools.run(ToolCall("c1", "get_local_time", "{}")))
     assert await answered_soon(client, "c1", "noon")
     assert (await call).text == "noon"
-    result = await tools.call("set_light", "{}", call_id="c2")  # the operator's: it has none
+    result = await tools.run(ToolCall("c2", "set_light", "{}"))  # the operator's: it has none
     assert result.is_error and "no tool named" in result.text

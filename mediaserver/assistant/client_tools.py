@@ -135,8 +135,8 @@ class ClientToolbox:
     async def call(self, name: str, arguments: str, *, call_id: str = "") -> ToolResult:
         """Hand the call to the page and wait for its answer. Never raises for what the page does
         (or does not do): an error result for the model instead. The call was already announced to
-        the page (``AssistantToolCall`` with ``client``); the answer is registered before this
-        coroutine first waits, so it cannot come too early."""
+        the page (``AssistantToolCall`` with ``client``; the transport sends it without waiting), and
+        the answer is expected here before anything waits, so it cannot come too early."""
         started = time.monotonic()
 
         def done(text: str, outcome: str, *, is_error: bool) -> ToolResult:

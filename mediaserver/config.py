@@ -530,6 +530,12 @@ class Settings(BaseSettings):
         ge=0,
         description="speak the answer's first clause (at a comma) once it has this many words; 0 = whole sentences",
     )
+    assistant_client_tool_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="WebRTC: the page's answer to a call of a tool it declared (start.obj tools); past it the model "
+        "gets an error result (keep it below assistant_turn_timeout_s)",
+    )
 
     # --- wake words and noise suppression (mediaserver/wake, mediaserver/audio/noise.py) -----------
     wake_enabled: bool = Field(True, description="offer wake word detection (Wyoming, device streams)")

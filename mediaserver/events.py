@@ -197,12 +197,15 @@ class AssistantError:
 # --- tool calls of the voice loop (mediaserver/assistant/tool_rounds.py) ---
 @dataclass(frozen=True)
 class AssistantToolCall:
-    """Turn ``turn``'s answer calls tool ``name`` with ``arguments`` (JSON text, as the model wrote it)."""
+    """Turn ``turn``'s answer calls tool ``name`` with ``arguments`` (JSON text, as the model wrote it).
+
+    ``client``: the client runs it (a tool it declared) and the turn waits for its answer."""
 
     turn: int
     call_id: str
     name: str
     arguments: str
+    client: bool = False
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from mediaserver.config import McpServerConfig, Settings
-from mediaserver.llm.tools import ToolSpec
+from mediaserver.llm.tools import ToolCall, ToolSpec
 from mediaserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -192,6 +192,16 @@ class McpToolbox:
             spec = server.tools[name]
             out.append(ToolSpec(exposed, spec.description, spec.parameters))
         return out
+
+    # What ToolRounds' Toolbox protocol asks beyond tools(): the operator's mcp_tool_choice
+    # holds, every tool runs here, and a call is run by name.
+    tool_choice: tuple[str, bool] | None = None
+
+    def client_side(self, name: str) -> bool:
+        return False
+
+    async def run(self, call: ToolCall) -> ToolResult:
+        return await self.call(call.name, call.arguments)
 
     def status(self) -> dict[str, Any]:
         return {s.config.name: {"tools": sorted(s.tools), "problem": s.problem} for s in self._servers}

@@ -1,15 +1,18 @@
 """The voice loop's tool calls: the answer's text, across as many LLM rounds as its tool calls need.
 
 ``ToolRounds.text(stream)`` yields the text deltas of the first generation; when it ends with tool
-calls, each call runs on the MCP servers (``McpToolbox``: errors, timeouts and a server that is
-down come back as error results, never exceptions), the calls and their results join the
+calls, each call runs in the ``Toolbox`` (the MCP servers' ``McpToolbox``, and on WebRTC the page's
+own tools beside them, ``client_tools.SessionToolbox``: errors, timeouts and a server or page that is
+gone come back as error results, never exceptions), the calls and their results join the
 messages, and the next generation's text follows, until an answer without calls. The turn's
 speech is fed from this one iterator, so the answer after a call is spoken like any other.
 
 At most ``mcp_max_calls_per_turn`` calls run in one turn: a call past it is answered with an error
 result saying so, and the last round is generated without tools, so a model that keeps calling
 cannot loop. Every call and result is emitted (``AssistantToolCall``, ``AssistantToolResult``),
-which the transports show to the client.
+which the transports show to the client; a call the client must run itself says so (``client``).
+A speculative answer (not yet released) runs no tool before it is: nothing acts on a turn that may
+not be over.
 """
 
 from __future__ import annotations
@@ -17,21 +20,45 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
+from typing import Protocol
 
-from mediaserver.assistant.mcp import McpToolbox
+from mediaserver.assistant.mcp import ToolResult
 from mediaserver.events import AssistantToolCall, AssistantToolResult, SessionEvent
 from mediaserver.llm.service import LlmService, LlmStream
-from mediaserver.llm.tools import ToolConfig
+from mediaserver.llm.tools import ToolCall, ToolConfig, ToolSpec
 from mediaserver.llm.types import ChatMessage, GenerationParams
 
 log = logging.getLogger(__name__)
+
+
+class Toolbox(Protocol):
+    """What ``ToolRounds`` needs of the tools it offers (``McpToolbox``, ``client_tools.SessionToolbox``)."""
+
+    @property
+    def tool_choice(self) -> tuple[str, bool] | None:
+        """(choice, forced: it names a function) for the first round; None: ``mcp_tool_choice``."""
+        ...
+
+    def tools(self) -> list[ToolSpec]: ...
+
+    def client_side(self, name: str) -> bool:
+        """The client runs ``name`` (its call is announced with ``client``, its answer awaited)."""
+        ...
+
+    async def run(self, call: ToolCall) -> ToolResult:
+        """Run a call; never raises for what the tool does (an error result instead)."""
+        ...
+
+
+async def _now() -> None:
+    return None
 
 
 class ToolRounds:
     def __init__(
         self,
         llm: LlmService,
-        toolbox: McpToolbox,
+        toolbox: Toolbox,
         messages: list[ChatMessage],
         params: GenerationParams,
         model: str | None,
@@ -39,6 +66,7 @@ class ToolRounds:
         turn: int,
         max_calls: int,
         on_progress: Callable[[], None],
+        ready: Callable[[], Awaitable[None]] = _now,
     ) -> None:
         self.llm = llm
         self.toolbox = toolbox
@@ -49,13 +77,14 @@ class ToolRounds:
         self.turn = turn
         self.max_calls = max_calls
         self._progress = on_progress
+        self._ready = ready  # returns once the turn may act (a speculative one: once released)
         self.calls = 0
         self.last: LlmStream | None = None
 
     @staticmethod
-    def config(toolbox: McpToolbox, choice: str) -> ToolConfig | None:
+    def config(toolbox: Toolbox, choice: str, *, forced: bool = False) -> ToolConfig | None:
         tools = tuple(toolbox.tools())
-        return ToolConfig(tools, choice) if tools else None
+        return ToolConfig(tools, choice, forced) if tools else None
 
     async def text(self, stream: LlmStream) -> AsyncGenerator[str, None]:
         """The answer's text deltas, across rounds. ``stream`` is the first round, already open
@@ -75,8 +104,10 @@ class ToolRounds:
             if not calls:
                 return
             self.messages.append(ChatMessage("assistant", "".join(said), tuple(calls)))
+            await self._ready()
             for call in calls:
-                await self._emit(AssistantToolCall(self.turn, call.id, call.name, call.arguments))
+                client = self.calls < self.max_calls and self.toolbox.client_side(call.name)
+                await self._emit(AssistantToolCall(self.turn, call.id, call.name, call.arguments, client=client))
                 if self.calls >= self.max_calls:
                     result_text = (
                         f"Error: not run, this answer already made {self.max_calls} tool calls "
@@ -86,7 +117,7 @@ class ToolRounds:
                     log.warning("turn %d: tool call %s refused: %d calls already", self.turn, call.name, self.calls)
                 else:
                     self.calls += 1
-                    result = await self.toolbox.call(call.name, call.arguments)
+                    result = await self.toolbox.run(call)
                     result_text, is_error = result.text, result.is_error
                 self._progress()
                 await self._emit(AssistantToolResult(self.turn, call.id, call.name, result_text, is_error))

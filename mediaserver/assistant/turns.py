@@ -37,8 +37,7 @@ from typing import Any, Literal
 from prometheus_client import Histogram
 
 from mediaserver.assistant.audio_out import AudioOut, Mark, played_text
-from mediaserver.assistant.mcp import McpToolbox
-from mediaserver.assistant.tool_rounds import ToolRounds
+from mediaserver.assistant.tool_rounds import Toolbox, ToolRounds
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import (
@@ -221,7 +220,7 @@ class Assistant:
         self._closed = False
         self._registry = metrics
         self._speculation: tuple[str, Turn, asyncio.Task[None]] | None = None
-        self.toolbox: McpToolbox | None = None  # MCP tools for this assistant's own turns (assistant/tool_rounds.py)
+        self.toolbox: Toolbox | None = None  # tools for this assistant's own turns (assistant/tool_rounds.py)
 
     # --- state --------------------------------------------------------------------------------
 
@@ -462,11 +461,12 @@ class Assistant:
                 raise failures.exceptions[0] from None
 
     def _tool_rounds(self, turn: Turn, messages: list[ChatMessage], params: GenerationParams) -> ToolRounds | None:
-        """Tool calls for the voice loop's own turns when MCP servers offer tools (not ``respond``:
-        a Realtime conversation brings its own tools)."""
+        """Tool calls for the voice loop's own turns when MCP servers (or the client) offer tools (not
+        ``respond``: a Realtime conversation brings its own tools)."""
         if not turn.record or self.toolbox is None or self.llm is None:
             return None
-        config = ToolRounds.config(self.toolbox, self.settings.mcp_tool_choice)
+        choice, forced = self.toolbox.tool_choice or (self.settings.mcp_tool_choice, False)
+        config = ToolRounds.config(self.toolbox, choice, forced=forced)
         if config is None:
             return None
 
@@ -475,7 +475,7 @@ class Assistant:
 
         rounds = ToolRounds(
             self.llm, self.toolbox, messages, replace(params, tools=config), turn.options.model, self._emit,
-            turn.number, self.settings.mcp_max_calls_per_turn, progress,
+            turn.number, self.settings.mcp_max_calls_per_turn, progress, turn.released,
         )  # fmt: skip
         return rounds
 

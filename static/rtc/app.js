@@ -37,6 +37,9 @@ const state = {
   assistantSpeaking: false,
   assistantTrack: false,
   audioPlaying: false,
+  // The page's own tool (a function it declares and runs when the assistant calls it).
+  pageColor: "",
+  toolCalls: [], // {name, arguments, output, isError}
 };
 window.mediaserver = { client, state };
 
@@ -134,6 +137,7 @@ function renderConnection() {
       ? "Listening… release to send"
       : "Hold to talk";
   $("wake").disabled = state.recording;
+  $("page-tool").disabled = state.recording;
   const vad = $("vad");
   const waitingForWake = state.handsFree && state.wake !== null && !state.wake.awake;
   vad.textContent = waitingForWake
@@ -284,7 +288,8 @@ function addToolLine(text, isError) {
   $("assistant-card").hidden = false;
 }
 client.addEventListener("assistant_tool_call", (ev) => {
-  addToolLine(`\u2192 ${ev.detail.name}(${ev.detail.arguments})`, false);
+  addToolLine(`\u2192 ${ev.detail.name}(${ev.detail.arguments})${ev.detail.client ? " (this page)" : ""}`, false);
+  if (ev.detail.client) runPageTool(ev.detail);
 });
 client.addEventListener("assistant_tool_result", (ev) => {
   addToolLine(`\u2190 ${ev.detail.name}: ${ev.detail.result}`, !!ev.detail.is_error);
@@ -310,6 +315,57 @@ setInterval(() => {
   state.micLevelDb = level;
   $("mic-level").value = level === null ? -80 : Math.max(-80, level);
 }, 100);
+
+// --- the page's own tool ----------------------------------------------------------------------
+// Declared in `start` when "Page tool" is on; the server sends its calls here (`client: true`) and
+// waits for the answer (README, "Tools the page runs").
+
+const PAGE_COLORS = ["red", "orange", "yellow", "green", "blue", "purple", "pink", "white", "black", "gray"];
+const PAGE_TOOLS = [
+  {
+    type: "function",
+    name: "set_page_color",
+    description: "Change the background colour of the web page the user is looking at.",
+    parameters: {
+      type: "object",
+      properties: { color: { type: "string", enum: PAGE_COLORS, description: "the new background colour" } },
+      required: ["color"],
+    },
+  },
+];
+
+function setPageColor(args) {
+  const color = String(args.color || "").toLowerCase();
+  if (!PAGE_COLORS.includes(color)) throw new Error(`unknown colour ${JSON.stringify(args.color)}`);
+  document.body.style.background = color;
+  state.pageColor = color;
+  return `The page background is now ${color}.`;
+}
+
+function runPageTool({ call_id: callId, name, arguments: argsText }) {
+  let output;
+  let isError = false;
+  try {
+    if (name !== "set_page_color") throw new Error(`this page has no tool ${name}`);
+    output = setPageColor(JSON.parse(argsText || "{}"));
+  } catch (err) {
+    output = `Error: ${err.message}`;
+    isError = true;
+  }
+  state.toolCalls.push({ name, arguments: argsText, output, isError });
+  try {
+    client.sendToolOutput(callId, output, { isError });
+  } catch (err) {
+    log(`tool ${name}: could not answer: ${err.message}`, "error");
+  }
+}
+
+/** The page's tools for `start` (with ?tool_choice=required, every answer calls one: for small models). */
+function pageToolOptions() {
+  if (!$("page-tool").checked) return {};
+  const choice = params.get("tool_choice");
+  return choice ? { tools: PAGE_TOOLS, toolChoice: choice } : { tools: PAGE_TOOLS };
+}
 
 // --- actions -------------------------------------------------------------------------------
 
@@ -405,7 +461,15 @@ async function setAssistant(on) {
       state.unstable = "";
       renderPartial();
       state.wake = null;
-      await client.start({ ...options(), ...wakeOption(), handsFree: true, partials: true, unstable: true, assistant: true });
+      await client.start({
+        ...options(),
+        ...wakeOption(),
+        ...pageToolOptions(),
+        handsFree: true,
+        partials: true,
+        unstable: true,
+        assistant: true,
+      });
       state.assistant = true;
       log("assistant: listening; talk, and talk over an answer to interrupt it");
     } else {
@@ -459,6 +523,7 @@ if (!window.isSecureContext) {
   log("the microphone needs a secure page: open it over HTTPS (see tools/gen_cert.py) or from localhost", "error");
 }
 selectValue($("beam-size"), params.get("beam_size"));
+$("page-tool").checked = params.get("page_tool") === "1";
 selectValue($("language"), params.get("language"));
 renderConnection();
 loadModels();

@@ -25,7 +25,9 @@
 //   pong         {message, rttMs}
 //   assistant    {delta, full, final}        the assistant's answer as it is written (assistant mode)
 //   assistant_audio_started {turn} / assistant_audio_stopped {turn, interrupted, heard}
-//   assistant_tool_call {turn, call_id, name, arguments} / assistant_tool_result {turn, call_id, name, result, is_error}
+//   assistant_tool_call {turn, call_id, name, arguments, client} / assistant_tool_result {turn, call_id, name, result, is_error}
+//                                            client: a tool this page declared (start's `tools`): run it and
+//                                            answer with sendToolOutput(call_id, output) (README, "Tools the page runs")
 //   assistant_track {stream, track}          the server's outbound audio (answers), for an <audio>
 //   bitrate      {audioKbps, audioPayloadKbps, totalKbps, intervalMs, bytesSent}
 //   message      {msg}                       every data channel message, parsed
@@ -60,6 +62,9 @@ export function serverOptions(options = {}) {
     turnDetection: "turn_detection",
     turn_detection: "turn_detection",
     eagerness: "eagerness",
+    tools: "tools",
+    toolChoice: "tool_choice",
+    tool_choice: "tool_choice",
   };
   const out = {};
   for (const [key, value] of Object.entries(options)) {
@@ -411,6 +416,14 @@ export class MediaserverClient extends EventTarget {
   /** Stop the answer being spoken (the server keeps what was heard in the conversation). */
   interrupt() {
     this.send({ type: "interrupt" });
+  }
+
+  /**
+   * Answer a call of one of this page's tools (an `assistant_tool_call` with `client: true`):
+   * `output` is the text the model gets (anything else is sent as JSON); `isError` marks a failure.
+   */
+  sendToolOutput(callId, output, { isError = false } = {}) {
+    this.send({ type: "tool_output", obj: { call_id: callId, output, is_error: !!isError } });
   }
 
   /** Forget the conversation. */

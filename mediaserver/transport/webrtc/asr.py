@@ -15,7 +15,9 @@ The voice loop: when the offer's audio is ``sendrecv``, the answer carries an ou
 that starts with ``"assistant": true`` gets each final transcript answered by the LLM: ``assistant``
 messages with the text as it is written, the speech on that track, ``assistant_audio_started`` /
 ``assistant_audio_stopped``; speaking over an answer (or ``interrupt``) stops it, ``reset`` forgets
-the conversation.
+the conversation. Tool calls show as ``assistant_tool_call`` / ``assistant_tool_result``; a client
+may declare its own tools in ``start.obj.tools`` (``assistant/client_tools.py``): their calls come
+with ``"client": true`` and the client answers each with ``tool_output``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.client_tools import (
+    ClientToolbox,
+    ClientTools,
+    SessionToolbox,
+    parse_client_tools,
+    tool_output_fields,
+)
 from mediaserver.assistant.turns import Assistant
 from mediaserver.audio.noise import NoiseFilter, new_filter, parse_level
 from mediaserver.config import Settings
@@ -57,7 +66,7 @@ from mediaserver.events import (
     StreamError,
     TurnDecided,
 )
-from mediaserver.state import ASR, SESSIONS, SETTINGS
+from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, TOOLS
 from mediaserver.stream_session import StreamOptions, StreamSession
 from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from, turn_payload
 from mediaserver.transport.voice import new_assistant, update_assistant
@@ -109,6 +118,7 @@ class RtcSession:
         self.audio_out: AudioOut | None = None
         self.out_track: AssistantAudioTrack | None = None
         self.assistant: Assistant | None = None
+        self.client_tools = ClientToolbox(settings, app[METRICS], session_id=self.id)  # the page's own tools
         self.noise: NoiseFilter | None = None
         self.wake: WakeGate | None = None  # hands-free with a wake word (wake/gate.py)
         self.pc.on("datachannel", self._on_datachannel)
@@ -202,6 +212,10 @@ class RtcSession:
             self.last_activity = time.monotonic()
             self._spawn(self._handle_message(data), "rtc-message")
 
+        @channel.on("close")
+        def on_close() -> None:
+            self.client_tools.close("the client's data channel closed")
+
     def send(self, text: str) -> None:
         if self.channel is not None and self.channel.readyState == "open":
             self.channel.send(text)
@@ -232,10 +246,22 @@ class RtcSession:
                 if self.assistant is not None:
                     await self.assistant.reset()
                 self.send(message("log", "conversation reset"))
+            elif kind == "tool_output":
+                self._tool_output(obj or parsed)
             else:
                 self.send(message("error", f'unknown message type "{kind}"'))
         except ApiError as exc:
             self.send(message("error", exc.message))
+
+    def _tool_output(self, fields: Mapping[str, Any]) -> None:
+        """The client's answer to a call of one of its tools (``assistant_tool_call`` with ``client``)."""
+        call_id, output, is_error = tool_output_fields(fields)
+        if not self.client_tools.answer(call_id, output, is_error=is_error):
+            text = f"tool_output: no tool call {call_id!r} is waiting for an answer (unknown, answered or timed out)"
+            self.send(message("error", text, {"code": "unknown_call_id", "call_id": call_id}))
+
+    def _session_tools(self) -> SessionToolbox:
+        return SessionToolbox(self.client_tools, self.app.get(TOOLS))
 
     def _options(self, obj: Mapping[str, Any], *, base: StreamOptions) -> StreamOptions:
         return stream_options_from(obj, self.settings, base=base)
@@ -249,13 +275,20 @@ class RtcSession:
         wants_assistant = obj.get("assistant", False)
         if not isinstance(wants_assistant, bool):
             raise InvalidParameter("'assistant' must be true or false", param="assistant")
+        declared = parse_client_tools(obj.get("tools"), obj.get("tool_choice"))
+        if declared.specs and not wants_assistant:
+            raise InvalidParameter("'tools' needs 'assistant': true", param="tools")
+        self._session_tools().check_clash(declared)
         if wants_assistant:
             if self.assistant is None:
                 self.assistant = new_assistant(self.app, self.stream, self._on_event, self.audio_out, obj)
+                self.assistant.toolbox = self._session_tools()
             else:
                 update_assistant(self.assistant, obj)
+            self.client_tools.declare(declared)
             self.extensions = True
         elif self.assistant is not None:
+            self.client_tools.declare(ClientTools(()))
             await self.assistant.aclose()
             self.assistant = None
             self.stream.assistant = None
@@ -343,7 +376,7 @@ class RtcSession:
             return
         if isinstance(event, AssistantToolCall):
             call = {"turn": event.turn, "call_id": event.call_id, "name": event.name, "arguments": event.arguments}
-            self.send(message("assistant_tool_call", None, call))
+            self.send(message("assistant_tool_call", None, {**call, "client": event.client}))
             return
         if isinstance(event, AssistantToolResult):
             result = {"turn": event.turn, "call_id": event.call_id, "name": event.name, "result": event.result}
@@ -405,6 +438,7 @@ class RtcSession:
                 task.cancel()
         if self.wake is not None:
             self.wake.close()
+        self.client_tools.close()  # a call waiting for the page ends now
         try:
             if self.assistant is not None:
                 await self.assistant.aclose()

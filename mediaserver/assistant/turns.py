@@ -29,15 +29,19 @@ import contextlib
 import itertools
 import logging
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
-from prometheus_client import Histogram
-
-from mediaserver.assistant.audio_out import AudioOut, Mark, played_text
+from mediaserver.assistant.audio_out import AudioOut, played_text
 from mediaserver.assistant.tool_rounds import Toolbox, ToolRounds
+from mediaserver.assistant.turn_types import (
+    AssistantOptions,
+    StageFailed,
+    Turn,
+    TurnOutcome,
+    VoiceMetrics,
+)
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import (
@@ -49,8 +53,7 @@ from mediaserver.events import (
     SessionEvent,
 )
 from mediaserver.llm.service import LlmService, LlmStream
-from mediaserver.llm.tools import ToolCall, ToolConfig
-from mediaserver.llm.types import ChatMessage, FinishReason, GenerationParams, Usage
+from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.metrics import Metrics
 from mediaserver.tts.service import Speech, TtsService
 from mediaserver.tts.types import SynthesisParams
@@ -59,132 +62,6 @@ log = logging.getLogger(__name__)
 
 Emit = Callable[[SessionEvent], Awaitable[None]]
 CHARS_PER_TOKEN = 4  # the history budget is estimated in characters: no tokenizer is needed for it
-
-
-@dataclass(frozen=True)
-class AssistantOptions:
-    """What a session asked of its assistant (defaults from the ``assistant_*`` settings)."""
-
-    system_prompt: str
-    speak: bool = True
-    voice: str | None = None
-    model: str | None = None
-    max_answer_tokens: int = 200
-    temperature: float | None = None
-    history_turns: int = 8
-    history_tokens: int = 1500
-    speed: float = 1.0  # TTS speed of the answer
-    tools: ToolConfig | None = None  # functions the caller runs (Realtime): calls end the turn, in its outcome
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> AssistantOptions:
-        return cls(
-            system_prompt=settings.assistant_system_prompt,
-            speak=settings.assistant_speak,
-            voice=settings.assistant_voice,
-            model=settings.assistant_llm_model,
-            max_answer_tokens=settings.assistant_max_answer_tokens,
-            temperature=settings.assistant_temperature,
-            history_turns=settings.assistant_history_turns,
-            history_tokens=settings.assistant_history_tokens,
-        )
-
-
-class StageFailed(Exception):
-    def __init__(self, stage: str, code: str, message: str) -> None:
-        super().__init__(message)
-        self.stage = stage
-        self.code = code
-        self.message = message
-
-
-_VOICE_METRICS: weakref.WeakKeyDictionary[Metrics, VoiceMetrics] = weakref.WeakKeyDictionary()
-
-
-class VoiceMetrics:
-    """Per-stage latency from the end of the user's speech, one histogram with a ``stage`` label."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.stage_seconds = Histogram(
-            "mediaserver_voice_latency_seconds",
-            "From the end of the user's speech to: the final transcript (transcript), the LLM's first "
-            "token (llm_first_token), the first TTS audio (tts_first_audio), the first audio frame sent "
-            "to the client (first_audio_sent)",
-            ["stage"],
-            buckets=(0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30),
-            registry=metrics.registry,
-        )
-
-    @classmethod
-    def of(cls, metrics: Metrics) -> VoiceMetrics:
-        found = _VOICE_METRICS.get(metrics)
-        if found is None:
-            found = _VOICE_METRICS[metrics] = cls(metrics)
-        return found
-
-    def observe(self, stage: str, seconds: float) -> None:
-        self.stage_seconds.labels(stage).observe(max(0.0, seconds))
-
-
-TurnStatus = Literal["completed", "interrupted", "failed"]
-
-
-@dataclass(frozen=True)
-class TurnOutcome:
-    """How a turn ended. ``text`` is all the LLM wrote; ``heard`` what reached the user (for a
-    spoken answer the audio a transport took, for a text answer the text)."""
-
-    status: TurnStatus
-    text: str
-    heard: str
-    usage: Usage | None = None
-    finish_reason: FinishReason | None = None
-    error: AssistantError | None = None
-    tool_calls: tuple[ToolCall, ...] = ()  # the calls of a turn with ``options.tools``, for its caller to run
-
-
-class Turn:
-    """One answer: its number (the events carry it), its options, where its audio starts in the
-    ``AudioOut`` stream, the marks of its spoken sentences, and (once settled) its outcome."""
-
-    def __init__(self, number: int, options: AssistantOptions, start_sample: int, *, record: bool) -> None:
-        self.number = number
-        self.options = options
-        self.start_sample = start_sample
-        self.record = record  # the assistant keeps this turn in its own history (``answer``)
-        self.marks: list[Mark] = []
-        self.text = ""
-        self.audio_started = False
-        self.progress_at = time.monotonic()  # the last token or audio (the progress deadline)
-        self.usage: Usage | None = None
-        self.finish_reason: FinishReason | None = None
-        self.tool_calls: tuple[ToolCall, ...] = ()
-        self._outcome: asyncio.Future[TurnOutcome] = asyncio.get_running_loop().create_future()
-        # A speculative turn (``Assistant.speculate``) is held: its text events wait in ``deferred``
-        # and its audio before the first write, until it is released (or dropped unseen).
-        self._release: asyncio.Event | None = None
-        self.deferred: list[SessionEvent] = []
-
-    @property
-    def held(self) -> bool:
-        return self._release is not None and not self._release.is_set()
-
-    async def released(self) -> None:
-        """Return at once for a turn that is not held; else when it is released."""
-        if self._release is not None:
-            await self._release.wait()
-
-    @property
-    def settled(self) -> bool:
-        return self._outcome.done()
-
-    def settle(self, outcome: TurnOutcome) -> None:
-        if not self._outcome.done():
-            self._outcome.set_result(outcome)
-
-    async def outcome(self) -> TurnOutcome:
-        """Wait for the end of the turn (cancelling the wait does not cancel the turn)."""
-        return await asyncio.shield(self._outcome)
 
 
 class Assistant:
@@ -632,20 +509,3 @@ class Assistant:
                 await task
         if self.out is not None:
             self.out.close()
-
-
-def assistant_options_from(values: dict[str, object], base: AssistantOptions) -> AssistantOptions:
-    """Apply a client's ``system_prompt`` / ``voice`` / ``speak`` to ``base``; wrong types are a 400."""
-    from mediaserver.errors import InvalidParameter
-
-    changes: dict[str, object] = {}
-    for key in ("system_prompt", "voice"):
-        if key in values and values[key] is not None:
-            if not isinstance(values[key], str):
-                raise InvalidParameter(f"{key!r} must be a string", param=key)
-            changes[key] = values[key]
-    if "speak" in values and values["speak"] is not None:
-        if not isinstance(values["speak"], bool):
-            raise InvalidParameter("'speak' must be true or false", param="speak")
-        changes["speak"] = values["speak"]
-    return replace(base, **changes)  # type: ignore[arg-type]

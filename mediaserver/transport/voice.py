@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from mediaserver.assistant.audio_out import AudioOut
-from mediaserver.assistant.turns import Assistant, AssistantOptions, assistant_options_from
+from mediaserver.assistant.turn_types import AssistantOptions, assistant_options_from
+from mediaserver.assistant.turns import Assistant
 from mediaserver.state import CAPABILITIES, LLM, METRICS, SETTINGS, TOOLS, TTS
 from mediaserver.stream_session import Emit, StreamSession
 

@@ -25,7 +25,8 @@ import pytest_asyncio
 
 from mediaserver.asr.service import AsrService
 from mediaserver.assistant.client_tools import ClientToolbox, SessionToolbox, parse_client_tools
-from mediaserver.assistant.turns import Assistant, AssistantOptions
+from mediaserver.assistant.turn_types import AssistantOptions
+from mediaserver.assistant.turns import Assistant
 from mediaserver.config import McpServerConfig, Settings
 from mediaserver.events import AssistantText, AssistantToolCall, AssistantToolResult, SessionEvent
 from mediaserver.llm.service import LlmService

@@ -19,7 +19,8 @@ import pytest
 
 from mediaserver.asr.service import AsrService
 from mediaserver.assistant.audio_out import AudioOut
-from mediaserver.assistant.turns import Assistant, AssistantOptions
+from mediaserver.assistant.turn_types import AssistantOptions
+from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
 from mediaserver.events import (
     SAMPLE_RATE_HZ,

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from mediaserver.assistant.audio_out import AudioOut
-from mediaserver.assistant.turns import Assistant, AssistantOptions, assistant_options_from
+from mediaserver.assistant.turn_types import AssistantOptions, assistant_options_from
+from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.events import SessionEvent

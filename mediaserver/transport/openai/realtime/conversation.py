@@ -45,7 +45,8 @@ import numpy.typing as npt
 from mediaserver.asr.service import AsrService
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.pacing import send_paced
-from mediaserver.assistant.turns import Assistant, AssistantOptions, TurnOutcome
+from mediaserver.assistant.turn_types import AssistantOptions, TurnOutcome
+from mediaserver.assistant.turns import Assistant
 from mediaserver.audio.stream_decode import encode_g711
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError

@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from mediaserver.assistant.turns import Turn, TurnOutcome
+from mediaserver.assistant.turn_types import Turn, TurnOutcome
 from mediaserver.llm.types import ChatMessage, Usage
 from mediaserver.transport.openai.realtime.conversation_config import ResponseOptions
 from mediaserver.transport.openai.realtime.items import Item

@@ -353,7 +353,8 @@ class Settings(BaseSettings):
     # Client secrets (ephemeral keys, /v1/realtime/client_secrets): stateless HMAC-signed tokens.
     realtime_client_secret_key: SecretStr | None = Field(
         None,
-        description="HMAC key that signs client secrets; the same on every replica so any accepts them. "
+        description="the key client secrets are sealed under (AES-256-GCM); the same on every replica so any "
+        "accepts them. "
         "Unset: a random key per process (a restart invalidates every secret)",
     )
     realtime_client_secret_default_ttl_s: int = Field(600, ge=10, description="expires_after.seconds by default")

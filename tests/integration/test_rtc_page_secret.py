@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import sys
 import time
@@ -28,7 +29,7 @@ import pytest_asyncio
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from mediaserver.mint_secret import MintError, mint, page_url
-from mediaserver.transport.openai.realtime.client_secrets import ClientSecret, encode
+from mediaserver.transport.openai.realtime.client_secrets import ClientSecret, decode, encode
 from tests.conftest import LiveServer
 from tests.rtc_peer import make_offer
 
@@ -46,9 +47,9 @@ async def auth_server(server_factory: Callable[..., Any]) -> LiveServer:
     return server
 
 
-async def _mint(server: LiveServer, kind: str = "realtime", seconds: int = 120) -> str:
+async def _mint(server: LiveServer, kind: str = "realtime", seconds: int = 120, **session: Any) -> str:
     """A secret minted over HTTP with the real key, as an app's backend does."""
-    body = {"expires_after": {"anchor": "created_at", "seconds": seconds}, "session": {"type": kind}}
+    body = {"expires_after": {"anchor": "created_at", "seconds": seconds}, "session": {"type": kind, **session}}
     async with (
         aiohttp.ClientSession() as http,
         http.post(
@@ -143,12 +144,25 @@ async def test_page_session_connects_with_a_secret(auth_server: LiveServer) -> N
 
 
 def _tampered(secret: str) -> str:
-    """The secret with its claims changed (a day more to live) and its signature kept."""
-    payload, _, signature = secret.removeprefix("ek_").partition(".")
-    claims = json.loads(zlib.decompress(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))))
-    claims["exp"] += 86_400
-    forged = base64.urlsafe_b64encode(zlib.compress(json.dumps(claims).encode())).rstrip(b"=").decode()
-    return f"ek_{forged}.{signature}"
+    """The secret with one bit of its sealed claims flipped."""
+    text = secret.removeprefix("ek_")
+    body = bytearray(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    body[len(body) // 2] ^= 0x01
+    return "ek_" + base64.urlsafe_b64encode(bytes(body)).rstrip(b"=").decode()
+
+
+async def test_the_browser_cannot_read_what_a_secret_carries(auth_server: LiveServer) -> None:
+    """The session a backend mints with (instructions, an MCP server's token) is sealed, not just signed."""
+    secret = await _mint(auth_server, instructions="The door code is 4711-PRIVATE.")
+    text = secret.removeprefix("ek_")
+    body = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    assert b"PRIVATE" not in body
+    with pytest.raises(zlib.error):
+        zlib.decompress(body)
+    for start in range(0, 32):  # not a compressed payload at any offset either
+        with contextlib.suppress(zlib.error):
+            assert b"PRIVATE" not in zlib.decompressobj().decompress(body[start:])
+    assert decode(auth_server.app, secret).session["instructions"] == "The door code is 4711-PRIVATE."
 
 
 @pytest.mark.parametrize("path", [*PAGE_GETS, "/api/rtc/asr"])

@@ -7,13 +7,16 @@ as the WebSocket subprotocol ``openai-insecure-api-key.ek_...`` (browsers cannot
 WebSocket). A secret opens sessions of the kind it was minted for (a conversation, ``realtime``, or
 a ``transcription`` session) until it expires, each with the session configuration given at minting.
 
-Secrets are stateless: ``ek_`` + the base64url of the zlib-compressed JSON claims (kind, expiry,
-session configuration) + ``.`` + an HMAC-SHA256 of them under ``realtime_client_secret_key``. The
-server keeps nothing, so any replica that has the same key accepts a secret another replica minted
-(behind HAProxy, set the same key on every replica). Without the setting each process draws a random
-key at start: a restart invalidates every secret. A secret cannot be revoked before it expires.
+Secrets are stateless: ``ek_`` + the base64url of a nonce and the zlib-compressed JSON claims (kind,
+expiry, session configuration) sealed with AES-256-GCM under a key derived from
+``realtime_client_secret_key``. Sealed, not only signed: the session may hold an MCP server's
+``authorization`` or headers, or instructions, which the browser holding the secret must not read;
+and any change to a secret makes it fail to open. The server keeps nothing, so any replica that has
+the same key accepts a secret another replica minted (behind HAProxy, set the same key on every
+replica). Without the setting each process draws a random key at start: a restart invalidates every
+secret. A secret cannot be revoked before it expires.
 
-A presented ``ek_`` credential is always checked, whether auth is on or off: unknown (bad signature),
+A presented ``ek_`` credential is always checked, whether auth is on or off: unknown (it does not open),
 expired, or used for the other kind of session is a 401 in OpenAI's error shape. Only the realtime
 connect endpoints accept a secret, and, when auth is on, the /rtc/ page's own endpoints take a
 ``realtime`` one (``verify``; the allow-list is in app.py); minting needs a real key when auth is on.
@@ -24,7 +27,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import hmac
 import json
 import os
 import secrets
@@ -35,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from aiohttp import web
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.state import ASR, SETTINGS
@@ -95,14 +99,19 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def _signature(key: bytes, payload: str) -> str:
-    return _b64(hmac.new(key, b"ek1." + payload.encode("ascii"), hashlib.sha256).digest())
+_NONCE_BYTES: Final = 12
+_AAD: Final = b"mediaserver ek2"
+
+
+def _sealing_key(key: bytes) -> AESGCM:
+    return AESGCM(hashlib.sha256(b"mediaserver client secret AES-GCM\0" + key).digest())
 
 
 def encode(app: web.Application, secret: ClientSecret) -> str:
-    claims = {"k": secret.kind, "exp": secret.expires_at, "s": secret.session, "n": secrets.token_hex(8)}
-    payload = _b64(zlib.compress(json.dumps(claims, separators=(",", ":")).encode("utf-8"), 9))
-    value = f"{PREFIX}{payload}.{_signature(app[SIGNING_KEY], payload)}"
+    claims = {"k": secret.kind, "exp": secret.expires_at, "s": secret.session}
+    plain = zlib.compress(json.dumps(claims, separators=(",", ":")).encode("utf-8"), 9)
+    nonce = secrets.token_bytes(_NONCE_BYTES)
+    value = PREFIX + _b64(nonce + _sealing_key(app[SIGNING_KEY]).encrypt(nonce, plain, _AAD))
     limit = app[SETTINGS].realtime_client_secret_max_chars
     if len(value) > limit:
         raise InvalidParameter(
@@ -115,14 +124,17 @@ def encode(app: web.Application, secret: ClientSecret) -> str:
 
 def decode(app: web.Application, value: str, *, now: float | None = None) -> ClientSecret:
     """The secret's claims, checked; a 401 when it is not one of ours or has expired."""
-    body = value.removeprefix(PREFIX)
-    payload, _, signature = body.partition(".")
-    if not payload or not signature or not hmac.compare_digest(signature, _signature(app[SIGNING_KEY], payload)):
-        raise InvalidClientSecret("Invalid client secret: unknown to this server (or minted under another key).")
     try:
-        claims = json.loads(zlib.decompress(_unb64(payload)))
+        sealed = _unb64(value.removeprefix(PREFIX))
+        plain = _sealing_key(app[SIGNING_KEY]).decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], _AAD)
+    except (ValueError, binascii.Error, InvalidTag):
+        raise InvalidClientSecret(
+            "Invalid client secret: unknown to this server (or minted under another key)."
+        ) from None
+    try:
+        claims = json.loads(zlib.decompress(plain))
         kind, expires_at, session = claims["k"], int(claims["exp"]), claims["s"]
-    except (ValueError, KeyError, TypeError, zlib.error, binascii.Error):
+    except (ValueError, KeyError, TypeError, zlib.error):
         raise InvalidClientSecret("Invalid client secret: malformed.") from None
     if kind not in _SESSION_KIND or not isinstance(session, dict):
         raise InvalidClientSecret("Invalid client secret: malformed.")

@@ -44,6 +44,11 @@ def tool(**fields: Any) -> dict[str, Any]:
         ("http://127.0.0.1.evil.com:8123/mcp", False),
         ("http://user@127.0.0.1:8123/mcp", False),  # credentials in the URL
         ("http://127.0.0.1:8123/mcp/../admin", False),
+        ("http://127.0.0.1:8123/mcp/%2e%2e/admin", False),  # dots a proxy would decode
+        ("http://127.0.0.1:8123/mcp/.%2E/admin", False),
+        ("http://127.0.0.1:8123/mcp/%2e%2e%2fadmin", False),
+        ("http://127.0.0.1:8123/mcp/..;/admin", False),  # a path parameter some servers strip
+        ("http://127.0.0.1:8123/mcp/a%5c..%5cadmin", False),
         ("https://tools.example.com/anything", True),
         ("https://tools.example.com:443/x", False),  # an explicit port is another origin spelling: refused
         ("file:///etc/passwd", False),
@@ -100,6 +105,8 @@ def _error(spec: dict[str, Any], policy: McpPolicy | None = POLICY) -> EventErro
         (tool(server_label="nowhere"), "session.tools[0].server_url", "home"),
         (tool(server_url=5), "session.tools[0].server_url", "string"),
         (tool(server_url=ALLOWED[0], headers={"a": 1}), "session.tools[0].headers", "strings"),
+        (tool(server_url=ALLOWED[0], headers={"Host": "admin.internal"}), "session.tools[0].headers", "Host"),
+        (tool(server_url=ALLOWED[0], headers={"transfer-encoding": "chunked"}), "session.tools[0].headers", "cannot"),
         (
             tool(server_url=ALLOWED[0], allowed_tools={"read_only": True}),
             "session.tools[0].allowed_tools.read_only",

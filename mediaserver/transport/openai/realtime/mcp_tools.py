@@ -86,7 +86,7 @@ def matching_prefix(url: str, prefixes: Sequence[str]) -> int | None:
     if target.scheme not in ("http", "https") or not target.hostname or target.username or target.password:
         return None
     path = target.path or "/"
-    if "/../" in path + "/" or "/./" in path + "/":
+    if "/../" in path + "/" or "/./" in path + "/" or _ODD_PATH.search(path):
         return None
     for index, prefix in enumerate(prefixes):
         try:
@@ -100,6 +100,20 @@ def matching_prefix(url: str, prefixes: Sequence[str]) -> int | None:
         if path == base or path.startswith(base if base.endswith("/") else base + "/"):
             return index
     return None
+
+
+# Encoded dots, slashes and backslashes, backslashes and ';' path parameters: what a server or a
+# proxy may turn into a path outside the allowed prefix ("/mcp/%2e%2e/admin", "/mcp/..;/admin").
+_ODD_PATH = re.compile(r"%2e|%2f|%5c|\\|;", re.IGNORECASE)
+# Headers a client may not set on the server's requests: they would choose another virtual host
+# behind the allowed address, or break the request's framing.
+_FORBIDDEN_HEADERS = frozenset(
+    {
+        "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
+        "proxy-authorization", "proxy-connection", "cookie", "forwarded", "x-forwarded-for", "x-forwarded-host",
+        "x-forwarded-proto",
+    }
+)  # fmt: skip
 
 
 def _strings(value: object, param: str) -> tuple[str, ...]:
@@ -132,6 +146,13 @@ def _headers(spec: Mapping[str, Any], param: str) -> dict[str, SecretStr]:
             raise EventError(
                 "invalid_type",
                 f"Invalid type for '{param}.headers': expected an object of strings.",
+                f"{param}.headers",
+            )
+        refused = sorted(k for k in raw if k.strip().lower() in _FORBIDDEN_HEADERS)
+        if refused:
+            raise EventError(
+                "invalid_value",
+                f"Invalid '{param}.headers': {', '.join(refused)} cannot be set by a client.",
                 f"{param}.headers",
             )
         headers = {k: SecretStr(v) for k, v in raw.items()}

@@ -481,6 +481,7 @@ class Settings(BaseSettings):
         description="model name -> its multimodal projector (.gguf path or Hugging Face 'owner/repo:file.gguf'): "
         "the llama-server engine then takes image_url parts for that model",
     )
+    llm_max_images: int = Field(8, ge=0, description="image_url parts in one chat request; more get a 400")
     llm_system_prompt: str = Field(
         "You are a helpful voice assistant. Answer briefly and clearly.",
         description="system message of the WIS chatbot endpoints (OpenAI clients send their own)",

@@ -36,6 +36,8 @@ ENGINE_RESTART_RETRIES = 1  # a request that met a restarting engine is sent onc
 RESTART_NOTICE_S = 0.2  # time for the supervisor to see that its child died
 # Per message, what a chat template adds around the content, at most (role markers, separators).
 TEMPLATE_BYTES_PER_MESSAGE = 16
+# What a tool-rendering template adds around the tools, at most (smollm2-tools.jinja: ~400 bytes).
+TOOLS_PREAMBLE_BYTES = 1024
 
 
 class PromptTooLong(ApiError):
@@ -125,6 +127,15 @@ class LlamaServerEngine:
     ) -> AsyncGenerator[BackendEvent, None]:
         await self.process.wait_ready()
         images = [image for message in request.messages for image in message.images]
+        remote = next((image for image in images if not image.url.startswith("data:")), None)
+        if remote is not None and self.process.supports_images:
+            # llama-server would fetch the URL itself, from this host, unchecked: a client could
+            # make the server reach addresses only it can see. An upstream gets URLs as sent.
+            raise InvalidParameter(
+                f"'{remote.where}': the embedded engine takes images as data:image/...;base64, URIs, "
+                "not URLs it would fetch",
+                param="messages",
+            )
         if images and not self.process.supports_images:
             raise InvalidParameter(
                 f"'{images[0].where}' is an image, and model {request.model!r} reads text only: give it a vision "
@@ -146,7 +157,9 @@ class LlamaServerEngine:
         # A byte-level tokenizer never makes more tokens than bytes: only a prompt that might be
         # too long is counted exactly (llama-server's own template and tokenizer, two loopback calls).
         size = sum(len(m.content.encode()) + TEMPLATE_BYTES_PER_MESSAGE for m in request.messages)
-        size += sum(len(json.dumps(tool.openai())) for tool in tools.tools) if tools is not None else 0
+        size += sum(len(json.dumps(call.openai())) for m in request.messages for call in m.tool_calls)
+        if tools is not None:
+            size += TOOLS_PREAMBLE_BYTES + sum(len(json.dumps(tool.openai())) for tool in tools.tools)
         if size > limit:
             count = await self.process.count_prompt_tokens(request.messages, tools)
             if count > limit:

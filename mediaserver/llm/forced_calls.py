@@ -88,7 +88,7 @@ async def as_call(events: AsyncIterator[BackendEvent], tools: Sequence[ToolSpec]
     name as soon as the name is written, then the arguments' text in pieces as it is written.
 
     An answer cut off before it closed (``max_tokens``) keeps its finish reason and the arguments
-    written so far, as OpenAI's own cut-off calls do; one cut off before its name is passed on as text.
+    written so far, as OpenAI's own cut-off calls do; one cut off before its name is an empty answer.
     """
     names = {tool.name for tool in tools}
     head = ""  # the answer until its arguments start
@@ -113,9 +113,7 @@ async def as_call(events: AsyncIterator[BackendEvent], tools: Sequence[ToolSpec]
                 yield ToolCallDelta(0, arguments=piece)
             continue
         if isinstance(event, Finished) and event.finish_reason != "cancelled":
-            if arguments is None:
-                if head:
-                    yield TextDelta(head)
+            if arguments is None:  # cut off before the name: no call, and no JSON fragment as text
                 yield event
                 return
             whole = arguments.done and _is_object("".join(written))

@@ -119,3 +119,14 @@ async def test_text_parts_still_answer(server: Any) -> None:
             max_tokens=20,
         )
     assert result.choices[0].message.content
+
+
+async def test_more_images_than_llm_max_images_is_a_400(server: Any) -> None:
+    url = "data:image/png;base64," + base64.b64encode(PNG_1X1).decode("ascii")
+    parts: Any = [{"type": "text", "text": "Compare these."}] + [
+        {"type": "image_url", "image_url": {"url": url}} for _ in range(9)
+    ]
+    async with _client(server) as client:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": parts}])
+    assert "llm_max_images" in caught.value.message and caught.value.param == "messages"

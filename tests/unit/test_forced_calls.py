@@ -65,9 +65,9 @@ def test_cut_off_arguments_keep_the_finish_reason() -> None:
     assert events[-1].finish_reason == "length"  # type: ignore[union-attr]
 
 
-def test_cut_off_before_the_name_is_text() -> None:
+def test_cut_off_before_the_name_is_an_empty_answer() -> None:
     events = run(['{"na'], finish="length")
-    assert events == [TextDelta('{"na'), Finished("length", Usage(10, 20))]
+    assert events == [Finished("length", Usage(10, 20))]
 
 
 def test_which_choices_force_a_call() -> None:

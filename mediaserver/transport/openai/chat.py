@@ -187,6 +187,9 @@ async def chat_completions_handler(request: web.Request) -> web.StreamResponse:
     request.app[CAPABILITIES].require("llm")
     llm = request.app[LLM]
     chat, messages, params = parse_chat(await _read_json(request))
+    limit = request.app[SETTINGS].llm_max_images
+    if sum(len(m.images) for m in messages) > limit:
+        raise InvalidParameter(f"a request takes at most {limit} images (llm_max_images)", param="messages")
     param = "max_completion_tokens" if chat.max_completion_tokens is not None else "max_tokens"
     try:
         stream = llm.stream(messages, params, model=chat.model)

@@ -114,6 +114,7 @@ class RemoteEngine(abc.ABC):
     """One model served by a remote backend: limits, retries, errors, state; subclasses speak the protocol."""
 
     kind: str = "remote"
+    samples: bool = True  # a single temperature in the options is honoured (guarded answers are asked again)
 
     def __init__(
         self,
@@ -227,13 +228,25 @@ class RemoteEngine(abc.ABC):
         """The answers, a decode that trips a loop or hallucination guard marked (partials) or asked
         for once more the safe way (finals, uploads): no prompt or forced prefix, and a sampling
         temperature instead of the greedy decode that looped (the backend's window is its own).
-        A second answer that still trips a guard and is longer gives way to the first."""
+        A second answer that still trips a guard and is longer gives way to the first. A backend
+        that decodes greedily whatever it is asked (``samples`` False: Triton) is not asked again:
+        its first answer is kept, marked. The voiced time is measured off the event loop."""
         results = list(answers)
+        texts = [i for i, a in enumerate(answers) if isinstance(a, Transcript) and a.text.strip()]
+        if not texts:
+            return results
+        voiced = dict(
+            zip(
+                texts,
+                await asyncio.to_thread(lambda: [speech_ms(jobs[i].audio, self._vad) / 1000.0 for i in texts]),
+                strict=True,
+            )
+        )
         again: list[tuple[int, GuardReason]] = []
-        for index, (job, answer) in enumerate(zip(jobs, answers, strict=True)):
-            if not isinstance(answer, Transcript):
-                continue
-            reason = check_text(answer.text, speech_ms(job.audio, self._vad) / 1000.0, self.guards)
+        for index in texts:
+            job, answer = jobs[index], answers[index]
+            assert isinstance(answer, Transcript)
+            reason = check_text(answer.text, voiced[index], self.guards)
             if reason is None:
                 continue
             self.counters[f"guard_{job.on_guard}_{reason}"] += 1
@@ -241,6 +254,8 @@ class RemoteEngine(abc.ABC):
                 results[index] = replace(answer, guard=reason)
             elif reason == "no_speech":
                 results[index] = replace(self.empty(job, answer.infer_time_s), guard=reason)
+            elif not self.samples:
+                results[index] = replace(answer, guard=reason)
             else:
                 log.info(
                     "%s: an answer of %d words tripped the %s guard; asking again",
@@ -260,9 +275,8 @@ class RemoteEngine(abc.ABC):
             for (index, reason), retry in zip(again, await self._transcribe(safe), strict=True):
                 first = answers[index]
                 assert isinstance(first, Transcript)
-                voiced_s = speech_ms(jobs[index].audio, self._vad) / 1000.0
                 if not isinstance(retry, Transcript) or (
-                    check_text(retry.text, voiced_s, self.guards) is not None and len(retry.text) > len(first.text)
+                    check_text(retry.text, voiced[index], self.guards) is not None and len(retry.text) > len(first.text)
                 ):
                     retry = first
                 results[index] = replace(retry, guard=reason, infer_time_s=first.infer_time_s + retry.infer_time_s)

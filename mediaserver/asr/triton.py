@@ -67,6 +67,7 @@ def split_long(audio: AudioArray, window_s: float = _WINDOW_S, search_s: float =
 
 
 class TritonEngine(RemoteEngine):
+    samples = False  # the BLS decodes greedily: asking again would give the same answer
     kind = "triton"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

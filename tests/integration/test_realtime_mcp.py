@@ -337,6 +337,12 @@ async def test_beta_sessions_have_no_mcp_tools(mcp_server: LiveServer, lights: t
         assert error["param"] == "session.tools" and "GA" in error["message"]
         await connection.send({"type": "session.update", "session": {"instructions": "still here"}})
         assert (await connection.until("session.updated"))[-1]["session"]["tools"] == []
+    # Nor through a beta minting endpoint: a 400 at minting, as session.update refuses them.
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "gpt-4o-realtime-preview", "tools": [mcp_tool(url, "set_light")]}
+        async with http.post(f"{mcp_server.url}/v1/realtime/sessions", json=body) as resp:
+            answer = await resp.json()
+    assert resp.status == 400 and "GA" in answer["error"]["message"], answer
 
 
 async def test_a_client_secret_session_lists_its_servers_at_once(

@@ -294,6 +294,13 @@ async def _beta(request: web.Request, kind: SecretKind) -> web.Response:
         settings.realtime_client_secret_max_ttl_s,
     )
     value, expires_at, (config, conversation) = _issue(app, kind, body, ttl_s)
+    if conversation is not None and conversation.mcp:
+        # As session.update refuses them in a beta session: the beta interface has no MCP events.
+        raise InvalidParameter(
+            "tools of type 'mcp' are part of the GA Realtime interface; mint with POST "
+            "/v1/realtime/client_secrets to use them",
+            param="tools",
+        )
     session_id = new_id("sess")
     described = (
         conversation.describe_beta(session_id, settings)

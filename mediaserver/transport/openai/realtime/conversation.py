@@ -383,7 +383,9 @@ class Conversation:
             if self.audio == "deltas" and response.options.modality == "audio":
                 self._ensure_out(response.options.output_format)
             after_calls = False
+            rounds = 0
             while True:
+                rounds += 1
                 round_closed = False
                 self._open(response)
                 options = self._assistant_options(response.options)
@@ -404,6 +406,8 @@ class Conversation:
                     context.append(ChatMessage("tool", result, tool_call_id=call.id))
                 if len(mcp_calls) < len(calls):
                     break  # the client runs its functions, then asks for the next response
+                if rounds > self.settings.mcp_max_calls_per_turn:
+                    break  # a model that keeps calling MCP tools it is no longer offered cannot loop
                 after_calls, speech_ended_at = True, None
         except asyncio.CancelledError:
             outcome = None  # cancelled before the turn began, during MCP calls, or the session is closing

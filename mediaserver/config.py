@@ -321,11 +321,12 @@ class Settings(BaseSettings):
         "(then only ICE consent expiry, ~30 s, ends it)",
     )
     rtc_audio_jitter_frames: int = Field(
-        0,
-        ge=0,
+        1,
+        ge=1,
         le=15,
-        description="audio frames an inbound track's jitter buffer holds before passing the oldest on (aiortc's "
-        "own: 4, 80 ms added to every end of speech); reordered packets are still put in order",
+        description="audio packets an inbound track's jitter buffer holds before passing the oldest on (aiortc's "
+        "own: 4, 80 ms added to every end of speech; 1: a packet goes on when the next shows it is whole); "
+        "reordered packets are still put in order",
     )
     rtc_opus_dtx: bool = Field(True, description="ask browsers for Opus DTX (silence costs ~2 kbps, not ~25)")
     rtc_idle_rtcp_interval_s: float = Field(

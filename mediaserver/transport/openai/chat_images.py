@@ -43,7 +43,7 @@ def image_inputs(index: int, content: object) -> tuple[ImageInput, ...]:
         url = part.image_url.url
         if not url.startswith(IMAGE_URL_SCHEMES) or (url.startswith("data:") and ";base64," not in url):
             raise InvalidParameter(
-                f"invalid value for '{where}.image_url.url': an https URL or a data:image/...;base64, URI",
+                f"invalid value for '{where}.image_url.url': an http(s) URL or a data:image/...;base64, URI",
                 param="messages",
             )
         images.append(ImageInput(url, part.image_url.detail, where))

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mediaserver.assistant.mcp import ToolMetrics, ToolResult
+from mediaserver.assistant.mcp import ToolMetrics, ToolResult, call_arguments
 from mediaserver.assistant.tool_rounds import Toolbox
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
@@ -140,25 +140,19 @@ class ClientToolbox:
         started = time.monotonic()
 
         def done(text: str, outcome: str, *, is_error: bool) -> ToolResult:
-            duration = time.monotonic() - started
-            self.metrics.calls.labels(SERVER_LABEL, name, outcome).inc()
-            self.metrics.seconds.labels(SERVER_LABEL).observe(duration)
-            log.info("%s: client tool call %s: %s in %.3f s", self.session_id, name, outcome, duration)
-            log.debug("%s: client tool call %s arguments: %s", self.session_id, name, arguments)
             limit = self.settings.mcp_max_result_chars
-            truncated = len(text) > limit
-            if truncated:
-                text = text[:limit] + f"\n[truncated: the result had {len(text)} characters, {limit} shown]"
-            return ToolResult(text, is_error, duration, truncated)
+            result = self.metrics.finish(
+                SERVER_LABEL, name, outcome, text, is_error=is_error, started=started, max_chars=limit
+            )
+            log.info("%s: client tool call %s: %s in %.3f s", self.session_id, name, outcome, result.duration_s)
+            log.debug("%s: client tool call %s arguments: %s", self.session_id, name, arguments)
+            return result
 
         if name not in self.names():
             return done(f"Error: there is no tool named {name!r}.", "refused", is_error=True)
-        try:
-            parsed = json.loads(arguments or "{}")
-        except ValueError as exc:
-            return done(f"Error: the arguments are not valid JSON ({exc}).", "refused", is_error=True)
-        if not isinstance(parsed, dict):
-            return done("Error: the arguments must be a JSON object.", "refused", is_error=True)
+        problem = call_arguments(arguments)
+        if isinstance(problem, str):
+            return done(problem, "refused", is_error=True)
         if self._closed is not None:
             return done(f"Error: {name} cannot run: {self._closed}.", "unavailable", is_error=True)
         if not call_id or call_id in self._pending:

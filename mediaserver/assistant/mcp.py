@@ -68,6 +68,28 @@ class ToolMetrics:
             found = _METRICS[metrics] = cls(metrics)
         return found
 
+    def finish(
+        self, server: str, name: str, outcome: str, text: str, *, is_error: bool, started: float, max_chars: int
+    ) -> ToolResult:
+        """A call that ended ``outcome`` (counted and timed from ``started``), its text cut to
+        ``max_chars`` with a note saying so: the result the model gets."""
+        duration = time.monotonic() - started
+        self.calls.labels(server, name, outcome).inc()
+        self.seconds.labels(server).observe(duration)
+        truncated = len(text) > max_chars
+        if truncated:
+            text = text[:max_chars] + f"\n[truncated: the result had {len(text)} characters, {max_chars} shown]"
+        return ToolResult(text, is_error, duration, truncated)
+
+
+def call_arguments(arguments: str) -> dict[str, Any] | str:
+    """A call's arguments as the object a tool takes, or the error the model gets instead."""
+    try:
+        parsed = json.loads(arguments or "{}")
+    except ValueError as exc:
+        return f"Error: the arguments are not valid JSON ({exc})."
+    return parsed if isinstance(parsed, dict) else "Error: the arguments must be a JSON object."
+
 
 @dataclass
 class _Server:
@@ -231,26 +253,20 @@ class McpToolbox:
         server_name = found[0].config.name if found else "-"
 
         def done(text: str, outcome: str, *, is_error: bool) -> ToolResult:
-            duration = time.monotonic() - started
-            self.metrics.calls.labels(server_name, name, outcome).inc()
-            self.metrics.seconds.labels(server_name).observe(duration)
-            log.info("tool call %s on %s: %s in %.3f s", name, server_name, outcome, duration)
-            log.debug("tool call %s arguments: %s", name, arguments)
             limit = self.settings.mcp_max_result_chars
-            truncated = len(text) > limit
-            if truncated:
-                text = text[:limit] + f"\n[truncated: the result had {len(text)} characters, {limit} shown]"
-            return ToolResult(text, is_error, duration, truncated)
+            result = self.metrics.finish(
+                server_name, name, outcome, text, is_error=is_error, started=started, max_chars=limit
+            )
+            log.info("tool call %s on %s: %s in %.3f s", name, server_name, outcome, result.duration_s)
+            log.debug("tool call %s arguments: %s", name, arguments)
+            return result
 
         if found is None:
             return done(f"Error: there is no tool named {name!r}.", "refused", is_error=True)
         server, tool = found
-        try:
-            parsed = json.loads(arguments or "{}")
-        except ValueError as exc:
-            return done(f"Error: the arguments are not valid JSON ({exc}).", "refused", is_error=True)
-        if not isinstance(parsed, dict):
-            return done("Error: the arguments must be a JSON object.", "refused", is_error=True)
+        parsed = call_arguments(arguments)
+        if isinstance(parsed, str):
+            return done(parsed, "refused", is_error=True)
         client = server.client
         if client is None:
             return done(f"Error: the {server.config.name} service is unavailable.", "unavailable", is_error=True)

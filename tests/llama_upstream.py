@@ -24,6 +24,7 @@ from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics
 from tests.conftest import LiveServer
 from tests.ports import free_port
+from tests.processes import stop_process
 
 
 @contextlib.contextmanager
@@ -76,12 +77,7 @@ def _serving(command: list[str], port: int, api_key: str | None) -> Iterator[str
                 time.sleep(0.2)
             yield url
         finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
 
 
 @contextlib.asynccontextmanager

@@ -149,6 +149,16 @@ async def front_server(
         await service.aclose()
 
 
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """SIGTERM a child the test started, SIGKILL it if it is still there after ``timeout_s``."""
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 # --- Triton -------------------------------------------------------------------------------------
 
 TRITON_VENV = ROOT / ".triton-venv"

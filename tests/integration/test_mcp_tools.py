@@ -23,6 +23,7 @@ from mediaserver.assistant.mcp import McpToolbox
 from mediaserver.config import McpServerConfig, Settings
 from mediaserver.metrics import Metrics
 from tests.ports import free_port
+from tests.processes import stop_process
 
 TOKEN = "long-lived-token"
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,8 +40,7 @@ def light_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str
         wait_listening(port, process)
         yield f"http://127.0.0.1:{port}/mcp", state
     finally:
-        process.terminate()
-        process.wait(10)
+        stop_process(process)
 
 
 def wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:

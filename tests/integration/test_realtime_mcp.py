@@ -34,6 +34,7 @@ from tests.integration.test_mcp_tools import ROOT, TOKEN, http_config, wait_list
 from tests.integration.test_realtime_conversation import GA_EVENTS, Raw, audio_of, sdk, until
 from tests.llama_upstream import llama_server, server_with_llm
 from tests.ports import free_port
+from tests.processes import stop_process
 from tests.rtc_peer import connect_call
 
 MODEL = "smollm2-realtime-mcp"
@@ -47,15 +48,6 @@ def start_lights(state: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
     return process, f"http://127.0.0.1:{port}/mcp"
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 @pytest.fixture(scope="module")
 def lights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     state = tmp_path_factory.mktemp("rt-lights") / "state.json"
@@ -63,7 +55,7 @@ def lights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     try:
         yield url, state
     finally:
-        stop(process)
+        stop_process(process)
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +232,7 @@ async def test_a_server_that_is_down_when_listed_or_when_called(
             )
             assert [t.name for t in item.tools] == ["set_light"]
         finally:
-            stop(process)
+            stop_process(process)
         events = await ask(connection, "Turn on the kitchen light.")
         failed = next(e for e in events if e.type == "response.mcp_call.failed")
         call = next(e for e in events if e.type == "response.output_item.done" and e.item.id == failed.item_id).item
@@ -285,7 +277,7 @@ async def test_a_server_that_hangs_times_out_and_a_cancel_stops_the_call(
             assert (await until(connection, "session.updated"))[-1].session.instructions == "still here"
     finally:
         os.kill(process.pid, signal.SIGCONT)
-        stop(process)
+        stop_process(process)
 
 
 async def test_refused_mcp_tools_are_errors_and_change_nothing(

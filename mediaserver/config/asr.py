@@ -1,0 +1,170 @@
+"""Settings of speech recognition: models (local and remote), device, decoding, the VAD gate, the scheduler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
+
+DEFAULT_MODEL_ALIASES: dict[str, str] = {
+    # OpenAI model names map to the default model: SDK users keep their code unchanged. Only names
+    # whose job the default model does: gpt-4o-transcribe-diarize is left out (nothing diarizes).
+    "whisper-1": "@default",
+    "gpt-4o-transcribe": "@default",
+    "gpt-4o-mini-transcribe": "@default",
+    "gpt-transcribe": "@default",
+    "gpt-4o-mini-transcribe-2025-12-15": "@default",
+    "gpt-live-transcribe": "@default",
+    "gpt-realtime-whisper": "@default",
+}
+
+
+class RemoteModel(BaseModel):
+    """A model served by a remote ASR engine instead of a local CTranslate2 copy (``remote_models``).
+
+    ``backend`` ``openai``: any OpenAI-compatible ``/v1/audio/transcriptions`` (vLLM, speaches,
+    another mediaserver); ``url`` is its base URL up to and including ``/v1``. ``triton``: NVIDIA
+    Triton's KServe v2 protocol; ``url`` is ``grpc://host:8001`` or ``http://host:8000``, and
+    ``model`` names the Triton model with the TensorRT-LLM Whisper example's ``infer_bls`` tensors.
+    """
+
+    model_config = {"extra": "forbid"}
+
+    backend: Literal["openai", "triton"]
+    url: str
+    model: str = Field("", description="upstream model name; empty = whisper-1 (openai) or infer_bls (triton)")
+    api_key: SecretStr | None = Field(None, description="openai: sent as a Bearer token")
+    multilingual: bool = Field(True, description="whether the upstream model transcribes other languages")
+    timeout_s: float = Field(60.0, gt=0, description="one upstream request; a 504 naming the backend past it")
+    connect_timeout_s: float = Field(5.0, gt=0)
+    retries: int = Field(2, ge=0, le=10, description="retries after a connection error (never after a sent request)")
+    retry_backoff_ms: float = Field(200.0, ge=0)
+    max_concurrency: int = Field(8, ge=1, le=1024, description="upstream requests in flight at once")
+    probe_interval_s: float = Field(10.0, gt=0, description="how often /health's view of the backend is refreshed")
+    response_format: Literal["verbose_json", "json"] = Field(
+        "verbose_json", description="openai: verbose_json brings language and segments; json is the widest support"
+    )
+    triton_batching: Literal["request", "concurrent"] = Field(
+        "request", description="triton: a scheduler batch as one request of N rows, or N requests at once"
+    )
+    triton_max_batch: int = Field(8, ge=1, description="triton: rows per request (the model's max_batch_size)")
+    triton_pad_s: float = Field(
+        30.0, ge=0, le=30, description="triton concurrent mode: pad each WAV to this length so Triton can batch them"
+    )
+    max_new_tokens: int = Field(224, ge=1, le=448, description="triton: MAX_NEW_TOKENS per 30 s window")
+
+
+def _renamed(name: str, old: str) -> AliasChoices:
+    """A setting that was renamed: read from ``MEDIASERVER_<NAME>``, or else from the variable of its
+    old name (``MEDIASERVER_<OLD>``), so deployments configured before the rename keep working."""
+    return AliasChoices(f"mediaserver_{name}", f"mediaserver_{old}")
+
+
+class AsrSettings(BaseModel):
+    """ASR models, device, decoding defaults, VAD gate and the shared scheduler (part of ``Settings``)."""
+
+    # --- models --------------------------------------------------------------------------------
+    asr_default_model: str = Field("tiny.en", validation_alias=_renamed("asr_default_model", "default_model"))
+    translation_model: str = "base"
+    asr_preload_models: list[str] = Field(
+        default_factory=lambda: ["tiny.en"], validation_alias=_renamed("asr_preload_models", "preload_models")
+    )
+    asr_extra_models: dict[str, str] = Field(
+        default_factory=dict,
+        description="name -> local CTranslate2 directory or Hugging Face repo id",
+        validation_alias=_renamed("asr_extra_models", "extra_models"),
+    )
+    remote_models: dict[str, RemoteModel] = Field(
+        default_factory=dict,
+        description="name -> a remote ASR engine (Triton or OpenAI-compatible); wins over a local model of that name",
+    )
+    asr_model_aliases: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_MODEL_ALIASES),
+        validation_alias=_renamed("asr_model_aliases", "model_aliases"),
+    )
+    wis_size_fallback: bool = True
+    allow_model_download: bool = True
+    model_cache_dir: Path = Path.home() / ".cache" / "mediaserver" / "models"
+    max_loaded_models: int = Field(4, ge=1)
+
+    # --- device --------------------------------------------------------------------------------
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    compute_type: str = "auto"
+    cpu_threads: int = Field(0, ge=0, description="0 = one per core")
+
+    # --- decoding defaults ---------------------------------------------------------------------
+    default_language: str = "en"
+    default_beam_size: int = Field(1, ge=1, le=10)
+    max_beam_size: int = Field(10, ge=1)
+
+    # --- VAD gate ------------------------------------------------------------------------------
+    vad_aggressiveness: int = Field(2, ge=0, le=3)
+    vad_frame_ms: Literal[10, 20, 30] = 30
+    vad_min_speech_ms: int = Field(120, ge=0)
+    asr_vad_filter: bool = True
+
+    # --- ASR scheduler -------------------------------------------------------------------------
+    asr_max_batch: int = Field(8, ge=1)
+    asr_max_wait_ms: float = Field(5.0, ge=0, description="close a batch when no job arrived for this long")
+    asr_max_collect_ms: float = Field(50.0, ge=0, description="close a batch after collecting this long in all")
+    asr_max_queue: int = Field(64, ge=1)
+    asr_request_timeout_s: float = Field(300.0, gt=0)
+    asr_batching: bool = True
+    asr_pack_windows: bool = True
+    asr_pack_gap_s: float = Field(1.0, ge=0.2, le=5.0)
+    asr_pack_max_job_s: float = Field(10.0, gt=0, le=24.0)
+    asr_pack_max_window_s: float = Field(24.0, gt=1.0, le=29.0)
+    asr_pack_min_waiting: int = Field(
+        0, ge=0, description="pack only when this many jobs wait; 0 = one more than asr_max_batch, 2 = always"
+    )
+    asr_pack_min_saving_s: float = Field(
+        1.0, ge=0, description="and only when encoding each waiting job alone would take longer than this"
+    )
+    asr_speech_pad_ms: int = Field(300, ge=0, le=2000)
+    asr_encoder_max_windows: int = Field(
+        2,
+        ge=0,
+        description="on the CPU, windows per encoder call (a batch is encoded in chunks: same result, the "
+        "attention memory of a chunk, not of the batch); 0 = the whole batch at once",
+    )
+    asr_replicas: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="CTranslate2 replicas of each local model (weights shared); the scheduler runs this many "
+        "batches at once, so one batch's decoding overlaps the next one's encoding; on the CPU the threads "
+        "(cpu_threads) are split between them",
+    )
+    asr_partial_window_s: float = Field(
+        10.0,
+        ge=1.0,
+        le=30.0,
+        description="encoder window of partial transcripts (doubled while the speech does not fit); "
+        "30 = the full window",
+    )
+    asr_window_s: dict[str, Annotated[float, Field(ge=1.0, le=30.0)]] = Field(
+        default_factory=lambda: {"tiny.en": 10.0},
+        description="per model (canonical name), the encoder window of finals and uploads whose speech fits one "
+        "window (doubled while it does not: 10, 20, 30 s; a decode that loops or hits the token cap is redone on "
+        "30 s); models not listed use Whisper's own 30 s. tiny.en measured as accurate on 10 s; base lost words of "
+        "short commands (tools/README.md)",
+    )
+    asr_guard_max_words_per_s: float = Field(
+        6.0,
+        ge=0.0,
+        description="a decode with more words than this per second of voiced audio (plus one) is a loop: finals "
+        "and uploads are decoded again safely (30 s window, no forced prefix, temperature fallback), partials "
+        "dropped; 0 = off",
+    )
+    asr_guard_repeat_min: int = Field(
+        3,
+        ge=0,
+        description="a phrase of two or more words repeated this many times in a row (one word: twice as many) is a "
+        "loop, handled as asr_guard_max_words_per_s; 0 = off",
+    )
+
+    @field_validator("default_language")
+    @classmethod
+    def _lower(cls, value: str) -> str:
+        return value.strip().lower()

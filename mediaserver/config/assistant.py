@@ -1,0 +1,97 @@
+"""Settings of the voice loop (mediaserver/assistant) and the MCP servers whose tools it calls."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, model_validator
+
+
+class McpServerConfig(BaseModel):
+    """An MCP server whose tools the assistant may call (``mcp_servers``): a URL or a command.
+
+    ``url``: streamable HTTP (``transport: "http"``, what Home Assistant's MCP Server integration
+    serves at ``/api/mcp``) or legacy SSE (``transport: "sse"``), with ``headers`` on every request
+    (``{"Authorization": "Bearer <long-lived token>"}``). ``command`` + ``args``: a stdio server, a
+    child process of mediaserver.
+    """
+
+    model_config = {"extra": "forbid"}
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,32}$", description="names the server in logs and metrics")
+    url: str | None = None
+    transport: Literal["http", "sse"] = "http"
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    allowed_tools: list[str] | None = Field(None, description="offer only these of the server's tools")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> McpServerConfig:
+        if (self.url is None) == (self.command is None):
+            raise ValueError(f"MCP server {self.name!r}: give either url or command")
+        return self
+
+
+class AssistantSettings(BaseModel):
+    """Spoken answers and their tools from MCP servers, incl. Realtime sessions' own (part of ``Settings``)."""
+
+    # --- the voice loop: answers spoken back on WebRTC and device sockets (mediaserver/assistant) --
+    assistant_system_prompt: str = Field(
+        "You are a friendly voice assistant. Answer in one to three short sentences of plain spoken "
+        "language, without lists or markup.",
+        description="the system prompt of spoken conversations (a client may send its own)",
+    )
+    assistant_speak: bool = Field(True, description="speak answers (false: text only)")
+    assistant_voice: str | None = Field(None, description="TTS voice of answers; none = tts_default_voice")
+    assistant_llm_model: str | None = Field(None, description="LLM of answers; none = llm_model")
+    assistant_max_answer_tokens: int = Field(200, ge=1, description="cap on one spoken answer")
+    assistant_temperature: float | None = Field(None, ge=0, le=2, description="none = llm_default_temperature")
+    assistant_history_turns: int = Field(8, ge=0, description="earlier user turns sent with each question")
+    assistant_history_tokens: int = Field(
+        1500, ge=0, description="and at most this much history (estimated at 4 characters a token)"
+    )
+    assistant_turn_timeout_s: float = Field(
+        30.0, gt=0, description="an answer whose LLM and TTS produce nothing for this long ends with an error"
+    )
+    assistant_barge_in: bool = Field(True, description="the user speaking stops the answer being played")
+    assistant_first_clause_words: int = Field(
+        4,
+        ge=0,
+        description="speak the answer's first clause (at a comma) once it has this many words; 0 = whole sentences",
+    )
+    assistant_client_tool_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="WebRTC: the page's answer to a call of a tool it declared (start.obj tools); past it the model "
+        "gets an error result (keep it below assistant_turn_timeout_s)",
+    )
+
+    # --- tools from MCP servers for the voice loop (mediaserver/assistant/mcp.py) ---------------
+    mcp_servers: list[McpServerConfig] = Field(
+        default_factory=list, description="MCP servers whose tools the assistant may call (JSON list)"
+    )
+    mcp_connect_timeout_s: float = Field(10.0, gt=0, description="connecting to a server and listing its tools")
+    mcp_reconnect_s: float = Field(10.0, gt=0, description="wait before connecting again to a server that is down")
+    mcp_call_timeout_s: float = Field(10.0, gt=0, description="one tool call; past it the model gets an error result")
+    mcp_max_calls_per_turn: int = Field(4, ge=1, description="tool calls in one answer; more end it with an error")
+    mcp_max_result_chars: int = Field(
+        4000, ge=100, description="a tool result longer than this is cut for the model, with a note"
+    )
+    mcp_tool_choice: Literal["auto", "required"] = Field(
+        "auto", description="required: every spoken answer starts with a tool call (for models that never choose one)"
+    )
+    # Realtime sessions' own ``type: "mcp"`` tools (transport/openai/realtime/mcp_tools.py): a client
+    # telling the server to connect somewhere is a request forgery risk, so only these are reached.
+    realtime_mcp_allowed_urls: list[str] = Field(
+        default_factory=list,
+        description="URL prefixes a Realtime client's MCP server_url may start with (scheme, host and port "
+        "must match, the path must be under the prefix's); empty: client-given URLs are refused",
+    )
+    realtime_mcp_operator_servers: bool = Field(
+        True,
+        description="a Realtime MCP tool without server_url whose server_label names one of mcp_servers uses "
+        "that server (its URL, headers or command stay the operator's)",
+    )
+    realtime_mcp_max_servers: int = Field(4, ge=1, le=32, description="type mcp tools in one Realtime session")

@@ -1,0 +1,51 @@
+"""Settings of the server itself: where it listens, who may use it, input limits, GPU gating, the rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+
+class ServerSettings(BaseModel):
+    """Network, auth, input limits, GPU capability gating and process-wide knobs (part of ``Settings``)."""
+
+    # --- network -------------------------------------------------------------------------------
+    host: str = "0.0.0.0"
+    http_port: int = Field(19001, ge=0, le=65535)
+    https_port: int = Field(19000, ge=0, le=65535)
+    cert_dir: Path = Path("certs")
+    static_dir: Path = Path(__file__).resolve().parents[2] / "static"
+
+    # --- auth (all optional; Willow devices can only send Basic auth through user:pass@ URLs) ---
+    basic_auth_user: str | None = None
+    basic_auth_password: str | None = None
+    api_keys: list[str] = Field(default_factory=list)
+
+    # --- input limits --------------------------------------------------------------------------
+    max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+    max_audio_duration_s: float = Field(3 * 3600.0, gt=0)
+    body_read_timeout_s: float = Field(60.0, gt=0)
+
+    # --- features on a GPU (capability gating; on the CPU every installed feature is on) ---------
+    vram_asr_mb: int = Field(1500, ge=0, description="VRAM the ASR models need before ASR is enabled")
+    vram_tts_mb: int = Field(500, ge=0, description="VRAM TTS needs, taken after ASR's")
+    vram_llm_mb: int = Field(4000, ge=0, description="VRAM the LLM needs, taken after ASR's and TTS's")
+
+    # --- misc ----------------------------------------------------------------------------------
+    malloc_arena_max: int = Field(
+        2, ge=0, description="glibc malloc arenas (as MALLOC_ARENA_MAX); fewer keep RSS down; 0 = glibc's default"
+    )
+    retry_after_fallback_s: float = Field(
+        5.0, gt=0, description="Retry-After of a transient 503 the server cannot estimate (session cap, shutdown)"
+    )
+    save_audio_dir: Path = Path("audio")
+    allow_save_audio: bool = True
+    log_level: str = "INFO"
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys) or self.basic_auth_user is not None
+
+    def cert_paths(self) -> tuple[Path, Path]:
+        return self.cert_dir / "cert.pem", self.cert_dir / "key.pem"

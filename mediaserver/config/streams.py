@@ -1,0 +1,133 @@
+"""Settings of streaming sessions: utterances and partials, wake words and noise, semantic end of turn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class StreamSettings(BaseModel):
+    """How every streaming face (WebRTC, WebSocket, Realtime, devices) cuts and hears speech (part of ``Settings``)."""
+
+    # --- streaming sessions (WebRTC, WebSocket, Realtime) --------------------------------------
+    max_sessions: int = Field(64, ge=1)
+    session_idle_timeout_s: float = Field(7 * 24 * 3600.0, gt=0, description="close a session idle this long")
+    stream_vad_aggressiveness: int = Field(3, ge=0, le=3)
+    stream_vad_hangover_ms: int = Field(500, ge=60, description="silence that ends an utterance")
+    stream_vad_preroll_ms: int = Field(300, ge=0, description="audio kept from before speech starts")
+    stream_min_speech_ms: int = Field(200, ge=0, description="shorter bursts are ignored")
+    stream_max_utterance_s: float = Field(28.0, gt=1.0, le=29.5)
+    stream_partial_interval_ms: int = Field(
+        300, ge=50, description="a partial decode starts at most this often (from the start of the last one)"
+    )
+    stream_partial_agreement: int = Field(
+        3, ge=2, le=5, description="consecutive partial hypotheses that must agree on a word before it is sent"
+    )
+    stream_partial_commit_lag_ms: int = Field(
+        1000,
+        ge=0,
+        description="a word is promised only once a partial decode of at least this much more audio than the decode "
+        "that first agreed on it still has it: the first second of an utterance alone is often misheard ('How do you "
+        "marry' for 'Had he married'), and a promised word cannot be taken back",
+    )
+    stream_partial_min_audio_ms: int = Field(
+        500, ge=100, description="the first partial decode starts once the utterance (with pre-roll) is this long"
+    )
+    stream_final_early_ms: int = Field(
+        200,
+        ge=0,
+        description="start the final this long before the utterance ends: once the speech has been silent for "
+        "stream_vad_hangover_ms minus this, the final is decoded on the audio so far (speech that resumes cancels "
+        "it), so it is ready about when the utterance ends; 0 = decode after the end. At 300 (200 ms of silence "
+        "with the default hangover) a final through an OpenAI-compatible remote engine lost its last words",
+    )
+    stream_max_pending_finals: int = Field(
+        8,
+        ge=1,
+        description="utterances of one session waiting for their transcripts; one more is dropped with an "
+        "`overloaded` error instead of queueing without bound",
+    )
+    stream_gap_fill_ms: int = Field(
+        120,
+        ge=0,
+        description="no audio for this long while someone speaks counts as silence (Opus DTX, paused tracks, "
+        "devices that stop sending in silence), so the utterance still ends on time; 0 = off",
+    )
+
+    # --- wake words and noise suppression (mediaserver/wake, mediaserver/audio/noise.py) -----------
+    wake_enabled: bool = Field(True, description="offer wake word detection (Wyoming, device streams)")
+    wake_models_dir: Path | None = Field(
+        None, description="custom microWakeWord models (a JSON config beside each .tflite); none = built-ins only"
+    )
+    wake_refractory_s: float = Field(
+        2.0, ge=0, description="after a detection, the same wake word is not reported again for this long"
+    )
+    wake_default_models: list[str] = Field(
+        default_factory=lambda: ["okay_nabu"],
+        description="wake words of device streams that name none; empty = every model",
+    )
+    wake_conversation_timeout_s: float = Field(
+        0.0,
+        ge=0,
+        description="after a wake word, device streams keep listening this long after each answer; 0 = one utterance",
+    )
+    wake_listen_timeout_s: float = Field(
+        8.0, gt=0, description="after a wake word, back to waiting if no speech starts within this long"
+    )
+    noise_suppression_level: int = Field(
+        2, ge=1, le=4, description="WebRTC noise suppression level when a stream turns it on (1 low .. 4 very high)"
+    )
+    noise_auto_gain_dbfs: int = Field(
+        3, ge=0, le=31, description="WebRTC automatic gain target (dBFS below full scale) with suppression; 0 = off"
+    )
+    noise_default: bool = Field(False, description="suppress noise on every stream unless it asks otherwise")
+    noise_near_field_level: int = Field(1, ge=1, le=4, description="level for Realtime noise_reduction near_field")
+    noise_far_field_level: int = Field(2, ge=1, le=4, description="level for Realtime noise_reduction far_field")
+
+    # --- semantic end of turn: Smart Turn v3.2 (mediaserver/turns) -----------------------------
+    turn_detection: Literal["silence", "semantic"] = Field(
+        "silence",
+        description="how a streamed utterance ends when its session does not choose: 'silence' (after "
+        "stream_vad_hangover_ms) or 'semantic' (the turn model decides at each pause, see turn_*)",
+    )
+    turn_eagerness: Literal["low", "medium", "high", "auto"] = Field(
+        "auto", description="semantic turns: how long an unfinished turn is waited for (turn_wait_*_ms); auto = medium"
+    )
+    turn_model_path: Path | None = Field(
+        None,
+        description="the Smart Turn v3.2 ONNX file; none = ~/.cache/mediaserver/turn/smart-turn-v3.2-cpu.onnx "
+        "(make setup fetches it); missing = semantic turns fall back to silence detection",
+    )
+    turn_candidate_silence_ms: int = Field(
+        200, ge=30, description="semantic turns: a pause this long is scored by the turn model"
+    )
+    turn_rescore_ms: int = Field(
+        300,
+        ge=0,
+        description="semantic turns: a pause scored unfinished is scored again each time it has gone on this much "
+        "longer (the model grows surer with more silence), until the eagerness cap; 0 = once per pause",
+    )
+    turn_threshold: float = Field(
+        0.5, gt=0, lt=1, description="semantic turns: a score (probability of a finished turn) at least this ends it"
+    )
+    turn_rescore_threshold: float = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description="semantic turns: the score that ends the turn at a rescore (the model scores a fragment higher "
+        "the longer the silence after it: 'Remind me to buy' 0.01 after 200 ms, 0.84 after 500 ms)",
+    )
+    turn_wait_low_ms: int = Field(8000, ge=60, description="eagerness low: silence that ends an unfinished turn")
+    turn_wait_medium_ms: int = Field(4000, ge=60, description="eagerness medium/auto: the same")
+    turn_wait_high_ms: int = Field(2000, ge=60, description="eagerness high: the same")
+    turn_threads: int = Field(1, ge=1, description="onnxruntime threads of one turn-model inference")
+    turn_batch_max: int = Field(
+        8, ge=1, description="pauses of different sessions waiting together are scored in one batch of up to this"
+    )
+    turn_speculative_answers: bool = Field(
+        True,
+        description="voice loop: start the answer (LLM and first clause's TTS, nothing sent) on the final decoded in "
+        "a pause, before the turn has ended; speech resuming drops it unheard, the turn ending sends it at once",
+    )

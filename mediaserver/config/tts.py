@@ -1,0 +1,47 @@
+"""Settings of speech synthesis (Piper voices, mediaserver/tts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+# Voice names clients already send: OpenAI's built-in voices and WIS's speakers (SpeechT5 x-vectors,
+# XTTS's shipped voices). "@default" means tts_default_voice.
+OPENAI_VOICES = ["alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse"]
+OPENAI_VOICES += ["marin", "cedar"]
+WIS_SPEAKERS = ["AWB", "BDL", "CLB", "KSP", "RMS", "SLT", "default", "female", "male"]
+DEFAULT_VOICE_ALIASES: dict[str, str] = {name: "@default" for name in OPENAI_VOICES + WIS_SPEAKERS}
+PIPER_VOICE_URL = (
+    "https://huggingface.co/rhasspy/piper-voices/resolve/main/{lang_family}/{lang_code}/{voice_name}/"
+    "{voice_quality}/{lang_code}-{voice_name}-{voice_quality}{extension}?download=true"
+)
+
+
+class TtsSettings(BaseModel):
+    """TTS voices, downloads, limits and the response cache (part of ``Settings``)."""
+
+    # --- speech synthesis (TTS) -----------------------------------------------------------------
+    tts_enabled: bool = True
+    tts_default_voice: str = "en_US-joe-medium"
+    tts_voices_dir: Path = Field(Path("voices"), description="Piper voices (NAME.onnx + NAME.onnx.json)")
+    tts_voice_aliases: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_VOICE_ALIASES))
+    tts_allow_download: bool = Field(True, description="fetch a Piper voice named by a request into tts_voices_dir")
+    tts_download_url: str = PIPER_VOICE_URL
+    tts_download_timeout_s: float = Field(120.0, gt=0)
+    tts_download_max_bytes: int = Field(300 * 1024 * 1024, ge=1024)
+    tts_preload_default_voice: bool = True
+    tts_max_input_chars: int = Field(4096, ge=1, description="longer text is refused with 413")
+    tts_max_sentence_chars: int = Field(400, ge=20, description="longer runs without a full stop are cut")
+    tts_min_speed: float = Field(0.25, gt=0)
+    tts_max_speed: float = Field(4.0, gt=0)
+    tts_max_queue: int = Field(32, ge=1, description="open requests per voice (waiting or speaking); 503 past it")
+    tts_workers_per_voice: int = Field(1, ge=1, le=16, description="sentences of one voice synthesized at once")
+    tts_onnx_threads: int = Field(0, ge=0, description="ONNX Runtime threads per voice; 0 = one per core")
+    tts_lookahead_sentences: int = Field(2, ge=1, description="sentences a request may run ahead of its reader")
+    tts_max_loaded_voices: int = Field(4, ge=1)
+    tts_request_timeout_s: float = Field(300.0, gt=0)
+    tts_cache_max_bytes: int = Field(64 * 1024 * 1024, ge=0, description="0 turns the response cache off")
+    tts_cache_max_entry_bytes: int = Field(8 * 1024 * 1024, ge=0)
+    tts_wis_default_format: Literal["WAV", "FLAC", "OGG", "MP3"] = "WAV"

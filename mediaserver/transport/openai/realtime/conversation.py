@@ -1,28 +1,10 @@
 """A Realtime conversation: the items, the one response at a time, and the voice loop behind them.
 
-A response is one turn of the session's ``Assistant`` (mediaserver/assistant): the conversation's
-items become its chat context, the response's options its per-turn options, and its events come
-back as server events. There is no second LLM→TTS pipeline here.
-
-Lifecycle of a response (GA names; beta clients get ``response.audio.delta``,
-``response.audio_transcript.delta``, ``response.text.delta`` and ``conversation.item.created``):
-``response.created`` (+ ``rate_limits.updated``) at once; when the user items it answers have their
-transcripts, ``response.output_item.added``, ``conversation.item.added``, ``response.content_part.added``;
-then ``response.output_audio_transcript.delta`` with the text as the LLM writes it and
-``response.output_audio.delta`` with base64 PCM16 (or ``response.output_text.delta`` for a text
-answer); at the end ``response.output_audio.done``, ``...transcript.done``, ``response.content_part.done``,
-``response.output_item.done``, ``conversation.item.done`` and ``response.done`` with the status
-(``completed``; ``incomplete`` when the token cap cut it; ``cancelled`` by the user speaking
-(``turn_detected``) or ``response.cancel`` (``client_cancelled``); ``failed`` with the error) and
-``usage``. A cancelled answer keeps, in its item and its ``.done`` events, the words whose audio was
-sent (the text deltas may have run ahead); ``conversation.item.truncate`` cuts it further to what
-the client played.
-
-Tools: a call the model makes is an output item after the message (``tool_items.py``). A
-``function_call`` ends the response (the client runs it). A call of one of the session's MCP
-servers' tools (``type: "mcp"``) is an ``mcp_call`` run here; the response then goes on with
-another round, a new assistant turn that reads the results, whose answer is a new message item of
-the same response (``_run``), up to ``mcp_max_calls_per_turn`` calls.
+Items are added, retrieved, truncated and deleted here, and transcribed when they bring input
+audio. A response is created here and run by ``response_rounds.ResponseRounds``: its rounds (one
+turn of the session's ``Assistant`` each, MCP calls between them), its lifecycle events and how
+each status ends it are described there; the assistant's deltas come back through
+``on_assistant_event``.
 
 Audio leaves in one of two ways. Over WebSocket (``deltas``) a sender drains the assistant's
 ``AudioOut`` into delta events, at most ``realtime_audio_lead_ms`` ahead of real time, so a
@@ -37,7 +19,7 @@ import base64
 import contextlib
 import logging
 from dataclasses import replace
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -45,7 +27,6 @@ import numpy.typing as npt
 from mediaserver.asr.service import AsrService
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.pacing import send_paced
-from mediaserver.assistant.turn_types import AssistantOptions, TurnOutcome
 from mediaserver.assistant.turns import Assistant
 from mediaserver.audio.stream_decode import encode_g711
 from mediaserver.config import Settings
@@ -56,9 +37,10 @@ from mediaserver.metrics import Metrics
 from mediaserver.transport.openai.realtime.config import EventError, InputFormat, new_id
 from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, ResponseOptions
 from mediaserver.transport.openai.realtime.input_transcription import Host
-from mediaserver.transport.openai.realtime.items import ContentKind, Item, Items, NewItem, parse_item
+from mediaserver.transport.openai.realtime.items import Item, Items, NewItem, parse_item
 from mediaserver.transport.openai.realtime.mcp_tools import McpTool
-from mediaserver.transport.openai.realtime.responses import Response, describe_response, status_of
+from mediaserver.transport.openai.realtime.response_rounds import ResponseRounds
+from mediaserver.transport.openai.realtime.responses import Response, describe_response
 from mediaserver.transport.openai.realtime.tool_items import ToolItems
 
 log = logging.getLogger(__name__)
@@ -98,9 +80,10 @@ class Conversation:
         self.responses = 0
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
-        self.tools = ToolItems(host, settings, metrics or Metrics(), self.items, self._added, self._done)
+        self.tools = ToolItems(host, settings, metrics or Metrics(), self.items, self.item_added, self.item_done)
+        self.rounds = ResponseRounds(self)
         if audio == "deltas":
-            self._ensure_out(config.output_format)
+            self.ensure_out(config.output_format)
 
     @property
     def conversation_id(self) -> str:
@@ -108,18 +91,18 @@ class Conversation:
 
     # --- names --------------------------------------------------------------------------------
 
-    def _added(self, item: Item, previous_item_id: str | None) -> None:
+    def item_added(self, item: Item, previous_item_id: str | None) -> None:
         described = item.describe(beta=self.host.beta)
         if self.host.beta:
             self.host.send("conversation.item.created", previous_item_id=previous_item_id, item=described)
         else:
             self.host.send("conversation.item.added", previous_item_id=previous_item_id, item=described)
 
-    def _done(self, item: Item, previous_item_id: str | None) -> None:
+    def item_done(self, item: Item, previous_item_id: str | None) -> None:
         if not self.host.beta:
             self.host.send("conversation.item.done", previous_item_id=previous_item_id, item=item.describe(beta=False))
 
-    def _kind(self, ga: str, beta: str) -> str:
+    def event_name(self, ga: str, beta: str) -> str:
         return beta if self.host.beta else ga
 
     # --- the user's side ----------------------------------------------------------------------
@@ -150,8 +133,8 @@ class Conversation:
         else:
             item = Item(item_id, "user", "input_audio", None)
         previous = self.items.add(item, previous_item_id)
-        self._added(item, previous)
-        self._done(item, previous)
+        self.item_added(item, previous)
+        self.item_done(item, previous)
         if new.audio is not None:
             self.host.spawn(self._transcribe(item, new.audio, new.text), "realtime-item-transcribe")
 
@@ -308,7 +291,7 @@ class Conversation:
             "rate_limits.updated",
             rate_limits=[{"name": "tokens", "limit": limit, "remaining": limit, "reset_seconds": 0.0}],
         )
-        response.task = self.host.spawn(self._run(response, speech_ended_at), "realtime-response")
+        response.task = self.host.spawn(self.rounds.run(response, speech_ended_at), "realtime-response")
 
     async def auto_respond(self, speech_ended_at: float | None) -> None:
         """Server VAD ended a user turn and its transcript is in: answer it (``create_response``)."""
@@ -345,169 +328,6 @@ class Conversation:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await response.task
 
-    def _assistant_options(self, options: ResponseOptions) -> AssistantOptions:
-        base = self.assistant.options
-        cap = self.settings.llm_max_completion_tokens
-        max_tokens = min(options.max_output_tokens, cap) if options.max_output_tokens else base.max_answer_tokens
-        return replace(
-            base,
-            system_prompt=options.instructions,
-            speak=options.modality == "audio",
-            voice=options.voice,
-            model=self.config.llm_model or base.model,
-            max_answer_tokens=max_tokens,
-            temperature=options.temperature if options.temperature is not None else base.temperature,
-            speed=options.speed,
-            tools=options.tools,
-        )
-
-    async def _wait_for_transcripts(self) -> None:
-        pending = self.items.pending()
-        if not pending:
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.settings.assistant_turn_timeout_s):
-                for item in pending:
-                    await item.transcribed.wait()
-
-    async def _run(self, response: Response, speech_ended_at: float | None) -> None:
-        """The response's rounds: one assistant turn each; a turn that calls MCP tools has them run
-        here (``ToolItems.run_mcp``), and the next round answers with their results."""
-        outcome: TurnOutcome | None = None
-        round_closed = False
-        try:
-            if response.context is None:
-                await self._wait_for_transcripts()
-            await self.tools.ready()
-            context = list(response.context if response.context is not None else self.items.context())
-            if self.audio == "deltas" and response.options.modality == "audio":
-                self._ensure_out(response.options.output_format)
-            after_calls = False
-            rounds = 0
-            while True:
-                rounds += 1
-                round_closed = False
-                self._open(response)
-                options = self._assistant_options(response.options)
-                options = replace(options, tools=self.tools.tools_for(response, after_calls=after_calls))
-                response.turn = await self.assistant.respond(context, options, speech_ended_at=speech_ended_at)
-                response.running_tools = False  # the new round's turn is what a cancel interrupts now
-                outcome = await response.turn.outcome()
-                calls = outcome.tool_calls if outcome.status == "completed" else ()
-                mcp_calls = [(index, call) for index, call in enumerate(calls) if self.tools.is_mcp(call.name)]
-                if not mcp_calls:
-                    break
-                self._close_round(response, outcome, "completed")
-                round_closed = True
-                context.append(ChatMessage("assistant", outcome.text, tuple(calls)))
-                response.running_tools = True
-                for index, call in mcp_calls:
-                    result = await self.tools.run_mcp(response, index, call)
-                    context.append(ChatMessage("tool", result, tool_call_id=call.id))
-                if len(mcp_calls) < len(calls):
-                    break  # the client runs its functions, then asks for the next response
-                if rounds > self.settings.mcp_max_calls_per_turn:
-                    break  # a model that keeps calling MCP tools it is no longer offered cannot loop
-                after_calls, speech_ended_at = True, None
-        except asyncio.CancelledError:
-            outcome = None  # cancelled before the turn began, during MCP calls, or the session is closing
-        finally:
-            self._finish(response, outcome, round_closed=round_closed)
-
-    def _open(self, response: Response) -> None:
-        """A round's message item (its text or audio answer)."""
-        kind: ContentKind = "output_audio" if response.options.modality == "audio" else "output_text"
-        item = Item(new_id("item"), "assistant", kind, "", status="in_progress", rate_hz=self._out_rate())
-        response.item = item
-        response.output.append(item)
-        response.open_calls = {}
-        self.host.send(
-            "response.output_item.added",
-            response_id=response.id,
-            output_index=response.item_index,
-            item=item.describe(beta=self.host.beta),
-        )
-        if response.options.in_conversation:
-            self._added(item, self.items.add(item))
-        part = {"type": "audio", "transcript": ""} if kind == "output_audio" else {"type": "text", "text": ""}
-        self.host.send(
-            "response.content_part.added",
-            response_id=response.id,
-            item_id=item.id,
-            output_index=response.item_index,
-            content_index=0,
-            part=part,
-        )
-
-    def _out_rate(self) -> int:
-        out = self.assistant.out
-        return out.sample_rate_hz if out is not None else 24000
-
-    def _close_round(self, response: Response, outcome: TurnOutcome | None, status: str) -> None:
-        """Close a round's message item and the function calls its turn made (never awaits)."""
-        item = response.item
-        send = self.host.send
-        ids = {"response_id": response.id}
-        if item is not None:
-            turn = response.turn
-            item.text = (outcome.text if status in ("completed", "incomplete") else outcome.heard) if outcome else ""
-            item.status = "completed" if status == "completed" else "incomplete"
-            if turn is not None and item.kind == "output_audio":
-                out = self.assistant.out
-                taken = out.taken_samples if out is not None else turn.start_sample
-                item.audio_samples = max(0, taken - turn.start_sample)
-                item.marks = tuple(
-                    replace(m, start=m.start - turn.start_sample, end=m.end - turn.start_sample) for m in turn.marks
-                )
-            part_ids = {**ids, "item_id": item.id, "output_index": response.item_index, "content_index": 0}
-            text = item.text or ""
-            if item.kind == "output_audio":
-                send(self._kind("response.output_audio.done", "response.audio.done"), **part_ids)
-                send(
-                    self._kind("response.output_audio_transcript.done", "response.audio_transcript.done"),
-                    **part_ids,
-                    transcript=text,
-                )
-                part: dict[str, Any] = {"type": "audio", "transcript": text}
-            else:
-                send(self._kind("response.output_text.done", "response.text.done"), **part_ids, text=text)
-                part = {"type": "text", "text": text}
-            send("response.content_part.done", **part_ids, part=part)
-            described = item.describe(beta=self.host.beta)
-            send("response.output_item.done", **ids, output_index=response.item_index, item=described)
-            if response.options.in_conversation and item.id in self.items:
-                self._done(item, self.items.previous_id(item.id))
-            response.item = None
-        calls = outcome.tool_calls if outcome is not None and status in ("completed", "incomplete") else ()
-        for index, call in enumerate(calls):
-            if not self.tools.is_mcp(call.name):
-                self.tools.function_done(response, index, call.id, call.name, call.arguments)
-
-    def _finish(self, response: Response, outcome: TurnOutcome | None, *, round_closed: bool = False) -> None:
-        """Close the response's parts and send ``response.done`` (never awaits)."""
-        if self.response is response:
-            self.response = None
-        status, details = status_of(response, outcome)
-        send = self.host.send
-        ids = {"response_id": response.id}
-        if not round_closed:
-            self._close_round(response, outcome, status)
-        for item in response.output:  # calls cut off by a cancel
-            if item.type in ("function_call", "mcp_call") and item.status == "in_progress":
-                item.status = "incomplete"
-                if item.type == "mcp_call" and item.output is None and item.error is None:
-                    item.error = {"type": "tool_execution_error", "message": "cancelled before it finished"}
-                where = response.index_of(item)
-                send("response.output_item.done", **ids, output_index=where, item=item.describe(beta=self.host.beta))
-                if response.options.in_conversation and item.id in self.items:
-                    self._done(item, self.items.previous_id(item.id))
-        if self.audio == "track" and response.audio_started and status == "cancelled":
-            send("output_audio_buffer.cleared", **ids)
-        usage = outcome.usage if outcome is not None else None
-        send("response.done", response=describe_response(response, status, details, usage, beta=self.host.beta))
-        if self.audio == "track" and response.audio_started and status != "cancelled":
-            send("output_audio_buffer.stopped", **ids)
-
     def set_mcp(self, declared: tuple[McpTool, ...]) -> None:
         """The session's MCP tools changed (or were first given): connect and list the new set."""
         self.tools.set_mcp(declared)
@@ -522,9 +342,9 @@ class Conversation:
             return
         if isinstance(event, AssistantText) and event.delta:
             kind = (
-                self._kind("response.output_audio_transcript.delta", "response.audio_transcript.delta")
+                self.event_name("response.output_audio_transcript.delta", "response.audio_transcript.delta")
                 if response.item.kind == "output_audio"
-                else self._kind("response.output_text.delta", "response.text.delta")
+                else self.event_name("response.output_text.delta", "response.text.delta")
             )
             self.host.send(
                 kind,
@@ -544,7 +364,7 @@ class Conversation:
 
     # --- audio out over the socket ----------------------------------------------------------------
 
-    def _ensure_out(self, fmt: InputFormat) -> None:
+    def ensure_out(self, fmt: InputFormat) -> None:
         rate = fmt.rate_hz
         out = self.assistant.out
         if out is not None and out.sample_rate_hz == rate and self._sender is not None and not self._sender.done():
@@ -567,7 +387,7 @@ class Conversation:
         fmt = response.options.output_format
         data = pcm if fmt.is_pcm else encode_g711(pcm, "ulaw" if fmt.type == "audio/pcmu" else "alaw")
         self.host.send(
-            self._kind("response.output_audio.delta", "response.audio.delta"),
+            self.event_name("response.output_audio.delta", "response.audio.delta"),
             response_id=response.id,
             item_id=response.item.id,
             output_index=response.item_index,

@@ -29,7 +29,7 @@ class Response:
     reason: str | None = None  # why it was cancelled
     audio_started: bool = False
     # Every output item in order: a round's message, then the calls its turn made (function_call,
-    # mcp_call); after MCP calls the next round's message and calls follow (``Conversation._run``).
+    # mcp_call); after MCP calls the next round's message and calls follow (``ResponseRounds.run``).
     output: list[Item] = field(default_factory=list)
     open_calls: dict[int, Item] = field(default_factory=dict)  # this round's calls by the model's index
     mcp_calls: int = 0  # MCP calls run in this response (at most mcp_max_calls_per_turn)

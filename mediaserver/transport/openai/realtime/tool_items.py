@@ -1,6 +1,6 @@
 """A Realtime conversation's tool calls as output items, and the session's MCP servers.
 
-A call the model makes is an output item after its round's message (``Conversation._run``): a
+A call the model makes is an output item after its round's message (``ResponseRounds.run``): a
 ``function_call`` (``response.function_call_arguments.delta`` / ``.done``; the client runs it and
 answers with a ``function_call_output`` item) or, for a tool of one of the session's ``type: "mcp"``
 servers, an ``mcp_call`` (``response.mcp_call_arguments.delta`` / ``.done``, then

@@ -94,7 +94,7 @@ class Clip:
 
 
 def load_clips() -> list[Clip]:
-    from bench_asr import SENTENCES
+    from bench_asr_clips import SENTENCES
     from speech_corpus import synthesize
 
     clips = []
@@ -233,7 +233,7 @@ async def run_level(url: str, clips: Sequence[Clip], sessions: int, per_session:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    from bench_asr import aggregate_wer
+    from bench_asr_clips import aggregate_wer
 
     firsts = [r["first_partial_s"] for r in rows if r["first_partial_s"] is not None]
     promised = [r["first_promised_s"] for r in rows if r.get("first_promised_s") is not None]

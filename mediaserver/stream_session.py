@@ -235,7 +235,11 @@ class StreamSession:
         if early_ms <= 0 or early is not None or not self._segmenter.in_speech or self._closed:
             return
         config = self._segmenter.config
-        start_ms = min(candidate_ms, config.hangover_ms - early_ms) if semantic else config.hangover_ms - early_ms
+        if semantic:
+            final_ms = self.settings.turn_final_silence_ms or candidate_ms
+            start_ms = min(final_ms, candidate_ms, config.hangover_ms - early_ms)
+        else:
+            start_ms = config.hangover_ms - early_ms
         if silence_ms < max(config.frame_ms, start_ms):
             return
         self._partials.cancel()  # the final is about to be decoded: partials only compete with it now

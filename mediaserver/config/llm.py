@@ -67,6 +67,9 @@ class LlmSettings(BaseModel):
     llm_request_timeout_s: float = Field(120.0, gt=0, description="queue wait + generation; 504 past it")
     llm_max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="JSON bodies of the LLM APIs")
     llm_threads: int = Field(0, ge=0, description="llama.cpp threads; 0 = half the cores (the rest for ASR)")
+    llm_threads_batch: int = Field(
+        0, ge=0, description="llama.cpp threads of prompt evaluation (--threads-batch); 0 = llm_threads"
+    )
     llm_batch_tokens: int = Field(512, ge=16, description="llama.cpp logical batch (-b, n_batch)")
     llm_ubatch_tokens: int = Field(512, ge=16, description="llama.cpp physical batch (-ub, n_ubatch)")
     llm_gpu_layers: int = Field(-1, ge=-1, description="layers offloaded on CUDA builds; -1 = all")

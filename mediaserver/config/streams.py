@@ -16,7 +16,12 @@ class StreamSettings(BaseModel):
     session_idle_timeout_s: float = Field(7 * 24 * 3600.0, gt=0, description="close a session idle this long")
     stream_vad_aggressiveness: int = Field(3, ge=0, le=3)
     stream_vad_hangover_ms: int = Field(500, ge=60, description="silence that ends an utterance")
-    stream_vad_preroll_ms: int = Field(300, ge=0, description="audio kept from before speech starts")
+    stream_vad_preroll_ms: int = Field(
+        150,
+        ge=0,
+        description="audio kept from before speech starts (the VAD's 5-frame trigger window): at 300 ms, tiny.en "
+        "heard a real 'ten of clubs' streamed as 'ten of close' where its upload said 'clubs' (tools/eval_parity.py)",
+    )
     stream_min_speech_ms: int = Field(200, ge=0, description="shorter bursts are ignored")
     stream_max_utterance_s: float = Field(28.0, gt=1.0, le=29.5)
     stream_partial_interval_ms: int = Field(
@@ -26,11 +31,12 @@ class StreamSettings(BaseModel):
         3, ge=2, le=5, description="consecutive partial hypotheses that must agree on a word before it is sent"
     )
     stream_partial_commit_lag_ms: int = Field(
-        1000,
+        2000,
         ge=0,
         description="a word is promised only once a partial decode of at least this much more audio than the decode "
         "that first agreed on it still has it: the first second of an utterance alone is often misheard ('How do you "
-        "marry' for 'Had he married'), and a promised word cannot be taken back",
+        "marry' for 'Had he married', agreed on by decodes 1 s apart on a quiet machine), and a promised word cannot "
+        "be taken back",
     )
     stream_partial_min_audio_ms: int = Field(
         500, ge=100, description="the first partial decode starts once the utterance (with pre-roll) is this long"
@@ -102,6 +108,12 @@ class StreamSettings(BaseModel):
     )
     turn_candidate_silence_ms: int = Field(
         200, ge=30, description="semantic turns: a pause this long is scored by the turn model"
+    )
+    turn_final_silence_ms: int = Field(
+        200,
+        ge=0,
+        description="semantic turns: the final (and a speculative answer on it) starts once a pause is this long, "
+        "before or with the turn model's check, so it is ready when a finished turn ends; 0 = with the check",
     )
     turn_rescore_ms: int = Field(
         300,

@@ -164,7 +164,7 @@ class LlamaServerProcess:
             "--ctx-size", str(self.slots * s.llm_context_tokens),
             "--batch-size", str(min(s.llm_batch_tokens, s.llm_context_tokens)),
             "--ubatch-size", str(min(s.llm_ubatch_tokens, s.llm_batch_tokens, s.llm_context_tokens)),
-            "--threads", str(threads), "--threads-batch", str(threads), "--threads-http", str(max(2, self.slots)),
+            "--threads", str(threads), "--threads-batch", str(s.llm_threads_batch or threads), "--threads-http", str(max(2, self.slots)),
             "--cache-prompt", "--cache-ram", str(s.llm_engine_cache_ram_mb),
             "--n-gpu-layers", layers, "--no-webui", "--metrics", "--log-prefix", "--log-colors", "off",
             "--jinja", *(["--chat-template-file", str(self.chat_template)] if self.chat_template else []),

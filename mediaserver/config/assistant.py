@@ -39,9 +39,11 @@ class AssistantSettings(BaseModel):
 
     # --- the voice loop: answers spoken back on WebRTC and device sockets (mediaserver/assistant) --
     assistant_system_prompt: str = Field(
-        "You are a friendly voice assistant. Answer in one to three short sentences of plain spoken "
-        "language, without lists or markup.",
-        description="the system prompt of spoken conversations (a client may send its own)",
+        "You are a friendly voice assistant. Answer in one or two short, plain English sentences. For example, "
+        "asked 'What is the capital of Germany?', you answer 'The capital of Germany is Berlin.'",
+        description="the system prompt of spoken conversations (a client may send its own). The example answer "
+        "matters to the bundled SmolLM2-135M: without one it answered 'What is the capital of France?' in French "
+        "nonsense with 3 of 48 seeded questions (0 with it) and got 37 of 48 right (42 with it)",
     )
     assistant_speak: bool = Field(True, description="speak answers (false: text only)")
     assistant_voice: str | None = Field(None, description="TTS voice of answers; none = tts_default_voice")

@@ -108,8 +108,10 @@ class LlmSettings(BaseModel):
     )
     llm_max_images: int = Field(8, ge=0, description="image_url parts in one chat request; more get a 400")
     llm_system_prompt: str = Field(
-        "You are a helpful voice assistant. Answer briefly and clearly.",
-        description="system message of the WIS chatbot endpoints (OpenAI clients send their own)",
+        "You are a friendly voice assistant. Answer in one or two short, plain English sentences. For example, "
+        "asked 'What is the capital of Germany?', you answer 'The capital of Germany is Berlin.'",
+        description="system message of the WIS chatbot endpoints (OpenAI clients send their own); the same as "
+        "assistant_system_prompt, whose description says why it holds an example",
     )
     llm_upstream_url: str | None = Field(None, description="an OpenAI-compatible base URL, e.g. http://vllm:8000/v1")
     llm_upstream_api_key: str | None = None

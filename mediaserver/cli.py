@@ -53,7 +53,9 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
 
 async def serve(settings: Settings) -> None:
     app = create_app(settings)
-    runner = LenientAppRunner(app, access_log=None)  # Willow sends unencoded TTS text
+    # Willow sends unencoded TTS text (lenient_http). On shutdown, open sessions are closed at once
+    # (app.close_on_shutdown); requests still running get shutdown_grace_s to finish.
+    runner = LenientAppRunner(app, access_log=None, shutdown_timeout=settings.shutdown_grace_s)
     await runner.setup()
     try:
         sites = [web.TCPSite(runner, settings.host, settings.http_port)]

@@ -51,7 +51,7 @@ from mediaserver.events import (
     StreamError,
     TurnDecided,
 )
-from mediaserver.session_registry import SessionLimitReached
+from mediaserver.session_registry import SessionLimitReached, ShuttingDown
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.stream_session import StreamSession
 from mediaserver.transport.common import loads_json, turn_payload
@@ -398,7 +398,10 @@ async def stream_handler(request: web.Request) -> web.WebSocketResponse:
     except SessionLimitReached as exc:
         log.warning("refusing WebSocket stream: %s", exc.message)
         await ws.send_str(json.dumps({"type": "error", "code": exc.code, "message": exc.message}))
-        await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=close_reason("too many sessions"))
+        if isinstance(exc, ShuttingDown):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=close_reason("server shutting down"))
+        else:
+            await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=close_reason("too many sessions"))
         return ws
     try:
         session.start()

@@ -482,6 +482,13 @@ class WyomingServer:
                 )
             else:
                 await connection.run()
+        except asyncio.CancelledError:
+            if not self._closed:
+                raise
+            # aclose cancelled it: the server is shutting down. End normally, as a client's EOF does
+            # (Python 3.11's start_server logs a cancelled connection task at ERROR with a traceback).
+            task.uncancel()
+            log.debug("wyoming %s: closed by the server's shutdown", connection.peer)
         finally:
             self._tasks.pop(task, None)
             await connection.aclose()

@@ -56,7 +56,7 @@ from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.stream_session import StreamSession
 from mediaserver.transport.common import loads_json, turn_payload
 from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
-from mediaserver.transport.voice import new_assistant, update_assistant
+from mediaserver.transport.voice import check_voice, new_assistant, update_assistant
 from mediaserver.transport.ws.start import START_KEYS, StreamConfig, parse_start
 from mediaserver.wake.gate import WakeGate, new_gate, observe, wake_message
 
@@ -212,6 +212,8 @@ class WsSession(SocketSession):
         self.send_error("internal_error", "internal server error; closing")
 
     def _accept_start(self, config: StreamConfig) -> None:
+        if config.assistant:  # before anything changes: a refused start leaves the session as it was
+            check_voice(self.app, dict(config.assistant_values), self.assistant.options if self.assistant else None)
         self._enqueue_control(_Start(config))
         self.config = config
         self._decoder = PcmStreamDecoder(config.pcm_format)

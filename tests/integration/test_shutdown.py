@@ -90,6 +90,7 @@ async def test_sigterm_closes_sessions_with_1001_and_exits_without_error(tmp_pat
     finally:
         managed.stop()
     log = managed.output()
+    print(f"sessions closed {closed_after_s:.2f} s and the process exited {exited_after_s:.2f} s after SIGTERM")
     assert exit_code == 0, log
     assert closed_after_s < EXIT_BOUND_S and exited_after_s < EXIT_BOUND_S
     assert " ERROR " not in log and "Traceback" not in log, log

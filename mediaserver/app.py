@@ -39,7 +39,7 @@ from mediaserver.transport.wis import chatbot as wis_chatbot
 from mediaserver.transport.wis import tts as wis_tts
 from mediaserver.transport.wis import willow
 from mediaserver.transport.ws import asr as ws
-from mediaserver.transport.wyoming.server import wyoming_ctx
+from mediaserver.transport.wyoming.server import WYOMING_SERVER, wyoming_ctx
 from mediaserver.tts.service import TtsService
 from mediaserver.tts.voices import tts_unavailable
 from mediaserver.turns import model as turn_models
@@ -326,6 +326,18 @@ def create_app(
             yield
         finally:
             await service.aclose()
+
+    async def close_on_shutdown(app: web.Application) -> None:
+        # aiohttp's on_shutdown runs once the listeners are closed and before the server waits
+        # (shutdown_grace_s) for the handlers still running: streaming sessions would keep theirs
+        # open until the clients left. Close them now (1001 "going away" on WebSockets; WebRTC peers
+        # and Realtime calls hang up) and end Wyoming's connections (EOF), so a restart is quick.
+        if SESSIONS in app:
+            await app[SESSIONS].aclose()
+        if WYOMING_SERVER in app:
+            await app[WYOMING_SERVER].aclose()
+
+    app.on_shutdown.append(close_on_shutdown)
 
     async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
         registry = SessionRegistry(settings, metrics)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -15,6 +16,7 @@ from aiohttp import web
 
 from mediaserver.app import create_app
 from mediaserver.config import Settings
+from mediaserver.config.environment import warn_unknown_variables
 from mediaserver.transport.lenient_http import LenientAppRunner
 
 log = logging.getLogger("mediaserver")
@@ -53,7 +55,9 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
 
 async def serve(settings: Settings) -> None:
     app = create_app(settings)
-    runner = LenientAppRunner(app, access_log=None)  # Willow sends unencoded TTS text
+    # Willow sends unencoded TTS text (lenient_http). On shutdown, open sessions are closed at once
+    # (app.close_on_shutdown); requests still running get shutdown_grace_s to finish.
+    runner = LenientAppRunner(app, access_log=None, shutdown_timeout=settings.shutdown_grace_s)
     await runner.setup()
     try:
         sites = [web.TCPSite(runner, settings.host, settings.http_port)]
@@ -116,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     limit_malloc_arenas(settings.malloc_arena_max)
     configure_logging(settings.log_level)
+    warn_unknown_variables(os.environ, Settings.model_fields)  # typos and old names: a hint, not a failure
     try:
         asyncio.run(serve(settings))
     except OSError as exc:

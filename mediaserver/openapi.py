@@ -290,6 +290,24 @@ def spec() -> dict[str, Any]:
             "/v1/models": {
                 "get": {"summary": "models and aliases", "responses": {"200": {"description": "model list"}}}
             },
+            "/v1/models/{model}": {
+                "get": {
+                    "summary": "one model or alias of /v1/models (OpenAI's model object)",
+                    "parameters": [
+                        {
+                            "name": "model",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string", "example": "whisper-1"},
+                            "description": "an id /v1/models lists",
+                        }
+                    ],
+                    "responses": {
+                        "200": {"description": "the model", **json_body({"type": "object"})},
+                        **error_responses(ERROR_OPENAI, 401, 404),
+                    },
+                }
+            },
             **_tts_paths(),
             "/health": {"get": {"summary": "health and loaded models", "responses": {"200": {"description": "ok"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "metrics"}}}},

@@ -1,5 +1,7 @@
-"""OpenAPI paths of the WebRTC signalling endpoints (/api/rtc/asr, /api/rtc/config, /v1/realtime/calls),
-merged by openapi.spec(). Media and events then flow over the peer connection, not HTTP."""
+"""OpenAPI paths of the WebRTC signalling endpoints (/api/rtc/asr, /api/rtc/config, /v1/realtime/calls)
+and of the streaming WebSockets (/api/ws/asr, /v1/realtime), merged by openapi.spec(). Media and events
+then flow over the peer connection or the socket, not HTTP: OpenAPI describes only the upgrade (a GET
+answered 101), the messages are in docs/ws-protocol.md and docs/realtime.md."""
 
 from __future__ import annotations
 
@@ -29,8 +31,49 @@ _STREAM_QUERY = [
 ]
 
 
+def _websocket_paths() -> dict[str, Any]:
+    return {
+        "/api/ws/asr": {
+            "get": {
+                "summary": "device WebSocket: PCM in, partial and final transcripts (and the voice loop's answers) "
+                "out; the messages are in docs/ws-protocol.md",
+                "description": "Any key of the start message given in the query string is an implicit start "
+                "(docs/ws-protocol.md, 'Query-string start'); the common ones are listed.",
+                "parameters": [
+                    query_param("sample_rate", {"type": "integer"}, "the PCM rate in Hz"),
+                    query_param("encoding", {"type": "string", "enum": ["pcm16", "float32"]}, "PCM encoding"),
+                    query_param("channels", {"type": "integer", "minimum": 1}, "interleaved channels"),
+                    query_param("mode", {"type": "string", "enum": ["server_vad", "push_to_talk"]}, "turn taking"),
+                    query_param("partials", {"type": "boolean"}, "partial transcripts"),
+                    query_param("language", {"type": "string"}, "Whisper language code"),
+                    query_param("model", {"type": "string"}, "ASR model name or alias"),
+                ],
+                "responses": {
+                    "101": {"description": "WebSocket upgrade (a bad query-string start: an error, then close 1008)"},
+                    **error_responses(ERROR_WIS, 401),
+                },
+            }
+        },
+        "/v1/realtime": {
+            "get": {
+                "summary": "OpenAI Realtime API over WebSocket: transcription sessions and spoken conversations "
+                "(docs/realtime.md)",
+                "parameters": [
+                    query_param("model", {"type": "string", "example": "gpt-realtime"}, "the session's model"),
+                    query_param("intent", {"type": "string", "enum": ["transcription"]}, "a transcription session"),
+                ],
+                "responses": {
+                    "101": {"description": "WebSocket upgrade (subprotocol realtime)"},
+                    **error_responses(ERROR_OPENAI, 400, 401, 426, 503),
+                },
+            }
+        },
+    }
+
+
 def rtc_paths() -> dict[str, Any]:
     return {
+        **_websocket_paths(),
         "/api/rtc/asr": {
             "post": {
                 "summary": "WebRTC signalling: an SDP offer in, the answer out (no trickle ICE); then the WIS "

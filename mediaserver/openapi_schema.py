@@ -46,6 +46,7 @@ def error_responses(schema: dict[str, Any], *codes: int) -> dict[str, Any]:
         408: "body stalled",
         404: "not found",
         413: "upload or audio too long",
+        426: "a plain request to a WebSocket endpoint: upgrade the connection",
         503: "overloaded or model unavailable",
         504: "timed out",
     }

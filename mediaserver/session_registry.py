@@ -1,6 +1,7 @@
 """The registry of open streaming sessions (WebRTC, device WebSocket, Realtime): a cap
 (``max_sessions``, a 503 ``too_many_sessions`` past it), idle reaping (``session_idle_timeout_s``) and
-close-all on shutdown. It holds any session with a last-activity time and an idempotent close."""
+close-all on shutdown (aiohttp's ``on_shutdown``, before the server waits for its handlers). It
+holds any session with a last-activity time and an idempotent close."""
 
 from __future__ import annotations
 
@@ -23,6 +24,13 @@ class SessionLimitReached(ApiError):
     retryable = True
 
 
+class ShuttingDown(SessionLimitReached):
+    """A session asked for while the server shuts down (a subclass: every face that refuses a session
+    over the cap refuses this one the same way)."""
+
+    code = "shutting_down"
+
+
 class SessionRegistry:
     """All open streaming sessions of the app: a cap, idle reaping and close-all on shutdown."""
 
@@ -31,6 +39,7 @@ class SessionRegistry:
         self._metrics = metrics
         self._sessions: dict[str, Closable] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -42,6 +51,8 @@ class SessionRegistry:
         return self._sessions.get(session_id)
 
     def add(self, session_id: str, session: Closable) -> None:
+        if self._closed:
+            raise ShuttingDown("the server is shutting down; connect again in a moment")
         if len(self._sessions) >= self.settings.max_sessions:
             raise SessionLimitReached(f"too many open sessions (max_sessions={self.settings.max_sessions})")
         self._sessions[session_id] = session
@@ -69,6 +80,9 @@ class SessionRegistry:
                     await session.aclose()
 
     async def aclose(self) -> None:
+        """Close every open session at once (each closes its socket with 1001 "going away", or its
+        peer connection) and take no new ones: the server is shutting down."""
+        self._closed = True
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -77,8 +91,12 @@ class SessionRegistry:
         sessions = list(self._sessions.values())
         self._sessions.clear()
         self._update_gauge()
-        for session in sessions:
-            await session.aclose()
+        if sessions:
+            log.info("closing %d open session(s)", len(sessions))
+        results = await asyncio.gather(*(session.aclose() for session in sessions), return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                log.warning("a session failed to close cleanly: %r", result)
 
 
 class Closable(Protocol):

@@ -39,6 +39,12 @@ class ServerSettings(BaseModel):
     retry_after_fallback_s: float = Field(
         5.0, gt=0, description="Retry-After of a transient 503 the server cannot estimate (session cap, shutdown)"
     )
+    shutdown_grace_s: float = Field(
+        10.0,
+        ge=0,
+        description="on SIGTERM/SIGINT, how long HTTP requests still running may finish before they are cancelled "
+        "(streaming sessions and Wyoming connections are closed at once)",
+    )
     save_audio_dir: Path = Path("audio")
     allow_save_audio: bool = True
     log_level: str = "INFO"

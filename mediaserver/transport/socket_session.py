@@ -200,15 +200,19 @@ class SocketSession:
                 self._writer.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await self._writer
+            # The code of whoever closed first: after the server's close, ``ws.close_code`` is the
+            # client's reply (1000 from most clients), not what the server said.
+            closed_with = self.ws.close_code
             if self.ws.prepared and not self.ws.closed:
                 await self.ws.close(code=code, message=close_reason(reason))
+                closed_with = code
             extra = self.summary()
             log.info(
                 "%s session %s: closed after %.1f s (code %s)%s",
                 self.kind,
                 self.id,
                 time.monotonic() - self.opened_at,
-                self.ws.close_code,
+                closed_with,
                 f", {extra}" if extra else "",
             )
 

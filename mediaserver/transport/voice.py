@@ -40,5 +40,18 @@ def new_assistant(
     return assistant
 
 
+def check_voice(app: web.Application, values: Mapping[str, object], base: AssistantOptions | None = None) -> None:
+    """Refuse at a stream's start (``UnknownVoice``, ``param: voice``) a ``voice`` that no answer
+    could be spoken in, when the answers are spoken (``speak``, here or in ``base``) and TTS is on:
+    otherwise every turn would fail with ``voice_not_found``. Wrong types are ``InvalidParameter``."""
+    options = assistant_options_from(dict(values), base or AssistantOptions.from_settings(app[SETTINGS]))
+    voice = values.get("voice")
+    if not isinstance(voice, str) or not options.speak:
+        return
+    if not app[CAPABILITIES].enabled("tts") or TTS not in app:
+        return  # the first turn reports the missing stage
+    app[TTS].voices.check_name(voice)
+
+
 def update_assistant(assistant: Assistant, values: Mapping[str, object]) -> None:
     assistant.configure(assistant_options_from(dict(values), assistant.options))

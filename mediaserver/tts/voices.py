@@ -178,6 +178,13 @@ class VoiceRegistry:
             f"unknown voice {name!r}{why}; voices: {listed} (aliases of configured voices: {aliases})", param="voice"
         )
 
+    def check_name(self, name: str) -> None:
+        """``UnknownVoice`` (naming the voices) unless ``name`` is a voice, an alias, or a Piper voice
+        name the server may download; never downloads (a stream's start checks its voice with it, and
+        the first answer fetches a downloadable one)."""
+        if name.strip() and self.find(name) is None and not self.downloadable(name):
+            raise self._unknown(name)
+
     def resolve(self, name: str | None, *, language: str | None = None) -> VoiceInfo:
         """The voice a request means; ``UnknownVoice`` (a 400 listing the voices) if there is none.
 

@@ -236,6 +236,25 @@ async def test_models_list(client: openai.AsyncOpenAI) -> None:
     assert len(ids) == len(set(ids))
 
 
+async def test_models_retrieve_every_listed_model(client: openai.AsyncOpenAI) -> None:
+    listed = [m async for m in client.models.list()]
+    for model in listed:  # ASR models, their aliases, chat and embedding models
+        retrieved = await client.models.retrieve(model.id)
+        assert retrieved.model_dump() == model.model_dump()
+    whisper = await client.models.retrieve("whisper-1")
+    assert (whisper.id, whisper.object, whisper.owned_by) == ("whisper-1", "model", "mediaserver")
+    chat = await client.models.retrieve("gpt-4o-mini")
+    assert chat.id == "gpt-4o-mini"
+
+
+async def test_models_retrieve_unknown_is_model_not_found(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        await client.models.retrieve("no-such-model")
+    assert caught.value.code == "model_not_found"
+    assert caught.value.param == "model"
+    assert "no-such-model" in caught.value.message
+
+
 # --- an honest model list: nothing diarizes, so no name promises it --------------------------------
 
 

@@ -214,6 +214,18 @@ async def test_rtc_bad_assistant_options_are_an_error_and_the_session_stays(voic
         await peer.close()
 
 
+async def test_rtc_unknown_voice_is_an_error_at_start(voice_server: LiveServer) -> None:
+    peer = await connect(voice_server)
+    try:
+        peer.send("start", {"assistant": True, "voice": "nobody"})
+        error = await peer.next("error")
+        assert "unknown voice 'nobody'" in error["message"], error
+        peer.send("ping", message="still here")
+        assert (await peer.next("pong"))["message"] == "still here"
+    finally:
+        await peer.close()
+
+
 # --- device WebSocket ---------------------------------------------------------------------------
 
 
@@ -291,6 +303,21 @@ async def test_ws_answer_audio_rate_is_the_clients_choice(ws_client: WsClient) -
     await ws_client.ws.send_str(json.dumps({"type": "start", "assistant": True, "audio_sample_rate": 12345}))
     error = (await ws_client.until("error"))[-1]
     assert error["param"] == "audio_sample_rate"
+
+
+async def test_ws_unknown_voice_is_refused_at_start_when_answers_are_spoken(ws_client: WsClient) -> None:
+    await ws_client.ws.send_str(json.dumps({"type": "start", "assistant": True, "voice": "nobody"}))
+    error = (await ws_client.until("error", "ready"))[-1]
+    assert (error["type"], error["code"], error["param"]) == ("error", "voice_not_found", "voice"), error
+    assert "nobody" in error["message"]
+    # Nothing speaks in it (text answers, or no assistant): nothing to refuse.
+    for start in ({"assistant": True, "voice": "nobody", "speak": False}, {"voice": "nobody"}):
+        await ws_client.ws.send_str(json.dumps({"type": "start", **start}))
+        assert (await ws_client.until("error", "ready"))[-1]["type"] == "ready", start
+    # A voice of the catalog, by name or by alias, is taken.
+    for voice in ("alloy", "en_US-joe-medium"):
+        await ws_client.ws.send_str(json.dumps({"type": "start", "assistant": True, "voice": voice}))
+        assert (await ws_client.until("error", "ready"))[-1]["type"] == "ready", voice
 
 
 @pytest.mark.parametrize(("disabled", "stage"), [("llm_enabled", "llm"), ("tts_enabled", "tts")])

@@ -5,6 +5,7 @@ everything a well-behaved client would never send."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import types
@@ -18,7 +19,8 @@ from aiohttp import web
 from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
-from wyoming.event import Event
+from wyoming.error import Error
+from wyoming.event import Event, Eventable
 from wyoming.info import Describe, Info
 from wyoming.ping import Ping, Pong
 
@@ -321,6 +323,53 @@ async def test_bad_input_gets_an_error_and_the_server_carries_on(
     finally:
         writer.close()
     await assert_server_healthy(port_of(wyoming))
+
+
+MALFORMED_AUDIO: dict[str, tuple[list[Eventable], str]] = {
+    # 3 bytes at width 2: a sample and a half.
+    "chunk not whole frames": (
+        [AudioStart(rate=16000, width=2, channels=1), AudioChunk(rate=16000, width=2, channels=1, audio=b"\x00" * 3)],
+        "whole number of frames",
+    ),
+    "stereo chunk not whole frames": (
+        [AudioStart(rate=16000, width=2, channels=2), AudioChunk(rate=16000, width=2, channels=2, audio=b"\x00" * 6)],
+        "whole number of frames",
+    ),
+    "audio-stop without audio-start": ([Transcribe(language="en"), AudioStop()], "audio-stop without audio-start"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_AUDIO))
+async def test_malformed_audio_gets_an_error_not_an_empty_transcript(wyoming: WyomingServer, case: str) -> None:
+    sent, phrase = MALFORMED_AUDIO[case]
+    client = AsyncTcpClient(HOST, port_of(wyoming))
+    await client.connect()
+    try:
+        for eventable in sent:
+            await client.write_event(eventable.event())
+        with contextlib.suppress(ConnectionError):  # the server may close before the stop is read
+            await client.write_event(AudioStop().event())
+        event = await asyncio.wait_for(client.read_event(), timeout=30)
+        assert event is not None and Error.is_type(event.type), event
+        error = Error.from_event(event)
+        assert error.code == "invalid_audio", error
+        assert error.text is not None and phrase in error.text, error
+        assert await asyncio.wait_for(client.read_event(), timeout=10) is None  # then the connection ends
+    finally:
+        await client.disconnect()
+    await assert_server_healthy(port_of(wyoming))
+
+
+async def test_audio_start_and_stop_without_chunks_is_an_empty_transcript(wyoming: WyomingServer) -> None:
+    client = AsyncTcpClient(HOST, port_of(wyoming))
+    await client.connect()
+    try:
+        await client.write_event(AudioStart(rate=16000, width=2, channels=1).event())
+        await client.write_event(AudioStop().event())
+        events = await read_until(client, "transcript")
+    finally:
+        await client.disconnect()
+    assert Transcript.from_event(events[-1]).text == ""
 
 
 async def test_unknown_event_types_are_ignored(wyoming: WyomingServer) -> None:

@@ -69,7 +69,7 @@ from mediaserver.events import (
 from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, TOOLS
 from mediaserver.stream_session import StreamOptions, StreamSession
 from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from, turn_payload
-from mediaserver.transport.voice import new_assistant, update_assistant
+from mediaserver.transport.voice import check_voice, new_assistant, update_assistant
 from mediaserver.transport.webrtc import patches
 from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 from mediaserver.transport.webrtc.peer import (
@@ -280,6 +280,7 @@ class RtcSession:
             raise InvalidParameter("'tools' needs 'assistant': true", param="tools")
         self._session_tools().check_clash(declared)
         if wants_assistant:
+            check_voice(self.app, obj, self.assistant.options if self.assistant else None)
             if self.assistant is None:
                 self.assistant = new_assistant(self.app, self.stream, self._on_event, self.audio_out, obj)
                 self.assistant.toolbox = self._session_tools()

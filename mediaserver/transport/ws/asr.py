@@ -51,12 +51,12 @@ from mediaserver.events import (
     StreamError,
     TurnDecided,
 )
-from mediaserver.session_registry import SessionLimitReached
+from mediaserver.session_registry import SessionLimitReached, ShuttingDown
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.stream_session import StreamSession
 from mediaserver.transport.common import loads_json, turn_payload
 from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
-from mediaserver.transport.voice import new_assistant, update_assistant
+from mediaserver.transport.voice import check_voice, new_assistant, update_assistant
 from mediaserver.transport.ws.start import START_KEYS, StreamConfig, parse_start
 from mediaserver.wake.gate import WakeGate, new_gate, observe, wake_message
 
@@ -212,6 +212,8 @@ class WsSession(SocketSession):
         self.send_error("internal_error", "internal server error; closing")
 
     def _accept_start(self, config: StreamConfig) -> None:
+        if config.assistant:  # before anything changes: a refused start leaves the session as it was
+            check_voice(self.app, dict(config.assistant_values), self.assistant.options if self.assistant else None)
         self._enqueue_control(_Start(config))
         self.config = config
         self._decoder = PcmStreamDecoder(config.pcm_format)
@@ -398,7 +400,10 @@ async def stream_handler(request: web.Request) -> web.WebSocketResponse:
     except SessionLimitReached as exc:
         log.warning("refusing WebSocket stream: %s", exc.message)
         await ws.send_str(json.dumps({"type": "error", "code": exc.code, "message": exc.message}))
-        await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=close_reason("too many sessions"))
+        if isinstance(exc, ShuttingDown):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=close_reason("server shutting down"))
+        else:
+            await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=close_reason("too many sessions"))
         return ws
     try:
         session.start()

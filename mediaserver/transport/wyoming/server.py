@@ -12,9 +12,10 @@ event into a silent end of stream; ours checks every length first and answers wi
 Conversation, per connection (Home Assistant opens one per utterance; several cycles on one
 connection work too): ``describe`` → ``info``; ``transcribe{name?, language?}`` →
 ``audio-start`` → ``audio-chunk``* → ``audio-stop`` → ``transcript-start``, ``transcript-chunk``*,
-``transcript``, ``transcript-stop``; ``ping`` → ``pong``; wake word detection (``detect`` →
-audio → ``detection`` / ``not-detected``) is ``wyoming.wake``'s. Unknown event types are ignored, as the
-spec asks of every peer.
+``transcript``, ``transcript-stop`` (an ``audio-chunk`` that is not a whole number of frames, or an
+``audio-stop`` with no ``audio-start`` before it, is an ``invalid_audio`` error); ``ping`` →
+``pong``; wake word detection (``detect`` → audio → ``detection`` / ``not-detected``) is
+``wyoming.wake``'s. Unknown event types are ignored, as the spec asks of every peer.
 
 Every error ends the connection: the server sends ``error{text, code}``, shuts down its sending side
 and discards what the client still sends for a moment before closing (closing a socket with unread
@@ -345,6 +346,11 @@ class WyomingConnection(AsyncEventHandler):
         fmt = _audio_format(event.data, utterance.fmt)
         if fmt is None:
             raise InvalidAudio("Invalid audio: audio-chunk without rate/width/channels and no audio-start before it")
+        if event.payload and len(event.payload) % fmt.frame_bytes:
+            raise InvalidAudio(
+                f"Invalid audio: an audio-chunk of {len(event.payload)} bytes is not a whole number of frames "
+                f"({fmt.frame_bytes} bytes each at width {fmt.bits // 8} and {fmt.channels} channel(s))"
+            )
         if event.payload:
             self._server.budget.reserve(len(event.payload))
             self._held_bytes += len(event.payload)
@@ -356,7 +362,9 @@ class WyomingConnection(AsyncEventHandler):
             )
 
     async def _finish_utterance(self) -> None:
-        utterance = self._utterance or self._start_utterance(None)
+        utterance = self._utterance
+        if utterance is None:  # no audio-start (nor an audio-chunk that said its format) in this cycle
+            raise InvalidAudio("Invalid audio: audio-stop without audio-start: there is no audio to transcribe")
         self._utterance = None
         started = time.perf_counter()
         try:  # the audio is held (and counted) until its transcript is made
@@ -482,6 +490,13 @@ class WyomingServer:
                 )
             else:
                 await connection.run()
+        except asyncio.CancelledError:
+            if not self._closed:
+                raise
+            # aclose cancelled it: the server is shutting down. End normally, as a client's EOF does
+            # (Python 3.11's start_server logs a cancelled connection task at ERROR with a traceback).
+            task.uncancel()
+            log.debug("wyoming %s: closed by the server's shutdown", connection.peer)
         finally:
             self._tasks.pop(task, None)
             await connection.aclose()

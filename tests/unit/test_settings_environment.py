@@ -1,0 +1,62 @@
+"""Unknown ``MEDIASERVER_*`` environment variables get a warning naming the closest setting."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from mediaserver.config import Settings
+from mediaserver.config.environment import unknown_variables, warn_unknown_variables
+
+FIELDS = Settings.model_fields
+
+
+def test_typos_and_non_settings_are_named_with_the_closest_setting() -> None:
+    environ = {
+        "MEDIASERVER_PORT": "19555",
+        "MEDIASERVER_WYOMNG_PORT": "1",
+        "mediaserver_qqqqqqqqqqqq": "x",
+        "MEDIASERVER_HTTP_PORT": "19002",  # a setting
+        "mediaserver_http_port": "19002",  # case-insensitive, as the settings are read
+        "PATH": "/usr/bin",  # not ours
+    }
+    assert unknown_variables(environ, FIELDS) == [
+        ("MEDIASERVER_PORT", "http_port"),
+        ("MEDIASERVER_WYOMNG_PORT", "wyoming_port"),
+        ("mediaserver_qqqqqqqqqqqq", None),
+    ]
+
+
+def test_old_names_of_renamed_settings_and_tool_variables_are_known() -> None:
+    environ = {
+        "MEDIASERVER_DEFAULT_MODEL": "base",  # asr_default_model's old name (AliasChoices)
+        "MEDIASERVER_PRELOAD_MODELS": '["base"]',
+        "MEDIASERVER_MODEL_ALIASES": "{}",
+        "MEDIASERVER_EXTRA_MODELS": "{}",
+        "MEDIASERVER_ASR_DEFAULT_MODEL": "base",
+        "MEDIASERVER_API_KEY": "k",  # mint_secret's, not the server's
+        "MEDIASERVER_TEST_TRITON_PYTHON": "/usr/bin/python3",
+    }
+    assert unknown_variables(environ, FIELDS) == []
+
+
+def test_every_field_is_known() -> None:
+    environ = {f"MEDIASERVER_{name.upper()}": "" for name in FIELDS}
+    assert unknown_variables(environ, FIELDS) == []
+
+
+def test_one_warning_per_variable_and_settings_still_load(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    environ = {"MEDIASERVER_PORT": "19555", "MEDIASERVER_WYOMNG_PORT": "1", "MEDIASERVER_HTTP_PORT": "19002"}
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(_env_file=None)  # the unknown ones are ignored, not a failure
+    assert settings.http_port == 19002 and settings.wyoming_port == 10300
+    with caplog.at_level(logging.WARNING, logger="mediaserver.config"):
+        warn_unknown_variables(environ, FIELDS)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "MEDIASERVER_PORT" in warnings[0] and "MEDIASERVER_HTTP_PORT" in warnings[0]
+    assert "MEDIASERVER_WYOMNG_PORT" in warnings[1] and "MEDIASERVER_WYOMING_PORT" in warnings[1]

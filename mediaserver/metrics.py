@@ -95,6 +95,12 @@ class Metrics:
         self.turn_batch_size = Histogram(
             "mediaserver_turn_batch_size", "Pauses per turn-model batch", buckets=(1, 2, 4, 8), registry=self.registry
         )
+        self.turn_unfinished_words = Counter(
+            "mediaserver_turn_unfinished_words",
+            "Pauses the turn model scored finished whose transcript ended on a word no sentence ends on "
+            "(turn_unfinished_words): the turn went on",
+            registry=self.registry,
+        )
         self.speculative_answers = Counter(
             "mediaserver_speculative_answers",
             "Answers started before the turn ended: hit (the turn ended: sent) or miss (speech resumed: dropped)",

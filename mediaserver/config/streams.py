@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from mediaserver.turns.words import DEFAULT_UNFINISHED_WORDS
+
 
 class StreamSettings(BaseModel):
     """How every streaming face (WebRTC, WebSocket, Realtime, devices) cuts and hears speech (part of ``Settings``)."""
@@ -116,6 +118,12 @@ class StreamSettings(BaseModel):
         "before the turn model's check (turn_candidate_silence_ms), so the answer is ready when a finished turn "
         "ends (voice loop, 1 session: 0.73-0.76 s to the first audio at 30, 0.91-0.96 s at 80, 1.04 s with the "
         "check); each pause this long costs a decode that speech resuming cancels; 0 = with the check",
+    )
+    turn_unfinished_words: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_UNFINISHED_WORDS),
+        description="semantic turns: a pause whose transcript ends on one of these words is not the end of the "
+        "turn, whatever the turn model scores (it hears intonation: 'Turn on the' read with a falling pitch scores "
+        "0.94); the turn then ends when the speech resumes or at the eagerness cap; empty = the model alone",
     )
     turn_rescore_ms: int = Field(
         300,

@@ -105,10 +105,12 @@ def limit_malloc_arenas(arenas: int) -> bool:
 def configure_logging(level: str) -> None:
     """The log format, and libraries kept to what an operator needs: aioice logs every ICE candidate
     pair check at INFO (half a dozen lines per WebRTC session); the sessions log their own one line
-    each way. At DEBUG everything is shown."""
+    each way; the HTTP clients (httpx, and httpx2 under the openai package, which the LLM engine
+    client uses) log every request at INFO. At DEBUG everything is shown."""
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
-        logging.getLogger("aioice").setLevel(logging.WARNING)
+        for name in ("aioice", "httpx", "httpx2"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

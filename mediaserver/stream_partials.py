@@ -53,7 +53,14 @@ def continuation(promised: str, decoded: str) -> str:
         for j, other in enumerate(heard, start=1):
             current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (word != other))
         previous = current
-    best = min(range(len(heard) + 1), key=lambda j: (previous[j], abs(j - len(said)), -j))
+    # Ties: the seam where the decode's word is the last promised one (a promise that missed the
+    # decode's first word, "Mr." for "And Mr. John", must not read "Mr." as "And", or the final
+    # says "Mr. Mr. John"); then the length nearest the promise's, then the longer.
+    last = said[-1]
+    best = min(
+        range(len(heard) + 1),
+        key=lambda j: (previous[j], j == 0 or heard[j - 1] != last, abs(j - len(said)), -j),
+    )
     rest = " ".join(tokens[best:])
     return (" " + rest) if rest else ""
 

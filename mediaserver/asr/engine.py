@@ -34,6 +34,7 @@ from mediaserver.asr.batching import (
     window_member,
 )
 from mediaserver.asr.guards import GUARD_REASONS, GuardConfig, GuardReason, check_text
+from mediaserver.asr.window_groups import WindowGroup, shift_segments, window_groups
 from mediaserver.audio.vad import VadConfig, has_speech
 from mediaserver.events import (
     DEFAULT_TEMPERATURES,
@@ -266,7 +267,7 @@ class WhisperEngine:
         audio, and only a window that trips is decoded again: a person who says the same sentence
         over minutes is not a loop, and the windows that passed are kept as they are.
         """
-        groups = _window_groups(transcript.segments, job.audio.size / SAMPLE_RATE_HZ)
+        groups = window_groups(transcript.segments, job.audio.size / SAMPLE_RATE_HZ)
         if len(groups) > 1:
             return self._guarded_by_window(job, transcript, groups, speech)
         if voiced_s is None:
@@ -288,12 +289,12 @@ class WhisperEngine:
         return self.redecode_safely(job, transcript, reason, voiced_s)
 
     def _guarded_by_window(
-        self, job: AsrJob, transcript: Transcript, groups: list[_WindowGroup], speech: list[Span] | None
+        self, job: AsrJob, transcript: Transcript, groups: list[WindowGroup], speech: list[Span] | None
     ) -> Transcript:
         """``_guarded`` for a transcript of several windows: each judged and redecoded on its own."""
         if speech is None and self._neural_vad_filter:
             speech = self._speech_spans(job.audio)
-        judged: list[tuple[_WindowGroup, float, GuardReason | None]] = []
+        judged: list[tuple[WindowGroup, float, GuardReason | None]] = []
         for group in groups:
             voiced_s = self._voiced_between(job.audio, speech, group.start_s, group.end_s)
             judged.append((group, voiced_s, check_text(group.text, voiced_s, self.guards)))
@@ -327,7 +328,7 @@ class WhisperEngine:
             )
             safe = self.redecode_safely(part, first, reason, voiced_s)
             extra_time_s += safe.infer_time_s
-            segments.extend(_shift(safe.segments, group.start_s))
+            segments.extend(shift_segments(safe.segments, group.start_s))
         segments = [replace(seg, id=number) for number, seg in enumerate(segments)]
         return replace(
             transcript,
@@ -751,48 +752,3 @@ class WhisperEngine:
 def _spans_s(spans: Sequence[Span]) -> float:
     """Seconds of audio the spans cover (they do not overlap)."""
     return sum(span.end - span.start for span in spans) / SAMPLE_RATE_HZ
-
-
-@dataclass(frozen=True)
-class _WindowGroup:
-    """The segments of a transcript that one decoder pass produced, and the stretch of audio it
-    stands for: from its first segment's start to the next group's (the job's start and end at
-    the ends), so every second of the job belongs to exactly one group."""
-
-    start_s: float
-    end_s: float
-    segments: tuple[Segment, ...]
-
-    @property
-    def text(self) -> str:
-        return "".join(seg.text for seg in self.segments)
-
-    def shifted(self, by_s: float) -> tuple[Segment, ...]:
-        return _shift(self.segments, by_s)
-
-
-def _window_groups(segments: Sequence[Segment], duration_s: float) -> list[_WindowGroup]:
-    """A transcript's segments grouped by the window they were decoded in (``Segment.seek``)."""
-    by_seek: dict[int, list[Segment]] = {}
-    for seg in segments:
-        by_seek.setdefault(seg.seek, []).append(seg)
-    ordered = sorted(by_seek.values(), key=lambda group: min(seg.start_s for seg in group))
-    starts = [0.0] + [min(seg.start_s for seg in group) for group in ordered[1:]]
-    ends = [*starts[1:], duration_s]
-    return [
-        _WindowGroup(start, max(start, end), tuple(group))
-        for start, end, group in zip(starts, ends, ordered, strict=True)
-    ]
-
-
-def _shift(segments: Sequence[Segment], by_s: float) -> tuple[Segment, ...]:
-    return tuple(
-        replace(
-            seg,
-            start_s=max(0.0, seg.start_s + by_s),
-            end_s=max(0.0, seg.end_s + by_s),
-            seek=max(0, seg.seek + round(by_s * 100)),
-            words=tuple(replace(w, start_s=w.start_s + by_s, end_s=w.end_s + by_s) for w in seg.words),
-        )
-        for seg in segments
-    )

@@ -130,7 +130,7 @@ class _EngineCounters(Collector):
         windows = CounterMetricFamily(
             "mediaserver_asr_windows",
             "Engine decode counters by model and kind (windows, short_windows, short_window_retries, packed_windows, "
-            "repacked, unpack_retries, sequential)",
+            "repacked, unpack_retries, sequential, window_fallbacks)",
             labels=["model", "kind"],
         )
         jobs = CounterMetricFamily(

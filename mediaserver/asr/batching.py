@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 WINDOW_S = 30.0
 WINDOW_SAMPLES = int(WINDOW_S * SAMPLE_RATE_HZ)
+# Audio longer than this is decoded with timestamps even when none are asked for: they show where
+# Whisper stopped, so nothing in a long window is dropped.
+TIMESTAMPS_PAST_S = 20.0
 COMPRESSION_RATIO_THRESHOLD = 2.4
 LOG_PROB_THRESHOLD = -1.0
 NO_SPEECH_THRESHOLD = 0.6

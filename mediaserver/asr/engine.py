@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from mediaserver.asr.batching import (
+    TIMESTAMPS_PAST_S,
     WINDOW_S,
     BatchDecoder,
     JobResult,
@@ -33,6 +34,7 @@ from mediaserver.asr.batching import (
     window_member,
 )
 from mediaserver.asr.guards import GUARD_REASONS, GuardConfig, GuardReason, check_text
+from mediaserver.asr.window_groups import WindowGroup, shift_segments, window_groups
 from mediaserver.audio.vad import VadConfig, has_speech
 from mediaserver.events import (
     DEFAULT_TEMPERATURES,
@@ -99,6 +101,8 @@ class BatchRun:
     sequential: list[int] = field(default_factory=list)
     # Seconds of speech the neural VAD found in each job's audio (the guards' speaking rate).
     voiced_s: dict[int, float] = field(default_factory=dict)
+    # Where that speech is, in samples of the job's audio (a window's own speaking rate).
+    speech: dict[int, list[Span]] = field(default_factory=dict)
     # The guard a job's short-window decode tripped, for which it was decoded again on 30 s.
     guarded: dict[int, GuardReason] = field(default_factory=dict)
 
@@ -172,6 +176,7 @@ class WhisperEngine:
             "jobs_alone": 0,
             "short_windows": 0,
             "short_window_retries": 0,
+            "window_fallbacks": 0,
             **{f"guard_{action}_{reason}": 0 for action in ("redecode", "keep") for reason in GUARD_REASONS},
         }
         log.info(
@@ -243,7 +248,7 @@ class WhisperEngine:
                 run.results[index] = exc
         for index, result in enumerate(run.results):
             if isinstance(result, Transcript) and result.text:
-                result = self._guarded(jobs[index], result, run.voiced_s.get(index))
+                result = self._guarded(jobs[index], result, run.voiced_s.get(index), run.speech.get(index))
                 if result.guard is None and index in run.guarded:
                     result = replace(result, guard=run.guarded[index])  # decoded again on 30 s
                 run.results[index] = result
@@ -251,9 +256,20 @@ class WhisperEngine:
 
     # --- guards -------------------------------------------------------------------------------
 
-    def _guarded(self, job: AsrJob, transcript: Transcript, voiced_s: float | None) -> Transcript:
+    def _guarded(
+        self, job: AsrJob, transcript: Transcript, voiced_s: float | None, speech: list[Span] | None = None
+    ) -> Transcript:
         """The transcript, or, when it trips a loop or hallucination guard, its safe redecode
-        (``on_guard="redecode"``) or itself marked with the guard (``"keep"``)."""
+        (``on_guard="redecode"``) or itself marked with the guard (``"keep"``).
+
+        A decoder loop happens inside one decoder pass (one window of <= 30 s), so a transcript of
+        several windows is judged window by window, each against the speech in its own stretch of
+        audio, and only a window that trips is decoded again: a person who says the same sentence
+        over minutes is not a loop, and the windows that passed are kept as they are.
+        """
+        groups = window_groups(transcript.segments, job.audio.size / SAMPLE_RATE_HZ)
+        if len(groups) > 1:
+            return self._guarded_by_window(job, transcript, groups, speech)
         if voiced_s is None:
             voiced_s = self.voiced_seconds(job.audio)
         reason = check_text(transcript.text, voiced_s, self.guards)
@@ -271,6 +287,64 @@ class WhisperEngine:
             reason,
         )
         return self.redecode_safely(job, transcript, reason, voiced_s)
+
+    def _guarded_by_window(
+        self, job: AsrJob, transcript: Transcript, groups: list[WindowGroup], speech: list[Span] | None
+    ) -> Transcript:
+        """``_guarded`` for a transcript of several windows: each judged and redecoded on its own."""
+        if speech is None and self._neural_vad_filter:
+            speech = self._speech_spans(job.audio)
+        judged: list[tuple[WindowGroup, float, GuardReason | None]] = []
+        for group in groups:
+            voiced_s = self._voiced_between(job.audio, speech, group.start_s, group.end_s)
+            judged.append((group, voiced_s, check_text(group.text, voiced_s, self.guards)))
+        reasons = [reason for _, _, reason in judged if reason is not None]
+        if not reasons:
+            return transcript
+        for tripped in reasons:
+            self.counters[f"guard_{job.on_guard}_{tripped}"] += 1
+        if job.on_guard == "keep":
+            return replace(transcript, guard=reasons[0])
+        segments: list[Segment] = []
+        extra_time_s = 0.0
+        for group, voiced_s, reason in judged:
+            if reason is None:
+                segments.extend(group.segments)
+                continue
+            log.info(
+                "model %s: the window at %.2f-%.2f s of a decode (%.2f s voiced, %d words) tripped the %s guard; "
+                "decoding it again safely",
+                self.name,
+                group.start_s,
+                group.end_s,
+                voiced_s,
+                len(group.text.split()),
+                reason,
+            )
+            first_sample, end_sample = round(group.start_s * SAMPLE_RATE_HZ), round(group.end_s * SAMPLE_RATE_HZ)
+            part = replace(job, audio=job.audio[first_sample:end_sample])
+            first = replace(
+                transcript, text=group.text.strip(), segments=group.shifted(-group.start_s), infer_time_s=0.0
+            )
+            safe = self.redecode_safely(part, first, reason, voiced_s)
+            extra_time_s += safe.infer_time_s
+            segments.extend(shift_segments(safe.segments, group.start_s))
+        segments = [replace(seg, id=number) for number, seg in enumerate(segments)]
+        return replace(
+            transcript,
+            text="".join(seg.text for seg in segments).strip(),
+            segments=tuple(segments),
+            speech_detected=bool(segments),
+            guard=reasons[0],
+            infer_time_s=transcript.infer_time_s + extra_time_s,
+        )
+
+    def _voiced_between(self, audio: AudioArray, speech: list[Span] | None, start_s: float, end_s: float) -> float:
+        """Seconds of speech between two times of the audio (the neural VAD's spans, else webrtcvad)."""
+        first, end = round(start_s * SAMPLE_RATE_HZ), round(end_s * SAMPLE_RATE_HZ)
+        if speech is None:
+            return self.voiced_seconds(audio[first:end])
+        return sum(max(0, min(span.end, end) - max(span.start, first)) for span in speech) / SAMPLE_RATE_HZ
 
     def redecode_safely(self, job: AsrJob, first: Transcript, reason: GuardReason, voiced_s: float) -> Transcript:
         """Decode again as Whisper's own loop does: 30 s window, no forced prefix, the temperature
@@ -338,6 +412,7 @@ class WhisperEngine:
         audio = job.audio
         speech = self._speech_spans(audio)
         run.voiced_s[index] = _spans_s(speech)
+        run.speech[index] = speech
         spans = split_into_windows(speech, audio.size, int(self._speech_pad_s * SAMPLE_RATE_HZ))
         # A short encoder window only for a job that fits in one (a partial of an utterance so far).
         short = job.min_window_s < WINDOW_S and len(spans) == 1
@@ -352,8 +427,14 @@ class WhisperEngine:
                     options=options,
                     # Timestamps show where Whisper stopped, so nothing in a long window is dropped.
                     # A forced prefix is only supported without timestamps (streaming utterances).
+                    # Every window of a job of several: a decode without them that ends early
+                    # drops the rest of its window unseen (a whole sentence at a long upload's end).
                     with_timestamps=not options.prefix
-                    and (options.with_segment_timestamps or (span.end - span.start) > 20 * SAMPLE_RATE_HZ),
+                    and (
+                        options.with_segment_timestamps
+                        or len(spans) > 1
+                        or (span.end - span.start) > TIMESTAMPS_PAST_S * SAMPLE_RATE_HZ
+                    ),
                     language=self._language_of(job),
                     encoder_s=encoder_window_s(span.end - span.start, job.min_window_s) if short else WINDOW_S,
                 )
@@ -408,7 +489,8 @@ class WhisperEngine:
         for job_index, segs in assignment.segments.items():
             finished = window_member(window, job_index).window_end_s <= output.complete_until_s + 0.2
             if segs and finished and not text_loops(segs):
-                self._add(run.states[job_index], segs, output)
+                offset_s = window_member(window, job_index).job_offset_s
+                self._add(run.states[job_index], [dict(seg, window_s=offset_s) for seg in segs], output)
             else:  # skipped, unfinished or looping: redo this job's speech
                 retry.add(job_index)
         return retry
@@ -425,14 +507,23 @@ class WhisperEngine:
             # A short window's decode that looks wrong gets the full window before any fallback.
             self.counters["short_window_retries"] += 1
             return replace(window, encoder_s=WINDOW_S)
-        if output.needs_fallback:
-            run.fall_back(member.job_index)
+        if output.needs_fallback and not self._repeated_speech(window, output, run):
+            if window.audio.size >= run.jobs[member.job_index].audio.size:
+                run.fall_back(member.job_index)
+            else:
+                self._decode_window_alone(window, run)
             return None
         if output.is_silence:
             return None
         kept = [seg for seg in output.segments if seg["start"] < output.complete_until_s]
         shifted = [
-            dict(seg, start=seg["start"] + member.job_offset_s, end=seg["end"] + member.job_offset_s) for seg in kept
+            dict(
+                seg,
+                start=seg["start"] + member.job_offset_s,
+                end=seg["end"] + member.job_offset_s,
+                window_s=member.job_offset_s,
+            )
+            for seg in kept
         ]
         self._add(run.states[member.job_index], shifted, output)
         if output.complete_until_s >= window.duration_s - 0.3:
@@ -448,6 +539,70 @@ class WhisperEngine:
             with_timestamps=True,
             language=window.language or run.states[member.job_index].language,
         )
+
+    def _decode_window_alone(self, window: Window, run: BatchRun) -> None:
+        """Decode one window of a longer job through faster-whisper's own loop (temperature
+        fallback), and record its segments in job time.
+
+        Only this window's audio: one doubtful window (often a second of speech Whisper left
+        unfinished at a window's end) must not send a long upload's every window, decoded well
+        already, through the fallback's sampling again.
+        """
+        member = window.members[0]
+        job = run.jobs[member.job_index]
+        self.counters["window_fallbacks"] += 1
+        options = replace(window.options, with_segment_timestamps=True)
+        part = self.transcribe_one(replace(job, audio=window.audio, options=options))
+        if not part.segments:
+            return
+        segments = [
+            {
+                "start": seg.start_s + member.job_offset_s,
+                "end": seg.end_s + member.job_offset_s,
+                "text": seg.text,
+                "tokens": seg.tokens,
+                "window_s": member.job_offset_s,
+            }
+            for seg in part.segments
+        ]
+        scores = WindowOutput(
+            segments=segments,
+            language=part.language,
+            language_probability=part.language_probability,
+            avg_logprob=min(seg.avg_logprob for seg in part.segments),
+            no_speech_prob=max(seg.no_speech_prob for seg in part.segments),
+            compression_ratio=max(seg.compression_ratio for seg in part.segments),
+            temperature=max(seg.temperature for seg in part.segments),
+        )
+        self._add(run.states[member.job_index], segments, scores)
+
+    def _repeated_speech(self, window: Window, output: WindowOutput, run: BatchRun) -> bool:
+        """Whether a full window that fails only Whisper's compression-ratio test holds speech said
+        again, not a decoder loop.
+
+        gzip cannot tell the two apart: a sentence said three times in 30 s compresses as well as a
+        loop (JFK's 11 s sentence twice over: ratio 2.5). Whisper's answer, decoding again at rising
+        temperatures and preferring any sample that compresses less, drops the repeats at random.
+        A loop shows in what the guards measure on the window alone: a phrase following itself,
+        more words than its speech could hold, or a decode run to the token cap. Without the
+        guards, Whisper's test stands.
+        """
+        if (
+            output.low_confidence
+            or output.capped
+            or window.encoder_s < WINDOW_S
+            or not (self.guards.repeat_min and self.guards.max_words_per_s)
+        ):
+            return False
+        member = window.members[0]
+        text = "".join(str(seg["text"]) for seg in output.segments)
+        voiced_s = self._voiced_between(
+            run.jobs[member.job_index].audio,
+            run.speech.get(member.job_index),
+            member.job_offset_s,
+            member.job_offset_s + window.duration_s,
+        )
+        return check_text(text, voiced_s, self.guards) is None
 
     def _short_window_guard(self, window: Window, output: WindowOutput, run: BatchRun) -> GuardReason | None:
         """The guard a short window's text trips (a loop Whisper's compression test cannot see on a
@@ -500,7 +655,8 @@ class WhisperEngine:
             segments.append(
                 Segment(
                     id=len(segments),
-                    seek=round(start * 100),
+                    # Whisper's meaning: where the window this segment was decoded in starts (10 ms frames).
+                    seek=round(float(seg.get("window_s", start)) * 100),
                     start_s=start,
                     end_s=float(seg["end"]),
                     text=str(seg["text"]),
@@ -555,7 +711,9 @@ class WhisperEngine:
             initial_prompt=options.initial_prompt,
             prefix=options.prefix,
             word_timestamps=options.word_timestamps,
-            without_timestamps=not options.with_segment_timestamps,
+            # Past one short window, only timestamps tell where Whisper stopped in each 30 s window;
+            # without them it skips to the next window and loses what it left (as the batched path).
+            without_timestamps=not options.with_segment_timestamps and duration_s <= TIMESTAMPS_PAST_S,
             condition_on_previous_text=False,
             vad_filter=self._neural_vad_filter,
         )

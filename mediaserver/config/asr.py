@@ -155,7 +155,7 @@ class AsrSettings(BaseModel):
         ge=0.0,
         description="a decode with more words than this per second of voiced audio (plus one) is a loop: finals "
         "and uploads are decoded again safely (30 s window, no forced prefix, temperature fallback), partials "
-        "dropped; 0 = off",
+        "dropped; a decode of several windows is judged and redecoded window by window; 0 = off",
     )
     asr_guard_repeat_min: int = Field(
         3,

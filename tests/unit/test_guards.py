@@ -139,3 +139,26 @@ async def test_a_partial_that_trips_a_guard_is_returned_marked_not_decoded_again
     [result] = engine.transcribe_batch([job])
     assert isinstance(result, Transcript)
     assert result.guard in ("repetition", "speaking_rate"), result.text
+
+
+def test_a_transcript_is_grouped_by_the_window_each_segment_came_from() -> None:
+    # What the guards judge one by one on a long upload: every second of audio in exactly one group.
+    from mediaserver.asr.window_groups import window_groups
+    from mediaserver.events import Segment
+
+    def segment(window_s: float, start_s: float, end_s: float, text: str) -> Segment:
+        return Segment(0, round(window_s * 100), start_s, end_s, text, (), 0.0, -0.2, 1.2, 0.1)
+
+    segments = [
+        segment(0.0, 0.4, 9.0, " one"),
+        segment(0.0, 9.5, 27.0, " two"),
+        segment(28.0, 28.2, 50.0, " three"),
+        segment(51.0, 51.5, 60.0, " four"),
+    ]
+    groups = window_groups(segments, duration_s=61.0)
+    assert [(g.start_s, g.end_s, g.text) for g in groups] == [
+        (0.0, 28.2, " one two"),
+        (28.2, 51.5, " three"),
+        (51.5, 61.0, " four"),
+    ]
+    assert [seg.start_s for seg in groups[1].shifted(-28.2)] == [0.0]

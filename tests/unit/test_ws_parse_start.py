@@ -149,6 +149,8 @@ def test_client_tools_come_with_the_assistant_and_are_kept_until_replaced(
     assert again.client_tools == config.client_tools
     choice_only = start(settings, models, config, tools=[SET_COLOR])  # tools alone: the choice is the server's
     assert choice_only.client_tools.choice is None and len(choice_only.client_tools.specs) == 1
+    auto = start(settings, models, config, tool_choice="auto")  # a new choice among the same tools
+    assert auto.client_tools.specs == config.client_tools.specs and auto.client_tools.choice == ("auto", False)
     cleared = start(settings, models, config, tools=[])
     assert cleared.client_tools.specs == () and "tools" not in cleared.describe()
     off = start(settings, models, config, assistant=False)  # no assistant: no tools to call

@@ -243,12 +243,15 @@ def parse_start(
 
 
 def _client_tools(values: Mapping[str, object], assistant: bool, base: StreamConfig | None) -> ClientTools:
-    """``tools`` and ``tool_choice``: given together they replace the earlier start's (either one
-    given alone stands for both; neither keeps them). Only with the assistant, which calls them."""
-    if "tools" in values or "tool_choice" in values:
-        declared = parse_client_tools(values.get("tools"), values.get("tool_choice"))
+    """``tools`` and ``tool_choice``, each kept from the earlier start when not given (``tools``
+    alone leaves the choice to the server's setting). Only with the assistant, which calls them."""
+    kept = base.client_tools if base else NO_CLIENT_TOOLS
+    if "tools" in values:
+        declared = parse_client_tools(values["tools"], values.get("tool_choice"))
+    elif "tool_choice" in values:  # a new choice among the tools declared before
+        declared = parse_client_tools([spec.openai() for spec in kept.specs], values["tool_choice"])
     else:
-        declared = base.client_tools if base else NO_CLIENT_TOOLS
+        declared = kept
     if assistant:
         return declared
     if declared.specs and "tools" in values:

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import pytest_asyncio
 
 from mediaserver.config import McpServerConfig
 from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
-from tests.faults import session_tasks
+from tests.faults import abort_ws, session_tasks
 from tests.integration.test_voice_loop import WsClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,11 +184,13 @@ async def test_bad_tools_and_tool_outputs_are_errors_and_the_session_stays(tools
         assert (await _start(client))["tools"] == ["set_lamp_color"]  # and a good start works
 
 
+@pytest.mark.parametrize("how", ["close", "drop"])
 async def test_hanging_up_while_a_call_waits_ends_the_wait_at_once(
-    server_factory: Callable[..., Any], speech: Callable[[str], Clip]
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip], how: str
 ) -> None:
-    """The device goes away while the turn waits for its answer (the timeout is a minute): the
-    session and everything it ran are gone within seconds."""
+    """The device goes away while the turn waits for its answer (the timeout is a minute), with a
+    close frame or by dropping the connection: the session and everything it ran are gone within
+    seconds."""
     server: LiveServer = await server_factory(
         assistant_client_tool_timeout_s=60.0, assistant_turn_timeout_s=120.0, **SETTINGS
     )
@@ -197,6 +200,8 @@ async def test_hanging_up_while_a_call_waits_ends_the_wait_at_once(
         await client.speak(speech("Make the lamp red."))
         await client.until("assistant_tool_call", timeout=90)
         assert session_tasks(session_id)
+        if how == "drop":
+            abort_ws(client.ws)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (session_id in server.app[SESSIONS].ids() or session_tasks(session_id)):
         await asyncio.sleep(0.05)

@@ -4,6 +4,8 @@ The wire protocol is specified in ``docs/ws-protocol.md``. In short: the client 
 ``start`` (format, mode, decoding options) and gets ``ready``; then binary frames of little-endian
 PCM; ``stop`` / ``clear`` / ``ping`` / another ``start`` as JSON text. The server sends
 ``speech_started``, ``speech_stopped``, ``partial``, ``final``, ``pong`` and ``error{code, message}``.
+With the assistant on, its answers come as text and binary audio, and a device that declared its own
+``tools`` answers their calls with ``tool_output`` (assistant/client_tools.py).
 A query string with start keys (``?sample_rate=16000&mode=server_vad``) is an implicit ``start``. The
 ``start`` keys and their validation are in ``start.py``.
 

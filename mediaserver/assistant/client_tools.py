@@ -1,7 +1,8 @@
 """Tools the client runs: functions a page declares when it starts the assistant, called by the
 model, answered by the page.
 
-The page (any client of the WebRTC data channel) lists functions in ``start.obj.tools`` (the
+The page (a client of the WebRTC data channel; a device on the WebSocket ``/api/ws/asr`` the same
+way, with ``tools`` in its ``start``) lists functions in ``start.obj.tools`` (the
 Realtime shape ``{"type": "function", "name", "description", "parameters"}``, or Chat Completions'
 with the function nested under ``"function"``) and may set ``tool_choice``. When the model calls one,
 the call goes to the page (``assistant_tool_call`` with ``"client": true``) and the turn waits for
@@ -215,6 +216,11 @@ def output_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value)
+
+
+def unknown_call_text(call_id: str) -> str:
+    """The error for a ``tool_output`` no call waits for (``ClientToolbox.answer`` said False)."""
+    return f"tool_output: no tool call {call_id!r} is waiting for an answer (unknown, answered or timed out)"
 
 
 def tool_output_fields(fields: Mapping[str, Any]) -> tuple[str, str, bool]:

@@ -38,6 +38,7 @@ WS_SERVER_TYPES = {"ready", "speech_started", "speech_stopped", "partial", "fina
 WS_SERVER_TYPES |= {"assistant", "assistant_audio_started", "assistant_audio_stopped"}
 WS_KEPT_CODES = {"invalid_message", "unknown_type", "not_started", "not_recording", "invalid_parameter"}
 WS_KEPT_CODES |= {"model_not_found", "invalid_audio", "overloaded", "timeout", "model_unavailable"}
+WS_KEPT_CODES |= {"unknown_call_id"}
 
 
 # --- device WebSocket -----------------------------------------------------------------------------------
@@ -47,6 +48,17 @@ async def test_device_socket_fuzz(server: LiveServer, caplog: pytest.LogCaptureF
     rng = random.Random(SEED)
     types = ["start", "stop", "clear", "ping", "interrupt", "reset", "hello", "final"]
     messages: list[str | bytes] = [*control_messages(rng, types, 250, obj_key=None)]
+    # Client tools: starts with random tools / tool_choice, answers with random fields.
+    for _ in range(40):
+        tools = {"assistant": True, "tools": random_json(rng, 2), "tool_choice": random_json(rng, 1)}
+        messages.append(json.dumps({"type": "start", **{k: v for k, v in tools.items() if rng.random() < 0.7}}))
+        call_id = random_json(rng, 1) if rng.random() < 0.5 else f"call_{rng.randrange(1000)}"
+        answer = {
+            "call_id": call_id,
+            "output": random_json(rng, 1),
+            "is_error": rng.choice([False, random_json(rng, 1)]),
+        }
+        messages.append(json.dumps({"type": "tool_output", **{k: v for k, v in answer.items() if rng.random() < 0.7}}))
     # Binary frames: before and after starts, whole samples and not, random bytes (NaN and inf as float32).
     messages += [bytes(rng.randrange(256) for _ in range(rng.choice([0, 1, 3, 640, 641, 2048]))) for _ in range(60)]
     rng.shuffle(messages)
@@ -69,7 +81,7 @@ async def test_device_socket_fuzz(server: LiveServer, caplog: pytest.LogCaptureF
     print(f"{len(messages)} device socket messages: answers {dict(kinds)}, errors {dict(codes)}")
     assert set(kinds) <= WS_SERVER_TYPES, kinds
     assert set(codes) <= WS_KEPT_CODES, codes  # never internal_error, never a close
-    assert codes["invalid_message"] >= 10 and kinds["ready"] >= 5
+    assert codes["invalid_message"] >= 10 and kinds["ready"] >= 5 and codes["unknown_call_id"] >= 1
     assert server_errors(caplog) == []
 
 

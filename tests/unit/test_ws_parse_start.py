@@ -128,3 +128,53 @@ def test_turn_detection_and_eagerness(settings: Settings, models: ModelRegistry)
         with pytest.raises(InvalidParameter) as raised:
             parse_start({key: value}, settings, models, None)
         assert raised.value.param == key
+
+
+SET_COLOR = {
+    "type": "function",
+    "name": "set_color",
+    "description": "Set the colour of the lamp.",
+    "parameters": {"type": "object", "properties": {"color": {"type": "string"}}, "required": ["color"]},
+}
+
+
+def test_client_tools_come_with_the_assistant_and_are_kept_until_replaced(
+    settings: Settings, models: ModelRegistry
+) -> None:
+    config = start(settings, models, assistant=True, tools=[SET_COLOR], tool_choice="required")
+    assert [spec.name for spec in config.client_tools.specs] == ["set_color"]
+    assert config.client_tools.choice is not None and config.client_tools.choice[0] == "required"
+    assert config.describe()["tools"] == ["set_color"]
+    again = start(settings, models, config, system_prompt="Be brief.")  # neither key: kept
+    assert again.client_tools == config.client_tools
+    choice_only = start(settings, models, config, tools=[SET_COLOR])  # tools alone: the choice is the server's
+    assert choice_only.client_tools.choice is None and len(choice_only.client_tools.specs) == 1
+    auto = start(settings, models, config, tool_choice="auto")  # a new choice among the same tools
+    assert auto.client_tools.specs == config.client_tools.specs and auto.client_tools.choice == ("auto", False)
+    cleared = start(settings, models, config, tools=[])
+    assert cleared.client_tools.specs == () and "tools" not in cleared.describe()
+    off = start(settings, models, config, assistant=False)  # no assistant: no tools to call
+    assert off.client_tools.specs == ()
+    assert "tools" not in start(settings, models).describe()
+
+
+@pytest.mark.parametrize(
+    ("values", "param", "text"),
+    [
+        ({"assistant": True, "tools": "set_color"}, "tools", "'tools' must be a list"),
+        ({"assistant": True, "tools": [{**SET_COLOR, "name": "set color"}]}, "tools", "letters, digits"),
+        ({"assistant": True, "tools": [SET_COLOR], "tool_choice": {"type": "function", "name": "x"}}, None, "not in"),
+        ({"assistant": True, "tool_choice": "required"}, None, "tool_choice needs tools"),
+        ({"tools": [SET_COLOR]}, "tools", "'tools' needs 'assistant': true"),
+    ],
+)
+def test_bad_client_tools_name_their_parameter(
+    settings: Settings, models: ModelRegistry, values: dict[str, Any], param: str | None, text: str
+) -> None:
+    with pytest.raises(InvalidParameter) as err:
+        start(settings, models, **values)
+    assert text in err.value.message
+    if param is not None:
+        assert err.value.param == param
+    else:
+        assert err.value.param in ("tools", "tool_choice")

@@ -44,6 +44,7 @@ from mediaserver.assistant.client_tools import (
     SessionToolbox,
     parse_client_tools,
     tool_output_fields,
+    unknown_call_text,
 )
 from mediaserver.assistant.turns import Assistant
 from mediaserver.audio.noise import NoiseFilter, new_filter, parse_level
@@ -257,8 +258,8 @@ class RtcSession:
         """The client's answer to a call of one of its tools (``assistant_tool_call`` with ``client``)."""
         call_id, output, is_error = tool_output_fields(fields)
         if not self.client_tools.answer(call_id, output, is_error=is_error):
-            text = f"tool_output: no tool call {call_id!r} is waiting for an answer (unknown, answered or timed out)"
-            self.send(message("error", text, {"code": "unknown_call_id", "call_id": call_id}))
+            detail = {"code": "unknown_call_id", "call_id": call_id}
+            self.send(message("error", unknown_call_text(call_id), detail))
 
     def _session_tools(self) -> SessionToolbox:
         return SessionToolbox(self.client_tools, self.app.get(TOOLS))

@@ -4,6 +4,8 @@ The wire protocol is specified in ``docs/ws-protocol.md``. In short: the client 
 ``start`` (format, mode, decoding options) and gets ``ready``; then binary frames of little-endian
 PCM; ``stop`` / ``clear`` / ``ping`` / another ``start`` as JSON text. The server sends
 ``speech_started``, ``speech_stopped``, ``partial``, ``final``, ``pong`` and ``error{code, message}``.
+With the assistant on, its answers come as text and binary audio, and a device that declared its own
+``tools`` answers their calls with ``tool_output`` (assistant/client_tools.py).
 A query string with start keys (``?sample_rate=16000&mode=server_vad``) is an implicit ``start``. The
 ``start`` keys and their validation are in ``start.py``.
 
@@ -28,6 +30,7 @@ from typing import Any, Final
 from aiohttp import WSCloseCode, web
 
 from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.client_tools import ClientToolbox, SessionToolbox, tool_output_fields, unknown_call_text
 from mediaserver.assistant.pacing import send_paced
 from mediaserver.assistant.turns import Assistant
 from mediaserver.audio.noise import NoiseFilter, new_filter
@@ -52,7 +55,7 @@ from mediaserver.events import (
     TurnDecided,
 )
 from mediaserver.session_registry import SessionLimitReached, ShuttingDown
-from mediaserver.state import ASR, SESSIONS, SETTINGS
+from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, TOOLS
 from mediaserver.stream_session import StreamSession
 from mediaserver.transport.common import loads_json, turn_payload
 from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
@@ -114,6 +117,7 @@ class WsSession(SocketSession):
         self._dropping = False
         self.audio_out: AudioOut | None = None
         self.assistant: Assistant | None = None
+        self.client_tools = ClientToolbox(settings, app[METRICS], session_id=self.id)  # the client's own tools
         self.noise: NoiseFilter | None = None
         self.wake: WakeGate | None = None
 
@@ -142,7 +146,7 @@ class WsSession(SocketSession):
             self.send_json({"type": "error", "code": event.code, "message": event.message, "stage": event.stage})
         elif isinstance(event, AssistantToolCall):
             call = {"type": "assistant_tool_call", "call_id": event.call_id, "name": event.name}
-            self.send_json({**call, "arguments": event.arguments})
+            self.send_json({**call, "arguments": event.arguments, "client": event.client})
         elif isinstance(event, AssistantToolResult):
             result = {"type": "assistant_tool_result", "call_id": event.call_id, "name": event.name}
             self.send_json({**result, "result": event.result, "is_error": event.is_error})
@@ -214,6 +218,7 @@ class WsSession(SocketSession):
     def _accept_start(self, config: StreamConfig) -> None:
         if config.assistant:  # before anything changes: a refused start leaves the session as it was
             check_voice(self.app, dict(config.assistant_values), self.assistant.options if self.assistant else None)
+            self._session_tools().check_clash(config.client_tools)
         self._enqueue_control(_Start(config))
         self.config = config
         self._decoder = PcmStreamDecoder(config.pcm_format)
@@ -257,6 +262,9 @@ class WsSession(SocketSession):
                 self._accept_start(parse_start(parsed, self.settings, self.models, self.config))
             elif kind == "ping":
                 self._enqueue_control(_Ping())
+            elif kind == "tool_output":
+                # Not queued either: the turn waiting for it runs beside the worker.
+                self._tool_output(parsed)
             elif kind in ("interrupt", "reset"):
                 # Not queued behind audio: barge-in must not wait for the worker.
                 if self.assistant is not None:
@@ -266,7 +274,8 @@ class WsSession(SocketSession):
             elif kind not in ("stop", "clear"):
                 self.send_error(
                     "unknown_type",
-                    f"unknown message type {kind!r}; expected start, stop, clear, ping, interrupt or reset",
+                    f"unknown message type {kind!r}; expected start, stop, clear, ping, interrupt, reset"
+                    " or tool_output",
                 )
             elif self.config is None or self._decoder is None:
                 self.send_error("not_started", f'"{kind}" before "start"')
@@ -284,6 +293,17 @@ class WsSession(SocketSession):
                 self._enqueue_control(_Stop())
         except ApiError as exc:
             self.send_api_error(exc)
+
+    def _tool_output(self, fields: Mapping[str, Any]) -> None:
+        """The client's answer to a call of one of its tools (``assistant_tool_call`` with ``client``)."""
+        call_id, output, is_error = tool_output_fields(fields)
+        if not self.client_tools.answer(call_id, output, is_error=is_error):
+            self.send_json(
+                {"type": "error", "code": "unknown_call_id", "message": unknown_call_text(call_id), "call_id": call_id}
+            )
+
+    def _session_tools(self) -> SessionToolbox:
+        return SessionToolbox(self.client_tools, self.app.get(TOOLS))
 
     def _enqueue_control(self, item: _Work) -> None:
         if not self.enqueue(item):
@@ -339,6 +359,7 @@ class WsSession(SocketSession):
 
     def _apply_assistant(self, config: StreamConfig) -> None:
         values = dict(config.assistant_values)
+        self.client_tools.declare(config.client_tools)  # calls already waiting go on
         if not config.assistant:
             if self.assistant is not None:
                 self.spawn(self.assistant.aclose(), "ws-assistant-close")
@@ -352,6 +373,7 @@ class WsSession(SocketSession):
             self.spawn(self.assistant.aclose(), "ws-assistant-close")
         self.audio_out = AudioOut(config.audio_sample_rate_hz)
         self.assistant = new_assistant(self.app, self.stream, self._on_event, self.audio_out, values)
+        self.assistant.toolbox = self._session_tools()
         self.spawn(self._send_answers(self.audio_out), "ws-answer-audio")
 
     async def _send_answers(self, out: AudioOut) -> None:
@@ -379,6 +401,7 @@ class WsSession(SocketSession):
     # --- closing ----------------------------------------------------------------------------------
 
     async def close_streams(self) -> None:
+        self.client_tools.close()  # a call waiting for the client ends now
         if self.wake is not None:
             self.wake.close()
         if self.assistant is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 from mediaserver.asr.models import ModelRegistry
+from mediaserver.assistant.client_tools import ClientTools, parse_client_tools
 from mediaserver.audio.decode import PcmFormat
 from mediaserver.audio.noise import parse_level
 from mediaserver.config import Settings
@@ -64,6 +65,7 @@ START_KEYS: Final = frozenset(
 )
 # Answer audio (binary frames to the client) is 16-bit PCM at one of these rates.
 _ANSWER_RATES_HZ: Final = (8000, 16000, 22050, 24000, 44100, 48000)
+NO_CLIENT_TOOLS: Final = ClientTools(())
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ class StreamConfig:
     audio_sample_rate_hz: int = SAMPLE_RATE_HZ
     noise_level: int = 0  # WebRTC noise suppression before the VAD (audio/noise.py); 0 = off
     wake: tuple[str, ...] | None = None  # wake word models gating the stream (wake/gate.py); None = off
+    # Functions the client runs itself (assistant/client_tools.py), with ``tool_choice``; assistant only.
+    client_tools: ClientTools = NO_CLIENT_TOOLS
 
     @property
     def pcm_format(self) -> PcmFormat:
@@ -105,7 +109,12 @@ class StreamConfig:
         )
 
     def _assistant_described(self) -> dict[str, Any]:
-        return {"assistant": True, "audio_sample_rate": self.audio_sample_rate_hz} if self.assistant else {}
+        if not self.assistant:
+            return {}
+        described: dict[str, Any] = {"assistant": True, "audio_sample_rate": self.audio_sample_rate_hz}
+        if self.client_tools.specs:
+            described["tools"] = [spec.name for spec in self.client_tools.specs]
+        return described
 
     def _turn_described(self) -> dict[str, Any]:
         """``turn_detection`` / ``eagerness`` when the session chose them (else the server's settings hold)."""
@@ -210,6 +219,7 @@ def parse_start(
     else:
         noise_level = base.noise_level if base else parse_level(None, settings)
     wake_names = parse_wake_option(values["wake"], settings) if "wake" in values else (base.wake if base else None)
+    client_tools = _client_tools(values, assistant, base)
     if wake_names is not None and mode != "server_vad":
         raise InvalidParameter(
             "wake needs mode 'server_vad' (the VAD finds the command after the wake word)", param="wake"
@@ -228,4 +238,22 @@ def parse_start(
         audio_sample_rate_hz=audio_rate,
         noise_level=noise_level,
         wake=tuple(wake_names) if wake_names is not None else None,
+        client_tools=client_tools,
     )
+
+
+def _client_tools(values: Mapping[str, object], assistant: bool, base: StreamConfig | None) -> ClientTools:
+    """``tools`` and ``tool_choice``, each kept from the earlier start when not given (``tools``
+    alone leaves the choice to the server's setting). Only with the assistant, which calls them."""
+    kept = base.client_tools if base else NO_CLIENT_TOOLS
+    if "tools" in values:
+        declared = parse_client_tools(values["tools"], values.get("tool_choice"))
+    elif "tool_choice" in values:  # a new choice among the tools declared before
+        declared = parse_client_tools([spec.openai() for spec in kept.specs], values["tool_choice"])
+    else:
+        declared = kept
+    if assistant:
+        return declared
+    if declared.specs and "tools" in values:
+        raise InvalidParameter("'tools' needs 'assistant': true", param="tools")
+    return NO_CLIENT_TOOLS

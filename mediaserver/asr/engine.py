@@ -33,11 +33,10 @@ from mediaserver.asr.batching import (
     text_loops,
     window_member,
 )
-from mediaserver.asr.guards import GUARD_REASONS, GuardConfig, GuardReason, check_text
-from mediaserver.asr.window_groups import WindowGroup, shift_segments, window_groups
+from mediaserver.asr.engine_guards import GuardedDecodes, spans_seconds
+from mediaserver.asr.guards import GUARD_REASONS, GuardConfig, GuardReason
 from mediaserver.audio.vad import VadConfig, has_speech
 from mediaserver.events import (
-    DEFAULT_TEMPERATURES,
     SAMPLE_RATE_HZ,
     AudioArray,
     Segment,
@@ -111,7 +110,7 @@ class BatchRun:
             self.sequential.append(job_index)
 
 
-class WhisperEngine:
+class WhisperEngine(GuardedDecodes):
     """One loaded CTranslate2 Whisper model and the way a batch of jobs goes through it.
 
     It owns the model, the batched decoder, the packing policy and the decode counters. A batch is
@@ -254,120 +253,6 @@ class WhisperEngine:
                 run.results[index] = result
         return [r if r is not None else RuntimeError("job produced no result") for r in run.results]
 
-    # --- guards -------------------------------------------------------------------------------
-
-    def _guarded(
-        self, job: AsrJob, transcript: Transcript, voiced_s: float | None, speech: list[Span] | None = None
-    ) -> Transcript:
-        """The transcript, or, when it trips a loop or hallucination guard, its safe redecode
-        (``on_guard="redecode"``) or itself marked with the guard (``"keep"``).
-
-        A decoder loop happens inside one decoder pass (one window of <= 30 s), so a transcript of
-        several windows is judged window by window, each against the speech in its own stretch of
-        audio, and only a window that trips is decoded again: a person who says the same sentence
-        over minutes is not a loop, and the windows that passed are kept as they are.
-        """
-        groups = window_groups(transcript.segments, job.audio.size / SAMPLE_RATE_HZ)
-        if len(groups) > 1:
-            return self._guarded_by_window(job, transcript, groups, speech)
-        if voiced_s is None:
-            voiced_s = self.voiced_seconds(job.audio)
-        reason = check_text(transcript.text, voiced_s, self.guards)
-        if reason is None:
-            return transcript
-        self.counters[f"guard_{job.on_guard}_{reason}"] += 1
-        if job.on_guard == "keep":
-            return replace(transcript, guard=reason)
-        log.info(
-            "model %s: a decode of %.2f s (%.2f s voiced, %d words) tripped the %s guard; decoding it again safely",
-            self.name,
-            job.audio.size / SAMPLE_RATE_HZ,
-            voiced_s,
-            len(transcript.text.split()),
-            reason,
-        )
-        return self.redecode_safely(job, transcript, reason, voiced_s)
-
-    def _guarded_by_window(
-        self, job: AsrJob, transcript: Transcript, groups: list[WindowGroup], speech: list[Span] | None
-    ) -> Transcript:
-        """``_guarded`` for a transcript of several windows: each judged and redecoded on its own."""
-        if speech is None and self._neural_vad_filter:
-            speech = self._speech_spans(job.audio)
-        judged: list[tuple[WindowGroup, float, GuardReason | None]] = []
-        for group in groups:
-            voiced_s = self._voiced_between(job.audio, speech, group.start_s, group.end_s)
-            judged.append((group, voiced_s, check_text(group.text, voiced_s, self.guards)))
-        reasons = [reason for _, _, reason in judged if reason is not None]
-        if not reasons:
-            return transcript
-        for tripped in reasons:
-            self.counters[f"guard_{job.on_guard}_{tripped}"] += 1
-        if job.on_guard == "keep":
-            return replace(transcript, guard=reasons[0])
-        segments: list[Segment] = []
-        extra_time_s = 0.0
-        for group, voiced_s, reason in judged:
-            if reason is None:
-                segments.extend(group.segments)
-                continue
-            log.info(
-                "model %s: the window at %.2f-%.2f s of a decode (%.2f s voiced, %d words) tripped the %s guard; "
-                "decoding it again safely",
-                self.name,
-                group.start_s,
-                group.end_s,
-                voiced_s,
-                len(group.text.split()),
-                reason,
-            )
-            first_sample, end_sample = round(group.start_s * SAMPLE_RATE_HZ), round(group.end_s * SAMPLE_RATE_HZ)
-            part = replace(job, audio=job.audio[first_sample:end_sample])
-            first = replace(
-                transcript, text=group.text.strip(), segments=group.shifted(-group.start_s), infer_time_s=0.0
-            )
-            safe = self.redecode_safely(part, first, reason, voiced_s)
-            extra_time_s += safe.infer_time_s
-            segments.extend(shift_segments(safe.segments, group.start_s))
-        segments = [replace(seg, id=number) for number, seg in enumerate(segments)]
-        return replace(
-            transcript,
-            text="".join(seg.text for seg in segments).strip(),
-            segments=tuple(segments),
-            speech_detected=bool(segments),
-            guard=reasons[0],
-            infer_time_s=transcript.infer_time_s + extra_time_s,
-        )
-
-    def _voiced_between(self, audio: AudioArray, speech: list[Span] | None, start_s: float, end_s: float) -> float:
-        """Seconds of speech between two times of the audio (the neural VAD's spans, else webrtcvad)."""
-        first, end = round(start_s * SAMPLE_RATE_HZ), round(end_s * SAMPLE_RATE_HZ)
-        if speech is None:
-            return self.voiced_seconds(audio[first:end])
-        return sum(max(0, min(span.end, end) - max(span.start, first)) for span in speech) / SAMPLE_RATE_HZ
-
-    def redecode_safely(self, job: AsrJob, first: Transcript, reason: GuardReason, voiced_s: float) -> Transcript:
-        """Decode again as Whisper's own loop does: 30 s window, no forced prefix, the temperature
-        fallback. Text on audio without speech is dropped instead."""
-        started = time.perf_counter()
-        if reason == "no_speech":
-            return replace(self._empty(job, started), guard=reason, infer_time_s=first.infer_time_s)
-        options = replace(job.options, prefix=None, temperature=DEFAULT_TEMPERATURES)
-        safe = self.transcribe_one(replace(job, options=options, min_window_s=WINDOW_S))
-        if check_text(safe.text, voiced_s, self.guards) is not None and len(safe.text) > len(first.text):
-            # Still implausible and longer: Whisper's fallback cannot judge a short text either.
-            log.info("model %s: the safe decode trips a guard too; keeping the shorter first decode", self.name)
-            safe = replace(first, infer_time_s=safe.infer_time_s)
-        return replace(safe, guard=reason, infer_time_s=first.infer_time_s + safe.infer_time_s)
-
-    def voiced_seconds(self, audio: AudioArray) -> float:
-        """Seconds of speech in ``audio`` by the neural VAD (webrtcvad without it)."""
-        if self._neural_vad_filter:
-            return _spans_s(self._speech_spans(audio))
-        from mediaserver.audio.vad import speech_ms
-
-        return speech_ms(audio, self._vad) / 1000.0
-
     def _retry(self, run: BatchRun, retry: list[int], single_of: dict[int, Window]) -> None:
         """Decode again the packed jobs whose text could not be told apart or was left unfinished.
 
@@ -411,7 +296,7 @@ class WhisperEngine:
     def _plan_windows(self, index: int, job: AsrJob, run: BatchRun) -> list[Window]:
         audio = job.audio
         speech = self._speech_spans(audio)
-        run.voiced_s[index] = _spans_s(speech)
+        run.voiced_s[index] = spans_seconds(speech)
         run.speech[index] = speech
         spans = split_into_windows(speech, audio.size, int(self._speech_pad_s * SAMPLE_RATE_HZ))
         # A short encoder window only for a job that fits in one (a partial of an utterance so far).
@@ -576,47 +461,6 @@ class WhisperEngine:
         )
         self._add(run.states[member.job_index], segments, scores)
 
-    def _repeated_speech(self, window: Window, output: WindowOutput, run: BatchRun) -> bool:
-        """Whether a full window that fails only Whisper's compression-ratio test holds speech said
-        again, not a decoder loop.
-
-        gzip cannot tell the two apart: a sentence said three times in 30 s compresses as well as a
-        loop (JFK's 11 s sentence twice over: ratio 2.5). Whisper's answer, decoding again at rising
-        temperatures and preferring any sample that compresses less, drops the repeats at random.
-        A loop shows in what the guards measure on the window alone: a phrase following itself,
-        more words than its speech could hold, or a decode run to the token cap. Without the
-        guards, Whisper's test stands.
-        """
-        if (
-            output.low_confidence
-            or output.capped
-            or window.encoder_s < WINDOW_S
-            or not (self.guards.repeat_min and self.guards.max_words_per_s)
-        ):
-            return False
-        member = window.members[0]
-        text = "".join(str(seg["text"]) for seg in output.segments)
-        voiced_s = self._voiced_between(
-            run.jobs[member.job_index].audio,
-            run.speech.get(member.job_index),
-            member.job_offset_s,
-            member.job_offset_s + window.duration_s,
-        )
-        return check_text(text, voiced_s, self.guards) is None
-
-    def _short_window_guard(self, window: Window, output: WindowOutput, run: BatchRun) -> GuardReason | None:
-        """The guard a short window's text trips (a loop Whisper's compression test cannot see on a
-        short text), recorded for the job when it is one to decode again (a final, an upload)."""
-        job_index = window.members[0].job_index
-        job = run.jobs[job_index]
-        text = "".join(str(seg["text"]) for seg in output.segments)
-        reason = check_text(text, run.voiced_s.get(job_index, window.duration_s), self.guards)
-        if reason is None or reason == "no_speech" or job.on_guard != "redecode":
-            return None
-        self.counters[f"guard_redecode_{reason}"] += 1
-        run.guarded[job_index] = reason
-        return reason
-
     def _run_group(self, group: list[Window], run: BatchRun) -> list[tuple[Window, WindowOutput | None]]:
         try:
             return list(zip(group, self._decoder.run(group), strict=True))
@@ -747,8 +591,3 @@ class WhisperEngine:
             task=options.task,
             speech_detected=bool(segments),
         )
-
-
-def _spans_s(spans: Sequence[Span]) -> float:
-    """Seconds of audio the spans cover (they do not overlap)."""
-    return sum(span.end - span.start for span in spans) / SAMPLE_RATE_HZ

@@ -205,6 +205,12 @@ class StreamSession:
             self._ensure_partials()
             self._ensure_gap_watch()
 
+    def skip(self, samples: int) -> None:
+        """Audio of this stream that a wake-word gate kept from it: no speech, but stream time
+        (the times of server-VAD events count the audio received, whether or not it was heard)."""
+        if not self._closed and self.options.server_vad:
+            self._segmenter.skip(samples)
+
     def audio_arriving(self) -> None:
         """Audio was received and is queued on its way to ``feed``: the time since the last audio
         must not count as a gap (see ``_watch_gaps``) while the transport's worker catches up."""

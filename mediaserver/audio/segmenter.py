@@ -70,6 +70,7 @@ class VadSegmenter:
         self._voiced_ms = 0
         self._start_ms = 0
         self._position_ms = 0  # stream time at the end of the last processed frame
+        self._skipped_samples = 0  # skipped audio not yet a whole millisecond on the clock
 
     @property
     def in_speech(self) -> bool:
@@ -114,6 +115,17 @@ class VadSegmenter:
         if not self._in_speech:
             return None
         return self._finish("turn")
+
+    def skip(self, samples: int) -> None:
+        """Audio that went elsewhere (a wake-word gate held it back) still counts on the stream
+        clock, so times stay comparable with the connection's audio; only between utterances."""
+        if self._in_speech or samples <= 0:
+            return
+        self.reset()
+        self._skipped_samples += samples
+        whole_ms = self._skipped_samples * 1000 // SAMPLE_RATE_HZ
+        self._position_ms += whole_ms
+        self._skipped_samples -= whole_ms * SAMPLE_RATE_HZ // 1000
 
     def reset(self) -> None:
         """Drop everything buffered; the stream clock still counts the dropped audio."""

@@ -34,6 +34,9 @@ async def test_only_the_command_after_the_wake_word_is_transcribed(server: LiveS
         heard = next(m for m in got if m["type"] == "wake_word")
         assert heard["name"] == "okay_nabu" and heard["phrase"] == "Okay Nabu"
         assert wer("turn on the lights", got[-1]["text"]) <= 0.25, got[-1]
+        # One stream clock: the audio held back while waiting for the word counts too (it used to
+        # restart at 0, so the command "began" before the wake word that opened it).
+        assert got[-1]["audio_start_ms"] >= heard["audio_ms"] - 1000, (heard, got[-1])
         waiting = (await client.until("wake_waiting", timeout=30))[-1]
         assert waiting["reason"] == "utterance_done" and waiting["names"] == ["okay_nabu"]
         # Back to waiting: this sentence is not transcribed, the next command is.

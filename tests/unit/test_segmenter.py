@@ -92,3 +92,21 @@ def test_broadband_noise_is_voiced_for_webrtcvad() -> None:
     """Documents why the engine adds a neural VAD: webrtcvad alone calls loud noise speech."""
     events = feed(VadSegmenter(), np.concatenate([noise(2.0, 0.3), silence(1.0)]))
     assert any(isinstance(e, Utterance) for e in events)
+
+
+def test_skipped_audio_counts_on_the_stream_clock(speech: Any) -> None:
+    """Audio a wake-word gate held back moves the clock (times stay comparable with the
+    connection's audio), between utterances only, to the millisecond over many small pieces."""
+    clip = speech("kitchen").audio16k
+    segmenter = VadSegmenter(SegmenterConfig(hangover_ms=500, preroll_ms=300))
+    for _ in range(100):
+        segmenter.skip(SR * 20 // 1000 + 3)  # 20 ms and 3 samples, a hundred times
+    assert segmenter.position_ms == 2018  # 2000 ms + 300 samples (18.75 ms), whole milliseconds
+    events = feed(segmenter, np.concatenate([clip, silence(1.0)]))
+    [utterance] = [e for e in events if isinstance(e, Utterance)]
+    assert utterance.start_ms >= 2018
+    feed(segmenter, clip[: clip.size * 2 // 3])
+    assert segmenter.in_speech
+    before = segmenter.position_ms
+    segmenter.skip(SR)  # in speech: the clock does not jump inside an utterance
+    assert segmenter.position_ms == before

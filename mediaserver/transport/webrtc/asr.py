@@ -162,6 +162,8 @@ class RtcSession:
                 self._send_wake(self.wake, change)
         if heard is not None:
             await self.stream.feed(heard)
+        else:
+            self.stream.skip(cleaned.size)  # waiting for the wake word: the stream clock goes on
 
     def _send_wake(self, gate: WakeGate, change: Any) -> None:
         obj = wake_message(gate, change)

@@ -323,6 +323,8 @@ class WsSession(SocketSession):
                 self.send_json(wake_message(self.wake, change))
         if heard is not None:
             await self.stream.feed(heard)
+        else:
+            self.stream.skip(cleaned.size)  # waiting for the wake word: the stream clock goes on
 
     async def apply(self, work: _Work) -> None:
         if isinstance(work, _Start):

@@ -53,6 +53,12 @@ class TransportSettings(BaseModel):
     realtime_audio_lead_ms: int = Field(
         1000, ge=0, description="WebSocket answer audio sent at most this far ahead of real time"
     )
+    realtime_prefix_padding_ms: int = Field(
+        300,
+        ge=0,
+        description="server_vad prefix_padding_ms when a Realtime session does not set it: OpenAI's documented "
+        "default (the other streams use stream_vad_preroll_ms)",
+    )
     realtime_max_items: int = Field(1000, ge=2, description="conversation items kept; older ones are forgotten")
     realtime_max_call_bytes: int = Field(
         256 * 1024, ge=1024, description="POST /v1/realtime/calls body (the SDP offer and the session)"

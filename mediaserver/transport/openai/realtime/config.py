@@ -105,8 +105,9 @@ class TurnDetection:
             silence_ms = _EAGERNESS_SILENCE_MS.get(self.eagerness or "auto")
         if silence_ms is not None:
             overrides["hangover_ms"] = max(60, silence_ms)
-        if self.prefix_padding_ms is not None:
-            overrides["preroll_ms"] = self.prefix_padding_ms
+        overrides["preroll_ms"] = (
+            settings.realtime_prefix_padding_ms if self.prefix_padding_ms is None else self.prefix_padding_ms
+        )
         if self.threshold is not None:
             overrides["aggressiveness"] = min(3, int(self.threshold * 4))
         return segmenter_config(settings, **overrides)
@@ -118,7 +119,7 @@ class TurnDetection:
         described.update(
             threshold=0.5 if self.threshold is None else self.threshold,
             prefix_padding_ms=(
-                settings.stream_vad_preroll_ms if self.prefix_padding_ms is None else self.prefix_padding_ms
+                settings.realtime_prefix_padding_ms if self.prefix_padding_ms is None else self.prefix_padding_ms
             ),
             silence_duration_ms=(
                 settings.stream_vad_hangover_ms if self.silence_duration_ms is None else self.silence_duration_ms

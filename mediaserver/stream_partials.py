@@ -110,6 +110,10 @@ class PartialPromises:
         self.unstable = unstable
         return PartialTranscript(delta, self.committed, unstable)
 
+    def joined(self, decoded: str) -> str:
+        """The promised text and what ``decoded`` (a final's unforced decode) says after it."""
+        return self.committed + continuation(self.committed, decoded)
+
     def forget(self) -> None:
         """The next utterance starts with nothing promised or shown."""
         self.committed = ""

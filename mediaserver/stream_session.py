@@ -256,9 +256,9 @@ class StreamSession:
         task = self._finals.start(audio, f"early-final-{self.id}")
         early = self._early_final = EarlyFinal(task, audio.size, silence_ms)
         if self.settings.turn_speculative_answers and isinstance(self.assistant, Speculator):
-            task.add_done_callback(lambda done: self._speculate(early, done, self._partials.promises.committed))
+            task.add_done_callback(lambda done: self._speculate(early, done))
 
-    def _speculate(self, early: EarlyFinal, task: asyncio.Task[Transcript], committed: str) -> None:
+    def _speculate(self, early: EarlyFinal, task: asyncio.Task[Transcript]) -> None:
         """The final was decoded while the turn is still open: the voice loop starts its answer now
         (held until the turn ends; dropped if the speech resumes)."""
         if task.cancelled() or task.exception() is not None or self._early_final is not early or self._closed:
@@ -266,7 +266,7 @@ class StreamSession:
         assistant = self.assistant
         if not isinstance(assistant, Speculator) or not self._segmenter.in_speech:
             return
-        text = committed + continuation(committed, task.result().text)
+        text = self._partials.promises.joined(task.result().text)
         if text.strip():
             assistant.speculate(text, speech_ended_at=time.monotonic())
 
@@ -317,7 +317,7 @@ class StreamSession:
             transcript = await asyncio.shield(early.task)
         except Exception:
             return False  # cancelled (the speech resumed) or failed: the final path handles it
-        text = self._partials.promises.committed + continuation(self._partials.promises.committed, transcript.text)
+        text = self._partials.promises.joined(transcript.text)
         unfinished = ends_unfinished(text, words)
         if unfinished:
             self.asr.metrics.turn_unfinished_words.inc()

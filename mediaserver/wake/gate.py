@@ -16,8 +16,9 @@ detections then are ignored.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
@@ -95,6 +96,35 @@ class WakeGate:
 
     def close(self) -> None:
         self.detector.close()
+
+
+class _Stream(Protocol):
+    """What a gated stream takes (``StreamSession``)."""
+
+    async def feed(self, samples: AudioArray) -> None: ...
+
+    def skip(self, samples: int) -> None: ...
+
+
+async def feed_through(
+    gate: WakeGate | None,
+    samples: AudioArray,
+    stream: _Stream,
+    on_change: Callable[[WakeGate, WakeDetection | WakeWaiting], None],
+) -> None:
+    """A stream's audio through its wake-word gate, if it has one: what the gate lets through is
+    fed; what it holds back still counts on the stream's clock; ``on_change`` hears a wake word or
+    the return to waiting (the faces send it their own way)."""
+    if gate is None:
+        await stream.feed(samples)
+        return
+    heard, change = gate.feed(samples)
+    if change is not None:
+        on_change(gate, change)
+    if heard is not None:
+        await stream.feed(heard)
+    else:
+        stream.skip(samples.size)  # waiting for the wake word: the stream clock goes on
 
 
 def parse_wake_option(value: object, settings: Settings) -> list[str] | None:

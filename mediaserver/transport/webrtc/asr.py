@@ -82,7 +82,15 @@ from mediaserver.transport.webrtc.peer import (
     read_audio_track,
     start_watchdogs,
 )
-from mediaserver.wake.gate import WakeGate, WakeWaiting, new_gate, observe, parse_wake_option, wake_message
+from mediaserver.wake.gate import (
+    WakeGate,
+    WakeWaiting,
+    feed_through,
+    new_gate,
+    observe,
+    parse_wake_option,
+    wake_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,15 +163,7 @@ class RtcSession:
 
     async def _feed(self, samples: AudioArray) -> None:
         cleaned = self.noise.process(samples) if self.noise is not None else samples
-        heard: AudioArray | None = cleaned
-        if self.wake is not None:
-            heard, change = self.wake.feed(cleaned)
-            if change is not None:
-                self._send_wake(self.wake, change)
-        if heard is not None:
-            await self.stream.feed(heard)
-        else:
-            self.stream.skip(cleaned.size)  # waiting for the wake word: the stream clock goes on
+        await feed_through(self.wake, cleaned, self.stream, self._send_wake)
 
     def _send_wake(self, gate: WakeGate, change: Any) -> None:
         obj = wake_message(gate, change)

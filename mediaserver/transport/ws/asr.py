@@ -61,7 +61,7 @@ from mediaserver.transport.common import loads_json, turn_payload
 from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
 from mediaserver.transport.voice import check_voice, new_assistant, update_assistant
 from mediaserver.transport.ws.start import START_KEYS, StreamConfig, parse_start
-from mediaserver.wake.gate import WakeGate, new_gate, observe, wake_message
+from mediaserver.wake.gate import WakeGate, feed_through, new_gate, observe, wake_message
 
 log = logging.getLogger(__name__)
 
@@ -316,15 +316,9 @@ class WsSession(SocketSession):
 
     async def feed(self, samples: AudioArray) -> None:
         cleaned = self.noise.process(samples) if self.noise is not None else samples
-        heard: AudioArray | None = cleaned
-        if self.wake is not None:
-            heard, change = self.wake.feed(cleaned)
-            if change is not None:
-                self.send_json(wake_message(self.wake, change))
-        if heard is not None:
-            await self.stream.feed(heard)
-        else:
-            self.stream.skip(cleaned.size)  # waiting for the wake word: the stream clock goes on
+        await feed_through(
+            self.wake, cleaned, self.stream, lambda gate, change: self.send_json(wake_message(gate, change))
+        )
 
     async def apply(self, work: _Work) -> None:
         if isinstance(work, _Start):

@@ -245,6 +245,8 @@ async def health_handler(request: web.Request) -> web.Response:
         "compute_type": asr.device.compute_type,
         "models_loaded": asr.loaded_models,
         "models_available": asr.models.names(),
+        # Names clients may use for them (OpenAI's whisper-1, gpt-4o-transcribe ...): alias -> model.
+        "model_aliases": asr.models.alias_targets(),
         "features": request.app[CAPABILITIES].as_dict(),
     }
     if backends:

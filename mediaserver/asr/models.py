@@ -15,6 +15,7 @@ let anyone read the disk or trigger multi-gigabyte downloads.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -214,6 +215,14 @@ class ModelRegistry:
 
     def source(self, name: str) -> ModelSource:
         return self._sources[self.resolve(name)]
+
+    def alias_targets(self) -> dict[str, str]:
+        """Every configured alias and the model it resolves to now (aliases of unknown models left out)."""
+        targets: dict[str, str] = {}
+        for alias in self._settings.asr_model_aliases:
+            with contextlib.suppress(UnknownModel):
+                targets[alias] = self.resolve(alias)
+        return targets
 
     def resolve(self, requested: str | None) -> str:
         """Canonical model name for what a client asked for, or UnknownModel (a 400)."""

@@ -407,6 +407,7 @@ class LlmService:
                     raise ModelUnavailable(f"LLM {source.name!r} cannot be used: {exc}") from exc
                 log.info("LLM %s serving in %.1f s", source.name, time.monotonic() - started)
                 self._backends[source.name] = loaded
+                self.gate(source.name, loaded.max_concurrency)  # /health and /metrics show its slots from now
             return loaded
 
     # --- chat ------------------------------------------------------------------------------------

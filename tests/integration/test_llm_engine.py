@@ -141,3 +141,20 @@ async def test_an_engine_that_cannot_start_turns_the_llm_off_naming_why(
     feature = health["features"]["llm"]
     assert feature["enabled"] is False and "llama-server" in feature["reason"], feature
     assert status == 503 and error["code"] == "feature_disabled" and "llama-server" in error["message"], error
+
+
+async def test_health_shows_an_idle_engines_slots_before_its_first_request(
+    base_settings: Settings, asr_service: Any
+) -> None:
+    """A preloaded engine nobody asked yet: /health's figures for it are there, idle (they appeared
+    only after the first request before)."""
+    settings = base_settings.model_copy(update={"llm_slots": 2, "llm_context_tokens": 512})
+    service = LlmService(settings, asr_service.metrics)
+    await service.start()
+    try:
+        status = await service.status()
+    finally:
+        await service.aclose()
+    model = status["models"]["smollm2-135m-instruct"]
+    assert model["slots"] == 2 and model["slots_busy"] == 0 and model["queue"] == 0, model
+    assert model["tokens_per_second"] == 0 and model["engine"]["state"] == "ready", model

@@ -192,6 +192,7 @@ async def test_health(server: Any) -> None:
     assert body["status"] == "ok"
     assert "tiny.en" in body["models_loaded"]
     assert "tiny.en" in body["models_available"]
+    assert body["model_aliases"]["whisper-1"] == "tiny.en"  # the names OpenAI clients send
     assert body["features"]["asr"]["enabled"] is True
     assert "CPU" in body["features"]["asr"]["reason"]
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import importlib
 import ipaddress
 import logging
@@ -52,24 +51,24 @@ from wyoming.asr import Transcript as WyomingTranscript
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event, async_write_event
-from wyoming.info import AsrModel, AsrProgram, Attribution, Describe, Info
+from wyoming.info import Describe
 from wyoming.ping import Ping, Pong
 from wyoming.server import AsyncEventHandler
 
-from mediaserver import __version__
 from mediaserver.asr.service import AsrService
 from mediaserver.audio.decode import PcmFormat, pcm_to_float
 from mediaserver.capabilities import Capabilities
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, AudioTooLarge, InvalidAudio, InvalidParameter, Overloaded
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, Priority, Transcript, TranscriptionOptions
-from mediaserver.languages import WHISPER_LANGUAGES, normalize_language
+from mediaserver.languages import normalize_language
 from mediaserver.state import ASR, CAPABILITIES, SETTINGS, TTS
 from mediaserver.transport.wyoming.framing import MAX_HEADER_LINE_BYTES, WyomingProtocolError, read_event
-from mediaserver.transport.wyoming.tts import WyomingTts, tts_program
-from mediaserver.transport.wyoming.wake import WyomingWake, wake_program
+from mediaserver.transport.wyoming.info import build_info
+from mediaserver.transport.wyoming.tts import WyomingTts
+from mediaserver.transport.wyoming.wake import WyomingWake
 from mediaserver.tts.service import TtsService
-from mediaserver.wake.models import WakeModels, load_wake_models
+from mediaserver.wake.models import load_wake_models
 
 log = logging.getLogger(__name__)
 
@@ -77,60 +76,6 @@ log = logging.getLogger(__name__)
 LINGER_S: Final = 2.0
 LINGER_MAX_BYTES: Final = 16 * 1024 * 1024
 ZEROCONF_SERVICE_TYPE: Final = "_wyoming._tcp.local."
-
-_PROGRAM_ATTRIBUTION: Final = Attribution(
-    name="mediaserver (faster-whisper)", url="https://github.com/SYSTRAN/faster-whisper"
-)
-_MODEL_ATTRIBUTION: Final = Attribution(name="OpenAI", url="https://github.com/openai/whisper")
-
-
-# --- info --------------------------------------------------------------------------------------
-
-
-@functools.cache
-def _engine_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("faster-whisper")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def asr_program(asr: AsrService) -> AsrProgram:
-    """The ASR program of ``info``: one model per model the registry knows."""
-    models: list[AsrModel] = []
-    for source in asr.models.sources():
-        multilingual = asr.models.is_multilingual(source.name)
-        models.append(
-            AsrModel(
-                name=source.name,
-                description=f"Whisper {source.name} ({'multilingual' if multilingual else 'English-only'})",
-                languages=list(WHISPER_LANGUAGES) if multilingual else ["en"],
-                attribution=_MODEL_ATTRIBUTION,
-                installed=True,
-                version=_engine_version(),
-            )
-        )
-    return AsrProgram(
-        name="mediaserver",
-        description="mediaserver speech-to-text (Whisper on CTranslate2)",
-        attribution=_PROGRAM_ATTRIBUTION,
-        installed=True,
-        version=__version__,
-        supports_transcript_streaming=True,
-        models=models,
-    )
-
-
-def build_info(asr: AsrService, tts: TtsService | None = None, wake: WakeModels | None = None) -> Info:
-    """The answer to ``describe``: the ASR program, the TTS program when TTS is on, the wake program."""
-    return Info(
-        asr=[asr_program(asr)],
-        tts=[tts_program(tts)] if tts is not None else [],
-        wake=[wake_program(wake)] if wake is not None and wake.names() else [],
-    )
-
 
 # --- one connection ----------------------------------------------------------------------------
 

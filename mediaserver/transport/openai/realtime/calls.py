@@ -48,7 +48,7 @@ from mediaserver.transport.openai.realtime.conversation_config import (
     default_conversation,
     parse_conversation_session,
 )
-from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
+from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model, llm_model_names
 from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
 from mediaserver.transport.openai.realtime.session import RealtimeSession
 from mediaserver.transport.webrtc import patches
@@ -317,7 +317,9 @@ def call_config(request: web.Request, session: dict[str, Any] | None) -> tuple[R
     secret = client_secrets.from_request(request)
     if secret is not None:
         client_secrets.check_kind(secret, "conversation")  # calls carry conversations only
-    kind, config, llm_model = session_kind(settings, models, request.query, lambda name: is_llm_model(app, name))
+    kind, config, llm_model = session_kind(
+        settings, models, request.query, lambda name: is_llm_model(app, name), lambda: llm_model_names(app)
+    )
     if kind != "conversation" or (session is not None and session.get("type") == "transcription"):
         raise InvalidParameter(
             "this server runs conversations (session.type 'realtime') over WebRTC; transcribe over the "

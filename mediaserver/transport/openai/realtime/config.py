@@ -505,7 +505,11 @@ SessionKind = Literal["transcription", "conversation"]
 
 
 def session_kind(
-    settings: Settings, models: ModelRegistry, query: Mapping[str, str], is_llm: Callable[[str], bool]
+    settings: Settings,
+    models: ModelRegistry,
+    query: Mapping[str, str],
+    is_llm: Callable[[str], bool],
+    llm_names: Callable[[], list[str]] = list,
 ) -> tuple[SessionKind, RealtimeConfig, str | None]:
     """What ``GET /v1/realtime?...`` opens: a transcription or a conversation session, the input
     configuration, and for a conversation the LLM the URL named (None: the assistant's default).
@@ -514,7 +518,8 @@ def session_kind(
     recognition model or alias (``tiny.en``, ``whisper-1``, ``gpt-4o-transcribe`` ...) keeps opening a
     transcription session, as beta clients do; no model, a chat model the LLM registry knows, or any
     other OpenAI name (``gpt-realtime``, ``gpt-4o-realtime-preview`` ...) opens a conversation.
-    Anything else is a 400 before the upgrade.
+    Anything else is a 400 before the upgrade, naming both kinds of model (``llm_names``: the chat
+    models).
     """
     intent = query.get("intent", "").strip()
     requested = query.get("model", "").strip()
@@ -531,4 +536,11 @@ def session_kind(
         return "conversation", default_config(settings, models, without_model), requested
     if requested.lower().startswith("gpt-"):
         return "conversation", default_config(settings, models, without_model), None
-    return "transcription", default_config(settings, models, query), None  # whisper-*, or a 400
+    try:
+        return "transcription", default_config(settings, models, query), None  # whisper-*, or a 400
+    except InvalidParameter as exc:
+        chat = ", ".join(llm_names()) or "none"
+        raise InvalidParameter(
+            f"{exc.message} A conversation's ?model= is a chat model ({chat}) or an OpenAI name (gpt-...).",
+            param="model",
+        ) from None

@@ -33,3 +33,9 @@ def is_llm_model(app: web.Application, name: str) -> bool:
     except UnknownModel:
         return False
     return True
+
+
+def llm_model_names(app: web.Application) -> list[str]:
+    """The chat models the app's LLM registry serves (none without the LLM)."""
+    llm = app.get(LLM)
+    return llm.sources.names() if llm is not None else []

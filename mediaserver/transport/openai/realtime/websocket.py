@@ -14,7 +14,7 @@ from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.openai.realtime import client_secrets
 from mediaserver.transport.openai.realtime.config import RealtimeConfig, SessionKind, session_kind
 from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, default_conversation
-from mediaserver.transport.openai.realtime.lookups import is_llm_model
+from mediaserver.transport.openai.realtime.lookups import is_llm_model, llm_model_names
 from mediaserver.transport.openai.realtime.session import RealtimeSession, max_message_bytes
 from mediaserver.transport.socket_session import LimitedWebSocket
 
@@ -42,7 +42,9 @@ def open_session(
     app = request.app
     secret = client_secrets.from_request(request)
     query = request.query if secret is None else client_secrets.url_query_for(secret, request.query)
-    kind, config, llm_model = session_kind(settings, app[ASR].models, query, lambda name: is_llm_model(app, name))
+    kind, config, llm_model = session_kind(
+        settings, app[ASR].models, query, lambda name: is_llm_model(app, name), lambda: llm_model_names(app)
+    )
     conversation = None
     if kind == "conversation":
         model = query.get("model", "").strip() or None

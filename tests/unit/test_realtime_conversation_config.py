@@ -94,7 +94,8 @@ def test_bad_urls_are_refused(settings: Settings, models: ModelRegistry) -> None
     with pytest.raises(InvalidParameter, match="unknown model 'nope'"):
         session_kind(settings, models, {"model": "nope"}, is_llm)
     # The error names both kinds of model a URL may name, the chat models too.
-    with pytest.raises(InvalidParameter, match=r"tiny\.en.*a chat model \(smollm2-135m-instruct\)"):
+    both = r"tiny\.en\. A conversation's \?model= is a chat model \(smollm2-135m-instruct\)"
+    with pytest.raises(InvalidParameter, match=both):
         session_kind(settings, models, {"model": "nope"}, is_llm, lambda: ["smollm2-135m-instruct"])
 
 

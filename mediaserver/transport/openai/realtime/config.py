@@ -541,6 +541,7 @@ def session_kind(
     except InvalidParameter as exc:
         chat = ", ".join(llm_names()) or "none"
         raise InvalidParameter(
-            f"{exc.message} A conversation's ?model= is a chat model ({chat}) or an OpenAI name (gpt-...).",
+            f"{exc.message.rstrip('.')}. A conversation's ?model= is a chat model ({chat}) or an OpenAI name "
+            "(gpt-...).",
             param="model",
         ) from None

@@ -212,7 +212,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Turn], list[Baseline], lis
     direct.run(QUESTIONS[0], clips[QUESTIONS[0]].audio16k)  # warm-up
     env = {
         "MEDIASERVER_ASSISTANT_TEMPERATURE": "0",
-        "MEDIASERVER_ASSISTANT_MAX_ANSWER_TOKENS": str(MAX_ANSWER_TOKENS),
+        "MEDIASERVER_ASSISTANT_MAX_ANSWER_TOKENS": str(args.answer_tokens),
         "MEDIASERVER_ASSISTANT_SYSTEM_PROMPT": SYSTEM_PROMPT,
     }
     turns: list[Turn] = []
@@ -223,6 +223,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Turn], list[Baseline], lis
     with child_server(log_path, 180.0, env) as (url, _process):
         server = _Server(url)
         for mode, sessions in [(m, n) for m in args.turn_detection for n in args.sessions]:
+            counters_before = server_counters(url)
             peers = [await connect(server) for _ in range(sessions)]
             try:
                 for peer in peers:
@@ -250,6 +251,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Turn], list[Baseline], lis
             finally:
                 for peer in peers:
                     await peer.close()
+            print_server_counters(f"{sessions} session(s), {mode}", counters_before, server_counters(url))
         if args.realtime:
             from bench_realtime_face import measure as measure_realtime
             from bench_realtime_face import print_figures
@@ -259,6 +261,47 @@ async def run(args: argparse.Namespace) -> tuple[list[Turn], list[Baseline], lis
                 print_figures(f"Realtime WS, {sessions} session(s)", samples)
                 realtime[str(sessions)] = [asdict(sample) for sample in samples]
     return turns, baselines, failed
+
+
+# The server's own counters (/metrics) that say where a turn's time went: how much of each prompt
+# llama-server served from its cache, and Piper's time per sentence.
+COUNTERS = {
+    "prompt": "mediaserver_llm_prompt_tokens_total",
+    "cached": "mediaserver_llm_cached_prompt_tokens_total",
+    "generations": "mediaserver_llm_time_to_first_token_seconds_count",
+    "ttft_s": "mediaserver_llm_time_to_first_token_seconds_sum",
+    "sentences": "mediaserver_tts_synthesis_seconds_count",
+    "synthesis_s": "mediaserver_tts_synthesis_seconds_sum",
+}
+
+
+def server_counters(url: str) -> dict[str, float]:
+    """The COUNTERS summed over their labels, read from the server's /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    totals = dict.fromkeys(COUNTERS, 0.0)
+    wanted = {name: key for key, name in COUNTERS.items()}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                totals[wanted[sample.name]] += sample.value
+    return totals
+
+
+def print_server_counters(label: str, before: dict[str, float], after: dict[str, float]) -> None:
+    d = {key: after[key] - before[key] for key in COUNTERS}
+    cached = d["cached"] / d["prompt"] if d["prompt"] else 0.0
+    ttft = d["ttft_s"] / d["generations"] if d["generations"] else 0.0
+    synthesis = d["synthesis_s"] / d["sentences"] if d["sentences"] else 0.0
+    print(
+        f"  server, {label}: {d['generations']:.0f} generations, mean TTFT {ttft:.3f} s; prompt tokens "
+        f"{d['prompt']:.0f}, {cached:.0%} from the cache; Piper {d['sentences']:.0f} sentences, "
+        f"{synthesis:.3f} s each"
+    )
 
 
 def report(turns: list[Turn], baselines: list[Baseline], failed: list[str]) -> dict[str, Any]:
@@ -373,6 +416,9 @@ def main() -> None:
         help="silence, semantic (the turn model; speculative answers) or both: silence,semantic",
     )
     parser.add_argument("--timeout-s", type=float, default=90.0)
+    parser.add_argument(
+        "--answer-tokens", type=int, default=MAX_ANSWER_TOKENS, help="the server's assistant_max_answer_tokens"
+    )
     parser.add_argument("--plot", default=str(REPO / "bench-results" / "voice-loop.png"))
     parser.add_argument(
         "--realtime", action="store_true", help="also the OpenAI Realtime WebSocket face (first output_audio.delta)"

@@ -6,6 +6,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, model_validator
 
+# The default system prompt of spoken answers: the voice loop's (assistant_system_prompt) and the WIS
+# chatbot's (llm_system_prompt).
+SPOKEN_SYSTEM_PROMPT = (
+    "You are a friendly voice assistant. Answer in one or two short, plain English sentences. For example, "
+    "asked 'What is the capital of Germany?', you answer 'The capital of Germany is Berlin.'"
+)
+
 
 class McpServerConfig(BaseModel):
     """An MCP server whose tools the assistant may call (``mcp_servers``): a URL or a command.
@@ -39,8 +46,7 @@ class AssistantSettings(BaseModel):
 
     # --- the voice loop: answers spoken back on WebRTC and device sockets (mediaserver/assistant) --
     assistant_system_prompt: str = Field(
-        "You are a friendly voice assistant. Answer in one or two short, plain English sentences. For example, "
-        "asked 'What is the capital of Germany?', you answer 'The capital of Germany is Berlin.'",
+        SPOKEN_SYSTEM_PROMPT,
         description="the system prompt of spoken conversations (a client may send its own). The example answer "
         "matters to the bundled SmolLM2-135M: without one it answered 'What is the capital of France?' in French "
         "nonsense with 3 of 48 seeded questions (0 with it) and got 37 of 48 right (42 with it)",

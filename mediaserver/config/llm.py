@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from mediaserver.config.assistant import SPOKEN_SYSTEM_PROMPT
+
 # OpenAI chat and embedding model names map to the default LLM / embedding model.
 DEFAULT_LLM_ALIASES: dict[str, str] = {
     name: "@default"
@@ -108,8 +110,7 @@ class LlmSettings(BaseModel):
     )
     llm_max_images: int = Field(8, ge=0, description="image_url parts in one chat request; more get a 400")
     llm_system_prompt: str = Field(
-        "You are a friendly voice assistant. Answer in one or two short, plain English sentences. For example, "
-        "asked 'What is the capital of Germany?', you answer 'The capital of Germany is Berlin.'",
+        SPOKEN_SYSTEM_PROMPT,
         description="system message of the WIS chatbot endpoints (OpenAI clients send their own); the same as "
         "assistant_system_prompt, whose description says why it holds an example",
     )

@@ -178,11 +178,15 @@ class VoiceRegistry:
             f"unknown voice {name!r}{why}; voices: {listed} (aliases of configured voices: {aliases})", param="voice"
         )
 
+    def known(self, name: str) -> bool:
+        """Whether ``name`` is a voice, an alias, or a Piper voice name the server may download;
+        never downloads (the first request that speaks in it fetches a downloadable one)."""
+        return self.find(name) is not None or self.downloadable(name)
+
     def check_name(self, name: str) -> None:
-        """``UnknownVoice`` (naming the voices) unless ``name`` is a voice, an alias, or a Piper voice
-        name the server may download; never downloads (a stream's start checks its voice with it, and
-        the first answer fetches a downloadable one)."""
-        if name.strip() and self.find(name) is None and not self.downloadable(name):
+        """``UnknownVoice`` (naming the voices) unless ``name`` is ``known`` (a stream's start checks
+        its voice with it)."""
+        if name.strip() and not self.known(name):
             raise self._unknown(name)
 
     def resolve(self, name: str | None, *, language: str | None = None) -> VoiceInfo:
@@ -284,7 +288,7 @@ def tts_unavailable(settings: Settings) -> str | None:
     if importlib.util.find_spec("piper") is None or importlib.util.find_spec("onnxruntime") is None:
         return "the piper-tts package is not installed (pip install piper-tts)"
     registry = VoiceRegistry(settings)
-    if registry.find(settings.tts_default_voice) is None and not registry.downloadable(settings.tts_default_voice):
+    if not registry.known(settings.tts_default_voice):
         names = ", ".join(registry.names()) or "none"
         return f"the default voice {settings.tts_default_voice!r} is not installed (voices: {names})"
     return None

@@ -14,7 +14,7 @@ def check_voice(app: web.Application, name: str, param: str) -> None:
     tts = app.get(TTS)
     if tts is None or not app[CAPABILITIES].enabled("tts"):
         return  # a response that asks for audio reports the missing stage
-    if tts.voices.find(name) is None and not tts.voices.downloadable(name):
+    if not tts.voices.known(name):
         voices = ", ".join(tts.voices.names()) or "none"
         raise EventError(
             "invalid_value",

@@ -89,6 +89,11 @@ class WindowOutput:
     capped: bool = False
 
     @property
+    def text(self) -> str:
+        """The window's text as decoded (its segments' texts joined)."""
+        return "".join(str(seg["text"]) for seg in self.segments)
+
+    @property
     def is_silence(self) -> bool:
         return self.no_speech_prob > NO_SPEECH_THRESHOLD and self.avg_logprob < LOG_PROB_THRESHOLD
 

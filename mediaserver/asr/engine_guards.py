@@ -177,22 +177,20 @@ class GuardedDecodes:
         ):
             return False
         member = window.members[0]
-        text = "".join(str(seg["text"]) for seg in output.segments)
         voiced_s = self._voiced_between(
             run.jobs[member.job_index].audio,
             run.speech.get(member.job_index),
             member.job_offset_s,
             member.job_offset_s + window.duration_s,
         )
-        return check_text(text, voiced_s, self.guards) is None
+        return check_text(output.text, voiced_s, self.guards) is None
 
     def _short_window_guard(self, window: Window, output: WindowOutput, run: BatchRun) -> GuardReason | None:
         """The guard a short window's text trips (a loop Whisper's compression test cannot see on a
         short text), recorded for the job when it is one to decode again (a final, an upload)."""
         job_index = window.members[0].job_index
         job = run.jobs[job_index]
-        text = "".join(str(seg["text"]) for seg in output.segments)
-        reason = check_text(text, run.voiced_s.get(job_index, window.duration_s), self.guards)
+        reason = check_text(output.text, run.voiced_s.get(job_index, window.duration_s), self.guards)
         if reason is None or reason == "no_speech" or job.on_guard != "redecode":
             return None
         self.counters[f"guard_redecode_{reason}"] += 1

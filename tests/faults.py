@@ -67,9 +67,14 @@ def statuses(response: bytes) -> list[int]:
     return found
 
 
-async def metric_samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+async def metrics_text(url: str) -> str:
+    """The server's ``/metrics`` page."""
     async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as resp:
-        text = await resp.text()
+        return await resp.text()
+
+
+async def metric_samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = await metrics_text(url)
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)

@@ -20,7 +20,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest_asyncio
 
 from mediaserver.asr.service import AsrService
@@ -33,7 +32,7 @@ from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics
 from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
-from tests.faults import session_tasks
+from tests.faults import metrics_text, session_tasks
 from tests.integration.test_voice_loop import llm_busy, transcribe
 from tests.rtc_peer import Peer, connect
 
@@ -85,11 +84,6 @@ async def _until(peer: Peer, kind: str, got: list[dict[str, Any]], timeout: floa
             return msg
 
 
-async def _metrics(server: LiveServer) -> str:
-    async with aiohttp.ClientSession() as http, http.get(f"{server.url}/metrics") as resp:
-        return await resp.text()
-
-
 async def test_the_page_runs_its_tool_and_the_answer_is_spoken(
     tools_server: LiveServer, speech: Callable[[str], Clip], asr_service: AsrService
 ) -> None:
@@ -120,7 +114,7 @@ async def test_the_page_runs_its_tool_and_the_answer_is_spoken(
         heard = await transcribe(asr_service, audio, 48000)
         print(f"answer {answer!r}; heard {heard!r}")
         assert answer.strip() and heard.strip()
-        metrics = await _metrics(tools_server)
+        metrics = await metrics_text(tools_server.url)
         assert 'mediaserver_tool_calls_total{outcome="ok",server="client",tool="set_page_color"}' in metrics
     finally:
         await peer.close()
@@ -154,7 +148,7 @@ async def test_a_page_that_does_not_answer_gives_the_model_an_error_and_the_turn
         assert "no tool call" in error["message"]
         peer.send("ping", message="still here")
         assert (await peer.next("pong"))["message"] == "still here"
-        metrics = await _metrics(tools_server)
+        metrics = await metrics_text(tools_server.url)
         assert 'mediaserver_tool_calls_total{outcome="timeout",server="client",tool="set_page_color"}' in metrics
     finally:
         await peer.close()

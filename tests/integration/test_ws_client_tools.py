@@ -27,7 +27,7 @@ import pytest_asyncio
 from mediaserver.config import McpServerConfig
 from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
-from tests.faults import abort_ws, session_tasks
+from tests.faults import abort_ws, metrics_text, session_tasks
 from tests.integration.test_voice_loop import WsClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,11 +74,6 @@ async def _start(client: WsClient, **extra: Any) -> dict[str, Any]:
     return got[-1]
 
 
-async def _metrics(server: LiveServer) -> str:
-    async with aiohttp.ClientSession() as http, http.get(f"{server.url}/metrics") as resp:
-        return await resp.text()
-
-
 def _answer(messages: list[dict[str, Any]]) -> str:
     return str(next(m["text"] for m in messages if m["type"] == "assistant" and m["final"]))
 
@@ -115,7 +110,7 @@ async def test_the_device_runs_its_tool_and_the_answer_follows(
         assert kinds.index("assistant_tool_result") < kinds.index("assistant"), kinds
         print(f"answer {_answer(got)!r}")
         assert _answer(got).strip()
-        metrics = await _metrics(tools_server)
+        metrics = await metrics_text(tools_server.url)
         assert 'mediaserver_tool_calls_total{outcome="ok",server="client",tool="set_lamp_color"}' in metrics
 
 
@@ -142,7 +137,7 @@ async def test_a_device_that_does_not_answer_gives_the_model_an_error_and_the_se
         assert "no tool call" in error["message"]
         await _send(client, "ping")
         await client.until("pong", timeout=10)
-        metrics = await _metrics(tools_server)
+        metrics = await metrics_text(tools_server.url)
         assert 'mediaserver_tool_calls_total{outcome="timeout",server="client",tool="set_lamp_color"}' in metrics
 
 

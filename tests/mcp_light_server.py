@@ -5,7 +5,8 @@
 
 Tools: ``set_light(name, on)``, ``get_state(name)`` (``name`` one of ``Light``: an enum in the
 schema, so a grammar-constrained small model names a real light), ``echo(text)``,
-``slow(seconds)`` (sleeps: a tool past the call timeout) and ``broken()`` (raises: a tool that
+``slow(seconds)`` (sleeps: a tool past the call timeout; it creates FILE with the suffix
+``.slow`` when it starts, for a test to see the call running) and ``broken()`` (raises: a tool that
 fails). The lights live in FILE (JSON), so a test sees a change made by a server it did not
 start itself (stdio: mediaserver's child). With ``--token``, HTTP requests without
 ``Authorization: Bearer T`` get a 401.
@@ -52,6 +53,7 @@ def build(state: Path) -> MCPServer:
     @server.tool()
     async def slow(seconds: float) -> str:
         """Wait, then answer."""
+        state.with_suffix(".slow").touch()  # a test sees the call running here
         await asyncio.sleep(seconds)
         return "done"
 

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,7 @@ class ToolMetrics:
     def __init__(self, metrics: Metrics) -> None:
         self.calls = Counter(
             "mediaserver_tool_calls",
-            "Tool calls by server, tool and outcome (ok, error, timeout, unavailable, refused)",
+            "Tool calls by server, tool and outcome (ok, error, timeout, unavailable, refused, cancelled)",
             ["server", "tool", "outcome"],
             registry=metrics.registry,
         )
@@ -100,10 +100,23 @@ class _Server:
     task: asyncio.Task[None] | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     connected: asyncio.Event = field(default_factory=asyncio.Event)
+    # Where its HTTP requests may go (a redirect elsewhere is refused); None: the MCP client's own
+    # rule (redirects within the URL's origin).
+    url_allowed: Callable[[str], bool] | None = None
+    http_error: str | None = None  # the last HTTP error status of the current connection, in words
+    # Set to end the current connection (stop, or a call found it closed: a stdio server whose
+    # process died), with why.
+    drop: asyncio.Event = field(default_factory=asyncio.Event)
+    dropped: str | None = None
 
 
-def _transport(config: McpServerConfig) -> Any:
+class RedirectRefused(Exception):
+    """A redirect to a URL the server may not reach (``url_allowed``); it is not followed."""
+
+
+def _transport(server: _Server) -> Any:
     """What ``mcp.Client`` connects through."""
+    config = server.config
     if config.command:
         from mcp.client.stdio import StdioServerParameters
 
@@ -114,29 +127,48 @@ def _transport(config: McpServerConfig) -> Any:
         from mcp.client.sse import sse_client
 
         return sse_client(url, headers=headers)
-    return _streamable_http(url, headers)
+    return _streamable_http(url, headers, server)
 
 
 @contextlib.asynccontextmanager
-async def _streamable_http(url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
-    """Streamable HTTP with headers: the transport over an HTTP client of ours, closed with it."""
+async def _streamable_http(url: str, headers: dict[str, str], server: _Server) -> AsyncIterator[Any]:
+    """Streamable HTTP with headers: the transport over an HTTP client of ours, closed with it. Its
+    hooks refuse a request to a URL the server may not reach (a redirect out of a Realtime client's
+    allowed prefix) and note an HTTP error status, which the MCP client reports only as "Server
+    returned an error response" or "Not Found"."""
+    import httpx2
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
-    async with (
-        create_mcp_http_client(headers=headers) as http,
-        streamable_http_client(url, http_client=http) as streams,
-    ):
-        yield streams
+    server.http_error = None
+
+    async def check(request: httpx2.Request) -> None:
+        if server.url_allowed is not None and not server.url_allowed(str(request.url)):
+            where = request.url.copy_with(userinfo=b"", query=None, fragment=None)
+            raise RedirectRefused(f"a redirect to {where} is outside the URL allowed for this server; not followed")
+
+    async def note(response: httpx2.Response) -> None:
+        if response.status_code >= 400:
+            server.http_error = _http_error(response.status_code, response.reason_phrase, str(response.request.url))
+
+    async with create_mcp_http_client(headers=headers) as http:
+        http.event_hooks = {"request": [check], "response": [note]}
+        async with streamable_http_client(url, http_client=http) as streams:
+            yield streams
 
 
 class McpToolbox:
     """The tools of every configured MCP server, by (unique) name."""
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics, *, url_allowed: Mapping[str, Callable[[str], bool]] | None = None
+    ) -> None:
+        """``url_allowed``: by server name, where its HTTP requests may go (a Realtime client's
+        server: under the prefix that allowed it); a redirect elsewhere is not followed."""
         self.settings = settings
         self.metrics = ToolMetrics.of(metrics)
-        self._servers = [_Server(config) for config in settings.mcp_servers]
+        guards = url_allowed or {}
+        self._servers = [_Server(config, url_allowed=guards.get(config.name)) for config in settings.mcp_servers]
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -151,6 +183,7 @@ class McpToolbox:
     async def aclose(self) -> None:
         for server in self._servers:
             server.stop.set()
+            server.drop.set()
         for server in self._servers:
             if server.task is not None:
                 server.task.cancel()
@@ -158,42 +191,73 @@ class McpToolbox:
                     await server.task
 
     async def _supervise(self, server: _Server) -> None:
+        """Keep ``server`` connected: each connection runs in a task of its own (``_connection``),
+        since the MCP client's task group cancels the task that entered it when the transport
+        breaks (a server that dies during a call); that ends the connection, not the supervisor.
+        A server that goes away is logged (WARNING) and its tools are withdrawn; it is tried
+        again every ``mcp_reconnect_s``, and its return is logged (WARNING) too."""
+        name = server.config.name
+        retry_s = self.settings.mcp_reconnect_s
+        away = False  # it was up, or tried, and is not up now: the next connection is a return
+        while not server.stop.is_set():
+            up = asyncio.Event()  # set while the connection task holds a listed session
+            connection = asyncio.create_task(self._connection(server, up, back=away), name=f"mcp-{name}-connection")
+            try:
+                await asyncio.wait({connection})
+            except asyncio.CancelledError:
+                connection.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await connection
+                raise
+            server.client, server.tools = None, {}
+            if server.stop.is_set():
+                break
+            reason = _ended(connection, server.http_error, server.dropped)
+            server.problem = reason
+            if up.is_set():
+                log.warning("MCP server %s went away (%s); its tools are withdrawn until it is back, tried again "
+                            "every %g s", name, reason, retry_s)  # fmt: skip
+            elif not away:
+                log.warning("MCP server %s unavailable (%s); trying again every %g s", name, reason, retry_s)
+            else:
+                log.debug("MCP server %s still unavailable (%s)", name, reason)
+            away = True
+            server.connected.set()  # start() waits for a first answer, connected or not
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(retry_s):
+                    await server.stop.wait()
+
+    async def _connection(self, server: _Server, up: asyncio.Event, *, back: bool) -> None:
+        """One connection to ``server``: connect, list its tools, hold the session until ``stop``
+        (or until the transport breaks, which cancels this task or raises out of it)."""
         from mcp import Client
 
         name = server.config.name
-        while not server.stop.is_set():
+        server.drop, server.dropped = asyncio.Event(), None
+        if server.stop.is_set():
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            async with asyncio.timeout(self.settings.mcp_connect_timeout_s):
+                client = await stack.enter_async_context(Client(_transport(server)))
+                listing = await asyncio.wait_for(client.list_tools(), self.settings.mcp_call_timeout_s)
+            allowed = server.config.allowed_tools
+            server.tools = {
+                t.name: ToolSpec(t.name, t.description or "", t.input_schema or {"type": "object"})
+                for t in listing.tools
+                if allowed is None or t.name in allowed
+            }
+            server.client, server.problem = client, None
+            up.set()
+            server.connected.set()
+            tools = ", ".join(server.tools) or "none"
+            if back:
+                log.warning("MCP server %s is back: tools %s", name, tools)
+            else:
+                log.info("MCP server %s: connected, tools %s", name, tools)
             try:
-                async with asyncio.timeout(self.settings.mcp_connect_timeout_s):
-                    client_cm = Client(_transport(server.config))
-                    client = await client_cm.__aenter__()
-                try:
-                    listing = await asyncio.wait_for(client.list_tools(), self.settings.mcp_call_timeout_s)
-                    allowed = server.config.allowed_tools
-                    server.tools = {
-                        t.name: ToolSpec(t.name, t.description or "", t.input_schema or {"type": "object"})
-                        for t in listing.tools
-                        if allowed is None or t.name in allowed
-                    }
-                    server.client, server.problem = client, None
-                    server.connected.set()
-                    log.info("MCP server %s: connected, tools %s", name, ", ".join(server.tools) or "none")
-                    await server.stop.wait()
-                finally:
-                    server.client = None
-                    server.connected.clear()
-                    with contextlib.suppress(Exception, asyncio.CancelledError):
-                        await client_cm.__aexit__(None, None, None)
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:
-                server.problem = f"{type(exc).__name__}: {exc}"
-                log.warning("MCP server %s unavailable (%s); retrying in %g s", name, server.problem,
-                            self.settings.mcp_reconnect_s)  # fmt: skip
-            server.tools = {}
-            server.connected.set()  # start() waits for a first answer, connected or not
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.mcp_reconnect_s):
-                    await server.stop.wait()
+                await server.drop.wait()
+            finally:
+                server.client, server.tools = None, {}
 
     # --- tools -----------------------------------------------------------------------------------
     def _names(self) -> dict[str, tuple[_Server, str]]:
@@ -276,12 +340,101 @@ class McpToolbox:
                 result = await client.call_tool(tool, parsed)
         except TimeoutError:
             return done(f"Error: {name} did not answer within {timeout_s:g} seconds.", "timeout", is_error=True)
+        except asyncio.CancelledError:  # the caller gave up (a Realtime response.cancel, a barge-in)
+            done(f"Error: {name} was cancelled.", "cancelled", is_error=True)
+            raise
         except Exception as exc:
+            if _closed(exc) and server.client is client:  # the server is gone (a stdio process that died)
+                server.dropped = f"a call found the connection closed ({exc})"
+                server.drop.set()
             return done(f"Error: {name} failed: {exc}", "error", is_error=True)
         text = _result_text(result.content, result.structured_content)
         if result.is_error:
             return done(f"Error: {text}", "error", is_error=True)
         return done(text, "ok", is_error=False)
+
+
+def _closed(exc: Exception) -> bool:
+    """Whether a call failed because the connection to its server is closed."""
+    from mcp import MCPError
+    from mcp_types import CONNECTION_CLOSED
+
+    return isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED
+
+
+def _ended(connection: asyncio.Task[None], http_error: str | None, dropped: str | None) -> str:
+    """Why a connection task ended (the server was not being stopped)."""
+    if connection.cancelled():  # the client's task group cancelled it: its transport broke
+        return http_error or "the connection broke"
+    exc = connection.exception()
+    if exc is None:
+        return dropped or http_error or "the connection closed"
+    return failure(exc, http_error)
+
+
+def failure(exc: BaseException, http_error: str | None = None) -> str:
+    """Why connecting to or listing an MCP server failed, in words for a log line or a client: the
+    ``ExceptionGroup`` the client's task groups raise unwrapped to its cause (the server is down,
+    its URL is wrong, the credentials were refused, ...). ``http_error``: an HTTP error status the
+    connection got, which names the cause better than the MCP error the client made of it."""
+    from mcp import MCPError
+
+    causes = _leaves(exc)
+    if http_error is not None and all(isinstance(c, MCPError) for c in causes):
+        return http_error
+    return "; ".join(dict.fromkeys(_cause(c) for c in causes))
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        found = [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+        real = [leaf for leaf in found if not isinstance(leaf, asyncio.CancelledError)]
+        return real or found
+    return [exc]
+
+
+def _chain(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of ``kind`` among ``exc`` and what caused it."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _http_error(status: int, phrase: str, url: str) -> str:
+    url = url.split("?", 1)[0]
+    if status in (401, 403):
+        return f"HTTP {status} {phrase}: the server refused the credentials (headers) sent"
+    if status == 404:
+        return f"HTTP 404 {phrase}: no MCP server at {url}"
+    return f"HTTP {status} {phrase} from {url}"
+
+
+def _cause(exc: BaseException) -> str:
+    import httpx2
+
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return _http_error(exc.response.status_code, exc.response.reason_phrase, str(exc.request.url))
+    if isinstance(exc, RedirectRefused):
+        return str(exc)
+    if isinstance(exc, httpx2.RemoteProtocolError | httpx2.ReadError):
+        return f"the server closed the connection ({exc or type(exc).__name__})"
+    if isinstance(exc, httpx2.ConnectError):
+        refused = _chain(exc, ConnectionRefusedError)
+        why = "connection refused" if refused is not None else str(exc) or type(exc).__name__
+        return f"cannot connect, the server is down or unreachable ({why})"
+    if isinstance(exc, httpx2.TimeoutException):
+        return f"no answer in time ({type(exc).__name__})"
+    if isinstance(exc, TimeoutError):
+        return "no answer within mcp_connect_timeout_s"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"cannot connect ({exc.strerror})"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _result_text(content: Sequence[Any], structured: Any) -> str:

@@ -7,7 +7,11 @@ Faults are real too: "down" is a port nothing listens on, "slow" a tool that sle
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +26,7 @@ import pytest_asyncio
 from mediaserver.assistant.mcp import McpToolbox
 from mediaserver.config import McpServerConfig, Settings
 from mediaserver.metrics import Metrics
+from tests.faults import eventually
 from tests.ports import free_port
 from tests.processes import stop_process
 
@@ -41,6 +46,14 @@ def light_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str
         yield f"http://127.0.0.1:{port}/mcp", state
     finally:
         stop_process(process)
+
+
+def start_lights(state: Path, port: int, token: str = TOKEN) -> subprocess.Popen[bytes]:
+    """The light server over streamable HTTP on ``port`` (loopback), listening when this returns."""
+    command = [sys.executable, "-m", "tests.mcp_light_server", "--state", str(state), "http", "--port", str(port)]
+    process = subprocess.Popen([*command, "--token", token], cwd=ROOT)
+    wait_listening(port, process)
+    return process
 
 
 def wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
@@ -128,15 +141,25 @@ async def test_a_wrong_token_leaves_the_server_without_tools(
     url, _ = light_server
     box = await toolbox_factory(http_config(url, token="wrong"), mcp_connect_timeout_s=10)
     assert box.tools() == []
-    assert box.status()["lights"]["problem"]
+    problem = box.status()["lights"]["problem"]  # the cause, not "ExceptionGroup ... (1 sub-exception)"
+    assert "HTTP 401" in problem and "refused the credentials" in problem, problem
     result = await box.call("set_light", '{"name": "kitchen", "on": true}')
     assert result.is_error and "no tool" in result.text
 
 
-async def test_a_server_that_is_down(toolbox_factory: Any) -> None:
+async def test_a_server_that_is_down(toolbox_factory: Any, caplog: pytest.LogCaptureFixture) -> None:
     box = await toolbox_factory(http_config(f"http://127.0.0.1:{free_port()}/mcp"), mcp_connect_timeout_s=5)
     assert box.tools() == []
-    assert box.status()["lights"]["problem"]
+    problem = box.status()["lights"]["problem"]
+    assert "down" in problem and "connection refused" in problem and "ExceptionGroup" not in problem, problem
+    assert any(problem in w and "unavailable" in w for w in _warnings(caplog)), _warnings(caplog)
+
+
+async def test_a_wrong_path_is_named(toolbox_factory: Any, light_server: tuple[str, Path]) -> None:
+    url, _ = light_server
+    box = await toolbox_factory(http_config(url.replace("/mcp", "/nothing-here")), mcp_connect_timeout_s=10)
+    problem = box.status()["lights"]["problem"]
+    assert problem.startswith("HTTP 404 Not Found: no MCP server at http://127.0.0.1:"), problem
 
 
 async def test_slow_raising_and_bad_calls_are_error_results(
@@ -155,3 +178,80 @@ async def test_slow_raising_and_bad_calls_are_error_results(
     assert long.truncated and "[truncated" in long.text and len(long.text) < 200
     # The session survives all of it: the next call works.
     assert (await box.call("get_state", '{"name": "kitchen"}')).text.startswith("The kitchen light is")
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if r.name == "mediaserver.assistant.mcp" and r.levelno == logging.WARNING
+    ]
+
+
+async def test_a_server_that_dies_during_a_call_comes_back(
+    toolbox_factory: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server is killed while a call runs (the transport breaks under the MCP client's task
+    group): the call is an error result, the server's tools are withdrawn and a WARNING says so;
+    restarted on the same port, it is connected again within ``mcp_reconnect_s`` (a WARNING says it
+    is back), its tools are offered again and the next call works."""
+    caplog.set_level(logging.INFO, logger="mediaserver.assistant.mcp")
+    state, port = tmp_path / "state.json", free_port()
+    process = start_lights(state, port)
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        box = await toolbox_factory(http_config(url), mcp_reconnect_s=0.5, mcp_call_timeout_s=60.0)
+        assert "slow" in {t.name for t in box.tools()}
+        call = asyncio.create_task(box.call("slow", '{"seconds": 600}'))
+        await eventually(state.with_suffix(".slow").exists, 30)  # the server is running it
+        os.kill(process.pid, signal.SIGKILL)
+        await asyncio.to_thread(process.wait, 10)
+        result = await asyncio.wait_for(call, 30)
+        assert result.is_error, result
+        print(f"the call when its server died: {result.text!r}")
+        await eventually(lambda: box.tools() == [], 30)  # not offered while it is away
+        await eventually(lambda: any(" went away (" in w for w in _warnings(caplog)), 30)
+        assert box.status()["lights"]["problem"]
+
+        process = start_lights(state, port)  # back, on the same port
+        await eventually(lambda: "get_state" in {t.name for t in box.tools()}, 30)
+        assert box.status()["lights"]["problem"] is None
+        assert any(" is back: " in w for w in _warnings(caplog)), _warnings(caplog)
+        await box.call("set_light", '{"name": "kitchen", "on": true}')
+        again = await box.call("get_state", '{"name": "kitchen"}')
+        assert not again.is_error and again.text == "The kitchen light is on.", again
+        print("\n".join(_warnings(caplog)))
+    finally:
+        stop_process(process)
+
+
+def _pid_of(state: Path) -> int:
+    """The process whose command line names ``state``: the stdio light server mediaserver started."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(state).encode() in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+            except OSError:
+                continue
+    raise AssertionError(f"no process for {state}")
+
+
+async def test_a_stdio_server_that_dies_during_a_call_comes_back(
+    toolbox_factory: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stdio server's process (mediaserver's child) is killed while a call runs: nothing cancels
+    the client then, the call finds the connection closed; that ends the connection, the tools
+    are withdrawn and a new process is started after ``mcp_reconnect_s``."""
+    caplog.set_level(logging.INFO, logger="mediaserver.assistant.mcp")
+    state = tmp_path / "state.json"
+    box = await toolbox_factory(stdio_config(state), mcp_reconnect_s=0.5, mcp_call_timeout_s=60.0)
+    call = asyncio.create_task(box.call("slow", '{"seconds": 600}'))
+    await eventually(state.with_suffix(".slow").exists, 30)
+    first = _pid_of(state)
+    os.kill(first, signal.SIGKILL)
+    result = await asyncio.wait_for(call, 30)
+    assert result.is_error, result
+    await eventually(lambda: any(" went away (" in w for w in _warnings(caplog)), 30)
+    await eventually(lambda: any(" is back: " in w for w in _warnings(caplog)), 30)
+    assert _pid_of(state) != first
+    again = await box.call("echo", '{"text": "still here"}')
+    assert not again.is_error and again.text == "still here", again

@@ -27,8 +27,11 @@ import openai
 import pytest
 import pytest_asyncio
 import websockets
+from aiohttp import web
 
 from mediaserver.config import Settings
+from mediaserver.metrics import Metrics
+from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy, SessionTools, parse_mcp_tools
 from tests.conftest import LiveServer
 from tests.integration.test_mcp_tools import ROOT, TOKEN, http_config, wait_listening
 from tests.integration.test_realtime_conversation import GA_EVENTS, Raw, audio_of, sdk, until
@@ -223,6 +226,7 @@ async def test_a_server_that_is_down_when_listed_or_when_called(
         assert "mcp_list_tools.failed" in kinds and events[-1].item.tools == []
         error = next(e for e in events if e.type == "error").error
         assert "lights" in error.message and error.param == "session.tools"
+        assert "connection refused" in error.message and "ExceptionGroup" not in error.message, error.message
 
         # A server that answered the listing and is gone when the model calls it.
         process, url = start_lights(tmp_path / "state.json", stopped)
@@ -394,3 +398,44 @@ async def call_events(peer: Any, kind: str, timeout: float = 60.0) -> list[dict[
             got.append(event)
             if event["type"] == kind:
                 return got
+
+
+async def test_a_redirect_stays_under_the_allowed_prefix(base_settings: Settings) -> None:
+    """A real HTTP server on loopback answers a client's MCP URL with ``307 Location: /admin``: the
+    same origin, outside the allowed prefix ``/mcp``. It is not followed (``/admin`` never gets a
+    request) and the listing's problem names the redirect; a redirect under the prefix is followed."""
+    hits: dict[str, int] = {}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        hits[request.path] = hits.get(request.path, 0) + 1
+        if request.path == "/mcp/out":
+            raise web.HTTPTemporaryRedirect("/admin")
+        if request.path == "/mcp/in":
+            raise web.HTTPTemporaryRedirect("/mcp/deeper")
+        return web.Response(status=404 if request.path == "/mcp/deeper" else 200, text="admin")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    tools = None
+    try:
+        base = f"http://127.0.0.1:{port}"
+        policy = McpPolicy(allowed_urls=(f"{base}/mcp",))
+        declared = parse_mcp_tools(
+            [mcp_tool(f"{base}/mcp/out"), {**mcp_tool(f"{base}/mcp/in"), "server_label": "inside"}], policy
+        )
+        tools = SessionTools(declared, base_settings.model_copy(update={"mcp_connect_timeout_s": 10.0}), Metrics())
+        await tools.start()
+        listed_out, problem = tools.listing("lights")
+        assert listed_out == [] and problem is not None
+        assert f"redirect to {base}/admin" in problem and "not followed" in problem, problem
+        assert hits.get("/admin", 0) == 0 and hits["/mcp/out"] >= 1, hits
+        _, inside = tools.listing("inside")
+        assert hits.get("/mcp/deeper", 0) >= 1 and inside is not None and "404" in inside, (hits, inside)
+    finally:
+        if tools is not None:
+            await tools.aclose()
+        await runner.cleanup()

@@ -8,7 +8,8 @@ their tools and runs the calls the model makes.
 
 What a client may reach is the operator's choice, since a client telling the server where to connect
 is a request forgery risk: a ``server_url`` must start with one of ``realtime_mcp_allowed_urls``
-(scheme, host and port equal, the path under the prefix's; none by default), and a tool without
+(scheme, host and port equal, the path under the prefix's; none by default; a redirect out of the
+prefix is not followed), and a tool without
 ``server_url`` whose ``server_label`` names one of the operator's ``mcp_servers`` uses that server as
 configured (``realtime_mcp_operator_servers``; the client's headers are not sent to it).
 ``require_approval`` other than ``"never"`` is refused: the approval flow (``mcp_approval_request`` /
@@ -18,9 +19,10 @@ services and refused too.
 
 from __future__ import annotations
 
+import functools
 import re
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -60,6 +62,9 @@ class McpTool:
     # Its name in logs and metrics: the operator's server's name, or ``realtime-<i>`` for a URL under
     # the i-th allowed prefix (a client's labels would be metric labels without bound).
     metrics_name: str = "realtime"
+    # The allowed prefix the client's URL is under: its requests, redirects included, stay under it.
+    # None: the operator's server.
+    prefix: str | None = None
 
     def key(self) -> tuple[Any, ...]:
         """Equal for two declarations of the same connection (a session.update repeating it keeps it)."""
@@ -226,7 +231,7 @@ def parse_mcp_tool(spec: Mapping[str, Any], param: str, policy: McpPolicy | None
             f"{param}.server_url",
         )
     server = McpServerConfig(name=label, url=url, headers=_headers(spec, param))
-    return McpTool(label, server, allowed, f"realtime-{matched}")
+    return McpTool(label, server, allowed, f"realtime-{matched}", policy.allowed_urls[matched])
 
 
 def parse_mcp_tools(tools: Sequence[Any], policy: McpPolicy | None) -> tuple[McpTool, ...]:
@@ -282,6 +287,7 @@ class SessionTools:
         self.declared = tuple(declared)
         self._labels: dict[str, str] = {}  # the toolbox's server name -> the session's server_label
         servers: list[McpServerConfig] = []
+        guards: dict[str, Callable[[str], bool]] = {}
         for mcp in self.declared:
             name, repeat = mcp.metrics_name, 1
             while name in self._labels:
@@ -292,7 +298,9 @@ class SessionTools:
             if mcp.allowed is not None:
                 update["allowed_tools"] = list(mcp.allowed)
             servers.append(mcp.server.model_copy(update=update))
-        self.toolbox = McpToolbox(settings.model_copy(update={"mcp_servers": servers}), metrics)
+            if mcp.prefix is not None:
+                guards[name] = functools.partial(url_allowed, prefixes=(mcp.prefix,))
+        self.toolbox = McpToolbox(settings.model_copy(update={"mcp_servers": servers}), metrics, url_allowed=guards)
 
     def _name_of(self, label: str) -> str | None:
         return next((name for name, known in self._labels.items() if known == label), None)

@@ -13,7 +13,9 @@ by itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -33,6 +35,7 @@ from mediaserver.config import Settings
 from mediaserver.metrics import Metrics
 from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy, SessionTools, parse_mcp_tools
 from tests.conftest import LiveServer
+from tests.faults import eventually, metric_samples
 from tests.integration.test_mcp_tools import ROOT, TOKEN, http_config, wait_listening
 from tests.integration.test_realtime_conversation import GA_EVENTS, Raw, audio_of, sdk, until
 from tests.llama_upstream import llama_server, server_with_llm
@@ -62,10 +65,10 @@ def lights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
 
 
 @pytest.fixture(scope="module")
-def spare_ports() -> tuple[int, int, int]:
+def spare_ports() -> tuple[int, ...]:
     """More allowed servers: one nothing listens on ("down"), one stopped after its listing, one
-    paused (SIGSTOP: a server that hangs)."""
-    return free_port(), free_port(), free_port()
+    paused (SIGSTOP: a server that hangs), one killed during a call and started again."""
+    return free_port(), free_port(), free_port(), free_port()
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +83,7 @@ async def mcp_server(
     base_settings: Settings,
     mcp_upstream: str,
     lights: tuple[str, Path],
-    spare_ports: tuple[int, int, int],
+    spare_ports: tuple[int, ...],
 ) -> AsyncIterator[LiveServer]:
     url, _ = lights
     settings: dict[str, Any] = {
@@ -214,9 +217,9 @@ async def test_a_tool_that_raises_is_an_error_the_model_reads(mcp_server: LiveSe
 
 
 async def test_a_server_that_is_down_when_listed_or_when_called(
-    mcp_server: LiveServer, tmp_path: Path, spare_ports: tuple[int, int, int]
+    mcp_server: LiveServer, tmp_path: Path, spare_ports: tuple[int, ...]
 ) -> None:
-    down, stopped, _ = spare_ports
+    down, stopped = spare_ports[:2]
     async with sdk(mcp_server).realtime.connect(model="gpt-realtime") as connection:
         await until(connection, "session.created")
         nowhere = f"http://127.0.0.1:{down}/mcp"
@@ -248,7 +251,7 @@ async def test_a_server_that_is_down_when_listed_or_when_called(
 
 
 async def test_a_server_that_hangs_times_out_and_a_cancel_stops_the_call(
-    mcp_server: LiveServer, tmp_path: Path, spare_ports: tuple[int, int, int]
+    mcp_server: LiveServer, tmp_path: Path, spare_ports: tuple[int, ...]
 ) -> None:
     process, url = start_lights(tmp_path / "state.json", spare_ports[2])
     try:
@@ -276,11 +279,61 @@ async def test_a_server_that_hangs_times_out_and_a_cancel_stops_the_call(
             call = next(o for o in response.output if o.type == "mcp_call")
             assert call.output is None and "cancelled" in call.error.message
             assert not [e for e in events if e.type in ("response.mcp_call.completed", "response.mcp_call.failed")]
+            # The cancelled call is counted and timed (its server is the 3rd spare: prefix 3).
+            cancelled = (("outcome", "cancelled"), ("server", "realtime-3"), ("tool", "set_light"))
+            samples = await metric_samples(mcp_server.url)
+            assert samples.get(("mediaserver_tool_calls_total", cancelled)) == 1, samples
+            assert samples[("mediaserver_tool_call_seconds_count", (("server", "realtime-3"),))] >= 2
             os.kill(process.pid, signal.SIGCONT)
             await connection.session.update(session={**TEXT, "instructions": "still here"})
             assert (await until(connection, "session.updated"))[-1].session.instructions == "still here"
     finally:
         os.kill(process.pid, signal.SIGCONT)
+        stop_process(process)
+
+
+async def test_a_server_killed_during_a_call_is_called_again_once_it_is_back(
+    mcp_server: LiveServer, tmp_path: Path, spare_ports: tuple[int, ...], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server is paused (SIGSTOP) so that a call is in flight, then killed: the call fails and
+    the response goes on; started again on the same port, the session's connection comes back
+    within ``mcp_reconnect_s`` (WARNINGs for both) and the next call runs on it."""
+    caplog.set_level(logging.INFO, logger="mediaserver.assistant.mcp")
+    state, port = tmp_path / "state.json", spare_ports[3]
+    process, url = start_lights(state, port)
+    try:
+        async with sdk(mcp_server).realtime.connect(model="gpt-realtime") as connection:
+            await until(connection, "session.created")
+            await listed(connection, {**TEXT, "tools": [mcp_tool(url, "set_light")], "tool_choice": "required"})
+            os.kill(process.pid, signal.SIGSTOP)
+            await connection.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Kitchen on."}]}
+            )
+            await connection.response.create()
+            events = await until(connection, "response.mcp_call.in_progress", timeout=120)
+            os.kill(process.pid, signal.SIGKILL)  # it dies with the call in flight
+            await asyncio.to_thread(process.wait, 10)
+            events += await until(connection, "response.done", timeout=60)
+            assert "response.mcp_call.failed" in [e.type for e in events]
+
+            def warned(words: str) -> bool:
+                return any(
+                    r.levelno == logging.WARNING and "realtime-4" in r.getMessage() and words in r.getMessage()
+                    for r in caplog.records
+                )
+
+            await eventually(lambda: warned(" went away ("), 30)
+            process, _ = start_lights(state, port)
+            await eventually(lambda: warned(" is back: "), 60)
+            events = await ask(connection, "Turn on the kitchen light.")
+            completed = [e for e in events if e.type == "response.mcp_call.completed"]
+            assert completed, [e.type for e in events]
+            item = next(e.item for e in events if e.type == "response.output_item.done" and e.item.type == "mcp_call")
+            arguments = json.loads(item.arguments)
+            assert lights_of(state)[arguments["name"]] is arguments["on"], item
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGCONT)
         stop_process(process)
 
 

@@ -211,6 +211,8 @@ class McpToolbox:
                 raise
             server.client, server.tools = None, {}
             if server.stop.is_set():
+                if not connection.cancelled():
+                    connection.exception()  # retrieved: an error while stopping is no news
                 break
             reason = _ended(connection, server.http_error, server.dropped)
             server.problem = reason
@@ -228,8 +230,9 @@ class McpToolbox:
                     await server.stop.wait()
 
     async def _connection(self, server: _Server, up: asyncio.Event, *, back: bool) -> None:
-        """One connection to ``server``: connect, list its tools, hold the session until ``stop``
-        (or until the transport breaks, which cancels this task or raises out of it)."""
+        """One connection to ``server``: connect, list its tools, hold the session until ``drop``
+        (stopping, or a call found it closed) or until the transport breaks, which cancels this
+        task or raises out of it."""
         from mcp import Client
 
         name = server.config.name

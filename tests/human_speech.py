@@ -275,6 +275,24 @@ def load_clips(archive_dir: Path | str, names: Iterable[str] | None = None) -> l
     return result
 
 
+def voiced_span(audio: Audio, aggressiveness: int = 3) -> tuple[int, int]:
+    """Samples from the first to the end of the last 30 ms frame webrtcvad (the server's VAD, at
+    the server's aggressiveness) hears as speech: where a clip's speech begins and ends."""
+    import webrtcvad
+
+    vad = webrtcvad.Vad(aggressiveness)
+    frame = SAMPLE_RATE * 30 // 1000
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
+    voiced = [
+        start
+        for start in range(0, pcm.size - frame + 1, frame)
+        if vad.is_speech(pcm[start : start + frame].tobytes(), SAMPLE_RATE)
+    ]
+    if not voiced:
+        raise ValueError("no speech in the recording")
+    return voiced[0], voiced[-1] + frame
+
+
 def wav_bytes(audio: Audio) -> bytes:
     """16 kHz mono 16-bit WAV of float audio in [-1, 1]."""
     out = io.BytesIO()

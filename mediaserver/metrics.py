@@ -97,8 +97,21 @@ class Metrics:
         )
         self.turn_unfinished_words = Counter(
             "mediaserver_turn_unfinished_words",
-            "Pauses the turn model scored finished whose transcript ended on a word no sentence ends on "
-            "(turn_unfinished_words): the turn went on",
+            "Pauses whose transcript reads unfinished (it ends on turn_unfinished_words or "
+            "turn_unfinished_endings): the turn went on whatever the turn model scored",
+            registry=self.registry,
+        )
+        self.turn_ends = Counter(
+            "mediaserver_turn_ends",
+            "Semantic turns ended, by what decided: model (the turn model's score with the words), words (a "
+            "finished sentence's pause reached turn_finished_silence_ms), silence (the model failed on the pause), "
+            "cap (nothing decided: the eagerness cap ended it; should be rare)",
+            ["by"],
+            registry=self.registry,
+        )
+        self.turn_model_failures = Counter(
+            "mediaserver_turn_model_failures",
+            "Pauses the turn model failed to score (they end as silence detection would)",
             registry=self.registry,
         )
         self.speculative_answers = Counter(

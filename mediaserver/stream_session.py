@@ -48,7 +48,7 @@ from mediaserver.stream_finals import EarlyFinal, Finals
 from mediaserver.stream_partials import Partials, continuation
 from mediaserver.stream_turns import TurnChecks
 from mediaserver.turns import model as turn_models
-from mediaserver.turns.words import ends_unfinished
+from mediaserver.turns.decision import Words
 
 Emit = Callable[[SessionEvent], Awaitable[None]]
 log = logging.getLogger(__name__)
@@ -170,6 +170,21 @@ class StreamSession:
         """Whether the turn model ends this session's utterances (asked for, and the model is loaded)."""
         return self._turns.semantic(self.options.turn_detection, self.options.server_vad)
 
+    def turn_described(self) -> dict[str, str]:
+        """How this session's utterances end, as its session events report it: ``turn_detection``
+        in force (``semantic`` or ``silence``), the ``eagerness`` of semantic turns, and
+        ``turn_detection_fallback`` saying why a session that wants semantic turns has silence."""
+        if not self.options.server_vad:
+            return {}
+        if self.semantic_turns:
+            return {"turn_detection": "semantic", "eagerness": self.options.eagerness or self.settings.turn_eagerness}
+        described = {"turn_detection": "silence"}
+        if (self.options.turn_detection or self.settings.turn_detection) == "semantic":
+            described["turn_detection_fallback"] = (
+                f"the turn model is not loaded: utterances end after {self._silence_config.hangover_ms} ms of silence"
+            )
+        return described
+
     def _apply_turn_mode(self) -> None:
         """Semantic turns: the segmenter's hangover becomes the eagerness cap (the longest an
         unfinished turn is waited for); the turn model ends finished turns at their first pause."""
@@ -217,10 +232,12 @@ class StreamSession:
         self._last_audio_at = time.monotonic()
 
     async def _segment(self, samples: AudioArray) -> None:
+        await self._turns.settled()  # a pause being judged is judged before more audio is heard
         async with self._segment_lock:  # the gap watcher pushes too: keep events in stream order
             for event in self._segmenter.push(samples):
                 await self._on_segment(event)
             self._watch_trailing_silence()
+            await self._end_turn_on_silence()
 
     def _watch_trailing_silence(self) -> None:
         """Start the final early once the speech has been silent long enough; drop it if speech resumed.
@@ -255,6 +272,9 @@ class StreamSession:
         audio = self._segmenter.current_audio()
         task = self._finals.start(audio, f"early-final-{self.id}")
         early = self._early_final = EarlyFinal(task, audio.size, silence_ms)
+        if semantic:
+            pause_from_ms = self._segmenter.position_ms - silence_ms
+            task.add_done_callback(lambda done: self._hear_pause(early, pause_from_ms, done))
         if self.settings.turn_speculative_answers and isinstance(self.assistant, Speculator):
             task.add_done_callback(lambda done: self._speculate(early, done))
 
@@ -280,13 +300,14 @@ class StreamSession:
         self._turns.started(task, silence_from_ms, silence_ms)
 
     async def _decide_turn(self, audio: AudioArray, silence_ms: int, silence_from_ms: int) -> None:
-        """Score the pause; a finished turn ends the utterance now (if the pause still goes on),
-        unless the words so far end on one no sentence ends on (``turn_unfinished_words``)."""
-        verdict = await self._turns.score(audio, silence_ms)
-        if verdict is None:
+        """Score the pause; the rule (turns/decision.py) weighs the score with the pause's words: a
+        finished turn ends the utterance now (if the pause still goes on)."""
+        score = await self._turns.score(audio, silence_ms, silence_from_ms)
+        if score is None:  # the model failed: this pause ends as silence detection would
+            async with self._segment_lock:
+                await self._end_turn_on_silence()
             return
-        if verdict.complete and await self._ends_unfinished():
-            verdict = replace(verdict, complete=False)
+        complete = self._turns.model_ends(score, await self._pause_words(silence_from_ms))
         async with self._segment_lock:
             segmenter = self._segmenter
             if (
@@ -296,33 +317,61 @@ class StreamSession:
             ):
                 return  # the speech went on (or ended on silence) while the model was deciding
             await self._emit(
-                TurnDecided(
-                    verdict.complete, verdict.probability, verdict.decision_ms, silence_ms, segmenter.position_ms
-                )
+                TurnDecided(complete, score.probability, score.decision_ms, silence_ms, segmenter.position_ms)
             )
-            if not verdict.complete:
-                return  # keep listening: the speech resumes, or the eagerness cap ends the turn
-            event = segmenter.end_turn()
-            if event is not None:
-                await self._on_segment(event)
+            if complete:
+                await self._end_turn("model")
+            # else keep listening: the speech resumes, the words' silence or the eagerness cap ends the turn
 
-    async def _ends_unfinished(self) -> bool:
-        """Whether the final decoded in this pause ends on a word no sentence ends on. It started at
+    async def _pause_words(self, silence_from_ms: int) -> Words:
+        """What the final decoded in this pause says of the turn (turns/decision.py). It started at
         ``turn_final_silence_ms``, before the turn model was asked, so it is usually ready; waiting
         for it costs the answer nothing (the answer needs it)."""
-        early, words = self._early_final, self.settings.turn_unfinished_words
-        if early is None or not words:
-            return False
+        early = self._early_final
+        if early is None:
+            return Words.UNKNOWN
         try:
             transcript = await asyncio.shield(early.task)
         except Exception:
-            return False  # cancelled (the speech resumed) or failed: the final path handles it
+            return Words.UNKNOWN  # cancelled (the speech resumed) or failed: the final path handles it
+        return self._heard(silence_from_ms, transcript)
+
+    def _heard(self, silence_from_ms: int, transcript: Transcript) -> Words:
         text = self._partials.promises.joined(transcript.text)
-        unfinished = ends_unfinished(text, words)
-        if unfinished:
+        words = self._turns.heard(silence_from_ms, text)
+        if words is Words.UNFINISHED:
+            log.debug("session %s: %r reads unfinished; the turn goes on", self.id, text[-40:])
+        return words
+
+    def _hear_pause(self, early: EarlyFinal, silence_from_ms: int, task: asyncio.Task[Transcript]) -> None:
+        """The pause's final was decoded: its words are evidence for the pause from now on (a
+        finished sentence's words end the turn at ``turn_finished_silence_ms``)."""
+        if task.cancelled() or task.exception() is not None or self._early_final is not early or self._closed:
+            return
+        if self._heard(silence_from_ms, task.result()) is Words.UNFINISHED:
             self.asr.metrics.turn_unfinished_words.inc()
-            log.debug("session %s: %r ends on an unfinished word; the turn goes on", self.id, text[-40:])
-        return unfinished
+
+    async def _end_turn_on_silence(self) -> None:
+        """End the turn if the pause under way has lasted as long as its evidence allows, whatever
+        the turn model scores (``TurnChecks.silence_ends_ms``). Called with the segment lock held."""
+        segmenter = self._segmenter
+        if self._closed or not segmenter.in_speech or segmenter.silence_ms <= 0 or not self.semantic_turns:
+            return
+        silence_from_ms = segmenter.position_ms - segmenter.silence_ms
+        ends_ms = self._turns.silence_ends_ms(silence_from_ms)
+        if ends_ms is None or segmenter.silence_ms < ends_ms:
+            return
+        by = "silence" if self._turns.model_failed(silence_from_ms) else "words"
+        probability = self._turns.last_probability(silence_from_ms)
+        await self._emit(TurnDecided(True, probability, 0.0, segmenter.silence_ms, segmenter.position_ms, by=by))
+        await self._end_turn(by)
+
+    async def _end_turn(self, by: str) -> None:
+        """End the utterance now, in its pause (``by``: what decided it, counted in /metrics)."""
+        self.asr.metrics.turn_ends.labels(by).inc()
+        event = self._segmenter.end_turn()
+        if event is not None:
+            await self._on_segment(event)
 
     def _drop_early_final(self) -> None:
         if self._early_final is not None:
@@ -375,6 +424,8 @@ class StreamSession:
                 await self.assistant.interrupt()  # the user talks over the answer: stop it first
             await self._emit(SpeechStarted(event.start_ms))
         elif isinstance(event, Utterance):
+            if event.reason == "silence" and self.semantic_turns:
+                self.asr.metrics.turn_ends.labels("cap").inc()  # nothing decided the turn: the eagerness cap ended it
             self._turns.drop()
             await self._emit(SpeechStopped(event.end_ms))
             await self._submit_final(event.audio, event.start_ms, event.end_ms, early=self._take_early_final(event))

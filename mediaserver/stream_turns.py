@@ -2,12 +2,14 @@
 
 With semantic turns (``turn_detection`` "semantic" and the turn model loaded), the segmenter's
 hangover becomes the eagerness cap, the longest an unfinished turn is waited for
-(``turn_wait_{low,medium,high}_ms``). A pause of ``turn_candidate_silence_ms`` is scored by the turn
-model (Smart Turn, turns/model.py); a score at ``turn_threshold`` ends the turn at once, and a pause
-scored unfinished is scored again every ``turn_rescore_ms`` of further silence, against
-``turn_rescore_threshold``. ``TurnChecks`` holds that policy and the one check under way;
-``StreamSession`` (stream_session.py) runs the check as its task and ends the utterance on a
-finished turn.
+(``turn_wait_{low,medium,high}_ms``). Each pause is judged on three pieces of evidence by the rule
+of turns/decision.py: the turn model's score (Smart Turn, turns/model.py) at
+``turn_candidate_silence_ms`` and every ``turn_rescore_ms`` of further silence, the words of the
+final decoded from the pause's first ``turn_final_silence_ms``, and the length of the silence (a
+pause after a finished sentence's words ends at ``turn_finished_silence_ms`` whatever the model
+scores; a pause the model failed on ends as silence detection would). ``TurnChecks`` holds that
+evidence for the pause under way and the one check running; ``StreamSession`` (stream_session.py)
+runs the check as its task and ends the utterance on a finished turn.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Literal
 from mediaserver.config import Settings
 from mediaserver.events import AudioArray
 from mediaserver.metrics import Metrics
+from mediaserver.turns.decision import TurnRule, Words
 from mediaserver.turns.model import TurnModel
 
 log = logging.getLogger(__name__)
@@ -33,15 +36,26 @@ class _TurnCheck:
     task: asyncio.Task[None]
     silence_from_ms: int
     silence_ms: int  # how long the pause was when it was scored
+    held: bool = False  # the stream's audio was held for it once (``settled``)
 
 
 @dataclass(frozen=True)
-class TurnVerdict:
-    """The turn model's decision on a pause: ``complete`` when ``probability`` reached the threshold."""
+class TurnScore:
+    """The turn model's score of a pause, ``silence_ms`` into it, and what it cost."""
 
-    complete: bool
     probability: float
     decision_ms: float
+    first: bool  # the pause's first check (turn_threshold), else a rescore (turn_rescore_threshold)
+
+
+@dataclass
+class _Pause:
+    """The evidence gathered on the pause under way (it began at stream time ``from_ms``)."""
+
+    from_ms: int
+    words: Words = Words.UNKNOWN
+    model_failed: bool = False
+    probability: float | None = None  # the last score
 
 
 class TurnChecks:
@@ -53,7 +67,9 @@ class TurnChecks:
         self.settings = settings
         self.metrics = metrics
         self.session_id = session_id
+        self.rule = TurnRule.of(settings)
         self._check: _TurnCheck | None = None
+        self._pause: _Pause | None = None
 
     def semantic(self, turn_detection: Literal["silence", "semantic"] | None, server_vad: bool) -> bool:
         """Whether the turn model ends a stream's utterances (asked for, and the model is loaded)."""
@@ -74,6 +90,8 @@ class TurnChecks:
         check = self._check
         if check is not None and (not in_speech or position_ms - silence_ms != check.silence_from_ms):
             self.drop()
+        if self._pause is not None and (not in_speech or position_ms - silence_ms != self._pause.from_ms):
+            self._pause = None
         if not (semantic and in_speech and silence_ms >= self.settings.turn_candidate_silence_ms):
             return False
         check = self._check
@@ -85,15 +103,55 @@ class TurnChecks:
         """``task`` scores the pause that began at stream time ``silence_from_ms``, ``silence_ms`` long."""
         self._check = _TurnCheck(task, silence_from_ms, silence_ms)
 
+    async def settled(self) -> None:
+        """Wait for the check under way, at most ``turn_decision_hold_ms`` once per check: the stream's
+        audio is held meanwhile, so a pause is judged at the same stream time whether the audio
+        comes in real time or faster (a file streamed at full speed is cut as it would be live)."""
+        check = self._check
+        hold_ms = self.settings.turn_decision_hold_ms
+        if check is None or check.task.done() or check.held or hold_ms <= 0:
+            return
+        check.held = True
+        if check.task is not asyncio.current_task():
+            await asyncio.wait({check.task}, timeout=hold_ms / 1000.0)
+
     def drop(self) -> None:
-        """Forget the check under way, cancelling it (unless it is the task calling)."""
+        """Forget the check under way, cancelling it (unless it is the task calling), and the pause's evidence."""
         check, self._check = self._check, None
+        self._pause = None
         if check is not None and check.task is not asyncio.current_task():
             check.task.cancel()
 
-    async def score(self, audio: AudioArray, silence_ms: int) -> TurnVerdict | None:
-        """Score the utterance so far, ``silence_ms`` into its pause; None if the model failed (the
-        utterance then ends on silence, at the eagerness cap)."""
+    def _pause_from(self, from_ms: int) -> _Pause:
+        if self._pause is None or self._pause.from_ms != from_ms:
+            self._pause = _Pause(from_ms)
+        return self._pause
+
+    def heard(self, from_ms: int, text: str) -> Words:
+        """The words of the pause that began at ``from_ms`` were decoded: what they say of the turn."""
+        words = self.rule.words(text)
+        self._pause_from(from_ms).words = words
+        return words
+
+    def silence_ends_ms(self, from_ms: int) -> int | None:
+        """The length at which the pause that began at ``from_ms`` ends the turn whatever the model
+        scores (a finished sentence's words, or a model that failed on it), or None."""
+        pause = self._pause
+        if pause is None or pause.from_ms != from_ms:
+            return None
+        return self.rule.silence_ends_ms(pause.words, model_failed=pause.model_failed)
+
+    def model_failed(self, from_ms: int) -> bool:
+        pause = self._pause
+        return pause is not None and pause.from_ms == from_ms and pause.model_failed
+
+    def last_probability(self, from_ms: int) -> float | None:
+        pause = self._pause
+        return pause.probability if pause is not None and pause.from_ms == from_ms else None
+
+    async def score(self, audio: AudioArray, silence_ms: int, from_ms: int) -> TurnScore | None:
+        """Score the utterance so far, ``silence_ms`` into the pause that began at ``from_ms``; None
+        if the model failed (that pause then ends as silence detection would: ``silence_ends_ms``)."""
         model = self.model
         assert model is not None
         started = time.monotonic()
@@ -102,14 +160,18 @@ class TurnChecks:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("session %s: the turn model failed; this utterance ends on silence", self.session_id)
+            log.exception("session %s: the turn model failed; this pause ends on silence", self.session_id)
+            self.metrics.turn_model_failures.inc()
+            self._pause_from(from_ms).model_failed = True
             return None
         decision_ms = (time.monotonic() - started) * 1000.0
+        self._pause_from(from_ms).probability = score.probability
         first = silence_ms < self.settings.turn_candidate_silence_ms + max(1, self.settings.turn_rescore_ms)
-        threshold = self.settings.turn_threshold if first else self.settings.turn_rescore_threshold
-        complete = score.probability >= threshold
-        self.metrics.turn_decision_seconds.labels("complete" if complete else "incomplete").observe(
-            decision_ms / 1000.0
-        )
+        self.metrics.turn_decision_seconds.labels(
+            "complete" if self.rule.model_ends(score.probability, Words.OPEN, first=first) else "incomplete"
+        ).observe(decision_ms / 1000.0)
         self.metrics.turn_batch_size.observe(score.batch)
-        return TurnVerdict(complete, score.probability, decision_ms)
+        return TurnScore(score.probability, decision_ms, first)
+
+    def model_ends(self, score: TurnScore, words: Words) -> bool:
+        return self.rule.model_ends(score.probability, words, first=score.first)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from mediaserver.turns.words import DEFAULT_UNFINISHED_WORDS
+from mediaserver.turns.words import DEFAULT_UNFINISHED_ENDINGS, DEFAULT_UNFINISHED_WORDS, FINISHED_SILENCE_MS
 
 
 class StreamSettings(BaseModel):
@@ -96,9 +96,11 @@ class StreamSettings(BaseModel):
 
     # --- semantic end of turn: Smart Turn v3.2 (mediaserver/turns) -----------------------------
     turn_detection: Literal["silence", "semantic"] = Field(
-        "silence",
-        description="how a streamed utterance ends when its session does not choose: 'silence' (after "
-        "stream_vad_hangover_ms) or 'semantic' (the turn model decides at each pause, see turn_*)",
+        "semantic",
+        description="how a streamed utterance ends when its session does not choose (device sockets, WebRTC, the "
+        "voice loop): 'semantic' (each pause is judged on the turn model's score, its words and its length, see "
+        "turn_* and docs/turns.md; falls back to silence without the turn model) or 'silence' (after "
+        "stream_vad_hangover_ms). Realtime server_vad is always silence",
     )
     turn_eagerness: Literal["low", "medium", "high", "auto"] = Field(
         "auto", description="semantic turns: how long an unfinished turn is waited for (turn_wait_*_ms); auto = medium"
@@ -124,6 +126,27 @@ class StreamSettings(BaseModel):
         description="semantic turns: a pause whose transcript ends on one of these words is not the end of the "
         "turn, whatever the turn model scores (it hears intonation: 'Turn on the' read with a falling pitch scores "
         "0.94); the turn then ends when the speech resumes or at the eagerness cap; empty = the model alone",
+    )
+    turn_unfinished_endings: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_UNFINISHED_ENDINGS),
+        description="semantic turns: a pause whose transcript ends on one of these marks is not the end of the turn, "
+        "as with turn_unfinished_words (Whisper writes 'He was not an ill...' and '7 of Cl-' for fragments); empty "
+        "= none",
+    )
+    turn_finished_silence_ms: int = Field(
+        FINISHED_SILENCE_MS,
+        ge=0,
+        description="semantic turns: a pause whose transcript ends as a finished sentence ('.', '?', '!', and not "
+        "on turn_unfinished_words) ends the turn once it is this long, whatever the turn model scores (real "
+        "speakers' finished sentences can score 0.01); 0 = the model and the cap alone",
+    )
+    turn_decision_hold_ms: int = Field(
+        1000,
+        ge=0,
+        description="semantic turns: while a pause is being judged (the turn model's score and the pause's words), "
+        "the stream's later audio waits, at most this long per check, so a pause is judged at the same stream time "
+        "whether the audio comes in real time or faster; a live stream waits only the decision (30-150 ms); 0 = "
+        "never wait (fast streams then run past their pauses before the decision arrives)",
     )
     turn_rescore_ms: int = Field(
         300,

@@ -225,7 +225,8 @@ def turn_payload(event: TurnDecided) -> dict[str, object]:
     """A turn decision as the WebSocket and WebRTC faces send it (``type: "turn"``)."""
     return {
         "complete": event.complete,
-        "probability": round(event.probability, 3),
+        "by": event.by,
+        "probability": None if event.probability is None else round(event.probability, 3),
         "decision_ms": round(event.decision_ms, 1),
         "silence_ms": event.silence_ms,
         "audio_end_ms": event.audio_end_ms,

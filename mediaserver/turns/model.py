@@ -146,6 +146,18 @@ def load_shared(settings: Settings) -> TurnModel | None:
     return model
 
 
+def status(settings: Settings) -> dict[str, object]:
+    """What ``/health`` says of turns: the default mode (``turn_detection``), the mode it runs as
+    (silence without the model), whether the model is loaded, and from where."""
+    loaded = shared(settings) is not None
+    return {
+        "default": settings.turn_detection,
+        "default_in_force": settings.turn_detection if loaded else "silence",
+        "model_loaded": loaded,
+        "model_path": str(model_path(settings)),
+    }
+
+
 def shared(settings: Settings) -> TurnModel | None:
     """The turn model ``load_shared`` loaded for these settings, without loading it (None if not)."""
     return _shared.get((model_path(settings), settings.turn_threads, settings.turn_batch_max))

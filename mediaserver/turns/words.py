@@ -15,6 +15,10 @@ from __future__ import annotations
 from collections.abc import Collection
 
 DEFAULT_UNFINISHED_WORDS = ("a", "an", "the", "and", "or", "but", "my", "your", "our", "their")
+# Whisper's marks of a phrase that trails off or breaks off: "Feels like these...", "7 of Cl-".
+DEFAULT_UNFINISHED_ENDINGS = ("...", "\u2026", "-", ",")
+# A pause after a finished sentence's words ends the turn this long into it (turns/decision.py).
+FINISHED_SILENCE_MS = 600
 
 
 def last_word(text: str) -> str:

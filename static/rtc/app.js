@@ -52,7 +52,7 @@ function options() {
   const language = $("language").value;
   if (model) out.model = model;
   if ($("noise").checked) out.noiseSuppression = true;
-  if ($("semantic-turns").checked) out.turnDetection = "semantic";
+  out.turnDetection = $("semantic-turns").checked ? "semantic" : "silence";
   if (beam) out.beamSize = Number(beam);
   if (language === "auto") out.detectLanguage = true;
   else if (language) {
@@ -236,12 +236,13 @@ client.addEventListener("infer", (ev) => {
   addTranscript({ text, final, latencyMs, at: Date.now() });
 });
 client.addEventListener("turn", (ev) => {
-  // The turn model's decision at a pause: when it thinks you finished, the utterance ends now.
-  const { complete, probability, decisionMs } = ev.detail;
+  // A decision at a pause: when the server thinks you finished, the utterance ends now.
+  const { complete, by, probability, decisionMs, silenceMs } = ev.detail;
   const p = typeof probability === "number" ? probability.toFixed(2) : "?";
-  state.turn = complete
-    ? `you finished (p ${p}, decided in ${Math.round(decisionMs)} ms)`
-    : `still listening: sounds unfinished (p ${p})`;
+  if (!complete) state.turn = `still listening: sounds unfinished (p ${p})`;
+  else if (by === "words") state.turn = `you finished a sentence (${silenceMs} ms pause)`;
+  else if (by === "silence") state.turn = `you paused ${silenceMs} ms (turn model unavailable)`;
+  else state.turn = `you finished (p ${p}, decided in ${Math.round(decisionMs)} ms)`;
   renderConnection();
 });
 client.addEventListener("speech_started", () => {

@@ -20,8 +20,9 @@
 //   partial      {text, full, unstable, obj} partial transcript of the current utterance; `unstable`
 //                                            (with {unstable: true}): the latest guess after `full`
 //   speech_started / speech_stopped  {obj}  server VAD (hands-free only)
-//   turn         {complete, probability, decisionMs, silenceMs, obj}  the turn model scored a pause
-//                                            (turnDetection: "semantic"): complete = it thinks you finished
+//   turn         {complete, by, probability, decisionMs, silenceMs, obj}  a pause was judged (semantic turns,
+//                                            the default): complete = it thinks you finished; by = model,
+//                                            words (a finished sentence's pause) or silence (the model failed)
 //   pong         {message, rttMs}
 //   assistant    {delta, full, final}        the assistant's answer as it is written (assistant mode)
 //   assistant_audio_started {turn} / assistant_audio_stopped {turn, interrupted, heard}
@@ -537,6 +538,7 @@ export class MediaserverClient extends EventTarget {
       case "turn":
         this._emit("turn", {
           complete: !!(obj && obj.complete),
+          by: obj ? obj.by : null,
           probability: obj ? obj.probability : null,
           decisionMs: obj ? obj.decision_ms : null,
           silenceMs: obj ? obj.silence_ms : null,

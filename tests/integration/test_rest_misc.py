@@ -195,6 +195,14 @@ async def test_health(server: Any) -> None:
     assert body["model_aliases"]["whisper-1"] == "tiny.en"  # the names OpenAI clients send
     assert body["features"]["asr"]["enabled"] is True
     assert "CPU" in body["features"]["asr"]["reason"]
+    # Semantic turns are the default, and make setup fetched the turn model: they run.
+    assert body["turns"] == {
+        "default": "semantic",
+        "default_in_force": "semantic",
+        "model_loaded": True,
+        "model_path": body["turns"]["model_path"],
+    }
+    assert body["turns"]["model_path"].endswith(".onnx")
 
 
 async def test_metrics_after_requests(server: Any, speech: Any) -> None:

@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+import aiohttp
 import numpy as np
 import openai
 import pytest
 from openai.types.realtime import (
     ConversationItemInputAudioTranscriptionCompletedEvent,
     InputAudioBufferCommittedEvent,
+    InputAudioBufferSpeechStoppedEvent,
     SessionCreatedEvent,
     SessionUpdatedEvent,
 )
@@ -41,6 +45,7 @@ from mediaserver.stream_session import StreamOptions, StreamSession
 from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel
 from tests.conftest import Clip, LiveServer
+from tests.human_speech import voiced_span
 
 CHUNK = SAMPLE_RATE_HZ // 50  # 20 ms
 
@@ -205,13 +210,20 @@ async def test_a_fragment_ending_on_and_or_the_is_not_the_end_whatever_the_model
         assert asr_service.metrics.turn_unfinished_words._value.get() > vetoed
 
 
-async def test_silence_detection_stays_the_default(
+async def test_silence_detection_when_the_session_asks_for_it(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], turn_model: TurnModel
 ) -> None:
-    """Without the setting or the session option, nothing is scored and a pause of 800 ms ends the
-    utterance as it always did (stream_vad_hangover_ms 500)."""
+    """A session that asks for silence detection gets it: nothing is scored and a pause of 800 ms
+    ends the utterance as it always did (stream_vad_hangover_ms 500)."""
     first, rest, pause = PAUSED[2]
-    run = await speak(asr_service, base_settings, turn_model, [speech(first).audio16k, speech(rest).audio16k], [pause])
+    run = await speak(
+        asr_service,
+        base_settings,
+        turn_model,
+        [speech(first).audio16k, speech(rest).audio16k],
+        [pause],
+        turn_detection="silence",
+    )
     assert not run.of(TurnDecided)
     async with asyncio.timeout(60):
         while len(run.of(FinalTranscript)) < 1:
@@ -219,9 +231,33 @@ async def test_silence_detection_stays_the_default(
     assert len(run.of(SpeechStopped)) == 2
 
 
-async def realtime_items(server: LiveServer, audio: np.ndarray, turn_detection: dict[str, object]) -> list[str]:
+async def test_semantic_turns_are_the_default(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], turn_model: TurnModel
+) -> None:
+    """A session that chooses nothing gets semantic turns: its pauses are judged, and "Remind me to
+    buy … eggs and bread." with a 0.7 s pause (cut in two by silence detection) is one turn."""
+    assert base_settings.turn_detection == "semantic"
+    run = await speak(
+        asr_service,
+        base_settings,
+        turn_model,
+        [speech("Remind me to buy").audio16k, speech("eggs and bread.").audio16k],
+        [0.7],
+    )
+    assert run.of(TurnDecided)
+    stopped = [e for e in run.of(SpeechStopped) if isinstance(e, SpeechStopped)]
+    finals = [e for e in run.of(FinalTranscript) if isinstance(e, FinalTranscript)]
+    assert len(stopped) == 1 and len(finals) == 1, run.events
+    heard = words(finals[0].transcript.text)
+    assert "remind" in heard and "bread" in heard, heard
+
+
+async def realtime_items(
+    server: LiveServer, audio: np.ndarray, turn_detection: dict[str, object], stopped: list[int] | None = None
+) -> list[str]:
     """Stream ``audio`` in real time through the Realtime face with the ``openai`` SDK; the
-    transcripts of the items it made, once 3 s of silence after it have passed."""
+    transcripts of the items it made, once the silence after it has passed (and each
+    ``speech_stopped``'s ``audio_end_ms`` into ``stopped``)."""
     client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
     chunk = 2 * SAMPLE_RATE_HZ // 10  # 100 ms at 16 kHz
@@ -255,6 +291,8 @@ async def realtime_items(server: LiveServer, audio: np.ndarray, turn_detection: 
             async for event in connection:
                 if isinstance(event, InputAudioBufferCommittedEvent):
                     committed += 1
+                elif isinstance(event, InputAudioBufferSpeechStoppedEvent) and stopped is not None:
+                    stopped.append(event.audio_end_ms)
                 elif isinstance(event, ConversationItemInputAudioTranscriptionCompletedEvent):
                     transcripts.append(event.transcript)
 
@@ -283,3 +321,121 @@ async def test_realtime_semantic_vad_with_the_openai_sdk(server: LiveServer, spe
     assert len(semantic) == 1, semantic
     assert "beatles" in words(semantic[0]) and "play" in words(semantic[0]), semantic
     assert len(plain) == 2, plain
+
+
+async def ws_turn_end(
+    server: LiveServer, audio: np.ndarray, **start: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Stream ``audio`` in real time over the device socket (/api/ws/asr, server VAD); its ready
+    message and every message up to the final of the utterance that ends last."""
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    got: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
+        await ws.send_str(json.dumps({"type": "start", "mode": "server_vad", **start}))
+        ready = json.loads((await ws.receive(timeout=30)).data)
+        assert ready["type"] == "ready", ready
+
+        async def receive() -> None:
+            async for msg in ws:
+                got.append(json.loads(msg.data))
+
+        receiver = asyncio.create_task(receive())
+        frame = 2 * CHUNK
+        started = time.monotonic()
+        for n, offset in enumerate(range(0, len(pcm), frame)):
+            await ws.send_bytes(pcm[offset : offset + frame])
+            await asyncio.sleep(max(0.0, started + (n + 1) * CHUNK / SAMPLE_RATE_HZ - time.monotonic()))
+        async with asyncio.timeout(60):
+            while [m["type"] for m in got].count("final") < [m["type"] for m in got].count("speech_stopped") or not got:
+                await asyncio.sleep(0.05)
+        receiver.cancel()
+    return ready, got
+
+
+async def test_real_sentences_end_within_a_second_over_the_device_socket(
+    server: LiveServer, human_clips: list[tuple[str, np.ndarray, str]]
+) -> None:
+    """The suite's real recordings, each a finished sentence (some score 0.01 with the turn model:
+    "feels like these days go on forever"), streamed in real time over the device socket with the
+    defaults: each turn ends within 1.0 s of the last voiced sample, and none by the 4 s cap."""
+
+    async def one(audio: np.ndarray) -> tuple[int, list[dict[str, Any]]]:
+        first, last = voiced_span(audio)
+        speech = audio[max(0, first - SAMPLE_RATE_HZ * 15 // 100) : last]
+        lead = silence(0.5)
+        ready, got = await ws_turn_end(server, np.concatenate([lead, speech, silence(2.0)]))
+        assert ready["turn_detection"] == "semantic", ready
+        return (lead.size + speech.size) * 1000 // SAMPLE_RATE_HZ, got
+
+    results: list[tuple[str, int, list[dict[str, Any]]]] = []
+    for batch in range(0, len(human_clips), 4):  # four devices at a time
+        clips = human_clips[batch : batch + 4]
+        done = await asyncio.gather(*(one(audio) for _, audio, _ in clips))
+        results += [(name, end, got) for (name, _, _), (end, got) in zip(clips, done, strict=True)]
+    for name, speech_end_ms, got in results:
+        stopped = [m for m in got if m["type"] == "speech_stopped" and not m["discarded"]]
+        turns = [m for m in got if m["type"] == "turn" and m["complete"]]
+        assert stopped, (name, got)
+        delay_ms = stopped[-1]["audio_end_ms"] - speech_end_ms
+        assert 0 <= delay_ms <= 1000, (name, delay_ms, turns)
+        assert len(turns) == len(stopped), (name, got)  # every turn was decided (none by the cap)
+
+
+async def test_an_evenly_read_long_sentence_ends_within_a_second_over_realtime(
+    server: LiveServer, speech: Callable[[str], Clip]
+) -> None:
+    """Piper reads it evenly and the turn model scores it 0.01 (it waited 4.1 s for the cap before
+    issue #33); its words read finished, so semantic_vad ends it within 1.0 s of the speech."""
+    clip = speech("So I was thinking that maybe we could go to the beach tomorrow afternoon.").audio16k
+    _, last = voiced_span(clip)
+    lead = silence(0.3)
+    audio = np.concatenate([lead, clip[:last], silence(2.5)]).astype(np.float32)
+    stopped: list[int] = []
+    transcripts = await realtime_items(server, audio, {"type": "semantic_vad"}, stopped)
+    assert len(transcripts) == 1 and "beach" in words(transcripts[0]), transcripts
+    speech_end_ms = (lead.size + last) * 1000 // SAMPLE_RATE_HZ
+    assert len(stopped) == 1 and 0 <= stopped[0] - speech_end_ms <= 1000, (stopped, speech_end_ms)
+
+
+async def test_a_session_asking_for_semantic_turns_without_the_model_is_told_it_has_silence(
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip], tmp_path: Path
+) -> None:
+    """No turn model (the file is missing): the server starts, /health says so, and a device
+    socket that asks for semantic turns gets silence detection, told so in its ready message."""
+    server: LiveServer = await server_factory(turn_model_path=tmp_path / "missing.onnx")
+    async with aiohttp.ClientSession() as http, http.get(f"{server.url}/health") as resp:
+        health = await resp.json()
+    assert health["turns"]["model_loaded"] is False and health["turns"]["default_in_force"] == "silence"
+    clip = speech("Remind me to buy").audio16k
+    ready, got = await ws_turn_end(
+        server, np.concatenate([silence(0.3), clip, silence(1.5)]), turn_detection="semantic"
+    )
+    assert ready["turn_detection"] == "silence"
+    assert "not loaded" in ready["turn_detection_fallback"] and "500 ms" in ready["turn_detection_fallback"]
+    assert [m["type"] for m in got].count("final") == 1 and not [m for m in got if m["type"] == "turn"]
+
+
+async def test_a_turn_model_that_fails_mid_session_ends_that_pause_on_silence(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    """The model throws on every pause: each pause ends as silence detection would (500 ms), the
+    session stays up, and every utterance gets its final."""
+    broken = TurnModel(fetch(default_dir()))
+
+    def fail(windows: list[np.ndarray]) -> list[Any]:
+        raise RuntimeError("onnxruntime: the model failed")
+
+    broken.score_now = fail  # type: ignore[method-assign]  # a fault no real model file produces on demand
+    failures = asr_service.metrics.turn_model_failures._value.get()
+    first, rest = speech("Play the song by").audio16k, speech("the Beatles.").audio16k
+    run = await speak(asr_service, base_settings, broken, [first, rest], [1.0])
+    async with asyncio.timeout(60):
+        while len(run.of(FinalTranscript)) < 2:
+            await asyncio.sleep(0.05)
+    stopped = [e for e in run.of(SpeechStopped) if isinstance(e, SpeechStopped)]
+    decided = [e for e in run.of(TurnDecided) if isinstance(e, TurnDecided)]
+    assert len(stopped) == 2 and all(d.by == "silence" for d in decided), run.events
+    fragment_end_ms = (silence(0.5).size + first.size) * 1000 // SAMPLE_RATE_HZ
+    assert 400 <= stopped[0].audio_end_ms - fragment_end_ms <= 700, stopped
+    assert asr_service.metrics.turn_model_failures._value.get() > failures
+    broken.close()

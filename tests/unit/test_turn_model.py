@@ -11,7 +11,7 @@ import pytest
 from mediaserver.config import Settings
 from mediaserver.turns.features import WINDOW_SAMPLES, last_window, log_mel, mel_filters
 from mediaserver.turns.fetch import MODEL_SHA256, default_dir, fetch, is_valid
-from mediaserver.turns.model import TurnModel, load_shared, shared
+from mediaserver.turns.model import TurnModel, load_shared, shared, status
 from tests.conftest import synthesize
 
 
@@ -64,3 +64,21 @@ def test_a_missing_model_file_turns_semantic_turns_off(tmp_path: Path, caplog: p
         assert load_shared(settings) is None
     assert shared(settings) is None
     assert any("semantic end of turn is off" in record.getMessage() for record in caplog.records)
+
+
+def test_a_corrupt_model_file_turns_semantic_turns_off(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A file that is not an ONNX model: the server starts without it, says so once, and reports it."""
+    path = tmp_path / "corrupt.onnx"
+    path.write_bytes(b"not an onnx model" * 100)
+    settings = Settings(_env_file=None, turn_model_path=path)
+    with caplog.at_level("WARNING"):
+        assert load_shared(settings) is None
+        assert load_shared(settings) is None  # asked again: not loaded again, not logged again
+    said = [r for r in caplog.records if "could not be loaded" in r.getMessage()]
+    assert len(said) == 1 and str(path) in said[0].getMessage()
+    assert status(settings) == {
+        "default": "semantic",
+        "default_in_force": "silence",
+        "model_loaded": False,
+        "model_path": str(path),
+    }

@@ -317,7 +317,7 @@ class RtcSession:
             if self.wake is not None:
                 self._send_wake(self.wake, WakeWaiting("started"))
             else:
-                self.send(message("log", "ASR hands-free - listening, speak any time"))
+                self.send(message("log", "ASR hands-free - listening, speak any time", self.stream.turn_described()))
         else:
             self.stream.start_recording()
             self.send(message("log", "ASR Recording - start talking and press stop when done"))

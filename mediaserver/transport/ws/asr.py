@@ -351,7 +351,7 @@ class WsSession(SocketSession):
             config.options.model,
         )
         self._apply_assistant(config)
-        self.send_json({"type": "ready", "session_id": self.id, **config.describe()})
+        self.send_json({"type": "ready", "session_id": self.id, **config.describe(), **self.stream.turn_described()})
 
     def _apply_assistant(self, config: StreamConfig) -> None:
         values = dict(config.assistant_values)

@@ -1,0 +1,102 @@
+"""The end-of-turn rule: the turn model's score, the words of the pause and the silence, together.
+
+No one piece of evidence is good enough alone (tools/README.md, "bench_turns.py"):
+
+* **The turn model** (Smart Turn v3.2) hears intonation. It scores most finished sentences high
+  after 200 ms, but some real speakers' finished sentences (and Piper's even reading of long ones)
+  score below 0.1 ("Feels like these days go on forever." 0.01), and some fragments read with a
+  falling pitch score 0.9+ ("Can you tell me").
+* **The words** of the pause: the final transcript decoded from the pause's first 30 ms
+  (``turn_final_silence_ms``) is ready well before the model's answer. Whisper ends a sentence it
+  hears as finished with ``.``, ``?`` or ``!`` and often ends a trailing fragment with ``...`` or a
+  dash ("He was not an ill...", "7 of Cl-"). It also writes ``.`` after many fragments ("He might
+  even have been."), so a full stop alone cannot end a turn at once.
+* **The silence**: the longer it lasts, the likelier the turn is over.
+
+The rule, per pause (``decide``):
+
+1. Words that end on ``turn_unfinished_words`` ("the", "and", "my" ...) or on a trailing mark of an
+   unfinished phrase (``turn_unfinished_endings``: "...", "-", ",") keep the turn open whatever the
+   model scores; it ends when the speech resumes or at the eagerness cap.
+2. Otherwise a model score of at least ``turn_threshold`` at the first check ends the turn, and at
+   least ``turn_rescore_threshold`` at a later one (the model grows surer with silence, for
+   fragments too).
+3. Words that end as a finished sentence end the turn once the pause reaches
+   ``turn_finished_silence_ms``, whatever the model scores: no finished sentence waits for the cap.
+4. If the model fails on a pause, that pause ends as silence detection would
+   (``stream_vad_hangover_ms``), whatever the words.
+5. Otherwise (no words yet, or words with no final mark) the eagerness cap ends the turn.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from mediaserver.config import Settings
+from mediaserver.turns.words import ends_unfinished
+
+# Whisper's marks of a sentence it hears as finished.
+SENTENCE_ENDINGS = (".", "?", "!")
+
+
+class Words(enum.Enum):
+    """What the transcript of a pause says about the turn."""
+
+    UNKNOWN = "unknown"  # not decoded yet (or no early final at all)
+    FINISHED = "finished"  # ends on a sentence's final mark
+    UNFINISHED = "unfinished"  # ends on a word or a mark no finished sentence ends on
+    OPEN = "open"  # neither: no final mark ("10 of", "5 5"), or empty
+
+
+def classify(text: str, unfinished_words: Collection[str], unfinished_endings: Collection[str]) -> Words:
+    """How the transcript decoded in a pause ends (see the module's rule)."""
+    stripped = text.rstrip().rstrip("\"')]")
+    if not stripped:
+        return Words.OPEN
+    if ends_unfinished(stripped, unfinished_words) or any(stripped.endswith(e) for e in unfinished_endings if e):
+        return Words.UNFINISHED
+    if stripped.endswith(SENTENCE_ENDINGS):
+        return Words.FINISHED
+    return Words.OPEN
+
+
+@dataclass(frozen=True)
+class TurnRule:
+    """The rule's settings (``turn_*``), read once per session."""
+
+    threshold: float
+    rescore_threshold: float
+    finished_silence_ms: int
+    fallback_silence_ms: int  # a pause the model failed on ends as silence detection would
+    unfinished_words: tuple[str, ...]
+    unfinished_endings: tuple[str, ...]
+
+    @classmethod
+    def of(cls, settings: Settings) -> TurnRule:
+        return cls(
+            threshold=settings.turn_threshold,
+            rescore_threshold=settings.turn_rescore_threshold,
+            finished_silence_ms=settings.turn_finished_silence_ms,
+            fallback_silence_ms=settings.stream_vad_hangover_ms,
+            unfinished_words=tuple(settings.turn_unfinished_words),
+            unfinished_endings=tuple(settings.turn_unfinished_endings),
+        )
+
+    def words(self, text: str) -> Words:
+        return classify(text, self.unfinished_words, self.unfinished_endings)
+
+    def model_ends(self, probability: float, words: Words, *, first: bool) -> bool:
+        """Whether a score ends the turn (rules 1 and 2); ``first`` is the pause's first check."""
+        if words is Words.UNFINISHED:
+            return False
+        return probability >= (self.threshold if first else self.rescore_threshold)
+
+    def silence_ends_ms(self, words: Words, *, model_failed: bool) -> int | None:
+        """The pause length at which the turn ends whatever the model scores (rules 3 and 4), or
+        None: the model or the eagerness cap decides."""
+        ends = [self.fallback_silence_ms] if model_failed else []
+        if words is Words.FINISHED and self.finished_silence_ms > 0:
+            ends.append(self.finished_silence_ms)
+        return min(ends) if ends else None

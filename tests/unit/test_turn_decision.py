@@ -1,0 +1,87 @@
+"""The end-of-turn rule (turns/decision.py): how a pause's words read, and what ends the turn."""
+
+from __future__ import annotations
+
+import pytest
+
+from mediaserver.config import Settings
+from mediaserver.turns.decision import TurnRule, Words, classify
+from mediaserver.turns.words import DEFAULT_UNFINISHED_ENDINGS, DEFAULT_UNFINISHED_WORDS
+
+WORDS, ENDINGS = DEFAULT_UNFINISHED_WORDS, DEFAULT_UNFINISHED_ENDINGS
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Whisper tiny.en's own transcripts of the suite's real recordings and their fragments.
+        ("Feels like these days go on forever.", Words.FINISHED),
+        ("What time is it in Tokyo?", Words.FINISHED),
+        ("Good morning!", Words.FINISHED),
+        ('He said "yes."', Words.FINISHED),
+        ("He was not an ill...", Words.UNFINISHED),
+        ("Feels like these\u2026", Words.UNFINISHED),
+        ("7 of Cl-", Words.UNFINISHED),
+        ("Go somewhere,", Words.UNFINISHED),
+        ("How far is it from here to the", Words.UNFINISHED),
+        ("Add milk, eggs, and", Words.UNFINISHED),
+        ("Turn on the.", Words.UNFINISHED),  # a word no sentence ends on, whatever mark follows
+        ("10 of", Words.OPEN),
+        ("5 5", Words.OPEN),
+        ("", Words.OPEN),
+        ("   ", Words.OPEN),
+    ],
+)
+def test_words_of_a_pause(text: str, expected: Words) -> None:
+    assert classify(text, WORDS, ENDINGS) is expected
+
+
+def test_no_unfinished_endings_leaves_the_marks_to_the_model() -> None:
+    assert classify("He was not an ill...", WORDS, ()) is Words.FINISHED  # "..." ends in "."
+    assert classify("7 of Cl-", WORDS, ()) is Words.OPEN
+    assert classify("How far is it from here to the", (), ()) is Words.OPEN
+
+
+def rule(**update: object) -> TurnRule:
+    return TurnRule.of(Settings(_env_file=None).model_copy(update=update))
+
+
+def test_the_model_ends_a_turn_unless_its_words_read_unfinished() -> None:
+    r = rule()
+    assert r.model_ends(0.6, Words.OPEN, first=True)
+    assert r.model_ends(0.6, Words.FINISHED, first=True)
+    assert r.model_ends(0.6, Words.UNKNOWN, first=True)
+    assert not r.model_ends(0.99, Words.UNFINISHED, first=True)
+    assert not r.model_ends(0.6, Words.OPEN, first=False)  # a rescore needs turn_rescore_threshold (0.9)
+    assert r.model_ends(0.95, Words.OPEN, first=False)
+    assert not r.model_ends(0.4, Words.FINISHED, first=True)
+
+
+def test_a_finished_sentence_ends_at_its_silence_whatever_the_model_says() -> None:
+    r = rule()
+    assert r.silence_ends_ms(Words.FINISHED, model_failed=False) == Settings(_env_file=None).turn_finished_silence_ms
+    assert r.silence_ends_ms(Words.OPEN, model_failed=False) is None
+    assert r.silence_ends_ms(Words.UNFINISHED, model_failed=False) is None
+    assert r.silence_ends_ms(Words.UNKNOWN, model_failed=False) is None
+    assert rule(turn_finished_silence_ms=900).silence_ends_ms(Words.FINISHED, model_failed=False) == 900
+    assert rule(turn_finished_silence_ms=0).silence_ends_ms(Words.FINISHED, model_failed=False) is None
+
+
+def test_a_pause_the_model_failed_on_ends_as_silence_detection_would() -> None:
+    r = rule(stream_vad_hangover_ms=700, turn_finished_silence_ms=900)
+    for words in Words:
+        assert r.silence_ends_ms(words, model_failed=True) == 700
+    assert (
+        rule(stream_vad_hangover_ms=700, turn_finished_silence_ms=400).silence_ends_ms(
+            Words.FINISHED, model_failed=True
+        )
+        == 400
+    )
+
+
+def test_settings_reach_the_rule() -> None:
+    r = rule(turn_threshold=0.3, turn_rescore_threshold=0.6, turn_unfinished_words=["for"], turn_unfinished_endings=[])
+    assert r.model_ends(0.35, Words.OPEN, first=True) and r.model_ends(0.65, Words.OPEN, first=False)
+    assert r.words("Set an alarm for") is Words.UNFINISHED
+    assert r.words("Turn on the") is Words.OPEN
+    assert r.words("He was not an ill...") is Words.FINISHED

@@ -252,7 +252,12 @@ async def health_handler(request: web.Request) -> web.Response:
     if backends:
         body["backends"] = backends
     if LLM in request.app:  # slots busy, queue, tokens/s and the engine's state, per model
-        body["llm"] = await request.app[LLM].status()
+        llm = await request.app[LLM].status()
+        body["llm"] = llm
+        # An engine restarting or not answering (wedged) degrades the server the same way.
+        engines = [model["engine"] for model in llm["models"].values() if "engine" in model]
+        if any(not engine["healthy"] for engine in engines):
+            body["status"] = "degraded"
     return web.json_response(body)
 
 

@@ -23,6 +23,7 @@ from mediaserver.config import Settings
 from mediaserver.llm.engine_process import LlamaServerProcess, find_binary
 from mediaserver.llm.service import LlmService
 from mediaserver.llm.types import ChatMessage, GenerationParams
+from mediaserver.metrics import Metrics
 from tests.llm_engine import engine
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -31,9 +32,10 @@ QUESTION = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Na
 
 
 @contextlib.asynccontextmanager
-async def own_llm(base_settings: Settings, asr_service: Any, **overrides: Any) -> AsyncIterator[LlmService]:
+async def own_llm(base_settings: Settings, **overrides: Any) -> AsyncIterator[LlmService]:
     settings = base_settings.model_copy(update={"llm_slots": 1, "llm_context_tokens": 512, **overrides})
-    service = LlmService(settings, asr_service.metrics)
+    # Metrics of its own: the session's registry shows the shared engine's slots (test_llm_engine.py).
+    service = LlmService(settings, Metrics())
     await service.start()
     try:
         yield service
@@ -62,7 +64,7 @@ def _resume(pid: int) -> None:
 
 
 async def test_a_stopped_engine_is_unhealthy_answers_503_fast_and_is_restarted(
-    base_settings: Settings, asr_service: Any, server_factory: Callable[..., Any]
+    base_settings: Settings, server_factory: Callable[..., Any]
 ) -> None:
     """SIGSTOP the engine: /health says so within the probes' bound, a request gets a 503 with
     Retry-After at once (not a 504 after llm_request_timeout_s), and after llm_engine_hang_restart_s
@@ -72,7 +74,6 @@ async def test_a_stopped_engine_is_unhealthy_answers_503_fast_and_is_restarted(
     interval_s, timeout_s, failures, hang_s = 0.5, 1.0, 3, 8.0
     async with own_llm(
         base_settings,
-        asr_service,
         llm_engine_probe_interval_s=interval_s,
         llm_engine_probe_timeout_s=timeout_s,
         llm_engine_probe_failures=failures,
@@ -138,14 +139,11 @@ async def test_a_stopped_engine_is_unhealthy_answers_503_fast_and_is_restarted(
               f"restarted and ready {restarted_after_s:.1f} s after SIGSTOP")  # fmt: skip
 
 
-async def test_an_engine_that_answers_again_is_healthy_without_a_restart(
-    base_settings: Settings, asr_service: Any
-) -> None:
+async def test_an_engine_that_answers_again_is_healthy_without_a_restart(base_settings: Settings) -> None:
     """SIGSTOP, then SIGCONT once it is unhealthy and before llm_engine_hang_restart_s: it is ready
     again, the same child, not restarted, and answers."""
     async with own_llm(
         base_settings,
-        asr_service,
         llm_engine_probe_interval_s=0.3,
         llm_engine_probe_timeout_s=0.7,
         llm_engine_hang_restart_s=120.0,
@@ -184,7 +182,7 @@ sleep {lag_s}
 
 
 async def test_a_request_that_meets_a_dead_engine_waits_for_the_supervisors_word(
-    base_settings: Settings, asr_service: Any, tmp_path: Path
+    base_settings: Settings, tmp_path: Path
 ) -> None:
     """The engine dies before a request is sent, and its supervisor learns of it only 3 s later (its
     child is a wrapper script that outlives llama-server, as a loaded machine delays the notice): the
@@ -197,7 +195,6 @@ async def test_a_request_that_meets_a_dead_engine_waits_for_the_supervisors_word
     wrapper.chmod(0o755)
     async with own_llm(
         base_settings,
-        asr_service,
         llm_engine_binary=wrapper,
         # Probes far apart: the watchdog must not call the dead server unresponsive during the lag.
         llm_engine_probe_interval_s=5.0,

@@ -28,6 +28,7 @@ from mediaserver.llm.service import LlmService
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
 from mediaserver.session_registry import SessionRegistry
 from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, TOOLS, TTS
+from mediaserver.transport.lenient_http import SHUTDOWN_CANCEL
 from mediaserver.transport.openai import chat as openai_chat
 from mediaserver.transport.openai import models as openai_models
 from mediaserver.transport.openai import realtime
@@ -214,10 +215,14 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         response = await handler(request)
         status = response.status
         return response
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
         # The server cancels a handler whose client hung up (handler_cancellation): its queued work is
         # withdrawn at once. That is the client's doing, counted as 499 like a hang-up mid-upload.
-        if _client_gone(request):
+        # At the end of the shutdown grace it is the server's (lenient_http): counted as a 503.
+        if exc.args == (SHUTDOWN_CANCEL,):
+            status = 503
+            log.info("%s %s: cancelled by the shutdown (shutdown_grace_s is over)", request.method, request.path)
+        elif _client_gone(request):
             status = CLIENT_CLOSED_REQUEST
             log.info("%s %s: the client closed the connection before the answer", request.method, request.path)
         raise
@@ -253,7 +258,12 @@ async def health_handler(request: web.Request) -> web.Response:
         body["backends"] = backends
     body["turns"] = turn_models.status(request.app[SETTINGS])
     if LLM in request.app:  # slots busy, queue, tokens/s and the engine's state, per model
-        body["llm"] = await request.app[LLM].status()
+        llm = await request.app[LLM].status()
+        body["llm"] = llm
+        # An engine restarting or not answering (wedged) degrades the server the same way.
+        engines = [model["engine"] for model in llm["models"].values() if "engine" in model]
+        if any(not engine["healthy"] for engine in engines):
+            body["status"] = "degraded"
     return web.json_response(body)
 
 

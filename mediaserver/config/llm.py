@@ -91,6 +91,32 @@ class LlmSettings(BaseModel):
         0.5, ge=0, description="pause before restarting a crashed engine, doubled per crash in a row"
     )
     llm_engine_restart_max_backoff_s: float = Field(30.0, ge=0)
+    llm_engine_probe_interval_s: float = Field(
+        2.0,
+        gt=0,
+        description="how often a running llama-server engine's own /health is asked: how a child that is "
+        "alive but wedged (stopped, deadlocked) is noticed, which its exit code never tells",
+    )
+    llm_engine_probe_timeout_s: float = Field(
+        3.0,
+        gt=0,
+        description="a health probe unanswered this long has failed. A busy engine answers /health from its "
+        "HTTP threads, beside the decoding: at most 13 ms with all 4 slots generating on 2 cores at load 4 "
+        "(measured); a stopped one never does, so seconds tell the two apart with a wide margin",
+    )
+    llm_engine_probe_failures: int = Field(
+        2,
+        ge=1,
+        description="health probes failed in a row before the engine is unhealthy: /health says "
+        "'unresponsive' and LLM requests get a 503 with Retry-After at once, until it answers again",
+    )
+    llm_engine_hang_restart_s: float = Field(
+        30.0,
+        gt=0,
+        description="an unhealthy engine that has answered no health probe for this long is killed (SIGKILL) and "
+        "restarted. Ten probe timeouts: a slow but working engine answers well within it; one that "
+        "answers again sooner is healthy again without a restart",
+    )
     llm_default_temperature: float = Field(0.7, ge=0, le=2, description="for models without defaults of their own")
     llm_default_top_p: float = Field(0.95, gt=0, le=1, description="for models without defaults of their own")
     llm_generation_defaults: dict[str, GenerationDefaults] = Field(

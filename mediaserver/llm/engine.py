@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 ENGINE_CONNECT_RETRIES = 2
 ENGINE_RESTART_RETRIES = 1  # a request that met a restarting engine is sent once more
-RESTART_NOTICE_S = 0.2  # time for the supervisor to see that its child died
 # Per message, what a chat template adds around the content, at most (role markers, separators).
 TEMPLATE_BYTES_PER_MESSAGE = 16
 # What a tool-rendering template adds around the tools, at most (smollm2-tools.jinja: ~400 bytes).
@@ -75,6 +74,10 @@ class LlmEngine(Protocol):
         self, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int
     ) -> AsyncGenerator[BackendEvent, None]:
         """Deltas then ``Finished``; closing the iterator (or ``cancel``) stops the generation."""
+        ...
+
+    def check_available(self) -> None:
+        """Raise (a 503) if a request cannot be served now, before it waits in the queue."""
         ...
 
     async def aclose(self) -> None: ...
@@ -121,6 +124,10 @@ class LlamaServerEngine:
             await process.aclose()
             raise
         return cls(process, settings)
+
+    def check_available(self) -> None:
+        # A wedged child: 503 at once, not a wait in the queue behind requests stuck on it.
+        self.process.check_responsive()
 
     async def stream(
         self, request: ChatRequest, cancel: threading.Event, max_prompt_tokens: int
@@ -193,6 +200,7 @@ class LlamaServerEngine:
         json_schema: dict[str, Any] | None = None,
     ) -> AsyncGenerator[BackendEvent, None]:
         for attempt in range(ENGINE_RESTART_RETRIES + 1):
+            child = self.process.child()  # the child this attempt is sent to
             events = self.client.stream(request, cancel, max_prompt_tokens, slot=slot, json_schema=json_schema)
             answered = False
             try:
@@ -201,10 +209,11 @@ class LlamaServerEngine:
                     yield event
                 return
             except (UpstreamError, Overloaded):
-                # Sent while the engine died or restarted (it is not ready now): nothing was
-                # generated yet, so wait for the new one and send again. Mid-answer, it is an error.
-                await asyncio.sleep(RESTART_NOTICE_S)
-                if answered or attempt == ENGINE_RESTART_RETRIES or self.process.ready:
+                # Sent while the engine died or restarted: nothing was generated yet, so wait for the
+                # new one and send again. Mid-answer, it is an error. Whether the child died is the
+                # supervisor's to say once it has seen the exit (however long that takes under load);
+                # a child that still answers its health check failed this request on its own.
+                if answered or attempt == ENGINE_RESTART_RETRIES or not await self.process.child_failed(child):
                     raise
                 log.info("the engine of %s restarted under a request: sending it again", self.name)
                 await self.process.wait_ready()

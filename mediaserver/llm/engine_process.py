@@ -8,9 +8,19 @@ what is new). mediaserver talks to it with the same OpenAI-compatible client as 
 
 The supervisor starts it and waits for ``/health``; a child that exits is restarted after a backoff
 that doubles per crash in a row (a request meanwhile waits up to ``llm_engine_ready_wait_s``, then
-gets a 503 naming the crash); ``aclose()`` stops it (SIGTERM, then SIGKILL). On Linux the child also
-gets SIGTERM if this process dies without cleaning up. Its output goes to the
-``mediaserver.llm.engine`` logger: errors and warnings as such, the rest at DEBUG.
+gets a 503 saying why); ``aclose()`` stops it (SIGTERM, then SIGKILL). On Linux the child also
+gets SIGTERM if this process dies without cleaning up.
+
+A child can also stay alive and stop answering (stopped, deadlocked): a watchdog asks its ``/health``
+every ``llm_engine_probe_interval_s``. After ``llm_engine_probe_failures`` probes in a row without an
+answer within ``llm_engine_probe_timeout_s`` it is ``unresponsive``: requests get a 503 with
+``Retry-After`` at once instead of waiting out ``llm_request_timeout_s``. One that answers again is
+``ready`` again; one that has answered nothing for ``llm_engine_hang_restart_s`` is killed (SIGKILL)
+and restarted like a crash.
+
+Its output goes to the ``mediaserver.llm.engine`` logger (errors as such, the rest at DEBUG) and
+stays there: what clients and ``/health`` read is said in words (``last_exit``: the exit
+code or signal, and at most its last error message, summarised).
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import contextlib
 import importlib.metadata
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -49,7 +60,51 @@ HEALTH_POLL_S = 0.1
 STABLE_AFTER_S = 60.0  # a child that ran this long resets the backoff
 STOP_TIMEOUT_S = 5.0
 
-EngineState = Literal["stopped", "starting", "ready", "restarting", "failed"]
+# What a summary of an error line keeps of it, at most.
+SUMMARY_CHARS = 160
+
+EngineState = Literal["stopped", "starting", "ready", "unresponsive", "restarting", "failed"]
+# A line of llama-server's log (--log-prefix): "0.00.011.723 E cmn  common_init_: failed to load model '…'",
+# that is a timestamp, the level, a component and the C function. Lines without it (an assertion
+# printed by ggml) have no level.
+_LOG_LINE = re.compile(r"^(?:\d+(?:\.\d+)+\s+)?([EWIDT])\s+(?:(?:srv|cmn|slot|que|res|log)\s+)?")
+_C_FUNCTION = re.compile(r"^\s*[A-Za-z_][\w:~<>]*(?:\(\))?:\s+")
+_ERROR_WORDS = ("error", "failed", "abort")
+
+
+def line_level(line: str) -> str | None:
+    """The level letter of a llama-server log line (E, W, I, D, T), or None without one."""
+    match = _LOG_LINE.match(line)
+    return match.group(1) if match else None
+
+
+def is_error_line(line: str) -> bool:
+    """An error line of the child: its level is E, or it has none and says it failed."""
+    level = line_level(line)
+    return level == "E" or (level is None and any(word in line.lower() for word in _ERROR_WORDS))
+
+
+def summarize_error(line: str) -> str:
+    """One error line of the child, said briefly: without the timestamp, level, component and C
+    function names ("failed to load model '/models/x.gguf'"), at most ``SUMMARY_CHARS``."""
+    text = _LOG_LINE.sub("", line.strip(), count=1)
+    while (match := _C_FUNCTION.match(text)) is not None and "_" in match.group(0):
+        text = text[match.end() :]
+    text = " ".join(text.split())
+    if len(text) > SUMMARY_CHARS:
+        text = text[: SUMMARY_CHARS - 1].rstrip() + "…"
+    return text
+
+
+def describe_exit(code: int) -> str:
+    """An exit status in words: "exited with code 1", "was killed by signal 9 (SIGKILL)"."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            return f"was killed by signal {-code}"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with code {code}"
 
 
 def find_binary(settings: Settings) -> Path | None:
@@ -128,15 +183,21 @@ class LlamaServerProcess:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.state: EngineState = "stopped"
         self.restarts = 0
-        self.last_exit: str | None = None  # why the previous child ended (for errors and /health)
+        self.last_exit: str | None = None  # why the previous child ended, in words (for errors and /health)
+        self.last_answer = time.monotonic()  # when the child last answered a health probe
         self._on_restart = on_restart
         self._process: asyncio.subprocess.Process | None = None
         self._ready = asyncio.Event()
+        # Set by the supervisor once the current child has exited: a request that failed on it waits for this.
+        self._child_gone = asyncio.Event()
+        self._hang: str | None = None  # why the watchdog killed the current child
         self._tail: deque[str] = deque(maxlen=40)
         self._supervisor: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
         self._http: aiohttp.ClientSession | None = None
+        self._probe_http: aiohttp.ClientSession | None = None
         self.chat_template = chat_template_for(alias, settings)
         # What the chat template and model can do (llama-server's /props), read once the child is healthy.
         self.supports_tools = False
@@ -177,6 +238,8 @@ class LlamaServerProcess:
         """Start the child and wait for its health; ModelUnavailable (with its last output) if it
         exits or does not become healthy within ``llm_engine_start_timeout_s``."""
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        # The watchdog's own connection: its probes never queue behind token counts or /slots reads.
+        self._probe_http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
         problem = self._start_problem()
         if problem:
             self.state = "failed"
@@ -187,7 +250,9 @@ class LlamaServerProcess:
         except ModelUnavailable:
             self.state = "failed"
             raise
-        self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name=f"llm-engine-{self.alias}")
+        loop = asyncio.get_running_loop()
+        self._supervisor = loop.create_task(self._supervise(), name=f"llm-engine-{self.alias}")
+        self._watchdog = loop.create_task(self._watch(), name=f"llm-engine-watchdog-{self.alias}")
 
     def _start_problem(self) -> str | None:
         """Why the child cannot start: no binary, or a configured file that is not there."""
@@ -207,6 +272,8 @@ class LlamaServerProcess:
         assert binary is not None
         self.state = "starting"
         self._tail.clear()
+        self._hang = None
+        self._child_gone = asyncio.Event()
         command = self.command(binary)
         log.info("starting llama-server for %s on port %d: %s", self.alias, self.port, " ".join(command))
         started = time.monotonic()
@@ -225,6 +292,7 @@ class LlamaServerProcess:
             raise
         await self._read_capabilities()
         self.state = "ready"
+        self.last_answer = time.monotonic()
         self._ready.set()
         log.info("llama-server for %s ready in %.1f s (pid %d)", self.alias, time.monotonic() - started, self.pid)
 
@@ -235,8 +303,8 @@ class LlamaServerProcess:
             if process.returncode is not None:
                 await asyncio.sleep(0.05)  # let the reader take the last lines
                 raise ModelUnavailable(
-                    f"the llama-server engine for {self.alias!r} exited with code {process.returncode} at start: "
-                    f"{self.output_tail()}"
+                    f"the llama-server engine for {self.alias!r} {describe_exit(process.returncode)} at start"
+                    f"{self.error_summary()}"
                 )
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with self._http.get(f"{self.base_url}/health") as response:
@@ -245,7 +313,7 @@ class LlamaServerProcess:
             if time.monotonic() > deadline:
                 raise ModelUnavailable(
                     f"the llama-server engine for {self.alias!r} was not healthy within {timeout_s:g} s "
-                    f"(llm_engine_start_timeout_s): {self.output_tail()}"
+                    f"(llm_engine_start_timeout_s){self.error_summary()}"
                 )
             await asyncio.sleep(HEALTH_POLL_S)
 
@@ -265,10 +333,18 @@ class LlamaServerProcess:
         self.supports_images = bool((props.get("modalities") or {}).get("vision"))
 
     def output_tail(self, lines: int = 6) -> str:
-        """The child's last lines of output, errors first: what a start failure is explained by."""
+        """The child's last lines of output, errors first (for the server's log only: raw lines)."""
         tail = list(self._tail)
-        errors = [line for line in tail if line.startswith("E ") or "error" in line.lower()]
+        errors = [line for line in tail if is_error_line(line)]
         return " | ".join((errors or tail)[-lines:]) or "(no output)"
+
+    def error_summary(self) -> str:
+        """``": <its first error message, summarised>"`` from the child's recent output (the first is
+        the cause, the rest its consequences), or ``""``: what a client or /health may read of it,
+        never timings, token counts or other raw lines (those stay in the server's log)."""
+        errors = [line for line in self._tail if is_error_line(line)]
+        summary = summarize_error(errors[0]) if errors else ""
+        return f": {summary}" if summary else ""
 
     async def _read_output(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
@@ -280,11 +356,9 @@ class LlamaServerProcess:
             if not line:
                 continue
             self._tail.append(line)
-            level = logging.DEBUG
-            if line.startswith("E "):
-                level = logging.ERROR
-            elif line.startswith("W "):
-                level = logging.WARNING
+            # Its errors as such (the level follows a timestamp: "0.00.011.723 E ..."), the rest at DEBUG:
+            # its warnings include one per cancelled request.
+            level = logging.ERROR if line_level(line) == "E" else logging.DEBUG
             engine_log.log(level, "[%s] %s", self.alias, line)
 
     async def _supervise(self) -> None:
@@ -294,18 +368,23 @@ class LlamaServerProcess:
             process = self._process
             assert process is not None
             ran_from = time.monotonic()
+            gone = self._child_gone
             code = await process.wait()
-            if self._reader is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._reader, 1.0)
             if self._closing:
                 return
             self._ready.clear()
             self.state = "restarting"
+            gone.set()  # requests that failed on this child may now wait for the next one
+            if self._reader is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._reader, 1.0)
             if time.monotonic() - ran_from > STABLE_AFTER_S:
                 crashes_in_a_row = 0
-            self.last_exit = f"exited with code {code}: {self.output_tail(3)}"
-            log.error("llama-server for %s %s", self.alias, self.last_exit)
+            if self._hang is not None:
+                self.last_exit = self._hang
+            else:
+                self.last_exit = f"{describe_exit(code)}{self.error_summary()}"
+            log.error("llama-server for %s %s; its last output: %s", self.alias, self.last_exit, self.output_tail(3))
             while True:  # until a child is healthy again
                 backoff = min(
                     self.settings.llm_engine_restart_backoff_s * 2**crashes_in_a_row,
@@ -327,20 +406,132 @@ class LlamaServerProcess:
                     log.error("%s", exc.message)
 
     async def wait_ready(self) -> None:
-        """Return once the engine answers; a 503 after ``llm_engine_ready_wait_s`` of restarting."""
+        """Return once the engine answers; a 503 at once while it is unresponsive, and after
+        ``llm_engine_ready_wait_s`` of restarting."""
         if self._ready.is_set():
             return
         if self.state in ("failed", "stopped"):
             raise ModelUnavailable(f"the llama-server engine for {self.alias!r} is not running: {self.last_exit}")
+        self.check_responsive()
         wait_s = self.settings.llm_engine_ready_wait_s
         try:
             await asyncio.wait_for(self._ready.wait(), wait_s)
         except TimeoutError:
             raise Overloaded(
-                f"the llama-server engine for {self.alias!r} is restarting ({self.last_exit}); "
+                f"the llama-server engine for {self.alias!r} is restarting (it {self.last_exit}); "
                 f"not back within {wait_s:g} s (llm_engine_ready_wait_s)",
                 retry_after_s=self.settings.llm_engine_restart_max_backoff_s,
             ) from None
+
+    def check_responsive(self) -> None:
+        """A 503 (Overloaded, with Retry-After) while the child is alive but not answering."""
+        if self.state == "unresponsive":
+            raise Overloaded(self._unresponsive_message(), retry_after_s=self._unresponsive_retry_after_s())
+
+    def _unresponsive_message(self) -> str:
+        silent_s = time.monotonic() - self.last_answer
+        return (
+            f"the llama-server engine for {self.alias!r} has not answered its health checks for {silent_s:.0f} s; "
+            f"it is restarted if it stays silent for {self.settings.llm_engine_hang_restart_s:g} s "
+            "(llm_engine_hang_restart_s)"
+        )
+
+    def _unresponsive_retry_after_s(self) -> float:
+        """Until the watchdog restarts it, and the restart's own pause."""
+        s = self.settings
+        left_s = s.llm_engine_hang_restart_s - (time.monotonic() - self.last_answer)
+        return max(0.0, left_s) + s.llm_engine_probe_interval_s + s.llm_engine_restart_backoff_s
+
+    @property
+    def unanswered_s(self) -> float | None:
+        """While unresponsive, how long the child has answered no health probe (/health)."""
+        return time.monotonic() - self.last_answer if self.state == "unresponsive" else None
+
+    def child(self) -> asyncio.Event:
+        """The current child, as the token a request keeps: set once that child has exited."""
+        return self._child_gone
+
+    async def child_failed(self, child: asyncio.Event) -> bool:
+        """Whether a request's failure was the child's (it has exited, or is unresponsive): the
+        supervisor's own word, set once it saw the exit, however long that takes on a loaded
+        machine. A child that still answers its health check failed that request on its own."""
+        assert self._http is not None
+        timeout_s = self.settings.llm_engine_probe_timeout_s
+        while not child.is_set():
+            if self.state == "unresponsive":
+                return True
+            if await self._probe(self._http, timeout_s) is not None:
+                # An answer: this child is alive, unless it has exited meanwhile and the answer came
+                # from its successor on the same port.
+                return child.is_set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(child.wait(), HEALTH_POLL_S)
+        return True
+
+    async def _probe(self, session: aiohttp.ClientSession, timeout_s: float) -> int | None:
+        """The status of the child's ``/health``, or None without an answer within ``timeout_s``."""
+        try:
+            async with session.get(
+                f"{self.base_url}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as response:
+                return response.status
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
+    async def _watch(self) -> None:
+        """Probe the running child's health; mark it unresponsive, healthy again, or kill a hung one."""
+        s = self.settings
+        failures = 0
+        watched: asyncio.subprocess.Process | None = None
+        while True:
+            await asyncio.sleep(s.llm_engine_probe_interval_s)
+            process = self._process
+            if self.state not in ("ready", "unresponsive") or process is None or process.returncode is not None:
+                continue
+            if process is not watched:
+                watched, failures = process, 0
+            assert self._probe_http is not None
+            status = await self._probe(self._probe_http, s.llm_engine_probe_timeout_s)
+            if process is not self._process or self.state not in ("ready", "unresponsive"):
+                continue  # it exited meanwhile: the supervisor's
+            now = time.monotonic()
+            if status == 200:
+                failures = 0
+                if self.state == "unresponsive":
+                    log.warning(
+                        "llama-server for %s answers again after %.1f s of silence: healthy",
+                        self.alias,
+                        now - self.last_answer,
+                    )
+                    self.state = "ready"
+                    self._ready.set()
+                self.last_answer = now
+                continue
+            failures += 1
+            silent_s = now - self.last_answer
+            if self.state == "ready" and failures >= s.llm_engine_probe_failures:
+                self.state = "unresponsive"
+                self._ready.clear()
+                log.error(
+                    "llama-server for %s (pid %s) answered none of %d health probes (%g s each) for %.1f s: unhealthy; "
+                    "LLM requests get a 503 until it answers, and it is restarted if silent for %g s "
+                    "(llm_engine_hang_restart_s)",
+                    self.alias,
+                    process.pid,
+                    failures,
+                    s.llm_engine_probe_timeout_s,
+                    silent_s,
+                    s.llm_engine_hang_restart_s,
+                )
+            if self.state == "unresponsive" and silent_s >= s.llm_engine_hang_restart_s:
+                self._hang = (
+                    f"answered no health check for {silent_s:.0f} s and was killed "
+                    f"(llm_engine_hang_restart_s {s.llm_engine_hang_restart_s:g} s)"
+                )
+                log.error("llama-server for %s (pid %s) %s; restarting it", self.alias, process.pid, self._hang)
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()  # SIGKILL: a stopped process gets it too
+                await process.wait()  # the supervisor restarts it
 
     async def slot_states(self) -> list[dict[str, Any]]:
         """llama-server's ``/slots``: per slot, ``is_processing``, ``n_decoded`` ... (tests, /health)."""
@@ -368,7 +559,10 @@ class LlamaServerProcess:
         if process is None or process.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError):
-            process.terminate()
+            if self.state == "unresponsive":
+                process.kill()  # a stopped child would only take SIGTERM once it runs again
+            else:
+                process.terminate()
         try:
             await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
         except TimeoutError:
@@ -379,14 +573,16 @@ class LlamaServerProcess:
     async def aclose(self) -> None:
         self._closing = True
         self._ready.clear()
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+        for task in (self._watchdog, self._supervisor):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._kill()
         if self._reader is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._reader, 1.0)
-        if self._http is not None:
-            await self._http.close()
+        for session in (self._http, self._probe_http):
+            if session is not None:
+                await session.close()
         self.state = "stopped"

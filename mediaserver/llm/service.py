@@ -205,6 +205,11 @@ async def _generate(
     deadline = asyncio.get_running_loop().time() + timeout_s
     backend = await service.backend(source)
     gate = service.gate(model, backend.max_concurrency)
+    try:
+        backend.check_available()
+    except ApiError:
+        metrics.requests.labels(model, backend.kind, "rejected").inc()
+        raise
     if gate.waiting >= service.settings.llm_max_queue:
         metrics.requests.labels(model, backend.kind, "rejected").inc()
         raise Overloaded(
@@ -358,7 +363,7 @@ class LlmService:
         return gate
 
     async def status(self) -> dict[str, Any]:
-        """Per model: its engine (state, restarts, slots busy as llama-server reports them), the
+        """Per model: its engine (state, whether it is healthy, restarts, why it last ended), the
         queue, and tokens/s over the last ``TOKEN_RATE_WINDOW_S`` (``/health``)."""
         now = time.monotonic()
         models: dict[str, Any] = {}
@@ -376,10 +381,14 @@ class LlmService:
                 entry["engine"] = {
                     "kind": "llama-server",
                     "state": process.state,
+                    "healthy": process.state == "ready",
                     "pid": process.pid,
                     "restarts": process.restarts,
                     "last_exit": process.last_exit,
                 }
+                unanswered_s = process.unanswered_s
+                if unanswered_s is not None:  # unresponsive: how long it has been silent
+                    entry["engine"]["unanswered_s"] = round(unanswered_s, 1)
         return {"default": self.sources.default_name, "models": models}
 
     async def backend(self, source: LlmSource) -> LlmEngine:

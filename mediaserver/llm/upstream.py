@@ -142,6 +142,9 @@ class UpstreamChat:
                 raise self._status_error(exc) from exc
         raise AssertionError("unreachable")
 
+    def check_available(self) -> None:
+        """An upstream's own failures are its answers (a 502 or 504 naming it)."""
+
     async def list_models(self) -> list[str]:
         page = await self._call(self._client.models.list)
         return [m.id for m in page.data]

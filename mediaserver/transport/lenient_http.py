@@ -12,6 +12,11 @@ The runner also turns on aiohttp's ``handler_cancellation``: when a client hangs
 is cancelled at once, so a transcription (or a generation) it was waiting for leaves the queue
 instead of running for nobody; the metrics count it as a 499.
 
+On shutdown, a handler still running when ``shutdown_grace_s`` (the runner's ``shutdown_timeout``)
+is over is cancelled then, with ``SHUTDOWN_CANCEL`` as the reason. aiohttp itself waits that long,
+then cancels only the request's body and waits as long again before it cancels the handler: a
+streamed answer, which reads no body, ran for twice the grace (20 s for 10, past Docker's 10 s stop).
+
 The same handler keeps a client's malformed request out of the error log: aiohttp answers it with a
 400 and would log it at ERROR with a traceback; here it is one INFO line (its reason and the client).
 Server errors are logged as before.
@@ -19,12 +24,18 @@ Server errors are logged as before.
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+
+# The reason a handler is cancelled with at the end of the shutdown grace (CancelledError's args):
+# the metrics middleware logs it as the server's doing, not as a client that hung up.
+SHUTDOWN_CANCEL = "the server is shutting down (shutdown_grace_s is over)"
 
 _REQUEST_LINE = re.compile(rb"^(GET|HEAD) (/[^\r\n]*?) (HTTP/1\.[01])\r?\n")
 _MAX_LINE = 16 * 1024
@@ -66,10 +77,29 @@ class _LenientServer(web.Server):
     def __call__(self) -> RequestHandler:
         return LenientRequestHandler(self, loop=self._loop, **self._kwargs)
 
+    async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 - aiohttp's signature
+        timer = None
+        if timeout is not None:
+            timer = asyncio.get_running_loop().call_later(timeout, _cancel_handlers, list(self._connections))
+        try:
+            await super().shutdown(timeout)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+
+def _cancel_handlers(connections: Sequence[RequestHandler]) -> None:
+    """The grace is over: cancel the handlers still running (aiohttp would wait as long again)."""
+    for connection in connections:
+        task = connection._task_handler  # the connection's task, which awaits its request's handler
+        if task is not None and not task.done():
+            task.cancel(SHUTDOWN_CANCEL)
+
 
 class LenientAppRunner(web.AppRunner):
     """``web.AppRunner`` whose connections accept Willow's unencoded request lines, log a client's
-    malformed request in one line, and cancel the handler of a client that hung up."""
+    malformed request in one line, cancel the handler of a client that hung up, and cancel the
+    handlers still running when the shutdown grace (``shutdown_timeout``) is over."""
 
     def __init__(self, app: web.Application, **kwargs: Any) -> None:
         kwargs.setdefault("handler_cancellation", True)

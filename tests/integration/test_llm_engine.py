@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -110,6 +111,8 @@ async def test_engine_killed_mid_answer_restarts(server: Any, llm_service: LlmSe
     # A request sent now waits for the restarted engine (llm_engine_ready_wait_s) and is answered.
     answer = await llm_service.complete([ChatMessage("user", "Name three colors.")], GenerationParams(max_tokens=20))
     assert answer.text and process.pid != pid and process.restarts == restarts + 1 and process.state == "ready"
+    # In words, not the engine's last log lines (its timings and token counts stay in the server's log).
+    assert process.last_exit == "was killed by signal 9 (SIGKILL)", process.last_exit
     async with aiohttp.ClientSession() as session, session.get(f"{server.url}/metrics") as resp:
         assert 'mediaserver_llm_engine_restarts_total{model="smollm2-135m-instruct"}' in await resp.text()
 
@@ -141,6 +144,9 @@ async def test_an_engine_that_cannot_start_turns_the_llm_off_naming_why(
     feature = health["features"]["llm"]
     assert feature["enabled"] is False and "llama-server" in feature["reason"], feature
     assert status == 503 and error["code"] == "feature_disabled" and "llama-server" in error["message"], error
+    # Why, summarised from its first error line; not its log lines (timestamps, levels, C functions).
+    assert "exited with code 1 at start: invalid magic characters" in error["message"], error
+    assert not re.search(r"\d+\.\d+\.\d+\.\d+ [EWI] |gguf_init|llama_model_load| \| ", error["message"]), error
 
 
 async def test_health_shows_an_idle_engines_slots_before_its_first_request(

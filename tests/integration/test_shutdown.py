@@ -98,3 +98,66 @@ async def test_sigterm_closes_sessions_with_1001_and_exits_without_error(tmp_pat
     assert log.count("(code 1001)") == 2, log
     assert "closing 3 open session(s)" in log, log
     assert re.search(r"session rtc-\w+: closed", log), log
+
+
+# A non-default grace. The margins past it were measured on the 2-core test machine at load 4: the
+# stream ended 3.00-3.02 s after SIGTERM (the cancelled handler closes its stream at once) and the
+# process exited 4.0-5.1 s after it (stopping the engine and the models); before the fix the stream
+# ran to twice the grace (6.01 s), past this bound.
+SHUTDOWN_GRACE_S = 3.0
+STREAM_END_MARGIN_S = 1.0
+EXIT_MARGIN_S = 3.0
+# With this seed the bundled SmolLM2 writes all 1024 tokens (30 s here): still streaming at the grace.
+STORY = "Write a very long story, at least 2000 words, about a lighthouse keeper and the sea, chapter by chapter."
+STORY_SEED = 1
+
+
+async def test_a_chat_stream_at_shutdown_is_cancelled_at_the_grace(tmp_path: Path) -> None:
+    """SIGTERM with a chat answer streaming: it runs until shutdown_grace_s, is cancelled then (not at
+    twice the grace, as aiohttp alone does), and the log says it was the shutdown, not a client that
+    hung up (a 499)."""
+    managed, url = mediaserver_process(
+        tmp_path, shutdown_grace_s=str(SHUTDOWN_GRACE_S), llm_slots="1", llm_context_tokens="1536"
+    )
+    managed.start()
+    message = {"role": "user", "content": STORY}
+    body = {"model": "gpt-4o-mini", "messages": [message], "max_tokens": 1024, "seed": STORY_SEED, "stream": True}
+    finish_reasons: list[str] = []
+    try:
+        await wait_http_ok(f"{url}/health", process=managed.process)
+        async with aiohttp.ClientSession() as http, http.post(f"{url}/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            started: float | None = None
+            try:
+                async for line in resp.content:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    choice = json.loads(line[6:])["choices"][0]
+                    if choice.get("finish_reason"):
+                        finish_reasons.append(choice["finish_reason"])
+                    if started is None and choice["delta"].get("content"):
+                        started = time.monotonic()
+                        os.kill(
+                            managed.pid, signal.SIGTERM
+                        )  # as `docker stop` does: the engine is the server's to stop
+            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+                pass  # cut off: what a cancelled stream looks like
+            assert started is not None
+            ended_after_s = time.monotonic() - started
+        assert managed.process is not None
+        exit_code = await asyncio.get_running_loop().run_in_executor(
+            None, managed.process.wait, SHUTDOWN_GRACE_S + EXIT_MARGIN_S + 10
+        )
+        exited_after_s = time.monotonic() - started
+    finally:
+        managed.stop()
+    log = managed.output()
+    print(f"grace {SHUTDOWN_GRACE_S:g} s: the stream ended {ended_after_s:.2f} s and the process exited "
+          f"{exited_after_s:.2f} s after SIGTERM")  # fmt: skip
+    assert not finish_reasons, f"the answer finished by itself before the grace was over: {finish_reasons}"
+    assert SHUTDOWN_GRACE_S - 0.2 <= ended_after_s <= SHUTDOWN_GRACE_S + STREAM_END_MARGIN_S, ended_after_s
+    assert exited_after_s <= SHUTDOWN_GRACE_S + EXIT_MARGIN_S, exited_after_s
+    assert exit_code == 0, log
+    assert "/v1/chat/completions: cancelled by the shutdown (shutdown_grace_s is over)" in log, log
+    assert "the client closed the connection" not in log, log
+    assert " ERROR " not in log and "Traceback" not in log, log

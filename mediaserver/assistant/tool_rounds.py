@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from mediaserver.assistant.mcp import ToolResult
+from mediaserver.assistant.prompt_fit import fit
 from mediaserver.events import AssistantToolCall, AssistantToolResult, SessionEvent
 from mediaserver.llm.service import LlmService, LlmStream
 from mediaserver.llm.tools import ToolCall, ToolConfig, ToolSpec
@@ -125,4 +126,6 @@ class ToolRounds:
             # After the calls: let the model call again while it may, else answer without tools.
             tools = self.config(self.toolbox, "auto") if self.calls < self.max_calls else None
             params = replace(self.params, tools=tools)
-            current = self.llm.stream(self.messages, params, model=self.model)
+            # The results may not all fit the model: its copy is cut to fit (prompt_fit.py).
+            messages = await fit(self.llm, self.messages, tools, self.model)
+            current = self.llm.stream(messages, params, model=self.model)

@@ -34,6 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 from mediaserver.assistant.audio_out import AudioOut, played_text
+from mediaserver.assistant.prompt_fit import fit
 from mediaserver.assistant.tool_rounds import Toolbox, ToolRounds
 from mediaserver.assistant.turn_types import (
     AssistantOptions,
@@ -52,6 +53,7 @@ from mediaserver.events import (
     AssistantToolCallDelta,
     SessionEvent,
 )
+from mediaserver.llm.prompt_size import message_bytes, prompt_bytes
 from mediaserver.llm.service import LlmService, LlmStream
 from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.metrics import Metrics
@@ -125,7 +127,11 @@ class Assistant:
 
     def prompt(self, context: Sequence[ChatMessage], options: AssistantOptions | None = None) -> list[ChatMessage]:
         """The system prompt, then the last message of ``context`` and as many before it as the
-        history budget allows (whole turns: the kept history never starts with an answer)."""
+        history budget allows (whole turns: the kept history never starts with an answer).
+
+        The budget counts what is sent: the system prompt, the tools' schemas, each message's text,
+        calls and template markers (``prompt_size``), at ``CHARS_PER_TOKEN``. It is an estimate; the
+        turn then fits the prompt to the model's limit exactly (``prompt_fit``)."""
         options = options or self.options
         # Always a system prompt: a small model without one wanders (an empty one means the default).
         prompt = options.system_prompt.strip() or self.settings.assistant_system_prompt
@@ -133,15 +139,20 @@ class Assistant:
         if not context:
             return system
         *earlier, last = context
-        budget = options.history_tokens * CHARS_PER_TOKEN - len(prompt) - len(last.content)
+        tools = options.tools
+        if tools is None and self.toolbox is not None:
+            tools = ToolRounds.config(self.toolbox, "auto")
+        sent = prompt_bytes([*system, last], tools)
+        budget = options.history_tokens * CHARS_PER_TOKEN - sent
         kept: list[ChatMessage] = []
         turns = 0
         for message in reversed(earlier):
             if message.role == "user":
                 turns += 1
-            if turns > options.history_turns or budget - len(message.content) < 0:
+            size = message_bytes(message)
+            if turns > options.history_turns or budget - size < 0:
                 break
-            budget -= len(message.content)
+            budget -= size
             kept.append(message)
         while kept and kept[-1].role != "user":  # never start the kept history mid-turn
             kept.pop()
@@ -306,6 +317,7 @@ class Assistant:
         rounds = self._tool_rounds(turn, messages, params)
         if rounds is not None:
             params = rounds.params
+        messages = await fit(self.llm, messages, params.tools, options.model)
         try:
             stream = self.llm.stream(messages, params, model=options.model)
         except ApiError as exc:

@@ -149,6 +149,13 @@ class LlmSettings(BaseModel):
     llm_upstream_timeout_s: float = Field(60.0, gt=0, description="silence from the upstream before a 504")
     llm_upstream_retries: int = Field(2, ge=0, description="retries after a connect error (never after a timeout)")
     llm_upstream_max_concurrency: int = Field(8, ge=1, description="generations in flight to the upstream")
+    llm_upstream_bytes_per_token: float = Field(
+        3.0,
+        ge=1.0,
+        description="spoken answers: an upstream's prompt is estimated at this many bytes a token (its tokenizer is "
+        "not at hand) and cut to fit llm_max_prompt_tokens; lower is safer (1 never undercounts a byte-level "
+        "tokenizer), and llm_max_prompt_tokens should stay below the upstream's context window",
+    )
     llm_embedding_model: str = Field(
         "", description="a name, .gguf path or hub id; empty = the default chat model if a GGUF, else the bundled one"
     )

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+import aiohttp
+
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
 from mediaserver.errors import ApiError, GatewayTimeout, InvalidParameter, ModelUnavailable, Overloaded
@@ -32,8 +34,9 @@ from mediaserver.llm.embeddings import EmbeddingBatcher, Vector
 from mediaserver.llm.engine import LlamaServerEngine, LlmEngine
 from mediaserver.llm.llama_cpp import LlamaCppEmbedder
 from mediaserver.llm.metrics import LlmMetrics
+from mediaserver.llm.prompt_size import PromptTokens, estimate_tokens, prompt_bytes
 from mediaserver.llm.registry import LlmRegistry, LlmSource
-from mediaserver.llm.tools import ToolCall, ToolCallAccumulator, ToolCallDelta
+from mediaserver.llm.tools import ToolCall, ToolCallAccumulator, ToolCallDelta, ToolConfig
 from mediaserver.llm.types import (
     ChatMessage,
     ChatRequest,
@@ -466,6 +469,35 @@ class LlmService:
             tools=params.tools,
         )
         return LlmStream(self, source, request)
+
+    async def prompt_tokens(
+        self, messages: Sequence[ChatMessage], tools: ToolConfig | None, *, model: str | None = None
+    ) -> PromptTokens:
+        """How long ``messages`` with ``tools`` are for ``model``, and the most it takes.
+
+        The local engine's limit is the one it enforces (``llm_max_prompt_tokens``, below the
+        context window); a prompt under its byte bound is not counted further, a longer one is
+        counted by llama-server's own chat template and tokenizer (``/apply-template``,
+        ``/tokenize``), or, when the engine cannot answer, given as the bound. An upstream's is
+        estimated at ``llm_upstream_bytes_per_token`` against ``llm_max_prompt_tokens``. Raises what
+        ``stream`` would for an unknown or unavailable model."""
+        settings = self.settings
+        source = self.sources.resolve(model)
+        if source.backend == "upstream":
+            estimate = estimate_tokens(messages, tools, settings.llm_upstream_bytes_per_token)
+            return PromptTokens(estimate, settings.llm_max_prompt_tokens)
+        limit = min(settings.llm_max_prompt_tokens, settings.llm_context_tokens - 1)
+        bound = prompt_bytes(messages, tools)
+        if bound <= limit:
+            return PromptTokens(bound, limit)
+        engine = await self.backend(source)
+        if isinstance(engine, LlamaServerEngine):
+            try:
+                await engine.process.wait_ready()
+                return PromptTokens(await engine.process.count_prompt_tokens(messages, tools), limit, exact=True)
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+                log.info("the prompt of %s could not be counted (%s); using its byte bound", source.name, exc)
+        return PromptTokens(bound, limit)
 
     async def complete(
         self, messages: Sequence[ChatMessage], params: GenerationParams | None = None, *, model: str | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,7 @@ from tests.rtc_peer import connect_call
 
 KEY = "the-real-key"
 INSTRUCTIONS = "You are a terse test assistant."
+REDACTED = "<redacted>"
 OPENAI_ERROR_KEYS = {"message", "type", "param", "code"}
 
 
@@ -79,7 +81,8 @@ async def test_mint_ga_secret_and_connect_with_it(auth_server: LiveServer) -> No
     assert secret.session.type == "realtime" and secret.session.instructions == INSTRUCTIONS
     async with _client(auth_server, secret.value).realtime.connect(model="gpt-realtime") as connection:
         (created,) = await until(connection, "session.created")
-        assert created.session.instructions == INSTRUCTIONS and created.session.output_modalities == ["text"]
+        # the instructions reach the LLM, not the browser holding the secret
+        assert created.session.instructions == REDACTED and created.session.output_modalities == ["text"]
         await connection.conversation.item.create(
             item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hello."}]}
         )
@@ -87,6 +90,39 @@ async def test_mint_ga_secret_and_connect_with_it(auth_server: LiveServer) -> No
         events = await until(connection, "response.done")
     kinds = [e.type for e in events]
     assert "response.output_text.done" in kinds and "response.output_audio.delta" not in kinds, kinds
+
+
+async def test_sealed_instructions_never_reach_the_browser(auth_server: LiveServer) -> None:
+    """session.created and every session.updated show the secret's instructions as <redacted>, on the
+    raw WebSocket as a browser opens it; the session still answers under them, and a session.update
+    that sends the shown session back keeps them; instructions the client sets itself are echoed."""
+    secret = await _mint(auth_server, {"type": "realtime", "instructions": INSTRUCTIONS, "output_modalities": ["text"]})
+    url = auth_server.url.replace("http://", "ws://") + "/v1/realtime"
+    async with websockets.connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{secret.value}"]) as ws:  # type: ignore[list-item]
+
+        async def next_of(kind: str) -> dict[str, Any]:
+            while True:
+                text = await ws.recv()
+                assert INSTRUCTIONS not in str(text), text
+                event: dict[str, Any] = json.loads(text)
+                assert event["type"] != "error", event
+                if event["type"] == kind:
+                    return event
+
+        async def update(session: dict[str, Any]) -> str:
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", **session}}))
+            instructions: str = (await next_of("session.updated"))["session"]["instructions"]
+            return instructions
+
+        assert (await next_of("session.created"))["session"]["instructions"] == REDACTED
+        assert await update({"max_output_tokens": 40}) == REDACTED
+        assert await update({"instructions": REDACTED}) == REDACTED  # the shown session sent back
+        user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hello."}]}
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": user}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        done = await next_of("response.done")
+        assert done["response"]["status"] == "completed", done
+        assert await update({"instructions": "Be brief."}) == "Be brief."  # the client's own
 
 
 async def test_transcription_secret_over_the_browser_subprotocol(auth_server: LiveServer) -> None:
@@ -113,7 +149,7 @@ async def test_secret_opens_a_webrtc_call(auth_server: LiveServer) -> None:
     peer, _location = await connect_call(auth_server, api_key=secret.value)
     try:
         created = await peer.next("session.created")
-        assert created["session"]["instructions"] == INSTRUCTIONS
+        assert created["session"]["instructions"] == REDACTED
     finally:
         await peer.close()
 
@@ -142,7 +178,7 @@ async def test_beta_endpoints_mint_secrets(auth_server: LiveServer) -> None:
     # and the conversation secret opens a conversation
     async with _client(auth_server, session.client_secret.value).realtime.connect(model="gpt-realtime") as connection:
         (created_event,) = await until(connection, "session.created")
-    assert created_event.session.instructions == INSTRUCTIONS
+    assert created_event.session.instructions == REDACTED
 
 
 # --- refusals --------------------------------------------------------------------------------------
@@ -198,7 +234,7 @@ async def test_replicas_with_the_same_key_accept_each_others_secrets(
     secret = await _mint(replica, {"type": "realtime", "instructions": INSTRUCTIONS})
     async with _client(auth_server, secret.value).realtime.connect(model="gpt-realtime") as connection:
         (created,) = await until(connection, "session.created")
-    assert created.session.instructions == INSTRUCTIONS
+    assert created.session.instructions == REDACTED
 
 
 async def test_minting_needs_a_real_key(auth_server: LiveServer) -> None:
@@ -263,3 +299,38 @@ async def test_bad_mint_bodies_are_400(auth_server: LiveServer, body: bytes, par
 async def test_malformed_secrets_are_401(auth_server: LiveServer, value: str) -> None:
     status, body = await _get(auth_server, "/v1/realtime", {"Authorization": f"Bearer {value}"})
     _assert_401(status, body)
+
+
+async def test_a_secret_has_one_spelling(auth_server: LiveServer) -> None:
+    """Characters outside base64url, padding, the standard alphabet's + and /, and a last character's
+    unused bits changed: each decoded to the same bytes, so each opened the minted secret."""
+    for length in range(1, 9):  # a length whose last character has unused bits
+        secret = (await _mint(auth_server, {"type": "realtime", "instructions": os.urandom(length).hex()})).value
+        if len(secret.removeprefix("ek_")) % 4:
+            break
+    status, _ = await _get(auth_server, "/v1/realtime", {"Authorization": f"Bearer {secret}"})
+    assert status == 426  # the secret itself is good: the endpoint asks for the upgrade
+    body = secret.removeprefix("ek_")
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    spellings = [
+        f"ek_{body[:10]}.{body[10:]}",
+        f"ek_{body[:10]}!!{body[10:]}",
+        f"ek_{body}.",
+        f"ek_{body}" + "=" * (-len(body) % 4 or 4),
+        "ek_" + body.replace("-", "+").replace("_", "/"),
+    ]
+    if len(body) % 4:  # the last character's lowest bit carries nothing
+        spellings.append(f"ek_{body[:-1]}{alphabet[alphabet.index(body[-1]) ^ 1]}")
+    if "-" not in body and "_" not in body:
+        spellings.pop(4)
+    for spelling in spellings:
+        status, answer = await _get(auth_server, "/v1/realtime", {"Authorization": f"Bearer {spelling}"})
+        _assert_401(status, answer, "unknown")
+        if not re.fullmatch(r"[\w!#$%&'*+.^`|~-]+", spelling):
+            continue  # not an HTTP token ("=", "/"): a browser cannot send it as a subprotocol
+        protocols = ["realtime", f"openai-insecure-api-key.{spelling}"]
+        with pytest.raises(websockets.InvalidStatus) as caught:
+            url = auth_server.url.replace("http://", "ws://") + "/v1/realtime"
+            async with websockets.connect(url, subprotocols=protocols):  # type: ignore[arg-type]
+                pass
+        assert caught.value.response.status_code == 401, spelling

@@ -28,6 +28,7 @@ from mediaserver.config import McpServerConfig
 from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
 from tests.faults import abort_ws, metrics_text, session_tasks
+from tests.integration.test_realtime_prompt_fit import big_result
 from tests.integration.test_voice_loop import WsClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,10 +80,11 @@ def _answer(messages: list[dict[str, Any]]) -> str:
 
 
 async def _final_answer(client: WsClient, timeout: float = 90.0) -> list[dict[str, Any]]:
+    """Messages up to the answer's final text, or up to an error (a failed turn has no final)."""
     deadline = time.monotonic() + timeout
     got: list[dict[str, Any]] = []
-    while not any(m["type"] == "assistant" and m["final"] for m in got):
-        got += await client.until("assistant", timeout=max(0.05, deadline - time.monotonic()))
+    while not any((m["type"] == "assistant" and m["final"]) or m["type"] == "error" for m in got):
+        got += await client.until("assistant", "error", timeout=max(0.05, deadline - time.monotonic()))
     return got
 
 
@@ -139,6 +141,36 @@ async def test_a_device_that_does_not_answer_gives_the_model_an_error_and_the_se
         await client.until("pong", timeout=10)
         metrics = await metrics_text(tools_server.url)
         assert 'mediaserver_tool_calls_total{outcome="timeout",server="client",tool="set_lamp_color"}' in metrics
+
+
+async def test_a_large_tool_output_is_cut_to_fit_and_the_answers_go_on(
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip]
+) -> None:
+    """The device answers with ``mcp_max_result_chars`` (4,000) characters of dense JSON: with the
+    system prompt, the question and the call that was past ``llm_max_prompt_tokens``, and the turn
+    failed with ``context_length_exceeded``. The LLM's copy is cut to fit (the device's result
+    event keeps it whole), the answer follows, and so does the next turn's."""
+    output = big_result()
+    # The prompt fitted to the limit is ~1,750 tokens: a single-threaded engine on a loaded 2-core
+    # machine reads it in about 30 s without a token.
+    server: LiveServer = await server_factory(assistant_turn_timeout_s=180.0, **SETTINGS)
+    async with _device(server) as client:
+        await _start(client)
+        await client.speak(speech("Make the lamp red."))
+        call = (await client.until("assistant_tool_call", timeout=90))[-1]
+        await _send(client, "tool_output", call_id=call["call_id"], output=output)
+        got = await client.until("assistant_tool_result", timeout=30)
+        assert got[-1]["result"] == output
+        got += await _final_answer(client, timeout=240)
+        assert not [m for m in got if m["type"] == "error"], got
+        print(f"answer {_answer(got)!r}")
+        assert _answer(got).strip()
+        await client.speak(speech("Make the lamp green."))
+        call = (await client.until("assistant_tool_call", timeout=90))[-1]
+        await _send(client, "tool_output", call_id=call["call_id"], output="The lamp is green.")
+        got = await _final_answer(client, timeout=240)
+        assert not [m for m in got if m["type"] == "error"], got
+        assert _answer(got).strip()
 
 
 async def test_bad_tools_and_tool_outputs_are_errors_and_the_session_stays(tools_server: LiveServer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -12,6 +13,8 @@ from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.events import SessionEvent
+from mediaserver.llm.engine import TEMPLATE_BYTES_PER_MESSAGE
+from mediaserver.llm.tools import ToolCall, ToolConfig, ToolSpec
 from mediaserver.llm.types import ChatMessage
 from mediaserver.metrics import Metrics
 
@@ -79,12 +82,36 @@ def test_history_is_kept_within_its_budget_and_whole_turns() -> None:
     assert messages[0] == ChatMessage("system", "Be brief.")
     assert [m.content for m in messages[1:]] == ["question 3", "answer 3", "question 4", "answer 4", "question 5"]
     # No system prompt of the client's: the server's (a voice turn never goes without one), and the
-    # history budget counts it: 20 to 23 characters are left, one whole turn.
+    # history budget counts it and each message's template markers: 50 to 53 bytes are left after
+    # the system prompt and the question, one whole turn (26 + 24 bytes).
     default = helper.settings.assistant_system_prompt
-    helper.options = AssistantOptions(system_prompt="", history_turns=8, history_tokens=(len(default) + 24) // 4)
+    sent = len(default.encode()) + len("q") + 2 * TEMPLATE_BYTES_PER_MESSAGE
+    helper.options = AssistantOptions(system_prompt="", history_turns=8, history_tokens=(sent + 53) // 4)
     messages = helper.messages("q")
     assert messages[0] == ChatMessage("system", default)
     assert [m.content for m in messages[1:]] == ["question 4", "answer 4", "q"]
+
+
+def test_history_budget_counts_tools_and_calls() -> None:
+    """The tools' schemas and the calls' arguments are sent too: the budget counts them, so a turn
+    whose call carries long arguments, or a session with many tools, keeps less history."""
+    helper = assistant(system_prompt="Be brief.")
+    history = [
+        ChatMessage("user", "old question"),
+        ChatMessage("assistant", "old answer"),
+        ChatMessage("user", "look it up"),
+        ChatMessage("assistant", "", (ToolCall("call_1", "lookup", '{"query": "' + "x" * 600 + '"}'),)),
+        ChatMessage("tool", "found", tool_call_id="call_1"),
+        ChatMessage("assistant", "It is found."),
+        ChatMessage("user", "thanks"),
+    ]
+    options = AssistantOptions(system_prompt="Be brief.", history_turns=8, history_tokens=150)
+    assert [m.content for m in helper.prompt(history, options)[1:]] == ["thanks"]  # the call's 600 bytes count
+    roomy = replace(options, history_tokens=250)
+    assert len(helper.prompt(history, roomy)) == len(history) + 1
+    schema = {"type": "object", "properties": {"text": {"type": "string", "description": "y" * 600}}}
+    tools = ToolConfig(tuple(ToolSpec(f"tool_{n}", "z" * 100, schema) for n in range(3)))
+    assert [m.content for m in helper.prompt(history, replace(roomy, tools=tools))[1:]] == ["thanks"]
 
 
 def test_client_options_are_checked() -> None:

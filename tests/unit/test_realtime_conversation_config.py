@@ -3,6 +3,7 @@ the URL's session kind, conversation items (order, context, truncation) and thei
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -222,6 +223,23 @@ def test_bad_sessions(
 ) -> None:
     error = error_of(parse, session, base, models)
     assert (error.code, error.param) == (code, param), error.message
+
+
+def test_sealed_instructions_are_shown_redacted(
+    base: ConversationConfig, models: ModelRegistry, settings: Settings
+) -> None:
+    """Instructions a client secret carried reach the LLM, never the session events; what the client
+    sets itself is its own and is echoed."""
+    sealed = replace(base, instructions="The secret plan.", instructions_sealed=True)
+    assert sealed.describe_ga("sess_1", settings)["instructions"] == "<redacted>"
+    assert sealed.describe_beta("sess_1", settings)["instructions"] == "<redacted>"
+    kept = parse({"output_modalities": ["text"]}, sealed, models)
+    assert kept.instructions == "The secret plan." and kept.instructions_sealed
+    echoed_back = parse({"instructions": "<redacted>"}, sealed, models)  # the session as it was shown
+    assert echoed_back.instructions == "The secret plan." and echoed_back.instructions_sealed
+    own = parse({"instructions": "Be brief."}, sealed, models)
+    assert own.describe_ga("sess_1", settings)["instructions"] == "Be brief." and not own.instructions_sealed
+    assert parse({"instructions": "<redacted>"}, base, models).instructions == "<redacted>"  # nothing sealed
 
 
 def test_response_options_override_the_session(base: ConversationConfig) -> None:

@@ -10,11 +10,12 @@ a ``transcription`` session) until it expires, each with the session configurati
 Secrets are stateless: ``ek_`` + the base64url of a nonce and the zlib-compressed JSON claims (kind,
 expiry, session configuration) sealed with AES-256-GCM under a key derived from
 ``realtime_client_secret_key``. Sealed, not only signed: the session may hold an MCP server's
-``authorization`` or headers, or instructions, which the browser holding the secret must not read;
-and any change to a secret makes it fail to open. The server keeps nothing, so any replica that has
-the same key accepts a secret another replica minted (behind HAProxy, set the same key on every
-replica). Without the setting each process draws a random key at start: a restart invalidates every
-secret. A secret cannot be revoked before it expires.
+``authorization`` or headers, or instructions, which the browser holding the secret must not read
+(the session events show them as ``<redacted>``: ``ConversationConfig.instructions_sealed``); and
+any change to a secret makes it fail to open (one spelling only: ``_unb64``). The server keeps
+nothing, so any replica that has the same key accepts a secret another replica minted (behind
+HAProxy, set the same key on every replica). Without the setting each process draws a random key at
+start: a restart invalidates every secret. A secret cannot be revoked before it expires.
 
 A presented ``ek_`` credential is always checked, whether auth is on or off: unknown (it does not open),
 expired, or used for the other kind of session is a 401 in OpenAI's error shape. Only the realtime
@@ -29,11 +30,12 @@ import binascii
 import hashlib
 import json
 import os
+import re
 import secrets
 import time
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 from aiohttp import web
@@ -95,8 +97,19 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
+_B64URL: Final = re.compile(r"[A-Za-z0-9_-]*")
+
+
 def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    """Strictly the inverse of ``_b64``: one spelling per secret. ``urlsafe_b64decode`` alone skips
+    characters outside the alphabet and ignores a last character's unused bits, so ``ek_ab.c`` or a
+    changed final character would open the same secret (ValueError instead)."""
+    if not _B64URL.fullmatch(text):
+        raise ValueError("not unpadded base64url")
+    data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if _b64(data) != text:
+        raise ValueError("not the canonical spelling")
+    return data
 
 
 _NONCE_BYTES: Final = 12
@@ -188,10 +201,18 @@ def url_query_for(secret: ClientSecret, query: Mapping[str, str]) -> Mapping[str
 
 
 def apply(
-    app: web.Application, session: Mapping[str, Any], config: RealtimeConfig, conversation: ConversationConfig | None
+    app: web.Application,
+    session: Mapping[str, Any],
+    config: RealtimeConfig,
+    conversation: ConversationConfig | None,
+    *,
+    sealed: bool = True,
 ) -> tuple[RealtimeConfig, ConversationConfig | None]:
     """A session configuration over a new session's defaults, as a ``session.update`` would; a 400
-    naming the field when it is not valid."""
+    naming the field when it is not valid.
+
+    ``sealed``: the session is being opened with the secret, so the instructions it carries are
+    shown to the client as ``<redacted>`` (False when minting: the backend sent them)."""
     try:
         if conversation is not None:
             conversation = parse_conversation_session(
@@ -202,6 +223,8 @@ def apply(
                 is_llm=lambda name: is_llm_model(app, name),
                 mcp_policy=McpPolicy.of(app[SETTINGS]),
             )
+            if sealed and "instructions" in session:
+                conversation = replace(conversation, instructions_sealed=True)
             return conversation.input, conversation
         return parse_session(session, config, app[ASR].models), None
     except EventError as exc:
@@ -233,7 +256,7 @@ def _new_session(app: web.Application, kind: SecretKind, session: Mapping[str, A
     query = {"intent": "transcription"} if kind == "transcription" else {}
     config = default_config(settings, app[ASR].models, query)
     conversation = default_conversation(settings, config, None, None) if kind == "realtime" else None
-    return apply(app, session, config, conversation)
+    return apply(app, session, config, conversation, sealed=False)
 
 
 def _issue(app: web.Application, kind: SecretKind, session: Mapping[str, Any], ttl_s: int) -> tuple[str, int, Any]:

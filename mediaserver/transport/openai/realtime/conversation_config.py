@@ -35,7 +35,14 @@ from mediaserver.transport.openai.realtime.config import (
     parse_input,
     type_name,
 )
-from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy, McpTool, is_mcp, parse_mcp_tools, redacted
+from mediaserver.transport.openai.realtime.mcp_tools import (
+    REDACTED,
+    McpPolicy,
+    McpTool,
+    is_mcp,
+    parse_mcp_tools,
+    redacted,
+)
 
 Modality = Literal["text", "audio"]
 MAX_OUTPUT_TOKENS: Final = 4096  # OpenAI's cap on max_output_tokens
@@ -67,6 +74,14 @@ class ConversationConfig:
     tools: tuple[Any, ...] = ()
     tool_choice: Any = "auto"
     mcp: tuple[McpTool, ...] = ()  # the ``type: "mcp"`` tools, parsed (mcp_tools.py)
+    # The instructions came sealed in the client secret that opened the session: the browser holding
+    # the secret must not read them, so ``session.created`` / ``.updated`` show ``<redacted>``.
+    instructions_sealed: bool = False
+
+    @property
+    def echoed_instructions(self) -> str:
+        """``instructions`` as the session events show them to the client."""
+        return REDACTED if self.instructions_sealed else self.instructions
 
     def tool_config(self) -> ToolConfig | None:
         """The session's functions for the LLM (None: none, or ``tool_choice`` ``none``).
@@ -105,7 +120,7 @@ class ConversationConfig:
             "id": session_id,
             "model": self.model,
             "output_modalities": [self.modality],
-            "instructions": self.instructions,
+            "instructions": self.echoed_instructions,
             "audio": {
                 "input": {
                     "format": self.input.input_format.ga(),
@@ -136,7 +151,7 @@ class ConversationConfig:
             "object": "realtime.session",
             "model": self.model,
             "modalities": ["text"] if self.modality == "text" else ["audio", "text"],
-            "instructions": self.instructions,
+            "instructions": self.echoed_instructions,
             "voice": self.voice,
             "input_audio_format": self.input.input_format.beta(),
             "output_audio_format": self.output_format.beta(),
@@ -289,7 +304,11 @@ def parse_conversation_session(
         elif model:
             raise EventError("model_not_found", f"Invalid 'session.model': unknown model {model!r}.", "session.model")
     if "instructions" in session:
-        changes["instructions"] = _string(session["instructions"], "session.instructions")
+        instructions = _string(session["instructions"], "session.instructions")
+        # A client that sends back the session it was shown keeps the sealed instructions; any other
+        # text is the client's own (then echoed: it knows them).
+        if not (base.instructions_sealed and instructions == REDACTED):
+            changes.update(instructions=instructions, instructions_sealed=False)
     # GA
     if "output_modalities" in session:
         changes["modality"] = _modality(session["output_modalities"], "session.output_modalities")

@@ -46,6 +46,7 @@ class EarlyFinal:
     task: asyncio.Task[Transcript]
     samples: int
     silence_ms: int
+    held: bool = False  # the stream's audio waited for it once (semantic turns: its words are evidence)
 
     def fits(self, utterance: Utterance) -> bool:
         """Whether this is ``utterance``'s final (it ended on the silence the final started in)."""

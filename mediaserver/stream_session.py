@@ -233,6 +233,7 @@ class StreamSession:
 
     async def _segment(self, samples: AudioArray) -> None:
         await self._turns.settled()  # a pause being judged is judged before more audio is heard
+        await self._words_settled()
         async with self._segment_lock:  # the gap watcher pushes too: keep events in stream order
             for event in self._segmenter.push(samples):
                 await self._on_segment(event)
@@ -307,7 +308,9 @@ class StreamSession:
             async with self._segment_lock:
                 await self._end_turn_on_silence()
             return
-        complete = self._turns.model_ends(score, await self._pause_words(silence_from_ms))
+        complete = self._turns.model_ends(score, Words.OPEN)
+        if complete:  # the words may veto it: they are needed only then
+            complete = self._turns.model_ends(score, await self._pause_words(silence_from_ms))
         async with self._segment_lock:
             segmenter = self._segmenter
             if (
@@ -342,6 +345,18 @@ class StreamSession:
         if words is Words.UNFINISHED:
             log.debug("session %s: %r reads unfinished; the turn goes on", self.id, text[-40:])
         return words
+
+    async def _words_settled(self) -> None:
+        """Once a pause is long enough to be judged, wait for its words too (at most
+        ``turn_decision_hold_ms``, once per pause), so they are evidence at the same stream time
+        however fast the audio comes or however busy the ASR queue is."""
+        early, hold_ms = self._early_final, self.settings.turn_decision_hold_ms
+        if early is None or early.held or early.task.done() or hold_ms <= 0 or not self.semantic_turns:
+            return
+        if self._segmenter.silence_ms < self.settings.turn_candidate_silence_ms:
+            return
+        early.held = True
+        await asyncio.wait({early.task}, timeout=hold_ms / 1000.0)
 
     def _hear_pause(self, early: EarlyFinal, silence_from_ms: int, task: asyncio.Task[Transcript]) -> None:
         """The pause's final was decoded: its words are evidence for the pause from now on (a

@@ -6,8 +6,8 @@ the same sentences paused mid-way for 0.4, 0.7, 1.0 and 1.2 s. Each goes, in str
 the server's ``VadSegmenter`` with the eagerness-medium cap (4 s) as its hangover, and a **trace**
 is taken of each pause, as ``StreamSession`` sees it:
 
-* the final's words, decoded (tiny.en, greedy, as the server's early final) from the audio at
-  ``turn_final_silence_ms`` (30) into the pause, and how long that decode took;
+* the final's words, decoded by the server's own ASR service (tiny.en, as a final) from the audio
+  at ``turn_final_silence_ms`` (30) into the pause, and how long that decode took;
 * the turn model's score (Smart Turn v3.2 on onnxruntime, the server's ``TurnModel``) at
   ``turn_candidate_silence_ms`` (200) and every ``turn_rescore_ms`` (300) more of silence, and how
   long each took.
@@ -35,6 +35,7 @@ Targets (issue #33): whole sentences, real and Piper: p50 <= 0.35 s, p95 <= 0.7 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import pickle
@@ -53,9 +54,13 @@ from turn_cases import PAUSES_S, Case, piper_cases, real_cases, whisper_model
 
 sys.path.insert(0, str(REPO))
 
+from mediaserver.asr.models import ModelRegistry
+from mediaserver.asr.service import AsrService
 from mediaserver.audio.segmenter import SegmenterConfig, Utterance, VadSegmenter
 from mediaserver.config import Settings
-from mediaserver.events import SAMPLE_RATE_HZ
+from mediaserver.devices import choose_device
+from mediaserver.events import SAMPLE_RATE_HZ, Priority, TranscriptionOptions
+from mediaserver.metrics import Metrics
 from mediaserver.turns.decision import TurnRule, Words
 from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel
@@ -97,9 +102,19 @@ class Tracer:
     """Traces the pauses of a case, caching the decodes and scores of audio already seen (the
     paused cases share their first part)."""
 
-    def __init__(self, model: TurnModel, whisper: Any, settings: Settings) -> None:
-        self.model, self.whisper, self.settings = model, whisper, settings
+    def __init__(self, model: TurnModel, settings: Settings) -> None:
+        self.model, self.settings = model, settings
         self._cache: dict[tuple[str, str], tuple[Any, float]] = {}
+        # The words are decoded as the server decodes a pause's final: its own ASR service (the
+        # bundled tiny.en, batched engine, shortened encoder windows), as a final's priority.
+        self._loop = asyncio.new_event_loop()
+        self._asr = AsrService(settings, choose_device("cpu", "auto", 0), ModelRegistry(settings), Metrics())
+        self._loop.run_until_complete(self._asr.start())
+        self._options = TranscriptionOptions(language="en", with_segment_timestamps=False)
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._asr.aclose())
+        self._loop.close()
 
     def _cached(self, kind: str, audio: np.ndarray, compute: Callable[[], Any]) -> tuple[Any, float]:
         key = (kind, hashlib.sha1(audio.tobytes()).hexdigest())
@@ -111,8 +126,8 @@ class Tracer:
 
     def words(self, audio: np.ndarray) -> tuple[str, float]:
         def decode() -> str:
-            segments, _ = self.whisper.transcribe(audio, language="en", beam_size=1, vad_filter=False)
-            return " ".join(s.text.strip() for s in segments)
+            job = self._asr.transcribe(audio, self._options, priority=Priority.FINAL)
+            return self._loop.run_until_complete(job).text
 
         text, ms = self._cached("words", audio, decode)
         return str(text), ms
@@ -242,12 +257,15 @@ def trace_all(settings: Settings, sources: tuple[str, ...], threads: int) -> tup
         made += piper_cases()
     if "real" in sources:
         made += real_cases(whisper)
-    tracer = Tracer(model, whisper, settings)
+    tracer = Tracer(model, settings)
     traced: list[Traced] = []
-    for n, case in enumerate(made, 1):
-        traced.append((case, *tracer.trace(case)))
-        if n % 25 == 0:
-            print(f"traced {n}/{len(made)} cases", file=sys.stderr, flush=True)
+    try:
+        for n, case in enumerate(made, 1):
+            traced.append((case, *tracer.trace(case)))
+            if n % 25 == 0:
+                print(f"traced {n}/{len(made)} cases", file=sys.stderr, flush=True)
+    finally:
+        tracer.close()
     decisions = [ms for (kind, _), (_, ms) in tracer._cache.items() if kind == "score"]
     return traced, decisions
 

@@ -141,12 +141,13 @@ class StreamSettings(BaseModel):
         "speakers' finished sentences can score 0.01); 0 = the model and the cap alone",
     )
     turn_decision_hold_ms: int = Field(
-        1000,
+        2000,
         ge=0,
-        description="semantic turns: while a pause is being judged (the turn model's score and the pause's words), "
-        "the stream's later audio waits, at most this long per check, so a pause is judged at the same stream time "
-        "whether the audio comes in real time or faster; a live stream waits only the decision (30-150 ms); 0 = "
-        "never wait (fast streams then run past their pauses before the decision arrives)",
+        description="semantic turns: while a pause is being judged (the turn model's score, and the pause's words "
+        "once it is turn_candidate_silence_ms long), the stream's later audio waits, at most this long for each, so "
+        "a pause is judged at the same stream time whether the audio comes in real time or faster and however busy "
+        "the machine is; a live stream waits only for the decision (30-300 ms); 0 = never wait (fast streams then "
+        "run past their pauses before the decision arrives)",
     )
     turn_rescore_ms: int = Field(
         300,

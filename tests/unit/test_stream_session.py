@@ -56,6 +56,8 @@ async def feed(session: StreamSession, audio: np.ndarray) -> None:
 
 def session_for(asr: AsrService, settings: Settings, recorder: Recorder, **options: Any) -> StreamSession:
     transcription = TranscriptionOptions(language=options.pop("language", "en"), with_segment_timestamps=False)
+    # Utterances that end on silence (stream_vad_hangover_ms): the turn rule is test_turns.py's.
+    options.setdefault("turn_detection", "silence")
     return StreamSession(asr, settings, recorder, StreamOptions(transcription=transcription, **options))
 
 

@@ -436,6 +436,9 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None, wyoming_port
                 + (f" RSS {last.rss_mb:.0f} MB fds {last.fds} threads {last.threads}" if last else ""),
                 flush=True,
             )
+            if last:  # so far, in case the run is cut short
+                so_far = report(args, mix, tally, sampler.samples, time.monotonic() - started, last, None)
+                args.json.write_text(json.dumps(so_far | {"partial": True}, indent=1))
 
     reporting = asyncio.create_task(progress())
     await asyncio.gather(*(worker(kind, n) for kind, count in mix.items() for n in range(count)))

@@ -12,7 +12,8 @@ of ``--pause-s`` between them, each operation bounded by ``--op-timeout-s``; all
 - ``upload``: a Piper sentence as WAV to ``POST /v1/audio/transcriptions``; a non-empty text;
 - ``speech``: ``POST /v1/audio/speech`` (WAV) of a sentence; audio back;
 - ``chat``: ``POST /v1/chat/completions``, ``max_tokens`` 24; an answer;
-- ``ws``: a device WebSocket (``/api/ws/asr``, server VAD): three Piper sentences with 1.5 s pauses,
+- ``ws``: a device WebSocket (``/api/ws/asr``, server VAD): three Piper sentences with 4.5 s pauses
+  (past ``turn_wait_medium_ms``: semantic turns wait out a pause heard as unfinished that long),
   20 ms frames paced in real time; three finals, then hang up (a new socket each time);
 - ``realtime``: a Realtime WebSocket session through the ``openai`` SDK with a function tool
   (``set_light``, named in ``tool_choice``, as tests/integration/test_realtime_tools.py does):
@@ -58,6 +59,8 @@ from benchlib import REPO, CpuWatch, child_server, free_port, percentile
 KINDS = ("upload", "speech", "chat", "ws", "realtime", "wake_ws", "wake_wyoming")
 DEFAULT_MIX = "upload=1,speech=1,chat=1,ws=2,realtime=1,wake_ws=1,wake_wyoming=1"
 MB = 2**20
+WS_PAUSE_S = 4.5  # between a device stream's sentences
+QUIET_S = 20.0  # a device stream's missing final: this long after its audio, nothing came
 WAKE_PHRASE = "okay nabu, turn on the lights"
 TOOL_QUESTION = "Turn on the kitchen light."
 SET_LIGHT = {
@@ -90,6 +93,7 @@ class Sample:
     child_threads: int
     children: int
     sessions: float  # mediaserver_sessions (all kinds) from /metrics
+    tts_cache_mb: float  # mediaserver_tts_cache_bytes: bounded by tts_cache_max_bytes (64 MB), part of the RSS
 
 
 @dataclass
@@ -113,7 +117,7 @@ class Material:
 
     upload_wavs: list[bytes]
     sentences: list[str]
-    ws_audio: np.ndarray  # 16 kHz float: three sentences, 1.5 s pauses
+    ws_audio: np.ndarray  # 16 kHz float: three sentences, WS_PAUSE_S pauses
     ws_sentences: int
     wake_audio: np.ndarray  # 16 kHz float: silence, the wake phrase, silence
     realtime_pcm: bytes  # 24 kHz PCM16: the tool question
@@ -123,8 +127,10 @@ def material() -> Material:
     from tests.conftest import SENTENCES, resample_to, synthesize
 
     clips = [synthesize(text) for text in SENTENCES.values()]
-    pause = np.zeros(int(16000 * 1.5), np.float32)
-    ws_parts = [pause]
+    # Past turn_wait_medium_ms (4 s): with semantic turns (the default) a pause the turn model hears as
+    # unfinished is waited out that long, so a shorter one may join two sentences in one final.
+    pause = np.zeros(int(16000 * WS_PAUSE_S), np.float32)
+    ws_parts = [np.zeros(16000, np.float32)]
     for clip in clips[:3]:
         ws_parts += [clip.audio16k, pause]
     wake = synthesize(WAKE_PHRASE).audio16k
@@ -152,6 +158,7 @@ class Faces:
         self.url = url
         self.wyoming_port = wyoming_port
         self.m = stuff
+        self.spoken = 0
 
     async def upload(self, rng: random.Random) -> None:
         import aiohttp
@@ -167,7 +174,12 @@ class Faces:
     async def speech(self, rng: random.Random) -> None:
         import aiohttp
 
-        body = {"model": "tts-1", "input": rng.choice(self.m.sentences), "voice": "alloy", "response_format": "wav"}
+        self.spoken += 1
+        body: dict[str, Any] = {"model": "tts-1", "voice": "alloy", "response_format": "wav"}
+        if self.spoken % 2:  # a phrase asked for again and again: the response cache's hit
+            body["input"] = rng.choice(self.m.sentences)
+        else:  # a new text each time, streamed (SSE: not cached), so synthesis runs and the cache stays as it is
+            body |= {"input": f"{rng.choice(self.m.sentences)} Number {self.spoken}.", "stream_format": "sse"}
         async with aiohttp.ClientSession() as http, http.post(f"{self.url}/v1/audio/speech", json=body) as r:
             data = await r.read()
             if r.status != 200 or len(data) < 4000:
@@ -200,7 +212,13 @@ class Faces:
                 sending = asyncio.create_task(client.send_audio(pcm16(audio), 640, realtime_bytes_per_s=32000))
                 got: list[dict[str, Any]] = []
                 while sum(1 for m in got if m["type"] == "final") < finals:
-                    message = await client.next(timeout=120)
+                    try:
+                        message = await client.next(timeout=QUIET_S if sending.done() else 120)
+                    except TimeoutError:
+                        texts = [m["text"] for m in got if m["type"] == "final"]
+                        raise Failed(
+                            f"{len(texts)} finals for {finals} utterances, none {QUIET_S:g} s after the audio: {texts}"
+                        ) from None
                     if message is None:
                         raise Failed(f"socket closed ({ws.close_code}) after {[m['type'] for m in got]}")
                     if message["type"] == "error":
@@ -343,7 +361,7 @@ class Sampler:
                     children += 1
         sample = Sample(
             time.monotonic() - started, rss, anon, fds, threads, child_rss, child_fds, child_threads, children,
-            await self._sessions(http),
+            *await self._metrics(http),
         )  # fmt: skip
         self.samples.append(sample)
         return sample
@@ -356,15 +374,18 @@ class Sampler:
                 await self.sample(started, http)
                 await asyncio.sleep(period_s)
 
-    async def _sessions(self, http: Any) -> float:
+    async def _metrics(self, http: Any) -> tuple[float, float]:
+        """Open sessions and the TTS cache's MB, from /metrics."""
         try:
             async with http.get(f"{self.url}/metrics") as resp:
                 text = await resp.text()
         except OSError:
-            return float("nan")
-        return sum(
-            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("mediaserver_sessions ")
-        )
+            return float("nan"), float("nan")
+        values = {
+            name: float(value)
+            for name, _, value in (line.rpartition(" ") for line in text.splitlines() if not line.startswith("#"))
+        }
+        return values.get("mediaserver_sessions", float("nan")), values.get("mediaserver_tts_cache_bytes", 0.0) / MB
 
 
 def rss_anon_mb(pid: int) -> float:
@@ -492,7 +513,16 @@ def report(
         },
         "slope_per_min": {
             name: slope(name)
-            for name in ("rss_mb", "rss_anon_mb", "fds", "threads", "child_rss_mb", "child_fds", "child_threads")
+            for name in (
+                "rss_mb",
+                "rss_anon_mb",
+                "tts_cache_mb",
+                "fds",
+                "threads",
+                "child_rss_mb",
+                "child_fds",
+                "child_threads",
+            )
         },
         "steady_samples": len(steady),
         "first": at(samples[0] if samples else None),
@@ -517,6 +547,7 @@ def plot(path: Path, result: dict[str, Any]) -> None:
     rss.plot(t, [s["rss_mb"] for s in samples], label="server RSS")
     rss.plot(t, [s["rss_anon_mb"] for s in samples], label="server RssAnon")
     rss.plot(t, [s["child_rss_mb"] for s in samples], label="children (llama-server) RSS")
+    rss.plot(t, [s["tts_cache_mb"] for s in samples], label="TTS response cache")
     slope = result["slope_per_min"]["rss_mb"]
     steady = [s for s in samples if result["warmup_min"] * 60 <= s["t"] <= result["traffic_s"]]
     if slope is not None and len(steady) >= 3:
@@ -568,7 +599,8 @@ def print_report(result: dict[str, Any]) -> None:
 
     print(
         f"slope after warm-up ({result['steady_samples']} samples): server RSS {fmt(slope['rss_mb'], 'MB')}, "
-        f"RssAnon {fmt(slope['rss_anon_mb'], 'MB')}, children RSS {fmt(slope['child_rss_mb'], 'MB')}"
+        f"RssAnon {fmt(slope['rss_anon_mb'], 'MB')}, children RSS {fmt(slope['child_rss_mb'], 'MB')}, "
+        f"TTS cache {fmt(slope['tts_cache_mb'], 'MB')}"
     )
     print(
         f"  fds {fmt(slope['fds'], '')}, threads {fmt(slope['threads'], '')}; "
@@ -579,7 +611,8 @@ def print_report(result: dict[str, Any]) -> None:
         if s:
             print(
                 f"  {label:<15} t {s['t'] / 60:5.1f} min: RSS {s['rss_mb']:.0f} MB (anon {s['rss_anon_mb']:.0f}), "
-                f"fds {s['fds']}, threads {s['threads']}, sessions {s['sessions']:.0f}; children {s['children']}: "
+                f"fds {s['fds']}, threads {s['threads']}, sessions {s['sessions']:.0f}, "
+                f"TTS cache {s['tts_cache_mb']:.1f} MB; children {s['children']}: "
                 f"RSS {s['child_rss_mb']:.0f} MB, fds {s['child_fds']}, threads {s['child_threads']}"
             )
     if result["other_cpu_cores"] is not None:

@@ -3,6 +3,10 @@
     python tools/soak.py                                   # 30 sessions (24 WebSocket + 6 WebRTC), 3 min
     python tools/soak.py --sessions 30 --rtc 6 --minutes 3 --out bench-results/soak
     python tools/soak.py --url http://127.0.0.1:19001 --server-pid 1234   # a running server
+    python tools/soak.py --mixed --duration-min 30      # every face at once: RSS, fds, threads over time
+
+``--mixed`` runs the mixed soak of tools/soak_mixed.py instead (uploads, speech, chat, device and
+wake streams, Realtime sessions with a tool; ``python tools/soak.py --mixed --help``).
 
 Each session is a device spoken to again and again: sentences of the 64-sentence Piper corpus
 (tools/speech_corpus.py) separated by 3-6 s of silence (seeded; ``--pause-s``: about 26 sentences
@@ -444,6 +448,10 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> dict[str,
 
 
 def main() -> int:
+    if "--mixed" in sys.argv[1:]:
+        from soak_mixed import main as mixed
+
+        return mixed([a for a in sys.argv[1:] if a != "--mixed"])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=30)
     parser.add_argument("--rtc", type=int, default=6, help="how many of the sessions use WebRTC (the rest: WebSocket)")

@@ -9,6 +9,7 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
@@ -244,7 +245,7 @@ async def health_handler(request: web.Request) -> web.Response:
     # A remote backend that is down degrades this server but does not fail the probe: the other
     # models still work, and replicas sharing one backend must not all leave a load balancer.
     down = any(b["state"] == "down" for b in backends.values())
-    body = {
+    body: dict[str, Any] = {
         "status": "degraded" if down else "ok",
         "device": asr.device.device,
         "compute_type": asr.device.compute_type,

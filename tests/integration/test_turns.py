@@ -366,8 +366,9 @@ async def ws_turn_end(
             await asyncio.sleep(max(0.0, started + (n + 1) * CHUNK / SAMPLE_RATE_HZ - time.monotonic()))
 
         def waiting() -> bool:  # an utterance that ended (and was not discarded) has no final yet
-            ended = sum(m["type"] == "speech_stopped" and not m["discarded"] for m in got)
-            return ended == 0 or sum(m["type"] == "final" for m in got) < ended
+            ended: int = sum(m["type"] == "speech_stopped" and not m["discarded"] for m in got)
+            finals: int = sum(m["type"] == "final" for m in got)
+            return ended == 0 or finals < ended
 
         async with asyncio.timeout(60):
             while waiting():

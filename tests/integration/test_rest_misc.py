@@ -195,10 +195,10 @@ async def test_health(server: Any) -> None:
     assert body["model_aliases"]["whisper-1"] == "tiny.en"  # the names OpenAI clients send
     assert body["features"]["asr"]["enabled"] is True
     assert "CPU" in body["features"]["asr"]["reason"]
-    # Semantic turns are the default, and make setup fetched the turn model: they run.
+    # Silence detection is the default; make setup fetched the turn model, for sessions that ask.
     assert body["turns"] == {
-        "default": "semantic",
-        "default_in_force": "semantic",
+        "default": "silence",
+        "default_in_force": "silence",
         "model_loaded": True,
         "model_path": body["turns"]["model_path"],
     }

@@ -243,16 +243,16 @@ async def test_silence_detection_when_the_session_asks_for_it(
     assert len(run.of(SpeechStopped)) == 2
 
 
-async def test_semantic_turns_are_the_default(
+async def test_semantic_turns_as_the_servers_default(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], turn_model: TurnModel
 ) -> None:
-    """A session that chooses nothing gets semantic turns: its pauses are judged, and an unfinished
-    fragment, "I want to go to the … train station." with a 0.7 s pause (cut in two by silence
-    detection), is one turn."""
-    assert base_settings.turn_detection == "semantic"
+    """With turn_detection semantic (MEDIASERVER_TURN_DETECTION=semantic) a session that chooses
+    nothing gets semantic turns: its pauses are judged, and an unfinished fragment, "I want to go to
+    the … train station." with a 0.7 s pause (cut in two by silence detection), is one turn."""
+    settings = base_settings.model_copy(update={"turn_detection": "semantic"})
     run = await speak(
         asr_service,
-        base_settings,
+        settings,
         turn_model,
         [speech("I want to go to the").audio16k, speech("train station.").audio16k],
         [0.7],
@@ -378,11 +378,13 @@ async def ws_turn_end(
 
 
 async def test_real_sentences_end_within_a_second_over_the_device_socket(
-    server: LiveServer, human_clips: list[tuple[str, np.ndarray, str]]
+    server_factory: Callable[..., Any], human_clips: list[tuple[str, np.ndarray, str]]
 ) -> None:
     """The suite's real recordings, each a finished sentence (some score 0.01 with the turn model:
-    "feels like these days go on forever"), streamed in real time over the device socket with the
-    defaults: each turn ends within 1.0 s of the last voiced sample, and none by the 4 s cap."""
+    "feels like these days go on forever"), streamed in real time over the device socket to a
+    server whose default is semantic turns, with every other setting at its default: each turn
+    ends within 1.0 s of the last voiced sample, and none by the 4 s cap."""
+    server: LiveServer = await server_factory(turn_detection="semantic")
 
     async def one(audio: np.ndarray) -> tuple[int, list[dict[str, Any]]]:
         first, last = voiced_span(audio)

@@ -70,7 +70,7 @@ def test_a_corrupt_model_file_turns_semantic_turns_off(tmp_path: Path, caplog: p
     """A file that is not an ONNX model: the server starts without it, says so once, and reports it."""
     path = tmp_path / "corrupt.onnx"
     path.write_bytes(b"not an onnx model" * 100)
-    settings = Settings(_env_file=None, turn_model_path=path)
+    settings = Settings(_env_file=None, turn_model_path=path, turn_detection="semantic")
     with caplog.at_level("WARNING"):
         assert load_shared(settings) is None
         assert load_shared(settings) is None  # asked again: not loaded again, not logged again

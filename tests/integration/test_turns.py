@@ -468,3 +468,46 @@ async def test_a_turn_model_that_fails_mid_session_ends_that_pause_on_silence(
     assert 400 <= stopped[0].audio_end_ms - fragment_end_ms <= 700, stopped
     assert asr_service.metrics.turn_model_failures._value.get() > failures
     broken.close()
+
+
+async def feed_at_full_speed(
+    asr: AsrService, settings: Settings, model: TurnModel, audio: np.ndarray
+) -> list[SessionEvent]:
+    """Feed ``audio`` to a semantic-turns session as fast as it takes it (a file streamed at full speed)."""
+    events: list[SessionEvent] = []
+
+    async def emit(event: SessionEvent) -> None:
+        events.append(event)
+
+    transcription = TranscriptionOptions(language="en", with_segment_timestamps=False)
+    options = StreamOptions(transcription=transcription, server_vad=True, turn_detection="semantic")
+    session = StreamSession(asr, settings, emit, options, turn_model=model)
+    try:
+        for start in range(0, audio.size, CHUNK):
+            await session.feed(audio[start : start + CHUNK])
+        async with asyncio.timeout(60):
+            while sum(isinstance(e, FinalTranscript) for e in events) < sum(
+                isinstance(e, SpeechStopped) and not e.discarded for e in events
+            ) or not any(isinstance(e, SpeechStopped) for e in events):
+                await asyncio.sleep(0.05)
+    finally:
+        await session.aclose()
+    return events
+
+
+async def test_a_pause_is_judged_at_the_same_stream_time_however_fast_the_audio_comes(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], turn_model: TurnModel
+) -> None:
+    """Two finished sentences 1 s apart, streamed at full speed: the stream waits while the pause is
+    judged (turn_decision_hold_ms), so they are two turns as they would be live. Without the wait
+    (0) the audio runs past the pause before the decision arrives, and they become one."""
+    first, second = speech("What is the capital of France?"), speech("Turn off the lights in the bedroom.")
+    audio = np.concatenate([silence(0.3), first.audio16k, silence(1.0), second.audio16k, silence(2.0)])
+    held = await feed_at_full_speed(asr_service, base_settings, turn_model, audio)
+    unheld = await feed_at_full_speed(
+        asr_service, base_settings.model_copy(update={"turn_decision_hold_ms": 0}), turn_model, audio
+    )
+    held_finals = [e for e in held if isinstance(e, FinalTranscript)]
+    assert len(held_finals) == 2, held
+    assert "france" in words(held_finals[0].transcript.text), held_finals
+    assert len([e for e in unheld if isinstance(e, FinalTranscript)]) == 1, unheld

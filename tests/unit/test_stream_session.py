@@ -402,36 +402,3 @@ async def test_audio_waiting_in_a_transport_queue_is_not_a_gap(
                 session.audio_arriving()
             await asyncio.sleep(0.02)
         assert bool(recorder.of(SpeechStopped)) is not arriving
-
-
-async def test_the_words_of_a_pause_are_waited_for_a_bounded_time(
-    asr_service: AsrService, base_settings: Settings
-) -> None:
-    """When the turn model would end a turn, the pause's words (which may keep it open) are waited
-    for only until the pause is turn_words_wait_ms long: a decode still running then counts as no
-    words (a slow decode is the fault here, made by a transcription that has not finished)."""
-    from mediaserver.events import Transcript
-    from mediaserver.stream_finals import EarlyFinal
-    from mediaserver.turns.decision import Words
-
-    session = session_for(asr_service, base_settings, Recorder(), server_vad=True, turn_detection="semantic")
-    decoded: asyncio.Future[Transcript] = asyncio.get_running_loop().create_future()
-
-    async def decode() -> Transcript:
-        return await decoded
-
-    task = asyncio.get_running_loop().create_task(decode())
-    session._early_final = EarlyFinal(task, 16000, 30)
-    try:
-        started = time.monotonic()
-        assert await session._pause_words(0, 0.2) is Words.UNKNOWN  # still decoding at the bound
-        assert 0.15 <= time.monotonic() - started < 5.0
-        assert not task.done()  # the final itself goes on: the utterance still needs it
-        waiting = asyncio.ensure_future(session._pause_words(0, 30.0))
-        decoded.set_result(
-            Transcript(text="How far is it from here to the", language="en", language_probability=1.0, duration_s=1.0)
-        )
-        assert await waiting is Words.UNFINISHED
-    finally:
-        task.cancel()
-        await session.aclose()

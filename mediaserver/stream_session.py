@@ -309,9 +309,8 @@ class StreamSession:
                 await self._end_turn_on_silence()
             return
         complete = self._turns.model_ends(score, Words.OPEN)
-        if complete:  # the words may veto it: they are needed only then, and waited for a bounded time
-            wait_ms = self.settings.turn_words_wait_ms - silence_ms - score.decision_ms
-            complete = self._turns.model_ends(score, await self._pause_words(silence_from_ms, wait_ms / 1000.0))
+        if complete:  # the words may veto it: they are needed only then
+            complete = self._turns.model_ends(score, await self._pause_words(silence_from_ms))
         async with self._segment_lock:
             segmenter = self._segmenter
             if (
@@ -327,19 +326,17 @@ class StreamSession:
                 await self._end_turn("model")
             # else keep listening: the speech resumes, the words' silence or the eagerness cap ends the turn
 
-    async def _pause_words(self, silence_from_ms: int, wait_s: float) -> Words:
+    async def _pause_words(self, silence_from_ms: int) -> Words:
         """What the final decoded in this pause says of the turn (turns/decision.py). It started at
-        ``turn_final_silence_ms``, before the turn model was asked, so it is usually ready; it is
-        waited for at most ``wait_s`` more (the pause reaching ``turn_words_wait_ms``): words that
-        come later cannot veto the model (UNKNOWN), as a short real command's decode that the ASR's
-        loop guard repeats would otherwise hold every such turn for ~0.6 s."""
+        ``turn_final_silence_ms``, before the turn model was asked, so it is usually ready; waiting
+        for it costs the answer nothing (the answer needs it)."""
         early = self._early_final
         if early is None:
             return Words.UNKNOWN
         try:
-            transcript = await asyncio.wait_for(asyncio.shield(early.task), timeout=max(0.0, wait_s))
-        except Exception:  # late (TimeoutError), cancelled (the speech resumed) or failed (the final path handles it)
-            return Words.UNKNOWN
+            transcript = await asyncio.shield(early.task)
+        except Exception:
+            return Words.UNKNOWN  # cancelled (the speech resumed) or failed: the final path handles it
         return self._heard(silence_from_ms, transcript)
 
     def _heard(self, silence_from_ms: int, transcript: Transcript) -> Words:

@@ -208,14 +208,10 @@ def pause_end(policy: str, pause: Pause, rule: TurnRule, settings: Settings) -> 
             finished = rule.model_ends(check.probability, Words.OPEN, first=n == 0) and not ends_unfinished(
                 pause.words, settings.turn_unfinished_words
             )
-            arrives = max(arrives, pause.words_ready_ms)  # the server waited for the words
-        else:  # the rule: words that come by turn_words_wait_ms may keep the turn open
-            finished = rule.model_ends(check.probability, Words.OPEN, first=n == 0)
-            if finished and pause.words_ready_ms <= max(arrives, settings.turn_words_wait_ms):
-                finished = rule.model_ends(check.probability, words_class, first=n == 0)
-                arrives = max(arrives, pause.words_ready_ms)
-            elif finished:
-                arrives = max(arrives, settings.turn_words_wait_ms)
+            arrives = max(arrives, pause.words_ready_ms)  # the server waits for the words
+        else:
+            arrives = max(arrives, pause.words_ready_ms)
+            finished = rule.model_ends(check.probability, words_class, first=n == 0)
         if finished:
             ends.append((_frame_up(arrives), f"model {check.probability:.2f} at {check.silence_ms}"))
             break

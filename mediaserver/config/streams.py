@@ -141,14 +141,6 @@ class StreamSettings(BaseModel):
         "on turn_unfinished_words) ends the turn once it is this long, whatever the turn model scores (real "
         "speakers' finished sentences can score 0.01); 0 = the model and the cap alone",
     )
-    turn_words_wait_ms: int = Field(
-        400,
-        ge=0,
-        description="semantic turns: when the turn model's score would end the turn, the pause's words (which may "
-        "keep it open) are waited for until the pause is this long; words decoded later cannot keep it open (short "
-        "real commands whose decode the ASR's loop guard repeats took ~0.6 s, and held their turns' end that long: "
-        "tools/bench_turns.py)",
-    )
     turn_decision_hold_ms: int = Field(
         2000,
         ge=0,

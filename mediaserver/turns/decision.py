@@ -20,8 +20,7 @@ The rule, per pause (``decide``):
    model scores; it ends when the speech resumes or at the eagerness cap.
 2. Otherwise a model score of at least ``turn_threshold`` at the first check ends the turn, and at
    least ``turn_rescore_threshold`` at a later one (the model grows surer with silence, for
-   fragments too). The words are waited for only until the pause is ``turn_words_wait_ms`` long:
-   words decoded later cannot keep the turn open (StreamSession).
+   fragments too).
 3. Words that end as a finished sentence end the turn once the pause reaches
    ``turn_finished_silence_ms``, whatever the model scores: no finished sentence waits for the cap.
 4. If the model fails on a pause, that pause ends as silence detection would

@@ -121,12 +121,10 @@ async def test_suppression_helps_on_white_noise_and_leaves_clean_speech(asr_serv
             )
     for (row_kind, row_snr), (off, on) in table.items():
         print(f"{row_kind:7s} {'-' if row_snr is None else f'{row_snr:.0f} dB':>6s}  off {off:6.1%}  on {on:6.1%}")
-    # On white noise at 5 dB suppression must not lose words. It gained 2.7 points on the machine the
-    # figures in tools/README.md come from; on this session's (a slower CPU, CTranslate2 computing on
-    # other kernels) the same 21 sentences read 16.3 % with and without it, on main as it was too
-    # (stop 26): the gain is not a property of every CPU. Other rows are printed, not asserted.
+    # What the docs claim: better on white noise at 5 dB. (At 0 dB and on babble the server's path
+    # does not gain, or loses: tools/README.md has the figures; they are printed here, not asserted.)
     off, on = table[("white", 5.0)]
-    assert on <= off, table
+    assert on < off, table
     # Clean speech: no worse than +0.5 points.
     off, on = table[("clean", None)]
     assert on <= off + 0.005, (off, on)

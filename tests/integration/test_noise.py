@@ -22,6 +22,7 @@ from mediaserver.events import Priority, TranscriptionOptions
 from mediaserver.state import SESSIONS, SETTINGS
 from mediaserver.transport.openai.realtime.session import RealtimeSession
 from tests.conftest import SENTENCES, LiveServer, synthesize
+from tests.cpu import decodes_like_avx512
 from tests.integration.test_ws_stream import connect, pcm16
 from tests.wer import word_error_rate
 
@@ -105,6 +106,7 @@ async def total_wer(asr: AsrService, kind: str, snr_db: float | None, on: bool) 
     return errors / sum(len(text.split()) for text in TARGETS)
 
 
+@decodes_like_avx512
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # 336 transcriptions one at a time: about 1.5 min on an idle machine
 async def test_suppression_helps_on_white_noise_and_leaves_clean_speech(asr_service: AsrService) -> None:

@@ -28,6 +28,7 @@ from mediaserver.config import RemoteModel, Settings
 from mediaserver.state import ASR
 from mediaserver.tts.service import TtsService
 from tests.conftest import Clip, LiveServer
+from tests.cpu import decodes_like_avx512
 from tests.integration.test_ws_stream import check_streamed_partials, connect, pcm16, silence
 from tests.ports import free_port
 from tests.processes import front_server, mediaserver_process, wait_http_ok
@@ -364,6 +365,7 @@ async def _upload(http: aiohttp.ClientSession, url: str, wav: bytes) -> str:
         return text
 
 
+@decodes_like_avx512
 async def test_a_looping_backend_answer_is_asked_again_and_marked(
     unguarded_upstream: str, base_settings: Settings, human_clips: list[tuple[str, np.ndarray, str]]
 ) -> None:

@@ -27,6 +27,7 @@ from mediaserver.asr.guards import normalized_words
 from mediaserver.asr.service import AsrService
 from mediaserver.events import Segment, Transcript, TranscriptionOptions
 from tests.conftest import LiveServer
+from tests.cpu import decodes_like_avx512
 from tests.human_speech import wav_bytes
 from tests.wer import spoken_form, word_error_rate
 
@@ -72,6 +73,7 @@ async def test_a_sentence_said_three_times_comes_back_three_times_the_same_on_ev
     assert second == first
 
 
+@decodes_like_avx512
 async def test_a_sentence_said_over_a_minute_is_not_cut_as_a_loop(
     asr_service: AsrService, human_clips: list[HumanClip]
 ) -> None:

@@ -18,6 +18,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.audio.decode import resample_mono
 from mediaserver.events import TranscriptionOptions
 from tests.conftest import SENTENCES, LiveServer
+from tests.cpu import decodes_like_avx512
 
 ANSWER = "Sure. The living room lights are now off. Good night, and sleep well."
 
@@ -42,7 +43,11 @@ async def heard(asr: AsrService, samples: np.ndarray, rate: int) -> str:
     return transcript.text
 
 
-@pytest.mark.parametrize("response_format", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+@pytest.mark.parametrize(
+    "response_format",
+    # opus: base decodes the Opus round trip as "... and place them quite in music." without AVX-512 (tests/cpu.py)
+    ["mp3", pytest.param("opus", marks=decodes_like_avx512), "aac", "flac", "wav", "pcm"],
+)
 async def test_every_response_format(
     server: LiveServer, asr_service: AsrService, wer: Any, response_format: str
 ) -> None:

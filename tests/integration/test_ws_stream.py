@@ -157,6 +157,7 @@ async def test_server_vad_realtime_with_append_only_partials(
             "prompt": None,
             "noise_suppression": 0,
             "wake": None,
+            "turn_detection": "silence",  # in force: the server's default (server VAD mode reports it)
         }
         audio = pcm16(np.concatenate([silence(0.5), clip.audio16k, silence(1.2)]))
         await client.send_audio(audio, 640, realtime_bytes_per_s=2 * RATE)  # 20 ms frames in real time

@@ -5,7 +5,11 @@ priorities, deadlines, metrics), but the decoding happens in another server. Wha
 
 - the cheap VAD gate, so silence never leaves the machine (an empty transcript at once);
 - one upstream request at a time per slot of ``max_concurrency``, each under ``timeout_s``, retried
-  ``retries`` times with backoff only when the connection could not be made (nothing was sent);
+  ``retries`` times with backoff after a connection error (``Unreachable``): the connection could not
+  be made, or it broke before an answer came (reset, a pooled keep-alive connection the server had
+  closed, Triton's ``UNAVAILABLE``), so the audio may have been sent. That is safe because a
+  transcription changes nothing upstream: a repeat costs at most a second decode. A timeout or an
+  error answer is never retried;
 - faults in the protocol's own shape: unreachable, an error answer or garbage is a 502
   ``BackendUnavailable`` naming the backend, a slow answer a 504 ``BackendTimeout``; one bad job of a
   batch fails alone;

@@ -38,7 +38,14 @@ class RemoteModel(BaseModel):
     multilingual: bool = Field(True, description="whether the upstream model transcribes other languages")
     timeout_s: float = Field(60.0, gt=0, description="one upstream request; a 504 naming the backend past it")
     connect_timeout_s: float = Field(5.0, gt=0)
-    retries: int = Field(2, ge=0, le=10, description="retries after a connection error (never after a sent request)")
+    retries: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="retries after a connection error: none made, or one dropped before the answer (the audio may "
+        "have been sent; a transcription changes nothing upstream, so a repeat is safe); never after a timeout or "
+        "an error answer",
+    )
     retry_backoff_ms: float = Field(200.0, ge=0)
     max_concurrency: int = Field(8, ge=1, le=1024, description="upstream requests in flight at once")
     probe_interval_s: float = Field(10.0, gt=0, description="how often /health's view of the backend is refreshed")

@@ -55,7 +55,13 @@ class AssistantSettings(BaseModel):
     assistant_voice: str | None = Field(None, description="TTS voice of answers; none = tts_default_voice")
     assistant_llm_model: str | None = Field(None, description="LLM of answers; none = llm_model")
     assistant_max_answer_tokens: int = Field(200, ge=1, description="cap on one spoken answer")
-    assistant_temperature: float | None = Field(None, ge=0, le=2, description="none = llm_default_temperature")
+    assistant_temperature: float | None = Field(
+        None,
+        ge=0,
+        le=2,
+        description="none = the answering model's own default, as for a chat request without one "
+        "(llm/defaults.py: llm_generation_defaults, else the bundled SmolLM2's 0.2, else llm_default_temperature)",
+    )
     assistant_history_turns: int = Field(8, ge=0, description="earlier user turns sent with each question")
     assistant_history_tokens: int = Field(
         1500, ge=0, description="and at most this much history (estimated at 4 characters a token)"

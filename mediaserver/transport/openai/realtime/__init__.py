@@ -37,8 +37,12 @@ server (beta clients may send the GA format object as ``input_audio_format``). `
 
 Turn detection maps onto the VAD segmenter: ``silence_duration_ms`` → hangover, ``prefix_padding_ms``
 → pre-roll, ``threshold`` 0..1 → webrtcvad aggressiveness 0..3 (``int(threshold * 4)``, capped at 3);
-fields left out keep the server's ``stream_vad_*`` settings. ``semantic_vad`` runs the same server VAD,
-its ``eagerness`` choosing the silence that ends a turn (low 1000 ms, high 300 ms, else the setting).
+fields left out keep the server's ``stream_vad_*`` settings. ``server_vad`` ends a turn on that silence.
+``semantic_vad`` is the server's semantic end of turn (mediaserver/turns, docs/turns.md): each pause
+is judged on the turn model's score, its words and its length, and ``eagerness`` caps the wait for an
+unfinished turn (``turn_wait_{low,medium,high}_ms``; auto = medium). Without the turn model it falls
+back to silence detection, the eagerness choosing the silence (low 1000 ms, high 300 ms, else the
+setting); see ``config.RealtimeConfig._turn_options`` and ``TurnDetection.segmenter``.
 As with OpenAI, every detected start of speech becomes an item with a transcript (possibly empty):
 the segmenter's minimum speech length is off here. Changing turn detection finishes the utterance in
 progress first. ``noise_reduction`` (``near_field`` / ``far_field``) runs WebRTC noise suppression

@@ -2,8 +2,9 @@
 
 Every setting is in a table (``| setting | default | |``) with the default the code has, and every
 name in a table is a setting; the ``remote_models`` field table of docs/scaling.md is held to
-``RemoteModel`` the same way; every ``MEDIASERVER_*`` variable the docs name is read by the server.
-Defaults are compared as values (``7`` = ``7.0``, ``100 MiB`` = 104857600, JSON lists and maps,
+``RemoteModel`` the same way; every ``MEDIASERVER_*`` variable the docs name is read by the server;
+a default given in prose right after a setting's name (```stream_gap_fill_ms` (120 ms)``) is the
+code's. Defaults are compared as values (``7`` = ``7.0``, ``100 MiB`` = 104857600, JSON lists and maps,
 paths with ``~``); a default the docs describe in words instead of a value is listed in ``DERIVED``
 with the value it stands for, so that wording is held to the code too.
 """
@@ -15,7 +16,6 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic.fields import FieldInfo
@@ -61,7 +61,7 @@ DERIVED: dict[str, tuple[str, object]] = {
 # remote_models' fields (docs/scaling.md): ``model`` empty means a name per backend.
 REMOTE_DERIVED: dict[str, tuple[str, object]] = {"model": ("`infer_bls` / `whisper-1`", "")}
 # Words for "no value": None or an empty list or map.
-NOTHING = {"none", "off", "unset", "empty"}
+NOTHING = {"none", "off", "unset"}
 UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "days": 86400, "day": 86400}
 # MEDIASERVER_ names the docs give as what is *not* a setting (the warning's example).
 NOT_SETTINGS_IN_DOCS = {"MEDIASERVER_PORT"}
@@ -80,7 +80,7 @@ def _split(text: str, sep: str) -> list[str]:
     for char in text:
         if quoted:
             quoted = "" if char == quoted else quoted
-        elif char in "`\"":
+        elif char in '`"':
             quoted = char
         elif char in "([{":
             depth += 1
@@ -119,7 +119,7 @@ def tables(path: Path, header: str) -> Iterator[Row]:
 
 def expand(names: list[str], fields: Mapping[str, FieldInfo], where: str) -> list[str]:
     """``_max_ttl_s`` after ``realtime_client_secret_default_ttl_s`` is ``realtime_client_secret_max_ttl_s``."""
-    expanded = []
+    expanded: list[str] = []
     for name in names:
         if name.startswith("_"):
             first = expanded[0]
@@ -192,7 +192,8 @@ def documented(header: str, fields: Mapping[str, FieldInfo], paths: list[Path]) 
 
 def test_derived_defaults_stand_for_what_the_code_does() -> None:
     assert default_path() == Path("~/.cache/mediaserver/turn/smart-turn-v3.2-cpu.onnx").expanduser()
-    assert DEFAULT_VOICE_ALIASES == {name: "@default" for name in OPENAI_VOICES + WIS_SPEAKERS}
+    assert set(DEFAULT_VOICE_ALIASES) == {*OPENAI_VOICES, *WIS_SPEAKERS}
+    assert set(DEFAULT_VOICE_ALIASES.values()) == {"@default"}
     for aliases, target, prefixes in [
         (DEFAULT_MODEL_ALIASES, "@default", ("gpt-", "whisper-")),
         (DEFAULT_LLM_ALIASES, "@default", ("gpt-",)),
@@ -242,3 +243,39 @@ def test_every_environment_variable_the_docs_name_is_read(path: Path) -> None:
         v for v in named - NOT_SETTINGS - NOT_SETTINGS_IN_DOCS if v.removeprefix(PREFIX).lower() not in known
     )
     assert not unread, f"{path.name} names variables no setting reads: {unread}"
+
+
+# In prose: `setting` or `MEDIASERVER_SETTING`, then in parentheses its default, a number with an
+# optional unit or (after "default") a value in backticks, alone up to the first , ; : or the end.
+PROSE_DEFAULT = re.compile(
+    r"`(?:MEDIASERVER_)?([A-Za-z][A-Za-z0-9_]*)`,? \((?:default )?"
+    r"(-?\d+(?:\.\d+)?(?: ?(?:ms|s|KiB|MiB|days?))?|(?<=default )`[^`]+`)(?=[,;:)])"
+)
+
+
+def prose_seconds(name: str, text: str) -> float | None:
+    """A duration written in prose, in the setting's own unit (``500 ms`` of a ``_s`` setting is 0.5)."""
+    number = re.fullmatch(r"(-?\d+(?:\.\d+)?) ?(ms|s)", text)
+    if number is None:
+        return None
+    value = float(number[1])
+    if number[2] == "ms" and not name.endswith("_ms"):
+        value /= 1000
+    if number[2] == "s" and name.endswith("_ms"):
+        value *= 1000
+    return value
+
+
+@pytest.mark.parametrize("path", [*DOCS, ROOT / "tools" / "README.md"])
+def test_defaults_given_in_prose_are_the_code_s(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    wrong = []
+    for match in PROSE_DEFAULT.finditer(text):
+        name = match[1].lower()
+        if name not in SETTINGS:
+            continue
+        seconds, default = prose_seconds(name, match[2]), default_of(SETTINGS[name])
+        if not (agrees(match[2], default, None) if seconds is None else seconds == default):
+            line = text.count("\n", 0, match.start()) + 1
+            wrong.append(f"{path.name}:{line}: {match[0]!r}, the code has {default!r}")
+    assert not wrong, "\n".join(wrong)

@@ -147,7 +147,13 @@ class LlmSettings(BaseModel):
     )
     llm_upstream_connect_timeout_s: float = Field(5.0, gt=0)
     llm_upstream_timeout_s: float = Field(60.0, gt=0, description="silence from the upstream before a 504")
-    llm_upstream_retries: int = Field(2, ge=0, description="retries after a connect error (never after a timeout)")
+    llm_upstream_retries: int = Field(
+        2,
+        ge=0,
+        description="retries after a connection error: none made, or one dropped before the answer began (the "
+        "request may have been sent; generating again changes nothing upstream); never after a timeout or an "
+        "error answer",
+    )
     llm_upstream_max_concurrency: int = Field(8, ge=1, description="generations in flight to the upstream")
     llm_upstream_bytes_per_token: float = Field(
         3.0,

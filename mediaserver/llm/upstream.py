@@ -6,9 +6,11 @@ client drives the ``llama-server`` child of ``mediaserver.llm.engine_process`` (
 llama.cpp's own sampling fields: repetition penalty, DRY, prompt cache).
 
 The ``openai`` client does the HTTP and SSE; its own retries are off because they also retry
-timeouts and 5xx answers, which would multiply a hanging upstream's wait: here only connect errors
-are retried (``llm_upstream_retries``), a silent upstream is a 504 after ``llm_upstream_timeout_s``,
-and every upstream failure is an answer that names the upstream.
+timeouts and 5xx answers, which would multiply a hanging upstream's wait: here only connection errors
+are retried (``llm_upstream_retries``: none made, or one dropped before the answer began, so the
+request may have been sent; a generation changes nothing upstream, a repeat costs at most its
+compute), a silent upstream is a 504 after ``llm_upstream_timeout_s``, and every upstream failure is
+an answer that names the upstream.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ class UpstreamChat:
         return UpstreamError(f"{self.label} answered {status}: {message}")
 
     async def _call(self, fn: Any, **kwargs: Any) -> Any:
-        """Call the client, retrying connect errors only."""
+        """Call the client, retrying connection errors only (``APIConnectionError``: not timeouts, not answers)."""
         for attempt in range(self._retries + 1):
             try:
                 return await fn(**kwargs)

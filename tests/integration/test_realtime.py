@@ -356,6 +356,30 @@ async def test_turn_detection_changes_keep_one_session_clock(connect: Any, speec
     assert [c["previous_item_id"] for c in committed] == [None, first["item_id"], second["item_id"]]
 
 
+@pytest.mark.parametrize(
+    "turn_detection",
+    [
+        {"type": "server_vad", "threshold": 0.6, "silence_duration_ms": 20},
+        {"type": "semantic_vad", "eagerness": "low"},
+    ],
+)
+async def test_the_session_echo_sent_back_changes_nothing(connect: Any, turn_detection: dict[str, Any]) -> None:
+    """A transcription session's ``session.updated`` sent back as the next update is shown again
+    unchanged: it names what runs (0.6 runs as the 0.5 level, 20 ms of silence as 60)."""
+    client = await connect()
+    await client.next("session.created")
+    first = await configure(client, {"type": "transcription", "audio": {"input": {"turn_detection": turn_detection}}})
+    assert first["type"] == "session.updated", first
+    shown = first["session"]["audio"]["input"]["turn_detection"]
+    if turn_detection["type"] == "server_vad":
+        assert (shown["threshold"], shown["silence_duration_ms"]) == (0.5, 60)
+    else:
+        assert shown["eagerness"] == "low" and "silence_duration_ms" not in shown
+    again = await configure(client, first["session"])
+    assert again["type"] == "session.updated", again
+    assert again["session"] == first["session"]
+
+
 async def test_16khz_pcm_extension(connect: Any, speech: Any, wer: Any) -> None:
     client = await connect()
     await client.next("session.created")

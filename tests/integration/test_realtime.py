@@ -180,9 +180,9 @@ async def test_session_created_and_server_vad_streaming_in_real_time(connect: An
     assert session["object"] == "realtime.transcription_session"
     audio_input = session["audio"]["input"]
     assert audio_input["format"] == {"type": "audio/pcm", "rate": 24000}
-    assert audio_input["turn_detection"] == {
+    assert audio_input["turn_detection"] == {  # what runs: stream_vad_aggressiveness 3 is threshold 0.75
         "type": "server_vad",
-        "threshold": 0.5,
+        "threshold": 0.75,
         "prefix_padding_ms": 300,
         "silence_duration_ms": 500,
     }
@@ -330,7 +330,8 @@ async def test_turn_detection_changes_keep_one_session_clock(connect: Any, speec
     await client.next("session.created")
     vad = {"type": "server_vad", "threshold": 0.6, "prefix_padding_ms": 200, "silence_duration_ms": 700}
     updated = await configure(client, {"type": "transcription", "audio": {"input": {"turn_detection": vad}}})
-    assert updated["session"]["audio"]["input"]["turn_detection"] == vad
+    # 0.6 runs as webrtcvad's aggressiveness 2, whose level the echo shows.
+    assert updated["session"]["audio"]["input"]["turn_detection"] == {**vad, "threshold": 0.5}
     await client.stream(pcm16(speech("weather"), silence_after_s=1.0), chunk_ms=100)
     (first,) = await until_completed(client)
     # Speech still going when turn detection is switched off: that utterance is finished first.
@@ -353,6 +354,30 @@ async def test_turn_detection_changes_keep_one_session_clock(connect: Any, speec
     committed = [e for e in client.events if e["type"] == "input_audio_buffer.committed"]
     assert [c["item_id"] for c in committed] == [first["item_id"], second["item_id"], third["item_id"]]
     assert [c["previous_item_id"] for c in committed] == [None, first["item_id"], second["item_id"]]
+
+
+@pytest.mark.parametrize(
+    "turn_detection",
+    [
+        {"type": "server_vad", "threshold": 0.6, "silence_duration_ms": 20},
+        {"type": "semantic_vad", "eagerness": "low"},
+    ],
+)
+async def test_the_session_echo_sent_back_changes_nothing(connect: Any, turn_detection: dict[str, Any]) -> None:
+    """A transcription session's ``session.updated`` sent back as the next update is shown again
+    unchanged: it names what runs (0.6 runs as the 0.5 level, 20 ms of silence as 60)."""
+    client = await connect()
+    await client.next("session.created")
+    first = await configure(client, {"type": "transcription", "audio": {"input": {"turn_detection": turn_detection}}})
+    assert first["type"] == "session.updated", first
+    shown = first["session"]["audio"]["input"]["turn_detection"]
+    if turn_detection["type"] == "server_vad":
+        assert (shown["threshold"], shown["silence_duration_ms"]) == (0.5, 60)
+    else:
+        assert shown["eagerness"] == "low" and "silence_duration_ms" not in shown
+    again = await configure(client, first["session"])
+    assert again["type"] == "session.updated", again
+    assert again["session"] == first["session"]
 
 
 async def test_16khz_pcm_extension(connect: Any, speech: Any, wer: Any) -> None:

@@ -425,6 +425,30 @@ async def test_beta_client_text_then_g711_audio(raw: Callable[..., Any], asr_ser
     assert deleted["item_id"] == user_id
 
 
+@pytest.mark.parametrize("beta", [False, True])
+async def test_the_session_echo_sent_back_changes_nothing(raw: Callable[..., Any], beta: bool) -> None:
+    """The OpenAI SDKs send ``session.updated`` back as the next ``session.update``: the echo shows
+    what runs (VOICE_SETTINGS' temperature 0 and 60-token answers, the VAD's 0.75), so sending it
+    back changes nothing, twice over."""
+    client = await raw(beta=beta)
+    created = (await client.until("session.created"))[-1]["session"]
+    if beta:
+        assert (created["temperature"], created["max_response_output_tokens"]) == (0.0, 60)
+        turn = created["turn_detection"]
+    else:
+        assert created["max_output_tokens"] == 60
+        turn = created["audio"]["input"]["turn_detection"]
+    assert (turn["threshold"], turn["silence_duration_ms"]) == (0.75, 500)
+    assert "expires_at" not in created
+    shown = created
+    for _ in range(2):
+        await client.send({"type": "session.update", "session": shown})
+        updated = (await client.until("session.updated", "error"))[-1]
+        assert updated["type"] == "session.updated", updated
+        assert updated["session"] == created
+        shown = updated["session"]
+
+
 async def test_bad_input_is_an_error_event_and_the_session_stays(raw: Callable[..., Any]) -> None:
     client = await raw()
     await client.until("session.created")

@@ -280,3 +280,70 @@ def test_bad_noise_reduction_is_an_error(base: RealtimeConfig, models: ModelRegi
     assert error.code == "invalid_value" and error.param == "session.input_audio_noise_reduction.type"
     error = error_of(parse_session, {"audio": {"input": {"noise_reduction": "far"}}}, base, models)
     assert error.code == "invalid_type"
+
+
+# --- echoes: what runs, and sending the echo back changes nothing --------------------------------
+
+TURN_DETECTIONS: list[dict[str, Any] | None] = [
+    {},
+    {"type": "server_vad", "threshold": 0.6, "silence_duration_ms": 30, "prefix_padding_ms": 120},
+    {"type": "server_vad", "threshold": 1.0},
+    {"type": "server_vad", "threshold": 0.0, "silence_duration_ms": 900},
+    {"type": "semantic_vad"},
+    {"type": "semantic_vad", "eagerness": "low"},
+    {"type": "semantic_vad", "eagerness": "high", "threshold": 0.3},
+    {"type": "semantic_vad", "eagerness": "medium", "silence_duration_ms": 750},
+    None,
+]
+
+
+@pytest.mark.parametrize("turn_detection", TURN_DETECTIONS)
+@pytest.mark.parametrize("shape", ["ga", "beta"])
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"stream_vad_aggressiveness": 1, "stream_vad_hangover_ms": 800, "realtime_prefix_padding_ms": 150}],
+)
+def test_the_echo_round_trip_changes_nothing(
+    turn_detection: dict[str, Any] | None, shape: str, overrides: dict[str, Any], tmp_path: Any
+) -> None:
+    """A client that sends ``session.updated`` back as its next ``session.update`` (the OpenAI SDKs'
+    habit) keeps the segmenter it has, and is shown the same session again."""
+    settings = Settings(_env_file=None, model_cache_dir=tmp_path, **overrides)
+    models = ModelRegistry(settings)
+    start = default_config(settings, models, {})
+    update = (
+        {"audio": {"input": {"turn_detection": turn_detection}}}
+        if shape == "ga"
+        else {"turn_detection": turn_detection}
+    )
+    config = parse_session(update, start, models)
+    describe = config.describe_ga if shape == "ga" else config.describe_beta
+    echo = describe("sess_1", settings)
+    again = parse_session(echo, start, models)  # onto the defaults: the echo alone says it all
+    assert again.segmenter(settings) == config.segmenter(settings)
+    assert again.stream_options(settings) == config.stream_options(settings)
+    assert (again.describe_ga if shape == "ga" else again.describe_beta)("sess_1", settings) == echo
+
+
+def test_the_echo_shows_what_runs(base: RealtimeConfig, models: ModelRegistry, tmp_path: Any) -> None:
+    settings = Settings(
+        _env_file=None, model_cache_dir=tmp_path, stream_vad_aggressiveness=1, stream_vad_hangover_ms=800
+    )
+    shown = base.describe_ga("sess_1", settings)["audio"]["input"]["turn_detection"]
+    segmenter = base.segmenter(settings)
+    # threshold is the level of the aggressiveness in force; silence is the hangover that runs.
+    assert (shown["threshold"], segmenter.aggressiveness) == (0.25, 1)
+    assert shown["silence_duration_ms"] == segmenter.hangover_ms == 800
+    # A threshold runs as the level it falls in; a silence below two VAD frames runs as 60 ms.
+    config = parse_session({"turn_detection": {"threshold": 0.6, "silence_duration_ms": 10}}, base, models)
+    shown = config.describe_beta("sess_1", settings)["turn_detection"]
+    assert (shown["threshold"], config.segmenter(settings).aggressiveness) == (0.5, 2)
+    assert shown["silence_duration_ms"] == config.segmenter(settings).hangover_ms == 60
+    # semantic_vad shows no silence OpenAI's shape lacks unless the client set one.
+    for eagerness, hangover in (("low", 1000), ("high", 300)):
+        config = parse_session({"turn_detection": {"type": "semantic_vad", "eagerness": eagerness}}, base, models)
+        shown = config.describe_ga("sess_1", settings)["audio"]["input"]["turn_detection"]
+        assert "silence_duration_ms" not in shown and shown["eagerness"] == eagerness
+        assert config.segmenter(settings).hangover_ms == hangover  # without the turn model
+    # A session does not expire: no made-up expires_at.
+    assert "expires_at" not in base.describe_ga("sess_1", settings)

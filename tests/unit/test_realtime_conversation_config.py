@@ -15,6 +15,7 @@ from mediaserver.errors import InvalidParameter
 from mediaserver.llm.types import ChatMessage
 from mediaserver.transport.openai.realtime.config import EventError, InputFormat, default_config, session_kind
 from mediaserver.transport.openai.realtime.conversation_config import (
+    AnswerDefaults,
     ConversationConfig,
     parse_conversation_session,
     parse_response_options,
@@ -42,6 +43,7 @@ def base(settings: Settings, models: ModelRegistry) -> ConversationConfig:
         llm_model=None,
         instructions="Be brief.",
         voice="en_US-joe-medium",
+        answer=AnswerDefaults.of(settings, 0.2),
     )
 
 
@@ -170,7 +172,9 @@ def test_beta_session(base: ConversationConfig, models: ModelRegistry, settings:
     assert config.input.turn_detection is None
     described = config.describe_beta("sess_1", settings)
     assert described["modalities"] == ["audio", "text"] and described["output_audio_format"] == "g711_ulaw"
-    assert described["input_audio_format"] == "g711_alaw" and described["max_response_output_tokens"] == "inf"
+    assert described["input_audio_format"] == "g711_alaw"
+    # "inf" runs as the assistant's answer limit, and that is what the session shows.
+    assert described["max_response_output_tokens"] == settings.assistant_max_answer_tokens
 
 
 @pytest.mark.parametrize(
@@ -386,3 +390,77 @@ def test_new_items() -> None:
 def test_bad_items(item: object, code: str, param: str) -> None:
     error = error_of(parse_item, item, max_audio_bytes=10)
     assert (error.code, error.param) == (code, param), error.message
+
+
+# --- echoes: what runs, and sending the echo back changes nothing ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        {},
+        {"max_output_tokens": 77, "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+        {"max_output_tokens": "inf", "output_modalities": ["text"]},
+        {"max_output_tokens": 4096},  # past llm_max_completion_tokens: runs, and shows, the cap
+    ],
+)
+def test_the_ga_echo_round_trip_changes_nothing(
+    base: ConversationConfig, models: ModelRegistry, settings: Settings, update: dict[str, Any]
+) -> None:
+    config = parse({"type": "realtime", **update}, base, models)
+    echo = config.describe_ga("sess_1", settings)
+    again = parse(echo, base, models)
+    assert again.describe_ga("sess_1", settings) == echo
+    before, after = (
+        parse_response_options(None, config, check_voice=check_voice),
+        parse_response_options(None, again, check_voice=check_voice),
+    )
+    assert (after.max_tokens, after.llm_temperature) == (before.max_tokens, before.llm_temperature)
+    assert again.input.segmenter(settings) == config.input.segmenter(settings)
+
+
+@pytest.mark.parametrize("update", [{}, {"temperature": 0.9, "max_response_output_tokens": 50}])
+def test_the_beta_echo_round_trip_changes_nothing(
+    base: ConversationConfig, models: ModelRegistry, settings: Settings, update: dict[str, Any]
+) -> None:
+    config = parse(update, base, models)
+    echo = config.describe_beta("sess_1", settings)
+    again = parse(echo, base, models)
+    assert again.describe_beta("sess_1", settings) == echo
+    before, after = (parse_response_options(None, c, check_voice=check_voice) for c in (config, again))
+    assert (after.max_tokens, after.llm_temperature) == (before.max_tokens, before.llm_temperature)
+
+
+def test_the_echo_shows_the_answer_limits_that_run(
+    base: ConversationConfig, models: ModelRegistry, tmp_path: Any
+) -> None:
+    settings = Settings(
+        _env_file=None,
+        model_cache_dir=tmp_path,
+        assistant_max_answer_tokens=90,
+        llm_max_completion_tokens=300,
+        assistant_temperature=0.4,
+    )
+    answer = AnswerDefaults.of(settings, 0.2)
+    assert (answer.temperature, answer.tokens(None), answer.tokens(4096), answer.tokens(50)) == (0.4, 90, 300, 50)
+    # Without assistant_temperature the model's own default runs (0.2 for the bundled SmolLM2).
+    assert AnswerDefaults.of(Settings(_env_file=None, model_cache_dir=tmp_path), 0.2).temperature == 0.2
+    config = replace(base, answer=answer)
+    beta = config.describe_beta("sess_1", settings)
+    assert (beta["temperature"], beta["max_response_output_tokens"]) == (0.4, 90)
+    assert config.describe_ga("sess_1", settings)["max_output_tokens"] == 90
+    options = parse_response_options({"max_output_tokens": 1000, "temperature": 1.1}, config, check_voice=check_voice)
+    assert (options.max_tokens, options.llm_temperature) == (300, 1.1)
+    shown = options.describe(beta=True)
+    assert (shown["max_output_tokens"], shown["temperature"]) == (300, 1.1)
+    assert options.describe(beta=False)["max_output_tokens"] == 300
+    # A newly named LLM brings its own defaults.
+    named = parse_conversation_session(
+        {"model": "smollm2"},
+        config,
+        models,
+        check_voice=check_voice,
+        is_llm=is_llm,
+        answer_of=lambda name: AnswerDefaults(0.7, 90, 300) if name == "smollm2" else answer,
+    )
+    assert named.llm_model == "smollm2" and named.describe_beta("sess_1", settings)["temperature"] == 0.7

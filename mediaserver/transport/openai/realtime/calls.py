@@ -48,7 +48,7 @@ from mediaserver.transport.openai.realtime.conversation_config import (
     default_conversation,
     parse_conversation_session,
 )
-from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model, llm_model_names
+from mediaserver.transport.openai.realtime.lookups import answer_defaults, check_voice, is_llm_model, llm_model_names
 from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
 from mediaserver.transport.openai.realtime.session import RealtimeSession
 from mediaserver.transport.webrtc import patches
@@ -326,7 +326,13 @@ def call_config(request: web.Request, session: dict[str, Any] | None) -> tuple[R
             "WebSocket with ?intent=transcription",
             param="session.type",
         )
-    conversation = default_conversation(settings, config, llm_model, request.query.get("model", "").strip() or None)
+    conversation = default_conversation(
+        settings,
+        config,
+        llm_model,
+        request.query.get("model", "").strip() or None,
+        lambda name: answer_defaults(app, settings, name),
+    )
     if secret is not None:  # the secret's session config, then the posted one over it
         config, applied = client_secrets.apply(app, secret.session, config, conversation)
         assert applied is not None
@@ -339,6 +345,7 @@ def call_config(request: web.Request, session: dict[str, Any] | None) -> tuple[R
                 models,
                 check_voice=lambda name, param: check_voice(app, name, param),
                 is_llm=lambda name: is_llm_model(app, name),
+                answer_of=lambda name: answer_defaults(app, settings, name),
                 mcp_policy=McpPolicy.of(settings),
             )
         except EventError as exc:

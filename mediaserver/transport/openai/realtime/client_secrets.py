@@ -58,7 +58,7 @@ from mediaserver.transport.openai.realtime.conversation_config import (
     default_conversation,
     parse_conversation_session,
 )
-from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
+from mediaserver.transport.openai.realtime.lookups import answer_defaults, check_voice, is_llm_model
 from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
 
 PREFIX: Final = "ek_"
@@ -221,6 +221,7 @@ def apply(
                 app[ASR].models,
                 check_voice=lambda name, param: check_voice(app, name, param),
                 is_llm=lambda name: is_llm_model(app, name),
+                answer_of=lambda name: answer_defaults(app, app[SETTINGS], name),
                 mcp_policy=McpPolicy.of(app[SETTINGS]),
             )
             if sealed and "instructions" in session:
@@ -255,7 +256,11 @@ def _new_session(app: web.Application, kind: SecretKind, session: Mapping[str, A
     settings = app[SETTINGS]
     query = {"intent": "transcription"} if kind == "transcription" else {}
     config = default_config(settings, app[ASR].models, query)
-    conversation = default_conversation(settings, config, None, None) if kind == "realtime" else None
+    conversation = (
+        default_conversation(settings, config, None, None, lambda name: answer_defaults(app, settings, name))
+        if kind == "realtime"
+        else None
+    )
     return apply(app, session, config, conversation, sealed=False)
 
 

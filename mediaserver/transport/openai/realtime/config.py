@@ -23,6 +23,7 @@ from mediaserver.languages import normalize_language
 from mediaserver.stream_session import StreamOptions, segmenter_config
 
 MAX_VAD_MS: Final = 10000
+MIN_SILENCE_MS: Final = 60  # two 30 ms VAD frames: the shortest hangover the segmenter runs
 MAX_IDLE_TIMEOUT_MS: Final = 10 * 60 * 1000
 
 AudioType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
@@ -97,34 +98,49 @@ class TurnDetection:
     # Conversation sessions: commit and answer after this much input audio without speech (session.py).
     idle_timeout_ms: int | None = None
 
-    def segmenter(self, settings: Settings) -> SegmenterConfig:
-        # Every detected start of speech becomes an item, as with OpenAI: no minimum speech length.
-        overrides: dict[str, int | float] = {"min_speech_ms": 0}
+    def aggressiveness(self, settings: Settings) -> int:
+        """The webrtcvad aggressiveness in force: ``threshold`` 0..1 maps onto its four levels
+        (``int(threshold * 4)``, 1.0 is 3); none set keeps ``stream_vad_aggressiveness``."""
+        if self.threshold is None:
+            return settings.stream_vad_aggressiveness
+        return min(3, int(self.threshold * 4))
+
+    def silence_ms(self, settings: Settings) -> int:
+        """The segmenter's hangover in force: ``silence_duration_ms`` (at least 60 ms, two VAD
+        frames), or for ``semantic_vad`` without one the eagerness's silence (low 1000, high 300:
+        what ends a turn when the turn model is not loaded; with it, the eagerness cap replaces
+        it), else ``stream_vad_hangover_ms``."""
         silence_ms = self.silence_duration_ms
         if silence_ms is None and self.type == "semantic_vad":
             silence_ms = _EAGERNESS_SILENCE_MS.get(self.eagerness or "auto")
-        if silence_ms is not None:
-            overrides["hangover_ms"] = max(60, silence_ms)
-        overrides["preroll_ms"] = (
-            settings.realtime_prefix_padding_ms if self.prefix_padding_ms is None else self.prefix_padding_ms
+        return settings.stream_vad_hangover_ms if silence_ms is None else max(MIN_SILENCE_MS, silence_ms)
+
+    def prefix_ms(self, settings: Settings) -> int:
+        return settings.realtime_prefix_padding_ms if self.prefix_padding_ms is None else self.prefix_padding_ms
+
+    def segmenter(self, settings: Settings) -> SegmenterConfig:
+        # Every detected start of speech becomes an item, as with OpenAI: no minimum speech length.
+        return segmenter_config(
+            settings,
+            min_speech_ms=0,
+            hangover_ms=self.silence_ms(settings),
+            preroll_ms=self.prefix_ms(settings),
+            aggressiveness=self.aggressiveness(settings),
         )
-        if self.threshold is not None:
-            overrides["aggressiveness"] = min(3, int(self.threshold * 4))
-        return segmenter_config(settings, **overrides)
 
     def describe(self, settings: Settings, *, conversation: bool = False) -> dict[str, Any]:
+        """What runs, in OpenAI's fields: sending it back changes nothing (docs/realtime.md).
+
+        ``threshold`` is the level of the aggressiveness in force (0, 0.25, 0.5 or 0.75: what
+        ``aggressiveness`` maps back to itself). ``semantic_vad`` has no ``silence_duration_ms`` in
+        OpenAI's shape, and none runs while the turn model ends turns, so it is shown only when the
+        client set one (it then ends turns if the turn model is not loaded)."""
         described: dict[str, Any] = {"type": self.type}
         if self.type == "semantic_vad":
             described["eagerness"] = self.eagerness or "auto"
-        described.update(
-            threshold=0.5 if self.threshold is None else self.threshold,
-            prefix_padding_ms=(
-                settings.realtime_prefix_padding_ms if self.prefix_padding_ms is None else self.prefix_padding_ms
-            ),
-            silence_duration_ms=(
-                settings.stream_vad_hangover_ms if self.silence_duration_ms is None else self.silence_duration_ms
-            ),
-        )
+        described.update(threshold=self.aggressiveness(settings) / 4, prefix_padding_ms=self.prefix_ms(settings))
+        if self.type == "server_vad" or self.silence_duration_ms is not None:
+            described["silence_duration_ms"] = self.silence_ms(settings)
         if conversation:
             described.update(create_response=self.create_response, interrupt_response=self.interrupt_response)
             described["idle_timeout_ms"] = self.idle_timeout_ms
@@ -187,7 +203,6 @@ class RealtimeConfig:
             "type": "transcription",
             "id": session_id,
             "object": "realtime.transcription_session",
-            "expires_at": 0,
             "audio": {
                 "input": {
                     "format": self.input_format.ga(),

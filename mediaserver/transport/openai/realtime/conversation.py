@@ -286,7 +286,7 @@ class Conversation:
         self.response = response
         self.responses += 1
         self.host.send("response.created", response=describe_response(response, "in_progress", beta=self.host.beta))
-        limit = options.max_output_tokens or self.settings.assistant_max_answer_tokens
+        limit = options.max_tokens
         self.host.send(
             "rate_limits.updated",
             rate_limits=[{"name": "tokens", "limit": limit, "remaining": limit, "reset_seconds": 0.0}],

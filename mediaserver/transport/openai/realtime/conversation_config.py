@@ -58,6 +58,37 @@ LlmCheck = Callable[[str], bool]
 
 
 @dataclass(frozen=True)
+class AnswerDefaults:
+    """What an answer runs with where the client sets nothing: the LLM's temperature (beta
+    ``temperature``: ``assistant_temperature``, else the model's own default), and the token limit
+    (``assistant_max_answer_tokens``; a client's ``max_output_tokens`` is capped at
+    ``llm_max_completion_tokens``). The session events show these, never OpenAI's 0.8 and "inf"."""
+
+    temperature: float
+    max_tokens: int
+    max_tokens_cap: int
+
+    @classmethod
+    def of(cls, settings: Settings, model_temperature: float) -> AnswerDefaults:
+        temperature = settings.assistant_temperature
+        return cls(
+            model_temperature if temperature is None else temperature,
+            settings.assistant_max_answer_tokens,
+            settings.llm_max_completion_tokens,
+        )
+
+    def tokens(self, requested: int | None) -> int:
+        return self.max_tokens if requested is None else min(requested, self.max_tokens_cap)
+
+    def temperature_of(self, requested: float | None) -> float:
+        return self.temperature if requested is None else requested
+
+
+# The answer defaults of a conversation's LLM (None: the assistant's default model).
+AnswerDefaultsOf = Callable[[str | None], AnswerDefaults]
+
+
+@dataclass(frozen=True)
 class ConversationConfig:
     """A conversation session's effective configuration (what ``session.updated`` describes)."""
 
@@ -66,9 +97,10 @@ class ConversationConfig:
     llm_model: str | None  # the LLM registry's name, None = the assistant's default
     instructions: str
     voice: str  # as the client named it
+    answer: AnswerDefaults  # of llm_model: what runs where the client set nothing
     modality: Modality = "audio"
     speed: float = 1.0
-    max_output_tokens: int | None = None  # None = "inf" (the server's cap)
+    max_output_tokens: int | None = None  # None = "inf" (answer.max_tokens)
     temperature: float | None = None  # beta only; None = the server's
     output_format: InputFormat = OUTPUT_FORMAT
     tools: tuple[Any, ...] = ()
@@ -136,12 +168,11 @@ class ConversationConfig:
             },
             "tools": [redacted(tool) for tool in self.tools],
             "tool_choice": self.tool_choice,
-            "max_output_tokens": "inf" if self.max_output_tokens is None else self.max_output_tokens,
+            "max_output_tokens": self.answer.tokens(self.max_output_tokens),
             "tracing": None,
             "truncation": "auto",
             "prompt": None,
             "include": list(self.input.include) if self.input.include is not None else None,
-            "expires_at": 0,
         }
 
     def describe_beta(self, session_id: str, settings: Settings) -> dict[str, Any]:
@@ -164,8 +195,8 @@ class ConversationConfig:
             "input_audio_noise_reduction": self.input.noise_reduction_object(),
             "tools": [redacted(tool) for tool in self.tools],
             "tool_choice": self.tool_choice,
-            "temperature": self.temperature if self.temperature is not None else 0.8,
-            "max_response_output_tokens": "inf" if self.max_output_tokens is None else self.max_output_tokens,
+            "temperature": self.answer.temperature_of(self.temperature),
+            "max_response_output_tokens": self.answer.tokens(self.max_output_tokens),
             "speed": self.speed,
             "tracing": None,
         }
@@ -177,10 +208,11 @@ class ResponseOptions:
 
     instructions: str
     voice: str
+    answer: AnswerDefaults
     modality: Modality = "audio"
     speed: float = 1.0
-    max_output_tokens: int | None = None
-    temperature: float | None = None
+    max_output_tokens: int | None = None  # None: answer.max_tokens
+    temperature: float | None = None  # None: answer.temperature
     output_format: InputFormat = OUTPUT_FORMAT
     metadata: Mapping[str, str] | None = None
     in_conversation: bool = True  # conversation "auto"; "none" keeps the output out of it
@@ -194,6 +226,7 @@ class ResponseOptions:
         return cls(
             instructions=config.instructions,
             voice=config.voice,
+            answer=config.answer,
             modality=config.modality,
             speed=config.speed,
             max_output_tokens=config.max_output_tokens,
@@ -203,15 +236,24 @@ class ResponseOptions:
             tool_choice=config.tool_choice,
         )
 
+    @property
+    def max_tokens(self) -> int:
+        """The most tokens this response's answer may have (what runs, and what events show)."""
+        return self.answer.tokens(self.max_output_tokens)
+
+    @property
+    def llm_temperature(self) -> float:
+        return self.answer.temperature_of(self.temperature)
+
     def describe(self, *, beta: bool) -> dict[str, Any]:
         """The response object's settings (``response.created`` / ``response.done`` add the rest)."""
-        limit: int | str = "inf" if self.max_output_tokens is None else self.max_output_tokens
+        limit = self.max_tokens
         if beta:
             return {
                 "modalities": ["text"] if self.modality == "text" else ["audio", "text"],
                 "voice": self.voice,
                 "output_audio_format": self.output_format.beta(),
-                "temperature": self.temperature if self.temperature is not None else 0.8,
+                "temperature": self.answer.temperature_of(self.temperature),
                 "max_output_tokens": limit,
             }
         return {
@@ -281,10 +323,12 @@ def parse_conversation_session(
     *,
     check_voice: VoiceCheck,
     is_llm: LlmCheck,
+    answer_of: AnswerDefaultsOf | None = None,
     mcp_policy: McpPolicy | None = None,
 ) -> ConversationConfig:
     """Apply a ``session`` object (GA nested or beta flat shape) to ``base``; all or nothing.
 
+    ``answer_of``: the answer defaults of a newly named LLM (None: the base's stay);
     ``mcp_policy``: what MCP servers a ``type: "mcp"`` tool may reach (None: none)."""
     session_type = session.get("type")
     if session_type is not None and session_type != "realtime":
@@ -351,6 +395,8 @@ def parse_conversation_session(
         changes["mcp"] = parse_mcp_tools(changes["tools"], mcp_policy)
     if "tool_choice" in session:
         changes["tool_choice"] = session["tool_choice"]
+    if answer_of is not None and changes.get("llm_model", base.llm_model) != base.llm_model:
+        changes["answer"] = answer_of(changes["llm_model"])
     updated = replace(base, **changes)
     if "tools" in session or "tool_choice" in session:
         updated.tool_config()  # the pair is valid, or this update is an error (and changes nothing)
@@ -411,7 +457,7 @@ def parse_response_options(
 
 
 def default_conversation(
-    settings: Settings, config: RealtimeConfig, llm_model: str | None, model: str | None
+    settings: Settings, config: RealtimeConfig, llm_model: str | None, model: str | None, answer_of: AnswerDefaultsOf
 ) -> ConversationConfig:
     """A new conversation session: the voice loop's settings, in OpenAI's terms."""
     return ConversationConfig(
@@ -420,5 +466,6 @@ def default_conversation(
         llm_model=llm_model,
         instructions=settings.assistant_system_prompt,
         voice=settings.assistant_voice or settings.tts_default_voice,
+        answer=answer_of(llm_model),
         modality="audio" if settings.assistant_speak else "text",
     )

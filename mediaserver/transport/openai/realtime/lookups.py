@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from aiohttp import web
 
+from mediaserver.config import Settings
 from mediaserver.errors import UnknownModel
+from mediaserver.llm.defaults import defaults_for
 from mediaserver.state import CAPABILITIES, LLM, TTS
 from mediaserver.transport.openai.realtime.config import EventError
+from mediaserver.transport.openai.realtime.conversation_config import AnswerDefaults
 
 
 def check_voice(app: web.Application, name: str, param: str) -> None:
@@ -39,3 +44,14 @@ def llm_model_names(app: web.Application) -> list[str]:
     """The chat models the app's LLM registry serves (none without the LLM)."""
     llm = app.get(LLM)
     return llm.sources.names() if llm is not None else []
+
+
+def answer_defaults(app: web.Application, settings: Settings, llm_model: str | None) -> AnswerDefaults:
+    """What a conversation's answers run with where the client sets nothing, for ``llm_model``
+    (None: the assistant's): the temperature the LLM service would fill in, and the token limits."""
+    name = llm_model or settings.assistant_llm_model
+    llm = app.get(LLM)
+    if llm is not None:
+        with contextlib.suppress(UnknownModel):  # answering reports it; the configured defaults show meanwhile
+            name = llm.sources.resolve(name).name
+    return AnswerDefaults.of(settings, defaults_for(name or "", settings).temperature)

@@ -59,16 +59,14 @@ class ResponseRounds:
 
     def _assistant_options(self, options: ResponseOptions) -> AssistantOptions:
         base = self.assistant.options
-        cap = self.settings.llm_max_completion_tokens
-        max_tokens = min(options.max_output_tokens, cap) if options.max_output_tokens else base.max_answer_tokens
         return replace(
             base,
             system_prompt=options.instructions,
             speak=options.modality == "audio",
             voice=options.voice,
             model=self.conversation.config.llm_model or base.model,
-            max_answer_tokens=max_tokens,
-            temperature=options.temperature if options.temperature is not None else base.temperature,
+            max_answer_tokens=options.max_tokens,
+            temperature=options.llm_temperature,
             speed=options.speed,
             tools=options.tools,
         )

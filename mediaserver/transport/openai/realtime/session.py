@@ -39,7 +39,7 @@ from mediaserver.transport.openai.realtime.conversation_config import (
 from mediaserver.transport.openai.realtime.idle import IdleTimer
 from mediaserver.transport.openai.realtime.input_transcription import AudioInput, InputTranscription
 from mediaserver.transport.openai.realtime.items import NewItem, parse_item, required_id
-from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model
+from mediaserver.transport.openai.realtime.lookups import answer_defaults, check_voice, is_llm_model
 from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
 from mediaserver.transport.socket_session import Limits, MessageSocket, SocketSession
 from mediaserver.transport.voice import make_assistant
@@ -401,6 +401,7 @@ class RealtimeSession(SocketSession):
                 self.models,
                 check_voice=self._check_voice,
                 is_llm=self._is_llm,
+                answer_of=lambda name: answer_defaults(self.app, self.settings, name),
                 mcp_policy=McpPolicy.of(self.settings),
             )
             if conversation.mcp and self.beta:

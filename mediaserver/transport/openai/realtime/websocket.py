@@ -14,7 +14,7 @@ from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.openai.realtime import client_secrets
 from mediaserver.transport.openai.realtime.config import RealtimeConfig, SessionKind, session_kind
 from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, default_conversation
-from mediaserver.transport.openai.realtime.lookups import is_llm_model, llm_model_names
+from mediaserver.transport.openai.realtime.lookups import answer_defaults, is_llm_model, llm_model_names
 from mediaserver.transport.openai.realtime.session import RealtimeSession, max_message_bytes
 from mediaserver.transport.socket_session import LimitedWebSocket
 
@@ -48,7 +48,9 @@ def open_session(
     conversation = None
     if kind == "conversation":
         model = query.get("model", "").strip() or None
-        conversation = default_conversation(settings, config, llm_model, model)
+        conversation = default_conversation(
+            settings, config, llm_model, model, lambda name: answer_defaults(app, settings, name)
+        )
     if secret is not None:
         client_secrets.check_kind(secret, kind)
         config, conversation = client_secrets.apply(app, secret.session, config, conversation)

@@ -20,6 +20,7 @@ from mediaserver import openapi
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.service import AsrService
 from mediaserver.assistant.mcp import McpToolbox
+from mediaserver.audio.ffmpeg_threads import limit_ffmpeg_threads
 from mediaserver.capabilities import Feature, FeatureRequest, decide
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice, choose_device
@@ -307,6 +308,7 @@ def create_app(
     """Build the app. Pass ``asr_service`` / ``tts_service`` / ``llm_service`` to share loaded models
     and voices between apps (tests do)."""
     settings = settings or Settings()
+    limit_ffmpeg_threads(settings.ffmpeg_threads)  # process-wide, before any stream converts audio
     middlewares: list[Middleware] = [metrics_middleware, error_middleware]
     if settings.api_keys or settings.basic_auth_user is not None:
         middlewares.append(auth_middleware)

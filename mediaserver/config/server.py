@@ -36,6 +36,12 @@ class ServerSettings(BaseModel):
     malloc_arena_max: int = Field(
         2, ge=0, description="glibc malloc arenas (as MALLOC_ARENA_MAX); fewer keep RSS down; 0 = glibc's default"
     )
+    ffmpeg_threads: int = Field(
+        1,
+        ge=0,
+        description="cores FFmpeg (PyAV, aiortc) sizes its thread pools for: 1 starts no threads per stream's "
+        "audio conversion or encoder; 0 = FFmpeg's default, one per core",
+    )
     retry_after_fallback_s: float = Field(
         5.0, gt=0, description="Retry-After of a transient 503 the server cannot estimate (session cap, shutdown)"
     )

@@ -16,6 +16,7 @@ from mediaserver.llm.types import ChatMessage
 from mediaserver.transport.openai.realtime.config import EventError, InputFormat, default_config, session_kind
 from mediaserver.transport.openai.realtime.conversation_config import (
     ConversationConfig,
+    default_conversation,
     parse_conversation_session,
     parse_response_options,
 )
@@ -386,3 +387,15 @@ def test_new_items() -> None:
 def test_bad_items(item: object, code: str, param: str) -> None:
     error = error_of(parse_item, item, max_audio_bytes=10)
     assert (error.code, error.param) == (code, param), error.message
+
+
+def test_a_new_conversation_takes_the_voice_loops_settings(models: ModelRegistry) -> None:
+    def new(**overrides: Any) -> ConversationConfig:
+        settings = Settings(_env_file=None, **overrides)
+        return default_conversation(settings, default_config(settings, models, {}), None, None)
+
+    default = new()
+    assert (default.voice, default.modality) == ("en_US-joe-medium", "audio")
+    assert new(tts_default_voice="en_GB-alba-medium").voice == "en_GB-alba-medium"
+    assert new(tts_default_voice="en_GB-alba-medium", assistant_voice="en_US-amy-low").voice == "en_US-amy-low"
+    assert new(assistant_speak=False).modality == "text"

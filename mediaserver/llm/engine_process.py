@@ -160,6 +160,13 @@ def _threads(settings: Settings) -> int:
     return settings.llm_threads or max(1, (os.cpu_count() or 2) // 2)
 
 
+def restart_backoff_s(settings: Settings, crashes_in_a_row: int) -> float:
+    """The pause before restarting a crashed engine: ``llm_engine_restart_backoff_s`` doubled per
+    earlier crash in a row, at most ``llm_engine_restart_max_backoff_s``."""
+    backoff_s: float = settings.llm_engine_restart_backoff_s * 2**crashes_in_a_row
+    return min(backoff_s, settings.llm_engine_restart_max_backoff_s)
+
+
 class LlamaServerProcess:
     """One supervised llama-server serving one GGUF under the name ``alias``."""
 
@@ -386,10 +393,7 @@ class LlamaServerProcess:
                 self.last_exit = f"{describe_exit(code)}{self.error_summary()}"
             log.error("llama-server for %s %s; its last output: %s", self.alias, self.last_exit, self.output_tail(3))
             while True:  # until a child is healthy again
-                backoff = min(
-                    self.settings.llm_engine_restart_backoff_s * 2**crashes_in_a_row,
-                    self.settings.llm_engine_restart_max_backoff_s,
-                )
+                backoff = restart_backoff_s(self.settings, crashes_in_a_row)
                 crashes_in_a_row += 1
                 self.restarts += 1
                 if self._on_restart is not None:

@@ -38,7 +38,7 @@ def _llama_kwargs(settings: Settings, device: DeviceChoice | None) -> dict[str, 
         "n_ctx": settings.llm_context_tokens,
         "n_batch": min(settings.llm_batch_tokens, settings.llm_context_tokens),
         "n_threads": threads,
-        "n_threads_batch": threads,
+        "n_threads_batch": settings.llm_threads_batch or threads,
         "n_gpu_layers": settings.llm_gpu_layers if on_gpu else 0,
         "verbose": False,
     }

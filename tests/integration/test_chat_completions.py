@@ -194,6 +194,19 @@ async def test_non_json_body_is_400(server: Any) -> None:
     assert "not valid JSON" in _openai_error(answer, status)["message"]
 
 
+async def test_a_body_over_llm_max_request_bytes_is_413(server_factory: Any) -> None:
+    limited = await server_factory(llm_max_request_bytes=2048)
+    url = f"{limited.url}/v1/chat/completions"
+    question = {"model": "gpt-4o-mini", "max_tokens": 1}
+    long_text = "The quick brown fox jumps over the lazy dog. " * 60  # 2700 bytes: the default 4 MiB takes it
+    status, answer = await _post(url, {**question, "messages": [{"role": "user", "content": long_text}]})
+    assert status == 413, answer
+    error = _openai_error(answer, status)
+    assert error["code"] == "request_too_large" and "llm_max_request_bytes" in error["message"]
+    status, answer = await _post(url, {**question, "messages": [{"role": "user", "content": long_text[:900]}]})
+    assert status == 200, answer
+
+
 async def test_prompt_over_the_context_window_is_400(client: openai.AsyncOpenAI) -> None:
     long_text = "The quick brown fox jumps over the lazy dog. " * 500  # ~5000 tokens
     with pytest.raises(openai.BadRequestError) as caught:

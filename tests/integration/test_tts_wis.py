@@ -130,6 +130,32 @@ async def test_formats(server: LiveServer, fmt: str) -> None:
     assert 4.0 < duration_of(body) < 12.0
 
 
+async def test_the_default_format_is_the_configured_one(server: LiveServer, server_factory: Any) -> None:
+    flac = await server_factory(tts_wis_default_format="FLAC")
+    status, headers, body = await get(f"{flac.url}/api/tts", text="Success", nocache="1")
+    assert status == 200 and headers["Content-Type"] == "audio/flac" and body[:4] == b"fLaC", body[:200]
+    _, headers, body = await get(f"{server.url}/api/tts", text="Success", nocache="1")
+    assert headers["Content-Type"] == "audio/wav" and body[:4] == b"RIFF"
+
+
+async def test_a_response_is_cut_off_at_the_request_timeout(server_factory: Any) -> None:
+    """24 sentences take longer than tts_request_timeout_s=1: the speech stops there (504 when not
+    even the first sentence was ready, else the stream is cut). With the default 300 s all come."""
+    limited = await server_factory(tts_request_timeout_s=1.0)
+    text = "Hello. " + " ".join(list(SENTENCES.values()) * 4)
+    started = time.monotonic()
+    params = {"text": text, "nocache": "1"}
+    async with aiohttp.ClientSession() as session, session.get(f"{limited.url}/api/tts", params=params) as resp:
+        if resp.status == 504:
+            error = await resp.json()
+            assert error["code"] == "timeout" and "tts_request_timeout_s" in error["error"], error
+        else:
+            assert resp.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.read()
+    assert time.monotonic() - started < 30
+
+
 async def test_streaming_wav_plays_from_its_first_chunk(server: LiveServer) -> None:
     async with aiohttp.ClientSession() as session:
         url = f"{server.url}/api/tts?format=WAV&nocache=1&text={quote(ANSWER)}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -12,11 +13,13 @@ from mediaserver.assistant.turn_types import AssistantOptions, assistant_options
 from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
-from mediaserver.events import SessionEvent
+from mediaserver.events import AssistantError, SessionEvent
 from mediaserver.llm.engine import TEMPLATE_BYTES_PER_MESSAGE
+from mediaserver.llm.service import LlmService
 from mediaserver.llm.tools import ToolCall, ToolConfig, ToolSpec
 from mediaserver.llm.types import ChatMessage
 from mediaserver.metrics import Metrics
+from mediaserver.tts.service import TtsService
 
 RATE = 16000
 FRAME = RATE // 50  # 20 ms
@@ -140,3 +143,68 @@ async def test_respond_settles_its_turn_and_keeps_no_history() -> None:
     assert "llm_enabled is off" in outcome.error.message and events == [outcome.error]
     assert helper.history == []  # the caller keeps this conversation
     assert not await helper.interrupt()  # nothing is running any more
+
+
+# --- the assistant_* settings at non-default values ----------------------------------------------
+
+
+def test_history_turns_from_the_settings_bound_the_history_sent() -> None:
+    def sent(settings: Settings) -> list[str]:
+        helper = Assistant(
+            None, None, settings, AssistantOptions.from_settings(settings), emit_nothing, None, Metrics()
+        )
+        for n in range(3):
+            helper.history += [ChatMessage("user", f"question {n}"), ChatMessage("assistant", f"answer {n}")]
+        return [m.content for m in helper.messages("question 3")[1:]]
+
+    assert sent(Settings(_env_file=None, assistant_history_turns=1)) == ["question 2", "answer 2", "question 3"]
+    assert len(sent(Settings(_env_file=None))) == 7  # the default 8 keeps all three earlier turns
+    assert sent(Settings(_env_file=None, assistant_history_turns=0)) == ["question 3"]
+
+
+async def emit_nothing(event: SessionEvent) -> None:
+    pass
+
+
+async def first_error(**settings: object) -> AssistantError:
+    """The error of one answered turn of an assistant built from ``settings`` with the real LLM and
+    TTS services, unstarted: no engine can start (``llm_engine_binary`` names nothing), so a turn
+    that reaches its generation fails at the LLM stage."""
+    config = Settings(_env_file=None, llm_engine_binary=Path("/nonexistent/llama-server"), **settings)  # type: ignore[arg-type]
+    llm = LlmService(config, Metrics())
+    tts = TtsService(config, Metrics())
+    errors: list[AssistantError] = []
+    got = asyncio.Event()
+
+    async def emit(event: SessionEvent) -> None:
+        if isinstance(event, AssistantError):
+            errors.append(event)
+            got.set()
+
+    helper = Assistant(llm, tts, config, AssistantOptions.from_settings(config), emit, AudioOut(RATE), Metrics())
+    try:
+        await helper.answer("What do cows eat?")
+        await asyncio.wait_for(got.wait(), 30)
+    finally:
+        await helper.interrupt()
+        await llm.aclose()
+        await tts.aclose()
+    return errors[0]
+
+
+async def test_answers_use_the_configured_llm_model() -> None:
+    error = await first_error(assistant_llm_model="no-such-model")
+    assert (error.stage, error.code) == ("llm", "model_not_found")
+    assert "unknown model 'no-such-model'" in error.message
+
+
+async def test_answers_are_spoken_in_the_configured_voice() -> None:
+    error = await first_error(assistant_voice="nobody")
+    assert (error.stage, error.code) == ("tts", "voice_not_found") and "'nobody'" in error.message
+
+
+async def test_unspoken_answers_never_look_up_a_voice() -> None:
+    """assistant_speak=false: the turn goes straight to its generation (which fails here, as no
+    engine can start), never to the voice it would have failed on."""
+    error = await first_error(assistant_speak=False, assistant_voice="nobody")
+    assert (error.stage, error.code) == ("llm", "model_unavailable") and "nobody" not in error.message

@@ -17,6 +17,7 @@ from mediaserver.transport.openai.realtime.config import EventError, InputFormat
 from mediaserver.transport.openai.realtime.conversation_config import (
     AnswerDefaults,
     ConversationConfig,
+    default_conversation,
     parse_conversation_session,
     parse_response_options,
 )
@@ -464,3 +465,17 @@ def test_the_echo_shows_the_answer_limits_that_run(
         answer_of=lambda name: AnswerDefaults(0.7, 90, 300) if name == "smollm2" else answer,
     )
     assert named.llm_model == "smollm2" and named.describe_beta("sess_1", settings)["temperature"] == 0.7
+
+
+def test_a_new_conversation_takes_the_voice_loops_settings(models: ModelRegistry) -> None:
+    def new(**overrides: Any) -> ConversationConfig:
+        settings = Settings(_env_file=None, **overrides)
+        return default_conversation(
+            settings, default_config(settings, models, {}), None, None, lambda _: AnswerDefaults.of(settings, 0.2)
+        )
+
+    default = new()
+    assert (default.voice, default.modality) == ("en_US-joe-medium", "audio")
+    assert new(tts_default_voice="en_GB-alba-medium").voice == "en_GB-alba-medium"
+    assert new(tts_default_voice="en_GB-alba-medium", assistant_voice="en_US-amy-low").voice == "en_US-amy-low"
+    assert new(assistant_speak=False).modality == "text"

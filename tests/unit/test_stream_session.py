@@ -402,3 +402,35 @@ async def test_audio_waiting_in_a_transport_queue_is_not_a_gap(
                 session.audio_arriving()
             await asyncio.sleep(0.02)
         assert bool(recorder.of(SpeechStopped)) is not arriving
+
+
+class AnswerLog:
+    """The session's answerer (``Answerer``), recording what the session asks of it."""
+
+    def __init__(self) -> None:
+        self.interrupts = 0
+        self.questions: list[str] = []
+
+    async def answer(self, user_text: str, *, speech_ended_at: float | None = None) -> None:
+        self.questions.append(user_text)
+
+    async def interrupt(self) -> bool:
+        self.interrupts += 1
+        return True
+
+    def observe_transcript(self, seconds: float) -> None:
+        pass
+
+
+@pytest.mark.parametrize("barge_in", [True, False])
+async def test_speech_interrupts_the_answer_only_with_barge_in(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], barge_in: bool
+) -> None:
+    settings = base_settings.model_copy(update={"assistant_barge_in": barge_in})
+    answers = AnswerLog()
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answers
+        await feed(session, np.concatenate([silence(0.3), speech("kitchen").audio16k, silence(1.0)]))
+        await until(lambda: len(answers.questions) == 1)  # the user's turn is still answered
+    assert len(recorder.of(SpeechStarted)) == 1
+    assert answers.interrupts == (1 if barge_in else 0)

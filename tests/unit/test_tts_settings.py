@@ -1,0 +1,198 @@
+"""TTS settings at non-default values, with the real Piper voice: the default voice and the aliases,
+voice downloads' timeout and size limit, sentence length, the speed range, how many voices stay
+loaded and the response cache's entry size."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from mediaserver.config import Settings
+from mediaserver.errors import InvalidParameter
+from mediaserver.metrics import Metrics
+from mediaserver.tts.service import TtsService
+from mediaserver.tts.text import split_sentences
+from mediaserver.tts.types import SynthesisParams
+from mediaserver.tts.voices import UnknownVoice, VoiceRegistry, bundled_voices, tts_unavailable
+
+BUNDLED = "en_US-joe-medium"
+COPY = "en_GB-copy-medium"  # the bundled voice under another name, in tts_voices_dir
+RUN_ON = " ".join(["and then the lights went on again"] * 3)  # 104 characters without a full stop
+
+
+@pytest.fixture(scope="module")
+def voices_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("voices")
+    bundled = bundled_voices()[0]
+    (directory / f"{COPY}.onnx").symlink_to(bundled.model_path)
+    shutil.copy(bundled.config_path, directory / f"{COPY}.onnx.json")
+    return directory
+
+
+def settings(voices_dir: Path, **overrides: object) -> Settings:
+    return Settings(_env_file=None, tts_voices_dir=voices_dir, tts_allow_download=False, **overrides)  # type: ignore[arg-type]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def tuned(voices_dir: Path) -> AsyncIterator[TtsService]:
+    """A TTS service with short sentences, a narrow speed range, one loaded voice, a small cache entry."""
+    service = TtsService(
+        settings(
+            voices_dir,
+            tts_max_sentence_chars=40,
+            tts_min_speed=0.5,
+            tts_max_speed=2.0,
+            tts_max_loaded_voices=1,
+            tts_cache_max_entry_bytes=1000,
+        ),
+        Metrics(),
+    )
+    await service.start()
+    yield service
+    await service.aclose()
+
+
+# --- voices ----------------------------------------------------------------------------------------
+
+
+def test_the_default_voice_is_the_configured_one(voices_dir: Path) -> None:
+    registry = VoiceRegistry(settings(voices_dir, tts_default_voice=COPY))
+    assert registry.resolve(None).name == COPY
+    assert registry.resolve("alloy").name == COPY  # the aliases of "@default" follow it
+    assert registry.resolve(BUNDLED).name == BUNDLED  # still there by name
+    assert VoiceRegistry(settings(voices_dir)).resolve(None).name == BUNDLED
+
+
+def test_a_default_voice_that_is_not_installed_turns_tts_off_naming_it(voices_dir: Path) -> None:
+    missing = settings(voices_dir, tts_default_voice="de_DE-nobody-low")
+    assert tts_unavailable(missing) == (
+        f"the default voice 'de_DE-nobody-low' is not installed (voices: {BUNDLED}, {COPY})"
+    )
+    with pytest.raises(UnknownVoice, match="the configured default voice"):
+        VoiceRegistry(missing).resolve(None)
+
+
+def test_voice_aliases_replace_the_built_in_ones(voices_dir: Path) -> None:
+    registry = VoiceRegistry(settings(voices_dir, tts_voice_aliases={"narrator": COPY, "host": "@default"}))
+    assert registry.resolve("narrator").name == COPY
+    assert registry.resolve("Host").name == BUNDLED
+    with pytest.raises(UnknownVoice, match=r"aliases of configured voices: host, narrator\)"):
+        registry.resolve("alloy")  # a built-in alias, no longer configured
+
+
+# --- downloads ---------------------------------------------------------------------------------------
+
+
+async def test_a_download_that_stalls_ends_at_the_timeout(tmp_path: Path) -> None:
+    """The voice server accepts and never answers (a stalled mirror, which no real one does on demand)."""
+    stalled: list[asyncio.StreamWriter] = []
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        stalled.append(writer)
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    registry = VoiceRegistry(
+        Settings(
+            _env_file=None,
+            tts_voices_dir=tmp_path,
+            tts_download_url=f"http://127.0.0.1:{port}/{{lang_code}}-{{voice_name}}-{{voice_quality}}{{extension}}",
+            tts_download_timeout_s=1.0,
+        )
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(UnknownVoice, match="timed out") as caught:
+            await asyncio.wait_for(registry.resolve_or_download("de_DE-thorsten-medium"), 60)
+    finally:
+        for writer in stalled:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    assert time.monotonic() - started < 30
+    assert caught.value.status == 400 and stalled
+    async with asyncio.timeout(30):  # the download's thread gives up too (its socket's own timeout), cleaning up
+        while os.listdir(tmp_path):
+            await asyncio.sleep(0.05)
+
+
+async def test_a_download_larger_than_the_limit_is_refused_and_removed(tmp_path: Path) -> None:
+    """A real Piper voice (the bundled one, 60 MB) served on loopback, over a 1 MiB limit."""
+    bundled = bundled_voices()[0]
+    files = {f"{COPY}.onnx": bundled.model_path, f"{COPY}.onnx.json": bundled.config_path}
+
+    async def serve(request: web.Request) -> web.FileResponse:
+        path = files.get(request.match_info["name"])
+        if path is None:
+            raise web.HTTPNotFound()
+        return web.FileResponse(path)
+
+    app = web.Application()
+    app.router.add_get("/{name}", serve)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    registry = VoiceRegistry(
+        Settings(
+            _env_file=None,
+            tts_voices_dir=tmp_path,
+            tts_download_url=f"http://127.0.0.1:{port}/{{lang_code}}-{{voice_name}}-{{voice_quality}}{{extension}}",
+            tts_download_max_bytes=1024 * 1024,
+        )
+    )
+    try:
+        with pytest.raises(UnknownVoice, match=r"larger than tts_download_max_bytes \(1048576\)"):
+            await asyncio.wait_for(registry.resolve_or_download(COPY), 60)
+    finally:
+        await runner.cleanup()
+    assert os.listdir(tmp_path) == []  # no partial file is left behind
+
+
+# --- speaking ------------------------------------------------------------------------------------------
+
+
+async def test_runs_without_a_full_stop_are_cut_at_the_sentence_limit(tuned: TtsService) -> None:
+    assert split_sentences(RUN_ON) == [RUN_ON]  # the default 400 keeps it whole
+    pieces = await tuned.split(RUN_ON)
+    assert len(pieces) == 3 and all(len(piece) <= 40 for piece in pieces)
+    assert " ".join(pieces) == RUN_ON
+    voice = await tuned.voice(None)
+    async with tuned.open(voice, SynthesisParams()) as speech:  # deltas, as an LLM's tokens come: cut alike
+        for word in RUN_ON.split(" "):
+            speech.feed(word + " ")
+        speech.end()
+        spoken = [chunk.sentence async for chunk in speech if chunk.pcm]
+    assert spoken == pieces
+
+
+def test_speeds_outside_the_configured_range_are_refused(tuned: TtsService) -> None:
+    for speed in (0.4, 2.1):  # inside the default 0.25 to 4.0
+        with pytest.raises(InvalidParameter, match=f"between 0.5 and 2.0, got {speed}"):
+            tuned.check_speed(speed)
+    assert tuned.check_speed(0.5) == 0.5 and tuned.check_speed(2.0) == 2.0
+
+
+async def test_only_the_configured_number_of_voices_stay_loaded(tuned: TtsService) -> None:
+    default = await tuned.voice(None)
+    await tuned.load(default)
+    assert tuned.loaded_voices == [BUNDLED]
+    copy = await tuned.voice(COPY)
+    await tuned.load(copy)
+    assert tuned.loaded_voices == [COPY]  # the idle default was unloaded (the default 4 keeps both)
+
+
+def test_responses_over_the_entry_limit_are_not_cached(tuned: TtsService) -> None:
+    assert tuned.cache.max_entry_bytes == 1000
+    assert not tuned.cache.put("over", b"x" * 1001, "audio/wav")  # the default 8 MiB would keep it
+    assert tuned.cache.put("under", b"x" * 1000, "audio/wav")
+    assert tuned.cache.get("under") == (b"x" * 1000, "audio/wav") and tuned.cache.get("over") is None

@@ -115,7 +115,7 @@ async def test_asr_encoder_max_windows_sets_the_windows_per_encoder_call(base_se
             calls.append(len(features))
             return real_encode(features)
 
-        engine.model.encode = counting_encode  # type: ignore[method-assign]
+        engine.model.encode = counting_encode
         results = await asyncio.to_thread(engine.transcribe_batch, jobs)
     assert all(isinstance(r, Transcript) and r.text for r in results), results
     assert calls[:3] == [1, 1, 1], calls  # the default, 2: [2, 1]
@@ -147,7 +147,7 @@ async def test_asr_replicas_runs_two_batches_at_once(base_settings: Settings) ->
                 with lock:
                     inside -= 1
 
-        engine.model.encode = encode  # type: ignore[method-assign]
+        engine.model.encode = encode
         results = await asyncio.gather(*(asr.transcribe(kitchen(), OPTIONS) for _ in range(2)))
     assert all("kitchen" in r.text.lower() for r in results)
     assert most == 2

@@ -26,6 +26,7 @@ from mediaserver.session_registry import SessionRegistry
 from mediaserver.state import SETTINGS
 from mediaserver.stream_session import StreamOptions, StreamSession
 from mediaserver.transport.common import stream_options_from
+from mediaserver.transport.openai.realtime.config import TurnDetection
 from mediaserver.transport.wis.query import parse_wis_query
 from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel, load_shared
@@ -195,3 +196,13 @@ async def test_turn_wait_high_ms_is_the_cap_of_eager_sessions(
     settings = base_settings.model_copy(update={"turn_wait_high_ms": 800})
     waited = await unfinished_turn_ends_after(asr_service, settings, turn_model, silence_s=1.8, eagerness="high")
     assert waited is not None and 500 <= waited <= 1600, waited  # the default (2 s) has not ended it yet
+
+
+# --- Realtime ------------------------------------------------------------------------------------
+
+
+def test_realtime_prefix_padding_ms_is_the_padding_of_sessions_that_set_none() -> None:
+    settings = Settings(_env_file=None, realtime_prefix_padding_ms=120)
+    assert TurnDetection().segmenter(settings).preroll_ms == 120  # the default: 300
+    assert TurnDetection().describe(settings)["prefix_padding_ms"] == 120
+    assert TurnDetection(prefix_padding_ms=40).segmenter(settings).preroll_ms == 40  # a session's own wins

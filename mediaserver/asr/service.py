@@ -109,11 +109,7 @@ class AsrService:
                 compute_type=self.device.compute_type,
                 cpu_threads=self._threads_per_replica(),
                 device_index=self.device.device_index,
-                vad=VadConfig(
-                    self.settings.vad_aggressiveness,
-                    self.settings.vad_frame_ms,
-                    self.settings.vad_min_speech_ms,
-                ),
+                vad=self._vad(),
                 neural_vad_filter=self.settings.asr_vad_filter,
                 batching=self.settings.asr_batching,
                 packing=PackingConfig(
@@ -158,6 +154,10 @@ class AsrService:
         cores = self.device.cpu_threads or os.cpu_count() or 1
         return max(1, cores // self.settings.asr_replicas)
 
+    def _vad(self) -> VadConfig:
+        """The webrtcvad gate in front of every engine, on its 30 ms frames (``vad_frame_ms`` was removed)."""
+        return VadConfig(self.settings.vad_aggressiveness, min_speech_ms=self.settings.vad_min_speech_ms)
+
     def _guards(self) -> GuardConfig:
         return GuardConfig(
             max_words_per_s=self.settings.asr_guard_max_words_per_s, repeat_min=self.settings.asr_guard_repeat_min
@@ -168,9 +168,7 @@ class AsrService:
         engine = build_remote_engine(
             name,
             config,
-            vad=VadConfig(
-                self.settings.vad_aggressiveness, self.settings.vad_frame_ms, self.settings.vad_min_speech_ms
-            ),
+            vad=self._vad(),
             metrics=self.metrics,
             default_language=self.settings.default_language,
             guards=self._guards(),

@@ -107,7 +107,6 @@ class AsrSettings(BaseModel):
 
     # --- VAD gate ------------------------------------------------------------------------------
     vad_aggressiveness: int = Field(2, ge=0, le=3)
-    vad_frame_ms: Literal[10, 20, 30] = 30
     vad_min_speech_ms: int = Field(120, ge=0)
     asr_vad_filter: bool = True
 

@@ -1,7 +1,9 @@
 """``MEDIASERVER_*`` environment variables that are no setting: a typo or an old name is otherwise
 silently ignored (``extra="ignore"``), and the server runs on a default the operator thought they
 had changed. The server warns once at start-up, naming the closest real setting; it does not fail
-(deployments may carry variables of older versions)."""
+(deployments may carry variables of older versions). The variable of a removed setting
+(``REMOVED_SETTINGS``) is still recognised for one release: its warning says the setting is gone,
+why, and that its value is ignored."""
 
 from __future__ import annotations
 
@@ -26,6 +28,13 @@ NOT_SETTINGS = frozenset(
     }
 )
 
+# Settings removed (nobody had a reason to change them), by their former name: why, and what runs
+# instead. Kept for one release after the removal (0.1.x), then dropped from this list.
+REMOVED_SETTINGS: dict[str, str] = {
+    "vad_frame_ms": "the ASR silence gate always reads webrtcvad's 30 ms frames (vad_min_speech_ms and "
+    "vad_aggressiveness still tune it)",
+}
+
 
 def setting_names(fields: Mapping[str, FieldInfo]) -> set[str]:
     """Every name a setting is read from, lower case, without the prefix: the field names and the
@@ -49,16 +58,31 @@ def unknown_variables(environ: Mapping[str, str], fields: Mapping[str, FieldInfo
         if not variable.upper().startswith(PREFIX) or variable.upper() in NOT_SETTINGS:
             continue
         name = variable[len(PREFIX) :].lower()
-        if name in known:
+        if name in known or name in REMOVED_SETTINGS:
             continue
         close = difflib.get_close_matches(name, sorted(set(fields)), n=1, cutoff=0.6)
         found.append((variable, close[0] if close else None))
     return found
 
 
+def removed_variables(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``(variable, why)`` for each variable of a removed setting (case-insensitive), sorted by name."""
+    found: list[tuple[str, str]] = []
+    for variable in sorted(environ):
+        if variable.upper().startswith(PREFIX):
+            why = REMOVED_SETTINGS.get(variable[len(PREFIX) :].lower())
+            if why is not None:
+                found.append((variable, why))
+    return found
+
+
 def warn_unknown_variables(environ: Mapping[str, str], fields: Mapping[str, FieldInfo]) -> list[str]:
-    """Log one WARNING per unknown ``MEDIASERVER_*`` variable; return the warnings."""
-    messages = []
+    """Log one WARNING per unknown ``MEDIASERVER_*`` variable and per variable of a removed setting;
+    return the warnings."""
+    messages = [
+        f"the setting {variable} was removed and its value is ignored: {why}; remove it from the environment"
+        for variable, why in removed_variables(environ)
+    ]
     for variable, close in unknown_variables(environ, fields):
         hint = f"; did you mean {PREFIX}{close.upper()} ({close})?" if close else ""
         messages.append(f"the environment variable {variable} is not a setting and is ignored{hint}")

@@ -334,3 +334,59 @@ async def test_a_secret_has_one_spelling(auth_server: LiveServer) -> None:
             async with websockets.connect(url, subprotocols=protocols):  # type: ignore[arg-type]
                 pass
         assert caught.value.response.status_code == 401, spelling
+
+
+# --- the limits are settings -------------------------------------------------------------------------
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def limited_server(server_factory: Callable[..., Any]) -> LiveServer:
+    """One app (the shared models) with every Realtime minting limit below its default."""
+    server: LiveServer = await server_factory(
+        **VOICE_SETTINGS,
+        api_keys=[KEY],
+        realtime_client_secret_default_ttl_s=60,
+        realtime_client_secret_max_ttl_s=120,
+        realtime_client_secret_max_chars=256,
+        realtime_max_call_bytes=2048,
+    )
+    return server
+
+
+async def _post(server: LiveServer, path: str, body: bytes, content_type: str) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": content_type}
+    async with aiohttp.ClientSession() as http, http.post(server.url + path, data=body, headers=headers) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def test_realtime_client_secret_default_ttl_s_is_the_life_of_a_secret_that_names_none(
+    limited_server: LiveServer,
+) -> None:
+    before = time.time()
+    secret = await _client(limited_server).realtime.client_secrets.create(session={"type": "realtime"})
+    assert before + 60 - 5 <= secret.expires_at <= time.time() + 60 + 1  # the default: 600 s
+
+
+async def test_realtime_client_secret_max_ttl_s_caps_expires_after(limited_server: LiveServer) -> None:
+    secret = await _mint(limited_server, {"type": "realtime"}, seconds=120)
+    assert secret.value.startswith("ek_")
+    with pytest.raises(openai.BadRequestError) as caught:  # the default (7200) takes it
+        await _mint(limited_server, {"type": "realtime"}, seconds=121)
+    assert caught.value.param == "expires_after.seconds"
+
+
+async def test_realtime_client_secret_max_chars_refuses_a_longer_secret(limited_server: LiveServer) -> None:
+    session = {"type": "realtime", "instructions": os.urandom(200).hex()}  # about 400 chars sealed (< 4096)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await _mint(limited_server, session)
+    assert caught.value.param == "session" and "realtime_client_secret_max_chars (256)" in caught.value.message
+
+
+async def test_realtime_max_call_bytes_refuses_a_larger_offer_or_mint_body(limited_server: LiveServer) -> None:
+    offer = "v=0\r\n" + "a=x-padding\r\n" * 300  # about 4 KB: far under the default (256 KiB)
+    status, body = await _post(limited_server, "/v1/realtime/calls", offer.encode(), "application/sdp")
+    assert status == 400 and body["error"]["param"] == "sdp", body
+    assert "realtime_max_call_bytes=2048" in body["error"]["message"], body
+    mint = json.dumps({"session": {"type": "realtime", "instructions": "a" * 3000}}).encode()
+    status, body = await _post(limited_server, "/v1/realtime/client_secrets", mint, "application/json")
+    assert status == 413 and "realtime_max_call_bytes" in body["error"]["message"], body

@@ -157,6 +157,23 @@ async def test_sdk_text_turn(conv_server: LiveServer) -> None:
     assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
 
 
+async def test_realtime_max_items_forgets_the_oldest_items(server_factory: Callable[..., Any]) -> None:
+    short: LiveServer = await server_factory(**VOICE_SETTINGS, realtime_max_items=2)
+    async with sdk(short).realtime.connect(model="gpt-realtime") as connection:
+        assert (await connection.recv()).type == "session.created"
+        for item_id in ("item_one", "item_two", "item_three"):
+            content = [{"type": "input_text", "text": f"note {item_id}"}]
+            await connection.conversation.item.create(
+                item={"id": item_id, "type": "message", "role": "user", "content": content}
+            )
+            await until(connection, "conversation.item.done")
+        await connection.conversation.item.retrieve(item_id="item_two")
+        assert (await until(connection, "conversation.item.retrieved"))[-1].item.id == "item_two"
+        await connection.conversation.item.retrieve(item_id="item_one")  # the default (1000) keeps it
+        error = (await until(connection, "error"))[-1]
+        assert (error.error.code, error.error.param) == ("item_retrieve_invalid_item_id", "item_id"), error
+
+
 async def test_sdk_audio_turn_is_heard_back(
     conv_server: LiveServer, asr_service: AsrService, speech: Callable[[str], Clip], wer: Any
 ) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import io
 import re
 import wave
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -252,6 +253,20 @@ async def test_docs_page_is_html(server: Any) -> None:
         html = await resp.text()
     assert html.lstrip().lower().startswith("<!doctype html")
     assert "/api/openapi.json" in html
+
+
+async def test_static_dir_serves_its_files_and_its_rtc_page(server_factory: Any, tmp_path: Path) -> None:
+    (tmp_path / "rtc").mkdir()
+    (tmp_path / "hello.txt").write_text("hello from the operator's static_dir")
+    (tmp_path / "rtc" / "index.html").write_text("<!doctype html><title>my rtc page</title>")
+    own = await server_factory(static_dir=tmp_path)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{own.url}/static/hello.txt") as resp:
+            assert resp.status == 200
+            assert await resp.text() == "hello from the operator's static_dir"
+        async with session.get(f"{own.url}/rtc") as resp:
+            assert resp.status == 200
+            assert "my rtc page" in await resp.text()  # not the bundled static/rtc page
 
 
 async def test_unknown_path_is_404_json(server: Any) -> None:

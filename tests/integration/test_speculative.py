@@ -174,3 +174,26 @@ async def test_a_turn_that_ends_sends_the_prepared_answer(
     assert AssistantAudioStarted.__name__ in kinds[stopped:], kinds
     assert [m.role for m in assistant.history] == ["user", "assistant"], assistant.history
     assert out.written_samples > 0
+
+
+async def test_turn_speculative_answers_off_answers_only_once_the_turn_has_ended(
+    asr_service: AsrService,
+    llm_service: LlmService,
+    tts_service: TtsService,
+    base_settings: Settings,
+    speech: Callable[[str], Clip],
+    turn_model: TurnModel,
+) -> None:
+    """The same turn as above with turn_speculative_answers off: no answer is started in the pause
+    (neither a hit nor a miss is counted); the answer is written after the turn ends, and sent."""
+    settings = base_settings.model_copy(update={**VOICE, "turn_rescore_ms": 0, "turn_speculative_answers": False})
+    audio = np.concatenate([silence(0.5), speech("Play the song by").audio16k, silence(4.0)]).astype(np.float32)
+    before = {result: count(asr_service, result) for result in ("hit", "miss")}
+    events, assistant, out, _ = await converse(
+        asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="high"
+    )
+    assert {result: count(asr_service, result) for result in ("hit", "miss")} == before
+    kinds = [type(e).__name__ for _, e in events]
+    assert AssistantAudioStarted.__name__ in kinds[kinds.index(SpeechStopped.__name__) :], kinds
+    assert [m.role for m in assistant.history] == ["user", "assistant"], assistant.history
+    assert out.written_samples > 0

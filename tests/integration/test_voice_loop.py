@@ -234,6 +234,7 @@ class WsClient:
         self.ws = ws
         self.messages: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.audio: list[bytes] = []
+        self.audio_at: list[float] = []  # when each audio frame arrived (time.monotonic)
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self) -> None:
@@ -242,6 +243,7 @@ class WsClient:
                 self.messages.put_nowait(json.loads(msg.data))
             elif msg.type == aiohttp.WSMsgType.BINARY:
                 self.audio.append(msg.data)
+                self.audio_at.append(time.monotonic())
         self.messages.put_nowait(None)
 
     async def until(self, *kinds: str, timeout: float = 60.0) -> list[dict[str, Any]]:
@@ -295,6 +297,24 @@ async def test_ws_answer_arrives_as_binary_audio(
         line = f'mediaserver_voice_latency_seconds_count{{stage="{stage}"}}'
         count = next((float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(line)), 0.0)
         assert count >= 1, stage
+
+
+async def test_ws_answer_lead_ms_sends_the_answer_that_far_ahead_of_real_time(
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip]
+) -> None:
+    """With a lead longer than any answer, its audio goes out as it is synthesized: it arrives well
+    ahead of real time (the default, 200 ms, paces it: it arrives over its own length less 0.2 s)."""
+    eager: LiveServer = await server_factory(**VOICE_SETTINGS, ws_answer_lead_ms=600_000)
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{eager.url}/api/ws/asr") as ws:
+        client = WsClient(ws)
+        await ws.send_str(json.dumps({"type": "start", "mode": "server_vad", "assistant": True}))
+        await client.until("ready")
+        await client.speak(speech(QUESTION))
+        messages = await client.until("assistant_audio_stopped", "error")
+        assert messages[-1]["type"] == "assistant_audio_stopped", messages
+    audio_s = sum(len(frame) for frame in client.audio) / 2 / 16000
+    arrived_over_s = client.audio_at[-1] - client.audio_at[0]
+    assert audio_s - arrived_over_s >= 0.5, (audio_s, arrived_over_s)
 
 
 async def test_ws_answer_audio_rate_is_the_clients_choice(ws_client: WsClient) -> None:

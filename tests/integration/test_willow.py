@@ -197,6 +197,15 @@ async def test_save_audio_serves_the_decoded_wav(server: Any, speech: Any) -> No
     assert abs((len(data) - 44) // 2 - len(clip.audio16k)) <= 1
 
 
+async def test_allow_save_audio_off_refuses_save_audio(server_factory: Any, speech: Any, tmp_path: Path) -> None:
+    private = await server_factory(allow_save_audio=False, save_audio_dir=tmp_path)
+    path = "/api/willow?save_audio=true"
+    status, _, raw = await device_post(private.host, private.port, path, speech("kitchen").pcm16k_bytes)
+    assert status == 400, raw
+    assert "save_audio" in json.loads(raw)["error"]
+    assert not (tmp_path / "willow.wav").exists()
+
+
 async def test_voice_auth_without_speaker_model_is_refused(server: Any, speech: Any) -> None:
     clip = speech("kitchen")
     status, headers, raw = await device_post(server.host, server.port, "/api/willow?voice_auth=true", clip.pcm16k_bytes)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from mediaserver.app import feature_requests
 from mediaserver.capabilities import FeatureDisabled, FeatureRequest, decide
+from mediaserver.config import Settings
 from mediaserver.devices import GpuInfo, choose_device
 
 MIB = 1024 * 1024
@@ -60,3 +62,16 @@ def test_an_unknown_feature_is_disabled_with_a_reason() -> None:
     assert not caps.enabled("vision")
     with pytest.raises(FeatureDisabled, match="VISION is disabled"):
         caps.require("vision")
+
+
+def test_vram_asr_mb_and_vram_tts_mb_are_what_asr_and_tts_take() -> None:
+    """2500 MB free: with the defaults (1500 + 500) ASR and TTS fit; TTS asking for more, or ASR
+    taking more before it, leaves TTS off."""
+    device = choose_device("auto", gpus=(GPU,), ctranslate2_cuda_count=1, cpu_count=8)
+    free = 2500 * MIB
+    assert decide(device, feature_requests(Settings(_env_file=None)), free_vram=free).enabled("tts")
+    hungry_tts = decide(device, feature_requests(Settings(_env_file=None, vram_tts_mb=1200)), free_vram=free)
+    assert not hungry_tts.enabled("tts") and "needs 1200 MB" in hungry_tts.reason("tts")
+    hungry_asr = decide(device, feature_requests(Settings(_env_file=None, vram_asr_mb=2200)), free_vram=free)
+    assert hungry_asr.enabled("asr") and "needs 2200 MB" in hungry_asr.reason("asr")
+    assert not hungry_asr.enabled("tts") and "300 MB left after ASR" in hungry_asr.reason("tts")

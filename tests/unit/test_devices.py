@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -145,3 +147,40 @@ def test_malloc_arenas_are_capped_on_glibc() -> None:
     assert limit_malloc_arenas(0) is False  # 0 keeps glibc's default
     if sys.platform.startswith("linux"):
         assert limit_malloc_arenas(2) is True
+
+
+ARENA_PROBE = """
+import ctypes, sys, threading
+from mediaserver import cli
+
+async def probe(settings):  # in place of the server: what the process is like once main() has set it up
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    ready = threading.Barrier(6)
+    def work():
+        pointer = libc.malloc(4096)
+        ready.wait()  # five threads allocating at once
+        libc.free(pointer)
+    threads = [threading.Thread(target=work) for _ in range(5)]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    for thread in threads:
+        thread.join()
+    libc.malloc_stats()  # one "Arena N:" block per arena, on stderr
+
+cli.serve = probe
+sys.exit(cli.main([]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_malloc_arena_max_caps_the_arenas_of_the_server_process() -> None:
+    """``python -m mediaserver`` with MEDIASERVER_MALLOC_ARENA_MAX=1: threads allocating at once share
+    one arena (the default, 2, gives them two; glibc's own, one each)."""
+    env = {**os.environ, "MEDIASERVER_MALLOC_ARENA_MAX": "1"}
+    done = subprocess.run([sys.executable, "-c", ARENA_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    arenas = [line for line in done.stderr.splitlines() if line.startswith("Arena ")]
+    assert arenas == ["Arena 0:"], done.stderr

@@ -60,3 +60,14 @@ def test_one_warning_per_variable_and_settings_still_load(
     assert len(warnings) == 2
     assert "MEDIASERVER_PORT" in warnings[0] and "MEDIASERVER_HTTP_PORT" in warnings[0]
     assert "MEDIASERVER_WYOMNG_PORT" in warnings[1] and "MEDIASERVER_WYOMING_PORT" in warnings[1]
+
+
+def test_a_removed_setting_is_named_as_removed_and_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    environ = {"MEDIASERVER_VAD_FRAME_MS": "10", "MEDIASERVER_PORT": "1"}
+    assert "vad_frame_ms" not in FIELDS
+    assert unknown_variables(environ, FIELDS) == [("MEDIASERVER_PORT", "http_port")]  # not a typo
+    with caplog.at_level(logging.WARNING, logger="mediaserver.config"):
+        warnings = warn_unknown_variables(environ, FIELDS)
+    assert len(warnings) == 2 and [r.getMessage() for r in caplog.records] == warnings
+    assert "MEDIASERVER_VAD_FRAME_MS was removed and its value is ignored" in warnings[0]
+    assert "30 ms" in warnings[0]

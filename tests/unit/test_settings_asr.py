@@ -1,0 +1,153 @@
+"""ASR settings at non-default values: each builds its own ``AsrService`` (the bundled tiny.en, loaded
+in about a second) and shows what the setting changes, where the shared service runs the defaults."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+
+from mediaserver.asr.engine import AsrJob, WhisperEngine
+from mediaserver.asr.models import ModelRegistry, bundled_tiny_en_dir
+from mediaserver.asr.service import AsrService
+from mediaserver.config import Settings
+from mediaserver.devices import choose_device
+from mediaserver.events import SAMPLE_RATE_HZ, Transcript, TranscriptionOptions
+from mediaserver.metrics import Metrics
+from tests.conftest import SENTENCES, synthesize
+
+OPTIONS = TranscriptionOptions(language="en", with_segment_timestamps=False)
+
+
+@contextlib.asynccontextmanager
+async def service(base_settings: Settings, **overrides: Any) -> AsyncIterator[AsrService]:
+    """A service of its own with tiny.en loaded, on ``base_settings`` with ``overrides``."""
+    settings = base_settings.model_copy(update={"asr_preload_models": ["tiny.en"], **overrides})
+    asr = AsrService(settings, choose_device("cpu", "auto", 2), ModelRegistry(settings), Metrics())
+    await asr.start()
+    try:
+        yield asr
+    finally:
+        await asr.aclose()
+
+
+async def engine_of(asr: AsrService) -> WhisperEngine:
+    engine = (await asr.get_model("tiny.en")).engine
+    assert isinstance(engine, WhisperEngine)
+    return engine
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * SAMPLE_RATE_HZ), np.float32)
+
+
+def kitchen() -> np.ndarray:
+    return synthesize(SENTENCES["kitchen"]).audio16k.astype(np.float32)
+
+
+async def test_max_loaded_models_unloads_the_least_recently_used(base_settings: Settings) -> None:
+    tiny = str(bundled_tiny_en_dir())
+    async with service(base_settings, max_loaded_models=1, asr_extra_models={"tiny-copy": tiny}) as asr:
+        assert asr.loaded_models == ["tiny.en"]
+        result = await asr.transcribe(kitchen(), OPTIONS, model="tiny-copy")
+        assert "kitchen" in result.text.lower()
+        assert asr.loaded_models == ["tiny-copy"]  # the default (4) keeps both
+
+
+async def test_vad_min_speech_ms_makes_a_short_command_silence(base_settings: Settings) -> None:
+    audio = kitchen()  # about 3 s of speech, well over the default 120 ms
+    async with service(base_settings, vad_min_speech_ms=6000) as asr:
+        result = await asr.transcribe(audio, OPTIONS)
+    assert (result.text, result.speech_detected) == ("", False)
+
+
+async def test_asr_batching_off_decodes_each_job_with_faster_whispers_own_loop(base_settings: Settings) -> None:
+    async with service(base_settings, asr_batching=False) as asr:
+        engine = await engine_of(asr)
+        result = await asr.transcribe(kitchen(), OPTIONS)
+        assert "kitchen" in result.text.lower()
+        assert (engine.counters["sequential"], engine.counters["windows"]) == (1, 0)  # batched: (0, 1)
+
+
+async def test_asr_vad_filter_off_encodes_the_silence_too(base_settings: Settings) -> None:
+    """20 s of silence, a command, 15 s of silence: Silero VAD keeps one window of speech; without
+    it the whole 38 s is cut into windows."""
+    audio = np.concatenate([silence(20.0), kitchen(), silence(15.0)])
+    async with service(base_settings, asr_vad_filter=False) as asr:
+        engine = await engine_of(asr)
+        result = await asr.transcribe(audio, OPTIONS)
+        assert "kitchen" in result.text.lower()
+        assert engine.counters["windows"] >= 2  # with the filter: 1
+
+
+async def test_asr_speech_pad_ms_pads_the_speech_window(base_settings: Settings) -> None:
+    audio = kitchen()
+    padded = np.concatenate([silence(5.0), audio, silence(5.0)])
+    seen: list[float] = []
+    async with service(base_settings, asr_speech_pad_ms=2000) as asr:
+        engine = await engine_of(asr)
+        real_run = engine._decoder._run
+
+        def spy(windows: Any) -> Any:
+            seen.extend(w.audio.size / SAMPLE_RATE_HZ for w in windows)
+            return real_run(windows)
+
+        engine._decoder._run = spy  # type: ignore[method-assign]
+        result = await asr.transcribe(padded, OPTIONS)
+    assert "kitchen" in result.text.lower()
+    # The speech (at most the clip) plus 2 s either side; the default 300 ms gives at most clip + 0.6 s.
+    assert seen and seen[0] >= audio.size / SAMPLE_RATE_HZ + 3.0, seen
+
+
+async def test_asr_encoder_max_windows_sets_the_windows_per_encoder_call(base_settings: Settings) -> None:
+    clips = [synthesize(SENTENCES[key]).audio16k.astype(np.float32) for key in ("kitchen", "weather", "music")]
+    jobs = [AsrJob(clip, OPTIONS) for clip in clips]
+    calls: list[int] = []
+    async with service(base_settings, asr_encoder_max_windows=1) as asr:
+        engine = await engine_of(asr)
+        real_encode = engine.model.encode
+
+        def counting_encode(features: np.ndarray) -> Any:
+            calls.append(len(features))
+            return real_encode(features)
+
+        engine.model.encode = counting_encode
+        results = await asyncio.to_thread(engine.transcribe_batch, jobs)
+    assert all(isinstance(r, Transcript) and r.text for r in results), results
+    assert calls[:3] == [1, 1, 1], calls  # the default, 2: [2, 1]
+
+
+async def test_asr_replicas_runs_two_batches_at_once(base_settings: Settings) -> None:
+    """Two jobs in batches of one: with two replicas the second batch is encoded while the first
+    is, which one replica never does (the first waits in its encoder until the second arrives)."""
+    inside = 0
+    most = 0
+    lock = threading.Lock()
+    both = threading.Event()
+    async with service(base_settings, asr_replicas=2, asr_max_batch=1) as asr:
+        engine = await engine_of(asr)
+        assert engine.replicas == 2
+        real_encode = engine.model.encode
+
+        def encode(features: np.ndarray) -> Any:
+            nonlocal inside, most
+            with lock:
+                inside += 1
+                most = max(most, inside)
+                if inside == 2:
+                    both.set()
+            both.wait(timeout=10.0)
+            try:
+                return real_encode(features)
+            finally:
+                with lock:
+                    inside -= 1
+
+        engine.model.encode = encode
+        results = await asyncio.gather(*(asr.transcribe(kitchen(), OPTIONS) for _ in range(2)))
+    assert all("kitchen" in r.text.lower() for r in results)
+    assert most == 2

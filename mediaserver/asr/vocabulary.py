@@ -58,7 +58,7 @@ def check_prompt(prompt: object, settings: Settings, param: str) -> str | None:
         raise InvalidParameter(f"{param} must be a string", param=param)
     problem = prompt_problem(prompt, settings)
     if problem is not None:
-        raise InvalidParameter(f"{param} is too long: {problem}", param=param)
+        raise InvalidParameter(f"{param} too long: {problem}", param=param)
     return prompt or None
 
 

@@ -16,8 +16,8 @@ from mediaserver.errors import InvalidParameter
 from mediaserver.events import TranscriptionOptions
 from mediaserver.transport.common import stream_options_from
 from mediaserver.transport.openai.realtime.config import EventError, default_config, parse_session
-from mediaserver.transport.wyoming.server import transcribe_prompt
 from mediaserver.transport.ws.start import parse_start
+from mediaserver.transport.wyoming.server import transcribe_prompt
 
 
 @pytest.fixture(scope="module")

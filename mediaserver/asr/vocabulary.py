@@ -19,7 +19,10 @@ server's setting, added to every decode of every model (the local engine and rem
 Characters, not tokens: the faces check before a model is chosen, and a remote backend has no local
 tokenizer. Whisper reads at most 223 prompt tokens (half its 448-token context, less one) and keeps
 the last 223 of a longer prompt, so past that the start of the vocabulary is what is lost; 600
-characters of English are about 150 tokens.
+characters measured 137 tiny.en tokens of English prose, 210 of a list of names.
+
+A decode with a prompt uses the full 30 s encoder window (engine.py): on a short one tiny.en said a
+prompted sentence twice over.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from mediaserver.openapi_rtc import rtc_paths
 from mediaserver.openapi_schema import (
     ERROR_OPENAI,
     ERROR_WIS,
+    PROMPT_DESCRIPTION,
     error_responses,
     header_param,
     json_body,
@@ -47,13 +48,14 @@ _WIS_QUERY = [
     query_param("stats", {"type": "boolean"}, "add infer_time, infer_speedup, audio_duration"),
     query_param("save_audio", {"type": "boolean"}, "write the decoded audio to /audio/willow.wav"),
     query_param("voice_auth", {"type": "boolean"}, "speaker verification; not available: always 406"),
+    query_param("prompt", {"type": "string"}, PROMPT_DESCRIPTION),
 ]
 
 
 _OPENAI_FIELDS = {
     "file": {"type": "string", "format": "binary"},
     "model": {"type": "string", "example": "whisper-1"},
-    "prompt": {"type": "string"},
+    "prompt": {"type": "string", "description": PROMPT_DESCRIPTION},
     "temperature": {"type": "number", "minimum": 0, "maximum": 1},
     "response_format": {"type": "string", "enum": ["json", "text", "srt", "verbose_json", "vtt"]},
 }

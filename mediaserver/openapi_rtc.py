@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from mediaserver.openapi_schema import ERROR_OPENAI, ERROR_WIS, error_responses, json_body, query_param
+from mediaserver.openapi_schema import (
+    ERROR_OPENAI,
+    ERROR_WIS,
+    PROMPT_DESCRIPTION,
+    error_responses,
+    json_body,
+    query_param,
+)
 
 _SDP = {"type": "string", "description": "an SDP session description"}
 _OFFER = {
@@ -27,7 +34,7 @@ _STREAM_QUERY = [
     query_param("force_language", {"type": "string"}, "Whisper language code"),
     query_param("detect_language", {"type": "boolean"}, "detect the spoken language"),
     query_param("task", {"type": "string", "enum": ["transcribe", "translate"]}, "transcribe or translate"),
-    query_param("prompt", {"type": "string"}, "initial prompt for the decoder"),
+    query_param("prompt", {"type": "string"}, PROMPT_DESCRIPTION),
 ]
 
 

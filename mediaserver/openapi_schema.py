@@ -60,3 +60,10 @@ def multipart_body(properties: dict[str, Any], required: list[str]) -> dict[str,
             "multipart/form-data": {"schema": {"type": "object", "properties": properties, "required": required}}
         },
     }
+
+
+# The ``prompt`` of WIS, WebRTC and OpenAI uploads (asr/vocabulary.py).
+PROMPT_DESCRIPTION = (
+    "words Whisper should expect (names, rare words), after the server's asr_vocabulary; "
+    "the two at most asr_max_prompt_chars characters (else 400)"
+)

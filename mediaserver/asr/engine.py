@@ -299,8 +299,10 @@ class WhisperEngine(GuardedDecodes):
         run.voiced_s[index] = spans_seconds(speech)
         run.speech[index] = speech
         spans = split_into_windows(speech, audio.size, int(self._speech_pad_s * SAMPLE_RATE_HZ))
-        # A short encoder window only for a job that fits in one (a partial of an utterance so far).
-        short = job.min_window_s < WINDOW_S and len(spans) == 1
+        # A short encoder window only for a job that fits in one (a partial of an utterance so far),
+        # and has no prompt: with one, tiny.en on a 10 s window said a 3 s sentence twice over
+        # ("... across the table. He turned sharply ..."), on the full window once (asr/vocabulary.py).
+        short = job.min_window_s < WINDOW_S and len(spans) == 1 and not job.options.initial_prompt
         windows = []
         for number, span in enumerate(spans):
             # A forced prefix belongs to the start of the audio, so only to the first window.

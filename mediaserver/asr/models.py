@@ -195,6 +195,11 @@ class ModelRegistry:
             if name not in self._sources and name not in settings.asr_model_aliases and name not in WIS_SIZES:
                 self._sources[name] = self._source_for(name, name)
 
+    @property
+    def settings(self) -> Settings:
+        """The settings the registry was made with (the server's)."""
+        return self._settings
+
     @staticmethod
     def _source_for(name: str, location: str) -> ModelSource:
         path = Path(location).expanduser()

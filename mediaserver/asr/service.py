@@ -20,6 +20,7 @@ from mediaserver.asr.guards import GuardConfig
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.remote import RemoteEngine
 from mediaserver.asr.scheduler import AsrScheduler
+from mediaserver.asr.vocabulary import with_vocabulary
 from mediaserver.audio.vad import VadConfig
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
@@ -225,7 +226,7 @@ class AsrService:
         return await loaded.scheduler.submit(
             AsrJob(
                 audio,
-                options,
+                with_vocabulary(options, self.settings.asr_vocabulary),
                 min_window_s=self.settings.asr_partial_window_s
                 if partial
                 else self.settings.asr_window_s.get(loaded.name, WINDOW_S),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 
 DEFAULT_MODEL_ALIASES: dict[str, str] = {
     # OpenAI model names map to the default model: SDK users keep their code unchanged. Only names
@@ -104,6 +104,18 @@ class AsrSettings(BaseModel):
     default_language: str = "en"
     default_beam_size: int = Field(1, ge=1, le=10)
     max_beam_size: int = Field(10, ge=1)
+    asr_vocabulary: str = Field(
+        "",
+        description="words Whisper should expect (names, jargon: 'Gregson, Kubernetes'), put before every "
+        "decode's own prompt on every face (asr/vocabulary.py); empty = none",
+    )
+    asr_max_prompt_chars: int = Field(
+        600,
+        ge=1,
+        le=4000,
+        description="asr_vocabulary and a request's or session's prompt together hold at most this many characters "
+        "(a longer prompt is a 400 / an error event); Whisper reads at most 223 prompt tokens and keeps the last",
+    )
 
     # --- VAD gate ------------------------------------------------------------------------------
     vad_aggressiveness: int = Field(2, ge=0, le=3)
@@ -174,3 +186,17 @@ class AsrSettings(BaseModel):
     @classmethod
     def _lower(cls, value: str) -> str:
         return value.strip().lower()
+
+    @field_validator("asr_vocabulary")
+    @classmethod
+    def _vocabulary(cls, value: str) -> str:
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _vocabulary_fits(self) -> AsrSettings:
+        if len(self.asr_vocabulary) > self.asr_max_prompt_chars:
+            raise ValueError(
+                f"asr_vocabulary is {len(self.asr_vocabulary)} characters, longer than asr_max_prompt_chars "
+                f"({self.asr_max_prompt_chars})"
+            )
+        return self

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from aiohttp import BodyPartReader, web
 
+from mediaserver.asr.vocabulary import check_prompt
 from mediaserver.config import Settings
 from mediaserver.errors import AudioTooLarge, InvalidParameter, RequestTimeout
 from mediaserver.events import TranscriptionOptions, TurnDecided
@@ -208,7 +209,7 @@ def stream_options_from(
     task = text.get("task", options.task)
     if task not in ("transcribe", "translate"):
         raise InvalidParameter(f"task must be 'transcribe' or 'translate', got {task!r}", param="task")
-    prompt = text.get("prompt", options.initial_prompt)
+    prompt = check_prompt(text["prompt"], settings, "prompt") if "prompt" in text else options.initial_prompt
     model = text.get("model", base.model)
     transcription = replace(
         options,

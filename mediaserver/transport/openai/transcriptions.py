@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from mediaserver.asr.vocabulary import check_prompt
 from mediaserver.audio.decode import decode_any
 from mediaserver.errors import InvalidParameter
 from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, Task, Transcript, TranscriptionOptions
@@ -143,7 +144,7 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
         task=task,
         beam_size=settings.default_beam_size,
         temperature=(temperature,) if temperature else DEFAULT_TEMPERATURES,
-        initial_prompt=_single(values, "prompt") or None,
+        initial_prompt=check_prompt(_single(values, "prompt"), settings, "prompt"),
         word_timestamps="word" in granularities or with_logprobs,
         with_segment_timestamps=response_format in ("srt", "vtt", "verbose_json"),
     )

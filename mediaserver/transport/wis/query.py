@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from mediaserver.asr.vocabulary import check_prompt
 from mediaserver.errors import InvalidParameter
 from mediaserver.events import TranscriptionOptions
 from mediaserver.state import SETTINGS
@@ -46,7 +47,12 @@ def parse_wis_query(request: web.Request) -> WisRequest:
     voice_auth = parse_bool(query, "voice_auth", False)
     return WisRequest(
         model=query.get("model") or None,
-        options=TranscriptionOptions(language=language, beam_size=beam_size, with_segment_timestamps=False),
+        options=TranscriptionOptions(
+            language=language,
+            beam_size=beam_size,
+            initial_prompt=check_prompt(query.get("prompt"), settings, "prompt"),
+            with_segment_timestamps=False,
+        ),
         translate=parse_bool(query, "translate", False),
         stats=parse_bool(query, "stats", False) or voice_auth,
         save_audio=parse_bool(query, "save_audio", False),

@@ -10,7 +10,8 @@ ours (``wyoming/framing.py``'s ``read_event``): the package's reader has no size
 event into a silent end of stream; ours checks every length first and answers with a clear ``error``.
 
 Conversation, per connection (Home Assistant opens one per utterance; several cycles on one
-connection work too): ``describe`` → ``info``; ``transcribe{name?, language?}`` →
+connection work too): ``describe`` → ``info``; ``transcribe{name?, language?,
+transcript_names?, transcript_terms?}`` (the words a prompt gives Whisper: ``transcribe_prompt``) →
 ``audio-start`` → ``audio-chunk``* → ``audio-stop`` → ``transcript-start``, ``transcript-chunk``*,
 ``transcript``, ``transcript-stop`` (an ``audio-chunk`` that is not a whole number of frames, or an
 ``audio-stop`` with no ``audio-start`` before it, is an ``invalid_audio`` error); ``ping`` →
@@ -40,7 +41,7 @@ import ipaddress
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -56,6 +57,7 @@ from wyoming.ping import Ping, Pong
 from wyoming.server import AsyncEventHandler
 
 from mediaserver.asr.service import AsrService
+from mediaserver.asr.vocabulary import check_prompt
 from mediaserver.audio.decode import PcmFormat, pcm_to_float
 from mediaserver.capabilities import Capabilities
 from mediaserver.config import Settings
@@ -112,6 +114,7 @@ class _Utterance:
     model: str | None
     language: str | None
     fmt: PcmFormat | None = None
+    prompt: str | None = None  # from transcribe's transcript_names / transcript_terms
     runs: list[tuple[PcmFormat, bytearray]] = field(default_factory=list)
     total_bytes: int = 0
     duration_s: float = 0.0
@@ -135,6 +138,30 @@ class _Utterance:
             if len(pcm) >= fmt.frame_bytes
         ]
         return np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)
+
+
+_BIAS_FIELDS = ("transcript_terms", "transcript_names")
+
+
+def transcribe_prompt(data: Mapping[str, Any], settings: Settings) -> str | None:
+    """The prompt of a ``transcribe``: its ``transcript_terms`` then its ``transcript_names`` (the
+    ``wyoming`` package's fields of words that "should bias the ASR transcription", names taking
+    priority over terms), joined with ", ", names last, nearest the audio, where Whisper weighs them
+    most and where a prompt cut to Whisper's 223 tokens keeps them. Lists of strings (null: none);
+    the whole is bound as every face's prompt is (``asr/vocabulary.py``)."""
+    words: list[str] = []
+    present: list[str] = []
+    for key in _BIAS_FIELDS:
+        value = data.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InvalidParameter(f"transcribe {key} must be a list of strings, got {value!r:.80}", param=key)
+        words += [v.strip() for v in value if v.strip()]
+        present.append(key)
+    if not words:
+        return None
+    return check_prompt(", ".join(words), settings, "transcribe " + " and ".join(present))
 
 
 def transcript_chunks(transcript: Transcript) -> list[str]:
@@ -187,7 +214,8 @@ class WyomingConnection(AsyncEventHandler):
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
         self._utterance: _Utterance | None = None
-        self._pending: tuple[str | None, str | None] | None = None  # (model, language) of a transcribe
+        # (model, language, prompt) of a transcribe
+        self._pending: tuple[str | None, str | None, str | None] | None = None
         self._held_bytes = 0  # this connection's share of the server's AudioBudget
         self._tts = WyomingTts(server.tts, server.capabilities, self.send, self.peer)
         self._wake = WyomingWake(server.wake, server.settings, self.send, self.peer, _audio_format)
@@ -262,25 +290,27 @@ class WyomingConnection(AsyncEventHandler):
             log.debug("wyoming %s: ignoring event %r", self.peer, kind)
         return True
 
-    def _parse_transcribe(self, data: dict[str, Any]) -> tuple[str | None, str | None]:
+    def _parse_transcribe(self, data: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
         name = data.get("name")
         if name is not None and not isinstance(name, str):
             raise InvalidParameter(f"transcribe name must be a string, got {name!r}", param="name")
         model = self._asr.models.resolve(name) if name else None  # UnknownModel for names we do not know
+        prompt = transcribe_prompt(data, self._settings)
         raw_language = data.get("language")
         if raw_language is None or raw_language == "":
-            return model, self._settings.default_language
+            return model, self._settings.default_language, prompt
         if not isinstance(raw_language, str):
             raise InvalidParameter(f"transcribe language must be a string, got {raw_language!r}", param="language")
         try:
-            return model, normalize_language(raw_language)  # None ("auto") means detect
+            return model, normalize_language(raw_language), prompt  # None ("auto") means detect
         except ValueError:
             raise InvalidParameter(f"unsupported language {raw_language!r}", param="language") from None
 
     def _start_utterance(self, fmt: PcmFormat | None) -> _Utterance:
-        model, language = self._pending if self._pending is not None else (None, self._settings.default_language)
+        pending = self._pending if self._pending is not None else (None, self._settings.default_language, None)
+        model, language, prompt = pending
         self._pending = None
-        self._utterance = _Utterance(model, language, fmt)
+        self._utterance = _Utterance(model, language, fmt, prompt)
         self._release_audio()
         return self._utterance
 
@@ -319,7 +349,11 @@ class WyomingConnection(AsyncEventHandler):
                 language = utterance.language or self._settings.default_language
                 transcript = Transcript(text="", language=language, language_probability=0.0, duration_s=0.0)
             else:
-                options = TranscriptionOptions(language=utterance.language, beam_size=self._settings.default_beam_size)
+                options = TranscriptionOptions(
+                    language=utterance.language,
+                    beam_size=self._settings.default_beam_size,
+                    initial_prompt=utterance.prompt,
+                )
                 transcript = await self._asr.transcribe(audio, options, model=utterance.model, priority=Priority.FINAL)
         finally:
             self._release_audio()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from mediaserver.asr.models import ModelRegistry
+from mediaserver.asr.vocabulary import prompt_problem
 from mediaserver.audio.decode import PcmFormat
 from mediaserver.audio.segmenter import SegmenterConfig
 from mediaserver.audio.stream_decode import G711_RATE_HZ, G711StreamDecoder, PcmStreamDecoder, StreamDecoder
@@ -449,6 +450,8 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
             language = candidates[0] if len(candidates) == 1 else None
         if "prompt" in spec:
             prompt = _optional_str(spec["prompt"], f"{param}.prompt")
+            if (problem := prompt_problem(prompt, models.settings)) is not None:
+                raise EventError("string_above_max_length", f"Invalid '{param}.prompt': {problem}.", f"{param}.prompt")
 
     # Beta flat shape.
     if "input_audio_format" in session:

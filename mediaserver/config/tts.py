@@ -29,7 +29,9 @@ class TtsSettings(BaseModel):
     tts_voice_aliases: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_VOICE_ALIASES))
     tts_allow_download: bool = Field(True, description="fetch a Piper voice named by a request into tts_voices_dir")
     tts_download_url: str = PIPER_VOICE_URL
-    tts_download_timeout_s: float = Field(120.0, gt=0)
+    tts_download_timeout_s: float = Field(
+        120.0, gt=0, description="a voice file's whole download, and each wait for data within it"
+    )
     tts_download_max_bytes: int = Field(300 * 1024 * 1024, ge=1024)
     tts_preload_default_voice: bool = True
     tts_max_input_chars: int = Field(4096, ge=1, description="longer text is refused with 413")

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -264,12 +265,17 @@ class VoiceRegistry:
             log.info("downloading TTS voice %s%s from %s", name, extension, url)
             fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{name}", suffix=".part")
             try:
+                deadline = time.monotonic() + timeout  # the whole file: a mirror that trickles ends too
                 with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
                     copied = 0
-                    while block := response.read(1 << 20):
+                    while block := response.read1(1 << 16):
                         copied += len(block)
                         if copied > limit:
                             raise OSError(f"{url} is larger than tts_download_max_bytes ({limit})")
+                        if time.monotonic() > deadline:
+                            raise OSError(
+                                f"{url} timed out: not downloaded within tts_download_timeout_s ({timeout} s)"
+                            )
                         out.write(block)
                 if extension == ".onnx.json":
                     _read_config(Path(tmp_name))  # a captive portal's HTML is not a voice

@@ -124,6 +124,46 @@ async def test_a_download_that_stalls_ends_at_the_timeout(tmp_path: Path) -> Non
             await asyncio.sleep(0.05)
 
 
+async def test_a_download_that_trickles_ends_at_the_timeout_too(tmp_path: Path) -> None:
+    """A mirror that sends a few bytes every 50 ms never lets a socket read time out: the download
+    as a whole is bounded by tts_download_timeout_s, and its thread cleans up."""
+    sent: list[int] = []
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.content_length = 60_000_000
+        await response.prepare(request)
+        while True:
+            await response.write(b"\0" * 16)
+            sent.append(16)
+            await asyncio.sleep(0.05)
+
+    app = web.Application()
+    app.router.add_get("/{name}", trickle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    registry = VoiceRegistry(
+        Settings(
+            _env_file=None,
+            tts_voices_dir=tmp_path,
+            tts_download_url=f"http://127.0.0.1:{port}/{{lang_code}}-{{voice_name}}-{{voice_quality}}{{extension}}",
+            tts_download_timeout_s=1.0,
+        )
+    )
+    try:
+        with pytest.raises(UnknownVoice, match="timed out"):
+            await asyncio.wait_for(registry.resolve_or_download("de_DE-thorsten-medium"), 60)
+        async with asyncio.timeout(30):  # the thread stopped reading, and removed its part file
+            while os.listdir(tmp_path):
+                await asyncio.sleep(0.05)
+        assert sent  # it did trickle
+    finally:
+        await runner.cleanup()
+
+
 async def test_a_download_larger_than_the_limit_is_refused_and_removed(tmp_path: Path) -> None:
     """A real Piper voice (the bundled one, 60 MB) served on loopback, over a 1 MiB limit."""
     bundled = bundled_voices()[0]

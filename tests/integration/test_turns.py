@@ -41,7 +41,7 @@ from mediaserver.events import (
     TranscriptionOptions,
     TurnDecided,
 )
-from mediaserver.stream_session import StreamOptions, StreamSession
+from mediaserver.stream.session import StreamOptions, StreamSession
 from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel
 from tests.conftest import Clip, LiveServer

@@ -27,7 +27,7 @@ from mediaserver.events import (
     Transcript,
     TranscriptionOptions,
 )
-from mediaserver.stream_session import StreamOptions, StreamSession
+from mediaserver.stream.session import StreamOptions, StreamSession
 from tests.conftest import SENTENCES, Clip
 from tests.faults import session_tasks
 

@@ -11,7 +11,7 @@ clients get exactly WIS's messages; the extensions (hands-free server VAD, parti
 the assistant) are only sent to a client that asked for them in ``start.obj``.
 
 The voice loop: when the offer's audio is ``sendrecv``, the answer carries an outbound audio track
-(``webrtc/audio.py``'s ``AssistantAudioTrack``) that sends nothing until there is an answer to speak. A client
+(``rtc_peer/audio.py``'s ``AssistantAudioTrack``) that sends nothing until there is an answer to speak. A client
 that starts with ``"assistant": true`` gets each final transcript answered by the LLM: ``assistant``
 messages with the text as it is written, the speech on that track, ``assistant_audio_started`` /
 ``assistant_audio_stopped``; speaking over an answer (or ``interrupt``) stops it, ``reset`` forgets
@@ -68,12 +68,11 @@ from mediaserver.events import (
     TurnDecided,
 )
 from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, TOOLS
-from mediaserver.stream_session import StreamOptions, StreamSession
+from mediaserver.stream.session import StreamOptions, StreamSession
 from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from, turn_payload
-from mediaserver.transport.voice import check_voice, new_assistant, update_assistant
-from mediaserver.transport.webrtc import patches
-from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
-from mediaserver.transport.webrtc.peer import (
+from mediaserver.transport.rtc_peer import patches
+from mediaserver.transport.rtc_peer.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
+from mediaserver.transport.rtc_peer.peer import (
     answer_offer,
     can_send_audio,
     close_peer_connection,
@@ -82,6 +81,7 @@ from mediaserver.transport.webrtc.peer import (
     read_audio_track,
     start_watchdogs,
 )
+from mediaserver.transport.voice import check_voice, new_assistant, update_assistant
 from mediaserver.wake.gate import (
     WakeGate,
     WakeWaiting,
@@ -194,7 +194,7 @@ class RtcSession:
             self._spawn(self.aclose(), "rtc-close")
 
     def start_watchdogs(self) -> None:
-        """Close the session if its peer never connects, or goes silent (webrtc/peer.py)."""
+        """Close the session if its peer never connects, or goes silent (rtc_peer/peer.py)."""
         start_watchdogs(
             self.pc,
             self.settings,

@@ -11,7 +11,7 @@ as over the WebSocket (session.update, conversation.item.*, response.*) handled 
 ``RealtimeSession``, whose socket here is that channel (``ChannelSocket``). Audio flows on the media
 tracks: the microphone track is read, resampled to 16 kHz and queued to the session like appended
 audio (server VAD finds the turns); answers play on the outbound Opus track of the voice loop
-(``webrtc/audio.py``'s ``AssistantAudioTrack``), which sends nothing between answers. So there are no
+(``rtc_peer/audio.py``'s ``AssistantAudioTrack``), which sends nothing between answers. So there are no
 ``response.output_audio.delta`` events here; ``output_audio_buffer.started`` / ``stopped`` /
 ``cleared`` say when the track plays, and an interrupted answer keeps the words that were played.
 
@@ -51,9 +51,9 @@ from mediaserver.transport.openai.realtime.conversation_config import (
 from mediaserver.transport.openai.realtime.lookups import check_voice, is_llm_model, llm_model_names
 from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
 from mediaserver.transport.openai.realtime.session import RealtimeSession
-from mediaserver.transport.webrtc import patches
-from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
-from mediaserver.transport.webrtc.peer import (
+from mediaserver.transport.rtc_peer import patches
+from mediaserver.transport.rtc_peer.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
+from mediaserver.transport.rtc_peer.peer import (
     answer_offer,
     can_send_audio,
     close_peer_connection,

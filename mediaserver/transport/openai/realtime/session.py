@@ -18,7 +18,7 @@ from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent, SpeechStarted
 from mediaserver.state import ASR, METRICS
-from mediaserver.stream_session import Emit, StreamSession
+from mediaserver.stream.session import Emit, StreamSession
 from mediaserver.transport.openai.realtime.config import (
     EventError,
     RealtimeConfig,

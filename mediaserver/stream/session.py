@@ -10,9 +10,9 @@ final is joined to the promised text by ``continuation``, so it always extends t
 never doubles a word at the seam. Model work goes through the shared ``AsrService``; the session
 only submits jobs (partials with its id as supersede key, so stale ones are dropped).
 
-Three parts live beside it: ``stream_partials.py`` (the partial decodes and what they promised:
-``continuation``, the agreement rule, the commit lag), ``stream_turns.py`` (the turn check: the
-turn model's scoring of pauses) and ``stream_finals.py`` (final transcriptions, started early and
+Three parts live beside it: ``partials.py`` (the partial decodes and what they promised:
+``continuation``, the agreement rule, the commit lag), ``turns.py`` (the turn check: the
+turn model's scoring of pauses) and ``finals.py`` (final transcriptions, started early and
 sent in order). Closing is idempotent and cancels every task the session started.
 ``session_registry.py`` holds the registry of open sessions (the cap, idle reaping).
 """
@@ -44,9 +44,9 @@ from mediaserver.events import (
     TranscriptionOptions,
     TurnDecided,
 )
-from mediaserver.stream_finals import EarlyFinal, Finals
-from mediaserver.stream_partials import Partials, continuation
-from mediaserver.stream_turns import TurnChecks
+from mediaserver.stream.finals import EarlyFinal, Finals
+from mediaserver.stream.partials import Partials, continuation
+from mediaserver.stream.turns import TurnChecks
 from mediaserver.turns import model as turn_models
 from mediaserver.turns.decision import Words
 

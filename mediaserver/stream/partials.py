@@ -9,7 +9,7 @@ normalised words, so "pairs" / "Paris" or "forever." / "forever," still line up 
 A word is promised once ``stream_partial_agreement`` consecutive hypotheses agree on it (short of
 each one's last word, which the next audio may still change), the earliest of them decoded on
 ``stream_partial_commit_lag_ms`` less audio than the latest. ``PartialPromises`` holds that state
-for the utterance in progress. ``StreamSession`` (stream_session.py) owns a ``Partials`` and tells
+for the utterance in progress. ``StreamSession`` (session.py) owns a ``Partials`` and tells
 it when an utterance starts and ends; the final transcript extends the promises by ``continuation``.
 """
 
@@ -29,7 +29,7 @@ from mediaserver.errors import ApiError, BackendTimeout, BackendUnavailable, Ove
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, PartialTranscript, Priority, SessionEvent, StreamError
 
 if TYPE_CHECKING:
-    from mediaserver.stream_session import StreamOptions
+    from mediaserver.stream.session import StreamOptions
 
 
 def continuation(promised: str, decoded: str) -> str:

@@ -21,10 +21,10 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import AudioArray
-from mediaserver.transport.webrtc import liveness as rtc_liveness
-from mediaserver.transport.webrtc import patches
-from mediaserver.transport.webrtc import rtcp as rtc_rtcp
-from mediaserver.transport.webrtc.sdp import check_offer, sdp_problem, with_opus_dtx
+from mediaserver.transport.rtc_peer import liveness as rtc_liveness
+from mediaserver.transport.rtc_peer import patches
+from mediaserver.transport.rtc_peer import rtcp as rtc_rtcp
+from mediaserver.transport.rtc_peer.sdp import check_offer, sdp_problem, with_opus_dtx
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ async def answer_offer(
     ApiError) and adds outbound tracks. Whatever a mangled offer makes aiortc raise (its parser's
     asserts, negotiation ValueErrors, errors on a half-built connection) is a 400 naming the problem,
     logged in one INFO line. On any error the caller closes ``pc`` (``close_peer_connection``).
-    The connection's RTCP reports slow down while its streams are idle (``webrtc/rtcp.py``), and its
+    The connection's RTCP reports slow down while its streams are idle (``rtc_peer/rtcp.py``), and its
     audio receivers hold ``audio_jitter_frames`` frames (``rtc_audio_jitter_frames``; None = aiortc's 4).
     """
     try:
@@ -157,7 +157,7 @@ async def watch_liveness(
     close: Callable[[], object],
 ) -> None:
     """Close a connected peer that has sent nothing for ``timeout_s`` (``rtc_dead_peer_timeout_s``;
-    0 turns it off; see webrtc/liveness.py). ``close`` starts the closing and returns at once."""
+    0 turns it off; see rtc_peer/liveness.py). ``close`` starts the closing and returns at once."""
     if timeout_s <= 0:
         return
     silent_s = await rtc_liveness.until_silent(pc, timeout_s, probe_name)

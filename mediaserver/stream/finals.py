@@ -7,7 +7,7 @@ finals together and a session's backlog fills batches; only the results wait for
 utterances'. A session with ``stream_max_pending_finals`` finals waiting drops the next utterance
 with an ``overloaded`` error. A final is decoded as an upload of its audio would be, with no forced
 prefix; a transcription that was refused or failed is tried again once. ``StreamSession``
-(stream_session.py) joins each transcript to what its partials promised and sends it.
+(session.py) joins each transcript to what its partials promised and sends it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from mediaserver.errors import ApiError, Overloaded
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, Priority, SessionEvent, StreamError, Transcript
 
 if TYPE_CHECKING:
-    from mediaserver.stream_session import StreamOptions
+    from mediaserver.stream.session import StreamOptions
 
 log = logging.getLogger(__name__)
 

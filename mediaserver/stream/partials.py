@@ -20,16 +20,13 @@ import collections
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from mediaserver.asr.scheduler import DeadlineExceeded, Superseded
-from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, BackendTimeout, BackendUnavailable, Overloaded
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, PartialTranscript, Priority, SessionEvent, StreamError
-
-if TYPE_CHECKING:
-    from mediaserver.stream.session import StreamOptions
+from mediaserver.stream.options import StreamParent
 
 
 def continuation(promised: str, decoded: str) -> str:
@@ -153,15 +150,9 @@ class PartialPromises:
         return tail[: len(agreed)]
 
 
-class _Stream(Protocol):
-    """What the partial decodes read of their session (``StreamSession``)."""
-
-    id: str
-    asr: AsrService
-    settings: Settings
-
-    @property
-    def options(self) -> StreamOptions: ...
+class _Stream(StreamParent, Protocol):
+    """What the partial decodes read of their session (``StreamSession``): what every part reads,
+    and whether it is in speech or closed, and the audio of the utterance so far."""
 
     @property
     def in_speech(self) -> bool: ...

@@ -14,8 +14,8 @@ from mediaserver.asr.service import AsrService
 from mediaserver.audio.segmenter import Utterance, VadSegmenter
 from mediaserver.config import Settings
 from mediaserver.events import Transcript, TranscriptionOptions
+from mediaserver.stream.options import segmenter_config
 from mediaserver.stream.partials import continuation
-from mediaserver.stream.session import segmenter_config
 
 GUARDS = GuardConfig(max_words_per_s=6.0, repeat_min=3)
 

@@ -19,6 +19,8 @@ are in (tests/unit/test_rtc_rtcp.py fails when an upgrade moves a target).
   replaced by one that holds ``rtc_audio_jitter_frames`` frames. aiortc's own holds 4 (80 ms at
   20 ms a packet) before it passes the oldest on: latency added to every end of speech, and the
   last 80 ms of an utterance stay in it while a paused track sends nothing.
+- ``quiet_idle_reports`` (per connection): opts a connection in to the idle RTCP cadence, after
+  installing the patches it needs.
 """
 
 from __future__ import annotations
@@ -162,3 +164,10 @@ def install() -> dict[str, bool]:
             patch()
         INSTALLED[name] = True
     return dict(INSTALLED)
+
+
+def quiet_idle_reports(pc: RTCPeerConnection, interval_s: float) -> None:
+    """Let ``pc``'s senders and receivers report every ``interval_s`` (± 50 %) while idle; 0 = aiortc's
+    cadence (rtcp.py). Installs the patches first: the report loops must be wrapped for it to work."""
+    install()
+    rtcp.set_idle_interval(pc, interval_s)

@@ -23,7 +23,6 @@ from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import AudioArray
 from mediaserver.transport.rtc_peer import liveness as rtc_liveness
 from mediaserver.transport.rtc_peer import patches
-from mediaserver.transport.rtc_peer import rtcp as rtc_rtcp
 from mediaserver.transport.rtc_peer.sdp import check_offer, sdp_problem, with_opus_dtx
 
 log = logging.getLogger(__name__)
@@ -101,7 +100,7 @@ async def answer_offer(
             patches.set_audio_jitter(pc, audio_jitter_frames)
         prepare()
         await pc.setLocalDescription(await pc.createAnswer())
-        rtc_rtcp.quiet_idle_reports(pc, idle_rtcp_interval_s)
+        patches.quiet_idle_reports(pc, idle_rtcp_interval_s)
     except (ApiError, asyncio.CancelledError):
         raise
     except Exception as exc:  # aiortc's parser and negotiation: anything a mangled offer makes them raise

@@ -68,7 +68,8 @@ from mediaserver.events import (
     TurnDecided,
 )
 from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, TOOLS
-from mediaserver.stream.session import StreamOptions, StreamSession
+from mediaserver.stream.options import StreamOptions
+from mediaserver.stream.session import StreamSession
 from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from, turn_payload
 from mediaserver.transport.rtc_peer import patches
 from mediaserver.transport.rtc_peer.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack

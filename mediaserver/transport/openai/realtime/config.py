@@ -20,7 +20,7 @@ from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter, UnknownModel
 from mediaserver.events import TranscriptionOptions
 from mediaserver.languages import normalize_language
-from mediaserver.stream.session import StreamOptions, segmenter_config
+from mediaserver.stream.options import StreamOptions, segmenter_config
 
 MAX_VAD_MS: Final = 10000
 MAX_IDLE_TIMEOUT_MS: Final = 10 * 60 * 1000

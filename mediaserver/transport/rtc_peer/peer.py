@@ -1,5 +1,6 @@
 """What every WebRTC face shares about a peer connection: ICE servers, answering an offer, reading
-the incoming audio track, and closing a connection that a malformed offer left half built.
+the incoming audio track, the watchdogs, and closing a connection that a malformed offer left half
+built. ``ServerPeer`` holds a face's connection and the tasks it runs for it.
 
 The faces (``webrtc/asr.py`` on /api/rtc/asr, ``openai/realtime/calls.py`` on /v1/realtime/calls)
 own their sessions and protocols; this module knows nothing of either.
@@ -15,7 +16,7 @@ from typing import Any
 
 import av
 import numpy as np
-from aiortc import RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from mediaserver.config import Settings
@@ -194,3 +195,52 @@ def start_watchdogs(
         ),
         f"{kind}-liveness",
     )
+
+
+class ServerPeer:
+    """A face's side of one peer connection: the ``RTCPeerConnection`` and the tasks the face runs for
+    it (track readers, message handlers, the watchdogs, its own closing), each named after the
+    session, a failure of one logged (``log_task_failure``). Both WebRTC faces own one; ``aclose``
+    ends its tasks and the connection."""
+
+    def __init__(self, settings: Settings, session_id: str, kind: str) -> None:
+        self.settings = settings
+        self.id = session_id
+        self.kind = kind  # in task and log names: "rtc" (/api/rtc/asr), "call" (/v1/realtime/calls)
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(settings)))
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run ``coro`` as the task ``{name}-{id}``, ended by ``aclose``."""
+        task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        log_task_failure(task, self.id)
+
+    def start_watchdogs(self, closed: Callable[[], bool], close: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Close the session (``close``) if its peer never connects, or goes silent (``start_watchdogs``)."""
+        start_watchdogs(
+            self.pc, self.settings, kind=self.kind, session_id=self.id, closed=closed, close=close, spawn=self.spawn
+        )
+
+    def cancel_tasks(self) -> None:
+        """Cancel every task but the caller's (closing may run in one of them)."""
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+
+    async def aclose(self) -> None:
+        """Cancel the tasks (but the caller's), close the connection (never raises, even half built),
+        then wait for the tasks to end."""
+        self.cancel_tasks()
+        await close_peer_connection(self.pc, self.id)
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task

@@ -16,7 +16,6 @@ from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestPayloadError
 
-from mediaserver import openapi
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.service import AsrService
 from mediaserver.assistant.mcp import McpToolbox
@@ -28,6 +27,7 @@ from mediaserver.errors import ApiError, InvalidBody, Unauthorized, VoiceNotAuth
 from mediaserver.llm.registry import LlmRegistry
 from mediaserver.llm.service import LlmService
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
+from mediaserver.openapi import document as openapi
 from mediaserver.session_registry import SessionRegistry
 from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, TOOLS, TTS
 from mediaserver.transport.lenient_http import SHUTDOWN_CANCEL

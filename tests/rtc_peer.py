@@ -18,7 +18,7 @@ from aiortc import RTCDataChannel, RTCPeerConnection, RTCRtpSender, RTCSessionDe
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtp import RtcpByePacket
 
-from mediaserver.transport.webrtc.liveness import ice_connections
+from mediaserver.transport.rtc_peer.liveness import ice_connections
 from tests.conftest import Clip, resample_to
 
 RATE = 48000

@@ -102,7 +102,7 @@ def _browser_like() -> None:
 async def paused_sessions(url: str, pid: int, sessions: int, hold_s: float, browser_like: bool) -> dict[str, Any]:
     import psutil
 
-    from mediaserver.transport.webrtc.rtcp import quiet_idle_reports
+    from mediaserver.transport.rtc_peer.patches import quiet_idle_reports
     from tests.conftest import SENTENCES, synthesize
     from tests.rtc_peer import Peer, connect
 

@@ -18,7 +18,7 @@ from mediaserver.config import Settings
 from mediaserver.errors import AudioTooLarge, InvalidParameter, RequestTimeout
 from mediaserver.events import TranscriptionOptions, TurnDecided
 from mediaserver.languages import normalize_language
-from mediaserver.stream_session import StreamOptions
+from mediaserver.stream.options import StreamOptions
 
 _TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
 _FALSE = frozenset({"0", "false", "no", "off", "f", "n", ""})

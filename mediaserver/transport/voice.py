@@ -11,7 +11,7 @@ from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.turn_types import AssistantOptions, assistant_options_from
 from mediaserver.assistant.turns import Assistant
 from mediaserver.state import CAPABILITIES, LLM, METRICS, SETTINGS, TOOLS, TTS
-from mediaserver.stream_session import Emit, StreamSession
+from mediaserver.stream.session import Emit, StreamSession
 
 
 def make_assistant(

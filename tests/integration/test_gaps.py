@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from mediaserver.transport.webrtc.sdp import with_opus_dtx
+from mediaserver.transport.rtc_peer.sdp import with_opus_dtx
 from tests.conftest import SENTENCES, LiveServer
 from tests.rtc_peer import connect
 

@@ -25,7 +25,7 @@ from mediaserver.errors import Overloaded
 from mediaserver.events import TranscriptionOptions
 from mediaserver.state import SESSIONS
 from mediaserver.transport.openai.realtime.session import max_message_bytes
-from mediaserver.transport.webrtc.rtcp import quiet_idle_reports
+from mediaserver.transport.rtc_peer.patches import quiet_idle_reports
 from tests.conftest import LiveServer
 from tests.faults import eventually, server_errors
 from tests.rtc_peer import connect, connect_call, make_offer

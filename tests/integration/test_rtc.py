@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 from mediaserver.state import SESSIONS
-from mediaserver.transport.webrtc.liveness import ice_connections
+from mediaserver.transport.rtc_peer.liveness import ice_connections
 from tests.conftest import SENTENCES, Clip
 from tests.rtc_peer import Peer, connect
 

@@ -34,7 +34,8 @@ from mediaserver.events import (
     TurnDecided,
 )
 from mediaserver.llm.service import LlmService
-from mediaserver.stream_session import StreamOptions, StreamSession
+from mediaserver.stream.options import StreamOptions
+from mediaserver.stream.session import StreamSession
 from mediaserver.tts.service import TtsService
 from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel

@@ -41,7 +41,8 @@ from mediaserver.events import (
     TranscriptionOptions,
     TurnDecided,
 )
-from mediaserver.stream_session import StreamOptions, StreamSession
+from mediaserver.stream.options import StreamOptions
+from mediaserver.stream.session import StreamSession
 from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel
 from tests.conftest import Clip, LiveServer

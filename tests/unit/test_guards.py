@@ -1,5 +1,5 @@
 """The loop and hallucination guards on short texts (asr/guards.py) and the seam between promised
-partial text and a final decoded without a forced prefix (stream_partials.continuation)."""
+partial text and a final decoded without a forced prefix (stream.partials.continuation)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from mediaserver.asr.service import AsrService
 from mediaserver.audio.segmenter import Utterance, VadSegmenter
 from mediaserver.config import Settings
 from mediaserver.events import Transcript, TranscriptionOptions
-from mediaserver.stream_partials import continuation
-from mediaserver.stream_session import segmenter_config
+from mediaserver.stream.options import segmenter_config
+from mediaserver.stream.partials import continuation
 
 GUARDS = GuardConfig(max_words_per_s=6.0, repeat_min=3)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 from openapi_spec_validator import validate
 
-from mediaserver import openapi
 from mediaserver.app import create_app
 from mediaserver.config import Settings
+from mediaserver.openapi import document as openapi
 
 # Not in the document, on purpose, each for its reason. (The WebSockets are: their upgrade, a GET
 # answered 101, as /api/ws/chatbot; their messages are in docs/ws-protocol.md and docs/realtime.md.)

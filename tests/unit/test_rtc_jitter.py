@@ -9,7 +9,7 @@ from aiortc import RTCPeerConnection
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtp import RtpPacket
 
-from mediaserver.transport.webrtc.peer import answer_offer
+from mediaserver.transport.rtc_peer.peer import answer_offer
 from tests.rtc_peer import make_offer
 
 

@@ -9,8 +9,8 @@ from aiortc.rtcrtpreceiver import RTCRtpReceiver
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.rtp import RtcpByePacket, RtcpReceiverInfo, RtcpRrPacket, RtcpSenderInfo, RtcpSrPacket
 
-from mediaserver.transport.webrtc import patches
-from mediaserver.transport.webrtc import rtcp as rtc_rtcp
+from mediaserver.transport.rtc_peer import patches
+from mediaserver.transport.rtc_peer import rtcp as rtc_rtcp
 
 
 def test_every_patch_is_installed() -> None:

@@ -24,7 +24,8 @@ from mediaserver.events import SAMPLE_RATE_HZ, SpeechStopped, TranscriptionOptio
 from mediaserver.metrics import Metrics
 from mediaserver.session_registry import SessionRegistry
 from mediaserver.state import SETTINGS
-from mediaserver.stream_session import StreamOptions, StreamSession
+from mediaserver.stream.options import StreamOptions
+from mediaserver.stream.session import StreamSession
 from mediaserver.transport.common import stream_options_from
 from mediaserver.transport.openai.realtime.config import TurnDetection
 from mediaserver.transport.wis.query import parse_wis_query

@@ -27,7 +27,8 @@ from mediaserver.events import (
     Transcript,
     TranscriptionOptions,
 )
-from mediaserver.stream_session import StreamOptions, StreamSession
+from mediaserver.stream.options import StreamOptions
+from mediaserver.stream.session import StreamSession
 from tests.conftest import SENTENCES, Clip
 from tests.faults import session_tasks
 

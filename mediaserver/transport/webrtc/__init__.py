@@ -1,2 +1,2 @@
-"""WebRTC: the WIS data-channel session at /api/rtc/asr and the peer toolkit every WebRTC face shares
-(SDP checks, the outbound audio track, RTCP and liveness)."""
+"""WebRTC: the WIS data-channel session at /api/rtc/asr. The peer toolkit it shares with the
+Realtime calls face (SDP checks, the outbound audio track, RTCP and liveness) is ``rtc_peer/``."""

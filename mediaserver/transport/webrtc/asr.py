@@ -11,7 +11,7 @@ clients get exactly WIS's messages; the extensions (hands-free server VAD, parti
 the assistant) are only sent to a client that asked for them in ``start.obj``.
 
 The voice loop: when the offer's audio is ``sendrecv``, the answer carries an outbound audio track
-(``webrtc/audio.py``'s ``AssistantAudioTrack``) that sends nothing until there is an answer to speak. A client
+(``rtc_peer/audio.py``'s ``AssistantAudioTrack``) that sends nothing until there is an answer to speak. A client
 that starts with ``"assistant": true`` gets each final transcript answered by the LLM: ``assistant``
 messages with the text as it is written, the speech on that track, ``assistant_audio_started`` /
 ``assistant_audio_stopped``; speaking over an answer (or ``interrupt``) stops it, ``reset`` forgets
@@ -34,7 +34,7 @@ from typing import Any
 
 import av
 from aiohttp import web
-from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
+from aiortc import RTCDataChannel
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from mediaserver.assistant.audio_out import AudioOut
@@ -68,20 +68,19 @@ from mediaserver.events import (
     TurnDecided,
 )
 from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, TOOLS
-from mediaserver.stream_session import StreamOptions, StreamSession
+from mediaserver.stream.options import StreamOptions
+from mediaserver.stream.session import StreamSession
 from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from, turn_payload
-from mediaserver.transport.voice import check_voice, new_assistant, update_assistant
-from mediaserver.transport.webrtc import patches
-from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
-from mediaserver.transport.webrtc.peer import (
+from mediaserver.transport.rtc_peer import patches
+from mediaserver.transport.rtc_peer.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
+from mediaserver.transport.rtc_peer.peer import (
+    ServerPeer,
     answer_offer,
     can_send_audio,
-    close_peer_connection,
     ice_servers,
-    log_task_failure,
     read_audio_track,
-    start_watchdogs,
 )
+from mediaserver.transport.voice import check_voice, new_assistant, update_assistant
 from mediaserver.wake.gate import (
     WakeGate,
     WakeWaiting,
@@ -108,9 +107,9 @@ class RtcSession:
         self.app = app
         self.settings = settings
         self.sessions = app[SESSIONS]
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(settings)))
-        self.base_options = options
         self.id = f"rtc-{uuid.uuid4().hex[:12]}"
+        self.peer = ServerPeer(settings, self.id, "rtc")
+        self.base_options = options
         self.stream = StreamSession(app[ASR], settings, self._on_event, options, session_id=self.id)
         self.channel: RTCDataChannel | None = None
         self.extensions = False  # the client opted in to partials / hands-free messages
@@ -120,7 +119,6 @@ class RtcSession:
         self.last_activity = time.monotonic()
         self.opened_at = time.monotonic()
         self.remote = "unknown"  # the signalling client's address
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
         self.frames_received = 0
         # The voice loop: an outbound track when the offer can receive audio, an assistant on request.
@@ -130,27 +128,17 @@ class RtcSession:
         self.client_tools = ClientToolbox(settings, app[METRICS], session_id=self.id)  # the page's own tools
         self.noise: NoiseFilter | None = None
         self.wake: WakeGate | None = None  # hands-free with a wake word (wake/gate.py)
-        self.pc.on("datachannel", self._on_datachannel)
-        self.pc.on("track", self._on_track)
-        self.pc.on("connectionstatechange", self._on_connection_state)
+        self.peer.pc.on("datachannel", self._on_datachannel)
+        self.peer.pc.on("track", self._on_track)
+        self.peer.pc.on("connectionstatechange", self._on_connection_state)
 
     # --- peer connection ------------------------------------------------------------------------
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        log_task_failure(task, self.id)
-
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
-            self._spawn(self._read_track(track), "rtc-track")
+            self.peer.spawn(self._read_track(track), "rtc-track")
         else:  # never leave a track unread
-            self._spawn(self._drain(track), "rtc-drain")
+            self.peer.spawn(self._drain(track), "rtc-drain")
 
     async def _drain(self, track: MediaStreamTrack) -> None:
         with contextlib.suppress(MediaStreamError):
@@ -178,32 +166,24 @@ class RtcSession:
 
     def add_outbound_track(self) -> None:
         """Answer an offer that can receive audio with a track for spoken answers (silent until used)."""
-        if not can_send_audio(self.pc):
+        if not can_send_audio(self.peer.pc):
             return
         self.audio_out = AudioOut(RTC_SAMPLE_RATE_HZ)
         self.out_track = AssistantAudioTrack(self.audio_out)
-        self.pc.addTrack(self.out_track)
+        self.peer.pc.addTrack(self.out_track)
 
     def _on_connection_state(self) -> None:
-        state = self.pc.connectionState
+        state = self.peer.pc.connectionState
         if state == "connected":
             log.info("session %s: connected (%s)", self.id, self.remote)
         else:
             log.log(logging.INFO if state == "failed" else logging.DEBUG, "session %s: %s", self.id, state)
         if state in ("failed", "closed"):
-            self._spawn(self.aclose(), "rtc-close")
+            self.peer.spawn(self.aclose(), "rtc-close")
 
     def start_watchdogs(self) -> None:
-        """Close the session if its peer never connects, or goes silent (webrtc/peer.py)."""
-        start_watchdogs(
-            self.pc,
-            self.settings,
-            kind="rtc",
-            session_id=self.id,
-            closed=lambda: self.closed,
-            close=self.aclose,
-            spawn=self._spawn,
-        )
+        """Close the session if its peer never connects, or goes silent (rtc_peer/peer.py)."""
+        self.peer.start_watchdogs(closed=lambda: self.closed, close=self.aclose)
 
     # --- data channel ---------------------------------------------------------------------------
 
@@ -213,7 +193,7 @@ class RtcSession:
         @channel.on("message")
         def on_message(data: str | bytes) -> None:
             self.last_activity = time.monotonic()
-            self._spawn(self._handle_message(data), "rtc-message")
+            self.peer.spawn(self._handle_message(data), "rtc-message")
 
         @channel.on("close")
         def on_close() -> None:
@@ -436,10 +416,7 @@ class RtcSession:
             return
         self.closed = True
         self.sessions.discard(self.id)
-        current = asyncio.current_task()
-        for task in list(self._tasks):
-            if task is not current:
-                task.cancel()
+        self.peer.cancel_tasks()
         if self.wake is not None:
             self.wake.close()
         self.client_tools.close()  # a call waiting for the page ends now
@@ -450,11 +427,7 @@ class RtcSession:
                 self.audio_out.close()
             await self.stream.aclose()
         finally:
-            await close_peer_connection(self.pc, self.id)
-            for task in list(self._tasks):
-                if task is not current:
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
+            await self.peer.aclose()
             log.log(
                 logging.INFO if self.frames_received or self.channel is not None else logging.DEBUG,
                 "session %s: closed after %.1f s",
@@ -482,14 +455,14 @@ async def offer_handler(request: web.Request) -> web.Response:
     session = RtcSession(request.app, options, settings)
 
     def prepare() -> None:
-        if not any(t.kind == "audio" for t in session.pc.getTransceivers()) and session.pc.sctp is None:
+        if not any(t.kind == "audio" for t in session.peer.pc.getTransceivers()) and session.peer.pc.sctp is None:
             raise InvalidParameter("the SDP offer has neither an audio track nor a data channel", param="sdp")
         session.add_outbound_track()
 
     try:
         request.app[SESSIONS].add(session.id, session)  # over the cap: a 503 (with Retry-After)
         sdp = await answer_offer(
-            session.pc,
+            session.peer.pc,
             body["sdp"],
             session_id=session.id,
             prepare=prepare,

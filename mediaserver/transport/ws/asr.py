@@ -56,7 +56,7 @@ from mediaserver.events import (
 )
 from mediaserver.session_registry import SessionLimitReached, ShuttingDown
 from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, TOOLS
-from mediaserver.stream_session import StreamSession
+from mediaserver.stream.session import StreamSession
 from mediaserver.transport.common import loads_json, turn_payload
 from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
 from mediaserver.transport.voice import check_voice, new_assistant, update_assistant

@@ -17,7 +17,7 @@ from mediaserver.audio.noise import parse_level
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.events import SAMPLE_RATE_HZ
-from mediaserver.stream_session import StreamOptions
+from mediaserver.stream.options import StreamOptions
 from mediaserver.transport.common import parse_bool, parse_int, stream_options_from
 from mediaserver.wake.gate import parse_wake_option
 

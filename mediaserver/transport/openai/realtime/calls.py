@@ -11,7 +11,7 @@ as over the WebSocket (session.update, conversation.item.*, response.*) handled 
 ``RealtimeSession``, whose socket here is that channel (``ChannelSocket``). Audio flows on the media
 tracks: the microphone track is read, resampled to 16 kHz and queued to the session like appended
 audio (server VAD finds the turns); answers play on the outbound Opus track of the voice loop
-(``webrtc/audio.py``'s ``AssistantAudioTrack``), which sends nothing between answers. So there are no
+(``rtc_peer/audio.py``'s ``AssistantAudioTrack``), which sends nothing between answers. So there are no
 ``response.output_audio.delta`` events here; ``output_audio_buffer.started`` / ``stopped`` /
 ``cleared`` say when the track plays, and an interrupted answer keeps the words that were played.
 
@@ -25,14 +25,13 @@ running. A malformed offer or form is a 400, never a 500.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any, Final
 
 import av
 from aiohttp import BodyPartReader, WSCloseCode, WSMessage, WSMsgType, web
-from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
+from aiortc import RTCDataChannel
 from aiortc.mediastreams import MediaStreamTrack
 
 from mediaserver.assistant.audio_out import AudioOut
@@ -51,16 +50,13 @@ from mediaserver.transport.openai.realtime.conversation_config import (
 from mediaserver.transport.openai.realtime.lookups import answer_defaults, check_voice, is_llm_model, llm_model_names
 from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
 from mediaserver.transport.openai.realtime.session import RealtimeSession
-from mediaserver.transport.webrtc import patches
-from mediaserver.transport.webrtc.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
-from mediaserver.transport.webrtc.peer import (
+from mediaserver.transport.rtc_peer import patches
+from mediaserver.transport.rtc_peer.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
+from mediaserver.transport.rtc_peer.peer import (
+    ServerPeer,
     answer_offer,
     can_send_audio,
-    close_peer_connection,
-    ice_servers,
-    log_task_failure,
     read_audio_track,
-    start_watchdogs,
 )
 
 log = logging.getLogger(__name__)
@@ -148,7 +144,7 @@ class RealtimeCall:
     ) -> None:
         self.app = app
         self.settings = settings
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(settings)))
+        self.peer = ServerPeer(settings, new_id("rtc"), "call")
         self.socket = ChannelSocket()
         self.audio_out = AudioOut(RTC_SAMPLE_RATE_HZ)
         self.session = RealtimeSession(
@@ -160,30 +156,20 @@ class RealtimeCall:
             conversation=conversation,
             audio="track",
             audio_out=self.audio_out,
-            session_id=new_id("rtc"),
+            session_id=self.peer.id,
         )
         self.id = self.session.id
         self.frames_received = 0
         self._resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._dropping = False
         self._closed = False
-        self.pc.on("datachannel", self._on_datachannel)
-        self.pc.on("track", self._on_track)
-        self.pc.on("connectionstatechange", self._on_connection_state)
+        self.peer.pc.on("datachannel", self._on_datachannel)
+        self.peer.pc.on("track", self._on_track)
+        self.peer.pc.on("connectionstatechange", self._on_connection_state)
 
     @property
     def last_activity(self) -> float:
         return self.session.last_activity
-
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        log_task_failure(task, self.id)
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label == EVENTS_CHANNEL and self.socket.channel is None:
@@ -192,7 +178,7 @@ class RealtimeCall:
             log.info("call %s: ignoring data channel %r (events go on %r)", self.id, channel.label, EVENTS_CHANNEL)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        self._spawn(read_audio_track(track, self._resampler, self._feed, self._on_frame), "call-track")
+        self.peer.spawn(read_audio_track(track, self._resampler, self._feed, self._on_frame), "call-track")
 
     def _on_frame(self) -> None:
         self.frames_received += 1
@@ -212,38 +198,30 @@ class RealtimeCall:
     def add_outbound_track(self) -> None:
         """Answers play on a track when the offer can receive audio (silent until there is one);
         an offer that cannot gets the answers' transcripts only."""
-        if can_send_audio(self.pc):
-            self.pc.addTrack(AssistantAudioTrack(self.audio_out))
+        if can_send_audio(self.peer.pc):
+            self.peer.pc.addTrack(AssistantAudioTrack(self.audio_out))
         elif self.session.conversation is not None:
             # Nothing could play an answer: answers are their transcripts only.
             self.session.conversation.assistant.out = None
             self.audio_out.close()
 
     def _on_connection_state(self) -> None:
-        state = self.pc.connectionState
+        state = self.peer.pc.connectionState
         log.info("call %s: connection %s", self.id, state)
         if state in ("failed", "closed"):
-            self._spawn(self.aclose(), "call-close")
+            self.peer.spawn(self.aclose(), "call-close")
 
     def start(self) -> None:
         self.session.start()
         self.session.send_created()
-        self._spawn(self._run(), "call-events")
-        start_watchdogs(
-            self.pc,
-            self.settings,
-            kind="call",
-            session_id=self.id,
-            closed=lambda: self._closed,
-            close=self.aclose,
-            spawn=self._spawn,
-        )
+        self.peer.spawn(self._run(), "call-events")
+        self.peer.start_watchdogs(closed=lambda: self._closed, close=self.aclose)
 
     async def _run(self) -> None:
         try:
             await self.session.run()
         finally:
-            self._spawn(self.aclose(), "call-close")
+            self.peer.spawn(self.aclose(), "call-close")
 
     async def aclose(self) -> None:
         """Idempotent: the session (its conversation, turn and streams), the tracks, the connection."""
@@ -251,18 +229,10 @@ class RealtimeCall:
             return
         self._closed = True
         self.app[SESSIONS].discard(self.id)
-        current = asyncio.current_task()
         try:
             await self.session.aclose(WSCloseCode.GOING_AWAY, "call ended")
         finally:
-            for task in list(self._tasks):
-                if task is not current:
-                    task.cancel()
-            await close_peer_connection(self.pc, self.id)  # never raises, even half built
-        for task in list(self._tasks):
-            if task is not current:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await self.peer.aclose()  # its tasks, and the connection (never raises, even half built)
 
 
 # --- HTTP -----------------------------------------------------------------------------------------------
@@ -367,7 +337,7 @@ async def calls_handler(request: web.Request) -> web.Response:
         raise
 
     def prepare() -> None:
-        if call.pc.sctp is None:
+        if call.peer.pc.sctp is None:
             raise InvalidParameter(
                 f"the SDP offer has no data channel; open one labelled {EVENTS_CHANNEL!r} for the events",
                 param="sdp",
@@ -376,7 +346,7 @@ async def calls_handler(request: web.Request) -> web.Response:
 
     try:
         answer = await answer_offer(
-            call.pc,
+            call.peer.pc,
             sdp,
             session_id=call.id,
             prepare=prepare,

@@ -21,7 +21,7 @@ from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter, UnknownModel
 from mediaserver.events import TranscriptionOptions
 from mediaserver.languages import normalize_language
-from mediaserver.stream_session import StreamOptions, segmenter_config
+from mediaserver.stream.options import StreamOptions, segmenter_config
 
 MAX_VAD_MS: Final = 10000
 MIN_SILENCE_MS: Final = 60  # two 30 ms VAD frames: the shortest hangover the segmenter runs

@@ -33,7 +33,7 @@ CLIENT_ERROR_CODES: Final = frozenset({"invalid_parameter", "model_not_found", "
 
 class Host(Protocol):
     """What the session's parts (input transcription, conversation) need of its connection: a
-    WebSocket or a WebRTC data channel."""
+    WebSocket or a WebRTC data channel. ``RealtimeSession`` subclasses it, for ``send_error``."""
 
     id: str
     beta: bool
@@ -48,7 +48,12 @@ class Host(Protocol):
         param: str | None = None,
         client_event_id: str | None = None,
         kind: str = "invalid_request_error",
-    ) -> None: ...
+    ) -> None:
+        """Send an ``error`` event, in OpenAI's shape."""
+        self.send(
+            "error",
+            error={"type": kind, "code": code, "message": message, "param": param, "event_id": client_event_id},
+        )
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
 

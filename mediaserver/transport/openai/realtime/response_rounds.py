@@ -31,24 +31,62 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol
 
 from mediaserver.assistant.turn_types import AssistantOptions, TurnOutcome
+from mediaserver.assistant.turns import Assistant
+from mediaserver.config import Settings
 from mediaserver.llm.types import ChatMessage
-from mediaserver.transport.openai.realtime.config import new_id
-from mediaserver.transport.openai.realtime.conversation_config import ResponseOptions
-from mediaserver.transport.openai.realtime.items import ContentKind, Item
+from mediaserver.transport.openai.realtime.config import InputFormat, new_id
+from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, ResponseOptions
+from mediaserver.transport.openai.realtime.input_transcription import Host
+from mediaserver.transport.openai.realtime.items import ContentKind, Item, Items
 from mediaserver.transport.openai.realtime.responses import Response, describe_response, status_of
+from mediaserver.transport.openai.realtime.tool_items import ToolItems
 
-if TYPE_CHECKING:
-    from mediaserver.transport.openai.realtime.conversation import Conversation
+
+class RoundsConversation(Protocol):
+    """What the rounds read and change of their conversation (``conversation.Conversation``, which
+    owns them): its parts, its config, the response in progress (cleared here when it ends), and
+    how it announces items and names events."""
+
+    response: Response | None
+
+    @property
+    def host(self) -> Host: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def assistant(self) -> Assistant: ...
+
+    @property
+    def items(self) -> Items: ...
+
+    @property
+    def tools(self) -> ToolItems: ...
+
+    @property
+    def audio(self) -> Literal["deltas", "track"]: ...
+
+    @property
+    def config(self) -> ConversationConfig: ...
+
+    def ensure_out(self, fmt: InputFormat) -> None: ...
+
+    def item_added(self, item: Item, previous_item_id: str | None) -> None: ...
+
+    def item_done(self, item: Item, previous_item_id: str | None) -> None: ...
+
+    def event_name(self, ga: str, beta: str) -> str: ...
 
 
 class ResponseRounds:
     """Runs one conversation's responses (one at a time): each round's assistant turn, its message
     item, the MCP calls between rounds, and the ``.done`` events and ``response.done`` at the end."""
 
-    def __init__(self, conversation: Conversation) -> None:
+    def __init__(self, conversation: RoundsConversation) -> None:
         self.conversation = conversation  # its config and response are read and cleared here
         self.host = conversation.host
         self.settings = conversation.settings

@@ -18,7 +18,7 @@ from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent, SpeechStarted
 from mediaserver.state import ASR, METRICS
-from mediaserver.stream_session import Emit, StreamSession
+from mediaserver.stream.session import Emit, StreamSession
 from mediaserver.transport.openai.realtime.config import (
     EventError,
     RealtimeConfig,
@@ -37,7 +37,7 @@ from mediaserver.transport.openai.realtime.conversation_config import (
     parse_response_options,
 )
 from mediaserver.transport.openai.realtime.idle import IdleTimer
-from mediaserver.transport.openai.realtime.input_transcription import AudioInput, InputTranscription
+from mediaserver.transport.openai.realtime.input_transcription import AudioInput, Host, InputTranscription
 from mediaserver.transport.openai.realtime.items import NewItem, parse_item, required_id
 from mediaserver.transport.openai.realtime.lookups import answer_defaults, check_voice, is_llm_model
 from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
@@ -62,30 +62,9 @@ def max_message_bytes(settings: Settings) -> int:
     return max(settings.ws_max_message_bytes, MAX_FRAME_BYTES)
 
 
-# Client events of the full Realtime API that a transcription session has no use for.
-_UNSUPPORTED_EVENTS: Final = frozenset(
-    {
-        "conversation.item.create",
-        "conversation.item.retrieve",
-        "conversation.item.truncate",
-        "conversation.item.delete",
-        "response.create",
-        "response.cancel",
-        "output_audio_buffer.clear",
-    }
-)
-_SUPPORTED_EVENTS: Final = (
-    "session.update",
-    "transcription_session.update",
-    "input_audio_buffer.append",
-    "input_audio_buffer.commit",
-    "input_audio_buffer.clear",
-)
-_CONVERSATION_EVENTS: Final = (
-    "session.update",
-    "input_audio_buffer.append",
-    "input_audio_buffer.commit",
-    "input_audio_buffer.clear",
+_AUDIO_BUFFER_EVENTS: Final = ("input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear")
+# Client events of the full Realtime API that only a conversation has a use for.
+_CONVERSATION_ONLY_EVENTS: Final = (
     "conversation.item.create",
     "conversation.item.retrieve",
     "conversation.item.truncate",
@@ -94,6 +73,9 @@ _CONVERSATION_EVENTS: Final = (
     "response.cancel",
     "output_audio_buffer.clear",
 )
+_UNSUPPORTED_EVENTS: Final = frozenset(_CONVERSATION_ONLY_EVENTS)  # in a transcription session
+_SUPPORTED_EVENTS: Final = ("session.update", "transcription_session.update", *_AUDIO_BUFFER_EVENTS)
+_CONVERSATION_EVENTS: Final = ("session.update", *_AUDIO_BUFFER_EVENTS, *_CONVERSATION_ONLY_EVENTS)
 
 
 @dataclass(frozen=True)
@@ -145,7 +127,7 @@ class _CancelResponse:
 _Work = _Configure | _Commit | _Clear | _CreateItem | _ItemOp | _CreateResponse | _CancelResponse
 
 
-class RealtimeSession(SocketSession):
+class RealtimeSession(SocketSession, Host):
     """One Realtime connection: the OpenAI event format over a ``SocketSession``.
 
     It owns a ``StreamSession`` per turn-detection setting (a segmenter is fixed for a stream's
@@ -243,20 +225,6 @@ class RealtimeSession(SocketSession):
     def send(self, kind: str, **fields: Any) -> None:
         """Queue a server event (never awaits, so a cancelled caller cannot lose half of an item)."""
         self.send_json({"type": kind, "event_id": new_id("event"), **fields})
-
-    def send_error(
-        self,
-        code: str,
-        message: str,
-        *,
-        param: str | None = None,
-        client_event_id: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        self.send(
-            "error",
-            error={"type": kind, "code": code, "message": message, "param": param, "event_id": client_event_id},
-        )
 
     def send_session(self, kind: str, config: RealtimeConfig, conversation: ConversationConfig | None = None) -> None:
         if conversation is not None:

@@ -10,9 +10,9 @@ final is joined to the promised text by ``continuation``, so it always extends t
 never doubles a word at the seam. Model work goes through the shared ``AsrService``; the session
 only submits jobs (partials with its id as supersede key, so stale ones are dropped).
 
-Three parts live beside it: ``stream_partials.py`` (the partial decodes and what they promised:
-``continuation``, the agreement rule, the commit lag), ``stream_turns.py`` (the turn check: the
-turn model's scoring of pauses) and ``stream_finals.py`` (final transcriptions, started early and
+Three parts live beside it: ``partials.py`` (the partial decodes and what they promised:
+``continuation``, the agreement rule, the commit lag), ``turns.py`` (the turn check: the
+turn model's scoring of pauses) and ``finals.py`` (final transcriptions, started early and
 sent in order). Closing is idempotent and cancels every task the session started.
 ``session_registry.py`` holds the registry of open sessions (the cap, idle reaping).
 """
@@ -25,8 +25,8 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol, TypeVar, runtime_checkable
+from dataclasses import replace
+from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -41,12 +41,12 @@ from mediaserver.events import (
     SpeechStarted,
     SpeechStopped,
     Transcript,
-    TranscriptionOptions,
     TurnDecided,
 )
-from mediaserver.stream_finals import EarlyFinal, Finals
-from mediaserver.stream_partials import Partials, continuation
-from mediaserver.stream_turns import TurnChecks
+from mediaserver.stream.finals import EarlyFinal, Finals
+from mediaserver.stream.options import StreamOptions, segmenter_config
+from mediaserver.stream.partials import Partials, continuation
+from mediaserver.stream.turns import TurnChecks
 from mediaserver.turns import model as turn_models
 from mediaserver.turns.decision import Words
 
@@ -54,35 +54,6 @@ Emit = Callable[[SessionEvent], Awaitable[None]]
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _ids = itertools.count(1)
-
-
-@dataclass(frozen=True)
-class StreamOptions:
-    model: str | None = None
-    transcription: TranscriptionOptions = field(
-        default_factory=lambda: TranscriptionOptions(with_segment_timestamps=False)
-    )
-    server_vad: bool = False
-    partials: bool = False
-    # Partials also carry the latest hypothesis' words after the agreed ones (may change), and are
-    # sent whenever those change: words on screen one decode after the speech, not three.
-    unstable_partials: bool = False
-    # How a server-VAD utterance ends: "silence" (the hangover), "semantic" (the turn model scores
-    # each pause; unfinished turns wait up to the eagerness cap); None = the turn_detection setting.
-    turn_detection: Literal["silence", "semantic"] | None = None
-    eagerness: Literal["low", "medium", "high", "auto"] | None = None
-
-
-def segmenter_config(settings: Settings, **overrides: int | float) -> SegmenterConfig:
-    values: dict[str, int | float] = {
-        "aggressiveness": settings.stream_vad_aggressiveness,
-        "hangover_ms": settings.stream_vad_hangover_ms,
-        "preroll_ms": settings.stream_vad_preroll_ms,
-        "min_speech_ms": settings.stream_min_speech_ms,
-        "max_utterance_s": settings.stream_max_utterance_s,
-    }
-    values.update(overrides)
-    return SegmenterConfig(**values)  # type: ignore[arg-type]
 
 
 class Answerer(Protocol):

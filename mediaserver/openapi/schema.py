@@ -1,5 +1,5 @@
 """What the OpenAPI document's parts share: the two error shapes and the builders of parameters,
-bodies and error responses (``openapi`` and ``openapi_llm`` both use them)."""
+bodies and error responses (``document``, ``llm`` and ``rtc`` use them)."""
 
 from __future__ import annotations
 

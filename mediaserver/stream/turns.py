@@ -8,7 +8,7 @@ of turns/decision.py: the turn model's score (Smart Turn, turns/model.py) at
 final decoded from the pause's first ``turn_final_silence_ms``, and the length of the silence (a
 pause after a finished sentence's words ends at ``turn_finished_silence_ms`` whatever the model
 scores; a pause the model failed on ends as silence detection would). ``TurnChecks`` holds that
-evidence for the pause under way and the one check running; ``StreamSession`` (stream_session.py)
+evidence for the pause under way and the one check running; ``StreamSession`` (session.py)
 runs the check as its task and ends the utterance on a finished turn.
 """
 

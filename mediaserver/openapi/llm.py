@@ -1,10 +1,10 @@
-"""OpenAPI paths of the LLM endpoints (chat completions, embeddings, the WIS chatbot), merged by openapi.spec()."""
+"""OpenAPI paths of the LLM endpoints (chat completions, embeddings, the WIS chatbot), merged by document.spec()."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mediaserver.openapi_schema import ERROR_OPENAI, ERROR_WIS, error_responses, json_body, query_param
+from mediaserver.openapi.schema import ERROR_OPENAI, ERROR_WIS, error_responses, json_body, query_param
 
 # --- function calling ---
 _TOOL_CALL = {

@@ -16,9 +16,9 @@ number is unchanged) waits ``interval_s`` × (0.5–1.5) before its next report 
 come up to one long interval late: it carries nothing a receiver needs before then). This is only
 a matter of cadence: what is reported, and everything else aiortc does, is unchanged.
 
-Only the peer connections that opt in (``quiet_idle_reports``, the server's own) are affected;
-others in the same process (test clients) keep aiortc's cadence. How: ``_send_rtcp`` of both
-classes is wrapped (webrtc/patches.py); after the loop (the task running ``_run_rtcp``) sent an idle
+Only the peer connections that opt in (``patches.quiet_idle_reports``, the server's own) are
+affected; others in the same process (test clients) keep aiortc's cadence. How: ``_send_rtcp`` of
+both classes is wrapped (rtc_peer/patches.py); after the loop (the task running ``_run_rtcp``) sent an idle
 report, the wrapper calls ``after_report``, which sleeps the extra time before returning to the
 loop, which then sleeps its own 0.5–1.5 s. The loop's cancellation (``stop``) still interrupts that
 sleep at once. Wrapping needs aiortc internals that may change: it is installed only if they look
@@ -44,11 +44,9 @@ LOOP = "_run_rtcp"  # the name of aiortc's report loop (both classes)
 AIORTC_CADENCE_S = 1.0  # aiortc's loop sleeps 0.5 + random() s: 1 s on average
 
 
-def quiet_idle_reports(pc: RTCPeerConnection, interval_s: float) -> None:
-    """Let ``pc``'s senders and receivers report every ``interval_s`` (± 50 %) while idle; 0 = aiortc's cadence."""
-    from mediaserver.transport.webrtc import patches  # it wraps the report loops with after_report
-
-    patches.install()
+def set_idle_interval(pc: RTCPeerConnection, interval_s: float) -> None:
+    """Let ``pc``'s senders and receivers report every ``interval_s`` (± 50 %) while idle; 0 = aiortc's
+    cadence. Only once the report loops are wrapped: ``patches.quiet_idle_reports`` does both."""
     for transceiver in pc.getTransceivers():
         for part in (transceiver.sender, transceiver.receiver):
             setattr(part, _INTERVAL, interval_s)

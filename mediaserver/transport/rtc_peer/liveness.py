@@ -25,7 +25,7 @@ from aiortc import RTCPeerConnection
 
 log = logging.getLogger(__name__)
 
-STAMP = "_mediaserver_last_rx"  # set by the receive_stamp patch (webrtc/patches.py)
+STAMP = "_mediaserver_last_rx"  # set by the receive_stamp patch (rtc_peer/patches.py)
 PROBE_RETRANSMISSIONS = 2  # sent at 0, 0.5 and 1.5 s (aioice's RTO doubles from 0.5 s)
 
 

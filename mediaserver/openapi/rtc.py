@@ -1,5 +1,5 @@
 """OpenAPI paths of the WebRTC signalling endpoints (/api/rtc/asr, /api/rtc/config, /v1/realtime/calls)
-and of the streaming WebSockets (/api/ws/asr, /v1/realtime), merged by openapi.spec(). Media and events
+and of the streaming WebSockets (/api/ws/asr, /v1/realtime), merged by document.spec(). Media and events
 then flow over the peer connection or the socket, not HTTP: OpenAPI describes only the upgrade (a GET
 answered 101), the messages are in docs/ws-protocol.md and docs/realtime.md."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mediaserver.openapi_schema import (
+from mediaserver.openapi.schema import (
     ERROR_OPENAI,
     ERROR_WIS,
     PROMPT_DESCRIPTION,

@@ -7,7 +7,7 @@ finals together and a session's backlog fills batches; only the results wait for
 utterances'. A session with ``stream_max_pending_finals`` finals waiting drops the next utterance
 with an ``overloaded`` error. A final is decoded as an upload of its audio would be, with no forced
 prefix; a transcription that was refused or failed is tried again once. ``StreamSession``
-(stream_session.py) joins each transcript to what its partials promised and sends it.
+(session.py) joins each transcript to what its partials promised and sends it.
 """
 
 from __future__ import annotations
@@ -17,17 +17,13 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from mediaserver.asr.scheduler import DeadlineExceeded
-from mediaserver.asr.service import AsrService
 from mediaserver.audio.segmenter import Utterance
-from mediaserver.config import Settings
 from mediaserver.errors import ApiError, Overloaded
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, Priority, SessionEvent, StreamError, Transcript
-
-if TYPE_CHECKING:
-    from mediaserver.stream_session import StreamOptions
+from mediaserver.stream.options import StreamParent
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +50,6 @@ class EarlyFinal:
         return utterance.reason in ("silence", "turn") and rest >= 0 and utterance.audio.size == self.samples + rest
 
 
-class _Stream(Protocol):
-    """What the finals read of their session (``StreamSession``)."""
-
-    id: str
-    asr: AsrService
-    settings: Settings
-
-    @property
-    def options(self) -> StreamOptions: ...
-
-
 class _TaskStarter(Protocol):
     """Starts a task of the session (``aclose`` cancels it)."""
 
@@ -74,7 +59,7 @@ class _TaskStarter(Protocol):
 class Finals:
     """The final transcriptions of one stream and the chain that sends their results in order."""
 
-    def __init__(self, stream: _Stream, emit: Callable[[SessionEvent], Awaitable[None]], start_task: _TaskStarter):
+    def __init__(self, stream: StreamParent, emit: Callable[[SessionEvent], Awaitable[None]], start_task: _TaskStarter):
         self.stream = stream
         self._emit = emit
         self._start_task = start_task

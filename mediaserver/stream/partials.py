@@ -9,7 +9,7 @@ normalised words, so "pairs" / "Paris" or "forever." / "forever," still line up 
 A word is promised once ``stream_partial_agreement`` consecutive hypotheses agree on it (short of
 each one's last word, which the next audio may still change), the earliest of them decoded on
 ``stream_partial_commit_lag_ms`` less audio than the latest. ``PartialPromises`` holds that state
-for the utterance in progress. ``StreamSession`` (stream_session.py) owns a ``Partials`` and tells
+for the utterance in progress. ``StreamSession`` (session.py) owns a ``Partials`` and tells
 it when an utterance starts and ends; the final transcript extends the promises by ``continuation``.
 """
 
@@ -20,16 +20,13 @@ import collections
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from mediaserver.asr.scheduler import DeadlineExceeded, Superseded
-from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, BackendTimeout, BackendUnavailable, Overloaded
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, PartialTranscript, Priority, SessionEvent, StreamError
-
-if TYPE_CHECKING:
-    from mediaserver.stream_session import StreamOptions
+from mediaserver.stream.options import StreamParent
 
 
 def continuation(promised: str, decoded: str) -> str:
@@ -153,15 +150,9 @@ class PartialPromises:
         return tail[: len(agreed)]
 
 
-class _Stream(Protocol):
-    """What the partial decodes read of their session (``StreamSession``)."""
-
-    id: str
-    asr: AsrService
-    settings: Settings
-
-    @property
-    def options(self) -> StreamOptions: ...
+class _Stream(StreamParent, Protocol):
+    """What the partial decodes read of their session (``StreamSession``): what every part reads,
+    and whether it is in speech or closed, and the audio of the utterance so far."""
 
     @property
     def in_speech(self) -> bool: ...

@@ -12,13 +12,15 @@ are in (tests/unit/test_rtc_rtcp.py fails when an upgrade moves a target).
 - ``connect_guard``: aiortc's connect task, which nobody awaits, stays quiet when its connection
   closed while it was connecting (see ``_connect_guard``).
 - ``idle_rtcp_sender``, ``idle_rtcp_receiver``: the RTCP report loops of peer connections that opted
-  in wait longer between reports that say nothing new (webrtc/rtcp.py).
+  in wait longer between reports that say nothing new (rtc_peer/rtcp.py).
 - ``receive_stamp``: every datagram an ICE connection receives stamps the time on it, which the
-  dead-peer watchdog reads (webrtc/liveness.py).
+  dead-peer watchdog reads (rtc_peer/liveness.py).
 - ``set_audio_jitter`` (per connection, not a class patch): an audio receiver's jitter buffer is
   replaced by one that holds ``rtc_audio_jitter_frames`` frames. aiortc's own holds 4 (80 ms at
   20 ms a packet) before it passes the oldest on: latency added to every end of speech, and the
   last 80 ms of an utterance stay in it while a paused track sends nothing.
+- ``quiet_idle_reports`` (per connection): opts a connection in to the idle RTCP cadence, after
+  installing the patches it needs.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from aiortc.rtcrtpreceiver import RTCRtpReceiver
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.rtp import RtcpByePacket
 
-from mediaserver.transport.webrtc import liveness, rtcp
+from mediaserver.transport.rtc_peer import liveness, rtcp
 
 log = logging.getLogger(__name__)
 
@@ -162,3 +164,10 @@ def install() -> dict[str, bool]:
             patch()
         INSTALLED[name] = True
     return dict(INSTALLED)
+
+
+def quiet_idle_reports(pc: RTCPeerConnection, interval_s: float) -> None:
+    """Let ``pc``'s senders and receivers report every ``interval_s`` (± 50 %) while idle; 0 = aiortc's
+    cadence (rtcp.py). Installs the patches first: the report loops must be wrapped for it to work."""
+    install()
+    rtcp.set_idle_interval(pc, interval_s)

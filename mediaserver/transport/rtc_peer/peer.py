@@ -1,5 +1,6 @@
 """What every WebRTC face shares about a peer connection: ICE servers, answering an offer, reading
-the incoming audio track, and closing a connection that a malformed offer left half built.
+the incoming audio track, the watchdogs, and closing a connection that a malformed offer left half
+built. ``ServerPeer`` holds a face's connection and the tasks it runs for it.
 
 The faces (``webrtc/asr.py`` on /api/rtc/asr, ``openai/realtime/calls.py`` on /v1/realtime/calls)
 own their sessions and protocols; this module knows nothing of either.
@@ -15,16 +16,15 @@ from typing import Any
 
 import av
 import numpy as np
-from aiortc import RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import AudioArray
-from mediaserver.transport.webrtc import liveness as rtc_liveness
-from mediaserver.transport.webrtc import patches
-from mediaserver.transport.webrtc import rtcp as rtc_rtcp
-from mediaserver.transport.webrtc.sdp import check_offer, sdp_problem, with_opus_dtx
+from mediaserver.transport.rtc_peer import liveness as rtc_liveness
+from mediaserver.transport.rtc_peer import patches
+from mediaserver.transport.rtc_peer.sdp import check_offer, sdp_problem, with_opus_dtx
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ async def answer_offer(
     ApiError) and adds outbound tracks. Whatever a mangled offer makes aiortc raise (its parser's
     asserts, negotiation ValueErrors, errors on a half-built connection) is a 400 naming the problem,
     logged in one INFO line. On any error the caller closes ``pc`` (``close_peer_connection``).
-    The connection's RTCP reports slow down while its streams are idle (``webrtc/rtcp.py``), and its
+    The connection's RTCP reports slow down while its streams are idle (``rtc_peer/rtcp.py``), and its
     audio receivers hold ``audio_jitter_frames`` frames (``rtc_audio_jitter_frames``; None = aiortc's 4).
     """
     try:
@@ -101,7 +101,7 @@ async def answer_offer(
             patches.set_audio_jitter(pc, audio_jitter_frames)
         prepare()
         await pc.setLocalDescription(await pc.createAnswer())
-        rtc_rtcp.quiet_idle_reports(pc, idle_rtcp_interval_s)
+        patches.quiet_idle_reports(pc, idle_rtcp_interval_s)
     except (ApiError, asyncio.CancelledError):
         raise
     except Exception as exc:  # aiortc's parser and negotiation: anything a mangled offer makes them raise
@@ -157,7 +157,7 @@ async def watch_liveness(
     close: Callable[[], object],
 ) -> None:
     """Close a connected peer that has sent nothing for ``timeout_s`` (``rtc_dead_peer_timeout_s``;
-    0 turns it off; see webrtc/liveness.py). ``close`` starts the closing and returns at once."""
+    0 turns it off; see rtc_peer/liveness.py). ``close`` starts the closing and returns at once."""
     if timeout_s <= 0:
         return
     silent_s = await rtc_liveness.until_silent(pc, timeout_s, probe_name)
@@ -195,3 +195,52 @@ def start_watchdogs(
         ),
         f"{kind}-liveness",
     )
+
+
+class ServerPeer:
+    """A face's side of one peer connection: the ``RTCPeerConnection`` and the tasks the face runs for
+    it (track readers, message handlers, the watchdogs, its own closing), each named after the
+    session, a failure of one logged (``log_task_failure``). Both WebRTC faces own one; ``aclose``
+    ends its tasks and the connection."""
+
+    def __init__(self, settings: Settings, session_id: str, kind: str) -> None:
+        self.settings = settings
+        self.id = session_id
+        self.kind = kind  # in task and log names: "rtc" (/api/rtc/asr), "call" (/v1/realtime/calls)
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(settings)))
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run ``coro`` as the task ``{name}-{id}``, ended by ``aclose``."""
+        task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        log_task_failure(task, self.id)
+
+    def start_watchdogs(self, closed: Callable[[], bool], close: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Close the session (``close``) if its peer never connects, or goes silent (``start_watchdogs``)."""
+        start_watchdogs(
+            self.pc, self.settings, kind=self.kind, session_id=self.id, closed=closed, close=close, spawn=self.spawn
+        )
+
+    def cancel_tasks(self) -> None:
+        """Cancel every task but the caller's (closing may run in one of them)."""
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+
+    async def aclose(self) -> None:
+        """Cancel the tasks (but the caller's), close the connection (never raises, even half built),
+        then wait for the tasks to end."""
+        self.cancel_tasks()
+        await close_peer_connection(self.pc, self.id)
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task

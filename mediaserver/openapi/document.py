@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mediaserver.openapi_llm import llm_paths
-from mediaserver.openapi_rtc import rtc_paths
-from mediaserver.openapi_schema import (
+from mediaserver.openapi.llm import llm_paths
+from mediaserver.openapi.rtc import rtc_paths
+from mediaserver.openapi.schema import (
     ERROR_OPENAI,
     ERROR_WIS,
     PROMPT_DESCRIPTION,

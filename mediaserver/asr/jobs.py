@@ -1,0 +1,51 @@
+"""What goes through an ASR engine: a job (``AsrJob``), and what one batch call of the Whisper
+engine has found so far (``BatchRun``). They sit below ``engine`` and ``engine_guards`` (the
+engine's guards read both), so that neither imports the other."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mediaserver.asr.batching import WINDOW_S, JobResult, Span
+from mediaserver.asr.guards import GuardReason
+from mediaserver.events import AudioArray, Transcript, TranscriptionOptions
+
+
+@dataclass(frozen=True)
+class AsrJob:
+    audio: AudioArray
+    options: TranscriptionOptions
+    # The shortest encoder window this job may use, in seconds (Whisper's own is 30 s): tiny.en
+    # encodes a 10 s window about 4x faster than a 30 s one, with the same WER on short utterances
+    # (``asr_window_s``, ``asr_partial_window_s``; tools/README.md). See ``encoder_window_s``.
+    min_window_s: float = WINDOW_S
+    # What a decode that trips a loop or hallucination guard (``asr/guards.py``) becomes: decoded
+    # again the safe way (finals, uploads), or returned as it is with ``Transcript.guard`` set, for
+    # the caller to drop (a partial: the next one comes in a few hundred milliseconds).
+    on_guard: Literal["redecode", "keep"] = "redecode"
+
+
+@dataclass
+class BatchRun:
+    """What one ``transcribe_batch`` call has found so far, shared by its decode rounds.
+
+    ``results`` holds a finished job's transcript or exception; ``states`` the segments of the jobs
+    on the batched path; ``sequential`` the jobs that fell back to faster-whisper's own loop.
+    """
+
+    jobs: Sequence[AsrJob]
+    results: list[Transcript | BaseException | None]
+    states: dict[int, JobResult] = field(default_factory=dict)
+    sequential: list[int] = field(default_factory=list)
+    # Seconds of speech the neural VAD found in each job's audio (the guards' speaking rate).
+    voiced_s: dict[int, float] = field(default_factory=dict)
+    # Where that speech is, in samples of the job's audio (a window's own speaking rate).
+    speech: dict[int, list[Span]] = field(default_factory=dict)
+    # The guard a job's short-window decode tripped, for which it was decoded again on 30 s.
+    guarded: dict[int, GuardReason] = field(default_factory=dict)
+
+    def fall_back(self, job_index: int) -> None:
+        if job_index not in self.sequential:
+            self.sequential.append(job_index)

@@ -19,7 +19,7 @@ import pytest_asyncio
 from mediaserver.state import SESSIONS
 from mediaserver.transport.webrtc.liveness import ice_connections
 from tests.conftest import SENTENCES, Clip
-from tests.faults import eventually
+from tests.faults import eventually, tasks_ended
 from tests.rtc_peer import Peer, connect
 
 
@@ -282,9 +282,7 @@ async def test_closing_the_peer_leaves_nothing_behind(server: Any) -> None:
     while time.monotonic() < deadline and set(server.app[SESSIONS].ids()) & new:
         await asyncio.sleep(0.2)
     assert not set(server.app[SESSIONS].ids()) & new
-    await asyncio.sleep(0.2)
-    leftover = [t.get_name() for t in asyncio.all_tasks() if any(n in t.get_name() for n in new)]
-    assert leftover == []
+    await tasks_ended(*new)
     async with aiohttp.ClientSession() as session, session.get(f"{server.url}/metrics") as resp:
         metrics = await resp.text()
     gauge = next(line for line in metrics.splitlines() if line.startswith("mediaserver_sessions "))

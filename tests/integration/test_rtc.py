@@ -35,7 +35,10 @@ async def push_to_talk(peer: Peer, clip: Clip, stop_obj: Any = None) -> list[dic
     started = await peer.next("log")
     assert started["message"] == "ASR Recording - start talking and press stop when done"
     duration = peer.track.play(clip)
-    await asyncio.sleep(duration + 0.3)
+    # Played to its end (on a busy loop the track plays later than its duration), then the last
+    # frames' way to the server: it must have them before the stop.
+    await asyncio.wait_for(peer.track.played.wait(), timeout=duration + 30)
+    await asyncio.sleep(0.3)
     peer.send("stop", stop_obj)
     received = [await peer.next()]
     while received[-1]["type"] != "infer":

@@ -24,7 +24,9 @@ from mediaserver.config import Settings
 from mediaserver.errors import Overloaded
 from mediaserver.events import TranscriptionOptions
 from mediaserver.state import SESSIONS
+from mediaserver.transport.openai.realtime.calls import RealtimeCall
 from mediaserver.transport.openai.realtime.session import max_message_bytes
+from mediaserver.transport.webrtc.asr import RtcSession
 from mediaserver.transport.webrtc.rtcp import quiet_idle_reports
 from tests.conftest import LiveServer
 from tests.faults import eventually, server_errors
@@ -211,7 +213,9 @@ async def test_a_killed_peer_is_reaped_within_the_dead_peer_timeout(
         assert line.strip() == b"ready", line
         new = set(server.app[SESSIONS].ids()) - before
         assert len(new) == 1
-        await asyncio.sleep(1.0)  # connected, audio flowing
+        session = server.app[SESSIONS].get(next(iter(new)))
+        assert isinstance(session, RtcSession)
+        await eventually(lambda: session.stream.samples_received >= 16000, 30)  # connected, 1 s of audio heard
     finally:
         child.send_signal(signal.SIGKILL)
         await child.wait()
@@ -233,7 +237,9 @@ async def test_a_vanished_realtime_call_is_reaped_within_the_dead_peer_timeout(
     call_id = location.rsplit("/", 1)[1]
     try:
         await peer.next("session.created", timeout=10)
-        await asyncio.sleep(0.5)  # connected, audio flowing
+        call = quick.app[SESSIONS].get(call_id)
+        assert isinstance(call, RealtimeCall)
+        await eventually(lambda: call.session.stream.samples_received >= 8000, 30)  # connected, 0.5 s of audio heard
         peer.vanish()
         took = await eventually(lambda: call_id not in quick.app[SESSIONS].ids(), timeout_s + 3)
     finally:

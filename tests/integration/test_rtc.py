@@ -37,7 +37,12 @@ async def push_to_talk(peer: Peer, clip: Clip, stop_obj: Any = None) -> list[dic
     duration = peer.track.play(clip)
     # Played to its end (on a busy loop the track plays later than its duration), then the last
     # frames' way to the server: it must have them before the stop.
-    await asyncio.wait_for(peer.track.played.wait(), timeout=duration + 30)
+    try:
+        await asyncio.wait_for(peer.track.played.wait(), timeout=duration + 30)
+    except TimeoutError:
+        raise AssertionError(
+            f"the clip did not play to its end: track {peer.track.readyState}, connection {peer.pc.connectionState}"
+        ) from None
     await asyncio.sleep(0.3)
     peer.send("stop", stop_obj)
     received = [await peer.next()]

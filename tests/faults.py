@@ -100,6 +100,15 @@ def session_tasks(session_id: str) -> list[str]:
     return [t.get_name() for t in asyncio.all_tasks() if session_id in t.get_name()]
 
 
+async def tasks_ended(*session_ids: str, timeout_s: float = 5.0) -> None:
+    """Wait until no running task is named for any of ``session_ids``; at ``timeout_s``, fail naming
+    the ones left. A closing session's tasks end soon, however loaded the machine; a leaked one never."""
+    with contextlib.suppress(AssertionError):
+        await eventually(lambda: not any(session_tasks(s) for s in session_ids), timeout_s)
+    left = [name for s in session_ids for name in session_tasks(s)]
+    assert left == [], left
+
+
 def abort_ws(ws: aiohttp.ClientWebSocketResponse) -> None:
     """Drop a client WebSocket's TCP connection: no close frame, the client just goes away."""
     ws._response.connection.transport.abort()  # type: ignore[union-attr]

@@ -43,6 +43,8 @@ class ClipTrack(MediaStreamTrack):
         self.playing_from: float | None = None  # when the latest clip's first frame went out
         self._quiet_s = 0.0  # after the queue empties: send no frames for this long
         self.quiet_from: float | None = None
+        self.played = asyncio.Event()  # set once every queued frame has gone out (however late the loop)
+        self.played.set()
 
     def go_quiet(self, seconds: float) -> None:
         self._quiet_s = seconds
@@ -52,6 +54,7 @@ class ClipTrack(MediaStreamTrack):
         pcm = np.concatenate([pcm, np.zeros(int(silence_after_s * RATE), np.int16)])
         self._queue = np.concatenate([self._queue, pcm])
         self.playing_from = None
+        self.played.clear()
         return len(self._queue) / RATE
 
     async def recv(self) -> av.AudioFrame:
@@ -70,6 +73,8 @@ class ClipTrack(MediaStreamTrack):
         if self._queue.size and self.playing_from is None:
             self.playing_from = time.monotonic()
         chunk, self._queue = self._queue[:FRAME], self._queue[FRAME:]
+        if not self._queue.size:
+            self.played.set()
         if chunk.size < FRAME:
             chunk = np.concatenate([chunk, np.zeros(FRAME - chunk.size, np.int16)])
         frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")

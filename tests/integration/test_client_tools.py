@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest_asyncio
 
@@ -243,6 +243,19 @@ async def test_a_page_tool_may_not_take_an_operator_tool_name(
         await peer.close()
 
 
+class ParkedGate(asyncio.Event):
+    """A speculative turn's release gate that tells when the answer has reached it and waits there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parked = asyncio.Event()
+
+    async def wait(self) -> Literal[True]:
+        if not self.is_set():
+            self.parked.set()
+        return await super().wait()
+
+
 async def test_a_speculative_answer_calls_no_tool_before_it_is_released(
     base_settings: Settings, llm_service: LlmService
 ) -> None:
@@ -260,24 +273,37 @@ async def test_a_speculative_answer_calls_no_tool_before_it_is_released(
     client.declare(parse_client_tools([SET_PAGE_COLOR], "required"))
     assistant.toolbox = SessionToolbox(client, None)
 
-    async def first_round_written() -> None:  # the engine took the generation and finished it
+    def speculate(text: str) -> tuple[asyncio.Task[None], ParkedGate]:
+        """Start a speculative answer and watch its release gate (set before its task first runs)."""
+        assert assistant.speculate(text)
+        assert assistant._speculation is not None
+        _, turn, task = assistant._speculation
+        gate = ParkedGate()
+        turn._release = gate
+        return task, gate
+
+    async def first_round_written(gate: ParkedGate) -> None:
+        """The engine took the generation and finished it, and the answer now waits at its release
+        gate: whatever it would send before being released has been sent by now."""
         async with asyncio.timeout(60):
             while not llm_busy(llm_service):
                 await asyncio.sleep(0.01)
             while llm_busy(llm_service):
                 await asyncio.sleep(0.01)
-        await asyncio.sleep(0.5)
+            await gate.parked.wait()
 
     try:
-        assert assistant.speculate("Make the page red.")
-        await first_round_written()
+        task, gate = speculate("Make the page red.")
+        await first_round_written(gate)
         assert events == [] and client.waiting == []  # written, held: nothing went to the page
         assistant.drop_speculation()
-        await asyncio.sleep(0.2)
+        async with asyncio.timeout(30):
+            await asyncio.wait({task})  # the dropped answer has ended: it sent what it ever will
+        assert task.cancelled()
         assert events == [] and client.waiting == []
 
-        assert assistant.speculate("Make the page green.")
-        await first_round_written()
+        _, gate = speculate("Make the page green.")
+        await first_round_written(gate)
         assert events == [] and client.waiting == []
         await assistant.answer("Make the page green.")  # the turn ended as speculated: released
         async with asyncio.timeout(30):

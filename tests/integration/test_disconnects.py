@@ -180,7 +180,7 @@ async def test_device_socket_hang_ups(
             ws, session_id = await _ws_open(voice_server, http, mode="push_to_talk")
             await ws.send_bytes(pcm)
             await ws.send_json({"type": "stop"})
-            await asyncio.sleep(0.05)  # the final is being made
+            await eventually(lambda: voice_server.app[ASR].open_jobs() > 0, 10, 0.005)  # the final is being made
         abort_ws(ws)
         await _all_gone(voice_server, session_id)
     await eventually(lambda: voice_server.app[ASR].open_jobs() == 0, CLEANUP_S)
@@ -333,7 +333,7 @@ async def test_wyoming_hang_up_after_audio_stop(
         writer.write(b'{"type": "audio-chunk", "data": ' + fmt + b', "payload_length": %d}\n' % len(payload) + payload)
     writer.write(b'{"type": "audio-stop"}\n')
     await writer.drain()
-    await asyncio.sleep(0.05)  # the transcript is being made
+    await eventually(lambda: voice_server.app[ASR].open_jobs() > 0, 10, 0.005)  # the transcript is being made
     writer.transport.abort()
     await eventually(lambda: not wyoming.connections and wyoming.budget.used_bytes == 0, CLEANUP_S)
     assert server_errors(caplog) == []

@@ -20,6 +20,7 @@ from mediaserver.llm.engine import PromptTooLong
 from mediaserver.llm.service import LlmService, LlmTimeout
 from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.metrics import Metrics
+from tests.faults import eventually
 from tests.llm_engine import wait_busy, wait_idle, wait_stopped
 
 STORY = [ChatMessage("user", "Tell me a long story about a cat who travels the world.")]
@@ -143,6 +144,11 @@ async def test_limits_are_errors_before_any_work(llm_service: LlmService) -> Non
     assert caught.value.status == 400
 
 
+def queued_now(service: LlmService) -> int:
+    """Generations waiting for a slot, over the service's models."""
+    return sum(gate.waiting for gate in service._gates.values())
+
+
 async def test_full_queue_is_overloaded_and_timeouts_are_504(base_settings: Settings, server_factory: Any) -> None:
     # An engine of its own, with one slot: a second generation waits for the first.
     settings = base_settings.model_copy(update={"llm_slots": 1, "llm_max_queue": 1, "llm_request_timeout_s": 3.0})
@@ -157,7 +163,7 @@ async def test_full_queue_is_overloaded_and_timeouts_are_504(base_settings: Sett
         await asyncio.sleep(1.0)
         waiting = service.stream(STORY, params)
         waiter = asyncio.create_task(anext(waiting))
-        await asyncio.sleep(0.2)  # the second one is now in the queue
+        await eventually(lambda: queued_now(service) == 1, 10, 0.01)  # the second one is now in the queue
         with pytest.raises(Overloaded, match="llm_max_queue") as refused:
             await anext(service.stream(STORY, params))
         assert refused.value.retryable and refused.value.retry_after_s is None  # nothing measured yet
@@ -173,7 +179,7 @@ async def test_full_queue_is_overloaded_and_timeouts_are_504(base_settings: Sett
         await anext(held)
         queued = service.stream(STORY, params)
         queued_first = asyncio.create_task(anext(queued))
-        await asyncio.sleep(0.2)
+        await eventually(lambda: queued_now(service) == 1, 10, 0.01)
         with pytest.raises(Overloaded) as refused:
             await anext(service.stream(STORY, params))
         assert refused.value.retry_after_s is not None and refused.value.retry_after_s > 0

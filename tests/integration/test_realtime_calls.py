@@ -17,7 +17,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.llm.service import LlmService
 from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
-from tests.faults import session_tasks
+from tests.faults import tasks_ended
 from tests.integration.test_realtime_conversation import GA_EVENTS
 from tests.integration.test_voice_loop import ANSWER_WORD, LONG_QUESTION, QUESTION, VOICE_SETTINGS, llm_busy, transcribe
 from tests.rtc_peer import Peer, connect_call
@@ -115,8 +115,7 @@ async def test_call_answers_on_the_track_and_events_on_the_channel(
         await peer.close()
     assert call_id not in call_server.app[SESSIONS].ids()
     assert not llm_busy(llm_service)
-    await asyncio.sleep(0.2)
-    assert not session_tasks(call_id)
+    await tasks_ended(call_id)
 
 
 async def test_raw_sdp_offer_without_a_way_back_for_audio_and_bad_offers(

@@ -25,7 +25,7 @@ from mediaserver.llm.service import LlmService
 from mediaserver.state import SESSIONS
 from mediaserver.tts.service import TtsService
 from tests.conftest import Clip, LiveServer
-from tests.faults import session_tasks
+from tests.faults import tasks_ended
 from tests.integration.test_realtime import RATE, chunks, pcm16
 from tests.integration.test_voice_loop import (
     ANSWER_WORD,
@@ -611,8 +611,7 @@ async def test_hanging_up_mid_response_leaves_nothing_running(
     assert session_id not in paced_server.app[SESSIONS].ids()
     assert not llm_busy(llm_service)
     assert tts_open_streams(tts_service) == 0
-    await asyncio.sleep(0.2)
-    assert not session_tasks(session_id)
+    await tasks_ended(session_id)
 
 
 async def test_without_tts_audio_is_a_clear_error_and_text_works(

@@ -15,6 +15,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from mediaserver.state import ASR
 from tests.conftest import FIXTURES, SENTENCES, noise
 
 CHUNK_BYTES = 2048  # the device recorder's buffer: 64 ms of 16 kHz 16-bit mono
@@ -312,7 +313,9 @@ async def test_concurrent_devices_are_all_served_and_the_loop_stays_free(server:
         for k in keys
     ]
     # While six transcriptions are queued or running, the event loop still answers at once.
-    await asyncio.sleep(0.3)
+    async with asyncio.timeout(30):
+        while server.app[ASR].open_jobs() == 0:  # the uploads have reached the ASR queue
+            await asyncio.sleep(0.01)
     async with aiohttp.ClientSession() as session, session.get(f"{server.url}/api/ping") as resp:
         assert (await resp.json()) == {"message": "pong"}
     pending_when_pinged = sum(not u.done() for u in uploads)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.pacing import send_paced
@@ -71,20 +72,32 @@ async def test_queued_frames_are_joined_up_to_max_frames() -> None:
     assert [len(data) // FRAME_BYTES for _, data in recorder.sent] == [5] * 5
 
 
+async def until(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(FRAME_S / 4)
+
+
 async def test_a_barge_in_stops_what_was_not_sent() -> None:
+    """After the barge-in, the next audio sent is the next answer's: nothing of the cleared one,
+    proven by order (the sender reached the new answer) rather than by watching for a while."""
     out = AudioOut(RATE_HZ)
     pcm = answer(10.0)  # far more than is sent before the barge-in, even on a loaded machine
     out.write(pcm)
     recorder = Recorder()
     task = asyncio.create_task(send_paced(out, recorder, lead_s=0.1))
-    await asyncio.sleep(0.3)
+    await until(lambda: len(recorder.sent) >= 15)  # 0.3 s of audio: past the lead, the sender paces
     out.clear()
     cleared_at = time.monotonic()
-    await asyncio.sleep(0.2)
+    following = b"\x07\x00" * int(RATE_HZ * 0.1)  # the next answer: 5 frames unlike any of the first
+    out.write(following)
+    await until(lambda: following[:FRAME_BYTES] in recorder.data)
     out.close()
     await asyncio.wait_for(task, 30)
-    assert recorder.sent and all(at <= cleared_at for at, _ in recorder.sent)
-    assert pcm.startswith(recorder.data)
+    before = b"".join(data for at, data in recorder.sent if at <= cleared_at)
+    after = b"".join(data for at, data in recorder.sent if at > cleared_at)
+    assert before and pcm.startswith(before)
+    assert after and following.startswith(after)  # nothing of the cleared answer after the barge-in
     elapsed_s = cleared_at - recorder.sent[0][0]
-    assert len(recorder.data) / 2 / RATE_HZ <= elapsed_s + 0.1 + FRAME_S + EARLY_S
-    assert len(recorder.data) < len(pcm)  # the rest was dropped, not sent
+    assert len(before) / 2 / RATE_HZ <= elapsed_s + 0.1 + FRAME_S + EARLY_S
+    assert len(before) < len(pcm)  # the rest was dropped, not sent

@@ -98,8 +98,9 @@ async def test_async_batches_run_side_by_side_and_are_cancelled_when_nobody_wait
         waiting = [asyncio.create_task(scheduler.submit(job)) for _ in range(4)]
         while running < 3:
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)
-        assert most == 3 and scheduler.depth == 1  # three in flight, the fourth queued
+        # Three in flight hold every slot (the worker cannot take a fourth), and the fourth is queued.
+        assert scheduler._inflight.locked()
+        assert most == 3 and scheduler.depth == 1
         waiting[0].cancel()  # its batch has no other caller: cancelled with it
         while cancelled < 1:
             await asyncio.sleep(0.01)

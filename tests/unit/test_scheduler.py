@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,8 +49,11 @@ class Recorder:
         self.gate = threading.Event()
         self.gate.set()
         self.started = threading.Event()
+        self.started_at = 0.0  # when the first batch reached the engine (monotonic)
 
     def __call__(self, jobs: Sequence[AsrJob], backlog: int) -> list[Transcript | BaseException]:
+        if not self.started.is_set():
+            self.started_at = time.monotonic()
         self.started.set()
         self.gate.wait(timeout=30)
         self.batches.append([JOB_KEYS.get(id(job.audio), "?") for job in jobs])
@@ -62,6 +66,13 @@ class Recorder:
 
 
 JOB_KEYS: dict[int, str] = {}
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Yield to the loop until ``check`` holds (the scheduler's state changes on the loop, not in time)."""
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0)
 
 
 def job(speech: Any, key: str, **options: Any) -> AsrJob:
@@ -97,7 +108,7 @@ async def test_finals_run_before_partials_before_files(speech: Any) -> None:
         file_job = asyncio.ensure_future(scheduler.submit(job(speech, "story"), priority=Priority.FILE))
         partial = asyncio.ensure_future(scheduler.submit(job(speech, "music"), priority=Priority.PARTIAL))
         final = asyncio.ensure_future(scheduler.submit(job(speech, "weather"), priority=Priority.FINAL))
-        await asyncio.sleep(0.05)
+        await until(lambda: scheduler.depth == 3)  # all three queued behind the blocker
         recorder.gate.set()
         await asyncio.gather(blocker, file_job, partial, final)
     finally:
@@ -115,7 +126,7 @@ async def test_full_queue_refuses_new_work(speech: Any) -> None:
         running = asyncio.ensure_future(scheduler.submit(job(speech, "kitchen")))
         await asyncio.to_thread(recorder.started.wait, 10)
         queued = [asyncio.ensure_future(scheduler.submit(job(speech, k))) for k in ("music", "story")]
-        await asyncio.sleep(0.01)
+        await until(lambda: scheduler.depth == 2)
         scheduler.estimated_batch_s = 1.7  # as if measured
         with pytest.raises(Overloaded, match="overloaded") as refused:
             await scheduler.submit(job(speech, "garden"))
@@ -140,15 +151,14 @@ async def test_jobs_nobody_waits_for_take_no_room_in_the_queue(speech: Any) -> N
         gone = [asyncio.ensure_future(scheduler.submit(job(speech, k))) for k in ("music", "story")]
         with pytest.raises(TimeoutError):
             await scheduler.submit(job(speech, "remind"), timeout_s=0.05)
-        await asyncio.sleep(0.01)
-        assert scheduler.depth == 2  # the timed-out one no longer counts
+        await until(lambda: scheduler.depth == 2)  # the timed-out one no longer counts
         for task in gone:
             task.cancel()
         await asyncio.gather(*gone, return_exceptions=True)
         assert scheduler.depth == 0
         # Three queued jobs are still in the queue, none counts: three new ones fit, a fourth does not.
         waiting = [asyncio.ensure_future(scheduler.submit(job(speech, k))) for k in ("garden", "weather", "music")]
-        await asyncio.sleep(0.01)
+        await until(lambda: scheduler.open_jobs == 4)  # the running job's caller and these three
         assert scheduler.depth == 3
         with pytest.raises(Overloaded):
             await scheduler.submit(job(speech, "story"))
@@ -188,7 +198,7 @@ async def test_deadline_and_cancellation_withdraw_queued_jobs(speech: Any) -> No
         with pytest.raises(TimeoutError):
             await scheduler.submit(job(speech, "story"), timeout_s=0.1)
         cancelled = asyncio.ensure_future(scheduler.submit(job(speech, "garden")))
-        await asyncio.sleep(0.01)
+        await until(lambda: scheduler.depth == 1)  # queued (the timed-out one does not count)
         cancelled.cancel()
         # The cancellation is taken (the job withdrawn) before the running batch ends: on a loaded
         # machine the batch thread's wake-up could otherwise reach the scheduler first.
@@ -219,18 +229,22 @@ async def test_wait_never_exceeds_slack_of_most_urgent_job(speech: Any) -> None:
 
 
 async def test_a_burst_of_arrivals_is_gathered_into_one_batch(engine: WhisperEngine, speech: Any, wer: Any) -> None:
-    # Jobs trickle in 5 ms apart for 35 ms: each gap is under max_wait, so they all share one batch
-    # instead of the first running alone and the rest waiting for it.
+    # Jobs arrive one at a time, each once the collector has taken the one before into the batch it
+    # is gathering (submitted, no longer queued) and no batch has started: every arrival finds the
+    # collector waiting for company, so they all share one batch instead of the first running alone
+    # and the rest waiting for it. Decided by that order, not by arrivals timed to fall within
+    # max_wait: the gaps are a few turns of the loop, far under it even on a loaded machine.
     recorder = Recorder(engine)
-    scheduler = AsrScheduler("tiny.en", recorder, max_batch=16, max_wait_ms=40, max_collect_ms=2000, max_queue=16)
+    scheduler = AsrScheduler("tiny.en", recorder, max_batch=16, max_wait_ms=500, max_collect_ms=5000, max_queue=16)
     keys = ["kitchen", "weather", "remind", "music", "story", "garden", "kitchen", "weather"]
-
-    async def later(index: int, key: str) -> Transcript:
-        await asyncio.sleep(0.005 * index)
-        return await scheduler.submit(job(speech, key))
-
+    jobs = [job(speech, k) for k in keys]  # synthesized before the first arrives
+    submitted: list[asyncio.Future[Transcript]] = []
     try:
-        results = await asyncio.gather(*(later(i, k) for i, k in enumerate(keys)))
+        for arrival in jobs:
+            submitted.append(asyncio.ensure_future(scheduler.submit(arrival)))
+            await until(lambda: scheduler.open_jobs == len(submitted) and scheduler.depth == 0)
+            assert not recorder.started.is_set(), f"a batch started after {len(submitted)} arrival(s)"
+        results = await asyncio.gather(*submitted)
     finally:
         await scheduler.aclose()
     assert recorder.batches == [keys]
@@ -242,9 +256,12 @@ async def test_a_lone_job_waits_only_max_wait_not_max_collect(speech: Any) -> No
     recorder = Recorder()
     scheduler = AsrScheduler("tiny.en", recorder, max_batch=16, max_wait_ms=20, max_collect_ms=60_000, max_queue=16)
     try:
-        first = asyncio.ensure_future(scheduler.submit(job(speech, "kitchen")))
-        await asyncio.sleep(0.3)  # far past max_wait: the first job must already be running
-        assert recorder.started.is_set()
+        lone = job(speech, "kitchen")
+        submitted_at = time.monotonic()
+        first = asyncio.ensure_future(scheduler.submit(lone))
+        assert await asyncio.to_thread(recorder.started.wait, 30)  # half max_collect: fails if it waited for that
+        # It ran after about max_wait, far from max_collect: the same bound as 0.3 s of sleep gave.
+        assert recorder.started_at - submitted_at < 0.3, recorder.started_at - submitted_at
         second = await scheduler.submit(job(speech, "music"))
         assert (await first).text and second.text
     finally:
@@ -278,7 +295,7 @@ async def test_a_superseded_partial_is_dropped_not_computed(speech: Any) -> None
         other_session = asyncio.ensure_future(
             scheduler.submit(job(speech, "garden"), priority=Priority.PARTIAL, supersede_key="session-2")
         )
-        await asyncio.sleep(0.01)
+        await until(lambda: scheduler.depth == 2)  # both queued before the newer one comes
         newer = asyncio.ensure_future(
             scheduler.submit(job(speech, "story"), priority=Priority.PARTIAL, supersede_key="session-1")
         )

@@ -24,7 +24,12 @@ from tests.rtc_peer import Peer, connect
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def peer(server: Any) -> AsyncIterator[Peer]:
+async def peer(server: Any, speech: Any) -> AsyncIterator[Peer]:
+    # The clips first: Piper synthesizes on this loop (and loads its voice on first use), which on a
+    # loaded machine can stall it past rtc_dead_peer_timeout_s, and the server rightly drops a
+    # connected peer that long silent. A browser is not on the server's loop.
+    for key in SENTENCES:
+        speech(key)
     p = await connect(server)
     yield p
     await p.close()

@@ -57,7 +57,13 @@ class LlmSettings(BaseModel):
     llm_context_tokens: int = Field(
         2048, ge=128, description="context window of each slot (prompt + answer); the engine holds llm_slots of them"
     )
-    llm_max_prompt_tokens: int = Field(1792, ge=16, description="longer prompts get a 400")
+    llm_max_prompt_tokens: int = Field(
+        1792,
+        ge=16,
+        description="longer prompts get a 400 (context_length_exceeded): the embedded engine counts them with its "
+        "own template and tokenizer (and also holds them below llm_context_tokens); an upstream's are estimated at "
+        "llm_upstream_bytes_per_token, and one estimated over this is refused before it is sent",
+    )
     llm_max_completion_tokens: int = Field(1024, ge=1, description="cap on a request's max_tokens")
     llm_default_max_tokens: int = Field(
         256,
@@ -158,9 +164,10 @@ class LlmSettings(BaseModel):
     llm_upstream_bytes_per_token: float = Field(
         3.0,
         ge=1.0,
-        description="spoken answers: an upstream's prompt is estimated at this many bytes a token (its tokenizer is "
-        "not at hand) and cut to fit llm_max_prompt_tokens; lower is safer (1 never undercounts a byte-level "
-        "tokenizer), and llm_max_prompt_tokens should stay below the upstream's context window",
+        description="an upstream's prompt is estimated at this many bytes a token (its tokenizer is not at hand): "
+        "a request estimated over llm_max_prompt_tokens is a 400, and spoken answers are cut to fit it; lower is "
+        "safer (1 never undercounts a byte-level tokenizer) but refuses more, and llm_max_prompt_tokens should "
+        "stay below the upstream's context window",
     )
     llm_embedding_model: str = Field(
         "", description="a name, .gguf path or hub id; empty = the default chat model if a GGUF, else the bundled one"

@@ -162,6 +162,9 @@ async def test_two_requests_on_one_connection(wyoming: int) -> None:
         (Synthesize(text="   ").event(), "invalid_parameter", "empty"),
         (Synthesize(text="x" * 5000).event(), "text_too_long", "tts_max_input_chars"),
         (Synthesize(text="Hi.", voice=SynthesizeVoice(name="nobody")).event(), "voice_not_found", "voices:"),
+        # The bundled voice has one speaker: naming another is an error, not the default speaker.
+        (Synthesize(text="Hi.", voice=SynthesizeVoice(speaker="nobody")).event(), "speaker_not_found", "one speaker"),
+        (SynthesizeStart(voice=SynthesizeVoice(speaker="3")).event(), "speaker_not_found", "one speaker"),
         (Event("synthesize", {"text": "Hi.", "voice": "joe"}), "invalid_parameter", "voice must be an object"),
         (SynthesizeChunk(text="orphan").event(), "invalid_parameter", "before synthesize-start"),
     ],

@@ -141,6 +141,13 @@ class LlmSettings(BaseModel):
         "the llama-server engine then takes image_url parts for that model",
     )
     llm_max_images: int = Field(8, ge=0, description="image_url parts in one chat request; more get a 400")
+    llm_chatbot_max_tokens: int = Field(
+        512,
+        ge=1,
+        description="max_tokens of a WIS chatbot question (GET /api/chatbot, /api/chatbot/tts, WS /api/ws/chatbot) "
+        "that sets no max_new_tokens (the socket cannot set one), as WIS's chatbot_max_new_tokens; a lower "
+        "llm_max_completion_tokens wins",
+    )
     llm_system_prompt: str = Field(
         SPOKEN_SYSTEM_PROMPT,
         description="system message of the WIS chatbot endpoints (OpenAI clients send their own); the same as "

@@ -46,34 +46,42 @@ class TranscriptionOptions:
 
 @dataclass(frozen=True)
 class Word:
+    """``probability``: None when the engine did not report one (a remote server's words)."""
+
     start_s: float
     end_s: float
     word: str
-    probability: float
+    probability: float | None
 
 
 @dataclass(frozen=True)
 class Segment:
+    """The decode's scores (``temperature`` ... ``no_speech_prob``) are None when the engine did not
+    report them (a remote server that answers text only): they are left out, not made up."""
+
     id: int
     seek: int
     start_s: float
     end_s: float
     text: str
     tokens: tuple[int, ...]
-    temperature: float
-    avg_logprob: float
-    compression_ratio: float
-    no_speech_prob: float
+    temperature: float | None
+    avg_logprob: float | None
+    compression_ratio: float | None
+    no_speech_prob: float | None
     words: tuple[Word, ...] = ()
 
 
 @dataclass(frozen=True)
 class Transcript:
-    """A final transcript. ``infer_time_s`` counts engine time only (not queueing)."""
+    """A final transcript. ``infer_time_s`` counts engine time only; ``queue_time_s`` the time its
+    job waited in the scheduler's queue before its batch began (``asr/scheduler.py`` sets it).
+    ``language_probability`` is None when the engine did not detect the language (it was given, or
+    a remote server does not say)."""
 
     text: str
     language: str
-    language_probability: float
+    language_probability: float | None
     duration_s: float
     segments: tuple[Segment, ...] = ()
     infer_time_s: float = 0.0

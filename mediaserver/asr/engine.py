@@ -418,11 +418,11 @@ class WhisperEngine(GuardedDecodes):
         scores = WindowOutput(
             segments=segments,
             language=part.language,
-            language_probability=part.language_probability,
-            avg_logprob=min(seg.avg_logprob for seg in part.segments),
-            no_speech_prob=max(seg.no_speech_prob for seg in part.segments),
-            compression_ratio=max(seg.compression_ratio for seg in part.segments),
-            temperature=max(seg.temperature for seg in part.segments),
+            language_probability=_reported(part.language_probability),
+            avg_logprob=min(_reported(seg.avg_logprob) for seg in part.segments),
+            no_speech_prob=max(_reported(seg.no_speech_prob) for seg in part.segments),
+            compression_ratio=max(_reported(seg.compression_ratio) for seg in part.segments),
+            temperature=max(_reported(seg.temperature) for seg in part.segments),
         )
         self._add(run.states[member.job_index], segments, scores)
 
@@ -492,7 +492,7 @@ class WhisperEngine(GuardedDecodes):
         return Transcript(
             text="",
             language=self._language_of(job) or "en",
-            language_probability=0.0,
+            language_probability=None,  # no speech: no language was detected
             duration_s=job.audio.size / SAMPLE_RATE_HZ,
             infer_time_s=time.perf_counter() - started,
             model=self.name,
@@ -556,3 +556,9 @@ class WhisperEngine(GuardedDecodes):
             task=options.task,
             speech_detected=bool(segments),
         )
+
+
+def _reported(score: float | None) -> float:
+    """A score of a faster-whisper decode, which reports every one (only remote engines may not)."""
+    assert score is not None, "faster-whisper reports every score"
+    return score

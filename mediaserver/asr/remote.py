@@ -352,7 +352,7 @@ class RemoteEngine(abc.ABC):
         return Transcript(
             text="",
             language=self.language_of(job),
-            language_probability=0.0,
+            language_probability=None,
             duration_s=job.audio.size / SAMPLE_RATE_HZ,
             infer_time_s=elapsed_s,
             model=self.name,
@@ -369,15 +369,17 @@ class RemoteEngine(abc.ABC):
         elapsed_s: float,
         segments: Sequence[Segment] = (),
     ) -> Transcript:
-        """A transcript of an upstream answer; without segments the whole text is one segment."""
+        """A transcript of an upstream answer; without segments the whole text is one segment. What
+        no upstream API reports (the language's probability) and what this one did not (a segment's
+        decode scores) is None, left out of the answers, not made up."""
         text = force_prefix(job.options.prefix, text.strip())
         duration_s = job.audio.size / SAMPLE_RATE_HZ
         if not segments and text:
-            segments = (Segment(0, 0, 0.0, duration_s, " " + text, (), 0.0, 0.0, 0.0, 0.0),)
+            segments = (Segment(0, 0, 0.0, duration_s, " " + text, (), None, None, None, None),)
         return Transcript(
             text=text,
             language=language or self.language_of(job),
-            language_probability=1.0 if language else 0.0,
+            language_probability=None,
             duration_s=duration_s,
             segments=tuple(segments),
             infer_time_s=elapsed_s,

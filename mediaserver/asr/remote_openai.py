@@ -151,12 +151,17 @@ def _number(value: Any, default: float = 0.0) -> float:
     return float(value) if isinstance(value, int | float) else default
 
 
+def _reported(value: Any) -> float | None:
+    """A score as the server reported it; None (left out of our answers) when it did not."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _segments(payload: dict[str, Any]) -> list[Segment]:
     """verbose_json segments (and words, placed in the segment they start in); [] when absent."""
     raw = payload.get("segments")
     words_raw = payload.get("words")
     words = [
-        Word(_number(w.get("start")), _number(w.get("end")), " " + str(w.get("word", "")).strip(), 1.0)
+        Word(_number(w.get("start")), _number(w.get("end")), " " + str(w.get("word", "")).strip(), None)
         for w in (words_raw if isinstance(words_raw, list) else [])
         if isinstance(w, dict)
     ]
@@ -174,10 +179,10 @@ def _segments(payload: dict[str, Any]) -> list[Segment]:
                 end_s=end,
                 text=seg["text"],
                 tokens=tuple(int(t) for t in tokens if isinstance(t, int)) if isinstance(tokens, list) else (),
-                temperature=_number(seg.get("temperature")),
-                avg_logprob=_number(seg.get("avg_logprob")),
-                compression_ratio=_number(seg.get("compression_ratio")),
-                no_speech_prob=_number(seg.get("no_speech_prob")),
+                temperature=_reported(seg.get("temperature")),
+                avg_logprob=_reported(seg.get("avg_logprob")),
+                compression_ratio=_reported(seg.get("compression_ratio")),
+                no_speech_prob=_reported(seg.get("no_speech_prob")),
                 words=tuple(w for w in words if start <= w.start_s < end),
             )
         )

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mediaserver.asr.engine import AsrJob
 from mediaserver.errors import Overloaded, Timeout
@@ -53,6 +53,7 @@ class _Pending:
     started: bool = field(compare=False, default=False)
     popped: bool = field(compare=False, default=False)  # taken out of the queue by the worker
     dead: bool = field(compare=False, default=False)  # done (withdrawn, superseded) while still queued
+    started_at: float = field(compare=False, default=0.0)  # when its batch was handed to the engine
 
 
 class AsrScheduler:
@@ -243,6 +244,7 @@ class AsrScheduler:
                     )
                     continue
                 item.started = True
+                item.started_at = now
                 live.append(item)
             if not live:
                 if concurrent:
@@ -333,8 +335,8 @@ class AsrScheduler:
                 continue
             if isinstance(result, BaseException):
                 item.future.set_exception(result)
-            else:
-                item.future.set_result(result)
+            else:  # the engine times its own work (infer_time_s); the wait before it is measured here
+                item.future.set_result(replace(result, queue_time_s=item.started_at - item.enqueued_at))
 
     async def aclose(self) -> None:
         """Stop the worker, fail what is queued, and release the thread. Idempotent."""

@@ -34,12 +34,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ToolResult:
-    """What a call gives back to the model: text, and whether it is an error."""
+    """What a call gives back to the model: text, and whether it is an error. A result cut to
+    ``mcp_max_result_chars`` says so in its text (the note the model and the client both see)."""
 
     text: str
     is_error: bool = False
     duration_s: float = 0.0
-    truncated: bool = False
 
 
 _METRICS: weakref.WeakKeyDictionary[Metrics, ToolMetrics] = weakref.WeakKeyDictionary()
@@ -76,10 +76,9 @@ class ToolMetrics:
         duration = time.monotonic() - started
         self.calls.labels(server, name, outcome).inc()
         self.seconds.labels(server).observe(duration)
-        truncated = len(text) > max_chars
-        if truncated:
+        if len(text) > max_chars:
             text = text[:max_chars] + f"\n[truncated: the result had {len(text)} characters, {max_chars} shown]"
-        return ToolResult(text, is_error, duration, truncated)
+        return ToolResult(text, is_error, duration)
 
 
 def call_arguments(arguments: str) -> dict[str, Any] | str:

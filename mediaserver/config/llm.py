@@ -57,7 +57,13 @@ class LlmSettings(BaseModel):
     llm_context_tokens: int = Field(
         2048, ge=128, description="context window of each slot (prompt + answer); the engine holds llm_slots of them"
     )
-    llm_max_prompt_tokens: int = Field(1792, ge=16, description="longer prompts get a 400")
+    llm_max_prompt_tokens: int = Field(
+        1792,
+        ge=16,
+        description="longer prompts get a 400 (context_length_exceeded): the embedded engine counts them with its "
+        "own template and tokenizer (and also holds them below llm_context_tokens); an upstream's are estimated at "
+        "llm_upstream_bytes_per_token, and one estimated over this is refused before it is sent",
+    )
     llm_max_completion_tokens: int = Field(1024, ge=1, description="cap on a request's max_tokens")
     llm_default_max_tokens: int = Field(
         256,
@@ -135,6 +141,13 @@ class LlmSettings(BaseModel):
         "the llama-server engine then takes image_url parts for that model",
     )
     llm_max_images: int = Field(8, ge=0, description="image_url parts in one chat request; more get a 400")
+    llm_chatbot_max_tokens: int = Field(
+        512,
+        ge=1,
+        description="max_tokens of a WIS chatbot question (GET /api/chatbot, /api/chatbot/tts, WS /api/ws/chatbot) "
+        "that sets no max_new_tokens (the socket cannot set one), as WIS's chatbot_max_new_tokens; a lower "
+        "llm_max_completion_tokens wins",
+    )
     llm_system_prompt: str = Field(
         SPOKEN_SYSTEM_PROMPT,
         description="system message of the WIS chatbot endpoints (OpenAI clients send their own); the same as "
@@ -158,9 +171,10 @@ class LlmSettings(BaseModel):
     llm_upstream_bytes_per_token: float = Field(
         3.0,
         ge=1.0,
-        description="spoken answers: an upstream's prompt is estimated at this many bytes a token (its tokenizer is "
-        "not at hand) and cut to fit llm_max_prompt_tokens; lower is safer (1 never undercounts a byte-level "
-        "tokenizer), and llm_max_prompt_tokens should stay below the upstream's context window",
+        description="an upstream's prompt is estimated at this many bytes a token (its tokenizer is not at hand): "
+        "a request estimated over llm_max_prompt_tokens is a 400, and spoken answers are cut to fit it; lower is "
+        "safer (1 never undercounts a byte-level tokenizer) but refuses more, and llm_max_prompt_tokens should "
+        "stay below the upstream's context window",
     )
     llm_embedding_model: str = Field(
         "", description="a name, .gguf path or hub id; empty = the default chat model if a GGUF, else the bundled one"

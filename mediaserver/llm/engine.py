@@ -20,9 +20,10 @@ from typing import Any, Protocol
 
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
-from mediaserver.errors import ApiError, InvalidParameter, ModelUnavailable, Overloaded
+from mediaserver.errors import InvalidParameter, ModelUnavailable, Overloaded
 from mediaserver.llm.engine_process import LlamaServerProcess
 from mediaserver.llm.forced_calls import as_call, call_schema, forced_tools
+from mediaserver.llm.prompt_size import TEMPLATE_BYTES_PER_MESSAGE, TOOLS_PREAMBLE_BYTES, PromptTooLong
 from mediaserver.llm.registry import LlmSource, is_hub_id
 from mediaserver.llm.slots import SlotAffinity
 from mediaserver.llm.tools import ToolConfig
@@ -33,15 +34,6 @@ log = logging.getLogger(__name__)
 
 ENGINE_CONNECT_RETRIES = 2
 ENGINE_RESTART_RETRIES = 1  # a request that met a restarting engine is sent once more
-# Per message, what a chat template adds around the content, at most (role markers, separators).
-TEMPLATE_BYTES_PER_MESSAGE = 16
-# What a tool-rendering template adds around the tools, at most (smollm2-tools.jinja: ~400 bytes).
-TOOLS_PREAMBLE_BYTES = 1024
-
-
-class PromptTooLong(ApiError):
-    status = 400
-    code = "context_length_exceeded"
 
 
 def hub_gguf(location: str, settings: Settings) -> str:

@@ -5,7 +5,9 @@ schemas and what the chat template wraps around them.
 (``engine.LlamaServerEngine.stream``): a byte-level tokenizer never makes more tokens than bytes,
 and a template adds at most ``TEMPLATE_BYTES_PER_MESSAGE`` around a message and
 ``TOOLS_PREAMBLE_BYTES`` around the tools. ``LlmService.prompt_tokens`` counts a prompt that may be
-too long with the engine's own template and tokenizer, and estimates an upstream's.
+too long with the engine's own template and tokenizer, and estimates an upstream's with
+``estimate_tokens``, the same estimate an upstream request is refused by
+(``upstream.UpstreamChat.stream``).
 """
 
 from __future__ import annotations
@@ -15,9 +17,21 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mediaserver.llm.engine import TEMPLATE_BYTES_PER_MESSAGE, TOOLS_PREAMBLE_BYTES
+from mediaserver.errors import ApiError
 from mediaserver.llm.tools import ToolConfig
 from mediaserver.llm.types import ChatMessage
+
+# Per message, what a chat template adds around the content, at most (role markers, separators).
+TEMPLATE_BYTES_PER_MESSAGE = 16
+# What a tool-rendering template adds around the tools, at most (smollm2-tools.jinja: ~400 bytes).
+TOOLS_PREAMBLE_BYTES = 1024
+
+
+class PromptTooLong(ApiError):
+    """A prompt past ``llm_max_prompt_tokens`` (or the engine's context window): a 400."""
+
+    status = 400
+    code = "context_length_exceeded"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,12 @@ are retried (``llm_upstream_retries``: none made, or one dropped before the answ
 request may have been sent; a generation changes nothing upstream, a repeat costs at most its
 compute), a silent upstream is a 504 after ``llm_upstream_timeout_s``, and every upstream failure is
 an answer that names the upstream.
+
+An external upstream's prompt is held to ``llm_max_prompt_tokens`` before anything is sent: its
+tokenizer is not at hand, so the prompt is estimated at ``llm_upstream_bytes_per_token`` (the
+estimate the spoken answers are fitted to, ``LlmService.prompt_tokens``) and one over the cap is a
+400 ``context_length_exceeded`` that says it is an estimate. The embedded engine counts exactly
+itself (``engine.LlamaServerEngine.stream``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import openai
 
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, GatewayTimeout, InvalidParameter, Overloaded
+from mediaserver.llm.prompt_size import PromptTooLong, estimate_tokens, prompt_bytes
 from mediaserver.llm.tools import ToolCallDelta
 from mediaserver.llm.types import (
     BackendEvent,
@@ -77,8 +84,12 @@ class UpstreamChat:
         label: str | None = None,
         engine: bool = False,
         timeout_setting: str = "llm_upstream_timeout_s",
+        bytes_per_token: float | None = None,
     ) -> None:
+        """``bytes_per_token``: estimate each prompt at this many bytes a token and refuse one over
+        ``max_prompt_tokens`` (an external upstream); None sends every prompt (the engine counts)."""
         self.base_url = base_url.rstrip("/")
+        self._bytes_per_token = bytes_per_token
         self.max_concurrency = max_concurrency
         self.label = label or f"the upstream LLM at {self.base_url}"
         self._engine = engine
@@ -104,6 +115,7 @@ class UpstreamChat:
             connect_timeout_s=settings.llm_upstream_connect_timeout_s,
             retries=settings.llm_upstream_retries,
             max_concurrency=settings.llm_upstream_max_concurrency,
+            bytes_per_token=settings.llm_upstream_bytes_per_token,
         )
 
     def _unreachable(self, exc: Exception) -> UpstreamError:
@@ -147,6 +159,20 @@ class UpstreamChat:
     def check_available(self) -> None:
         """An upstream's own failures are its answers (a 502 or 504 naming it)."""
 
+    def check_prompt(self, request: ChatRequest, max_prompt_tokens: int) -> None:
+        """Refuse (400) a prompt estimated over ``max_prompt_tokens``; nothing is sent for it."""
+        if self._bytes_per_token is None:
+            return
+        estimate = estimate_tokens(request.messages, request.tools, self._bytes_per_token)
+        if estimate > max_prompt_tokens:
+            raise PromptTooLong(
+                f"the prompt is about {estimate} tokens, an estimate ({prompt_bytes(request.messages, request.tools)} "
+                f"bytes at {self._bytes_per_token:g} bytes a token, llm_upstream_bytes_per_token: the tokenizer of "
+                f"{self.label} is not at hand); this server sends it at most {max_prompt_tokens} "
+                "(llm_max_prompt_tokens)",
+                param="messages",
+            )
+
     async def list_models(self) -> list[str]:
         page = await self._call(self._client.models.list)
         return [m.id for m in page.data]
@@ -162,7 +188,9 @@ class UpstreamChat:
     ) -> AsyncGenerator[BackendEvent, None]:
         """Deltas of one upstream generation; closing this iterator closes the HTTP stream, which
         is how vLLM, llama.cpp and Ollama learn to stop generating. ``json_schema`` constrains the
-        answer's text to JSON matching it (``response_format``)."""
+        answer's text to JSON matching it (``response_format``). An external upstream's prompt
+        estimated over ``max_prompt_tokens`` is refused first (``check_prompt``)."""
+        self.check_prompt(request, max_prompt_tokens)
         kwargs: dict[str, Any] = {
             "model": request.model,
             "messages": [m.openai() for m in request.messages],

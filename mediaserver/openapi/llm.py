@@ -174,7 +174,11 @@ _EMBEDDINGS_RESPONSE = {
 
 _CHATBOT_QUERY = [
     {"name": "text", "in": "query", "required": True, "schema": {"type": "string"}},
-    query_param("max_new_tokens", {"type": "integer", "minimum": 1}, "at most llm_max_completion_tokens"),
+    query_param(
+        "max_new_tokens",
+        {"type": "integer", "minimum": 1},
+        "at most llm_max_completion_tokens; default llm_chatbot_max_tokens (512)",
+    ),
     query_param("temperature", {"type": "number"}, "sampling temperature"),
     query_param("top_p", {"type": "number"}, "nucleus sampling"),
     query_param("repetition_penalty", {"type": "number"}, "llama.cpp repeat penalty (embedded models)"),

@@ -2,7 +2,9 @@
 
 One path for every format: look the request up in the response cache; on a miss, synthesize
 sentence by sentence and write each sentence's encoded audio as soon as it exists (chunked
-transfer), so a device starts playing while the rest is made. The response starts only once the
+transfer), so a device starts playing while the rest is made. A WAV's header carries its real sizes
+when its whole audio is known before the header goes out (one sentence, or a cache hit); a streamed
+one carries 0xFFFFFFFF, "read to the end" (``tts/encode.py``). The response starts only once the
 first sentence is ready: a failure before that is still a proper error response. A client that
 hangs up is noticed while it waits (not only at the next write), and leaving the request drops all
 of its unsynthesized sentences at once.
@@ -23,7 +25,7 @@ from aiohttp import web
 from mediaserver.errors import GatewayTimeout
 from mediaserver.state import CAPABILITIES, SETTINGS, TTS
 from mediaserver.tts.cache import cache_key
-from mediaserver.tts.encode import AudioFormat, StreamEncoder, output_rate
+from mediaserver.tts.encode import AudioFormat, StreamEncoder, output_rate, with_wav_sizes
 from mediaserver.tts.service import Speech, TtsService
 from mediaserver.tts.types import SynthesisParams, TtsChunk, VoiceInfo
 
@@ -158,12 +160,25 @@ async def respond_with_speech(
             tts.speak(spoken.text, spoken.voice, spoken.params, sample_rate_hz=rate) as speech,
         ):
             chunk = await next_chunk(speech, request)
-            encoder = StreamEncoder(spoken.fmt, rate)
+            ready: list[TtsChunk] = []
+            total_bytes: int | None = None
+            if spoken.fmt.name == "wav" and len(speech.sentences) <= 1:
+                # One sentence: it is all here now, so the WAV header carries the real sizes.
+                while chunk is not None:
+                    ready.append(chunk)
+                    chunk = await next_chunk(speech, request)
+                total_bytes = sum(len(part.pcm) for part in ready)
+            encoder = StreamEncoder(spoken.fmt, rate, total_bytes=total_bytes)
             response = web.StreamResponse(headers=headers)
             response.content_type = "text/event-stream" if sse else spoken.fmt.content_type
             await response.prepare(request)
             parts: list[bytes] = []
             try:
+                for part in ready:
+                    data = encoder.push(part.pcm)
+                    if data:
+                        await response.write(frame(data))
+                        parts.append(data)
                 while chunk is not None:
                     data = encoder.push(chunk.pcm)
                     if data:
@@ -193,5 +208,7 @@ async def respond_with_speech(
             request.transport.close()
         return response
     if use_cache:
-        tts.cache.put(key, b"".join(parts), spoken.fmt.content_type)
+        body = b"".join(parts)
+        # A hit is known whole before it is sent: its WAV header carries the real sizes.
+        tts.cache.put(key, with_wav_sizes(body) if spoken.fmt.name == "wav" else body, spoken.fmt.content_type)
     return response

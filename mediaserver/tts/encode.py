@@ -5,8 +5,11 @@ PyAV into a container that is written to a non-seekable sink, so bytes can leave
 muxer writes them and no muxer goes back to patch a header: MP3, Ogg Opus, AAC in ADTS, FLAC and
 Ogg Vorbis.
 
-Streaming WAV uses the header XTTS (WIS's streaming TTS) sent and Willow devices play: RIFF and
-data lengths of 0, i.e. "unknown, read to the end" (FFmpeg and browsers do the same).
+WAV whose whole audio is known before its header goes out (``data_bytes``) carries its real RIFF
+and data sizes. Streamed WAV, whose length is not known yet, carries 0xFFFFFFFF for both: "unknown,
+read to the end", the value most readers take (FFmpeg, and so PyAV and browsers, read to the end;
+Python's ``wave`` reads every frame but reports ``getnframes()`` as 2**31 - 1). A size of 0, which
+XTTS sent, is refused by ``wave`` ("not a WAVE file").
 """
 
 from __future__ import annotations
@@ -58,10 +61,15 @@ def output_rate(fmt: AudioFormat, rate_hz: int) -> int:
     return min(higher) if higher else max(fmt.rates)
 
 
-def wav_header(rate_hz: int, *, data_bytes: int = 0, streaming: bool = True) -> bytes:
-    """16-bit mono PCM WAV header; ``streaming`` writes the lengths as 0 (unknown)."""
-    data_len = 0 if streaming else data_bytes
-    riff_len = 0 if streaming else 36 + data_bytes
+UNKNOWN_SIZE = 0xFFFFFFFF  # a streamed WAV's RIFF and data sizes: read to the end
+WAV_HEADER_BYTES = 44
+
+
+def wav_header(rate_hz: int, *, data_bytes: int | None = None) -> bytes:
+    """16-bit mono PCM WAV header: the real sizes for ``data_bytes`` of samples, or, without it
+    (streamed), ``UNKNOWN_SIZE`` for both."""
+    data_len = UNKNOWN_SIZE if data_bytes is None else data_bytes
+    riff_len = UNKNOWN_SIZE if data_bytes is None else 36 + data_bytes
     return struct.pack(
         "<4sI4s4sIHHIIHH4sI",
         b"RIFF",
@@ -78,6 +86,15 @@ def wav_header(rate_hz: int, *, data_bytes: int = 0, streaming: bool = True) -> 
         b"data",
         data_len,
     )
+
+
+def with_wav_sizes(body: bytes) -> bytes:
+    """A whole WAV written by ``StreamEncoder`` (streamed: ``UNKNOWN_SIZE``) with its real sizes."""
+    if len(body) < WAV_HEADER_BYTES or body[:4] != b"RIFF" or body[36:40] != b"data":
+        raise ValueError("not a WAV written by StreamEncoder")
+    data_bytes = len(body) - WAV_HEADER_BYTES
+    sizes = struct.pack("<I", 36 + data_bytes), struct.pack("<I", data_bytes)
+    return body[:4] + sizes[0] + body[8:40] + sizes[1] + body[WAV_HEADER_BYTES:]
 
 
 class _Sink:
@@ -102,11 +119,14 @@ class StreamEncoder:
 
     ``finish`` flushes the encoder and returns the rest. The caller resamples beforehand to
     ``output_rate(fmt, rate_hz)`` when that differs (``rate_hz`` here must be a rate the codec takes).
+    ``total_bytes``: all the PCM that will be pushed, when it is known before the first push (a WAV
+    header then carries the real sizes, else ``UNKNOWN_SIZE``).
     """
 
-    def __init__(self, fmt: AudioFormat, rate_hz: int) -> None:
+    def __init__(self, fmt: AudioFormat, rate_hz: int, *, total_bytes: int | None = None) -> None:
         self.fmt = fmt
         self.rate_hz = rate_hz
+        self._total_bytes = total_bytes
         self._started = False
         self._finished = False
         self._container: Any = None
@@ -136,7 +156,7 @@ class StreamEncoder:
         if not self._started:
             self._started = True
             if self.fmt.name == "wav":
-                prefix = wav_header(self.rate_hz)
+                prefix = wav_header(self.rate_hz, data_bytes=self._total_bytes)
         if self._container is None:
             return prefix + pcm
         if pcm:

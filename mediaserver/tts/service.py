@@ -38,7 +38,7 @@ from mediaserver.tts.metrics import TtsMetrics
 from mediaserver.tts.scheduler import SentenceStream, StreamClosed, TtsScheduler
 from mediaserver.tts.text import SentenceSplitter, split_sentences
 from mediaserver.tts.types import SpeechResult, SynthesisParams, TtsChunk, VoiceInfo
-from mediaserver.tts.voices import VoiceRegistry
+from mediaserver.tts.voices import VoiceRegistry, check_speaker
 
 log = logging.getLogger(__name__)
 
@@ -260,8 +260,10 @@ class TtsService:
         """A request with its own place in the voice's queue (``Overloaded`` → 503 when full).
 
         On leaving, whatever was not synthesized yet is dropped. ``first_clause_words``: see
-        ``SentenceSplitter`` (a conversation's answer starts sooner at its first clause).
+        ``SentenceSplitter`` (a conversation's answer starts sooner at its first clause). A speaker
+        the voice does not have is a 400 (``UnknownSpeaker``), not its default speaker.
         """
+        check_speaker(voice, params.speaker)
         loaded = await self.load(voice)
         stream = loaded.scheduler.open(params)
         speech = Speech(self, stream, voice, sample_rate_hz=sample_rate_hz, first_clause_words=first_clause_words)

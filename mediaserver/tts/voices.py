@@ -43,6 +43,29 @@ class UnknownVoice(ApiError):
     code = "voice_not_found"
 
 
+class UnknownSpeaker(ApiError):
+    status = 400
+    code = "speaker_not_found"
+
+
+def check_speaker(voice: VoiceInfo, speaker: str | None) -> None:
+    """Refuse a speaker ``voice`` does not have (by name, or by number below its count), rather
+    than speak with its default speaker."""
+    if speaker is None or speaker in voice.speakers:
+        return
+    if speaker.isdigit() and int(speaker) < len(voice.speakers):
+        return
+    if not voice.speakers:
+        raise UnknownSpeaker(
+            f"voice {voice.name!r} has one speaker: leave voice.speaker out (got {speaker!r})", param="voice.speaker"
+        )
+    raise UnknownSpeaker(
+        f"voice {voice.name!r} has no speaker {speaker!r}; its speakers: {', '.join(voice.speakers)} "
+        f"(or their numbers, 0 to {len(voice.speakers) - 1})",
+        param="voice.speaker",
+    )
+
+
 def _read_config(path: Path) -> dict[str, Any]:
     with path.open(encoding="utf-8") as f:
         data = json.load(f)

@@ -88,3 +88,31 @@ async def test_ws_chatbot_hang_up_mid_answer_stops_the_generation(server: Any, l
     generated = await wait_stopped(llm_service, busy)
     assert generated < 100, generated
     await wait_idle(llm_service)
+
+
+async def test_every_chatbot_endpoint_defaults_to_llm_chatbot_max_tokens(
+    server_factory: Any, llm_service: LlmService
+) -> None:
+    """A question without ``max_new_tokens`` (every socket question) gets ``llm_chatbot_max_tokens``
+    (7 here; WIS's 512 by default) on the GET and on the WebSocket alike."""
+    live = await server_factory(llm_chatbot_max_tokens=7)
+    story = "Tell me a long story about a cat who travels the world."
+    registry = llm_service.metrics_registry.registry
+    labels = {"model": llm_service.sources.default_name or ""}
+
+    def generated() -> float:
+        return registry.get_sample_value("mediaserver_llm_completion_tokens_total", labels) or 0.0
+
+    await wait_idle(llm_service)
+    before = generated()
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{live.url}/api/chatbot", params={"text": story}) as resp:
+            assert resp.status == 200, await resp.text()
+            await resp.json()
+        by_get = generated() - before
+        async with session.ws_connect(f"{live.url}/api/ws/chatbot") as ws:
+            await ws.send_str(story)
+            reply = await ws.receive(timeout=60)
+            assert reply.type == aiohttp.WSMsgType.TEXT and not reply.data.startswith("error:"), reply
+        by_socket = generated() - before - by_get
+    assert (by_get, by_socket) == (7, 7)

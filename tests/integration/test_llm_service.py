@@ -16,7 +16,7 @@ import pytest
 
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter, Overloaded, UnknownModel
-from mediaserver.llm.engine import PromptTooLong
+from mediaserver.llm.prompt_size import PromptTooLong
 from mediaserver.llm.service import LlmService, LlmTimeout
 from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.metrics import Metrics

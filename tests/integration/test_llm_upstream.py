@@ -9,6 +9,7 @@ that accepts and never answers, since no real server can be made to hang on dema
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -47,15 +48,23 @@ async def _service(base_settings: Settings, **overrides: Any) -> LlmService:
     return service
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def upstream_server(server_factory: Any, base_settings: Settings, upstream_url: str) -> AsyncIterator[Any]:
+@contextlib.asynccontextmanager
+async def upstream_live(
+    server_factory: Any, base_settings: Settings, upstream_url: str, **overrides: Any
+) -> AsyncIterator[Any]:
     """A mediaserver whose LLM is the upstream (only settings differ), and its service."""
-    settings = {"llm_upstream_url": upstream_url, "llm_upstream_api_key": UPSTREAM_KEY}
+    settings = {"llm_upstream_url": upstream_url, "llm_upstream_api_key": UPSTREAM_KEY, **overrides}
     service = await _service(base_settings, **settings)
     try:
         yield await server_factory(llm=service, **settings), service
     finally:
         await service.aclose()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def upstream_server(server_factory: Any, base_settings: Settings, upstream_url: str) -> AsyncIterator[Any]:
+    async with upstream_live(server_factory, base_settings, upstream_url) as live:
+        yield live
 
 
 async def test_upstream_models_are_listed_and_default(upstream_server: Any) -> None:
@@ -98,11 +107,44 @@ async def test_service_stream_from_upstream_cancels(upstream_server: Any) -> Non
     assert text.text == "1. Red\n2. Blue\n3. Green"
 
 
-async def test_upstream_failing_after_200_is_502(upstream_server: Any) -> None:
+async def test_prompt_cap_holds_for_the_upstream(
+    server_factory: Any, base_settings: Settings, upstream_url: str
+) -> None:
+    """``llm_max_prompt_tokens`` (64 here) holds for an upstream model: a prompt of about 400 tokens,
+    which the upstream would answer, is a 400 in OpenAI's shape that says its size is an estimate
+    (``llm_upstream_bytes_per_token``), streamed or not; a short one is answered."""
+    long_prompt: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "The quick brown fox jumps over the lazy dog. " * 40 + "Name three colors."}
+    ]
+    async with (
+        upstream_live(server_factory, base_settings, upstream_url, llm_max_prompt_tokens=64) as (live, _),
+        openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as sdk,
+    ):
+        refused = []
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as caught:
+                await sdk.chat.completions.create(
+                    model=UPSTREAM_MODEL, messages=long_prompt, max_tokens=5, stream=stream
+                )
+            refused.append(caught.value)
+        answer = await sdk.chat.completions.create(model=UPSTREAM_MODEL, messages=COLORS, temperature=0, max_tokens=40)
+    for error in refused:
+        assert error.code == "context_length_exceeded" and error.param == "messages"
+        assert "about 612 tokens, an estimate (1834 bytes at 3 bytes a token" in error.message, error.message
+        assert "at most 64 (llm_max_prompt_tokens)" in error.message
+    assert answer.choices[0].message.content == "1. Red\n2. Blue\n3. Green"
+
+
+async def test_upstream_failing_after_200_is_502(
+    server_factory: Any, base_settings: Settings, upstream_url: str
+) -> None:
     """llama-cpp-python's server answers 200 to a prompt over its context window, then fails and
-    ends the stream empty: that is the upstream's failure, named as such."""
-    live, _ = upstream_server
-    async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as sdk:
+    ends the stream empty: that is the upstream's failure, named as such. (This server's own cap,
+    ``llm_max_prompt_tokens``, is set above the upstream's window to let the prompt through.)"""
+    async with (
+        upstream_live(server_factory, base_settings, upstream_url, llm_max_prompt_tokens=4096) as (live, _),
+        openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as sdk,
+    ):
         with pytest.raises(openai.APIStatusError) as caught:
             await sdk.chat.completions.create(
                 model=UPSTREAM_MODEL, messages=[{"role": "user", "content": "x " * 3000}], max_tokens=10

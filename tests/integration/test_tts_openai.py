@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import time
+import wave
 from typing import Any
 
 import av
@@ -108,6 +109,10 @@ async def test_voice_object_our_voice_names_and_model_names(server: LiveServer) 
             speed=1.5,
         )
         assert response.content[:4] == b"RIFF"
+        # One sentence, whole before its header: the sizes are real, as Python's wave reads them.
+        with wave.open(io.BytesIO(response.content)) as reader:
+            frames = len(reader.readframes(1 << 31)) // 2
+            assert reader.getnframes() == frames == (len(response.content) - 44) // 2 > 0
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import io
 import json
 import shutil
 import time
+import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,27 @@ async def test_streaming_wav_plays_from_its_first_chunk(server: LiveServer) -> N
     assert end_at > first_at  # it came before the last byte existed
 
 
+def read_with_wave(body: bytes) -> tuple[int, int]:
+    """Python's ``wave`` on a WAV answer: (its declared frame count, the frames it reads)."""
+    with wave.open(io.BytesIO(body)) as reader:
+        return reader.getnframes(), len(reader.readframes(1 << 31)) // reader.getsampwidth()
+
+
+async def test_wav_has_real_sizes_when_whole_and_read_to_end_sizes_when_streamed(server: LiveServer) -> None:
+    """One sentence is whole before the header goes out: its sizes are real. A streamed answer says
+    0xFFFFFFFF ("read to the end"); Python's ``wave`` and PyAV read all of both."""
+    _, _, one = await get(f"{server.url}/api/tts", text="Turning on the kitchen lights.", format="WAV", nocache="1")
+    declared, frames = read_with_wave(one)
+    assert declared == frames == (len(one) - 44) // 2 and frames > 10_000
+    assert int.from_bytes(one[4:8], "little") == len(one) - 8
+    assert round(duration_of(one) * 22050) == frames
+    _, _, streamed = await get(f"{server.url}/api/tts", text=ANSWER, format="WAV", nocache="1")
+    assert streamed[4:8] == streamed[40:44] == b"\xff\xff\xff\xff"
+    declared, frames = read_with_wave(streamed)
+    assert frames == (len(streamed) - 44) // 2 and round(duration_of(streamed) * 22050) == frames
+    assert declared == 0x7FFFFFFF  # wave's count of a streamed WAV is a placeholder (documented)
+
+
 async def test_speaker_language_and_speed(server: LiveServer) -> None:
     for params in ({"speaker": "CLB"}, {"speaker": "en_US-joe-medium"}, {"language": "en"}, {"voice": "alloy"}):
         status, _, body = await get(f"{server.url}/api/tts", text="Success", nocache="1", **params)
@@ -208,7 +230,7 @@ async def test_sts_speaks_the_transcript(server: LiveServer, speech: Any, asr_se
 # --- the cache ---------------------------------------------------------------------------------
 
 
-async def test_second_request_is_a_byte_identical_hit_and_nocache_bypasses(server: LiveServer) -> None:
+async def test_second_request_is_the_same_audio_with_real_sizes_and_nocache_bypasses(server: LiveServer) -> None:
     text = f"Success. This answer was cached at {time.time_ns()}."
     first = await get(f"{server.url}/api/tts", text=text, format="WAV")
     second = await get(f"{server.url}/api/tts", text=text, format="WAV")
@@ -217,7 +239,9 @@ async def test_second_request_is_a_byte_identical_hit_and_nocache_bypasses(serve
     assert [r[0] for r in (first, second, bypass, other_format)] == [200] * 4
     assert first[1]["X-WIS-Cache"] == "MISS"
     assert second[1]["X-WIS-Cache"] == "HIT" and second[1]["Cache-Control"] == "public"
-    assert second[2] == first[2]
+    # The same audio byte for byte; the hit is known whole, so its WAV header has the real sizes.
+    assert second[2][44:] == first[2][44:] and first[2][4:8] == b"\xff\xff\xff\xff"
+    assert read_with_wave(second[2]) == ((len(first[2]) - 44) // 2,) * 2
     assert bypass[1]["X-WIS-Cache"] == "BYPASS"
     assert bypass[2] != first[2]  # synthesized again (Piper's noise makes every take differ)
     assert other_format[1]["X-WIS-Cache"] == "MISS"  # the format is part of the key

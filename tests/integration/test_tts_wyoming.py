@@ -162,6 +162,14 @@ async def test_two_requests_on_one_connection(wyoming: int) -> None:
         (Synthesize(text="   ").event(), "invalid_parameter", "empty"),
         (Synthesize(text="x" * 5000).event(), "text_too_long", "tts_max_input_chars"),
         (Synthesize(text="Hi.", voice=SynthesizeVoice(name="nobody")).event(), "voice_not_found", "voices:"),
+        # The bundled voice has one speaker: naming one is an error, not the default speaker (the
+        # wyoming package sends voice.speaker only with voice.name).
+        (
+            Synthesize(text="Hi.", voice=SynthesizeVoice(name="en_US-joe-medium", speaker="nobody")).event(),
+            "speaker_not_found",
+            "has one speaker",
+        ),
+        (SynthesizeStart(voice=SynthesizeVoice(name="CLB", speaker="3")).event(), "speaker_not_found", "one speaker"),
         (Event("synthesize", {"text": "Hi.", "voice": "joe"}), "invalid_parameter", "voice must be an object"),
         (SynthesizeChunk(text="orphan").event(), "invalid_parameter", "before synthesize-start"),
     ],

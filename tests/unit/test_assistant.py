@@ -14,7 +14,7 @@ from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.events import AssistantError, SessionEvent
-from mediaserver.llm.engine import TEMPLATE_BYTES_PER_MESSAGE
+from mediaserver.llm.prompt_size import TEMPLATE_BYTES_PER_MESSAGE
 from mediaserver.llm.service import LlmService
 from mediaserver.llm.tools import ToolCall, ToolConfig, ToolSpec
 from mediaserver.llm.types import ChatMessage

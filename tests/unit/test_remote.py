@@ -1,9 +1,11 @@
 """Pieces of the remote engines that need no server: prefix alignment, long-audio windows, URLs,
-settings, and the scheduler's async path (batches in flight at once, cancelled when nobody waits)."""
+settings, the scheduler's async path (batches in flight at once, cancelled when nobody waits), and
+what an answer that reports no scores becomes."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -11,11 +13,14 @@ import pytest
 
 from mediaserver.asr.engine import AsrJob
 from mediaserver.asr.remote import force_prefix, redact_url
+from mediaserver.asr.remote_openai import OpenAIEngine
 from mediaserver.asr.scheduler import AsrScheduler
 from mediaserver.asr.triton import split_long
-from mediaserver.config import Settings
+from mediaserver.config import RemoteModel, Settings
 from mediaserver.errors import Overloaded
 from mediaserver.events import Transcript, TranscriptionOptions
+from mediaserver.transport.openai.transcription_stream import word_logprobs
+from mediaserver.transport.openai.transcriptions import to_verbose_json
 
 
 @pytest.mark.parametrize(
@@ -149,3 +154,49 @@ async def test_retry_after_counts_the_batches_a_remote_engine_runs_side_by_side(
 def test_exactly_one_batch_function() -> None:
     with pytest.raises(ValueError, match="exactly one"):
         AsrScheduler("m", None)
+
+
+def _openai_engine() -> OpenAIEngine:
+    config = RemoteModel(backend="openai", url="http://127.0.0.1:9/v1", model="whisper-1", multilingual=False)
+    return OpenAIEngine("remote", config)
+
+
+def test_what_a_remote_server_does_not_report_is_left_out_not_made_up() -> None:
+    """A text-only answer (``json``, or Triton's) has no language probability and no decode scores:
+    verbose_json leaves the scores out, and logprobs the words without a probability."""
+    job = AsrJob(np.zeros(16000, np.float32), TranscriptionOptions(language="en"))
+    engine = _openai_engine()
+    text_only = engine._parse(job, json.dumps({"text": "Turn on the lights."}).encode(), 0.1)
+    assert text_only.language_probability is None
+    (segment,) = text_only.segments
+    assert (segment.temperature, segment.avg_logprob, segment.compression_ratio, segment.no_speech_prob) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    verbose = to_verbose_json(text_only, "transcribe", {"segment"})
+    assert verbose["segments"][0].keys() == {"id", "seek", "start", "end", "text", "tokens"}
+    assert verbose["segments"][0]["text"] == " Turn on the lights."
+    # What the server did report is passed on as it was; its words carry no probability.
+    answer = {
+        "text": "Turn on the lights.",
+        "language": "english",
+        "segments": [
+            {"start": 0.0, "end": 1.0, "text": " Turn on", "temperature": 0.0, "avg_logprob": -0.25,
+             "compression_ratio": 0.9, "no_speech_prob": 0.01},
+            {"start": 1.0, "end": 2.0, "text": " the lights.", "avg_logprob": -0.5},
+        ],
+        "words": [{"word": "Turn", "start": 0.0, "end": 0.4}, {"word": "lights", "start": 1.2, "end": 1.8}],
+    }  # fmt: skip
+    scored = engine._parse(job, json.dumps(answer).encode(), 0.1)
+    first, second = to_verbose_json(scored, "transcribe", {"segment"})["segments"]
+    assert (first["temperature"], first["avg_logprob"], first["compression_ratio"], first["no_speech_prob"]) == (
+        0.0,
+        -0.25,
+        0.9,
+        0.01,
+    )
+    assert second["avg_logprob"] == -0.5 and not {"temperature", "compression_ratio", "no_speech_prob"} & second.keys()
+    assert [w.word for w in scored.words] == [" Turn", " lights"]
+    assert all(w.probability is None for w in scored.words) and word_logprobs(scored.segments) == []

@@ -118,6 +118,27 @@ async def test_finals_run_before_partials_before_files(speech: Any) -> None:
     assert recorder.backlogs == [0, 2, 1, 0]
 
 
+async def test_a_transcript_says_how_long_its_job_queued(speech: Any) -> None:
+    """``queue_time_s``: from submit to the start of the job's batch, measured by the scheduler."""
+    recorder = Recorder()
+    scheduler = AsrScheduler("tiny.en", recorder, max_batch=1, max_wait_ms=0, max_queue=16)
+    recorder.gate.clear()
+    try:
+        before_first = time.monotonic()
+        first = asyncio.ensure_future(scheduler.submit(job(speech, "kitchen")))
+        await asyncio.to_thread(recorder.started.wait, 10)
+        first_started = time.monotonic()
+        second = asyncio.ensure_future(scheduler.submit(job(speech, "weather")))
+        await asyncio.sleep(0.3)  # the second job waits behind the held first batch at least this long
+        recorder.gate.set()
+        done_first, done_second = await asyncio.gather(first, second)
+        after = time.monotonic()
+    finally:
+        await scheduler.aclose()
+    assert 0.0 <= done_first.queue_time_s <= first_started - before_first
+    assert 0.3 <= done_second.queue_time_s <= after - first_started
+
+
 async def test_full_queue_refuses_new_work(speech: Any) -> None:
     recorder = Recorder()
     scheduler = AsrScheduler("tiny.en", recorder, max_batch=1, max_wait_ms=0, max_queue=2)
@@ -329,7 +350,8 @@ async def test_mixed_languages_tasks_and_options_in_one_batch(
     assert len(recorder.batches) == 1 and len(recorder.batches[0]) == 5  # one batch held them all
     for key, result in zip(["kitchen", "weather", "music", "story", "garden"], results, strict=True):
         assert wer(SENTENCES[key], result.text) <= 0.25, (key, result.text)
-    assert results[1].language == "en" and results[1].language_probability > 0.5
+    probability = results[1].language_probability
+    assert results[1].language == "en" and probability is not None and probability > 0.5
     assert results[2].task == "translate"
     assert results[0].segments and results[4].segments
 

@@ -4,6 +4,7 @@ bytes; the response cache is bounded and keyed by every parameter."""
 from __future__ import annotations
 
 import io
+import wave
 from collections.abc import Callable
 
 import av
@@ -12,7 +13,7 @@ import pytest
 
 from mediaserver.metrics import Metrics
 from mediaserver.tts.cache import TtsCache, cache_key
-from mediaserver.tts.encode import FORMATS, StreamEncoder, output_rate, wav_header
+from mediaserver.tts.encode import FORMATS, StreamEncoder, output_rate, wav_header, with_wav_sizes
 from mediaserver.tts.metrics import TtsMetrics
 from tests.conftest import Clip, resample_to
 
@@ -73,10 +74,46 @@ def test_a_stream_is_playable_from_its_first_bytes(name: str, speech: Callable[[
 def test_streaming_wav_header_says_unknown_length() -> None:
     header = wav_header(22050)
     assert header[:4] == b"RIFF" and header[8:16] == b"WAVEfmt "
-    assert int.from_bytes(header[4:8], "little") == 0  # as XTTS streamed it to Willow
-    assert int.from_bytes(header[40:44], "little") == 0
+    assert int.from_bytes(header[4:8], "little") == 0xFFFFFFFF  # "read to the end"
+    assert int.from_bytes(header[40:44], "little") == 0xFFFFFFFF
     assert int.from_bytes(header[24:28], "little") == 22050
-    assert len(wav_header(16000, data_bytes=100, streaming=False)) == 44
+    known = wav_header(16000, data_bytes=100)
+    assert len(known) == 44
+    assert int.from_bytes(known[4:8], "little") == 136 and int.from_bytes(known[40:44], "little") == 100
+
+
+def read_with_wave(data: bytes) -> tuple[int, bytes]:
+    """What Python's ``wave`` makes of a WAV: its declared frame count and every frame it reads."""
+    with wave.open(io.BytesIO(data)) as reader:
+        assert (reader.getnchannels(), reader.getsampwidth()) == (1, 2)
+        return reader.getnframes(), reader.readframes(1 << 31)
+
+
+def test_streamed_wav_reads_with_wave_and_pyav(speech: Callable[[str], Clip]) -> None:
+    """A streamed WAV (sizes unknown) reads to its end with Python's ``wave`` (which refuses a RIFF
+    size of 0: "not a WAVE file") and with PyAV; ``wave``'s frame count is then a placeholder."""
+    clip = speech("story")
+    pcm = pcm_at(clip, clip.rate_hz)
+    body = b"".join(encode_in_pieces("wav", pcm, clip.rate_hz))
+    declared, frames = read_with_wave(body)
+    assert frames == pcm and declared == 0x7FFFFFFF
+    assert decoded_seconds(body)[0] == pytest.approx(len(pcm) / 2 / clip.rate_hz, abs=1e-6)
+
+
+def test_wav_known_whole_carries_its_real_sizes(speech: Callable[[str], Clip]) -> None:
+    clip = speech("kitchen")
+    pcm = pcm_at(clip, clip.rate_hz)
+    encoder = StreamEncoder(FORMATS["wav"], clip.rate_hz, total_bytes=len(pcm))
+    step = len(pcm) // 3 // 2 * 2
+    whole = b"".join([*(encoder.push(pcm[i : i + step]) for i in range(0, len(pcm), step)), encoder.finish()])
+    assert read_with_wave(whole) == (len(pcm) // 2, pcm)
+    assert int.from_bytes(whole[4:8], "little") == len(whole) - 8
+    assert decoded_seconds(whole)[0] == pytest.approx(len(pcm) / 2 / clip.rate_hz, abs=1e-6)
+    # A streamed WAV made whole afterwards (a cached answer) gets the same header.
+    streamed = b"".join(encode_in_pieces("wav", pcm, clip.rate_hz))
+    assert streamed != whole and with_wav_sizes(streamed) == whole
+    with pytest.raises(ValueError, match="not a WAV"):
+        with_wav_sizes(b"ID3" + pcm[:100])
 
 
 def test_output_rates() -> None:

@@ -4,6 +4,7 @@ resampling, the bounded queue, voices, and a round trip through the server's own
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 from collections.abc import AsyncIterator
@@ -23,7 +24,7 @@ from mediaserver.tts.scheduler import TtsScheduler
 from mediaserver.tts.service import TextTooLong, TtsService
 from mediaserver.tts.text import split_sentences
 from mediaserver.tts.types import SynthesisParams, TtsChunk
-from mediaserver.tts.voices import UnknownVoice, VoiceRegistry
+from mediaserver.tts.voices import UnknownSpeaker, UnknownVoice, VoiceRegistry, check_speaker
 from tests.faults import one_sentence_later
 from tests.wer import word_error_rate
 
@@ -222,6 +223,28 @@ def test_a_voice_dropped_in_the_voices_dir_is_listed(base_settings: Settings, tm
     assert registry.names() == ["en_US-joe-medium", "en_GB-copy-medium"]
     copy = registry.resolve("en_GB-copy-medium")
     assert copy.source == "voices_dir" and copy.sample_rate_hz == 22050
+
+
+async def test_a_speaker_the_voice_does_not_have_is_refused(
+    base_settings: Settings, tmp_path: Path, tts_service: TtsService
+) -> None:
+    """Piper would speak an unknown speaker with the voice's default one; the service refuses it."""
+    default = VoiceRegistry(base_settings).resolve(None)
+    config = json.loads(default.config_path.read_text())
+    config.update(num_speakers=2, speaker_id_map={"amy": 0, "bob": 1})
+    (tmp_path / "en_GB-two-medium.onnx").symlink_to(default.model_path)
+    (tmp_path / "en_GB-two-medium.onnx.json").write_text(json.dumps(config))
+    two = VoiceRegistry(base_settings.model_copy(update={"tts_voices_dir": tmp_path})).resolve("en_GB-two-medium")
+    assert two.speakers == ("amy", "bob")
+    for speaker in (None, "bob", "1"):
+        check_speaker(two, speaker)
+    for speaker in ("carol", "2"):
+        with pytest.raises(UnknownSpeaker, match="its speakers: amy, bob") as caught:
+            check_speaker(two, speaker)
+        assert caught.value.status == 400 and caught.value.code == "speaker_not_found"
+    with pytest.raises(UnknownSpeaker, match="has one speaker"):
+        async with tts_service.speak("Hi.", default, SynthesisParams(speaker="amy")):
+            raise AssertionError("spoken with the default speaker")
 
 
 # --- round trip: speech synthesized here, transcribed by the server's own ASR -----------------

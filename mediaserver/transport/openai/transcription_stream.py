@@ -30,11 +30,13 @@ AUDIO_TOKENS_PER_S = 50  # Whisper's encoder: one frame per 20 ms of audio
 
 
 def word_logprobs(segments: tuple[Segment, ...] | list[Segment]) -> list[dict[str, Any]]:
-    """OpenAI ``logprobs`` entries for the words of ``segments`` (empty without word timings)."""
+    """OpenAI ``logprobs`` entries for the words of ``segments`` (empty without word timings, and
+    without the words whose probability the engine did not report: a remote server's)."""
     return [
         {"token": w.word, "logprob": math.log(max(w.probability, 1e-12)), "bytes": list(w.word.encode("utf-8"))}
         for seg in segments
         for w in seg.words
+        if w.probability is not None
     ]
 
 

@@ -15,7 +15,7 @@ from aiohttp import web
 from mediaserver.asr.vocabulary import check_prompt
 from mediaserver.audio.decode import decode_any
 from mediaserver.errors import InvalidParameter
-from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, Task, Transcript, TranscriptionOptions
+from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, Segment, Task, Transcript, TranscriptionOptions
 from mediaserver.languages import language_name
 from mediaserver.state import ASR, METRICS, SETTINGS
 from mediaserver.transport.common import parse_float, parse_language, read_multipart
@@ -60,26 +60,33 @@ def to_verbose_json(transcript: Transcript, task: Task, granularities: set[str])
         "text": transcript.text,
     }
     if "segment" in granularities:
-        body["segments"] = [
-            {
-                "id": seg.id,
-                "seek": seg.seek,
-                "start": round(seg.start_s, 3),
-                "end": round(seg.end_s, 3),
-                "text": seg.text,
-                "tokens": list(seg.tokens),
-                "temperature": seg.temperature,
-                "avg_logprob": seg.avg_logprob,
-                "compression_ratio": seg.compression_ratio,
-                "no_speech_prob": seg.no_speech_prob,
-            }
-            for seg in transcript.segments
-        ]
+        body["segments"] = [_verbose_segment(seg) for seg in transcript.segments]
     if "word" in granularities:
         body["words"] = [
             {"word": w.word.strip(), "start": round(w.start_s, 3), "end": round(w.end_s, 3)} for w in transcript.words
         ]
     body["usage"] = _usage(transcript)
+    return body
+
+
+def _verbose_segment(seg: Segment) -> dict[str, Any]:
+    """A verbose_json segment; the decode's scores only when the engine reported them (a remote
+    server that answers text only reports none: they are left out, not sent as zeros)."""
+    body: dict[str, Any] = {
+        "id": seg.id,
+        "seek": seg.seek,
+        "start": round(seg.start_s, 3),
+        "end": round(seg.end_s, 3),
+        "text": seg.text,
+        "tokens": list(seg.tokens),
+    }
+    scores = {
+        "temperature": seg.temperature,
+        "avg_logprob": seg.avg_logprob,
+        "compression_ratio": seg.compression_ratio,
+        "no_speech_prob": seg.no_speech_prob,
+    }
+    body.update({name: value for name, value in scores.items() if value is not None})
     return body
 
 

@@ -5,7 +5,9 @@
 ``/api/tts``) and answers with the answer spoken (streamed sentence by sentence as it is
 synthesized), its text in ``X-Response`` (percent-encoded UTF-8). The WebSocket takes a plain text
 frame (the question) and answers with a plain text frame (the answer), no JSON, as WIS's
-``chatbot.js`` expects; a failure is answered as a text frame starting with ``error:``. WIS prompted
+``chatbot.js`` expects; a failure is answered as a text frame starting with ``error:``. An answer is
+at most ``max_new_tokens`` tokens, ``llm_chatbot_max_tokens`` (512, as WIS) when the question sets
+none, as every socket question does. WIS prompted
 Vicuna with ``USER: …\nASSISTANT:``; here the model's own chat template is used, with
 ``llm_system_prompt`` as the system message. Each question stands alone, as in WIS.
 """
@@ -41,6 +43,11 @@ def _messages(settings: Settings, text: str) -> list[ChatMessage]:
     return [*messages, ChatMessage("user", text)]
 
 
+def default_max_tokens(settings: Settings) -> int:
+    """A question's max_tokens when it sets none: ``llm_chatbot_max_tokens`` (WIS's 512), within the cap."""
+    return min(settings.llm_chatbot_max_tokens, settings.llm_max_completion_tokens)
+
+
 def _question(request: web.Request) -> tuple[str, GenerationParams]:
     settings = request.app[SETTINGS]
     query = request.query
@@ -51,7 +58,7 @@ def _question(request: web.Request) -> tuple[str, GenerationParams]:
         max_tokens=parse_int(
             query,
             "max_new_tokens",
-            settings.llm_max_completion_tokens,
+            default_max_tokens(settings),
             minimum=1,
             maximum=settings.llm_max_completion_tokens,
         ),
@@ -92,7 +99,8 @@ async def _answer_questions(
     while True:
         question = await questions.get()
         try:
-            completion = await llm.complete(_messages(settings, question))
+            params = GenerationParams(max_tokens=default_max_tokens(settings))
+            completion = await llm.complete(_messages(settings, question), params)
             reply = completion.text.strip()
         except ApiError as exc:
             reply = f"error: {exc.message}"

@@ -347,7 +347,7 @@ class WyomingConnection(AsyncEventHandler):
             del utterance.runs[:]
             if audio.size == 0:
                 language = utterance.language or self._settings.default_language
-                transcript = Transcript(text="", language=language, language_probability=0.0, duration_s=0.0)
+                transcript = Transcript(text="", language=language, language_probability=None, duration_s=0.0)
             else:
                 options = TranscriptionOptions(
                     language=utterance.language,

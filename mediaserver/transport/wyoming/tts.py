@@ -10,7 +10,8 @@
   clients send inside a stream for older servers is ignored.
 
 Voices are chosen by ``voice.name`` (a voice, an alias, a downloadable Piper name) or
-``voice.language``; ``voice.speaker`` picks a speaker of a multi-speaker voice. A client that
+``voice.language``; ``voice.speaker`` picks a speaker of a multi-speaker voice (by name or number;
+one the voice does not have is an ``error`` event, ``speaker_not_found``). A client that
 disconnects mid-answer leaves nothing running: its pending sentences are dropped.
 """
 

@@ -3,8 +3,9 @@
 One path for every format: look the request up in the response cache; on a miss, synthesize
 sentence by sentence and write each sentence's encoded audio as soon as it exists (chunked
 transfer), so a device starts playing while the rest is made. A WAV's header carries its real sizes
-when its whole audio is known before the header goes out (one sentence, or a cache hit); a streamed
-one carries 0xFFFFFFFF, "read to the end" (``tts/encode.py``). The response starts only once the
+when its whole audio is known before the header goes out (one sentence, a cache hit, or every WAV
+of the WIS routes, which wait for the whole answer as WIS did); a streamed one (OpenAI's speech
+endpoint) carries 0xFFFFFFFF, "read to the end" (``tts/encode.py``). The response starts only once the
 first sentence is ready: a failure before that is still a proper error response. A client that
 hangs up is noticed while it waits (not only at the next write), and leaving the request drops all
 of its unsynthesized sentences at once.
@@ -120,13 +121,17 @@ async def respond_with_speech(
     nocache: bool = False,
     cache_header: str | None = None,
     sse: bool = False,
+    whole_wav: bool = False,
     headers: dict[str, str] | None = None,
 ) -> web.StreamResponse:
     """Serve ``spoken`` from the cache or synthesize and stream it (see the module docstring).
 
     ``cache=False`` leaves the cache out entirely (no lookup, nothing counted); ``nocache`` is a
     client's explicit bypass (counted as such). ``sse`` wraps the encoded audio in OpenAI's
-    ``speech.audio.delta`` / ``speech.audio.done`` server-sent events.
+    ``speech.audio.delta`` / ``speech.audio.done`` server-sent events. ``whole_wav``: a WAV answer
+    is synthesized whole before it starts, so its header always carries the real sizes (the WIS
+    routes: WIS answered complete files, and Willow's player is known to read those and zero-size
+    headers, not 0xFFFFFFFF ones).
     """
     tts = tts_of(request)
     settings = request.app[SETTINGS]
@@ -162,8 +167,9 @@ async def respond_with_speech(
             chunk = await next_chunk(speech, request)
             ready: list[TtsChunk] = []
             total_bytes: int | None = None
-            if spoken.fmt.name == "wav" and len(speech.sentences) <= 1:
-                # One sentence: it is all here now, so the WAV header carries the real sizes.
+            if spoken.fmt.name == "wav" and not sse and (whole_wav or len(speech.sentences) <= 1):
+                # One sentence (it is all here now), or a whole answer asked for: the WAV header
+                # carries the real sizes.
                 while chunk is not None:
                     ready.append(chunk)
                     chunk = await next_chunk(speech, request)

@@ -179,18 +179,28 @@ def read_with_wave(body: bytes) -> tuple[int, int]:
         return reader.getnframes(), len(reader.readframes(1 << 31)) // reader.getsampwidth()
 
 
-async def test_wav_has_real_sizes_when_whole_and_read_to_end_sizes_when_streamed(server: LiveServer) -> None:
-    """One sentence is whole before the header goes out: its sizes are real. A streamed answer says
-    0xFFFFFFFF ("read to the end"); Python's ``wave`` and PyAV read all of both."""
-    _, _, one = await get(f"{server.url}/api/tts", text="Turning on the kitchen lights.", format="WAV", nocache="1")
-    declared, frames = read_with_wave(one)
-    assert declared == frames == (len(one) - 44) // 2 and frames > 10_000
-    assert int.from_bytes(one[4:8], "little") == len(one) - 8
-    assert round(duration_of(one) * 22050) == frames
-    _, _, streamed = await get(f"{server.url}/api/tts", text=ANSWER, format="WAV", nocache="1")
+async def test_wav_has_real_sizes_on_wis_routes_and_read_to_end_sizes_when_streamed(server: LiveServer) -> None:
+    """WIS answered complete files, and Willow's player is known to read those (and zero-size
+    headers), so /api/tts waits for the whole answer: its sizes are real, one sentence or three.
+    OpenAI's speech endpoint streams a longer answer with 0xFFFFFFFF ("read to the end"); Python's
+    ``wave`` and PyAV read all of every one."""
+    for text in ("Turning on the kitchen lights.", ANSWER):
+        _, _, whole = await get(f"{server.url}/api/tts", text=text, format="WAV", nocache="1")
+        declared, frames = read_with_wave(whole)
+        assert declared == frames == (len(whole) - 44) // 2 and frames > 10_000, text
+        assert int.from_bytes(whole[4:8], "little") == len(whole) - 8
+        assert round(duration_of(whole) * 22050) == frames
+    async with aiohttp.ClientSession() as http:
+        response = await http.post(
+            f"{server.url}/v1/audio/speech",
+            json={"model": "tts-1", "voice": "alloy", "input": ANSWER, "response_format": "wav"},
+        )
+        assert response.status == 200
+        streamed = await response.read()
     assert streamed[4:8] == streamed[40:44] == b"\xff\xff\xff\xff"
     declared, frames = read_with_wave(streamed)
-    assert frames == (len(streamed) - 44) // 2 and round(duration_of(streamed) * 22050) == frames
+    rate = int.from_bytes(streamed[24:28], "little")  # OpenAI's 24 kHz
+    assert frames == (len(streamed) - 44) // 2 and round(duration_of(streamed) * rate) == frames
     assert declared == 0x7FFFFFFF  # wave's count of a streamed WAV is a placeholder (documented)
 
 
@@ -239,8 +249,8 @@ async def test_second_request_is_the_same_audio_with_real_sizes_and_nocache_bypa
     assert [r[0] for r in (first, second, bypass, other_format)] == [200] * 4
     assert first[1]["X-WIS-Cache"] == "MISS"
     assert second[1]["X-WIS-Cache"] == "HIT" and second[1]["Cache-Control"] == "public"
-    # The same audio byte for byte; the hit is known whole, so its WAV header has the real sizes.
-    assert second[2][44:] == first[2][44:] and first[2][4:8] == b"\xff\xff\xff\xff"
+    # The same audio byte for byte, and both WAV headers have the real sizes (a WIS route's WAV is whole).
+    assert second[2] == first[2] and int.from_bytes(first[2][4:8], "little") == len(first[2]) - 8
     assert read_with_wave(second[2]) == ((len(first[2]) - 44) // 2,) * 2
     assert bypass[1]["X-WIS-Cache"] == "BYPASS"
     assert bypass[2] != first[2]  # synthesized again (Piper's noise makes every take differ)
@@ -321,7 +331,10 @@ async def test_64_requests_on_a_queue_of_8(small_queue_server: LiveServer) -> No
     assert scheduler.open_streams == 0
 
 
-async def test_a_client_that_hangs_up_stops_the_synthesis(server: LiveServer) -> None:
+@pytest.mark.parametrize("fmt", ["MP3", "WAV"])
+async def test_a_client_that_hangs_up_stops_the_synthesis(server: LiveServer, fmt: str) -> None:
+    """MP3 is streamed: the device walks away after the first sentence came. A WAV answer is whole
+    before it starts: the device walks away while it is being made (after its first sentence)."""
     tts = server.app[TTS]
     voice = await tts.voice(None)
     scheduler = (await tts.load(voice)).scheduler
@@ -331,9 +344,14 @@ async def test_a_client_that_hangs_up_stops_the_synthesis(server: LiveServer) ->
     long_text = " ".join(f"Here is sentence number {n} of a very long answer." for n in range(1, 21))
     done_before = scheduler.sentences_done
     reader, writer = await asyncio.open_connection(server.host, server.port)
-    writer.write(f"GET /api/tts?nocache=1&text={quote(long_text)} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    writer.write(f"GET /api/tts?nocache=1&format={fmt}&text={quote(long_text)} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     await writer.drain()
-    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=60)).startswith(b"HTTP/1.1 200")
+    if fmt == "WAV":
+        async with asyncio.timeout(60):
+            while scheduler.sentences_done == done_before:
+                await asyncio.sleep(0.02)
+    else:
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=60)).startswith(b"HTTP/1.1 200")
     writer.transport.abort()  # the device walks away after the first sentence
     async with asyncio.timeout(10):
         while scheduler.open_streams:

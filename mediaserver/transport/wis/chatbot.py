@@ -90,7 +90,7 @@ async def chatbot_tts_handler(request: web.Request) -> web.StreamResponse:
     answer = completion.text.strip() or "I have no answer to that."
     spoken = SpeechRequest(answer[: settings.tts_max_input_chars], voice, SynthesisParams(), fmt)
     headers = {"X-Response": quote(answer, safe=" ,.?!'")}
-    return await respond_with_speech(request, spoken, cache=False, headers=headers)
+    return await respond_with_speech(request, spoken, cache=False, whole_wav=True, headers=headers)
 
 
 async def _answer_questions(

@@ -72,7 +72,9 @@ async def tts_handler(request: web.Request) -> web.StreamResponse:
     speaker = query.get("speaker") or query.get("voice")
     voice = await tts.voice(speaker, language=query.get("language") or None)
     spoken = SpeechRequest(text, voice, SynthesisParams(speed=speed), fmt)
-    return await respond_with_speech(request, spoken, nocache=_nocache(query.get("nocache")), cache_header=CACHE_HEADER)
+    return await respond_with_speech(
+        request, spoken, nocache=_nocache(query.get("nocache")), cache_header=CACHE_HEADER, whole_wav=True
+    )
 
 
 async def speaker_handler(request: web.Request) -> web.Response:
@@ -129,7 +131,7 @@ async def sts_handler(request: web.Request) -> web.StreamResponse:
         body = encode_all(b"", fmt, output_rate(fmt, voice.sample_rate_hz))
         return web.Response(body=body, content_type=fmt.content_type, headers=headers)
     spoken = SpeechRequest(text, voice, SynthesisParams(speed=speed), fmt)
-    return await respond_with_speech(request, spoken, cache=False, headers=headers)
+    return await respond_with_speech(request, spoken, cache=False, whole_wav=True, headers=headers)
 
 
 def add_routes(app: web.Application) -> None:

@@ -271,13 +271,26 @@ async def test_health_says_the_llm_is_on(server: Any) -> None:
 
 
 async def test_metrics_count_llm_tokens(client: openai.AsyncOpenAI, server: Any) -> None:
-    await client.chat.completions.create(model="gpt-4o-mini", messages=COLORS, temperature=0, max_tokens=20)
-    async with aiohttp.ClientSession() as session, session.get(f"{server.url}/metrics") as resp:
-        text = await resp.text()
+    """The token counters move by exactly the request's ``usage``."""
+
+    async def metrics() -> str:
+        async with aiohttp.ClientSession() as session, session.get(f"{server.url}/metrics") as resp:
+            return await resp.text()
+
+    def sample(text: str, name: str) -> float:
+        line = next((line for line in text.splitlines() if line.startswith(name + " ")), None)
+        return float(line.split()[-1]) if line is not None else 0.0
+
+    prompt = 'mediaserver_llm_prompt_tokens_total{model="smollm2-135m-instruct"}'
+    completion = 'mediaserver_llm_completion_tokens_total{model="smollm2-135m-instruct"}'
+    before = await metrics()
+    result = await client.chat.completions.create(model="gpt-4o-mini", messages=COLORS, temperature=0, max_tokens=20)
+    text = await metrics()
+    assert result.usage is not None
+    assert sample(text, prompt) - sample(before, prompt) == result.usage.prompt_tokens > 0
+    assert sample(text, completion) - sample(before, completion) == result.usage.completion_tokens > 0
     for name in (
         'mediaserver_llm_requests_total{backend="llama.cpp",model="smollm2-135m-instruct",outcome="ok"}',
-        'mediaserver_llm_prompt_tokens_total{model="smollm2-135m-instruct"}',
-        'mediaserver_llm_completion_tokens_total{model="smollm2-135m-instruct"}',
         "mediaserver_llm_time_to_first_token_seconds_count",
         "mediaserver_llm_tokens_per_second_count",
     ):

@@ -99,20 +99,30 @@ async def test_sse_stream_format(server: LiveServer) -> None:
 
 
 async def test_voice_object_our_voice_names_and_model_names(server: LiveServer) -> None:
+    """Every spelling of the voice (a voice object, its name, an OpenAI alias) under every model name
+    speaks the one installed voice, and ``speed`` is applied: 1.5 is about two thirds as long."""
     client = client_for(server)
+    text = "Turn on the kitchen lights and close the garage door."
+    durations: dict[tuple[str, float], float] = {}
     for model, voice in (("tts-1-hd", {"id": "en_US-joe-medium"}), ("piper", "en_US-joe-medium"), ("tts-1", "echo")):
-        response = await client.audio.speech.create(
-            model=model,
-            voice=voice,  # type: ignore[arg-type]
-            input="Okay.",
-            response_format="wav",
-            speed=1.5,
-        )
-        assert response.content[:4] == b"RIFF"
-        # One sentence, whole before its header: the sizes are real, as Python's wave reads them.
-        with wave.open(io.BytesIO(response.content)) as reader:
-            frames = len(reader.readframes(1 << 31)) // 2
-            assert reader.getnframes() == frames == (len(response.content) - 44) // 2 > 0
+        for speed in (1.0, 1.5):
+            response = await client.audio.speech.create(
+                model=model,
+                voice=voice,  # type: ignore[arg-type]
+                input=text,
+                response_format="wav",
+                speed=speed,
+            )
+            assert response.content[:4] == b"RIFF"
+            # One sentence, whole before its header: the sizes are real, as Python's wave reads them.
+            with wave.open(io.BytesIO(response.content)) as reader:
+                frames = len(reader.readframes(1 << 31)) // 2
+                assert reader.getnframes() == frames == (len(response.content) - 44) // 2 > 0
+                durations[(model, speed)] = frames / reader.getframerate()
+    normal = [durations[(model, 1.0)] for model in ("tts-1-hd", "piper", "tts-1")]
+    assert max(normal) / min(normal) < 1.15, durations  # one voice (Piper's noise varies a take a little)
+    for model in ("tts-1-hd", "piper", "tts-1"):
+        assert 0.55 < durations[(model, 1.5)] / durations[(model, 1.0)] < 0.8, durations
 
 
 @pytest.mark.parametrize(

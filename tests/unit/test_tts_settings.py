@@ -1,6 +1,6 @@
 """TTS settings at non-default values, with the real Piper voice: the default voice and the aliases,
 voice downloads' timeout and size limit, sentence length, the speed range, how many voices stay
-loaded and the response cache's entry size."""
+loaded, the response cache's entry and total size, and a voice's workers and ONNX Runtime threads."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from mediaserver.llm.tools import ToolCall, ToolConfig, ToolSpec
 from mediaserver.llm.types import ChatMessage
 from mediaserver.metrics import Metrics
 from mediaserver.tts.service import TtsService
+from mediaserver.tts.text import SentenceSplitter
 
 RATE = 16000
 FRAME = RATE // 50  # 20 ms
@@ -166,13 +168,13 @@ async def emit_nothing(event: SessionEvent) -> None:
     pass
 
 
-async def first_error(**settings: object) -> AssistantError:
+async def first_error(tts_class: type[TtsService] = TtsService, **settings: object) -> AssistantError:
     """The error of one answered turn of an assistant built from ``settings`` with the real LLM and
     TTS services, unstarted: no engine can start (``llm_engine_binary`` names nothing), so a turn
     that reaches its generation fails at the LLM stage."""
     config = Settings(_env_file=None, llm_engine_binary=Path("/nonexistent/llama-server"), **settings)  # type: ignore[arg-type]
     llm = LlmService(config, Metrics())
-    tts = TtsService(config, Metrics())
+    tts = tts_class(config, Metrics())
     errors: list[AssistantError] = []
     got = asyncio.Event()
 
@@ -208,3 +210,20 @@ async def test_unspoken_answers_never_look_up_a_voice() -> None:
     engine can start), never to the voice it would have failed on."""
     error = await first_error(assistant_speak=False, assistant_voice="nobody")
     assert (error.stage, error.code) == ("llm", "model_unavailable") and "nobody" not in error.message
+
+
+async def test_assistant_first_clause_words_is_how_soon_an_answer_speaks_its_first_clause() -> None:
+    """The answer's speech is opened with the setting (the turn then fails at the LLM, which cannot
+    start here), and that is what cuts the first clause: at 2 words "Well sure," is spoken on its
+    own at once; at the default 4 the splitter waits for the sentence."""
+    opened: list[int] = []
+
+    class Recording(TtsService):
+        def open(self, *args: Any, **kwargs: Any) -> Any:
+            opened.append(kwargs["first_clause_words"])
+            return super().open(*args, **kwargs)
+
+    error = await first_error(Recording, assistant_first_clause_words=2)
+    assert error.stage == "llm" and opened == [2]
+    assert SentenceSplitter(first_clause_words=2).push("Well sure, I can do") == ["Well sure,"]
+    assert SentenceSplitter(first_clause_words=4).push("Well sure, I can do") == []

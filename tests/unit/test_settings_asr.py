@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 
+from mediaserver.asr.batching import Window
 from mediaserver.asr.engine import AsrJob, WhisperEngine
 from mediaserver.asr.models import ModelRegistry, bundled_tiny_en_dir
 from mediaserver.asr.service import AsrService
@@ -151,3 +154,123 @@ async def test_asr_replicas_runs_two_batches_at_once(base_settings: Settings) ->
         results = await asyncio.gather(*(asr.transcribe(kitchen(), OPTIONS) for _ in range(2)))
     assert all("kitchen" in r.text.lower() for r in results)
     assert most == 2
+
+
+# --- the scheduler: how long a batch collects -------------------------------------------------------
+
+
+async def seconds_to_the_engine(asr: AsrService) -> float:
+    """Seconds from a lone job's submission to its batch reaching the engine (a spy on the
+    scheduler's call into the engine): how long the scheduler collected before closing the batch."""
+    scheduler = (await asr.get_model("tiny.en")).scheduler
+    real = scheduler._batch_fn
+    assert real is not None
+    reached: list[float] = []
+
+    def spy(jobs: Any, backlog: int) -> Any:
+        reached.append(time.monotonic())
+        return real(jobs, backlog)
+
+    scheduler._batch_fn = spy
+    submitted = time.monotonic()
+    await asr.transcribe(silence(1.0), OPTIONS)
+    assert len(reached) == 1
+    return reached[0] - submitted
+
+
+async def test_asr_max_wait_ms_keeps_a_lone_jobs_batch_open_that_long(base_settings: Settings) -> None:
+    async with service(base_settings, asr_max_wait_ms=400) as asr:
+        waited = await seconds_to_the_engine(asr)
+    assert waited >= 0.4, waited  # the default (5 ms, at most the 50 ms collect) sends it at once
+
+
+async def test_asr_max_collect_ms_lets_a_batch_collect_while_jobs_keep_coming(base_settings: Settings) -> None:
+    """A job every 150 ms, each within the 800 ms wait of the last: a 5 s collect limit gathers all
+    ten into one batch. At the default (50 ms, raised to the wait) the batch closes 800 ms after
+    its first job, with about six."""
+    sizes: list[int] = []
+    settings = {"asr_max_wait_ms": 800, "asr_max_collect_ms": 5000, "asr_max_batch": 64}
+    async with service(base_settings, **settings) as asr:
+        scheduler = (await asr.get_model("tiny.en")).scheduler
+        real = scheduler._batch_fn
+        assert real is not None
+
+        def spy(jobs: Any, backlog: int) -> Any:
+            sizes.append(len(jobs))
+            return real(jobs, backlog)
+
+        scheduler._batch_fn = spy
+        jobs = []
+        for _ in range(10):  # the arrivals are paced (a client's rate), nothing waits on the sleep
+            jobs.append(asyncio.ensure_future(asr.transcribe(silence(0.5), OPTIONS)))
+            await asyncio.sleep(0.15)
+        await asyncio.gather(*jobs)
+    assert sizes == [10], sizes
+
+
+# --- packing short jobs into shared windows ------------------------------------------------------------
+
+
+async def decode_together(asr: AsrService, backlog: int = 0) -> tuple[WhisperEngine, list[Window]]:
+    """Three commands in one engine batch with ``backlog`` more said to wait: the windows decoded."""
+    engine = await engine_of(asr)
+    seen: list[Window] = []
+    real_run = engine._decoder._run
+
+    def spy(windows: Any) -> Any:
+        seen.extend(windows)
+        return real_run(windows)
+
+    engine._decoder._run = spy  # type: ignore[method-assign]
+    jobs = [AsrJob(synthesize(SENTENCES[k]).audio16k.astype(np.float32), OPTIONS) for k in PACKED]
+    results = await asyncio.to_thread(engine.transcribe_batch, jobs, backlog)
+    assert all(isinstance(r, Transcript) and r.text for r in results), results
+    engine._decoder._run = real_run  # type: ignore[method-assign]
+    return engine, seen
+
+
+PACKED = ("kitchen", "weather", "music")
+
+
+async def test_asr_pack_min_waiting_and_gap_s_pack_three_jobs_with_the_gap_between(base_settings: Settings) -> None:
+    """Three jobs: the default min_waiting (asr_max_batch + 1 = 9) decodes each alone; at 2 they
+    share a window, each 3 s of silence from the next (the default gap: 1 s)."""
+    async with service(base_settings, asr_pack_min_waiting=2, asr_pack_gap_s=3.0) as asr:
+        _, windows = await decode_together(asr)
+    members = windows[0].members
+    assert len(members) == 3, [len(w.members) for w in windows]
+    gaps = [b.window_start_s - a.window_end_s for a, b in itertools.pairwise(members)]
+    assert all(abs(gap - 3.0) < 0.01 for gap in gaps), gaps
+
+
+async def test_asr_pack_max_job_s_decodes_longer_jobs_alone(base_settings: Settings) -> None:
+    async with service(base_settings, asr_pack_min_waiting=2, asr_pack_max_job_s=1.0) as asr:
+        engine, windows = await decode_together(asr)
+    # Every command is over 1 s: none is packed (the default 10 s packs all three).
+    assert not any(w.packed for w in windows) and engine.counters["jobs_alone"] == 3
+
+
+async def test_asr_pack_max_window_s_caps_the_packed_audio(base_settings: Settings) -> None:
+    durations = sorted(synthesize(SENTENCES[k]).audio16k.size / SAMPLE_RATE_HZ for k in PACKED)
+    # Room for the two shortest and the gap between them, not for the third (the default 24 s holds all).
+    limit = durations[0] + durations[1] + 1.0 + 0.9
+    async with service(base_settings, asr_pack_min_waiting=2, asr_pack_max_window_s=limit) as asr:
+        _, windows = await decode_together(asr)
+    packed = [w for w in windows if w.packed]
+    assert [len(w.members) for w in packed] == [2], [len(w.members) for w in windows]
+    assert packed[0].duration_s <= limit
+
+
+async def test_asr_pack_min_saving_s_packs_only_when_the_encoder_time_saved_is_worth_it(
+    base_settings: Settings,
+) -> None:
+    """With the encoder measured at 1 s a window: three jobs save 3 s, under a 5 s minimum (the
+    default 1 s packs them); six waiting (three here, three queued) save 6 s and are packed."""
+    async with service(base_settings, asr_pack_min_waiting=2, asr_pack_min_saving_s=5.0) as asr:
+        engine = await engine_of(asr)
+        engine.packing_policy.encode_s_per_window = 1.0  # as measured (a real one varies with the machine)
+        _, alone = await decode_together(asr)
+        engine.packing_policy.encode_s_per_window = 1.0
+        _, packed = await decode_together(asr, backlog=3)
+    assert not any(w.packed for w in alone)
+    assert [len(w.members) for w in packed if w.packed] == [3], [len(w.members) for w in packed]

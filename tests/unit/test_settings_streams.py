@@ -9,7 +9,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -20,7 +20,14 @@ from mediaserver.asr.service import AsrService
 from mediaserver.audio.noise import new_filter, parse_level
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
-from mediaserver.events import SAMPLE_RATE_HZ, SpeechStopped, TranscriptionOptions
+from mediaserver.events import (
+    SAMPLE_RATE_HZ,
+    FinalTranscript,
+    SpeechStarted,
+    SpeechStopped,
+    TranscriptionOptions,
+    TurnDecided,
+)
 from mediaserver.metrics import Metrics
 from mediaserver.session_registry import SessionRegistry
 from mediaserver.state import SETTINGS
@@ -107,6 +114,58 @@ def test_wake_refractory_s_reports_a_word_said_again_within_it_once() -> None:
         gate.close()
 
 
+# --- the streams' VAD segmenter --------------------------------------------------------------------
+
+
+async def stream_events(asr_service: AsrService, settings: Settings, audio: np.ndarray) -> Recorder:
+    """The events of a server-VAD stream (silence detection) fed ``audio``."""
+    recorder = Recorder()
+    options = StreamOptions(
+        transcription=TranscriptionOptions(language="en", with_segment_timestamps=False), server_vad=True
+    )
+    session = StreamSession(asr_service, settings, recorder, options)
+    try:
+        await feed(session, audio)
+    finally:
+        await session.aclose()
+    return recorder
+
+
+async def test_stream_vad_preroll_ms_starts_the_utterance_that_much_earlier(
+    asr_service: AsrService, base_settings: Settings
+) -> None:
+    """Only the start of a command (its first second, no end): where the utterance is said to begin."""
+    audio = np.concatenate([silence(1.5), synthesize("Turn on the kitchen lights").audio16k[:SAMPLE_RATE_HZ]])
+    starts = []
+    for preroll_ms in (150, 900):  # the default, and more
+        settings = base_settings.model_copy(update={"stream_vad_preroll_ms": preroll_ms})
+        started = (await stream_events(asr_service, settings, audio)).of(SpeechStarted)
+        assert len(started) == 1, started
+        starts.append(started[0].audio_start_ms)
+    assert abs(starts[0] - starts[1] - 750) <= 40, starts
+
+
+async def test_stream_min_speech_ms_discards_a_shorter_utterance(
+    asr_service: AsrService, base_settings: Settings
+) -> None:
+    audio = np.concatenate([silence(0.5), synthesize("Turn on the kitchen lights.").audio16k, silence(1.0)])
+    settings = base_settings.model_copy(update={"stream_min_speech_ms": 5000})  # the command: about 2 s
+    recorder = await stream_events(asr_service, settings, audio)
+    assert [e.discarded for e in recorder.of(SpeechStopped)] == [True]  # the default (200 ms) keeps it
+    assert recorder.of(FinalTranscript) == []
+
+
+async def test_stream_max_utterance_s_cuts_a_longer_utterance(asr_service: AsrService, base_settings: Settings) -> None:
+    clip = synthesize("Turn on the kitchen lights and close the garage door.").audio16k
+    audio = np.concatenate([silence(0.5), clip, silence(1.0)])
+    settings = base_settings.model_copy(update={"stream_max_utterance_s": 1.5})
+    recorder = await stream_events(asr_service, settings, audio)
+    started, stopped = recorder.of(SpeechStarted), recorder.of(SpeechStopped)
+    assert clip.size / SAMPLE_RATE_HZ > 2.0 and len(started) >= 2 and len(stopped) >= 2, recorder.events
+    # The first utterance ends at 1.5 s however the speech goes on (the default 28 s takes it whole).
+    assert stopped[0].audio_end_ms - started[0].audio_start_ms <= 1500, (started, stopped)
+
+
 # --- sessions ------------------------------------------------------------------------------------
 
 
@@ -151,6 +210,12 @@ async def test_turn_batch_max_caps_the_pauses_scored_together() -> None:
     clips = [np.concatenate([synthesize(text).audio16k.astype(np.float32), pause]) for text in ("So, um,", "and then")]
     scores = await asyncio.gather(*(model.score(clip) for clip in clips * 3))
     assert max(score.batch for score in scores) == 2  # the default (8) scores all six together
+
+
+async def test_turn_threads_are_the_turn_models_onnx_runtime_threads() -> None:
+    model = await asyncio.to_thread(load_shared, Settings(_env_file=None, turn_threads=3))
+    assert model is not None
+    assert model._session.get_session_options().intra_op_num_threads == 3  # the default: 1
 
 
 async def unfinished_turn_ends_after(
@@ -207,3 +272,61 @@ def test_realtime_prefix_padding_ms_is_the_padding_of_sessions_that_set_none() -
     assert TurnDetection().segmenter(settings).preroll_ms == 120  # the default: 300
     assert TurnDetection().describe(settings)["prefix_padding_ms"] == 120
     assert TurnDetection(prefix_padding_ms=40).segmenter(settings).preroll_ms == 40  # a session's own wins
+
+
+async def test_turn_wait_medium_ms_is_the_cap_of_medium_sessions(
+    asr_service: AsrService, base_settings: Settings, turn_model: TurnModel
+) -> None:
+    settings = base_settings.model_copy(update={"turn_wait_medium_ms": 1200})
+    waited = await unfinished_turn_ends_after(asr_service, settings, turn_model, silence_s=3.0, eagerness="medium")
+    assert waited is not None and 900 <= waited <= 2000, waited  # the default (4 s) has not ended it yet
+
+
+async def semantic_pause(
+    asr_service: AsrService, settings: Settings, turn_model: TurnModel
+) -> tuple[Recorder, list[int]]:
+    """A semantic stream fed an unfinished turn and 1.5 s of silence: its events, and the pause's
+    silence (ms) each time a final was started on it (a spy on the session's finals)."""
+    recorder = Recorder()
+    options = StreamOptions(
+        transcription=TranscriptionOptions(language="en", with_segment_timestamps=False),
+        server_vad=True,
+        turn_detection="semantic",
+        eagerness="low",
+    )
+    session = StreamSession(asr_service, settings, recorder, options, turn_model=turn_model)
+    finals_at: list[int] = []
+    real_start = session._finals.start
+
+    def start(audio: Any, name: str) -> Any:
+        finals_at.append(session._segmenter.silence_ms)
+        return real_start(audio, name)
+
+    session._finals.start = start  # type: ignore[method-assign]
+    try:
+        assert session.semantic_turns
+        speech = synthesize("I want to go to the").audio16k.astype(np.float32)
+        await feed(session, np.concatenate([silence(0.5), speech, silence(1.5)]))
+        async with asyncio.timeout(30.0):
+            while not recorder.of(TurnDecided):  # the model's answer on the pause
+                await asyncio.sleep(0.01)
+    finally:
+        await session.aclose()
+    return recorder, finals_at
+
+
+async def test_turn_candidate_silence_ms_is_the_pause_the_turn_model_scores(
+    asr_service: AsrService, base_settings: Settings, turn_model: TurnModel
+) -> None:
+    settings = base_settings.model_copy(update={"turn_candidate_silence_ms": 700})
+    recorder, _ = await semantic_pause(asr_service, settings, turn_model)
+    decided = recorder.of(TurnDecided)
+    assert 700 <= decided[0].silence_ms < 800, decided  # the default: 200 ms
+
+
+async def test_turn_final_silence_ms_is_the_pause_the_final_starts_at(
+    asr_service: AsrService, base_settings: Settings, turn_model: TurnModel
+) -> None:
+    settings = base_settings.model_copy(update={"turn_final_silence_ms": 150})
+    _, finals_at = await semantic_pause(asr_service, settings, turn_model)
+    assert finals_at and 150 <= finals_at[0] < 200, finals_at  # the default: 30 ms

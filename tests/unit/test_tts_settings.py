@@ -1,12 +1,13 @@
 """TTS settings at non-default values, with the real Piper voice: the default voice and the aliases,
 voice downloads' timeout and size limit, sentence length, the speed range, how many voices stay
-loaded and the response cache's entry size."""
+loaded, the response cache's entry and total size, and a voice's workers and ONNX Runtime threads."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import shutil
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,9 +19,11 @@ from aiohttp import web
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.metrics import Metrics
+from mediaserver.tts.engine import load_engine
+from mediaserver.tts.piper_engine import PiperEngine
 from mediaserver.tts.service import TtsService
 from mediaserver.tts.text import split_sentences
-from mediaserver.tts.types import SynthesisParams
+from mediaserver.tts.types import Pcm16, SynthesisParams
 from mediaserver.tts.voices import UnknownVoice, VoiceRegistry, bundled_voices, tts_unavailable
 
 BUNDLED = "en_US-joe-medium"
@@ -236,3 +239,59 @@ def test_responses_over_the_entry_limit_are_not_cached(tuned: TtsService) -> Non
     assert not tuned.cache.put("over", b"x" * 1001, "audio/wav")  # the default 8 MiB would keep it
     assert tuned.cache.put("under", b"x" * 1000, "audio/wav")
     assert tuned.cache.get("under") == (b"x" * 1000, "audio/wav") and tuned.cache.get("over") is None
+
+
+def test_the_response_cache_keeps_at_most_tts_cache_max_bytes(voices_dir: Path) -> None:
+    cache = TtsService(settings(voices_dir, tts_cache_max_bytes=3000), Metrics()).cache
+    for key in ("first", "second", "third", "fourth"):
+        assert cache.put(key, b"x" * 1000, "audio/wav")
+    # The oldest went to make room (the default 64 MiB keeps all four).
+    assert cache.size_bytes == 3000 and cache.get("first") is None and cache.get("fourth") is not None
+
+
+def test_tts_onnx_threads_are_the_voices_onnx_runtime_threads(voices_dir: Path) -> None:
+    config = settings(voices_dir, tts_onnx_threads=3)
+    engine = load_engine(bundled_voices()[0], config)
+    assert isinstance(engine, PiperEngine)
+    options = engine._voice.session.get_session_options()
+    assert options.intra_op_num_threads == 3  # the default (0) leaves ONNX Runtime one per core
+
+
+async def test_tts_workers_per_voice_synthesizes_two_sentences_at_once(voices_dir: Path) -> None:
+    """Three sentences of one request: the first runs alone (it is the first audio), then the next
+    two are synthesized together by two workers, which one worker (the default) never does."""
+    service = TtsService(settings(voices_dir, tts_workers_per_voice=2), Metrics())
+    await service.start()
+    lock = threading.Lock()
+    both = threading.Event()
+    calls = inside = most = 0
+    try:
+        voice = await service.voice(None)
+        engine = (await service.load(voice)).engine
+        real = engine.synthesize
+
+        def synthesize(sentence: str, params: SynthesisParams) -> Pcm16:
+            nonlocal calls, inside, most
+            with lock:
+                calls += 1
+                first = calls == 1
+                inside += 1
+                most = max(most, inside)
+                if inside == 2:
+                    both.set()
+            if not first:
+                both.wait(timeout=10.0)
+            try:
+                return real(sentence, params)
+            finally:
+                with lock:
+                    inside -= 1
+
+        engine.synthesize = synthesize  # type: ignore[method-assign]
+        async with service.open(voice, SynthesisParams()) as speech:
+            speech.feed("The first one. The second one. The third one.")
+            speech.end()
+            spoken = [chunk.sentence async for chunk in speech if chunk.pcm]
+    finally:
+        await service.aclose()
+    assert len(spoken) == 3 and most == 2, (spoken, most)

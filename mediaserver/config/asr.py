@@ -125,7 +125,12 @@ class AsrSettings(BaseModel):
     # --- ASR scheduler -------------------------------------------------------------------------
     asr_max_batch: int = Field(8, ge=1)
     asr_max_wait_ms: float = Field(5.0, ge=0, description="close a batch when no job arrived for this long")
-    asr_max_collect_ms: float = Field(50.0, ge=0, description="close a batch after collecting this long in all")
+    asr_max_collect_ms: float = Field(
+        50.0,
+        ge=0,
+        description="close a batch after collecting this long in all; below asr_max_wait_ms it acts as that (a "
+        "lone job always waits asr_max_wait_ms)",
+    )
     asr_max_queue: int = Field(64, ge=1)
     asr_request_timeout_s: float = Field(300.0, gt=0)
     asr_batching: bool = True

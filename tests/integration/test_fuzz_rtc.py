@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from mediaserver.state import SESSIONS
+from mediaserver.state import ASR, SESSIONS
 from tests.conftest import LiveServer
 from tests.faults import eventually, open_fds, server_errors
 from tests.fuzzgen import control_messages, sdp_fixtures, sdp_mutations, sdp_sweeps
@@ -150,14 +150,16 @@ async def test_data_channel_control_fuzz(fuzz_server: LiveServer, caplog: pytest
         session_ids = set(fuzz_server.app[SESSIONS].ids())
         for message in messages:
             peer.channel.send(message)
-        await asyncio.sleep(0.5)
-        peer.send("ping", message="still here")
         received: list[dict[str, Any]] = []
-        while not (received and received[-1]["type"] == "pong" and received[-1]["message"] == "still here"):
-            received.append(await peer.next(timeout=30))
-        await asyncio.sleep(1.0)  # and whatever the last messages still cause
-        while not peer.messages.empty():
-            received.append(peer.messages.get_nowait())
+        # The channel is ordered: every message was handled once the ping's pong is back. What they
+        # started in the background (transcripts) is sent before the ASR is idle again; a second
+        # ping's pong then comes after all of it.
+        for marker in ("still here", "and done"):
+            if marker == "and done":
+                await eventually(lambda: fuzz_server.app[ASR].open_jobs() == 0, 60)
+            peer.send("ping", message=marker)
+            while not (received and received[-1]["type"] == "pong" and received[-1]["message"] == marker):
+                received.append(await peer.next(timeout=30))
         assert session_ids <= set(fuzz_server.app[SESSIONS].ids())  # the session survived all of it
     finally:
         await peer.close()

@@ -213,6 +213,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     started = time.perf_counter()
     status = 500
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    in_flight = request.app[METRICS].requests_in_flight.labels(route)
+    in_flight.inc()
     try:
         response = await handler(request)
         status = response.status
@@ -229,7 +232,7 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
             log.info("%s %s: the client closed the connection before the answer", request.method, request.path)
         raise
     finally:
-        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        in_flight.dec()
         request.app[METRICS].requests.labels(route, str(status)).inc()
         log.debug(
             "%s %s -> %d in %.1f ms",

@@ -15,6 +15,12 @@ __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.requests_in_flight = Gauge(
+            "mediaserver_requests_in_flight",
+            "HTTP requests being handled now, by route (a WebSocket counts while it is open)",
+            ["route"],
+            registry=self.registry,
+        )
         self.requests = Counter(
             "mediaserver_requests",
             "HTTP requests by route and status",

@@ -91,6 +91,16 @@ async def requests_with_status(url: str, status: int) -> float:
     )
 
 
+async def in_flight(url: str, route: str) -> float:
+    """HTTP requests to ``route`` the server is handling now (``mediaserver_requests_in_flight``)."""
+    samples = await metric_samples(url)
+    return sum(
+        value
+        for (name, labels), value in samples.items()
+        if name == "mediaserver_requests_in_flight" and dict(labels).get("route") == route
+    )
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 

@@ -21,6 +21,7 @@ from mediaserver.state import SESSIONS
 from tests.conftest import SENTENCES, Clip, LiveServer
 from tests.faults import (
     eventually,
+    in_flight,
     open_fds,
     raw_exchange,
     requests_with_status,
@@ -220,7 +221,9 @@ async def test_a_client_hanging_up_mid_upload_is_a_499_and_one_info_line(
     _reader, writer = await asyncio.open_connection(server.host, server.port)
     writer.write(head + part)
     await writer.drain()
-    await asyncio.sleep(0.2)
+    async with asyncio.timeout(30):  # the handler is reading the body
+        while await in_flight(server.url, path) < 1:
+            await asyncio.sleep(0.02)
     writer.transport.abort()  # gone, mid-body
     async with asyncio.timeout(2):  # "cleaned up in < 2 s"
         while await requests_with_status(server.url, 499) < before + 1:

@@ -253,3 +253,34 @@ async def connect_call(
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
     await asyncio.wait_for(opened.wait(), timeout=15)
     return peer, location
+
+
+# aiortc's audio receiver holds this many frames before passing the oldest on: the last frames of an
+# answer stay in the client's jitter buffer until more arrive (rtcrtpreceiver.py, JitterBuffer).
+CLIENT_JITTER_HOLD = 4
+
+
+def answer_frames_sent(app: Any) -> int:
+    """Frames the server's answer tracks (``AssistantAudioTrack``) have sent, over all sessions."""
+    from mediaserver.state import SESSIONS
+    from mediaserver.transport.rtc_peer.audio import AssistantAudioTrack
+
+    total = 0
+    for session_id in app[SESSIONS].ids():
+        pc = getattr(getattr(app[SESSIONS].get(session_id), "peer", None), "pc", None)
+        for sender in pc.getSenders() if pc is not None else ():
+            if isinstance(sender.track, AssistantAudioTrack):
+                total += sender.track.frames_sent
+    return total
+
+
+async def answer_frames_arrived(peer: Peer, app: Any, timeout_s: float = 15.0) -> None:
+    """Wait until ``peer`` has received the frames the server sent (all but those aiortc's jitter
+    buffer keeps): the last frames in flight, waited for rather than slept for."""
+    started = time.monotonic()
+    while len(peer.received) < answer_frames_sent(app) - CLIENT_JITTER_HOLD:
+        if time.monotonic() - started > timeout_s:
+            raise AssertionError(
+                f"{len(peer.received)} answer frames arrived of {answer_frames_sent(app)} sent in {timeout_s:g} s"
+            )
+        await asyncio.sleep(0.02)

@@ -34,7 +34,7 @@ from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
 from tests.faults import metrics_text, session_tasks
 from tests.integration.test_voice_loop import llm_busy, transcribe
-from tests.rtc_peer import Peer, connect
+from tests.rtc_peer import Peer, answer_frames_arrived, connect
 
 ROOT = Path(__file__).resolve().parents[2]
 COLORS = ["red", "green", "blue", "yellow", "white", "black"]
@@ -107,7 +107,7 @@ async def test_the_page_runs_its_tool_and_the_answer_is_spoken(
         assert stopped["obj"]["interrupted"] is False
         kinds = [m["type"] for m in got]
         assert kinds.index("assistant_tool_result") < kinds.index("assistant_audio_started"), kinds
-        await asyncio.sleep(0.5)  # the last frames in flight
+        await answer_frames_arrived(peer, tools_server.app)  # the last frames in flight
         audio = peer.received_audio(since=mark - 1.0)
         assert len(audio) > 48000 // 2, len(audio)  # the answer after the call was spoken
         answer = next(m["obj"]["full"] for m in got if m["type"] == "assistant" and m["obj"]["final"])

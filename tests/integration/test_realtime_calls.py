@@ -20,7 +20,7 @@ from tests.conftest import Clip, LiveServer
 from tests.faults import tasks_ended
 from tests.integration.test_realtime_conversation import GA_EVENTS
 from tests.integration.test_voice_loop import ANSWER_WORD, LONG_QUESTION, QUESTION, VOICE_SETTINGS, llm_busy, transcribe
-from tests.rtc_peer import Peer, connect_call
+from tests.rtc_peer import Peer, answer_frames_arrived, connect_call
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -81,7 +81,7 @@ async def test_call_answers_on_the_track_and_events_on_the_channel(
         assert done["status"] in ("completed", "incomplete"), done
         transcript = done["output"][0]["content"][0]["transcript"]
         assert ANSWER_WORD in transcript.lower(), transcript
-        await asyncio.sleep(0.5)  # the last frames in flight
+        await answer_frames_arrived(peer, call_server.app)  # the last frames in flight
         heard = await transcribe(asr_service, peer.received_audio(), 48000)
         assert wer(transcript, heard) <= 0.2, (transcript, heard)
 

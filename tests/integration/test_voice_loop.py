@@ -27,7 +27,7 @@ from mediaserver.tts.service import TtsService
 from tests.conftest import Clip, LiveServer
 from tests.faults import session_tasks
 from tests.llm_engine import busy_slots
-from tests.rtc_peer import Peer, connect
+from tests.rtc_peer import Peer, answer_frames_arrived, connect
 
 # SmolLM2-135M (greedy, with its default repetition controls) answers this in plain English that the
 # server's ASR hears back ("Cows, being herbivores, primarily consume grass and other vegetation for
@@ -111,7 +111,7 @@ async def test_rtc_answer_is_spoken_on_the_track_and_the_track_idles(
         assert kinds.index("infer") < kinds.index("assistant") < kinds.index("assistant_audio_started")
         answer = answer_text(messages)
         assert ANSWER_WORD in answer.lower(), answer
-        await asyncio.sleep(0.5)  # the last frames in flight
+        await answer_frames_arrived(peer, voice_server.app)  # the last frames in flight
         heard = await transcribe(asr_service, peer.received_audio(), 48000)
         assert wer(answer, heard) <= 0.15, (answer, heard)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ import av  # noqa: F401  (loads libavutil, which is then looked up among the loa
 log = logging.getLogger(__name__)
 
 
+@functools.cache  # one library per process: create_app calls this for every app
 def _loaded_libavutil() -> str | None:
     """The path of the libavutil this process loaded (Linux: /proc/self/maps), else the system's."""
     maps = Path("/proc/self/maps")

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -94,6 +95,18 @@ def test_voice_aliases_replace_the_built_in_ones(voices_dir: Path) -> None:
 # --- downloads ---------------------------------------------------------------------------------------
 
 
+def mirror_registry(voices_dir: Path, port: int, **settings: Any) -> VoiceRegistry:
+    """A voice registry that downloads from a mirror on loopback ``port`` into ``voices_dir``."""
+    return VoiceRegistry(
+        Settings(
+            _env_file=None,
+            tts_voices_dir=voices_dir,
+            tts_download_url=f"http://127.0.0.1:{port}/{{lang_code}}-{{voice_name}}-{{voice_quality}}{{extension}}",
+            **settings,
+        )
+    )
+
+
 async def test_a_download_that_stalls_ends_at_the_timeout(tmp_path: Path) -> None:
     """The voice server accepts and never answers (a stalled mirror, which no real one does on demand)."""
     stalled: list[asyncio.StreamWriter] = []
@@ -103,14 +116,7 @@ async def test_a_download_that_stalls_ends_at_the_timeout(tmp_path: Path) -> Non
 
     server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    registry = VoiceRegistry(
-        Settings(
-            _env_file=None,
-            tts_voices_dir=tmp_path,
-            tts_download_url=f"http://127.0.0.1:{port}/{{lang_code}}-{{voice_name}}-{{voice_quality}}{{extension}}",
-            tts_download_timeout_s=1.0,
-        )
-    )
+    registry = mirror_registry(tmp_path, port, tts_download_timeout_s=1.0)
     started = time.monotonic()
     try:
         with pytest.raises(UnknownVoice, match="timed out") as caught:
@@ -148,14 +154,7 @@ async def test_a_download_that_trickles_ends_at_the_timeout_too(tmp_path: Path) 
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    registry = VoiceRegistry(
-        Settings(
-            _env_file=None,
-            tts_voices_dir=tmp_path,
-            tts_download_url=f"http://127.0.0.1:{port}/{{lang_code}}-{{voice_name}}-{{voice_quality}}{{extension}}",
-            tts_download_timeout_s=1.0,
-        )
-    )
+    registry = mirror_registry(tmp_path, port, tts_download_timeout_s=1.0)
     try:
         with pytest.raises(UnknownVoice, match="timed out"):
             await asyncio.wait_for(registry.resolve_or_download("de_DE-thorsten-medium"), 60)
@@ -185,14 +184,7 @@ async def test_a_download_larger_than_the_limit_is_refused_and_removed(tmp_path:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    registry = VoiceRegistry(
-        Settings(
-            _env_file=None,
-            tts_voices_dir=tmp_path,
-            tts_download_url=f"http://127.0.0.1:{port}/{{lang_code}}-{{voice_name}}-{{voice_quality}}{{extension}}",
-            tts_download_max_bytes=1024 * 1024,
-        )
-    )
+    registry = mirror_registry(tmp_path, port, tts_download_max_bytes=1024 * 1024)
     try:
         with pytest.raises(UnknownVoice, match=r"larger than tts_download_max_bytes \(1048576\)"):
             await asyncio.wait_for(registry.resolve_or_download(COPY), 60)

@@ -35,6 +35,30 @@ from tests.wer import word_error_rate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
+
+def _dump_asyncio_tasks_on_timeout() -> None:
+    """pytest-timeout prints every thread's stack, but an async test that hangs sits in the event
+    loop's ``select``: the coroutines it waits on are what tell why. Print them first (CI's log keeps
+    the head of the output)."""
+    import pytest_timeout
+
+    threads_only = pytest_timeout.dump_stacks
+
+    def dump_stacks(terminal: Any) -> None:
+        loop = asyncio._get_running_loop()
+        if loop is not None:
+            for task in asyncio.all_tasks(loop):
+                terminal.sep("~", title=f"asyncio task {task.get_name()}")
+                buffer = io.StringIO()
+                task.print_stack(limit=12, file=buffer)
+                terminal.write(buffer.getvalue())
+        threads_only(terminal)
+
+    pytest_timeout.dump_stacks = dump_stacks
+
+
+_dump_asyncio_tasks_on_timeout()
+
 SENTENCES = {
     "kitchen": "Turn on the kitchen lights and close the garage door.",
     "weather": "What is the weather like in Paris this afternoon?",

@@ -126,6 +126,8 @@ class StreamSession:
         self._last_audio_at = time.monotonic()
         self._gap_filled_s = 0.0
         self._gap_task: asyncio.Task[None] | None = None
+        # Feeds under way: audio that came and waits (a pause being judged holds it) is not a gap.
+        self._feeding = 0
         self.last_activity = time.monotonic()
         self.samples_received = 0
         self.utterances = 0
@@ -186,7 +188,13 @@ class StreamSession:
                 self._recorded.append(samples)
                 self._ensure_partials()
             return
-        await self._segment(samples)
+        self._feeding += 1
+        try:
+            await self._segment(samples)
+        finally:
+            self._feeding -= 1
+            # The time a pause's judgement held this audio back was not a gap in the sender's audio.
+            self._last_audio_at = time.monotonic()
         if self._segmenter.in_speech:
             self._ensure_partials()
             self._ensure_gap_watch()
@@ -392,8 +400,8 @@ class StreamSession:
             while self.options.server_vad and self._segmenter.in_speech and not self._closed:
                 await asyncio.sleep(threshold_s / 2)
                 silent_for = time.monotonic() - self._last_audio_at
-                if silent_for <= threshold_s:
-                    continue
+                if silent_for <= threshold_s or self._feeding:
+                    continue  # audio came, or is being fed: a pause being judged holds it (``_segment``)
                 missing = int((silent_for - self._gap_filled_s) * SAMPLE_RATE_HZ)
                 if missing <= 0:
                     continue

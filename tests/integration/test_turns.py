@@ -119,10 +119,11 @@ def words(text: str) -> list[str]:
 
 COMPLETE = ["What is the capital of France?", "Turn off the lights in the bedroom.", "Remind me to buy milk."]
 # (before the pause, after it, the pause): the first part scores unfinished on Piper's reading.
-# Each pause is the silence between the words (``gap_for``). The segmenter hears the speech resume
-# 0.1-0.3 s late (its 3-of-5-frame trigger), and tiny.en writes "Remind me to buy." and "I'd like to
-# order a large pizza in." with a full stop: a pause after words that read finished ends the turn at
-# 600 ms of the segmenter's silence (turns/decision.py).
+# Each pause is the silence between the words (``gap_for``): the segmenter counts 270-330 ms of it
+# (one voiced frame ends its silence), so the first score (200 ms) decides and no rescore (500 ms)
+# comes. tiny.en writes "Remind me to buy." and "I'd like to order a large pizza in." with a full
+# stop: a pause after words that read finished ends the turn at 600 ms of the segmenter's silence
+# (turns/decision.py).
 PAUSED = [
     ("I'd like to order a large pizza and", "a bottle of water.", 0.3),
     ("Remind me to buy", "eggs and bread.", 0.3),
@@ -162,8 +163,8 @@ async def test_a_pause_mid_sentence_is_not_the_end(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], turn_model: TurnModel
 ) -> None:
     """Each sentence is one utterance and one final although it pauses after a fragment the turn
-    model scores unfinished (0.3 s between the words, 0.4-0.6 s of the segmenter's silence): with
-    silence detection at 300 ms every one of them would be cut at its pause."""
+    model scores unfinished (0.3 s between the words, 270-330 ms of the segmenter's silence): with
+    silence detection at 300 ms most of them would be cut at their pause."""
     # The session asks for semantic turns; the words' own end (a finished sentence's 600 ms) is put out
     # of reach: this is the turn model's part (tiny.en writes "Remind me to buy." with a full stop).
     settings = base_settings.model_copy(update={"turn_finished_silence_ms": 2000})
@@ -187,6 +188,44 @@ async def test_a_pause_mid_sentence_is_not_the_end(
         assert stopped[0].audio_end_ms >= run.speech_end_ms, (first, stopped[0])
         heard = words(finals[0].transcript.text)
         assert words(rest)[-1] in heard and words(first)[0] in heard, (first, rest, heard)
+
+
+async def test_audio_held_while_a_pause_is_judged_is_not_a_gap(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], turn_model: TurnModel
+) -> None:
+    """While a pause is judged, the stream's later audio waits (``turn_decision_hold_ms``). That
+    audio has come: the wait is not the sender going quiet, so gap filling (here after 40 ms, less
+    than any decision takes) must add no silence to the pause. Fed as fast as it goes, the feed is
+    under way whenever the gap watcher looks: every sample the stream time counts was sent."""
+    settings = base_settings.model_copy(update={"stream_gap_fill_ms": 40, "turn_detection": "semantic"})
+    first, rest, pause = PAUSED[1]
+    audio = np.concatenate(
+        [
+            silence(0.5),
+            speech(first).audio16k,
+            silence(gap_for(speech(first), speech(rest), pause)),
+            speech(rest).audio16k,
+            silence(1.0),
+        ]
+    )
+    decided: list[TurnDecided] = []
+
+    async def emit(event: SessionEvent) -> None:
+        if isinstance(event, TurnDecided):
+            decided.append(event)
+
+    transcription = TranscriptionOptions(language="en", with_segment_timestamps=False)
+    session = StreamSession(
+        asr_service, settings, emit, StreamOptions(transcription=transcription, server_vad=True), turn_model=turn_model
+    )
+    try:
+        for start in range(0, audio.size, CHUNK):
+            await session.feed(audio[start : start + CHUNK])
+        assert decided  # pauses were judged (each held the audio behind it)
+        frame_ms = session._segmenter.config.frame_ms
+        assert session._segmenter.position_ms == audio.size * 1000 // SAMPLE_RATE_HZ // frame_ms * frame_ms
+    finally:
+        await session.aclose()
 
 
 # A fragment the turn model scores finished on Piper's falling pitch (0.83 at the first score:

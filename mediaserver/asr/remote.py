@@ -169,7 +169,8 @@ class RemoteEngine(abc.ABC):
     async def _probe_loop(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._probe(), timeout=min(self.config.timeout_s, self.config.probe_interval_s))
+                async with asyncio.timeout(min(self.config.timeout_s, self.config.probe_interval_s)):
+                    await self._probe()
                 self._observe(True, "answered its health check")
             except asyncio.CancelledError:
                 raise
@@ -310,7 +311,8 @@ class RemoteEngine(abc.ABC):
             for attempt in range(config.retries + 1):
                 started = time.perf_counter()
                 try:
-                    result = await asyncio.wait_for(request(), timeout=config.timeout_s)
+                    async with asyncio.timeout(config.timeout_s):
+                        result = await request()
                 except TimeoutError:
                     self._count("timeout", started)
                     raise BackendTimeout(

@@ -172,7 +172,8 @@ class AsrScheduler:
         self._update_depth()
         self.open_jobs += 1
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout=timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(future)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -216,7 +217,8 @@ class AsrScheduler:
             if remaining <= 0:
                 break
             try:
-                batch.append(await asyncio.wait_for(self._queue.get(), timeout=remaining))
+                async with asyncio.timeout(remaining):
+                    batch.append(await self._queue.get())
             except TimeoutError:
                 break
         return batch

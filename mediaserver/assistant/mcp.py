@@ -241,7 +241,8 @@ class McpToolbox:
         async with contextlib.AsyncExitStack() as stack:
             async with asyncio.timeout(self.settings.mcp_connect_timeout_s):
                 client = await stack.enter_async_context(Client(_transport(server)))
-                listing = await asyncio.wait_for(client.list_tools(), self.settings.mcp_call_timeout_s)
+                async with asyncio.timeout(self.settings.mcp_call_timeout_s):
+                    listing = await client.list_tools()
             allowed = server.config.allowed_tools
             server.tools = {
                 t.name: ToolSpec(t.name, t.description or "", t.input_schema or {"type": "object"})

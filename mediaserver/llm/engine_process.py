@@ -384,7 +384,8 @@ class LlamaServerProcess:
             gone.set()  # requests that failed on this child may now wait for the next one
             if self._reader is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._reader, 1.0)
+                    async with asyncio.timeout(1.0):
+                        await self._reader
             if time.monotonic() - ran_from > STABLE_AFTER_S:
                 crashes_in_a_row = 0
             if self._hang is not None:
@@ -419,7 +420,8 @@ class LlamaServerProcess:
         self.check_responsive()
         wait_s = self.settings.llm_engine_ready_wait_s
         try:
-            await asyncio.wait_for(self._ready.wait(), wait_s)
+            async with asyncio.timeout(wait_s):
+                await self._ready.wait()
         except TimeoutError:
             raise Overloaded(
                 f"the llama-server engine for {self.alias!r} is restarting (it {self.last_exit}); "
@@ -469,7 +471,8 @@ class LlamaServerProcess:
                 # from its successor on the same port.
                 return child.is_set()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(child.wait(), HEALTH_POLL_S)
+                async with asyncio.timeout(HEALTH_POLL_S):
+                    await child.wait()
         return True
 
     async def _probe(self, session: aiohttp.ClientSession, timeout_s: float) -> int | None:
@@ -568,7 +571,8 @@ class LlamaServerProcess:
             else:
                 process.terminate()
         try:
-            await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
+            async with asyncio.timeout(STOP_TIMEOUT_S):
+                await process.wait()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
@@ -585,7 +589,8 @@ class LlamaServerProcess:
         await self._kill()
         if self._reader is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._reader, 1.0)
+                async with asyncio.timeout(1.0):
+                    await self._reader
         for session in (self._http, self._probe_http):
             if session is not None:
                 await session.close()

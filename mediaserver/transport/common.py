@@ -92,7 +92,8 @@ async def read_body_limited(request: web.Request, *, max_bytes: int, idle_timeou
     total = 0
     while True:
         try:
-            chunk = await asyncio.wait_for(request.content.readany(), timeout=idle_timeout_s)
+            async with asyncio.timeout(idle_timeout_s):
+                chunk = await request.content.readany()
         except TimeoutError:
             raise RequestTimeout(f"request body stalled: no data for {idle_timeout_s:.0f} s") from None
         if not chunk:

@@ -194,7 +194,8 @@ class SocketSession:
                     await task
             if self.ws.prepared and not self.ws.closed and self._writer is not None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._outbox.join(), FLUSH_ON_CLOSE_S)
+                    async with asyncio.timeout(FLUSH_ON_CLOSE_S):
+                        await self._outbox.join()
         finally:
             if self._writer is not None and self._writer is not current:
                 self._writer.cancel()

@@ -249,10 +249,8 @@ class VoiceRegistry:
             try:
                 async with self._downloads.setdefault(name.strip(), asyncio.Lock()):
                     if self.find(name) is None:  # not fetched meanwhile by another request
-                        await asyncio.wait_for(
-                            asyncio.to_thread(self._download, name.strip()),
-                            timeout=self.settings.tts_download_timeout_s,
-                        )
+                        async with asyncio.timeout(self.settings.tts_download_timeout_s):
+                            await asyncio.to_thread(self._download, name.strip())
             except TimeoutError:
                 timeout = self.settings.tts_download_timeout_s
                 raise self._unknown(name, f" (download timed out after {timeout:.0f} s)") from None

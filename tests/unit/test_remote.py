@@ -200,3 +200,24 @@ def test_what_a_remote_server_does_not_report_is_left_out_not_made_up() -> None:
     assert second["avg_logprob"] == -0.5 and not {"temperature", "compression_ratio", "no_speech_prob"} & second.keys()
     assert [w.word for w in scored.words] == [" Turn", " lights"]
     assert all(w.probability is None for w in scored.words) and word_logprobs(scored.segments) == []
+
+
+async def test_closing_stops_the_probe_loop_even_as_a_probe_answers() -> None:
+    """A remote engine's aclose cancels its health probe loop and waits for it. A cancellation that
+    arrives just as a probe answers must still end the loop (Python 3.11's ``asyncio.wait_for``
+    swallowed it, CPython gh-86296: the loop ran on and aclose hung, in CI). A probe that answers at
+    once puts that moment in nearly every cycle; a real upstream hits it only now and then."""
+
+    class AnswersAtOnce(OpenAIEngine):
+        async def _probe(self) -> None:
+            await asyncio.sleep(0)
+
+    config = RemoteModel(backend="openai", url="http://127.0.0.1:9/v1", model="tiny.en", probe_interval_s=0.001)
+    for cycle in range(100):
+        engine = AnswersAtOnce("tiny.en", config)
+        engine.start()
+        for _ in range(cycle % 7):  # cancel at each step of the loop in turn
+            await asyncio.sleep(0)
+        closing = asyncio.create_task(engine.aclose())
+        done, _ = await asyncio.wait({closing}, timeout=5.0)
+        assert closing in done, f"aclose hung in cycle {cycle}"

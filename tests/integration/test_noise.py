@@ -108,28 +108,18 @@ async def total_wer(asr: AsrService, kind: str, snr_db: float | None, on: bool) 
 
 @decodes_like_avx512
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # 336 transcriptions one at a time: about 1.5 min on an idle machine
+@pytest.mark.timeout(600)  # 96 transcriptions one at a time: about 40 s on an idle machine
 async def test_suppression_helps_on_white_noise_and_leaves_clean_speech(asr_service: AsrService) -> None:
-    table: dict[tuple[str, float | None], tuple[float, float]] = {}
-    table[("clean", None)] = (
-        await total_wer(asr_service, "white", None, False),
-        await total_wer(asr_service, "white", None, True),
-    )
-    for kind in NOISES:
-        for snr in (0.0, 5.0, 10.0):
-            table[(kind, snr)] = (
-                await total_wer(asr_service, kind, snr, False),
-                await total_wer(asr_service, kind, snr, True),
-            )
-    for (row_kind, row_snr), (off, on) in table.items():
-        print(f"{row_kind:7s} {'-' if row_snr is None else f'{row_snr:.0f} dB':>6s}  off {off:6.1%}  on {on:6.1%}")
-    # What the docs claim: better on white noise at 5 dB. (At 0 dB and on babble the server's path
-    # does not gain, or loses: tools/README.md has the figures; they are printed here, not asserted.)
-    off, on = table[("white", 5.0)]
-    assert on < off, table
-    # Clean speech: no worse than +0.5 points.
-    off, on = table[("clean", None)]
-    assert on <= off + 0.005, (off, on)
+    """What the docs claim: better on white noise at 5 dB, and clean speech no worse than +0.5
+    points. The other conditions (0 and 10 dB, babble, where the server's path gains nothing or
+    loses) are tools/bench_noise.py's table, not asserted here."""
+    white_off = await total_wer(asr_service, "white", 5.0, False)
+    white_on = await total_wer(asr_service, "white", 5.0, True)
+    clean_off = await total_wer(asr_service, "white", None, False)
+    clean_on = await total_wer(asr_service, "white", None, True)
+    print(f"white 5 dB: off {white_off:6.1%}  on {white_on:6.1%}; clean: off {clean_off:6.1%}  on {clean_on:6.1%}")
+    assert white_on < white_off, (white_off, white_on)
+    assert clean_on <= clean_off + 0.005, (clean_off, clean_on)
 
 
 async def test_device_stream_start_option(server: LiveServer, wer: Any) -> None:

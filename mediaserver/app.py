@@ -29,7 +29,9 @@ from mediaserver.llm.service import LlmService
 from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
 from mediaserver.openapi import document as openapi
 from mediaserver.session_registry import SessionRegistry
-from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, TOOLS, TTS
+from mediaserver.speakers.service import SpeakerService
+from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, SPEAKERS, TOOLS, TTS
+from mediaserver.transport import speakers as speakers_http
 from mediaserver.transport.lenient_http import SHUTDOWN_CANCEL
 from mediaserver.transport.openai import chat as openai_chat
 from mediaserver.transport.openai import models as openai_models
@@ -262,6 +264,8 @@ async def health_handler(request: web.Request) -> web.Response:
     if backends:
         body["backends"] = backends
     body["turns"] = turn_models.status(request.app[SETTINGS])
+    if SPEAKERS in request.app:
+        body["speakers"] = request.app[SPEAKERS].status()
     if LLM in request.app:  # slots busy, queue, tokens/s and the engine's state, per model
         llm = await request.app[LLM].status()
         body["llm"] = llm
@@ -432,12 +436,24 @@ def create_app(
 
     # --- end MCP tools ---
 
+    async def speakers_ctx(app: web.Application) -> AsyncIterator[None]:
+        # Speaker recognition (mediaserver/speakers): without its model, enrolment and voice_auth
+        # answer that it is off, and the rest runs.
+        service = SpeakerService(settings)
+        await service.start()
+        app[SPEAKERS] = service
+        try:
+            yield
+        finally:
+            await service.aclose()
+
     # Cleanup runs in reverse: sessions (and their assistants) close before the services they use.
     app.cleanup_ctx.append(turn_model_ctx)
     app.cleanup_ctx.append(asr_ctx)
     app.cleanup_ctx.append(tts_ctx)
     app.cleanup_ctx.append(llm_ctx)
     app.cleanup_ctx.append(tools_ctx)
+    app.cleanup_ctx.append(speakers_ctx)
     app.cleanup_ctx.append(sessions_ctx)
     app.cleanup_ctx.append(wyoming_ctx)
     willow.add_routes(app)
@@ -450,6 +466,7 @@ def create_app(
     openai_speech.add_routes(app)
     openai_chat.add_routes(app)
     wis_chatbot.add_routes(app)
+    speakers_http.add_routes(app)
     app.router.add_get("/", index_handler)
     app.router.add_get("/health", health_handler)
     app.router.add_get("/metrics", metrics_handler)

@@ -73,6 +73,16 @@ class VoiceNotAuthorized(ApiError):
     code = "unauthorized_voice"
 
 
+class NotFound(ApiError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(ApiError):
+    status = 409
+    code = "conflict"
+
+
 class InvalidBody(ApiError):
     """The request body could not be read as sent (a Content-Encoding it does not match, bad framing)."""
 

@@ -11,6 +11,7 @@ from mediaserver.config import Settings
 from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics
 from mediaserver.session_registry import SessionRegistry
+from mediaserver.speakers.service import SpeakerService
 from mediaserver.tts.service import TtsService
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -21,3 +22,4 @@ CAPABILITIES = web.AppKey("capabilities", Capabilities)
 TTS = web.AppKey("tts", TtsService)
 LLM = web.AppKey("llm", LlmService)
 TOOLS = web.AppKey("tools", McpToolbox)  # the MCP servers' tools (mcp_servers), always present
+SPEAKERS = web.AppKey("speakers", SpeakerService)  # enrolled speakers and the speaker encoder

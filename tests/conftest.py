@@ -213,6 +213,7 @@ def base_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         wyoming_host="127.0.0.1",
         wyoming_port=0,
         tts_voices_dir=tmp_path_factory.mktemp("voices"),
+        speakers_dir=tmp_path_factory.mktemp("speakers"),
     )
 
 

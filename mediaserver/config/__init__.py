@@ -5,7 +5,7 @@ Each field can be set from the environment as ``MEDIASERVER_<FIELD>`` (case-inse
 looking up the code (``max_upload_bytes``, ``asr_max_wait_ms``).
 
 The fields live beside their subsystem, one model per module (``asr``, ``streams``, ``transports``,
-``tts``, ``llm``, ``assistant``, ``server``); ``Settings`` inherits them all and adds the one
+``tts``, ``llm``, ``assistant``, ``speakers``, ``server``); ``Settings`` inherits them all and adds the one
 environment source, so ``Settings()`` is still one flat object with one prefix.
 """
 
@@ -22,6 +22,7 @@ from mediaserver.config.llm import (
     LlmSettings,
 )
 from mediaserver.config.server import ServerSettings
+from mediaserver.config.speakers import SpeakerSettings
 from mediaserver.config.streams import StreamSettings
 from mediaserver.config.transports import TransportSettings
 from mediaserver.config.tts import DEFAULT_VOICE_ALIASES, OPENAI_VOICES, PIPER_VOICE_URL, WIS_SPEAKERS, TtsSettings
@@ -44,6 +45,7 @@ __all__ = [
 # Pydantic collects the fields of the last base first: the parts are listed from the last to the
 # first so the fields keep the order they had in one class (server, ASR, streams ... assistant).
 class Settings(
+    SpeakerSettings,
     AssistantSettings,
     LlmSettings,
     TtsSettings,

@@ -30,8 +30,30 @@ _WIS_RESULT = {
         "infer_time": {"type": "number", "description": "ms"},
         "infer_speedup": {"type": "integer"},
         "audio_duration": {"type": "integer", "description": "ms"},
+        "voice_auth": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "description": "voice_auth=true: the enrolled speakers it matched, score (.3f) by name, best first",
+        },
+        "speaker_status": {"type": "string", "example": "I heard alice say:"},
     },
     "required": ["language", "text"],
+}
+_SPEAKER = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "clips": {"type": "integer"},
+        "speech_s": {"type": "number"},
+        "enrolled_at": {"type": "integer", "description": "Unix time"},
+        "replaced": {"type": "boolean"},
+    },
+    "required": ["name", "clips", "speech_s", "enrolled_at"],
+}
+_SPEAKER_LIST = {
+    "type": "object",
+    "properties": {"speakers": {"type": "array", "items": _SPEAKER}, "max": {"type": "integer"}},
+    "required": ["speakers"],
 }
 
 
@@ -47,7 +69,12 @@ _WIS_QUERY = [
     query_param("translate", {"type": "boolean"}, "also return an English translation"),
     query_param("stats", {"type": "boolean"}, "add infer_time, infer_speedup, audio_duration"),
     query_param("save_audio", {"type": "boolean"}, "write the decoded audio to /audio/willow.wav"),
-    query_param("voice_auth", {"type": "boolean"}, "speaker verification; not available: always 406"),
+    query_param(
+        "voice_auth",
+        {"type": "boolean"},
+        "speaker verification against the enrolled speakers (/api/speakers); 406 text/plain `Unauthorized voice` "
+        "when none matches",
+    ),
     query_param("prompt", {"type": "string"}, PROMPT_DESCRIPTION),
 ]
 
@@ -234,6 +261,41 @@ def spec() -> dict[str, Any]:
                     "responses": {
                         "200": {"description": "transcript with stats", **json_body(_WIS_RESULT)},
                         **error_responses(ERROR_WIS, 400, 401, 413, 503, 504),
+                    },
+                }
+            },
+            "/api/speakers": {
+                "get": {
+                    "summary": "the enrolled speakers (names, clips, seconds of speech; never their voice embeddings)",
+                    "responses": {
+                        "200": {"description": "speakers", **json_body(_SPEAKER_LIST)},
+                        **error_responses(ERROR_WIS, 401, 503),
+                    },
+                },
+                "post": {
+                    "summary": "enrol a speaker from one or more recordings (any format FFmpeg reads)",
+                    "requestBody": multipart_body(
+                        {
+                            "name": {"type": "string", "description": "1-64 letters, digits, spaces, _ or -"},
+                            "file": {"type": "string", "format": "binary", "description": "repeat for more clips"},
+                            "replace": {"type": "boolean", "description": "enrol an enrolled name again"},
+                        },
+                        ["name", "file"],
+                    ),
+                    "responses": {
+                        "201": {"description": "enrolled", **json_body(_SPEAKER)},
+                        "200": {"description": "enrolled again (replace=true)", **json_body(_SPEAKER)},
+                        **error_responses(ERROR_WIS, 400, 401, 409, 413, 503),
+                    },
+                },
+            },
+            "/api/speakers/{name}": {
+                "delete": {
+                    "summary": "forget a speaker (its stored voice is deleted)",
+                    "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {
+                        "204": {"description": "deleted"},
+                        **error_responses(ERROR_WIS, 400, 401, 404, 503),
                     },
                 }
             },

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from aiohttp import BodyPartReader, web
@@ -107,9 +107,10 @@ async def read_body_limited(request: web.Request, *, max_bytes: int, idle_timeou
 
 @dataclass
 class MultipartFields:
-    files: dict[str, bytes]
+    files: dict[str, bytes]  # the last file of each field
     values: dict[str, list[str]]
     stray_files: list[str]
+    file_lists: dict[str, list[bytes]] = field(default_factory=dict)  # every file of each field, in order
 
     def require_file(self, field: str) -> bytes:
         data = self.files.get(field)
@@ -134,6 +135,7 @@ async def read_multipart(
     except (ValueError, AssertionError) as exc:
         raise InvalidParameter(f"malformed multipart body: {exc}", param="body") from None
     files: dict[str, bytes] = {}
+    file_lists: dict[str, list[bytes]] = {}
     values: dict[str, list[str]] = {}
     stray: list[str] = []
     total = 0
@@ -165,6 +167,7 @@ async def read_multipart(
                 stray.append(name)
             elif name in file_fields:
                 files[name] = bytes(buf)
+                file_lists.setdefault(name, []).append(files[name])
             else:
                 try:
                     values.setdefault(name, []).append(buf.decode("utf-8"))
@@ -172,7 +175,7 @@ async def read_multipart(
                     raise InvalidParameter(f"field {name!r} is not valid UTF-8", param=name) from None
     except (ValueError, AssertionError) as exc:
         raise InvalidParameter(f"malformed multipart body: {exc}", param="body") from None
-    return MultipartFields(files, values, stray)
+    return MultipartFields(files, values, stray, file_lists)
 
 
 def _as_text(value: object) -> str | None:

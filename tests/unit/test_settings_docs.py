@@ -32,6 +32,7 @@ from mediaserver.config import (
     Settings,
 )
 from mediaserver.config.environment import NOT_SETTINGS, PREFIX, setting_names
+from mediaserver.speakers import service as speakers
 from mediaserver.turns.fetch import default_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +55,8 @@ DERIVED: dict[str, tuple[str, object]] = {
     "realtime_client_secret_key": ("random per process", None),
     # None: the model's cache path, the one mediaserver.turns.fetch writes (checked below).
     "turn_model_path": ("`~/.cache/mediaserver/turn/smart-turn-v3.2-cpu.onnx`", None),
+    "speaker_model_path": ("`~/.cache/mediaserver/speaker/pretrained.pt`", None),
+    "speakers_dir": ("`~/.cache/mediaserver/speakers`", None),
     "asr_model_aliases": ("OpenAI's transcription model names → `@default`", DEFAULT_MODEL_ALIASES),
     "llm_model_aliases": ("OpenAI's chat model names → `@default`", DEFAULT_LLM_ALIASES),
     "llm_embedding_aliases": ("OpenAI's embedding model names → `@embedding`", DEFAULT_EMBEDDING_ALIASES),
@@ -192,6 +195,8 @@ def documented(header: str, fields: Mapping[str, FieldInfo], paths: list[Path]) 
 
 def test_derived_defaults_stand_for_what_the_code_does() -> None:
     assert default_path() == Path("~/.cache/mediaserver/turn/smart-turn-v3.2-cpu.onnx").expanduser()
+    assert speakers.model_path(Settings()) == Path("~/.cache/mediaserver/speaker/pretrained.pt").expanduser()
+    assert speakers.store_dir(Settings()) == Path("~/.cache/mediaserver/speakers").expanduser()
     assert set(DEFAULT_VOICE_ALIASES) == {*OPENAI_VOICES, *WIS_SPEAKERS}
     assert set(DEFAULT_VOICE_ALIASES.values()) == {"@default"}
     for aliases, target, prefixes in [

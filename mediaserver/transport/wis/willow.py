@@ -27,7 +27,8 @@ from mediaserver.audio.decode import (
 )
 from mediaserver.errors import InvalidAudio, InvalidParameter, VoiceNotAuthorized
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, Priority, Transcript
-from mediaserver.state import ASR, METRICS, SETTINGS
+from mediaserver.speakers.service import Match
+from mediaserver.state import ASR, METRICS, SETTINGS, SPEAKERS
 from mediaserver.transport.common import (
     read_body_limited,
     read_multipart,
@@ -72,10 +73,10 @@ async def run_wis_asr(request: web.Request, audio: AudioArray, wis: WisRequest, 
     request.app[METRICS].audio_seconds.labels(route).inc(audio.size / SAMPLE_RATE_HZ)
     if wis.save_audio:
         await _save_audio(request, audio)
-    if wis.voice_auth:
-        # No speaker-verification model is available: fail closed, exactly like WIS without SV.
-        raise VoiceNotAuthorized("Unauthorized voice")
     started = time.perf_counter()
+    # Speaker verification runs beside the transcription; a voice it rejects is a 406 and the
+    # transcription is dropped (WIS checked first, then transcribed: same answers, less waiting).
+    verify = asyncio.ensure_future(_verified_speakers(request, audio)) if wis.voice_auth else None
     jobs: list[asyncio.Future[Transcript]] = []
     transcript_job = asyncio.ensure_future(asr.transcribe(audio, wis.options, model=wis.model, priority=Priority.FINAL))
     jobs.append(transcript_job)
@@ -92,9 +93,10 @@ async def run_wis_asr(request: web.Request, audio: AudioArray, wis: WisRequest, 
             )
         )
     try:
+        matches = await verify if verify is not None else []
         results = await asyncio.gather(*jobs)
     except BaseException:
-        for job in jobs:
+        for job in [*jobs, *([verify] if verify is not None else [])]:
             job.cancel()
         raise
     elapsed_ms = (time.perf_counter() - started) * 1000.0
@@ -109,7 +111,25 @@ async def run_wis_asr(request: web.Request, audio: AudioArray, wis: WisRequest, 
     response["text"] = transcript.text
     if wis.translate:
         response["translation"] = results[1].text
+    if matches:
+        response["voice_auth"] = {m.name: f"{m.score:.3f}" for m in matches}
+        response["speaker_status"] = f"I heard {matches[0].name} say:"
     return response
+
+
+async def _verified_speakers(request: web.Request, audio: AudioArray) -> list[Match]:
+    """The enrolled speakers whose voice this is (``speaker_threshold`` or more), best first; a 406
+    as WIS answers when there are none: no speaker model, nobody enrolled, no speech, or no match."""
+    service = request.app.get(SPEAKERS)
+    if service is None or service.problem is not None or not len(service.store):
+        raise VoiceNotAuthorized("Unauthorized voice")
+    try:
+        accepted = service.accepted(await service.identify(audio))
+    except InvalidAudio:  # no speech to compare
+        raise VoiceNotAuthorized("Unauthorized voice") from None
+    if not accepted:
+        raise VoiceNotAuthorized("Unauthorized voice")
+    return accepted
 
 
 async def _save_audio(request: web.Request, audio: AudioArray) -> None:

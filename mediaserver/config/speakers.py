@@ -1,0 +1,42 @@
+"""Settings of speaker recognition (mediaserver/speakers): enrolment and WIS ``voice_auth``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+
+class SpeakerSettings(BaseModel):
+    """The speaker encoder, the enrolled speakers' store and the verification threshold (part of ``Settings``)."""
+
+    # --- speaker recognition (mediaserver/speakers) ---------------------------------------------
+    speaker_model_path: Path | None = Field(
+        None,
+        description="the GE2E speaker encoder's weights; none = ~/.cache/mediaserver/speaker/pretrained.pt (make setup "
+        "fetches it from the resemblyzer wheel); missing = enrolment and voice_auth answer that speakers are off",
+    )
+    speakers_dir: Path | None = Field(
+        None,
+        description="where enrolled speakers' voice embeddings are kept (biometric data: one NAME.json each, never "
+        "logged); none = ~/.cache/mediaserver/speakers",
+    )
+    speakers_max: int = Field(50, ge=1, description="enrolled speakers at most; one more is refused (409)")
+    speaker_threshold: float = Field(
+        0.75,
+        gt=0,
+        lt=1,
+        description="cosine similarity at least this between a voice and an enrolled speaker's makes it that speaker "
+        "(WIS voice_auth accepts it); a convenience, not authentication (tools/README.md has the false accepts)",
+    )
+    speaker_enrol_min_speech_s: float = Field(
+        3.0,
+        gt=0,
+        description="an enrolment needs at least this much speech over its clips (silence trimmed); less = 400",
+    )
+    speaker_verify_max_s: float = Field(
+        10.0, gt=0, description="a voice is compared on at most its first this many seconds (WIS: 10)"
+    )
+    speaker_batch_max: int = Field(
+        16, ge=1, description="voices of different requests waiting together are embedded in one batch of up to this"
+    )

@@ -1,0 +1,180 @@
+"""Enrolled speakers on disk: one ``NAME.json`` per speaker with its voice embedding.
+
+Voice embeddings are biometric data: they are kept only in ``speakers_dir``, never logged, never
+listed (``public`` leaves them out) and deleted with their file. Every write is atomic (a temporary
+file in the same directory, flushed to disk, then renamed over the old one), so a crash or a restart
+leaves each speaker as it was before or after the write, never half-written. A file that does not
+read as a speaker at start-up is moved aside (``NAME.json.corrupt``), named in the log and in
+``problems``, and the server starts without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from mediaserver.errors import Conflict, InvalidParameter, NotFound
+
+log = logging.getLogger(__name__)
+
+Embedding = npt.NDArray[np.float32]
+
+# Letters, digits, space, "_" and "-": nothing a path or a file name could read specially.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _-]{0,63}")
+SUFFIX = ".json"
+
+
+def check_name(name: str) -> str:
+    """The speaker name, stripped, or a 400 saying what a name may hold."""
+    stripped = name.strip()
+    if not NAME_PATTERN.fullmatch(stripped) or stripped.endswith(" "):
+        raise InvalidParameter(
+            f"speaker name {name[:80]!r} is not allowed: 1-64 letters, digits, spaces, '_' or '-', "
+            "starting with a letter or digit",
+            param="name",
+        )
+    return stripped
+
+
+@dataclass(frozen=True)
+class Speaker:
+    name: str
+    embedding: Embedding  # unit norm
+    clips: int
+    speech_s: float
+    enrolled_at: float  # Unix time
+
+    def public(self) -> dict[str, Any]:
+        """What the API shows of a speaker: never the embedding."""
+        return {
+            "name": self.name,
+            "clips": self.clips,
+            "speech_s": round(self.speech_s, 2),
+            "enrolled_at": int(self.enrolled_at),
+        }
+
+
+class SpeakerStore:
+    """The enrolled speakers, in memory and in ``directory``; thread-safe (writes run off the loop)."""
+
+    def __init__(self, directory: Path, max_speakers: int) -> None:
+        self.directory = directory
+        self.max_speakers = max_speakers
+        self.problems: list[str] = []
+        self._speakers: dict[str, Speaker] = {}
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        """Read every speaker file (blocking); a bad one is moved aside and named in ``problems``."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self.directory.glob(f"*{SUFFIX}")):
+            try:
+                speaker = _read(path)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                aside = _aside_path(path)
+                path.replace(aside)
+                problem = f"{path.name} is not a readable speaker ({type(exc).__name__}); moved aside to {aside.name}"
+                log.error("speakers: %s", problem)
+                self.problems.append(problem)
+                continue
+            self._speakers[speaker.name] = speaker
+        for stale in self.directory.glob(".*.tmp"):  # a write cut short by a crash
+            stale.unlink(missing_ok=True)
+        log.info("speakers: %d enrolled (store %s)", len(self._speakers), self.directory)
+
+    def __len__(self) -> int:
+        return len(self._speakers)
+
+    def snapshot(self) -> list[Speaker]:
+        """The speakers now (a verification compares against these, whatever is deleted meanwhile)."""
+        with self._lock:
+            return list(self._speakers.values())
+
+    def get(self, name: str) -> Speaker | None:
+        return self._speakers.get(name)
+
+    def put(self, speaker: Speaker, *, replace: bool) -> bool:
+        """Store ``speaker`` (blocking: writes the file); True if it replaced one of that name."""
+        with self._lock:
+            existing = speaker.name in self._speakers
+            if existing and not replace:
+                raise Conflict(
+                    f"speaker {speaker.name!r} is already enrolled; send replace=true to enrol again, or DELETE it",
+                    param="name",
+                )
+            if not existing and len(self._speakers) >= self.max_speakers:
+                raise Conflict(
+                    f"{len(self._speakers)} speakers are enrolled, the most this server keeps (speakers_max); "
+                    "delete one first",
+                    param="name",
+                )
+            _write_atomic(self.directory / f"{speaker.name}{SUFFIX}", _encode(speaker))
+            self._speakers[speaker.name] = speaker
+            return existing
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            if name not in self._speakers:
+                raise NotFound(f"no speaker {name!r} is enrolled", param="name")
+            (self.directory / f"{name}{SUFFIX}").unlink(missing_ok=True)
+            _fsync_dir(self.directory)
+            del self._speakers[name]
+
+
+def _encode(speaker: Speaker) -> bytes:
+    return json.dumps(
+        {
+            "name": speaker.name,
+            "embedding": [round(float(x), 7) for x in speaker.embedding],
+            "clips": speaker.clips,
+            "speech_s": speaker.speech_s,
+            "enrolled_at": speaker.enrolled_at,
+        }
+    ).encode()
+
+
+def _read(path: Path) -> Speaker:
+    data = json.loads(path.read_bytes())
+    name = check_name(str(data["name"]))
+    if f"{name}{SUFFIX}" != path.name:
+        raise ValueError(f"the file names speaker {name!r}")
+    embedding = np.asarray(data["embedding"], dtype=np.float32)
+    norm = float(np.linalg.norm(embedding))
+    if embedding.ndim != 1 or embedding.size == 0 or not np.isfinite(norm) or norm == 0:
+        raise ValueError("no usable embedding")
+    return Speaker(name, embedding / norm, int(data["clips"]), float(data["speech_s"]), float(data["enrolled_at"]))
+
+
+def _aside_path(path: Path) -> Path:
+    aside = path.with_name(path.name + ".corrupt")
+    if aside.exists():
+        aside = path.with_name(f"{path.name}.{int(time.time())}.corrupt")
+    return aside
+
+
+def _write_atomic(target: Path, data: bytes) -> None:
+    partial = target.with_name(f".{target.name}.tmp")
+    with partial.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    partial.replace(target)
+    _fsync_dir(target.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

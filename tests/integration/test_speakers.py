@@ -1,0 +1,198 @@
+"""Speaker recognition, end to end on a real server: enrolment over ``/api/speakers`` and WIS
+``voice_auth`` on ``/api/willow``, with the real GE2E encoder and real human recordings.
+
+The LibriVox clips (tests/human_speech.py) are one reader: two of them enrol "reader" (12 s of
+speech), the others are that reader again; JFK, the CMU ARCTIC speakers and Piper are other people.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from mediaserver.speakers.fetch import default_dir, fetch
+from tests.conftest import LiveServer, synthesize
+from tests.human_speech import wav_bytes
+
+HumanClips = list[tuple[str, np.ndarray, str]]
+ENROL = ("librivox_0870", "librivox_0890")
+SAME_READER = ("librivox_0920", "librivox_0930", "librivox_0880")
+OTHERS = ("jfk", "arctic_a0007", "arctic_a0009")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def speaker_model() -> Path:
+    return fetch(default_dir())  # make setup fetched it; a good copy is not downloaded again
+
+
+def clip(human_clips: HumanClips, name: str) -> np.ndarray:
+    [audio] = [a for n, a, _ in human_clips if n == name]
+    return audio
+
+
+def pcm16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+async def enrol(
+    http: aiohttp.ClientSession, server: LiveServer, name: str, clips: list[np.ndarray], **fields: str
+) -> tuple[int, dict[str, Any]]:
+    form = aiohttp.FormData()
+    form.add_field("name", name)
+    for key, value in fields.items():
+        form.add_field(key, value)
+    for n, audio in enumerate(clips):
+        form.add_field("file", wav_bytes(audio), filename=f"clip{n}.wav", content_type="audio/wav")
+    async with http.post(f"{server.url}/api/speakers", data=form) as resp:
+        return resp.status, await resp.json()
+
+
+async def willow_auth(http: aiohttp.ClientSession, server: LiveServer, audio: np.ndarray) -> tuple[int, Any]:
+    async with http.post(f"{server.url}/api/willow?voice_auth=true", data=pcm16(audio)) as resp:
+        if resp.content_type == "application/json":
+            return resp.status, await resp.json()
+        return resp.status, await resp.text()
+
+
+async def listed(http: aiohttp.ClientSession, server: LiveServer) -> list[dict[str, Any]]:
+    async with http.get(f"{server.url}/api/speakers") as resp:
+        assert resp.status == 200
+        body: dict[str, Any] = await resp.json()
+        return list(body["speakers"])
+
+
+async def test_an_enrolled_reader_is_heard_and_others_are_refused_as_wis_answers(
+    server_factory: Callable[..., Any], human_clips: HumanClips, tmp_path: Path
+) -> None:
+    server: LiveServer = await server_factory(speakers_dir=tmp_path)
+    async with aiohttp.ClientSession() as http:
+        status, _ = await willow_auth(http, server, clip(human_clips, SAME_READER[0]))
+        assert status == 406  # nobody enrolled: WIS fails closed
+        status, body = await enrol(http, server, "reader", [clip(human_clips, n) for n in ENROL])
+        assert status == 201, body
+        assert body["name"] == "reader" and body["clips"] == 2 and body["speech_s"] > 8
+        assert "embedding" not in json.dumps(body)  # biometric data is never shown
+        assert [s["name"] for s in await listed(http, server)] == ["reader"]
+        for name in SAME_READER:
+            status, answer = await willow_auth(http, server, clip(human_clips, name))
+            assert status == 200, (name, answer)
+            assert list(answer["voice_auth"]) == ["reader"] and answer["speaker_status"] == "I heard reader say:"
+            score = float(answer["voice_auth"]["reader"])
+            assert 0.75 <= score <= 1.0 and answer["voice_auth"]["reader"] == f"{score:.3f}"
+            assert answer["text"] and "infer_time" in answer  # voice_auth forces stats, as in WIS
+        others = [clip(human_clips, n) for n in OTHERS] + [synthesize("Turn on the kitchen lights please.").audio16k]
+        for audio in others:
+            status, answer = await willow_auth(http, server, audio)
+            assert status == 406 and answer == "Unauthorized voice", answer
+        status, answer = await willow_auth(http, server, np.zeros(32000, np.float32))
+        assert status == 406  # silence: no voice to compare
+    # A restart keeps the enrolment: a new server on the same store.
+    restarted: LiveServer = await server_factory(speakers_dir=tmp_path)
+    async with aiohttp.ClientSession() as http:
+        assert [s["name"] for s in await listed(http, restarted)] == ["reader"]
+        status, answer = await willow_auth(http, restarted, clip(human_clips, SAME_READER[0]))
+        assert status == 200 and "reader" in answer["voice_auth"], answer
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"speaker_threshold": 0.99}, {"speaker_verify_max_s": 0.5}],
+    ids=["threshold-above-the-score", "too-little-of-the-voice-compared"],
+)
+async def test_the_reader_is_refused_past_the_verification_settings(
+    server_factory: Callable[..., Any], human_clips: HumanClips, tmp_path: Path, setting: dict[str, float]
+) -> None:
+    server: LiveServer = await server_factory(speakers_dir=tmp_path, **setting)
+    async with aiohttp.ClientSession() as http:
+        status, _ = await enrol(http, server, "reader", [clip(human_clips, n) for n in ENROL])
+        assert status == 201
+        status, answer = await willow_auth(http, server, clip(human_clips, SAME_READER[0]))
+        assert status == 406, answer
+
+
+async def test_enrolment_refuses_what_it_cannot_use(
+    server_factory: Callable[..., Any], human_clips: HumanClips, tmp_path: Path
+) -> None:
+    server: LiveServer = await server_factory(speakers_dir=tmp_path, speakers_max=1)
+    reader = [clip(human_clips, n) for n in ENROL]
+    async with aiohttp.ClientSession() as http:
+        status, body = await enrol(http, server, "quiet", [np.zeros(16000 * 5, np.float32)])
+        assert status == 400 and body["code"] == "invalid_audio", body
+        status, body = await enrol(http, server, "short", [clip(human_clips, "cards_001")])  # 1.1 s
+        assert status == 400 and "too little speech" in body["error"], body
+        assert "speaker_enrol_min_speech_s" in body["error"]
+        for bad in ("../etc", "a/b", ".hidden", "", "x" * 65):
+            status, body = await enrol(http, server, bad, reader)
+            assert status == 400 and body["code"] == "invalid_parameter", (bad, body)
+            assert "speaker name" in body["error"], (bad, body)
+        form = aiohttp.FormData()
+        form.add_field("name", "noise")
+        form.add_field("file", b"this is not audio", filename="a.wav")
+        async with http.post(f"{server.url}/api/speakers", data=form) as resp:
+            assert resp.status == 400, await resp.text()
+        assert await listed(http, server) == []
+        status, _ = await enrol(http, server, "reader", reader)
+        assert status == 201
+        status, body = await enrol(http, server, "reader", reader)
+        assert status == 409 and "replace=true" in body["error"], body
+        status, body = await enrol(http, server, "reader", reader[:1] + reader[1:], replace="true")
+        assert status == 200 and body["replaced"] is True, body
+        status, body = await enrol(http, server, "second", reader)
+        assert status == 409 and "speakers_max" in body["error"], body  # speakers_max=1
+        async with http.delete(f"{server.url}/api/speakers/nobody") as resp:
+            assert resp.status == 404
+        async with http.delete(f"{server.url}/api/speakers/reader") as resp:
+            assert resp.status == 204
+        assert await listed(http, server) == []
+        assert not await asyncio.to_thread(lambda: list(tmp_path.glob("*.json")))  # gone from the disk too
+        status, _ = await willow_auth(http, server, clip(human_clips, SAME_READER[0]))
+        assert status == 406
+
+
+async def test_the_speech_an_enrolment_needs_is_a_setting(
+    server_factory: Callable[..., Any], human_clips: HumanClips, tmp_path: Path
+) -> None:
+    go_forward = [clip(human_clips, "goforward")]  # 2.8 s with its quiet: less than 3 s of speech
+    default: LiveServer = await server_factory(speakers_dir=tmp_path / "a")
+    lenient: LiveServer = await server_factory(speakers_dir=tmp_path / "b", speaker_enrol_min_speech_s=1.0)
+    async with aiohttp.ClientSession() as http:
+        status, body = await enrol(http, default, "walker", go_forward)
+        assert status == 400 and "3 s needed" in body["error"], body
+        status, body = await enrol(http, lenient, "walker", go_forward)
+        assert status == 201 and 1.0 <= body["speech_s"] < 3.0, body
+
+
+async def test_a_corrupt_store_file_is_put_aside_and_the_server_starts(
+    server_factory: Callable[..., Any], human_clips: HumanClips, tmp_path: Path
+) -> None:
+    (tmp_path / "bob.json").write_text("{not json")
+    (tmp_path / "carol.json").write_text(json.dumps({"name": "mallory", "embedding": [1.0], "clips": 1}))
+    server: LiveServer = await server_factory(speakers_dir=tmp_path)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{server.url}/health") as resp:
+            speakers = (await resp.json())["speakers"]
+        assert speakers["available"] is True and speakers["enrolled"] == 0
+        problems = " ".join(speakers["store_problems"])
+        assert "bob.json" in problems and "carol.json" in problems, problems
+        assert (tmp_path / "bob.json.corrupt").exists() and not (tmp_path / "bob.json").exists()
+        status, _ = await enrol(http, server, "bob", [clip(human_clips, n) for n in ENROL])
+        assert status == 201  # the name is free again
+
+
+async def test_verifications_at_once_are_batched_and_each_gets_its_own_answer(
+    server_factory: Callable[..., Any], human_clips: HumanClips, tmp_path: Path
+) -> None:
+    server: LiveServer = await server_factory(speakers_dir=tmp_path, speaker_batch_max=2)
+    async with aiohttp.ClientSession() as http:
+        status, _ = await enrol(http, server, "reader", [clip(human_clips, n) for n in ENROL])
+        assert status == 201
+        voices = [clip(human_clips, n) for n in SAME_READER + OTHERS]
+        answers = await asyncio.gather(*(willow_auth(http, server, v) for v in voices))
+    assert [status for status, _ in answers] == [200] * len(SAME_READER) + [406] * len(OTHERS), answers

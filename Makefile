@@ -13,12 +13,12 @@ WHEELHOUSE ?= $(HOME)/.cache/mediaserver/wheels
 LLAMA_SERVER_CACHE ?= $(HOME)/.cache/mediaserver/llama-server
 LLAMA_WHEEL = --only-binary llama-cpp-python --find-links "$$(cat $(VENV)/.llama-wheelhouse)"
 
-.PHONY: run setup setup-dev test lint bench clean turn-model
+.PHONY: run setup setup-dev test lint bench clean turn-model speaker-model
 
 run: setup
 	$(PY) -m mediaserver
 
-setup: $(VENV)/.installed $(VENV)/.llama-server turn-model
+setup: $(VENV)/.installed $(VENV)/.llama-server turn-model speaker-model
 
 # The Smart Turn v3.2 end-of-turn model (8 MB, BSD-2) out of a pinned pipecat-ai wheel, checked by
 # SHA-256 (mediaserver/turns/fetch.py); skipped when a good copy is there. The server runs without it
@@ -26,7 +26,13 @@ setup: $(VENV)/.installed $(VENV)/.llama-server turn-model
 turn-model: $(VENV)/.installed
 	$(PY) -m mediaserver.turns.fetch
 
-setup-dev: $(VENV)/.installed-dev $(VENV)/.llama-server turn-model
+# The GE2E speaker encoder's weights (17 MB, Apache-2.0) out of a pinned resemblyzer wheel, checked by
+# SHA-256 (mediaserver/speakers/fetch.py), for enrolment and voice_auth; skipped when a good copy is
+# there. Without it the server runs and says speakers are off.
+speaker-model: $(VENV)/.installed
+	$(PY) -m mediaserver.speakers.fetch
+
+setup-dev: $(VENV)/.installed-dev $(VENV)/.llama-server turn-model speaker-model
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

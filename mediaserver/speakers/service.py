@@ -128,20 +128,17 @@ class SpeakerService:
                 if not batch and not self._queue:
                     self._draining = False
                     return
-            speech = [voiced_seconds(r.audio) for r in batch]
-            embeddable = [r for r, s in zip(batch, speech, strict=True) if s > 0]
             try:
-                vectors = encoder.embed_batch([r.audio for r in embeddable]) if embeddable else []
+                vectors: list[Embedding | BaseException] = list(encoder.embed_batch([r.audio for r in batch]))
+            except ValueError:  # a voice too short to embed: each alone, so only that one fails
+                vectors = [_embed_one(encoder, r.audio) for r in batch]
             except Exception as exc:
-                for request in batch:
-                    request.loop.call_soon_threadsafe(_fail, request.future, exc)
-                continue
-            results = dict(zip((id(r) for r in embeddable), vectors, strict=True))
-            for request, seconds in zip(batch, speech, strict=True):
-                vector = results.get(id(request))
-                if vector is None:
-                    request.loop.call_soon_threadsafe(_fail, request.future, InvalidAudio("no speech in the audio"))
+                vectors = [exc] * len(batch)
+            for request, vector in zip(batch, vectors, strict=True):
+                if isinstance(vector, BaseException):
+                    request.loop.call_soon_threadsafe(_fail, request.future, vector)
                 else:
+                    seconds = voiced_seconds(request.audio)
                     request.loop.call_soon_threadsafe(_resolve, request.future, (vector, seconds))
 
     # --- enrolment and verification ----------------------------------------------------------
@@ -184,6 +181,15 @@ class SpeakerService:
     def accepted(self, matches: list[Match]) -> list[Match]:
         threshold = self.settings.speaker_threshold
         return [m for m in matches if m.score >= threshold]
+
+
+def _embed_one(encoder: SpeakerEncoder, audio: AudioArray) -> Embedding | BaseException:
+    try:
+        return encoder.embed(audio)
+    except ValueError as exc:  # no speech, or too little of it for one window
+        return InvalidAudio(f"not enough speech in the audio to know the voice: {exc}")
+    except Exception as exc:
+        return exc
 
 
 _encoders: dict[Path, SpeakerEncoder] = {}

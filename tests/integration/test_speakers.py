@@ -38,7 +38,8 @@ def clip(human_clips: HumanClips, name: str) -> np.ndarray:
 
 
 def pcm16(audio: np.ndarray) -> bytes:
-    return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    data: bytes = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    return data
 
 
 async def enrol(

@@ -96,8 +96,10 @@ async def run_wis_asr(request: web.Request, audio: AudioArray, wis: WisRequest, 
         matches = await verify if verify is not None else []
         results = await asyncio.gather(*jobs)
     except BaseException:
-        for job in [*jobs, *([verify] if verify is not None else [])]:
+        for job in jobs:
             job.cancel()
+        if verify is not None:
+            verify.cancel()
         raise
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     transcript = results[0]

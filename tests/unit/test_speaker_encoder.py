@@ -194,3 +194,31 @@ def test_long_silences_are_cut(encoder: SpeakerEncoder, human: dict[str, np.ndar
     cosine = _cos(encoder.embed(padded), encoder.embed(clip))
     print(f"\nclip with 9 s of pauses vs the clip alone: {cosine:.3f}")
     assert cosine > 0.9
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.asarray(1.0 / (1.0 + np.exp(-x)))
+
+
+def test_network_matches_a_plain_lstm_in_torch_gate_order(encoder: SpeakerEncoder, weights_path: Path) -> None:
+    """The fast path (gates reordered, projections precomputed, float32) against the textbook
+    recurrence in float64 with PyTorch's layout: gates i, f, g, o; both biases added."""
+    w = {name: value.astype(np.float64) for name, value in load_weights(weights_path).items()}
+    speech = synthesize("Set a timer for the pasta and play some quiet music.").audio16k
+    windows = encoder._windows(speech)[:2]
+    seq = windows.astype(np.float64)
+    for k in range(3):
+        h = np.zeros((len(seq), 256))
+        c = np.zeros((len(seq), 256))
+        outputs = []
+        for t in range(seq.shape[1]):
+            z = seq[:, t] @ w[f"lstm.weight_ih_l{k}"].T + w[f"lstm.bias_ih_l{k}"]
+            z += h @ w[f"lstm.weight_hh_l{k}"].T + w[f"lstm.bias_hh_l{k}"]
+            i, f, g, o = np.split(z, 4, axis=1)
+            c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
+            h = _sigmoid(o) * np.tanh(c)
+            outputs.append(h)
+        seq = np.stack(outputs, axis=1)
+    out = np.maximum(seq[:, -1] @ w["linear.weight"].T + w["linear.bias"], 0)
+    expected = out / np.linalg.norm(out, axis=1, keepdims=True)
+    assert np.allclose(encoder._forward(windows), expected, atol=1e-4)

@@ -20,6 +20,7 @@ import collections
 import math
 import pickle
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, Final, NamedTuple
 
@@ -273,7 +274,7 @@ class SpeakerEncoder:
         """16 kHz mono float audio in [-1, 1] → unit-norm float32 (256,). ValueError: too little speech."""
         return self.embed_batch([audio])[0]
 
-    def embed_batch(self, clips: list[npt.ArrayLike]) -> list[Audio]:
+    def embed_batch(self, clips: Sequence[npt.ArrayLike]) -> list[Audio]:
         """:meth:`embed` of each clip, every partial window of every clip through the LSTM as one batch."""
         if not clips:
             return []

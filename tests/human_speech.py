@@ -172,7 +172,8 @@ CLIPS: tuple[ClipSpec, ...] = (
         "wav",
         "he might even have been made amiable himself",
     ),
-    # CMU ARCTIC slt a0007: text of cmu_arctic's etc/arctic.data prompt a0007.
+    # CMU ARCTIC awb a0007 (pysptk documents its clip as awb, a male voice, not slt): text of
+    # cmu_arctic's etc/arctic.data prompt a0007.
     ClipSpec(
         "arctic_a0007",
         "pysptk",

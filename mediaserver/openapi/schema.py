@@ -45,6 +45,7 @@ def error_responses(schema: dict[str, Any], *codes: int) -> dict[str, Any]:
         406: "voice not authorized",
         408: "body stalled",
         404: "not found",
+        409: "conflict (already there, or full)",
         413: "upload or audio too long",
         426: "a plain request to a WebSocket endpoint: upgrade the connection",
         503: "overloaded or model unavailable",

@@ -146,6 +146,15 @@ class PartialTranscript:
 
 
 @dataclass(frozen=True)
+class SpeakerMatch:
+    """Who spoke an utterance: the enrolled speaker whose voice it is (``speaker_threshold`` or
+    more), else None; ``score`` is the best similarity (None: too little speech to tell)."""
+
+    name: str | None
+    score: float | None
+
+
+@dataclass(frozen=True)
 class FinalTranscript:
     """The utterance's final text; it always starts with every partial sent for the utterance."""
 
@@ -154,6 +163,7 @@ class FinalTranscript:
     audio_start_ms: int
     audio_end_ms: int
     latency_ms: float
+    speaker: SpeakerMatch | None = None  # None: nobody is enrolled (or the stream does not ask)
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,9 @@ class Assistant:
         self._closed = False
         self._registry = metrics
         self._speculation: tuple[str, Turn, asyncio.Task[None]] | None = None
+        # Who speaks (an enrolled speaker's name, from the session's finals): the prompt names them.
+        self.speaker: str | None = None
+        self._speculated_for: str | None = None  # the speaker a speculative answer's prompt named
         self.toolbox: Toolbox | None = None  # tools for this assistant's own turns (assistant/tool_rounds.py)
 
     # --- state --------------------------------------------------------------------------------
@@ -121,6 +124,10 @@ class Assistant:
         await self.interrupt()
         self.history.clear()
 
+    def heard_speaker(self, name: str | None) -> None:
+        """The turn about to be answered was spoken by ``name`` (None: nobody enrolled matched)."""
+        self.speaker = name
+
     def messages(self, user_text: str) -> list[ChatMessage]:
         """The system prompt and as much recent history as the budget allows, then the new turn."""
         return self.prompt([*self.history, ChatMessage("user", user_text)])
@@ -135,6 +142,8 @@ class Assistant:
         options = options or self.options
         # Always a system prompt: a small model without one wanders (an empty one means the default).
         prompt = options.system_prompt.strip() or self.settings.assistant_system_prompt
+        if self.speaker is not None:
+            prompt += f"\nThe person speaking to you is {self.speaker}."
         system = [ChatMessage("system", prompt)]
         if not context:
             return system
@@ -465,6 +474,7 @@ class Assistant:
         )
         task.add_done_callback(lambda _: turn.settle(self._interrupted(turn)))
         self._speculation = (user_text, turn, task)
+        self._speculated_for = self.speaker
         return True
 
     def drop_speculation(self) -> None:
@@ -480,8 +490,8 @@ class Assistant:
         if speculation is None:
             return False
         text, turn, task = speculation
-        if text.strip() != user_text.strip() or task.done() or self.active:
-            self.drop_speculation()
+        if text.strip() != user_text.strip() or task.done() or self.active or self._speculated_for != self.speaker:
+            self.drop_speculation()  # (another speaker: the prompt named the one before)
             return False
         self._speculation = None
         self._registry.speculative_answers.labels("hit").inc()

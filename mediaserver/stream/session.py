@@ -38,11 +38,14 @@ from mediaserver.events import (
     AudioArray,
     FinalTranscript,
     SessionEvent,
+    SpeakerMatch,
     SpeechStarted,
     SpeechStopped,
     Transcript,
     TurnDecided,
 )
+from mediaserver.speakers.service import SpeakerService
+from mediaserver.stream import speaker
 from mediaserver.stream.finals import EarlyFinal, Finals
 from mediaserver.stream.options import StreamOptions, segmenter_config
 from mediaserver.stream.partials import Partials, continuation
@@ -64,6 +67,13 @@ class Answerer(Protocol):
     async def interrupt(self) -> bool: ...
 
     def observe_transcript(self, seconds: float) -> None: ...
+
+
+@runtime_checkable
+class SpeakerAware(Protocol):
+    """An answerer told who speaks each turn it answers (``Assistant``: its prompt names them)."""
+
+    def heard_speaker(self, name: str | None) -> None: ...
 
 
 @runtime_checkable
@@ -118,6 +128,7 @@ class StreamSession:
         self._finals = Finals(self, emit, self._start_task)  # transcriptions under way, sent in order
         self._closed = False
         self.assistant: Answerer | None = None
+        self.speakers: SpeakerService | None = None  # set by the transport: finals then name their speaker
         self.barge_in = settings.assistant_barge_in
         self._apply_turn_mode()
         # Gaps: a sender that stops sending mid-utterance (Opus DTX, a paused track, a device that
@@ -512,10 +523,21 @@ class StreamSession:
         self._partials.cancel()
         self._partials.promises.forget()
 
+        who = self._identify(audio)  # beside the transcription, not after the finals before it
+
         async def send(transcription: asyncio.Task[Transcript]) -> None:
-            await self._final(audio, start_ms, end_ms, committed=committed, ended_at=ended_at, early=transcription)
+            await self._final(
+                audio, start_ms, end_ms, committed=committed, ended_at=ended_at, early=transcription, who=who
+            )
 
         await self._finals.submit(audio, start_ms, end_ms, early, send)
+
+    def _identify(self, audio: AudioArray) -> asyncio.Task[SpeakerMatch | None] | None:
+        """Who spoke ``audio``, as a task of this session; None when nobody is enrolled."""
+        speakers = self.speakers
+        if speakers is None or not speaker.wanted(speakers):
+            return None
+        return self._start_task(speaker.identify(speakers, audio), f"speaker-{self.id}")
 
     def _start_task(self, coro: Coroutine[object, object, _T], name: str) -> asyncio.Task[_T]:
         """A task of this session: ``aclose`` cancels it."""
@@ -533,6 +555,7 @@ class StreamSession:
         committed: str | None = None,
         ended_at: float | None = None,
         early: asyncio.Task[Transcript] | None = None,
+        who: asyncio.Task[SpeakerMatch | None] | None = None,
     ) -> FinalTranscript:
         """Transcribe an utterance (``Finals.transcribe``: ``early`` is its transcription already
         under way), join it to what partials promised (``committed``), send it and answer it;
@@ -540,17 +563,26 @@ class StreamSession:
         ended_at = time.monotonic() if ended_at is None else ended_at
         committed = self._partials.promises.committed if committed is None else committed
         self._partials.cancel()
-        transcript = await self._finals.transcribe(audio, start_ms, end_ms, early)
+        who = who or self._identify(audio)
+        try:
+            transcript = await self._finals.transcribe(audio, start_ms, end_ms, early)
+        except BaseException:
+            if who is not None:
+                who.cancel()
+            raise
+        match = await who if who is not None else None
         delta = continuation(committed, transcript.text)
         text = (committed + delta) if committed else delta
         if text != transcript.text:
             transcript = replace(transcript, text=text)
         self.utterances += 1
-        final = FinalTranscript(transcript, delta, start_ms, end_ms, (time.monotonic() - ended_at) * 1000.0)
+        final = FinalTranscript(transcript, delta, start_ms, end_ms, (time.monotonic() - ended_at) * 1000.0, match)
         if committed == self._partials.promises.committed:
             self._partials.promises.forget()
         await self._emit(final)
         if self.assistant is not None and text.strip() and not self._closed:
+            if match is not None and isinstance(self.assistant, SpeakerAware):
+                self.assistant.heard_speaker(match.name)
             self.assistant.observe_transcript(time.monotonic() - ended_at)
             await self.assistant.answer(text, speech_ended_at=ended_at)
         return final

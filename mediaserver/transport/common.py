@@ -16,7 +16,7 @@ from aiohttp import BodyPartReader, web
 from mediaserver.asr.vocabulary import check_prompt
 from mediaserver.config import Settings
 from mediaserver.errors import AudioTooLarge, InvalidParameter, RequestTimeout
-from mediaserver.events import TranscriptionOptions, TurnDecided
+from mediaserver.events import FinalTranscript, TranscriptionOptions, TurnDecided
 from mediaserver.languages import normalize_language
 from mediaserver.stream.options import StreamOptions
 
@@ -267,3 +267,10 @@ def _turn_options(
             raise InvalidParameter(f"eagerness must be one of low, medium, high, auto, got {raw!r}", param="eagerness")
         eagerness = match
     return turn_detection, eagerness
+
+
+def speaker_payload(event: FinalTranscript) -> dict[str, Any] | None:
+    """A final's ``speaker`` on the streaming faces: ``{"name", "score"}`` (name null: no enrolled
+    speaker matched; score null: too little speech to tell), or null when nobody is enrolled."""
+    match = event.speaker
+    return None if match is None else {"name": match.name, "score": match.score}

@@ -17,9 +17,14 @@ import aiohttp
 import numpy as np
 import pytest
 
+from mediaserver.asr.service import AsrService
+from mediaserver.config import Settings
 from mediaserver.speakers.fetch import default_dir, fetch
+from mediaserver.speakers.service import SpeakerService
 from tests.conftest import LiveServer, synthesize
 from tests.human_speech import wav_bytes
+from tests.integration.test_ws_stream import connect, silence
+from tests.unit.test_stream_session import AnswerLog, feed, open_session, until
 
 HumanClips = list[tuple[str, np.ndarray, str]]
 ENROL = ("librivox_0870", "librivox_0890")
@@ -197,3 +202,61 @@ async def test_verifications_at_once_are_batched_and_each_gets_its_own_answer(
         voices = [clip(human_clips, n) for n in SAME_READER + OTHERS]
         answers = await asyncio.gather(*(willow_auth(http, server, v) for v in voices))
     assert [status for status, _ in answers] == [200] * len(SAME_READER) + [406] * len(OTHERS), answers
+
+
+async def stream_final(server: LiveServer, audio: np.ndarray) -> dict[str, Any]:
+    """One utterance over the device WebSocket (server VAD): its final."""
+    async with connect(server) as client:
+        await client.start(mode="server_vad")
+        await client.send_audio(pcm16(np.concatenate([silence(0.3), audio, silence(1.0)])), 3200)
+        final: dict[str, Any] = (await client.until("final", timeout=60))[-1]
+        return final
+
+
+async def test_a_streamed_final_names_its_speaker(
+    server_factory: Callable[..., Any], human_clips: HumanClips, tmp_path: Path
+) -> None:
+    server: LiveServer = await server_factory(speakers_dir=tmp_path)
+    final = await stream_final(server, clip(human_clips, SAME_READER[1]))
+    assert final["speaker"] is None and final["text"], final  # nobody enrolled: nothing compared
+    async with aiohttp.ClientSession() as http:
+        status, _ = await enrol(http, server, "reader", [clip(human_clips, n) for n in ENROL])
+        assert status == 201
+    final = await stream_final(server, clip(human_clips, SAME_READER[1]))
+    assert final["speaker"]["name"] == "reader" and final["speaker"]["score"] >= 0.75, final
+    final = await stream_final(server, clip(human_clips, "arctic_a0009"))
+    assert final["speaker"]["name"] is None and final["speaker"]["score"] < 0.75, final
+
+
+class SpeakerLog(AnswerLog):
+    """An answerer that records whom the session said each turn was spoken by."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.speakers: list[str | None] = []
+
+    def heard_speaker(self, name: str | None) -> None:
+        self.speakers.append(name)
+
+
+async def test_the_voice_loop_is_told_who_speaks_each_turn(
+    asr_service: AsrService, base_settings: Settings, human_clips: HumanClips, tmp_path: Path
+) -> None:
+    settings = base_settings.model_copy(update={"speakers_dir": tmp_path})
+    speakers = SpeakerService(settings)
+    await speakers.start()
+    try:
+        await speakers.enrol("reader", [clip(human_clips, n) for n in ENROL], replace=False)
+        answers = SpeakerLog()
+        async with open_session(asr_service, settings, server_vad=True) as (session, _):
+            session.speakers = speakers
+            session.assistant = answers
+            for name in (SAME_READER[0], "jfk"):
+                await feed(session, np.concatenate([silence(0.3), clip(human_clips, name), silence(1.0)]))
+            await until(lambda: len(answers.questions) >= 2)
+    finally:
+        await speakers.aclose()
+    # Each answered turn was preceded by its speaker: the reader, then nobody enrolled (JFK; his
+    # pause after "Americans" can make two turns of his clip).
+    assert answers.speakers[0] == "reader" and answers.speakers[-1] is None, answers.speakers
+    assert len(answers.speakers) == len(answers.questions)

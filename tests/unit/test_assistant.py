@@ -229,3 +229,12 @@ async def test_assistant_first_clause_words_is_how_soon_an_answer_speaks_its_fir
     assert error.stage == "llm" and opened == [2]
     assert SentenceSplitter(first_clause_words=2).push("Well sure, I can do") == ["Well sure,"]
     assert SentenceSplitter(first_clause_words=4).push("Well sure, I can do") == []
+
+
+def test_the_prompt_names_the_speaker_the_session_heard() -> None:
+    helper = assistant(system_prompt="Be brief.")
+    assert helper.messages("hello")[0] == ChatMessage("system", "Be brief.")
+    helper.heard_speaker("Alice")
+    assert helper.messages("hello")[0] == ChatMessage("system", "Be brief.\nThe person speaking to you is Alice.")
+    helper.heard_speaker(None)  # a voice no enrolled speaker matched: nobody is named
+    assert helper.messages("hello")[0] == ChatMessage("system", "Be brief.")

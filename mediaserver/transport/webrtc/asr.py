@@ -67,10 +67,16 @@ from mediaserver.events import (
     StreamError,
     TurnDecided,
 )
-from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, TOOLS
+from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, SPEAKERS, TOOLS
 from mediaserver.stream.options import StreamOptions
 from mediaserver.stream.session import StreamSession
-from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from, turn_payload
+from mediaserver.transport.common import (
+    loads_json,
+    read_body_limited,
+    speaker_payload,
+    stream_options_from,
+    turn_payload,
+)
 from mediaserver.transport.rtc_peer import patches
 from mediaserver.transport.rtc_peer.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 from mediaserver.transport.rtc_peer.peer import (
@@ -111,6 +117,7 @@ class RtcSession:
         self.peer = ServerPeer(settings, self.id, "rtc")
         self.base_options = options
         self.stream = StreamSession(app[ASR], settings, self._on_event, options, session_id=self.id)
+        self.stream.speakers = app.get(SPEAKERS)
         self.channel: RTCDataChannel | None = None
         self.extensions = False  # the client opted in to partials / hands-free messages
         self.hands_free = False
@@ -383,6 +390,7 @@ class RtcSession:
                     audio_start_ms=event.audio_start_ms,
                     audio_end_ms=event.audio_end_ms,
                     latency_ms=round(event.latency_ms, 1),
+                    speaker=speaker_payload(event),
                 )
                 if event.transcript.guard is not None:
                     obj["guard"] = event.transcript.guard

@@ -55,9 +55,9 @@ from mediaserver.events import (
     TurnDecided,
 )
 from mediaserver.session_registry import SessionLimitReached, ShuttingDown
-from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, TOOLS
+from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, SPEAKERS, TOOLS
 from mediaserver.stream.session import StreamSession
-from mediaserver.transport.common import loads_json, turn_payload
+from mediaserver.transport.common import loads_json, speaker_payload, turn_payload
 from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
 from mediaserver.transport.voice import check_voice, new_assistant, update_assistant
 from mediaserver.transport.ws.start import START_KEYS, StreamConfig, parse_start
@@ -110,6 +110,7 @@ class WsSession(SocketSession):
         super().__init__(app, ws, settings, f"ws-{uuid.uuid4().hex[:12]}", limits)
         self.models = app[ASR].models
         self.stream = StreamSession(app[ASR], settings, self._on_event, session_id=self.id)
+        self.stream.speakers = app.get(SPEAKERS)
         self.config: StreamConfig | None = None  # the reader's view: set by the latest valid start
         self._decoder: PcmStreamDecoder | None = None
         self._recording = False  # push-to-talk: between start and stop (reader's view)
@@ -182,6 +183,7 @@ class WsSession(SocketSession):
             "audio_start_ms": event.audio_start_ms,
             "audio_end_ms": event.audio_end_ms,
             "latency_ms": round(event.latency_ms, 1),
+            "speaker": speaker_payload(event),
         }
         if transcript.guard is not None:
             message["guard"] = transcript.guard  # the first decode looped: this is the safe redecode

@@ -35,6 +35,7 @@ from typing import Any
 
 from mediaserver.assistant.audio_out import AudioOut, played_text
 from mediaserver.assistant.prompt_fit import fit
+from mediaserver.assistant.speaker_tools import gated
 from mediaserver.assistant.tool_rounds import Toolbox, ToolRounds
 from mediaserver.assistant.turn_types import (
     AssistantOptions,
@@ -149,8 +150,9 @@ class Assistant:
             return system
         *earlier, last = context
         tools = options.tools
-        if tools is None and self.toolbox is not None:
-            tools = ToolRounds.config(self.toolbox, "auto")
+        toolbox = gated(self.toolbox, self.settings.speaker_tools, self.speaker)
+        if tools is None and toolbox is not None:
+            tools = ToolRounds.config(toolbox, "auto")
         sent = prompt_bytes([*system, last], tools)
         budget = options.history_tokens * CHARS_PER_TOKEN - sent
         kept: list[ChatMessage] = []
@@ -361,10 +363,11 @@ class Assistant:
     def _tool_rounds(self, turn: Turn, messages: list[ChatMessage], params: GenerationParams) -> ToolRounds | None:
         """Tool calls for the voice loop's own turns when MCP servers (or the client) offer tools (not
         ``respond``: a Realtime conversation brings its own tools)."""
-        if not turn.record or self.toolbox is None or self.llm is None:
+        toolbox = gated(self.toolbox, self.settings.speaker_tools, self.speaker)
+        if not turn.record or toolbox is None or self.llm is None:
             return None
-        choice, forced = self.toolbox.tool_choice or (self.settings.mcp_tool_choice, False)
-        config = ToolRounds.config(self.toolbox, choice, forced=forced)
+        choice, forced = toolbox.tool_choice or (self.settings.mcp_tool_choice, False)
+        config = ToolRounds.config(toolbox, choice, forced=forced)
         if config is None:
             return None
 
@@ -372,7 +375,7 @@ class Assistant:
             turn.progress_at = time.monotonic()
 
         rounds = ToolRounds(
-            self.llm, self.toolbox, messages, replace(params, tools=config), turn.options.model, self._emit,
+            self.llm, toolbox, messages, replace(params, tools=config), turn.options.model, self._emit,
             turn.number, self.settings.mcp_max_calls_per_turn, progress, turn.released,
         )  # fmt: skip
         return rounds

@@ -37,6 +37,11 @@ class SpeakerSettings(BaseModel):
     speaker_verify_max_s: float = Field(
         10.0, gt=0, description="a voice is compared on at most its first this many seconds (WIS: 10)"
     )
+    speaker_tools: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="voice loop: tool name -> the enrolled speakers who may use it; a listed tool is offered only on "
+        'their turns, never to an unknown voice (e.g. {"unlock_door": ["alice"]}); tools not listed are everyone\'s',
+    )
     speaker_batch_max: int = Field(
         16, ge=1, description="voices of different requests waiting together are embedded in one batch of up to this"
     )

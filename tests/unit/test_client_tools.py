@@ -174,3 +174,35 @@ async def test_the_session_toolbox_offers_both_and_the_operators_win() -> None:
     assert (await call).text == "noon"
     result = await tools.run(ToolCall("c2", "set_light", "{}"))  # the operator's: it has none
     assert result.is_error and "no tool named" in result.text
+
+
+UNLOCK = {
+    "type": "function",
+    "name": "unlock_door",
+    "description": "Unlock the front door.",
+    "parameters": {"type": "object", "properties": {}},
+}
+
+
+@pytest.mark.parametrize(("speaker", "offered"), [("alice", True), ("bob", False), (None, False)])
+async def test_a_tool_some_speakers_may_use_is_theirs_alone(speaker: str | None, offered: bool) -> None:
+    """speaker_tools: unlock_door is offered (and runs) on alice's turns only, never on an unknown
+    voice's; the tools nobody restricted stay everyone's."""
+    from mediaserver.assistant.speaker_tools import gated
+
+    settings = Settings(assistant_client_tool_timeout_s=5.0, speaker_tools={"unlock_door": ["alice"]})
+    box = ClientToolbox(settings, Metrics(), session_id="t")
+    box.declare(parse_client_tools([FLAT, UNLOCK], None))
+    gate = gated(box, settings.speaker_tools, speaker)
+    assert gate is not None
+    names = [spec.name for spec in gate.tools()]
+    assert ("unlock_door" in names) is offered and "get_local_time" in names
+    if offered:
+        answer = asyncio.ensure_future(answered_soon(box, "c1", "unlocked"))
+        result = await gate.run(ToolCall("c1", "unlock_door", "{}"))
+        assert await answer and result.text == "unlocked" and not result.is_error
+    else:  # called anyway (a model may call what it was not offered): refused, the page never asked
+        result = await gate.run(ToolCall("c1", "unlock_door", "{}"))
+        assert result.is_error and "may not be used" in result.text and "speaker_tools" in result.text
+        assert box.waiting == []
+    assert gated(box, {}, speaker) is box  # nothing restricted: the toolbox itself

@@ -229,6 +229,7 @@ class AssistantToolCall:
     name: str
     arguments: str
     client: bool = False
+    speaker: str | None = None  # the enrolled speaker whose turn calls it (docs/speakers.md)
 
 
 @dataclass(frozen=True)

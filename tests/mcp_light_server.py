@@ -7,7 +7,9 @@ Tools: ``set_light(name, on)``, ``get_state(name)`` (``name`` one of ``Light``: 
 schema, so a grammar-constrained small model names a real light), ``echo(text)``,
 ``slow(seconds)`` (sleeps: a tool past the call timeout; it creates FILE with the suffix
 ``.slow`` when it starts, for a test to see the call running) and ``broken()`` (raises: a tool that
-fails). The lights live in FILE (JSON), so a test sees a change made by a server it did not
+fails). ``--whoami`` adds ``whoami()``: the speaker mediaserver put in the call's ``_meta``
+(``mediaserver/speaker``), or "nobody" (off by default: a small model offered one more tool may
+choose it). The lights live in FILE (JSON), so a test sees a change made by a server it did not
 start itself (stdio: mediaserver's child). With ``--token``, HTTP requests without
 ``Authorization: Bearer T`` get a 401.
 """
@@ -20,12 +22,12 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 Light = Literal["kitchen", "bedroom", "living room"]
 
 
-def build(state: Path) -> MCPServer:
+def build(state: Path, *, with_whoami: bool = False) -> MCPServer:
     server = MCPServer("lights")
 
     def load() -> dict[str, bool]:
@@ -62,6 +64,14 @@ def build(state: Path) -> MCPServer:
         """Always fails."""
         raise RuntimeError("the light controller is on fire")
 
+    if with_whoami:
+
+        @server.tool()
+        def whoami(ctx: Context) -> str:
+            """Who is asking."""
+            meta: Any = ctx.request_context.meta or {}
+            return str(meta.get("mediaserver/speaker") or "nobody")
+
     return server
 
 
@@ -84,8 +94,9 @@ def main() -> None:
     parser.add_argument("transport", choices=["stdio", "http"])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token")
+    parser.add_argument("--whoami", action="store_true")
     args = parser.parse_args()
-    server = build(args.state)
+    server = build(args.state, with_whoami=args.whoami)
     if args.transport == "stdio":
         server.run("stdio")
         return

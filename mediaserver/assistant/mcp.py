@@ -25,6 +25,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from mediaserver.assistant.speaker_context import MCP_META_KEY, current_speaker
 from mediaserver.config import McpServerConfig, Settings
 from mediaserver.llm.tools import ToolCall, ToolSpec
 from mediaserver.metrics import Metrics
@@ -340,7 +341,9 @@ class McpToolbox:
         timeout_s = self.settings.mcp_call_timeout_s
         try:
             async with asyncio.timeout(timeout_s):
-                result = await client.call_tool(tool, parsed)
+                speaker = current_speaker.get()
+                meta = {MCP_META_KEY: speaker} if speaker is not None else None  # the request's _meta
+                result = await client.call_tool(tool, parsed, meta=meta)
         except TimeoutError:
             return done(f"Error: {name} did not answer within {timeout_s:g} seconds.", "timeout", is_error=True)
         except asyncio.CancelledError:  # the caller gave up (a Realtime response.cancel, a barge-in)

@@ -24,6 +24,7 @@ from typing import Protocol
 
 from mediaserver.assistant.mcp import ToolResult
 from mediaserver.assistant.prompt_fit import fit
+from mediaserver.assistant.speaker_context import current_speaker
 from mediaserver.events import AssistantToolCall, AssistantToolResult, SessionEvent
 from mediaserver.llm.service import LlmService, LlmStream
 from mediaserver.llm.tools import ToolCall, ToolConfig, ToolSpec
@@ -108,7 +109,11 @@ class ToolRounds:
             await self._ready()
             for call in calls:
                 client = self.calls < self.max_calls and self.toolbox.client_side(call.name)
-                await self._emit(AssistantToolCall(self.turn, call.id, call.name, call.arguments, client=client))
+                await self._emit(
+                    AssistantToolCall(
+                        self.turn, call.id, call.name, call.arguments, client=client, speaker=current_speaker.get()
+                    )
+                )
                 if self.calls >= self.max_calls:
                     result_text = (
                         f"Error: not run, this answer already made {self.max_calls} tool calls "

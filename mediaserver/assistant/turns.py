@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import logging
 import time
@@ -35,6 +36,7 @@ from typing import Any
 
 from mediaserver.assistant.audio_out import AudioOut, played_text
 from mediaserver.assistant.prompt_fit import fit
+from mediaserver.assistant.speaker_context import current_speaker
 from mediaserver.assistant.speaker_tools import gated
 from mediaserver.assistant.tool_rounds import Toolbox, ToolRounds
 from mediaserver.assistant.turn_types import (
@@ -129,6 +131,13 @@ class Assistant:
         """The turn about to be answered was spoken by ``name`` (None: nobody enrolled matched)."""
         self.speaker = name
 
+    def _turn_context(self, of_the_speaker: bool = True) -> contextvars.Context:
+        """The context a turn's task runs in: its tools see who speaks (``current_speaker``); a
+        turn the caller keeps (``respond``: a Realtime conversation) has no speaker."""
+        context = contextvars.copy_context()
+        context.run(current_speaker.set, self.speaker if of_the_speaker else None)
+        return context
+
     def messages(self, user_text: str) -> list[ChatMessage]:
         """The system prompt and as much recent history as the budget allows, then the new turn."""
         return self.prompt([*self.history, ChatMessage("user", user_text)])
@@ -208,7 +217,7 @@ class Assistant:
         turn = Turn(next(self._turns), options, start, record=record)
         ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
         task = asyncio.get_running_loop().create_task(
-            self._run(turn, messages, ended), name=f"assistant-turn-{self.name}"
+            self._run(turn, messages, ended), name=f"assistant-turn-{self.name}", context=self._turn_context(record)
         )
         # However the task ends (even cancelled before it ran), the turn is settled.
         task.add_done_callback(lambda _: turn.settle(self._interrupted(turn)))
@@ -473,7 +482,7 @@ class Assistant:
         ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
         messages = self.messages(user_text)
         task = asyncio.get_running_loop().create_task(
-            self._run(turn, messages, ended), name=f"assistant-speculative-{self.name}"
+            self._run(turn, messages, ended), name=f"assistant-speculative-{self.name}", context=self._turn_context()
         )
         task.add_done_callback(lambda _: turn.settle(self._interrupted(turn)))
         self._speculation = (user_text, turn, task)

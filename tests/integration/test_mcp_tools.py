@@ -24,7 +24,9 @@ import pytest
 import pytest_asyncio
 
 from mediaserver.assistant.mcp import McpToolbox
+from mediaserver.assistant.speaker_context import current_speaker
 from mediaserver.config import McpServerConfig, Settings
+from mediaserver.llm.tools import ToolCall
 from mediaserver.metrics import Metrics
 from tests.faults import eventually
 from tests.ports import free_port
@@ -255,3 +257,19 @@ async def test_a_stdio_server_that_dies_during_a_call_comes_back(
     assert _pid_of(state) != first
     again = await box.call("echo", '{"text": "still here"}')
     assert not again.is_error and again.text == "still here", again
+
+
+async def test_a_call_carries_the_speaker_of_its_turn_in_its_meta(toolbox_factory: Any, tmp_path: Path) -> None:
+    """The voice loop runs each turn's tools with its speaker set (assistant/speaker_context.py):
+    an MCP call carries it in the request's _meta, which the server reads."""
+    config = stdio_config(tmp_path / "lights.json")
+    config = config.model_copy(update={"args": [*config.args, "--whoami"]})
+    box = await toolbox_factory(config)
+    assert "whoami" in {tool.name for tool in box.tools()}
+    assert (await box.run(ToolCall("c1", "whoami", "{}"))).text == "nobody"
+    token = current_speaker.set("alice")
+    try:
+        result = await box.run(ToolCall("c2", "whoami", "{}"))
+    finally:
+        current_speaker.reset(token)
+    assert result.text == "alice" and not result.is_error, result

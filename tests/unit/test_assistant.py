@@ -238,3 +238,15 @@ def test_the_prompt_names_the_speaker_the_session_heard() -> None:
     assert helper.messages("hello")[0] == ChatMessage("system", "Be brief.\nThe person speaking to you is Alice.")
     helper.heard_speaker(None)  # a voice no enrolled speaker matched: nobody is named
     assert helper.messages("hello")[0] == ChatMessage("system", "Be brief.")
+
+
+def test_a_turns_tools_run_knowing_its_speaker() -> None:
+    """Each voice-loop turn's task runs with its speaker in context (MCP calls send it in _meta, the
+    client's tool-call events carry it); a turn the caller keeps (respond: Realtime) has none."""
+    from mediaserver.assistant.speaker_context import current_speaker
+
+    helper = assistant()
+    helper.heard_speaker("alice")
+    assert helper._turn_context().run(current_speaker.get) == "alice"
+    assert helper._turn_context(False).run(current_speaker.get) is None
+    assert current_speaker.get() is None  # the caller's own context is untouched

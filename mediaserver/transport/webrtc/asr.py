@@ -367,7 +367,7 @@ class RtcSession:
             return
         if isinstance(event, AssistantToolCall):
             call = {"turn": event.turn, "call_id": event.call_id, "name": event.name, "arguments": event.arguments}
-            self.send(message("assistant_tool_call", None, {**call, "client": event.client}))
+            self.send(message("assistant_tool_call", None, {**call, "client": event.client, "speaker": event.speaker}))
             return
         if isinstance(event, AssistantToolResult):
             result = {"turn": event.turn, "call_id": event.call_id, "name": event.name, "result": event.result}

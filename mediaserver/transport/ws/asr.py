@@ -147,7 +147,7 @@ class WsSession(SocketSession):
             self.send_json({"type": "error", "code": event.code, "message": event.message, "stage": event.stage})
         elif isinstance(event, AssistantToolCall):
             call = {"type": "assistant_tool_call", "call_id": event.call_id, "name": event.name}
-            self.send_json({**call, "arguments": event.arguments, "client": event.client})
+            self.send_json({**call, "arguments": event.arguments, "client": event.client, "speaker": event.speaker})
         elif isinstance(event, AssistantToolResult):
             result = {"type": "assistant_tool_result", "call_id": event.call_id, "name": event.name}
             self.send_json({**result, "result": event.result, "is_error": event.is_error})

@@ -8,11 +8,12 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 
 DEFAULT_MODEL_ALIASES: dict[str, str] = {
-    # OpenAI model names map to the default model: SDK users keep their code unchanged. Only names
-    # whose job the default model does: gpt-4o-transcribe-diarize is left out (nothing diarizes).
+    # OpenAI model names map to the default model: SDK users keep their code unchanged
+    # (gpt-4o-transcribe-diarize too: response_format=diarized_json adds the speakers to any model).
     "whisper-1": "@default",
     "gpt-4o-transcribe": "@default",
     "gpt-4o-mini-transcribe": "@default",
+    "gpt-4o-transcribe-diarize": "@default",
     "gpt-transcribe": "@default",
     "gpt-4o-mini-transcribe-2025-12-15": "@default",
     "gpt-live-transcribe": "@default",

@@ -42,6 +42,13 @@ class SpeakerSettings(BaseModel):
         description="voice loop: tool name -> the enrolled speakers who may use it; a listed tool is offered only on "
         'their turns, never to an unknown voice (e.g. {"unlock_door": ["alice"]}); tools not listed are everyone\'s',
     )
+    diarize_cluster_threshold: float = Field(
+        0.65,
+        gt=0,
+        lt=1,
+        description="diarized_json: two groups of 1.5 s windows are one speaker while their mean cosine similarity is "
+        "at least this (lower = fewer speakers; one reader's windows score about 0.75, different people's 0.35-0.6)",
+    )
     speaker_batch_max: int = Field(
         16, ge=1, description="voices of different requests waiting together are embedded in one batch of up to this"
     )

@@ -88,6 +88,32 @@ _OPENAI_FIELDS = {
 }
 
 
+_DIARIZED_SEGMENT = {
+    "type": "object",
+    "required": ["type", "id", "start", "end", "text", "speaker"],
+    "properties": {
+        "type": {"type": "string", "enum": ["transcript.text.segment"]},
+        "id": {"type": "string"},
+        "start": {"type": "number"},
+        "end": {"type": "number"},
+        "text": {"type": "string"},
+        "speaker": {"type": "string", "description": "a known speaker's name, else A, B, ..."},
+    },
+}
+_DIARIZED = {
+    "type": "object",
+    "description": "response_format=diarized_json",
+    "required": ["task", "duration", "text", "segments"],
+    "properties": {
+        "task": {"type": "string", "enum": ["transcribe"]},
+        "duration": {"type": "number"},
+        "text": {"type": "string"},
+        "segments": {"type": "array", "items": _DIARIZED_SEGMENT},
+        "usage": {"type": "object"},
+    },
+}
+
+
 # --- speech out (TTS) --------------------------------------------------------------------------
 
 _AUDIO = {"schema": {"type": "string", "format": "binary"}}
@@ -312,6 +338,30 @@ def spec() -> dict[str, Any]:
                         {
                             **_OPENAI_FIELDS,
                             "language": {"type": "string"},
+                            "response_format": {
+                                "type": "string",
+                                "enum": ["json", "text", "srt", "verbose_json", "vtt", "diarized_json"],
+                                "description": "diarized_json: segments with a speaker label each (any model;"
+                                " gpt-4o-transcribe-diarize is the default model)",
+                            },
+                            "known_speaker_names[]": {
+                                "type": "array",
+                                "maxItems": 4,
+                                "items": {"type": "string"},
+                                "description": "diarized_json: names for the speakers of known_speaker_references[]",
+                            },
+                            "known_speaker_references[]": {
+                                "type": "array",
+                                "maxItems": 4,
+                                "items": {"type": "string", "example": "data:audio/wav;base64,UklGR..."},
+                                "description": "diarized_json: a data URL of 2-10 s of each known speaker",
+                            },
+                            "chunking_strategy": {
+                                "type": "string",
+                                "enum": ["auto"],
+                                "description": "accepted for OpenAI's clients (an object with type server_vad too);"
+                                " the server always cuts the audio at its voice activity",
+                            },
                             "timestamp_granularities[]": {
                                 "type": "array",
                                 "items": {"type": "string", "enum": ["word", "segment"]},
@@ -319,7 +369,8 @@ def spec() -> dict[str, Any]:
                             "stream": {
                                 "type": "boolean",
                                 "description": "server-sent transcript.text.delta events, then transcript.text.done"
-                                " (response_format json or text)",
+                                " (response_format json or text); with diarized_json each segment is a delta"
+                                " (with its segment_id) then a transcript.text.segment event",
                             },
                             "include[]": {
                                 "type": "array",
@@ -333,7 +384,7 @@ def spec() -> dict[str, Any]:
                         "200": {
                             "description": "transcript in the requested format, or its events with stream=true",
                             "content": {
-                                **json_body({"type": "object"})["content"],
+                                **json_body({"oneOf": [{"type": "object"}, _DIARIZED]})["content"],
                                 "text/event-stream": {"schema": {"type": "string"}},
                             },
                         },

@@ -22,7 +22,7 @@ import numpy as np
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidAudio, ModelUnavailable
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
-from mediaserver.speakers.encoder import SpeakerEncoder, voiced_seconds
+from mediaserver.speakers.encoder import MIN_SAMPLES, SpeakerEncoder, voiced_seconds
 from mediaserver.speakers.fetch import default_path
 from mediaserver.speakers.store import Embedding, Speaker, SpeakerStore, check_name
 
@@ -117,6 +117,20 @@ class SpeakerService:
             self._executor.submit(self._drain)
         return await request.future
 
+    async def embed_windows(self, clips: list[AudioArray]) -> list[Embedding | None]:
+        """Each clip's embedding, None for one with too little speech (diarization's windows), on the
+        worker thread in batches of ``speaker_batch_max`` clips between other requests' voices."""
+        encoder = self.encoder
+        if encoder is None:
+            raise ModelUnavailable(f"speaker recognition is off: {self.problem}")
+        loop = asyncio.get_running_loop()
+        results: list[Embedding | None] = []
+        size = max(self.settings.speaker_batch_max, 1)
+        for first in range(0, len(clips), size):
+            chunk = clips[first : first + size]
+            results += await loop.run_in_executor(self._executor, _embed_usable, encoder, chunk)
+        return results
+
     def _drain(self) -> None:
         encoder = self.encoder
         assert encoder is not None
@@ -190,6 +204,15 @@ def _embed_one(encoder: SpeakerEncoder, audio: AudioArray) -> Embedding | BaseEx
         return InvalidAudio(f"not enough speech in the audio to know the voice: {exc}")
     except Exception as exc:
         return exc
+
+
+def _embed_usable(encoder: SpeakerEncoder, clips: list[AudioArray]) -> list[Embedding | None]:
+    usable = [i for i, clip in enumerate(clips) if voiced_seconds(clip) * SAMPLE_RATE_HZ >= MIN_SAMPLES]
+    vectors = encoder.embed_batch([clips[i] for i in usable])
+    found: list[Embedding | None] = [None] * len(clips)
+    for i, vector in zip(usable, vectors, strict=True):
+        found[i] = vector
+    return found
 
 
 _encoders: dict[Path, SpeakerEncoder] = {}

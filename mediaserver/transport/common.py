@@ -121,9 +121,15 @@ class MultipartFields:
 
 
 async def read_multipart(
-    request: web.Request, max_bytes: int, *, file_fields: tuple[str, ...], max_value_bytes: int = 65536
+    request: web.Request,
+    max_bytes: int,
+    *,
+    file_fields: tuple[str, ...],
+    max_value_bytes: int = 65536,
+    value_limits: Mapping[str, int] | None = None,
 ) -> MultipartFields:
-    """Stream a multipart/form-data body, bounding the total size and each text field."""
+    """Stream a multipart/form-data body, bounding the total size and each text field (to
+    ``max_value_bytes``, or to its own limit in ``value_limits``)."""
     if not request.content_type.startswith("multipart/"):
         raise InvalidParameter(
             f"expected a multipart/form-data body, got {request.content_type or 'none'}", param="body"
@@ -150,7 +156,7 @@ async def read_multipart(
             # A file under a name we do not expect is skipped (not parsed as text), so the
             # missing-field check below can name the field the client should have used.
             stray_file = name not in file_fields and part.filename is not None
-            limit = max_bytes if name in file_fields or stray_file else max_value_bytes
+            limit = max_bytes if name in file_fields or stray_file else (value_limits or {}).get(name, max_value_bytes)
             buf = bytearray()
             while chunk := await part.read_chunk(65536):
                 total += len(chunk)

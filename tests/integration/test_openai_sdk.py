@@ -255,28 +255,7 @@ async def test_models_retrieve_unknown_is_model_not_found(client: openai.AsyncOp
     assert "no-such-model" in caught.value.message
 
 
-# --- an honest model list: nothing diarizes, so no name promises it --------------------------------
-
-
-async def test_models_list_names_no_diarization(client: openai.AsyncOpenAI) -> None:
-    ids = [m.id async for m in client.models.list()]
-    assert not [i for i in ids if "diariz" in i], ids
-
-
-async def test_diarize_model_is_unknown(client: openai.AsyncOpenAI, speech: Any) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        await client.audio.transcriptions.create(model="gpt-4o-transcribe-diarize", file=_upload(speech, "kitchen"))
-    assert caught.value.param == "model"
-    assert "gpt-4o-transcribe-diarize" in caught.value.body["message"]  # type: ignore[index]
-
-
-async def test_diarized_json_is_a_clear_400(client: openai.AsyncOpenAI, speech: Any) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        await client.audio.transcriptions.create(
-            model="whisper-1", file=_upload(speech, "kitchen"), response_format="diarized_json"
-        )
-    assert caught.value.param == "response_format"
-    assert "diariz" in caught.value.body["message"]  # type: ignore[index]
+# (diarized transcripts and gpt-4o-transcribe-diarize: tests/integration/test_diarize.py)
 
 
 # --- errors through the SDK ------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def usage(transcript: Transcript) -> dict[str, Any]:
     }
 
 
-def _event(body: dict[str, Any]) -> bytes:
+def event(body: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(body, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
@@ -90,17 +90,17 @@ async def stream_transcript(request: web.Request, transcribe: Any, *, with_logpr
             transcript: Transcript = await transcribe()
         except ApiError as exc:  # a full queue or a timeout after the stream has started
             error = {"message": exc.message, "type": "server_error", "param": exc.param, "code": exc.code}
-            await response.write(_event({"error": error}))
+            await response.write(event({"error": error}))
             return response
         for delta, seg in segment_deltas(transcript):
-            event: dict[str, Any] = {"type": "transcript.text.delta", "delta": delta}
+            body: dict[str, Any] = {"type": "transcript.text.delta", "delta": delta}
             if with_logprobs:
-                event["logprobs"] = word_logprobs([seg])
-            await response.write(_event(event))
+                body["logprobs"] = word_logprobs([seg])
+            await response.write(event(body))
         done: dict[str, Any] = {"type": "transcript.text.done", "text": transcript.text, "usage": usage(transcript)}
         if with_logprobs:
             done["logprobs"] = word_logprobs(transcript.segments)
-        await response.write(_event(done))
+        await response.write(event(done))
         await response.write_eof()
     except ConnectionResetError:
         log.info("streamed transcription: the client disconnected mid-stream")

@@ -19,11 +19,21 @@ from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, Segment, Ta
 from mediaserver.languages import language_name
 from mediaserver.state import ASR, METRICS, SETTINGS
 from mediaserver.transport.common import parse_float, parse_language, read_multipart
+from mediaserver.transport.openai.diarized import (
+    REFERENCE_FIELDS,
+    REFERENCE_MAX_BYTES,
+    diarized_json,
+    known_speakers,
+    parse_request,
+    speaker_service,
+    stream_diarized,
+    transcribe_diarized,
+)
 from mediaserver.transport.openai.transcription_stream import stream_transcript, word_logprobs
 
-RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt", "diarized_json")
 GRANULARITIES = ("word", "segment")
-STREAM_FORMATS = ("json", "text")  # OpenAI streams these only
+STREAM_FORMATS = ("json", "text", "diarized_json")  # OpenAI streams these only
 
 
 def _timestamp(seconds: float, *, decimal: str) -> str:
@@ -102,24 +112,25 @@ def _single(values: dict[str, list[str]], name: str) -> str | None:
 async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     asr = request.app[ASR]
-    fields = await read_multipart(request, settings.max_upload_bytes, file_fields=("file",))
+    reference_limit = min(settings.max_upload_bytes, REFERENCE_MAX_BYTES)
+    fields = await read_multipart(
+        request,
+        settings.max_upload_bytes,
+        file_fields=("file",),
+        value_limits=dict.fromkeys(REFERENCE_FIELDS, reference_limit),
+    )
     data = fields.require_file("file")
     values = fields.values
     requested_model = _single(values, "model")
     if not requested_model:
         raise InvalidParameter("the field 'model' is required (for example 'whisper-1')", param="model")
     response_format = (_single(values, "response_format") or "json").strip().lower()
-    if response_format == "diarized_json":
-        raise InvalidParameter(
-            "response_format=diarized_json needs speaker diarization, which this server does not do;"
-            f" use one of {', '.join(RESPONSE_FORMATS)}",
-            param="response_format",
-        )
     if response_format not in RESPONSE_FORMATS:
         raise InvalidParameter(
             f"response_format must be one of {', '.join(RESPONSE_FORMATS)}; got {response_format!r}",
             param="response_format",
         )
+    diarized = response_format == "diarized_json"
     granularities = set(values.get("timestamp_granularities[]", []) + values.get("timestamp_granularities", []))
     unknown = granularities - set(GRANULARITIES)
     if unknown:
@@ -127,21 +138,34 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
             f"timestamp_granularities must be 'word' and/or 'segment'; got {sorted(unknown)}",
             param="timestamp_granularities",
         )
+    if granularities and diarized:
+        raise InvalidParameter(
+            "timestamp_granularities is not supported with response_format=diarized_json (segments carry their times)",
+            param="timestamp_granularities",
+        )
     if granularities and response_format != "verbose_json":
         raise InvalidParameter(
             "timestamp_granularities requires response_format=verbose_json", param="timestamp_granularities"
         )
+    if diarized and task == "translate":
+        raise InvalidParameter("response_format=diarized_json is for transcriptions only", param="response_format")
+    wanted = parse_request(values, diarized=diarized)
     stream = (_single(values, "stream") or "").strip().lower() in ("true", "1")
     if stream and task == "translate":
         raise InvalidParameter("stream=true is not supported for translations", param="stream")
     if stream and response_format not in STREAM_FORMATS:
         raise InvalidParameter(
-            f"stream=true needs response_format json or text; got {response_format!r}", param="response_format"
+            f"stream=true needs response_format json, text or diarized_json; got {response_format!r}",
+            param="response_format",
         )
     include = set(values.get("include[]", []) + values.get("include", []))
     if include - {"logprobs"}:
         raise InvalidParameter(f"include may only name 'logprobs'; got {sorted(include)}", param="include")
     with_logprobs = "logprobs" in include
+    if with_logprobs and diarized:
+        raise InvalidParameter(
+            "include[]=logprobs is not supported with response_format=diarized_json", param="include"
+        )
     if with_logprobs and response_format != "json":
         raise InvalidParameter("include[]=logprobs needs response_format=json", param="include")
     temperature = parse_float({k: v[-1] for k, v in values.items()}, "temperature", None, minimum=0.0, maximum=1.0)
@@ -163,6 +187,18 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
         )
     audio = await asyncio.to_thread(decode_any, data, max_duration_s=settings.max_audio_duration_s)
     request.app[METRICS].audio_seconds.labels("openai").inc(audio.size / SAMPLE_RATE_HZ)
+    if diarized:
+        speakers = speaker_service(request.app)
+        references = await known_speakers(speakers, wanted)  # a bad reference is a 400 before any stream
+        loaded = await asr.get_model(model_name)
+        asr.models.check_options(loaded.name, options)
+
+        def work() -> Any:
+            return transcribe_diarized(request.app, speakers, audio, options, loaded.name, references)
+
+        if stream:
+            return await stream_diarized(request, work)
+        return web.json_response(diarized_json(await work()))
     if stream:
         loaded = await asr.get_model(model_name)  # an unknown model or option is a 400 before the stream
         asr.models.check_options(loaded.name, options)

@@ -31,7 +31,8 @@ def room_ir(rng: np.random.Generator, rt60_s: float = 0.3) -> Audio:
     ir[0] = 1.0
     ir[: int(0.002 * RATE)] *= 0.5  # a little early spread
     ir[0] = 1.0
-    return (ir / np.sqrt(np.sum(ir**2))).astype(np.float32)
+    unit: Audio = (ir / np.sqrt(np.sum(ir**2))).astype(np.float32)
+    return unit
 
 
 def convolve(x: Audio, h: Audio) -> Audio:
@@ -138,10 +139,19 @@ def erle_db(mic: Audio, out: Audio, mask: Mask) -> float:
     return float(10 * np.log10(a / max(b, 1e-12)))
 
 
+def speech_band(x: Audio, low_hz: float = 150.0) -> Audio:
+    """``x`` without what lies below ``low_hz`` (rumble and hum that AEC3's high-pass filter removes
+    and that would otherwise dominate the correlation of some recordings)."""
+    spectrum = np.fft.rfft(x)
+    spectrum[: int(low_hz * x.size / RATE)] = 0
+    return np.fft.irfft(spectrum, x.size).astype(np.float32)
+
+
 def correlation(out: Audio, near: Audio, mask: Mask) -> float:
-    """Correlation of the output with the clean near end over the masked frames (double talk)."""
-    a = _frames(out, mask).ravel().astype(np.float64)
-    b = _frames(near, mask).ravel().astype(np.float64)
+    """Correlation of the output with the clean near end over the masked frames (e.g. double
+    talk), both in the speech band (above 150 Hz)."""
+    a = _frames(speech_band(out), mask).ravel().astype(np.float64)
+    b = _frames(speech_band(near[: out.size]), mask).ravel().astype(np.float64)
     if a.size == 0:
         return float("nan")
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))

@@ -148,8 +148,9 @@ def measure(name: str, run: Runner, trials: list[tuple[Trial, bool]], lag: int) 
         vad = room.voiced(out)[:n]
         voiced.append(vad[echo_only])
         runs.append(room.longest_run(vad & echo_only))
-        if trial.barge_at is not None:
+        if trial.barge_at is not None and double.any():
             dt_corr.append(room.correlation(out, clean, double))
+        if trial.barge_at is not None:
             near_rms = np.sqrt(np.mean(np.square(clean[: n * room.VAD_FRAME].reshape(n, -1)), axis=1))
             near_only = (near_rms > room.ACTIVE_RMS) & ~double & ~echo_only
             near_only[: trial.barge_at // room.VAD_FRAME] = False
@@ -221,7 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.candidates.split(","):
         run = CANDIDATES[name]
-        rows.append(measure(name, run, trials, latency(run, speech)))
+        try:
+            lag = latency(run, speech)
+        except ImportError as exc:  # livekit and speexdsp are not dependencies: pip install them
+            print(f"  skipped {name}: {exc}")
+            continue
+        rows.append(measure(name, run, trials, lag))
         print(f"  measured {name}", flush=True)
     header = (
         f"{'candidate':15s} {'ERLE':>6s} {'const':>6s} {'jump':>6s} {'voiced%':>8s} {'run ms':>7s} "

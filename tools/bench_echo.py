@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
 
 from tests import echo_room as room  # noqa: E402
 from tests.echo_room import RATE, Audio, Trial  # noqa: E402
@@ -108,9 +108,10 @@ def latency(run: Runner, speech: Audio) -> int:
 
 def sessions(answers: int, seed: int) -> list[tuple[Trial, bool]]:
     """(trial, delay jumps) per session of three answers."""
+    from speech_corpus import SENTENCES
+
     from tests.conftest import synthesize
     from tests.human_speech import default_dir, load_clips
-    from tools.speech_corpus import SENTENCES
 
     texts = [SENTENCES[i % len(SENTENCES)] for i in range(answers)]
     audio = [synthesize(t).audio16k.astype(np.float32) for t in texts]

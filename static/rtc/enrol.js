@@ -40,6 +40,9 @@ async function errorText(res) {
 }
 
 async function loadSpeakers() {
+  // A client secret (ek_...) opens a voice session only: enrolment needs the server's own credentials,
+  // so the panel stays hidden (and the page makes no request that would be refused).
+  if (apiKey && apiKey.startsWith("ek_")) return;
   const res = await fetch("../api/speakers", { headers: headers() });
   if (!res.ok) {
     $("enrol-card").hidden = res.status === 503; // the server has no speaker model: no panel

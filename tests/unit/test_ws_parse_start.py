@@ -178,3 +178,30 @@ def test_bad_client_tools_name_their_parameter(
         assert err.value.param == param
     else:
         assert err.value.param in ("tools", "tool_choice")
+
+
+@pytest.mark.parametrize(
+    ("values", "cancelling"),
+    [
+        ({}, False),
+        ({"assistant": True}, False),  # off unless asked for (docs/echo.md)
+        ({"assistant": True, "echo_cancellation": "auto"}, True),  # auto: on with the voice loop
+        ({"echo_cancellation": "auto"}, False),  # auto, and the server does not speak
+        ({"assistant": True, "echo_cancellation": "off"}, False),
+        ({"assistant": True, "echo_cancellation": False}, False),
+        ({"echo_cancellation": "on"}, True),
+        ({"echo_cancellation": True}, True),
+    ],
+)
+def test_echo_cancellation_is_on_where_the_server_speaks(
+    settings: Settings, models: ModelRegistry, values: dict[str, Any], cancelling: bool
+) -> None:
+    config = start(settings, models, **values)
+    assert config.echo_cancelling is cancelling and config.describe()["echo_cancellation"] is cancelling
+    again = start(settings, models, config, partials=True)  # a later start without it keeps it
+    assert again.echo_cancelling is cancelling
+
+
+def test_a_bad_echo_cancellation_is_refused(settings: Settings, models: ModelRegistry) -> None:
+    with pytest.raises(InvalidParameter, match="echo_cancellation"):
+        start(settings, models, echo_cancellation="loud")

@@ -33,6 +33,8 @@ from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.client_tools import ClientToolbox, SessionToolbox, tool_output_fields, unknown_call_text
 from mediaserver.assistant.pacing import send_paced
 from mediaserver.assistant.turns import Assistant
+from mediaserver.audio.decode import PcmFormat
+from mediaserver.audio.echo import EchoCanceller
 from mediaserver.audio.noise import NoiseFilter, new_filter
 from mediaserver.audio.stream_decode import PcmStreamDecoder
 from mediaserver.config import Settings
@@ -121,6 +123,10 @@ class WsSession(SocketSession):
         self.client_tools = ClientToolbox(settings, app[METRICS], session_id=self.id)  # the client's own tools
         self.noise: NoiseFilter | None = None
         self.wake: WakeGate | None = None
+        # Echo cancellation (audio/echo.py): the answers sent are the reference, placed on the clock of
+        # the microphone samples that had arrived when each was sent (``mic_arrived``).
+        self.echo: EchoCanceller | None = None
+        self.mic_arrived = 0
 
     # --- sending ----------------------------------------------------------------------------------
 
@@ -316,7 +322,15 @@ class WsSession(SocketSession):
     def on_audio_queued(self) -> None:
         self.stream.audio_arriving()
 
+    def enqueue_audio(self, samples: AudioArray) -> bool:
+        queued = super().enqueue_audio(samples)
+        if queued:
+            self.mic_arrived += samples.size
+        return queued
+
     async def feed(self, samples: AudioArray) -> None:
+        if self.echo is not None:
+            samples = self.echo.process(samples)
         cleaned = self.noise.process(samples) if self.noise is not None else samples
         await feed_through(
             self.wake, cleaned, self.stream, lambda gate, change: self.send_json(wake_message(gate, change))
@@ -338,6 +352,11 @@ class WsSession(SocketSession):
         self.stream.configure(config.stream_options())
         if (self.noise.level if self.noise else 0) != config.noise_level:
             self.noise = new_filter(config.noise_level, self.settings)
+        if not config.echo_cancelling:
+            self.echo = None
+        elif self.echo is None:
+            self.echo = EchoCanceller()
+            self.mic_arrived = self.echo.position + self.backlog_samples  # its clock starts at the audio fed next
         if self.wake is not None:
             self.wake.close()
         self.wake = new_gate(list(config.wake), self.settings) if config.wake is not None else None
@@ -377,7 +396,20 @@ class WsSession(SocketSession):
     async def _send_answers(self, out: AudioOut) -> None:
         """Answer audio as binary frames (one frame each), paced at real time with a little lead, so
         a barge-in drops what the device has not received yet rather than what it has already buffered."""
-        await send_paced(out, self.send_raw, lead_s=self.settings.ws_answer_lead_ms / 1000.0)
+        reference = PcmStreamDecoder(PcmFormat(out.sample_rate_hz, 16, 1))
+        playing_until = 0  # the microphone clock at which the audio sent so far ends, played back to back
+
+        def send(frame: bytes) -> None:
+            nonlocal playing_until
+            echo = self.echo
+            if echo is not None:  # what the device will play: after what it was sent before, not earlier than now
+                pcm = reference.decode(frame)
+                at = max(self.mic_arrived, playing_until)
+                echo.played(pcm, at_sample=at)
+                playing_until = at + pcm.size
+            self.send_raw(frame)
+
+        await send_paced(out, send, lead_s=self.settings.ws_answer_lead_ms / 1000.0)
 
     async def _finish_utterance(self) -> None:
         started = time.perf_counter()

@@ -60,6 +60,7 @@ START_KEYS: Final = frozenset(
         "system_prompt",
         "audio_sample_rate",
         "noise_suppression",
+        "echo_cancellation",
         "wake",
     }
 )
@@ -85,6 +86,10 @@ class StreamConfig:
     assistant_values: tuple[tuple[str, object], ...] = ()  # system_prompt / voice / speak as sent
     audio_sample_rate_hz: int = SAMPLE_RATE_HZ
     noise_level: int = 0  # WebRTC noise suppression before the VAD (audio/noise.py); 0 = off
+    # Echo cancellation of the answers the server speaks (audio/echo.py): "auto" = on with the assistant.
+    # Off unless asked for: on a simulated device the first answer's echo still interrupted it in 2 of
+    # 3 runs (docs/echo.md), so it is not yet the default.
+    echo_cancellation: Literal["auto", "on", "off"] = "off"
     wake: tuple[str, ...] | None = None  # wake word models gating the stream (wake/gate.py); None = off
     # Functions the client runs itself (assistant/client_tools.py), with ``tool_choice``; assistant only.
     client_tools: ClientTools = NO_CLIENT_TOOLS
@@ -93,6 +98,11 @@ class StreamConfig:
     def pcm_format(self) -> PcmFormat:
         is_float = self.encoding == "float32"
         return PcmFormat(self.sample_rate_hz, 32 if is_float else 16, self.channels, is_float=is_float)
+
+    @property
+    def echo_cancelling(self) -> bool:
+        """Whether the microphone's echo of the answers is cancelled (``auto``: when the server speaks)."""
+        return self.echo_cancellation == "on" or (self.echo_cancellation == "auto" and self.assistant)
 
     @property
     def server_vad(self) -> bool:
@@ -138,6 +148,7 @@ class StreamConfig:
                 "task": t.task,
                 "prompt": t.initial_prompt,
                 "noise_suppression": self.noise_level,
+                "echo_cancellation": self.echo_cancelling,
                 "wake": list(self.wake) if self.wake is not None else None,
             }
             | self._turn_described()
@@ -218,6 +229,8 @@ def parse_start(
         noise_level = parse_level(values["noise_suppression"], settings)
     else:
         noise_level = base.noise_level if base else parse_level(None, settings)
+    echo = _echo_option(values["echo_cancellation"]) if "echo_cancellation" in values else None
+    echo = echo or (base.echo_cancellation if base else "off")
     wake_names = parse_wake_option(values["wake"], settings) if "wake" in values else (base.wake if base else None)
     client_tools = _client_tools(values, assistant, base)
     if wake_names is not None and mode != "server_vad":
@@ -237,8 +250,21 @@ def parse_start(
         assistant_values=tuple(assistant_values.items()),
         audio_sample_rate_hz=audio_rate,
         noise_level=noise_level,
+        echo_cancellation=echo,
         wake=tuple(wake_names) if wake_names is not None else None,
         client_tools=client_tools,
+    )
+
+
+def _echo_option(value: object) -> Literal["auto", "on", "off"]:
+    if value is True or value in ("on", "true"):
+        return "on"
+    if value is False or value in ("off", "false"):
+        return "off"
+    if value in (None, "auto"):
+        return "auto"
+    raise InvalidParameter(
+        f"echo_cancellation must be 'auto', 'on', 'off' or a boolean, got {value!r}", param="echo_cancellation"
     )
 
 

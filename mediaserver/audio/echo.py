@@ -1,0 +1,120 @@
+"""Server-side acoustic echo cancellation for devices that have none (issue #37).
+
+The server knows what it played to a device (it synthesized it): that audio is the *reference*.
+Its echo reaches the device's microphone after an unknown, varying delay (device buffers, 20-300+
+ms), through a room, with gain and loudspeaker clipping. ``EchoCanceller`` removes it before the
+VAD and ASR see the microphone audio.
+
+The canceller is WebRTC's AEC3 through ``pywebrtc-audio`` (Apache-2.0; WebRTC itself BSD-3-Clause;
+a 0.4 MB manylinux wheel whose only dependency is numpy). It was chosen by measurement against
+LiveKit's AEC3 binding and speexdsp (``tools/bench_echo.py``, docs/echo.md). AEC3 estimates the
+echo delay itself (its matched-filter delay estimator, which also follows a delay that changes,
+after a few seconds of echo), so the reference is handed over on the stream clock as played, with
+no delay hint.
+
+Stream clock: sample ``n`` of the reference is what the server sent to the device for the moment
+at which microphone sample ``n`` arrives (the device's clock counted in received microphone
+samples). ``played(samples, at_sample)`` records an answer's audio there; silence between answers
+is simply nothing recorded; an answer cut short stops being recorded (``cut(at_sample)`` also drops
+reference already recorded past a point, e.g. audio queued but never sent).
+
+Latency: whole 10 ms frames go through; up to one frame (159 samples) is held until the next piece
+arrives; AEC3 itself delays its output by 128 samples (8 ms, two of its 4 ms blocks).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import numpy as np
+
+from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
+
+FRAME_SAMPLES: Final = SAMPLE_RATE_HZ // 100  # 10 ms, AEC3's frame
+OUTPUT_LATENCY_SAMPLES: Final = 128  # AEC3's own delay of the output (measured, tools/bench_echo.py)
+MAX_REFERENCE_AHEAD_S: Final = 120.0  # reference recorded further ahead than this is refused
+
+
+class EchoCanceller:
+    """AEC3 for one stream: ``played`` records the reference, ``process`` cleans the microphone."""
+
+    def __init__(self, sample_rate: int = SAMPLE_RATE_HZ) -> None:
+        if sample_rate != SAMPLE_RATE_HZ:
+            raise ValueError(f"EchoCanceller runs at {SAMPLE_RATE_HZ} Hz, got {sample_rate}")
+        self._aec: Any = None
+        self.reset()
+
+    def reset(self) -> None:
+        """A new stream: forget the reference, the held audio, the filter and the delay."""
+        from pywebrtc_audio import EchoCanceller as Aec3
+
+        self._aec = Aec3(SAMPLE_RATE_HZ, 1, 0)
+        self._position = 0  # stream clock: microphone samples taken so far (held ones included)
+        self._carry = np.zeros(0, np.float32)  # microphone samples waiting for a whole frame
+        self._ref_start = 0  # stream-clock sample of self._ref[0]
+        self._ref = np.zeros(0, np.float32)
+        self._active = False  # has any reference been recorded since the reset?
+
+    @property
+    def position(self) -> int:
+        """Microphone samples taken since the reset (the stream clock)."""
+        return self._position
+
+    def played(self, samples16k: AudioArray, at_sample: int) -> None:
+        """The server sent ``samples16k`` (16 kHz float32) to the device, starting at stream-clock
+        sample ``at_sample``. Overlapping audio is mixed (added); audio before the frame in progress
+        is too late to use and is dropped."""
+        samples = np.asarray(samples16k, np.float32).ravel()
+        if samples.size == 0:
+            return
+        if at_sample - self._position > MAX_REFERENCE_AHEAD_S * SAMPLE_RATE_HZ:
+            raise ValueError(f"reference at sample {at_sample} is too far ahead of {self._position}")
+        skip = max(0, self._ref_start - at_sample)
+        if skip >= samples.size:
+            return
+        samples, at_sample = samples[skip:], at_sample + skip
+        offset = at_sample - self._ref_start
+        end = offset + samples.size
+        if end > self._ref.size:
+            self._ref = np.concatenate([self._ref, np.zeros(end - self._ref.size, np.float32)])
+        self._ref[offset:end] += samples
+        self._active = True
+
+    def cut(self, at_sample: int) -> None:
+        """Forget reference recorded from ``at_sample`` on (the device will not play it)."""
+        keep = max(0, at_sample - self._ref_start)
+        self._ref = self._ref[:keep]
+
+    def process(self, mic16k: AudioArray) -> AudioArray:
+        """Microphone audio (16 kHz float32, any length) → the same with the echo removed.
+
+        Returns whole 10 ms frames; the rest is held for the next call. Before any reference has
+        been recorded the audio passes through untouched (no filter, no latency from AEC3)."""
+        mic = np.asarray(mic16k, np.float32).ravel()
+        data = np.concatenate([self._carry, mic]) if self._carry.size else mic
+        usable = data.size - data.size % FRAME_SAMPLES
+        self._carry = data[usable:].copy()
+        start = self._position - (data.size - mic.size)  # stream clock of data[0]
+        self._position += mic.size
+        if usable == 0:
+            return np.zeros(0, np.float32)
+        frames = data[:usable]
+        if not self._active:
+            self._ref_start = start + usable
+            return frames.copy()
+        reference = self._take_reference(start, usable)
+        out = self._aec.process(np.ascontiguousarray(frames), reference)
+        return np.asarray(out, np.float32)
+
+    def _take_reference(self, start: int, count: int) -> AudioArray:
+        """The reference for stream-clock samples ``start`` .. ``start + count`` (zeros where none
+        was recorded), dropping it from the buffer."""
+        reference = np.zeros(count, np.float32)
+        lo = max(start, self._ref_start)
+        hi = min(start + count, self._ref_start + self._ref.size)
+        if hi > lo:
+            reference[lo - start : hi - start] = self._ref[lo - self._ref_start : hi - self._ref_start]
+        consumed = max(0, start + count - self._ref_start)
+        self._ref = self._ref[consumed:]
+        self._ref_start = max(self._ref_start, start + count)
+        return reference

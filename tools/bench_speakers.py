@@ -18,16 +18,31 @@ rate (EER), and the false-accept and false-reject rates at ``--threshold`` (the 
 ``speaker_threshold``) and at a few others; the cost of one embedding alone and batched, and the
 encoder's memory. ``--plot`` writes the score distributions.
 
+**Diarization** (mediaserver/speakers/diarize.py, the server's own ``diarize``, on a real
+``SpeakerService``): ``--recordings`` seeded random concatenations of 2 or 3 of 7 voices (the
+reader, JFK, awb, slt, the card-command speaker, the "forever" speaker and Piper), each speaker's
+clips trimmed of leading and trailing silence and put end to end, turns of 1-10 s cut from them (as
+long as a voice's clips allow), 0-0.5 s of silence between turns, no one twice in a row. Scored on
+a 10 ms grid with a 0.25 s collar around every reference boundary (standard practice) and the best
+one-to-one mapping of the hypothesis' labels onto the speakers: DER (missed speech, false alarm,
+speaker confusion) over the reference speech, and the speaker-count error (hypothesis speakers minus
+reference speakers), side by side for each of ``--diarize-thresholds``
+(``diarize_cluster_threshold``). ``--diarize-plot`` writes DER per threshold.
+
     python tools/bench_speakers.py [--threshold 0.75] [--plot docs/bench-speakers.png]
+        [--part both|verify|diarize] [--recordings 30] [--seed 36]
+        [--diarize-thresholds 0.55,0.65,0.75] [--diarize-plot docs/bench-diarize.png]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,11 +119,275 @@ def eer(genuine: np.ndarray, impostor: np.ndarray) -> tuple[float, float]:
     return (best[0] + best[1]) / 2, at
 
 
+# --- diarization (issue #36: "concatenations of 2-3 real speakers with turns of 1-10 s") ---------
+
+DIARIZE_SPEAKERS = {
+    "reader": GENUINE["reader"],
+    "jfk": ["jfk"],
+    "awb": ["arctic_a0007"],
+    "slt": ["arctic_a0009"],
+    "cards": ["cards_001", "cards_002", "cards_003", "cards_004", "cards_005"],
+    "forever": GENUINE["forever"],
+}
+DIARIZE_PIPER_TEXTS = [
+    *PIPER_TEXTS,
+    "The library closes at eight, so bring the books back before then.",
+    "I would like a large coffee with oat milk and no sugar, please.",
+]
+GRID_S = 0.01
+COLLAR_S = 0.25
+
+
+@dataclass(frozen=True)
+class Recording:
+    audio: np.ndarray
+    truth: list[tuple[float, float, str]]  # (start s, end s, speaker) per turn
+
+    @property
+    def speakers(self) -> set[str]:
+        return {s for _, _, s in self.truth}
+
+
+def speaker_streams() -> dict[str, np.ndarray]:
+    """Each diarization speaker's clips, leading and trailing silence trimmed, end to end."""
+    from tests.conftest import synthesize
+    from tests.human_speech import voiced_span
+
+    clips = {name: audio for name, audio, _ in load_clips(speech_dir())}
+    per_speaker = {speaker: [clips[n] for n in names] for speaker, names in DIARIZE_SPEAKERS.items()}
+    per_speaker["piper"] = [synthesize(text).audio16k for text in DIARIZE_PIPER_TEXTS]
+    streams = {}
+    for speaker, audios in per_speaker.items():
+        trimmed = []
+        for audio in audios:
+            a, b = voiced_span(audio)
+            trimmed.append(audio[a:b])
+        streams[speaker] = np.concatenate(trimmed).astype(np.float32)
+    return streams
+
+
+def make_recording(rng: np.random.Generator, streams: dict[str, np.ndarray], n_speakers: int) -> Recording:
+    """2 or 3 speakers taking turns (never one twice in a row) of 1-10 s cut from their streams (as
+    long as a speaker's stream allows), 0-0.5 s of silence between turns; every speaker speaks."""
+    from tests.human_speech import voiced_span
+
+    chosen = [str(s) for s in rng.choice(sorted(streams), size=n_speakers, replace=False)]
+    order = list(chosen)  # everyone once first, then at random
+    for _ in range(int(rng.integers(2, 5))):
+        order.append(str(rng.choice([s for s in chosen if s != order[-1]])))
+    pieces: list[np.ndarray] = []
+    truth: list[tuple[float, float, str]] = []
+    at = 0
+    for speaker in order:
+        stream = streams[speaker]
+        length = min(int(rng.uniform(1.0, 10.0) * 16000), stream.size)
+        first = int(rng.integers(0, stream.size - length + 1))
+        cut = stream[first : first + length]
+        try:
+            a, b = voiced_span(cut)
+        except ValueError:
+            a, b = 0, cut.size
+        if b - a < 16000:  # cut mostly a pause: keep the whole cut
+            a, b = 0, cut.size
+        cut = cut[a:b]
+        gap = np.zeros(int(rng.uniform(0.0, 0.5) * 16000), np.float32)
+        pieces += [gap, cut]
+        at += gap.size
+        truth.append((at / 16000, (at + cut.size) / 16000, speaker))
+        at += cut.size
+    pieces.append(np.zeros(int(0.3 * 16000), np.float32))
+    return Recording(np.concatenate(pieces), truth)
+
+
+@dataclass
+class Score:
+    speech: float = 0.0  # scored reference speech, s
+    missed: float = 0.0
+    false_alarm: float = 0.0
+    confusion: float = 0.0
+
+    def add(self, other: Score) -> None:
+        self.speech += other.speech
+        self.missed += other.missed
+        self.false_alarm += other.false_alarm
+        self.confusion += other.confusion
+
+    @property
+    def der(self) -> float:
+        return (self.missed + self.false_alarm + self.confusion) / self.speech if self.speech else 0.0
+
+
+def score(truth: list[tuple[float, float, str]], hypothesis: list[tuple[float, float, str]], duration: float) -> Score:
+    """DER's parts on a ``GRID_S`` grid, frames within ``COLLAR_S`` of a reference boundary not scored,
+    hypothesis labels mapped one to one onto reference speakers as best they can be."""
+    frames = int(np.ceil(duration / GRID_S))
+    times = (np.arange(frames) + 0.5) * GRID_S
+    refs = sorted({s for _, _, s in truth})
+    hyps = sorted({s for _, _, s in hypothesis})
+    ref = np.full(frames, -1)
+    scored = np.ones(frames, bool)
+    for start, end, speaker in truth:
+        ref[(times >= start) & (times < end)] = refs.index(speaker)
+        for edge in (start, end):
+            scored &= np.abs(times - edge) > COLLAR_S
+    hyp = np.full(frames, -1)
+    for start, end, speaker in hypothesis:
+        hyp[(times >= start) & (times < end)] = hyps.index(speaker)
+    ref, hyp = ref[scored], hyp[scored]
+    both = (ref >= 0) & (hyp >= 0)
+    overlap = np.zeros((len(refs), len(hyps)))
+    np.add.at(overlap, (ref[both], hyp[both]), 1)
+    best = 0.0  # the most jointly labelled frames any one-to-one mapping gives
+    for assignment in itertools.permutations([*range(len(hyps)), *[None] * len(refs)], len(refs)):
+        best = max(best, sum(overlap[r, h] for r, h in enumerate(assignment) if h is not None))
+    return Score(
+        speech=float(np.sum(ref >= 0)) * GRID_S,
+        missed=float(np.sum((ref >= 0) & (hyp < 0))) * GRID_S,
+        false_alarm=float(np.sum((ref < 0) & (hyp >= 0))) * GRID_S,
+        confusion=float(np.sum(both) - best) * GRID_S,
+    )
+
+
+@dataclass
+class DiarizeResult:
+    threshold: float
+    total: Score
+    by_speakers: dict[int, Score]
+    count_errors: list[int]  # hypothesis speakers minus reference speakers, per recording
+    seconds: float  # diarizing
+    audio_s: float
+
+
+async def diarize_all(recordings: list[Recording], thresholds: list[float]) -> list[DiarizeResult]:
+    import tempfile
+
+    from mediaserver.speakers.diarize import diarize
+    from mediaserver.speakers.service import SpeakerService
+
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        service = SpeakerService(Settings(_env_file=None, speakers_dir=Path(tmp)))
+        await service.start()
+        try:
+            if service.encoder is None:
+                raise SystemExit(f"speakers are off: {service.problem}")
+            for threshold in thresholds:
+                result = DiarizeResult(threshold, Score(), {2: Score(), 3: Score()}, [], 0.0, 0.0)
+                for recording in recordings:
+                    started = time.perf_counter()
+                    found = await diarize(service.embed_windows, recording.audio, cluster_threshold=threshold)
+                    result.seconds += time.perf_counter() - started
+                    duration = recording.audio.size / 16000
+                    result.audio_s += duration
+                    hypothesis = [(t.start_s, t.end_s, t.speaker) for t in found]
+                    one = score(recording.truth, hypothesis, duration)
+                    result.total.add(one)
+                    result.by_speakers[len(recording.speakers)].add(one)
+                    result.count_errors.append(len({t.speaker for t in found}) - len(recording.speakers))
+                results.append(result)
+        finally:
+            await service.aclose()
+    return results
+
+
+def too_many_few(result: DiarizeResult) -> str:
+    return f"{sum(e > 0 for e in result.count_errors)} / {sum(e < 0 for e in result.count_errors)}"
+
+
+def bench_diarization(args: argparse.Namespace) -> None:
+    rng = np.random.default_rng(args.seed)
+    streams = speaker_streams()
+    print(
+        "\ndiarization voices (s of trimmed speech): "
+        + ", ".join(f"{s} {a.size / 16000:.1f}" for s, a in sorted(streams.items()))
+    )
+    recordings = [make_recording(rng, streams, 2 + n % 2) for n in range(args.recordings)]
+    audio_s = sum(r.audio.size for r in recordings) / 16000
+    turns = [e - s for r in recordings for s, e, _ in r.truth]
+    print(
+        f"{len(recordings)} recordings (seed {args.seed}; {sum(len(r.speakers) == 2 for r in recordings)} of 2 "
+        f"speakers, {sum(len(r.speakers) == 3 for r in recordings)} of 3), {audio_s:.0f} s in all, {len(turns)} "
+        f"turns of {min(turns):.1f}-{max(turns):.1f} s (mean {np.mean(turns):.1f} s); DER on a "
+        f"{GRID_S * 1000:.0f} ms grid, {COLLAR_S} s collar around each reference boundary, best one-to-one mapping"
+    )
+    results = asyncio.run(diarize_all(recordings, args.diarize_thresholds))
+    default = Settings(_env_file=None).diarize_cluster_threshold
+    rows: list[tuple[str, Callable[[DiarizeResult], str]]] = [
+        ("DER", lambda r: f"{r.total.der:.1%}"),
+        ("  missed speech", lambda r: f"{r.total.missed / r.total.speech:.1%}"),
+        ("  false alarm", lambda r: f"{r.total.false_alarm / r.total.speech:.1%}"),
+        ("  speaker confusion", lambda r: f"{r.total.confusion / r.total.speech:.1%}"),
+        ("DER, 2 speakers", lambda r: f"{r.by_speakers[2].der:.1%}"),
+        ("DER, 3 speakers", lambda r: f"{r.by_speakers[3].der:.1%}"),
+        ("speaker count right", lambda r: f"{np.mean(np.array(r.count_errors) == 0):.0%}"),
+        ("speaker count MAE", lambda r: f"{np.mean(np.abs(r.count_errors)):.2f}"),
+        (
+            "  too many / too few",
+            lambda r: f"{sum(e > 0 for e in r.count_errors)} / {sum(e < 0 for e in r.count_errors)}",
+        ),
+        ("diarizing, s per s of audio", lambda r: f"{r.seconds / r.audio_s:.3f}"),
+    ]
+    header = [f"{r.threshold:.2f}" + (" (default)" if r.threshold == default else "") for r in results]
+    print(f"\n{'diarize_cluster_threshold':<28}" + "".join(f"{h:>16}" for h in header))
+    for label, cell in rows:
+        print(f"{label:<28}" + "".join(f"{cell(r):>16}" for r in results))
+    if args.diarize_plot is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        x = np.arange(len(results))
+        bottom = np.zeros(len(results))
+        for part, colour in (("missed", "tab:blue"), ("false_alarm", "tab:orange"), ("confusion", "tab:red")):
+            values = np.array([getattr(r.total, part) / r.total.speech * 100 for r in results])
+            ax.bar(x, values, 0.5, bottom=bottom, label=part.replace("_", " "), color=colour)
+            bottom += values
+        for i, r in enumerate(results):
+            ax.text(
+                i,
+                bottom[i] + 0.3,
+                f"DER {r.total.der:.1%}\n2 spk {r.by_speakers[2].der:.1%}, "
+                f"3 spk {r.by_speakers[3].der:.1%}\ncount right {np.mean(np.array(r.count_errors) == 0):.0%}",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+        ax.set_xticks(x, header)
+        ax.set_xlabel("diarize_cluster_threshold")
+        ax.set_ylabel("% of reference speech")
+        ax.set_ylim(0, max(bottom) * 1.5 + 1)
+        ax.set_title(f"diarization: {len(recordings)} recordings of 2-3 of {len(streams)} voices, {COLLAR_S} s collar")
+        ax.legend(loc="upper left")
+        fig.tight_layout()
+        args.diarize_plot.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(args.diarize_plot, dpi=90)
+        print(f"plot: {args.diarize_plot}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threshold", type=float, default=Settings(_env_file=None).speaker_threshold)
     parser.add_argument("--plot", type=Path, default=None)
+    parser.add_argument("--part", choices=["both", "verify", "diarize"], default="both")
+    parser.add_argument("--recordings", type=int, default=30, help="diarization: recordings to build")
+    parser.add_argument("--seed", type=int, default=36, help="diarization: the recordings' random seed")
+    parser.add_argument(
+        "--diarize-thresholds",
+        type=lambda text: [float(t) for t in text.split(",")],
+        default=[0.55, 0.65, 0.75],
+        help="diarization: diarize_cluster_threshold values, side by side",
+    )
+    parser.add_argument("--diarize-plot", type=Path, default=None, help="diarization: DER per threshold (PNG)")
     args = parser.parse_args()
+    if args.part != "diarize":
+        verify(args)
+    if args.part != "verify":
+        bench_diarization(args)
+
+
+def verify(args: argparse.Namespace) -> None:
 
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()

@@ -260,3 +260,30 @@ async def test_the_voice_loop_is_told_who_speaks_each_turn(
     # pause after "Americans" can make two turns of his clip).
     assert answers.speakers[0] == "reader" and answers.speakers[-1] is None, answers.speakers
     assert len(answers.speakers) == len(answers.questions)
+
+
+async def test_deleting_a_speaker_while_a_voice_is_verified(
+    server_factory: Callable[..., Any], human_clips: HumanClips, tmp_path: Path
+) -> None:
+    """A verification compares against the speakers as they were when it began: a DELETE meanwhile
+    answers 204, the verification 200 (it began first) or 406 (it did not), never a 500; the next
+    one is refused (nobody is enrolled)."""
+    server: LiveServer = await server_factory(speakers_dir=tmp_path)
+    async with aiohttp.ClientSession() as http:
+        status, _ = await enrol(http, server, "reader", [clip(human_clips, n) for n in ENROL])
+        assert status == 201
+
+        async def delete() -> int:
+            async with http.delete(f"{server.url}/api/speakers/reader") as resp:
+                return resp.status
+
+        (verified, answer), deleted = await asyncio.gather(
+            willow_auth(http, server, clip(human_clips, SAME_READER[0])), delete()
+        )
+        assert deleted == 204
+        assert verified in (200, 406), (verified, answer)
+        if verified == 200:
+            assert list(answer["voice_auth"]) == ["reader"], answer
+        status, _ = await willow_auth(http, server, clip(human_clips, SAME_READER[0]))
+        assert status == 406
+        assert await listed(http, server) == []

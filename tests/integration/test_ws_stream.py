@@ -156,6 +156,7 @@ async def test_server_vad_realtime_with_append_only_partials(
             "task": "transcribe",
             "prompt": None,
             "noise_suppression": 0,
+            "echo_cancellation": False,
             "wake": None,
             "turn_detection": "silence",  # in force: the server's default (server VAD mode reports it)
         }

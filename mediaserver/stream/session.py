@@ -407,10 +407,18 @@ class StreamSession:
         coming (Opus DTX sends one every ~400 ms or none). Only during speech: the pre-roll before
         an onset keeps the real audio that arrived."""
         threshold_s = self.settings.stream_gap_fill_ms / 1000.0
+        # Time the event loop was too busy to wake this watcher on time (a loaded machine) is not the
+        # sender's silence: audio sent meanwhile waits in the socket for the loop to read it.
+        stalled_s, audio_at = 0.0, self._last_audio_at
         try:
             while self.options.server_vad and self._segmenter.in_speech and not self._closed:
+                wake_at = time.monotonic() + threshold_s / 2
                 await asyncio.sleep(threshold_s / 2)
-                silent_for = time.monotonic() - self._last_audio_at
+                now = time.monotonic()
+                if self._last_audio_at != audio_at:
+                    stalled_s, audio_at = 0.0, self._last_audio_at
+                stalled_s += max(0.0, now - max(wake_at, audio_at))
+                silent_for = now - audio_at - stalled_s
                 if silent_for <= threshold_s or self._feeding:
                     continue  # audio came, or is being fed: a pause being judged holds it (``_segment``)
                 missing = int((silent_for - self._gap_filled_s) * SAMPLE_RATE_HZ)

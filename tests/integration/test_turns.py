@@ -567,3 +567,58 @@ async def test_a_pause_is_judged_at_the_same_stream_time_however_fast_the_audio_
     assert len(held_finals) == 2, held
     assert "france" in words(held_finals[0].transcript.text), held_finals
     assert len([e for e in unheld if isinstance(e, FinalTranscript)]) == 1, unheld
+
+
+async def test_a_stalled_event_loop_is_not_a_gap(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    """A busy machine can stall the event loop for longer than ``stream_gap_fill_ms``; audio the
+    sender sent meanwhile waits in the socket for the loop to read it. The stall is not the sender
+    going quiet: gap filling must add no silence, or a sentence spoken without a pause is cut in two
+    (here a 0.4 s stall mid-sentence, longer than the 300 ms hangover). Silence detection, audio
+    paced in real time."""
+    clip = speech("Turn off the lights in the bedroom and close the garage door.").audio16k
+    audio = np.concatenate([silence(0.5), clip, silence(1.5)])
+    stall_at = (8000 + voiced_span(clip)[0] + 16000) // CHUNK  # 1 s into the speech
+    stopped: list[SpeechStopped] = []
+    finals: list[FinalTranscript] = []
+
+    async def emit(event: SessionEvent) -> None:
+        if isinstance(event, SpeechStopped):
+            stopped.append(event)
+        elif isinstance(event, FinalTranscript):
+            finals.append(event)
+
+    transcription = TranscriptionOptions(language="en", with_segment_timestamps=False)
+    session = StreamSession(
+        asr_service, base_settings, emit, StreamOptions(transcription=transcription, server_vad=True)
+    )
+    loop = asyncio.get_running_loop()
+    received: asyncio.Queue[np.ndarray | None] = asyncio.Queue()
+
+    async def transport() -> None:  # as the transports do: what the socket read is fed by a worker
+        while (chunk := await received.get()) is not None:
+            await session.feed(chunk)
+
+    worker = asyncio.create_task(transport())
+    try:
+        started = time.monotonic()
+        for n, start in enumerate(range(0, audio.size, CHUNK)):
+            received.put_nowait(audio[start : start + CHUNK])
+            if n == stall_at:
+                loop.call_soon(time.sleep, 0.4)  # the loop is busy: nothing runs, nothing is read
+            delay = started + (n + 1) * CHUNK / SAMPLE_RATE_HZ - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        received.put_nowait(None)
+        await worker
+        async with asyncio.timeout(60):
+            while not finals:
+                await asyncio.sleep(0.05)
+        assert len(stopped) == 1, stopped
+        assert "garage" in words(finals[0].transcript.text) and "turn" in words(finals[0].transcript.text)
+        frame_ms = session._segmenter.config.frame_ms
+        assert session._segmenter.position_ms == audio.size * 1000 // SAMPLE_RATE_HZ // frame_ms * frame_ms
+    finally:
+        worker.cancel()
+        await session.aclose()

@@ -46,8 +46,14 @@ def _dump_asyncio_tasks_on_timeout() -> None:
 
     def dump_stacks(terminal: Any) -> None:
         loop = asyncio._get_running_loop()
-        if loop is not None:
-            for task in asyncio.all_tasks(loop):
+        # Every loop's pending tasks if none runs here (a CI timeout once printed none).
+        tasks = (
+            asyncio.all_tasks(loop)
+            if loop is not None
+            else {t for t in getattr(asyncio.tasks, "_all_tasks", ()) if not t.done()}
+        )
+        if tasks:
+            for task in tasks:
                 terminal.sep("~", title=f"asyncio task {task.get_name()}")
                 buffer = io.StringIO()
                 task.print_stack(limit=12, file=buffer)

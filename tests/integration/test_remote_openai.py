@@ -128,9 +128,10 @@ async def test_silence_never_leaves_the_machine(upstream: str, base_settings: Se
         front_server(base_settings, remote_models={"tiny.en": remote(upstream)}) as front,
         aiohttp.ClientSession() as http,
     ):
-        status, body = await willow(http, front, bytes(32000 * 2))
+        async with asyncio.timeout(60):  # the step that hangs, if one does (CI once timed out here)
+            status, body = await willow(http, front, bytes(32000 * 2))
         assert status == 200 and body["text"] == ""
-        async with http.get(f"{front.url}/metrics") as resp:
+        async with asyncio.timeout(60), http.get(f"{front.url}/metrics") as resp:
             assert "mediaserver_asr_backend_requests_total{" not in await resp.text()
 
 

@@ -164,7 +164,9 @@ def parts() -> Iterator[type[BaseModel]]:
 def entry(name: str, field: FieldInfo) -> str:
     """One list item: the name (an anchor), the variables, the type, the default, the description."""
     names = ", ".join(f"`{variable}`" for variable in variables(name, field))
-    text = f'- <a id="{name}"></a>**`{name}`** ({names}; `{type_name(field.annotation)}`; default {default_text(field)})'
+    text = (
+        f'- <a id="{name}"></a>**`{name}`** ({names}; `{type_name(field.annotation)}`; default {default_text(field)})'
+    )
     if field.description:
         description = " ".join(field.description.split())
         text += ": " + description + ("" if description.endswith(".") else ".")

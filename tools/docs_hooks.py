@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "tools"):  # mediaserver (when not installed) and gen_config_docs beside this file
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
+from gen_config_docs import render  # noqa: E402
 from mkdocs.structure.files import File, Files  # noqa: E402
 from mkdocs.structure.pages import Page  # noqa: E402
-
-from tools.gen_config_docs import render  # noqa: E402
 
 INCLUDE = "<!-- include: tools/README.md -->"
 

@@ -157,7 +157,7 @@ def sections(part: type[BaseModel]) -> dict[str, str]:
 def parts() -> Iterator[type[BaseModel]]:
     """The parts of ``Settings`` in the order of its fields (server first)."""
     order = list(Settings.model_fields)
-    bases = [base for base in Settings.__mro__[1:] if base.__name__ in PARTS]
+    bases = [base for base in Settings.__mro__[1:] if issubclass(base, BaseModel) and base.__name__ in PARTS]
     yield from sorted(bases, key=lambda base: min(order.index(name) for name in base.model_fields))
 
 

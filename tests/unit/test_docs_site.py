@@ -75,3 +75,13 @@ def test_the_configuration_page_has_every_setting_with_its_default() -> None:
         assert f"default {default_text(field)}" in line, line
         assert field.description and " ".join(field.description.split()) in line, f"{name} has no description"
     assert str(Path.home()) not in page and str(ROOT) not in page  # the same page on every machine
+
+
+def test_the_readme_links_to_files_that_exist() -> None:
+    """README.md is not part of the site, so the strict build does not check its links: this does."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    relative = [link for link in links if "://" not in link]
+    assert len(relative) > 10, relative
+    missing = [link for link in relative if not (ROOT / link).exists()]
+    assert not missing, missing

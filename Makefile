@@ -13,7 +13,7 @@ WHEELHOUSE ?= $(HOME)/.cache/mediaserver/wheels
 LLAMA_SERVER_CACHE ?= $(HOME)/.cache/mediaserver/llama-server
 LLAMA_WHEEL = --only-binary llama-cpp-python --find-links "$$(cat $(VENV)/.llama-wheelhouse)"
 
-.PHONY: run setup setup-dev test lint bench clean turn-model speaker-model
+.PHONY: run setup setup-dev test lint docs bench clean turn-model speaker-model
 
 run: setup
 	$(PY) -m mediaserver
@@ -58,9 +58,16 @@ lint: setup-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy mediaserver tools tests
+	$(MAKE) docs
+
+# The docs site (mkdocs.yml, docs/) into site/, strictly: a broken link or anchor, a page missing
+# from the nav or a nav entry without a page fails. The configuration page is generated from the
+# Settings as it builds (tools/docs_hooks.py); `python tools/gen_config_docs.py` prints it.
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: setup-dev
 	$(PY) tools/bench_willow_latency.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

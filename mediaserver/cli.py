@@ -26,7 +26,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="mediaserver",
         description="Realtime speech inference server. Every option is also an environment variable "
-        "MEDIASERVER_<NAME> (see README).",
+        "MEDIASERVER_<NAME> (see docs/ and the docs site's configuration page: make docs).",
     )
     parser.add_argument("--host", help="address to listen on (default 0.0.0.0)")
     parser.add_argument("--http-port", type=int, help="plain HTTP port (default 19001)")

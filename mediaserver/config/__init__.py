@@ -55,7 +55,7 @@ class Settings(
     ServerSettings,
     BaseSettings,
 ):
-    """All configuration; see README "Configuration" for the environment variable names."""
+    """All configuration; the docs site's configuration page lists every field (tools/gen_config_docs.py)."""
 
     # validate_by_name: Settings(asr_default_model=...) by field name, next to the renamed settings'
     # environment aliases (asr._renamed).

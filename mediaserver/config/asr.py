@@ -73,10 +73,18 @@ class AsrSettings(BaseModel):
     """ASR models, device, decoding defaults, VAD gate and the shared scheduler (part of ``Settings``)."""
 
     # --- models --------------------------------------------------------------------------------
-    asr_default_model: str = Field("tiny.en", validation_alias=_renamed("asr_default_model", "default_model"))
-    translation_model: str = "base"
+    asr_default_model: str = Field(
+        "tiny.en",
+        validation_alias=_renamed("asr_default_model", "default_model"),
+        description="the model of a request that names none, and what OpenAI's model names mean; was `default_model`",
+    )
+    translation_model: str = Field(
+        "base", description="the multilingual model translations use when the chosen model is English-only"
+    )
     asr_preload_models: list[str] = Field(
-        default_factory=lambda: ["tiny.en"], validation_alias=_renamed("asr_preload_models", "preload_models")
+        default_factory=lambda: ["tiny.en"],
+        validation_alias=_renamed("asr_preload_models", "preload_models"),
+        description="models loaded at start (the others load on first use); was `preload_models`",
     )
     asr_extra_models: dict[str, str] = Field(
         default_factory=dict,
@@ -90,21 +98,43 @@ class AsrSettings(BaseModel):
     asr_model_aliases: dict[str, str] = Field(
         default_factory=lambda: dict(DEFAULT_MODEL_ALIASES),
         validation_alias=_renamed("asr_model_aliases", "model_aliases"),
+        description="names clients send → a model (`@default`: `asr_default_model`); was `model_aliases`",
     )
-    wis_size_fallback: bool = True
-    allow_model_download: bool = True
-    model_cache_dir: Path = Path.home() / ".cache" / "mediaserver" / "models"
-    max_loaded_models: int = Field(4, ge=1)
+    wis_size_fallback: bool = Field(
+        True,
+        description="a WIS size (`tiny` … `large`) whose Systran model is not in the Hugging Face cache is "
+        "served by the closest installed model; false: a 400",
+    )
+    allow_model_download: bool = Field(
+        True,
+        description="models named by a Hugging Face id (ASR and LLM) are downloaded on first use; false: only "
+        "what is cached",
+    )
+    model_cache_dir: Path = Field(
+        Path.home() / ".cache" / "mediaserver" / "models",
+        description="where the bundled `base` is assembled and GGUF files are downloaded (`gguf/`)",
+    )
+    max_loaded_models: int = Field(
+        4, ge=1, description="ASR models kept loaded; the least recently used is unloaded when idle"
+    )
 
     # --- device --------------------------------------------------------------------------------
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    compute_type: str = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="`auto`: CUDA when NVIDIA's driver and a CUDA build of CTranslate2 are there, else the CPU"
+    )
+    compute_type: str = Field(
+        "auto",
+        description="CTranslate2's compute type; `auto`: `int8_float16` on GPUs of compute capability 7.0 and "
+        "up, `int8` on older GPUs and the CPU",
+    )
     cpu_threads: int = Field(0, ge=0, description="0 = one per core")
 
     # --- decoding defaults ---------------------------------------------------------------------
-    default_language: str = "en"
-    default_beam_size: int = Field(1, ge=1, le=10)
-    max_beam_size: int = Field(10, ge=1)
+    default_language: str = Field(
+        "en", description="the language a remote ASR engine is asked for when a request names none"
+    )
+    default_beam_size: int = Field(1, ge=1, le=10, description="the beam width of a request that names none")
+    max_beam_size: int = Field(10, ge=1, description="the largest `beam_size` a request may ask for (a 400 past it)")
     asr_vocabulary: str = Field(
         "",
         description="words Whisper should expect (names, jargon: 'Gregson, Kubernetes'), put before every "
@@ -119,12 +149,16 @@ class AsrSettings(BaseModel):
     )
 
     # --- VAD gate ------------------------------------------------------------------------------
-    vad_aggressiveness: int = Field(2, ge=0, le=3)
-    vad_min_speech_ms: int = Field(120, ge=0)
-    asr_vad_filter: bool = True
+    vad_aggressiveness: int = Field(
+        2, ge=0, le=3, description="webrtcvad's mode (0-3) in the ASR silence gate before a decode"
+    )
+    vad_min_speech_ms: int = Field(
+        120, ge=0, description="audio with less speech than this (the silence gate's webrtcvad) is answered as silence"
+    )
+    asr_vad_filter: bool = Field(True, description="faster-whisper's own Silero VAD, after the webrtcvad gate")
 
     # --- ASR scheduler -------------------------------------------------------------------------
-    asr_max_batch: int = Field(8, ge=1)
+    asr_max_batch: int = Field(8, ge=1, description="jobs per batch of the shared ASR scheduler")
     asr_max_wait_ms: float = Field(5.0, ge=0, description="close a batch when no job arrived for this long")
     asr_max_collect_ms: float = Field(
         50.0,
@@ -132,20 +166,32 @@ class AsrSettings(BaseModel):
         description="close a batch after collecting this long in all; below asr_max_wait_ms it acts as that (a "
         "lone job always waits asr_max_wait_ms)",
     )
-    asr_max_queue: int = Field(64, ge=1)
-    asr_request_timeout_s: float = Field(300.0, gt=0)
-    asr_batching: bool = True
-    asr_pack_windows: bool = True
-    asr_pack_gap_s: float = Field(1.0, ge=0.2, le=5.0)
-    asr_pack_max_job_s: float = Field(10.0, gt=0, le=24.0)
-    asr_pack_max_window_s: float = Field(24.0, gt=1.0, le=29.0)
+    asr_max_queue: int = Field(64, ge=1, description="ASR jobs waiting per model; past it a 503 with Retry-After")
+    asr_request_timeout_s: float = Field(
+        300.0, gt=0, description="an ASR job's deadline, waiting and decoding; a 504 past it"
+    )
+    asr_batching: bool = Field(
+        True,
+        description="decode a job's speech as windows batched with other jobs'; false (and for word "
+        "timestamps or a sampling temperature): faster-whisper's own sequential decode",
+    )
+    asr_pack_windows: bool = Field(
+        True,
+        description="pack short utterances into shared 30 s windows, only under a backlog (docs: Speech "
+        "recognition, Encoder windows and packing)",
+    )
+    asr_pack_gap_s: float = Field(1.0, ge=0.2, le=5.0, description="silence between packed utterances")
+    asr_pack_max_job_s: float = Field(10.0, gt=0, le=24.0, description="the longest utterance packed")
+    asr_pack_max_window_s: float = Field(24.0, gt=1.0, le=29.0, description="the packed audio per window")
     asr_pack_min_waiting: int = Field(
         0, ge=0, description="pack only when this many jobs wait; 0 = one more than asr_max_batch, 2 = always"
     )
     asr_pack_min_saving_s: float = Field(
         1.0, ge=0, description="and only when encoding each waiting job alone would take longer than this"
     )
-    asr_speech_pad_ms: int = Field(300, ge=0, le=2000)
+    asr_speech_pad_ms: int = Field(
+        300, ge=0, le=2000, description="the audio kept around each stretch of speech when a job is cut into windows"
+    )
     asr_encoder_max_windows: int = Field(
         2,
         ge=0,

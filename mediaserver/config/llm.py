@@ -36,7 +36,7 @@ class LlmSettings(BaseModel):
     """LLM models, the llama-server engine, an upstream, sampling defaults, embeddings (part of ``Settings``)."""
 
     # --- LLM: chat completions, embeddings, WIS chatbot (mediaserver/llm) ----------------------
-    llm_enabled: bool = True
+    llm_enabled: bool = Field(True, description="false turns the LLM off: every LLM endpoint answers 503")
     llm_model: str = Field(
         "",
         description="default chat model: a name, a .gguf path or a Hugging Face 'owner/repo:file.gguf' id; "
@@ -45,7 +45,11 @@ class LlmSettings(BaseModel):
     llm_extra_models: dict[str, str] = Field(
         default_factory=dict, description="name -> .gguf path or Hugging Face 'owner/repo:file.gguf' id"
     )
-    llm_model_aliases: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_LLM_ALIASES))
+    llm_model_aliases: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_LLM_ALIASES),
+        description="names clients send → a model (`@default`: the default model); OpenAI's chat model names "
+        "by default",
+    )
     llm_preload: bool = Field(True, description="start the default chat model's engine at start-up, not on first use")
     llm_slots: int = Field(
         4,
@@ -96,7 +100,12 @@ class LlmSettings(BaseModel):
     llm_engine_restart_backoff_s: float = Field(
         0.5, ge=0, description="pause before restarting a crashed engine, doubled per crash in a row"
     )
-    llm_engine_restart_max_backoff_s: float = Field(30.0, ge=0)
+    llm_engine_restart_max_backoff_s: float = Field(
+        30.0,
+        ge=0,
+        description="the longest wait before restarting an engine that keeps crashing (the backoff doubles "
+        "per crash in a row)",
+    )
     llm_engine_probe_interval_s: float = Field(
         2.0,
         gt=0,
@@ -154,11 +163,11 @@ class LlmSettings(BaseModel):
         "assistant_system_prompt, whose description says why it holds an example",
     )
     llm_upstream_url: str | None = Field(None, description="an OpenAI-compatible base URL, e.g. http://vllm:8000/v1")
-    llm_upstream_api_key: str | None = None
+    llm_upstream_api_key: str | None = Field(None, description="the key sent to `llm_upstream_url`")
     llm_upstream_models: list[str] = Field(
         default_factory=list, description="models to offer from the upstream; empty = what it lists at start-up"
     )
-    llm_upstream_connect_timeout_s: float = Field(5.0, gt=0)
+    llm_upstream_connect_timeout_s: float = Field(5.0, gt=0, description="connecting to the upstream")
     llm_upstream_timeout_s: float = Field(60.0, gt=0, description="silence from the upstream before a 504")
     llm_upstream_retries: int = Field(
         2,
@@ -179,7 +188,11 @@ class LlmSettings(BaseModel):
     llm_embedding_model: str = Field(
         "", description="a name, .gguf path or hub id; empty = the default chat model if a GGUF, else the bundled one"
     )
-    llm_embedding_aliases: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_EMBEDDING_ALIASES))
+    llm_embedding_aliases: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_EMBEDDING_ALIASES),
+        description="names clients send → the embedding model (`@embedding`); OpenAI's embedding model names "
+        "by default",
+    )
     llm_embedding_pooling: Literal["auto", "mean", "cls", "last"] = Field(
         "auto", description="auto = the model's own pooling, mean for chat models that have none"
     )

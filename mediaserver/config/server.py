@@ -11,21 +11,35 @@ class ServerSettings(BaseModel):
     """Network, auth, input limits, GPU capability gating and process-wide knobs (part of ``Settings``)."""
 
     # --- network -------------------------------------------------------------------------------
-    host: str = "0.0.0.0"
-    http_port: int = Field(19001, ge=0, le=65535)
-    https_port: int = Field(19000, ge=0, le=65535)
-    cert_dir: Path = Path("certs")
-    static_dir: Path = Path(__file__).resolve().parents[2] / "static"
+    host: str = Field("0.0.0.0", description="the address HTTP and HTTPS listen on")
+    http_port: int = Field(19001, ge=0, le=65535, description="the HTTP port")
+    https_port: int = Field(
+        19000, ge=0, le=65535, description="the HTTPS port, served only when `cert_dir` has `cert.pem` and `key.pem`"
+    )
+    cert_dir: Path = Field(
+        Path("certs"),
+        description="the TLS certificate and key, `cert.pem` and `key.pem` (`python tools/gen_cert.py` writes them)",
+    )
+    static_dir: Path = Field(
+        Path(__file__).resolve().parents[2] / "static",
+        description="the web pages, served at `/static/` (and its `rtc/` at `/rtc/`)",
+    )
 
     # --- auth (all optional; Willow devices can only send Basic auth through user:pass@ URLs) ---
-    basic_auth_user: str | None = None
-    basic_auth_password: str | None = None
-    api_keys: list[str] = Field(default_factory=list)
+    basic_auth_user: str | None = Field(
+        None,
+        description="HTTP Basic auth, with `basic_auth_password` (Willow devices send it from a "
+        "`https://user:pass@host` URL)",
+    )
+    basic_auth_password: str | None = Field(None, description="the password of `basic_auth_user`")
+    api_keys: list[str] = Field(
+        default_factory=list, description="API keys accepted as `X-API-Key` or `Authorization: Bearer` (a JSON list)"
+    )
 
     # --- input limits --------------------------------------------------------------------------
-    max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024)
-    max_audio_duration_s: float = Field(3 * 3600.0, gt=0)
-    body_read_timeout_s: float = Field(60.0, gt=0)
+    max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024, description="the largest upload; a 413 past it")
+    max_audio_duration_s: float = Field(3 * 3600.0, gt=0, description="the longest audio of one request; a 413 past it")
+    body_read_timeout_s: float = Field(60.0, gt=0, description="an upload that stalls this long is a 408")
 
     # --- features on a GPU (capability gating; on the CPU every installed feature is on) ---------
     vram_asr_mb: int = Field(1500, ge=0, description="VRAM the ASR models need before ASR is enabled")
@@ -53,9 +67,11 @@ class ServerSettings(BaseModel):
         "engine and models takes 1-2 s more (measured on 2 loaded cores): 7 s keeps the whole stop inside Docker's "
         "default 10 s",
     )
-    save_audio_dir: Path = Path("audio")
-    allow_save_audio: bool = True
-    log_level: str = "INFO"
+    save_audio_dir: Path = Field(
+        Path("audio"), description="where Willow's `save_audio` writes `willow.wav`, served at `/audio/willow.wav`"
+    )
+    allow_save_audio: bool = Field(True, description="whether Willow's `save_audio` is honoured")
+    log_level: str = Field("INFO", description="the logging level (`DEBUG`, `INFO`, `WARNING` ...)")
 
     @property
     def auth_enabled(self) -> bool:

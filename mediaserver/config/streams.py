@@ -14,9 +14,11 @@ class StreamSettings(BaseModel):
     """How every streaming face (WebRTC, WebSocket, Realtime, devices) cuts and hears speech (part of ``Settings``)."""
 
     # --- streaming sessions (WebRTC, WebSocket, Realtime) --------------------------------------
-    max_sessions: int = Field(64, ge=1)
+    max_sessions: int = Field(
+        64, ge=1, description="open streaming sessions (WebRTC, WebSocket, Realtime); past it a 503 `too_many_sessions`"
+    )
     session_idle_timeout_s: float = Field(7 * 24 * 3600.0, gt=0, description="close a session idle this long")
-    stream_vad_aggressiveness: int = Field(3, ge=0, le=3)
+    stream_vad_aggressiveness: int = Field(3, ge=0, le=3, description="the streams' webrtcvad mode (0-3)")
     stream_vad_hangover_ms: int = Field(500, ge=60, description="silence that ends an utterance")
     stream_vad_preroll_ms: int = Field(
         150,
@@ -25,7 +27,9 @@ class StreamSettings(BaseModel):
         "heard a real 'ten of clubs' streamed as 'ten of close' where its upload said 'clubs' (tools/eval_parity.py)",
     )
     stream_min_speech_ms: int = Field(200, ge=0, description="shorter bursts are ignored")
-    stream_max_utterance_s: float = Field(28.0, gt=1.0, le=29.5)
+    stream_max_utterance_s: float = Field(
+        28.0, gt=1.0, le=29.5, description="a streamed utterance is cut at this length"
+    )
     stream_partial_interval_ms: int = Field(
         300, ge=50, description="a partial decode starts at most this often (from the start of the last one)"
     )

@@ -12,10 +12,19 @@ class TransportSettings(BaseModel):
 
     # --- WebRTC --------------------------------------------------------------------------------
     rtc_ice_servers: list[str] = Field(default_factory=list, description="stun:/turn: URLs; none = host candidates")
-    rtc_turn_username: str | None = None
-    rtc_turn_password: str | None = None
+    rtc_turn_username: str | None = Field(
+        None, description="the TURN user name for the `turn:` URLs of `rtc_ice_servers`"
+    )
+    rtc_turn_password: str | None = Field(
+        None, description="the TURN password for the `turn:` URLs of `rtc_ice_servers`"
+    )
     rtc_udp_port_min: int = Field(0, ge=0, le=65535, description="0 = any ephemeral port")
-    rtc_udp_port_max: int = Field(0, ge=0, le=65535)
+    rtc_udp_port_max: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="the highest UDP port of WebRTC media (see `rtc_udp_port_min`); 0 = any ephemeral port",
+    )
     rtc_connect_timeout_s: float = Field(
         10.0, gt=0, description="an answered offer whose peer has not connected by then is closed (frees its slot)"
     )
@@ -44,9 +53,15 @@ class TransportSettings(BaseModel):
     )
 
     # --- WebSocket streams ---------------------------------------------------------------------
-    ws_max_message_bytes: int = Field(1024 * 1024, ge=1024)
-    ws_heartbeat_s: float = Field(20.0, gt=0)
-    ws_idle_timeout_s: float = Field(300.0, gt=0)
+    ws_max_message_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="the largest message on every WebSocket (a message of exactly this size is accepted)",
+    )
+    ws_heartbeat_s: float = Field(20.0, gt=0, description="the WebSockets' ping interval")
+    ws_idle_timeout_s: float = Field(
+        300.0, gt=0, description="a device stream or Realtime session with no message this long is closed"
+    )
     ws_answer_lead_ms: int = Field(200, ge=0, description="answer audio sent ahead of real time (voice loop)")
 
     # --- OpenAI Realtime conversations (/v1/realtime, /v1/realtime/calls) ------------------------
@@ -77,7 +92,7 @@ class TransportSettings(BaseModel):
     )
 
     # --- Wyoming (Home Assistant) --------------------------------------------------------------
-    wyoming_enabled: bool = True
+    wyoming_enabled: bool = Field(True, description="serve Wyoming (Home Assistant) on `wyoming_port`")
     wyoming_host: str | None = Field(
         None,
         description="address the Wyoming server listens on; unset = 0.0.0.0, or 127.0.0.1 when auth is on "
@@ -90,11 +105,17 @@ class TransportSettings(BaseModel):
     wyoming_max_buffered_audio_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, description="audio held for transcription across all Wyoming connections"
     )
-    wyoming_port: int = Field(10300, ge=0, le=65535)
-    wyoming_zeroconf: bool = False
-    wyoming_zeroconf_name: str = "mediaserver"
-    wyoming_max_event_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    wyoming_idle_timeout_s: float = Field(60.0, gt=0)
+    wyoming_port: int = Field(10300, ge=0, le=65535, description="the Wyoming TCP port")
+    wyoming_zeroconf: bool = Field(
+        False, description="announce the server as `_wyoming._tcp` so Home Assistant discovers it"
+    )
+    wyoming_zeroconf_name: str = Field("mediaserver", description="the name zeroconf announces")
+    wyoming_max_event_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="the largest Wyoming event a client may send"
+    )
+    wyoming_idle_timeout_s: float = Field(
+        60.0, gt=0, description="a Wyoming connection that sends nothing (or reads nothing) this long is closed"
+    )
 
     @field_validator("wyoming_allowed_networks")
     @classmethod

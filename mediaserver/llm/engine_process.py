@@ -156,7 +156,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 def _threads(settings: Settings) -> int:
     # Half the cores by default: llama.cpp's threads wait on each other at every layer, so sharing
-    # all cores with ASR (or anything else) stalls them (see README, "Threads").
+    # all cores with ASR (or anything else) stalls them (docs/llm.md, "Models").
     return settings.llm_threads or max(1, (os.cpu_count() or 2) // 2)
 
 

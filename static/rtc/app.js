@@ -319,7 +319,7 @@ setInterval(() => {
 
 // --- the page's own tool ----------------------------------------------------------------------
 // Declared in `start` when "Page tool" is on; the server sends its calls here (`client: true`) and
-// waits for the answer (README, "Tools the client runs").
+// waits for the answer (docs/tools.md, "Tools the client runs").
 
 const PAGE_COLORS = ["red", "orange", "yellow", "green", "blue", "purple", "pink", "white", "black", "gray"];
 const PAGE_TOOLS = [

@@ -28,7 +28,7 @@
 //   assistant_audio_started {turn} / assistant_audio_stopped {turn, interrupted, heard}
 //   assistant_tool_call {turn, call_id, name, arguments, client} / assistant_tool_result {turn, call_id, name, result, is_error}
 //                                            client: a tool this page declared (start's `tools`): run it and
-//                                            answer with sendToolOutput(call_id, output) (README, "Tools the client runs")
+//                                            answer with sendToolOutput(call_id, output) (docs/tools.md, "Tools the client runs")
 //   assistant_track {stream, track}          the server's outbound audio (answers), for an <audio>
 //   bitrate      {audioKbps, audioPayloadKbps, totalKbps, intervalMs, bytesSent}
 //   message      {msg}                       every data channel message, parsed

@@ -4,7 +4,7 @@ answers, and the answer is spoken.
 
 The fake microphone says a sentence about the kitchen lights (tests/e2e/conftest.py); the bundled
 model never chooses a tool by itself, so the page is opened with ``tool_choice=required`` (as
-README says for small models) and the colour is the model's, within the tool's enum.
+docs/tools.md says for small models) and the colour is the model's, within the tool's enum.
 """
 
 from __future__ import annotations

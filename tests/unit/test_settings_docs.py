@@ -1,7 +1,8 @@
 """The settings tables of README.md and docs/*.md against the code (``Settings``, ``RemoteModel``).
 
-Every setting is in a table (``| setting | default | |``) with the default the code has, and every
-name in a table is a setting; the ``remote_models`` field table of docs/scaling.md is held to
+Every name in a settings table (``| setting | default | |``) is a setting, with the default the code
+has (the docs site's configuration page lists every setting; it is generated from the code, see
+tests/unit/test_docs_site.py); the ``remote_models`` field table of docs/scaling.md is held to
 ``RemoteModel`` the same way; every ``MEDIASERVER_*`` variable the docs name is read by the server;
 a default given in prose right after a setting's name (```stream_gap_fill_ms` (120 ms)``) is the
 code's. Defaults are compared as values (``7`` = ``7.0``, ``100 MiB`` = 104857600, JSON lists and maps,
@@ -179,7 +180,7 @@ def documented(header: str, fields: Mapping[str, FieldInfo], paths: list[Path]) 
     found: dict[str, list[tuple[str, str]]] = {}
     for path in paths:
         for row in tables(path, header):
-            if row.names == ["assistant_*"] and row.defaults is None:  # docs/realtime.md points at README's
+            if row.names == ["assistant_*"] and row.defaults is None:  # docs/realtime.md points at the voice loop's
                 continue
             names = expand(row.names, fields, row.where)
             defaults = row.defaults
@@ -208,12 +209,11 @@ def test_derived_defaults_stand_for_what_the_code_does() -> None:
         assert all(alias.startswith(prefixes) for alias in aliases), aliases
 
 
-def test_every_setting_is_in_a_table_with_its_default() -> None:
+def test_every_setting_in_a_table_is_one_with_its_default() -> None:
     found = documented("setting", SETTINGS, DOCS)
+    assert len(found) > 50, "the settings tables were not found: the parsing is broken"
     unknown = sorted(f"{where}: {name}" for name, rows in found.items() for where, _ in rows if name not in SETTINGS)
     assert not unknown, f"in a settings table but not a setting: {unknown}"
-    missing = sorted(name for name in SETTINGS if not any(text for _, text in found.get(name, [])))
-    assert not missing, f"settings in no table with a default (README.md's or docs/'s): {missing}"
     wrong = []
     for name, rows in found.items():
         default = default_of(SETTINGS[name])

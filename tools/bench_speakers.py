@@ -51,8 +51,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mediaserver.config import Settings
-from mediaserver.speakers.encoder import SpeakerEncoder, voiced_seconds
-from mediaserver.speakers.fetch import default_dir, fetch
+from mediaserver.speakers.encoder import voiced_seconds
+from mediaserver.speakers.service import _load_encoder, model_path
 from tests.human_speech import default_dir as speech_dir
 from tests.human_speech import load_clips
 
@@ -391,7 +391,8 @@ def verify(args: argparse.Namespace) -> None:
 
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
-    encoder = SpeakerEncoder(fetch(default_dir()))
+    # The server's model: GE2E, or the ONNX file MEDIASERVER_SPEAKER_MODEL_PATH names.
+    encoder = _load_encoder(model_path(Settings(_env_file=None)))
     load_s = time.perf_counter() - started
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     all_voices = voices()

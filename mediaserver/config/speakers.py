@@ -13,8 +13,10 @@ class SpeakerSettings(BaseModel):
     # --- speaker recognition (mediaserver/speakers) ---------------------------------------------
     speaker_model_path: Path | None = Field(
         None,
-        description="the GE2E speaker encoder's weights; none = ~/.cache/mediaserver/speaker/pretrained.pt (make setup "
-        "fetches it from the resemblyzer wheel); missing = enrolment and voice_auth answer that speakers are off",
+        description="the speaker model: GE2E's weights (none = ~/.cache/mediaserver/speaker/pretrained.pt, which make "
+        "setup fetches from the resemblyzer wheel) or an operator's ONNX speaker model (a .onnx file: WeSpeaker or "
+        "CAM++ exports, docs/speakers.md); missing = enrolment and voice_auth answer that speakers are off; speakers "
+        "enrolled with another model are left out until enrolled again",
     )
     speakers_dir: Path | None = Field(
         None,

@@ -218,6 +218,7 @@ class SpeakerEncoder:
     """Utterances → unit-norm 256-dim voice embeddings (cosine similarity compares speakers)."""
 
     dim: Final = 256
+    model_id: Final = "ge2e"  # what enrolled speakers record of the model that embedded them
 
     def __init__(self, path: Path) -> None:
         w = {name: value.astype(np.float32) for name, value in load_weights(path).items()}

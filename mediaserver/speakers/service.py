@@ -24,9 +24,13 @@ from mediaserver.errors import InvalidAudio, ModelUnavailable
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
 from mediaserver.speakers.encoder import MIN_SAMPLES, SpeakerEncoder, voiced_seconds
 from mediaserver.speakers.fetch import default_path
+from mediaserver.speakers.onnx_encoder import OnnxSpeakerEncoder
 from mediaserver.speakers.store import Embedding, Speaker, SpeakerStore, check_name
 
 log = logging.getLogger(__name__)
+
+# GE2E (the default, numpy) or an operator's ONNX model (``speaker_model_path`` ending in .onnx).
+VoiceEncoder = SpeakerEncoder | OnnxSpeakerEncoder
 
 
 def model_path(settings: Settings) -> Path:
@@ -56,7 +60,7 @@ class SpeakerService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store = SpeakerStore(store_dir(settings), settings.speakers_max)
-        self.encoder: SpeakerEncoder | None = None
+        self.encoder: VoiceEncoder | None = None
         self.problem: str | None = "not started"
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speakers")
         self._lock = threading.Lock()
@@ -68,18 +72,19 @@ class SpeakerService:
         path = model_path(self.settings)
 
         def load() -> None:
-            self.store.load()
             if not path.is_file():
                 self.problem = (
                     f"the speaker model {path} is missing (fetch it with `make setup` or "
                     "`python -m mediaserver.speakers.fetch`)"
                 )
-                return
-            try:
-                self.encoder = _load_encoder(path)
-                self.problem = None
-            except Exception as exc:
-                self.problem = f"the speaker model {path} could not be loaded: {exc}"
+            else:
+                try:
+                    self.encoder = _load_encoder(path)
+                    self.problem = None
+                except Exception as exc:
+                    self.problem = f"the speaker model {path} could not be loaded: {exc}"
+            # Speakers another model enrolled are left out (named in /health) while this one runs.
+            self.store.load(self.encoder.model_id if self.encoder is not None else None)
 
         await asyncio.get_running_loop().run_in_executor(self._executor, load)
         if self.problem is not None:
@@ -95,6 +100,7 @@ class SpeakerService:
         return {
             "available": self.problem is None,
             "reason": self.problem,
+            "model": self.encoder.model_id if self.encoder is not None else None,
             "enrolled": len(self.store),
             "threshold": self.settings.speaker_threshold,
             "store_problems": list(self.store.problems),
@@ -175,7 +181,10 @@ class SpeakerService:
                 f"at least {needed:g} s needed (speaker_enrol_min_speech_s); three spoken sentences are enough"
             )
         mean = np.mean([vector * seconds for vector, seconds in usable], axis=0)  # longer clips weigh more
-        speaker = Speaker(name, (mean / np.linalg.norm(mean)).astype(np.float32), len(usable), speech_s, time.time())
+        model = self.encoder.model_id if self.encoder is not None else "ge2e"
+        speaker = Speaker(
+            name, (mean / np.linalg.norm(mean)).astype(np.float32), len(usable), speech_s, time.time(), model
+        )
         replaced = await asyncio.to_thread(self.store.put, speaker, replace=replace)
         verb = "re-enrolled" if replaced else "enrolled"
         log.info("speakers: %s a speaker (%d clip(s), %.1f s of speech)", verb, len(usable), speech_s)
@@ -197,7 +206,7 @@ class SpeakerService:
         return [m for m in matches if m.score >= threshold]
 
 
-def _embed_one(encoder: SpeakerEncoder, audio: AudioArray) -> Embedding | BaseException:
+def _embed_one(encoder: VoiceEncoder, audio: AudioArray) -> Embedding | BaseException:
     try:
         return encoder.embed(audio)
     except ValueError as exc:  # no speech, or too little of it for one window
@@ -206,7 +215,7 @@ def _embed_one(encoder: SpeakerEncoder, audio: AudioArray) -> Embedding | BaseEx
         return exc
 
 
-def _embed_usable(encoder: SpeakerEncoder, clips: list[AudioArray]) -> list[Embedding | None]:
+def _embed_usable(encoder: VoiceEncoder, clips: list[AudioArray]) -> list[Embedding | None]:
     usable = [i for i, clip in enumerate(clips) if voiced_seconds(clip) * SAMPLE_RATE_HZ >= MIN_SAMPLES]
     vectors = encoder.embed_batch([clips[i] for i in usable])
     found: list[Embedding | None] = [None] * len(clips)
@@ -215,15 +224,16 @@ def _embed_usable(encoder: SpeakerEncoder, clips: list[AudioArray]) -> list[Embe
     return found
 
 
-_encoders: dict[Path, SpeakerEncoder] = {}
+_encoders: dict[Path, VoiceEncoder] = {}
 _encoders_lock = threading.Lock()
 
 
-def _load_encoder(path: Path) -> SpeakerEncoder:
-    """One encoder per weights file in the process (apps built side by side share it: read-only weights)."""
+def _load_encoder(path: Path) -> VoiceEncoder:
+    """One encoder per weights file in the process (apps built side by side share it: read-only
+    weights): an ONNX model for a ``.onnx`` file, GE2E's weights otherwise."""
     with _encoders_lock:
         if path not in _encoders:
-            _encoders[path] = SpeakerEncoder(path)
+            _encoders[path] = OnnxSpeakerEncoder(path) if path.suffix.lower() == ".onnx" else SpeakerEncoder(path)
         return _encoders[path]
 
 

@@ -53,6 +53,7 @@ class Speaker:
     clips: int
     speech_s: float
     enrolled_at: float  # Unix time
+    model: str = "ge2e"  # the speaker model that made the embedding (another model's are not comparable)
 
     def public(self) -> dict[str, Any]:
         """What the API shows of a speaker: never the embedding."""
@@ -74,8 +75,10 @@ class SpeakerStore:
         self._speakers: dict[str, Speaker] = {}
         self._lock = threading.Lock()
 
-    def load(self) -> None:
-        """Read every speaker file (blocking); a bad one is moved aside and named in ``problems``."""
+    def load(self, model: str | None = None) -> None:
+        """Read every speaker file (blocking); a bad one is moved aside and named in ``problems``.
+        With ``model``, a speaker another speaker model enrolled is left out (its embedding cannot
+        be compared) and named in ``problems``; its file stays, for that model."""
         self.directory.mkdir(parents=True, exist_ok=True)
         for path in sorted(self.directory.glob(f"*{SUFFIX}")):
             try:
@@ -85,6 +88,14 @@ class SpeakerStore:
                 path.replace(aside)
                 problem = f"{path.name} is not a readable speaker ({type(exc).__name__}); moved aside to {aside.name}"
                 log.error("speakers: %s", problem)
+                self.problems.append(problem)
+                continue
+            if model is not None and speaker.model != model:
+                problem = (
+                    f"{path.name} was enrolled with another speaker model ({speaker.model}, not {model}): "
+                    "enrol that speaker again (the file is kept)"
+                )
+                log.warning("speakers: %s", problem)
                 self.problems.append(problem)
                 continue
             self._speakers[speaker.name] = speaker
@@ -139,6 +150,7 @@ def _encode(speaker: Speaker) -> bytes:
             "clips": speaker.clips,
             "speech_s": speaker.speech_s,
             "enrolled_at": speaker.enrolled_at,
+            "model": speaker.model,
         }
     ).encode()
 
@@ -152,7 +164,14 @@ def _read(path: Path) -> Speaker:
     norm = float(np.linalg.norm(embedding))
     if embedding.ndim != 1 or embedding.size == 0 or not np.isfinite(norm) or norm == 0:
         raise ValueError("no usable embedding")
-    return Speaker(name, embedding / norm, int(data["clips"]), float(data["speech_s"]), float(data["enrolled_at"]))
+    return Speaker(
+        name,
+        embedding / norm,
+        int(data["clips"]),
+        float(data["speech_s"]),
+        float(data["enrolled_at"]),
+        str(data.get("model", "ge2e")),  # files from before other models: GE2E's
+    )
 
 
 def _aside_path(path: Path) -> Path:

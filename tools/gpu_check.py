@@ -76,7 +76,15 @@ REPO_ALLOWANCE_BYTES = 8 * 2**20  # the repository's tracked files (4.3 MB when 
 LLAMA_PACK = "llama.cpp.tar.gz"
 TOTAL_BUDGET_S = 480.0
 # Seconds per phase; "models" runs during "build" (the GGUF files are written while nvcc compiles).
-BUDGETS_S = {"gpu": 10.0, "ctranslate2": 30.0, "build": 300.0, "models": 90.0, "llm-1b": 50.0, "llm-8b": 80.0}
+BUDGETS_S = {
+    "gpu": 10.0,
+    "ctranslate2": 30.0,
+    "build": 300.0,
+    "models": 90.0,
+    "llm-1b": 50.0,
+    "llm-8b": 80.0,
+    "llm-tiny": 30.0,
+}
 CONCURRENCY = (1, 4, 16, 64)
 PROMPT_TOKENS = 256
 ANSWER_TOKENS = 128
@@ -888,11 +896,17 @@ class Phases:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    machine = gpu_info()
+    if args.cpu_rehearsal:  # the whole run on this CPU, for the tests: no nvidia-smi, no CUDA build
+        if args.binary is None:
+            print("gpu_check: --cpu-rehearsal runs a llama-server that is built already: give --binary")
+            return EXIT_USAGE
+        machine: dict[str, Any] | None = {"gpu": None, "rehearsal": "on the CPU: no CUDA, no GPU figures"}
+    else:
+        machine = gpu_info()
     if machine is None:
         print("gpu_check: no NVIDIA GPU found (no nvidia-smi, or it lists none): nothing to check here", flush=True)
         return EXIT_NO_GPU
-    if not (args.run / LLAMA_PACK).is_file():
+    if args.binary is None and not (args.run / LLAMA_PACK).is_file():
         print(f"gpu_check: no {LLAMA_PACK} in {args.run}: make the pack where there is network (--pack) and bring it")
         return EXIT_USAGE
     result: dict[str, Any] = {
@@ -905,19 +919,26 @@ def run_check(args: argparse.Namespace) -> int:
     phases = Phases(result, args.budget_s)
     phases.run("gpu", lambda: print("  " + ", ".join(f"{k} {v}" for k, v in machine.items()), flush=True))
     work = Path(tempfile.mkdtemp(prefix="gpu-check-", dir=args.work))
-    result["ctranslate2"] = phases.run("ctranslate2", lambda: _ctranslate2_phase(args.run, work, args.whisper_model))
-    architecture = args.cuda_architecture or cuda_architecture(machine["compute_capability"])
+    device = "cpu" if args.cpu_rehearsal else "cuda"
+    result["ctranslate2"] = phases.run(
+        "ctranslate2", lambda: _ctranslate2_phase(args.run, work, args.whisper_model, device)
+    )
+    architecture = args.cuda_architecture or cuda_architecture(machine.get("compute_capability", ""))
     shapes = [SHAPES[name] for name in args.models]
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as writer:
         models_future = writer.submit(phases.run, "models", lambda: _models_phase(shapes, work))
-        binary = phases.run("build", lambda: _build_phase(args.run, work, architecture, result))
+        if args.binary is None:
+            binary = phases.run("build", lambda: _build_phase(args.run, work, architecture, result))
+        else:
+            binary, result["build"] = args.binary, {"binary": str(args.binary), "built": False}
         models = models_future.result()
+    gpu_layers = "0" if args.cpu_rehearsal else "all"
     for name, shape in zip(args.models, shapes, strict=True):
         if binary is None or models is None:
             break
         model_path = models[shape.name]
-        figures = phases.run(f"llm-{name}", functools.partial(_llm_phase, binary, model_path, shape, args, work))
-        result.setdefault("llm", {})[name] = figures
+        measure_phase = functools.partial(_llm_phase, binary, model_path, shape, args, work, gpu_layers)
+        result.setdefault("llm", {})[name] = phases.run(f"llm-{name}", measure_phase)
     for path in write_report(result, args.out):
         print(f"wrote {path}")
     if not args.keep:
@@ -925,10 +946,10 @@ def run_check(args: argparse.Namespace) -> int:
     return 0 if phases.ok else EXIT_FAILED
 
 
-def _ctranslate2_phase(pack_dir: Path, work: Path, whisper_model: Path | None) -> dict[str, Any]:
-    found = check_ctranslate2(pack_dir, work / "site", whisper_model)
+def _ctranslate2_phase(pack_dir: Path, work: Path, whisper_model: Path | None, device: str) -> dict[str, Any]:
+    found = check_ctranslate2(pack_dir, work / "site", whisper_model, device)
     print(
-        f"  ctranslate2 on the GPU: {'loads' if found['loads'] else 'does NOT load'}: {found['verdict']} "
+        f"  ctranslate2 on {device}: {'loads' if found['loads'] else 'does NOT load'}: {found['verdict']} "
         f"({CTRANSLATE2_CUBLAS} loads: {found['cublas_12_loads']}, libcublas.so.13: {found['cublas_13_loads']})"
     )
     return found
@@ -965,10 +986,12 @@ def _models_phase(shapes: list[Shape], work: Path) -> dict[str, Path]:
     return paths
 
 
-def _llm_phase(binary: Path, model: Path, shape: Shape, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def _llm_phase(
+    binary: Path, model: Path, shape: Shape, args: argparse.Namespace, work: Path, gpu_layers: str
+) -> dict[str, Any]:
     port = free_port()
     slots = max(args.concurrency)
-    command = server_args(binary, model, port, slots)
+    command = server_args(binary, model, port, slots, gpu_layers)
     print("  " + " ".join(command), flush=True)
     began = time.monotonic()
     with running_server(command, port, work / f"{shape.name}.log", timeout_s=120):
@@ -998,6 +1021,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cuda-architecture", help="default: the GPU's own (nvidia-smi's compute capability)")
     parser.add_argument("--whisper-model", type=Path, help="a CTranslate2 Whisper model directory to load instead")
     parser.add_argument("--budget-s", type=float, default=TOTAL_BUDGET_S)
+    parser.add_argument("--binary", type=Path, help="--run with this llama-server instead of building one")
+    parser.add_argument("--cpu-rehearsal", action="store_true", help="--run on this CPU (tests): needs --binary")
     args = parser.parse_args(argv)
     if any(name not in SHAPES for name in args.models):
         parser.error(f"--models: from {', '.join(SHAPES)}")

@@ -640,10 +640,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(command: list[str], port: int, log_path: Path, timeout_s: float) -> Iterator[None]:
-    """llama-server started with ``command``, healthy on ``port``; stopped on the way out."""
+def running_server(
+    command: list[str], port: int, log_path: Path, timeout_s: float, library_dirs: Sequence[str] = ()
+) -> Iterator[None]:
+    """llama-server started with ``command`` (``library_dirs`` first on its loader's path), healthy on
+    ``port``; stopped on the way out."""
+    env = dict(os.environ)
+    if library_dirs:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*library_dirs, *filter(None, [env.get("LD_LIBRARY_PATH")])])
     with log_path.open("wb") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
         try:
             deadline = time.monotonic() + timeout_s
             while not _healthy(port):
@@ -803,7 +811,7 @@ def write_report(result: dict[str, Any], out: Path) -> list[Path]:
     """``gpu-check.json`` and, with matplotlib, ``gpu-check.png`` in ``out``; the files written."""
     out.mkdir(parents=True, exist_ok=True)
     report = out / "gpu-check.json"
-    report.write_text(json.dumps(result, indent=2))
+    report.write_text(json.dumps(result, indent=2, default=str))
     written = [report]
     try:
         written.append(plot(result, out / "gpu-check.png"))
@@ -857,19 +865,23 @@ def plot(result: dict[str, Any], path: Path) -> Path:
 
 class Phases:
     """Runs each phase against its budget, prints how long it took, and keeps going after a failure
-    (the report says which phase failed and why)."""
+    (the report says which phase failed and why). The JSON report is rewritten after every phase:
+    a run cut short keeps what it measured."""
 
-    def __init__(self, result: dict[str, Any], total_budget_s: float) -> None:
+    def __init__(self, result: dict[str, Any], total_budget_s: float, out: Path) -> None:
         self.result = result
         self.started = time.monotonic()
         self.deadline = self.started + total_budget_s
         self.ok = True
+        self.out = out
         self._lock = threading.Lock()
 
-    def run(self, name: str, work: Callable[[], Any]) -> Any:
+    def run(self, name: str, work: Callable[[], Any], report_as: tuple[str, ...] = ()) -> Any:
+        """``work()``'s value (None if it failed), kept in the report under the keys ``report_as``."""
         budget = BUDGETS_S[name]
         if time.monotonic() > self.deadline:
-            return self._record(name, budget, 0.0, "skipped: the check's total time is spent")
+            self._record(name, budget, 0.0, "skipped: the check's total time is spent")
+            return None
         print(f"[{name}] (budget {budget:.0f} s)", flush=True)
         began = time.monotonic()
         try:
@@ -878,6 +890,12 @@ class Phases:
             traceback.print_exc()
             self._record(name, budget, time.monotonic() - began, f"{type(error).__name__}: {error}")
             return None
+        if report_as:
+            with self._lock:
+                place = self.result
+                for key in report_as[:-1]:
+                    place = place.setdefault(key, {})
+                place[report_as[-1]] = value
         self._record(name, budget, time.monotonic() - began, None)
         return value
 
@@ -891,6 +909,8 @@ class Phases:
                 "over_budget": over,
                 "error": error,
             }
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "gpu-check.json").write_text(json.dumps(self.result, indent=2, default=str))
         state = "FAILED: " + error if error else ("over budget" if over else "ok")
         print(f"[{name}] {took:.1f} s of {budget:.0f} s: {state}", flush=True)
 
@@ -916,13 +936,11 @@ def run_check(args: argparse.Namespace) -> int:
         "python": platform.python_version(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
-    phases = Phases(result, args.budget_s)
+    phases = Phases(result, args.budget_s, args.out)
     phases.run("gpu", lambda: print("  " + ", ".join(f"{k} {v}" for k, v in machine.items()), flush=True))
     work = Path(tempfile.mkdtemp(prefix="gpu-check-", dir=args.work))
     device = "cpu" if args.cpu_rehearsal else "cuda"
-    result["ctranslate2"] = phases.run(
-        "ctranslate2", lambda: _ctranslate2_phase(args.run, work, args.whisper_model, device)
-    )
+    phases.run("ctranslate2", lambda: _ctranslate2_phase(args.run, work, args.whisper_model, device), ("ctranslate2",))
     architecture = args.cuda_architecture or cuda_architecture(machine.get("compute_capability", ""))
     shapes = [SHAPES[name] for name in args.models]
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as writer:
@@ -937,8 +955,9 @@ def run_check(args: argparse.Namespace) -> int:
         if binary is None or models is None:
             break
         model_path = models[shape.name]
-        measure_phase = functools.partial(_llm_phase, binary, model_path, shape, args, work, gpu_layers)
-        result.setdefault("llm", {})[name] = phases.run(f"llm-{name}", measure_phase)
+        library_dirs = result.get("build", {}).get("library_dirs", [])
+        measure_phase = functools.partial(_llm_phase, binary, model_path, shape, args, work, gpu_layers, library_dirs)
+        phases.run(f"llm-{name}", measure_phase, ("llm", name))
     for path in write_report(result, args.out):
         print(f"wrote {path}")
     if not args.keep:
@@ -947,7 +966,24 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def _ctranslate2_phase(pack_dir: Path, work: Path, whisper_model: Path | None, device: str) -> dict[str, Any]:
-    found = check_ctranslate2(pack_dir, work / "site", whisper_model, device)
+    """``check_ctranslate2`` in a child process: a CUDA library that aborts takes only the child."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--ctranslate2-child", str(pack_dir),
+               "--work", str(work / "site"), "--device", device]  # fmt: skip
+    if whisper_model is not None:
+        command += ["--whisper-model", str(whisper_model)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=BUDGETS_S["ctranslate2"] * 4)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode == 0 and lines:
+        found: dict[str, Any] = json.loads(lines[-1])
+    else:
+        how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+        tail = " | ".join(done.stderr.strip().splitlines()[-5:])
+        found = {
+            "loads": False,
+            "verdict": f"the process checking it died ({how}): {tail}",
+            "cublas_12_loads": library_loads(CTRANSLATE2_CUBLAS),
+            "cublas_13_loads": library_loads("libcublas.so.13"),
+        }
     print(
         f"  ctranslate2 on {device}: {'loads' if found['loads'] else 'does NOT load'}: {found['verdict']} "
         f"({CTRANSLATE2_CUBLAS} loads: {found['cublas_12_loads']}, libcublas.so.13: {found['cublas_13_loads']})"
@@ -961,9 +997,12 @@ def _build_phase(pack_dir: Path, work: Path, architecture: str, result: dict[str
         raise RuntimeError("no nvcc (on PATH or in /usr/local/cuda/bin): llama-server cannot be built with CUDA")
     sources = unpack(pack_dir / LLAMA_PACK, work / "src")
     cmake_args = build_llama_cpp.cuda_cmake_args(build_llama_cpp.DEFAULT_CMAKE_ARGS, architecture, nvcc)
-    cmake_args = " ".join([cmake_args, *cuda_library_args(Path(nvcc).resolve().parent.parent, sys.path)])
+    libraries = cuda_library_args(Path(nvcc).resolve().parent.parent, sys.path)
+    cmake_args = " ".join([cmake_args, *libraries])
     result["build"] = {
         "cmake_args": cmake_args,
+        # Where the libraries found outside the toolkit are, for llama-server's loader too.
+        "library_dirs": sorted({str(Path(a.split("=", 1)[1]).parent) for a in libraries if "_LIBRARY=" in a}),
         "architecture": architecture,
         "pack": json.loads((sources / "gpu-check.json").read_text()),
     }
@@ -987,14 +1026,20 @@ def _models_phase(shapes: list[Shape], work: Path) -> dict[str, Path]:
 
 
 def _llm_phase(
-    binary: Path, model: Path, shape: Shape, args: argparse.Namespace, work: Path, gpu_layers: str
+    binary: Path,
+    model: Path,
+    shape: Shape,
+    args: argparse.Namespace,
+    work: Path,
+    gpu_layers: str,
+    library_dirs: list[str],
 ) -> dict[str, Any]:
     port = free_port()
     slots = max(args.concurrency)
     command = server_args(binary, model, port, slots, gpu_layers)
     print("  " + " ".join(command), flush=True)
     began = time.monotonic()
-    with running_server(command, port, work / f"{shape.name}.log", timeout_s=120):
+    with running_server(command, port, work / f"{shape.name}.log", 120, library_dirs):
         load_s = time.monotonic() - began
         print(f"  loaded in {load_s:.1f} s", flush=True)
         levels = measure(port, shape.vocab, args.concurrency, PROMPT_TOKENS, ANSWER_TOKENS)
@@ -1010,6 +1055,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--pack", type=Path, metavar="DIR", help="here: write the pack (llama.cpp's subset and more)")
     mode.add_argument("--run", type=Path, metavar="DIR", help="on the GPU machine: the check, from the pack")
     mode.add_argument("--plot", type=Path, metavar="JSON", help="draw a report's PNG (beside it)")
+    mode.add_argument("--ctranslate2-child", type=Path, metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--sdist", type=Path, help="--pack: llama-cpp-python's sdist (default: pip downloads it)")
     parser.add_argument("--no-ctranslate2", action="store_true", help="--pack: without CTranslate2's wheel and model")
     parser.add_argument("--lock", type=Path, default=REPO / "requirements.lock")
@@ -1023,9 +1069,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=TOTAL_BUDGET_S)
     parser.add_argument("--binary", type=Path, help="--run with this llama-server instead of building one")
     parser.add_argument("--cpu-rehearsal", action="store_true", help="--run on this CPU (tests): needs --binary")
+    parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if any(name not in SHAPES for name in args.models):
         parser.error(f"--models: from {', '.join(SHAPES)}")
+    if args.ctranslate2_child:  # the ctranslate2 phase's child: its result as one JSON line
+        site = args.work or Path(tempfile.mkdtemp(prefix="gpu-check-site-"))
+        print(json.dumps(check_ctranslate2(args.ctranslate2_child, site, args.whisper_model, args.device)))
+        return 0
     if args.plot:
         print(f"wrote {plot(json.loads(args.plot.read_text()), args.plot.with_suffix('.png'))}")
         return 0

@@ -3,14 +3,15 @@
 
 Here (a machine with the project's venv and network), pack what the GPU machine cannot fetch:
 
-    python tools/gpu_check.py --pack build/gpu-check.tar.gz
+    python tools/gpu_check.py --pack build/gpu-check
 
-writes the part of llama.cpp (as the llama-cpp-python version pinned in requirements.lock vendors
-it) that ``llama-server`` needs, CUDA backend included, at most 30 MB. Carry it with the repository
-to the GPU machine (Python 3.12, CUDA's nvcc, CMake and Ninja; PyTorch, matplotlib and CTranslate2
-are used when there) and run, within about 8 minutes:
+writes into that directory ``llama.cpp.tar.gz``, the part of llama.cpp (as the llama-cpp-python
+version pinned in requirements.lock vendors it) that ``llama-server`` builds from, CUDA backend
+included, at most 30 MB; CTranslate2's wheel for Python 3.12; and a random tiny Whisper in
+CTranslate2's format. Carry it with the repository to the GPU machine (Python 3.12, CUDA's nvcc,
+CMake and Ninja; PyTorch and matplotlib are used when there) and run, within about 8 minutes:
 
-    python tools/gpu_check.py --run build/gpu-check.tar.gz --out gpu-check-results
+    python tools/gpu_check.py --run build/gpu-check --out gpu-check-results
 
 It prints, each phase against its time budget:
   1. gpu:     the GPU, its driver and CUDA versions (nvidia-smi; PyTorch's too if installed);

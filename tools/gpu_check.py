@@ -439,6 +439,7 @@ U32, I32, F32, BOOL, STRING, ARRAY = 4, 5, 6, 7, 8, 9
 GGML_F32, GGML_Q4_0 = 0, 2
 Q4_0_BLOCK, Q4_0_BYTES = 32, 18  # 32 weights: one f16 scale and 16 bytes of 4-bit values
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_BYTE = 1, 2, 3, 6
+SPECIAL_AND_BYTE_TOKENS = 3 + 256  # <unk>, <s>, </s>, <0x00>..<0xFF>: the vocabulary's first ids
 
 
 @dataclass(frozen=True)
@@ -533,7 +534,8 @@ def _pad(handle: BinaryIO) -> None:
 
 def write_gguf(shape: Shape, path: Path, seed: int = 0) -> int:
     """Write ``shape`` as a llama GGUF with random Q4_0 weights (norms 1.0) at ``path``; its size.
-    The weights repeat a 1 MB random pattern: compute does not depend on their values."""
+    The weights repeat a 1 MB random pattern: compute does not depend on their values. Greedy
+    decoding picks none of the special and byte tokens (their output rows are zero)."""
     if shape.dim % Q4_0_BLOCK or shape.ffn % Q4_0_BLOCK or shape.dim % shape.heads:
         raise ValueError(f"{shape}: dim and ffn must be multiples of {Q4_0_BLOCK}, dim of heads")
     tokens, scores, types = vocabulary(shape.vocab)
@@ -581,12 +583,21 @@ def write_gguf(shape: Shape, path: Path, seed: int = 0) -> int:
             handle.write(struct.pack("<IQ", kind, offset))
             offset += size + (-size % ALIGNMENT)
         _pad(handle)
-        for (_, _, kind), size in zip(tensors, sizes, strict=True):
+        logits = "token_embd.weight" if shape.tied else "output.weight"
+        for (name, _, kind), size in zip(tensors, sizes, strict=True):
             if kind == GGML_F32:
                 handle.write(struct.pack("<f", 1.0) * (size // 4))
-            else:
-                for start in range(0, size, len(pattern)):
-                    handle.write(pattern[: min(len(pattern), size - start)])
+                _pad(handle)
+                continue
+            if name == logits:
+                # The output rows of the special and byte tokens are zero: their logits are 0, below
+                # the largest of the others, so greedy decoding never picks them. A byte token can
+                # be half a UTF-8 character, which llama-server holds back from the stream.
+                zeros = SPECIAL_AND_BYTE_TOKENS * shape.dim // Q4_0_BLOCK * Q4_0_BYTES
+                handle.write(b"\0" * zeros)
+                size -= zeros
+            for start in range(0, size, len(pattern)):
+                handle.write(pattern[: min(len(pattern), size - start)])
             _pad(handle)
     partial.rename(path)
     return path.stat().st_size
@@ -781,7 +792,7 @@ def measure(
     rng = random.Random(1)
 
     def prompt() -> list[int]:
-        return [rng.randrange(259, vocab) for _ in range(prompt_tokens)]
+        return [rng.randrange(SPECIAL_AND_BYTE_TOKENS, vocab) for _ in range(prompt_tokens)]
 
     results: dict[str, dict[str, float]] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(concurrency)) as pool:
@@ -827,9 +838,10 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    llm: dict[str, dict[str, dict[str, float]]] = result.get("llm", {})
+    llm: dict[str, dict[str, Any]] = result.get("llm", {})
     fig, (ttft_ax, tps_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for model, levels in llm.items():
+    for model, measured in llm.items():
+        levels: dict[str, dict[str, float]] = measured["levels"]
         xs = [int(level) for level in levels]
         line = ttft_ax.plot(xs, [v["ttft_p50_s"] * 1000 for v in levels.values()], marker="o", label=f"{model} p50")
         ttft_ax.plot(
@@ -1047,7 +1059,7 @@ def _llm_phase(
     offloaded = [
         line for line in (work / f"{shape.name}.log").read_text(errors="replace").splitlines() if "offloaded" in line
     ]
-    return {**levels, "load_s": round(load_s, 1), "offload": offloaded[-1:]}
+    return {"levels": levels, "load_s": round(load_s, 1), "offload": offloaded[-1:]}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

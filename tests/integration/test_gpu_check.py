@@ -70,7 +70,7 @@ def test_a_cpu_rehearsal_of_the_whole_check_writes_its_report(tmp_path: Path) ->
         "gpu": None, "ctranslate2": None, "models": None, "llm-tiny": None
     }  # fmt: skip
     assert report["ctranslate2"]["loads"] is True
-    figures = report["llm"]["tiny"]
+    figures = report["llm"]["tiny"]["levels"]
     for level in ("1", "4"):
         assert figures[level]["tokens"] == gpu_check.ANSWER_TOKENS  # ignore_eos: every answer is whole
         assert 0 < figures[level]["ttft_p50_s"] <= figures[level]["ttft_p95_s"] < 10

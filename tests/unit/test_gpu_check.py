@@ -248,6 +248,9 @@ def test_a_written_gguf_loads_in_llama_cpp_and_generates(tmp_path: Path) -> None
     out = llama.create_completion([1, 300, 301, 302], max_tokens=6, temperature=0.0)
     assert isinstance(out, dict)  # not a stream
     assert out["usage"]["completion_tokens"] >= 1
+    # Greedy decoding picks no special or byte token (half a UTF-8 character is held back from a stream).
+    picked = list(itertools.islice(llama.generate([1, 300, 301, 302], temp=0.0), 12))
+    assert all(token >= gpu_check.SPECIAL_AND_BYTE_TOKENS for token in picked), picked
     llama.close()
 
 
@@ -288,8 +291,26 @@ def fake_result() -> dict[str, Any]:
         "machine": {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "cuda_driver_api": "13.0"},
         "phases": {"build": {"budget_s": 300, "took_s": 250.0, "over_budget": False, "error": None}},
         "llm": {
-            "1b": {"1": level(0.02, 400), "4": level(0.03, 1400), "16": level(0.05, 4000), "64": level(0.2, 9000)},
-            "8b": {"1": level(0.05, 150), "4": level(0.08, 500), "16": level(0.15, 1500), "64": level(0.6, 3500)},
+            "1b": {
+                "levels": {
+                    "1": level(0.02, 400),
+                    "4": level(0.03, 1400),
+                    "16": level(0.05, 4000),
+                    "64": level(0.2, 9000),
+                },
+                "load_s": 1.5,
+                "offload": ["load_tensors: offloaded 17/17 layers to GPU"],
+            },
+            "8b": {
+                "levels": {
+                    "1": level(0.05, 150),
+                    "4": level(0.08, 500),
+                    "16": level(0.15, 1500),
+                    "64": level(0.6, 3500),
+                },
+                "load_s": 4.0,
+                "offload": ["load_tensors: offloaded 33/33 layers to GPU"],
+            },
         },
         "ctranslate2": {"loads": False, "verdict": "RuntimeError: Library libcublas.so.12 is not found"},
     }

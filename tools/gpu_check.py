@@ -418,8 +418,11 @@ def check_ctranslate2(pack_dir: Path, site: Path, whisper_dir: Path | None, devi
         ids = model.generate(features, [[1, 2, 4, 8]], max_length=6)[0].sequences_ids[0]
     except Exception as error:  # the reason is the result
         reason = f"{type(error).__name__}: {error}"
-        if not result["cublas_12_loads"]:
-            reason += f" ({CTRANSLATE2_CUBLAS} is not on this machine: the PyPI wheel links CUDA 12; CTranslate2 #1933)"
+        if "libcublas" in reason or "libcudnn" in reason:  # a CUDA library the wheel was linked against
+            found = "loads" if result["cublas_12_loads"] else "does not load"
+            reason += (
+                f" (the PyPI wheel links CUDA 12's libraries; {CTRANSLATE2_CUBLAS} {found} here: CTranslate2 #1933)"
+            )
         result.update(loads=False, verdict=reason)
         return result
     result.update(

@@ -257,13 +257,21 @@ def _nvcc_version() -> str | None:
 
 
 def _torch_info() -> dict[str, Any]:
+    """PyTorch's version, its CUDA's, and whether it sees the GPU: a second opinion beside nvidia-smi."""
     try:
         import torch  # type: ignore[import-not-found]
+
+        info = {
+            "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda,
+            "torch_sees_gpu": torch.cuda.is_available(),
+        }
+        if info["torch_sees_gpu"]:
+            info["torch_gpu"] = torch.cuda.get_device_name(0)
     except ImportError:
         return {"torch": None}
-    info = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_sees_gpu": torch.cuda.is_available()}
-    if info["torch_sees_gpu"]:
-        info["torch_gpu"] = torch.cuda.get_device_name(0)
+    except Exception as error:  # a broken install is a finding, not a reason to stop the check
+        return {"torch": f"{type(error).__name__}: {error}"}
     return info
 
 
@@ -805,8 +813,8 @@ def measure(
         for level in concurrency:
             batches = []
             for _ in range(max(1, -(-requests_per_level // level))):
-                started = time.perf_counter()
                 prompts = [prompt() for _ in range(level)]
+                started = time.perf_counter()
                 futures = [pool.submit(stream, port, p, answer_tokens, started) for p in prompts]
                 batches.append([future.result() for future in futures])
             results[str(level)] = summary = summarize(batches)

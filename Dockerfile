@@ -1,10 +1,11 @@
+# syntax=docker/dockerfile:1.7
+# (1.7 for ${BASE_IMAGE/-runtime-/-devel-} below: BuildKit, Docker 23 or later.)
 # GPU image (default): CUDA 12 + cuDNN 9, which CTranslate2 4.5+ wheels link against.
 # CPU-only image:  docker build --build-arg BASE_IMAGE=ubuntu:24.04 -t mediaserver:cpu .
 ARG BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
 
-# llama-cpp-python ships only as source: its wheel, and llama.cpp's llama-server (the chat engine) from
-# the same sdist, are built in a throwaway stage that has a compiler (CPU build, portable flags; see
-# tools/build_llama_cpp.py).
+# llama-cpp-python ships only as source: its wheel is built in a throwaway stage that has a compiler
+# (CPU build, portable flags; see tools/build_llama_cpp.py).
 FROM ${BASE_IMAGE} AS llama-wheel
 ARG LLAMA_CPP_CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
 RUN apt-get update \
@@ -14,10 +15,25 @@ COPY requirements.lock tools/build_llama_cpp.py /src/
 RUN mkdir -p /wheels \
  && LLAMA_CPP_CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" /opt/build/bin/python /src/build_llama_cpp.py \
       --lock /src/requirements.lock --wheelhouse /wheelhouse > /wheelhouse.path \
- && cp "$(cat /wheelhouse.path)"/*.whl /wheels/ \
- && LLAMA_CPP_CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" /opt/build/bin/python /src/build_llama_cpp.py --server \
+ && cp "$(cat /wheelhouse.path)"/*.whl /wheels/
+
+# llama.cpp's llama-server (the chat engine), from the same sdist. On a CUDA base it is built in the
+# matching devel image (nvcc, cuBLAS headers) with the CUDA backend for CUDA_ARCHITECTURES: 75 T4 and
+# RTX 20xx, 80 A100/A30, 86 A10/A40 and RTX 30xx, 89 L4/L40S and RTX 40xx, 90 H100/H200 (compute_90
+# PTX too, which newer GPUs JIT-compile at their first start); fewer build faster. Its CPU code, and
+# the whole binary on the CPU image (no "-runtime-" in BASE_IMAGE: the same image), keep the portable flags.
+FROM ${BASE_IMAGE/-runtime-/-devel-} AS llama-server
+ARG LLAMA_CPP_CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
+ARG CUDA_ARCHITECTURES="75;80;86;89;90"
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates build-essential cmake ninja-build \
+ && python3 -m venv /opt/build
+COPY requirements.lock tools/build_llama_cpp.py /src/
+# CUDA_VERSION is set by every nvidia/cuda image, and only there.
+RUN set -- ; if [ -n "${CUDA_VERSION:-}" ]; then set -- --cuda "$CUDA_ARCHITECTURES"; fi \
+ && LLAMA_CPP_CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" /opt/build/bin/python /src/build_llama_cpp.py --server "$@" \
       --lock /src/requirements.lock --server-cache /llama-server > /llama-server.path \
- && cp "$(cat /llama-server.path)" /wheels/llama-server
+ && cp "$(cat /llama-server.path)" /llama-server/llama-server
 
 FROM ${BASE_IMAGE}
 
@@ -44,7 +60,11 @@ COPY mediaserver ./mediaserver
 COPY static ./static
 COPY tools ./tools
 COPY --from=llama-wheel /wheels /wheels
-COPY --from=llama-wheel /wheels/llama-server /opt/llama-server
+COPY --from=llama-server /llama-server/llama-server /opt/llama-server
+# Every library llama-server links is here (libcudart and cuBLAS in the CUDA runtime image), but
+# libcuda.so.1: the driver's, which the NVIDIA container runtime mounts at `docker run --gpus`.
+RUN if ldd /opt/llama-server | grep "not found" | grep -v "libcuda\.so\.1"; then \
+      echo "llama-server misses the libraries above in this base image" >&2; exit 1; fi
 RUN pip install --upgrade pip \
  && pip install -c requirements.lock --only-binary llama-cpp-python --find-links /wheels .
 # The Smart Turn v3.2 end-of-turn model (BSD-2; its LICENSE lands beside it).

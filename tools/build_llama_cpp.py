@@ -22,6 +22,8 @@ its ``tools/server`` sources, with the same flags, statically linked, without it
 build would download assets). It goes to ``--server-cache/llama-server-VERSION-ARCH-TAG/`` and the
 binary's path is the only line on stdout; mediaserver finds it there at run time
 (``llm_engine_binary`` overrides). CMake and Ninja come from PyPI when the machine has none.
+``--server --cuda '75;80;90'`` builds it with llama.cpp's CUDA backend for those GPU architectures
+(the GPU Docker image does; needs CUDA's nvcc), the CPU code still with the portable flags.
 """
 
 from __future__ import annotations
@@ -147,27 +149,74 @@ def _build_tools(python: str, scratch: Path) -> tuple[str, str | None]:
     return cmake, ninja
 
 
-def build_server(version: str, target: Path, cmake_args: str, python: str, scratch: Path) -> Path:
-    """Build llama-server from llama-cpp-python's sdist (its vendored llama.cpp) into ``target``."""
-    started = time.monotonic()
-    log(f"Building llama-server from llama-cpp-python {version}'s llama.cpp (CMAKE_ARGS={cmake_args!r}). "
-        "This happens once per machine and takes several minutes...")  # fmt: skip
+def find_nvcc() -> str | None:
+    """CUDA's compiler: on PATH, else where the CUDA images and installers put it."""
+    found = shutil.which("nvcc")
+    if found is None and Path("/usr/local/cuda/bin/nvcc").is_file():
+        found = "/usr/local/cuda/bin/nvcc"
+    return found
+
+
+def cuda_cmake_args(cmake_args: str, architectures: str, nvcc: str) -> str:
+    """``cmake_args`` plus llama.cpp's CUDA backend for ``architectures`` (CMake's list: ``75;80;90``,
+    or ``native``: the GPUs of this machine). The CPU code keeps the portable flags of ``cmake_args``."""
+    if not re.fullmatch(r"native|\d+[a-z]?(-real|-virtual)?(;\d+[a-z]?(-real|-virtual)?)*", architectures):
+        raise SystemExit(f"CUDA architectures {architectures!r}: expected 'native' or a list like '75;80;90'")
+    return f"{cmake_args} -DGGML_CUDA=ON -DCMAKE_CUDA_COMPILER={nvcc} -DCMAKE_CUDA_ARCHITECTURES={architectures}"
+
+
+def server_cmake_args(cmake_args: str, cuda: str | None, nvcc: str | None) -> str:
+    """The flags of a ``--server`` build: ``cmake_args``, plus CUDA for the ``cuda`` architectures when
+    asked (``--cuda``), which needs ``nvcc``."""
+    if cuda is None:
+        return cmake_args
+    if nvcc is None:
+        raise SystemExit("--cuda needs CUDA's nvcc (on PATH or in /usr/local/cuda/bin)")
+    return cuda_cmake_args(cmake_args, cuda, nvcc)
+
+
+def download_sources(version: str, python: str, scratch: Path) -> Path:
+    """llama.cpp as llama-cpp-python ``version``'s sdist vendors it, unpacked under ``scratch``."""
     download = [python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
                 "--dest", str(scratch), f"llama-cpp-python=={version}"]  # fmt: skip
     subprocess.run(download, check=True)
     sdists = list(scratch.glob("llama_cpp_python-*.tar.gz"))
     if len(sdists) != 1:
         raise SystemExit(f"expected one llama-cpp-python sdist, found {sdists}")
-    with tarfile.open(sdists[0]) as archive:
+    return unpack_sources(sdists[0], scratch / "src")
+
+
+def unpack_sources(sdist: Path, into: Path) -> Path:
+    """The sdist's ``vendor/llama.cpp`` tree, unpacked into ``into``; its path."""
+    with tarfile.open(sdist) as archive:
         members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name]
-        archive.extractall(scratch / "src", members=members, filter="data")
-    sources = next((scratch / "src").glob("*/vendor/llama.cpp"))
-    cmake, ninja = _build_tools(python, scratch)
+        archive.extractall(into, members=members, filter="data")
+    return next(into.glob("*/vendor/llama.cpp"))
+
+
+def build_server(version: str, target: Path, cmake_args: str, python: str, scratch: Path) -> Path:
+    """Build llama-server from llama-cpp-python's sdist (its vendored llama.cpp) into ``target``."""
+    started = time.monotonic()
+    log(f"Building llama-server from llama-cpp-python {version}'s llama.cpp (CMAKE_ARGS={cmake_args!r}). "
+        "This happens once per machine and takes several minutes...")  # fmt: skip
+    sources = download_sources(version, python, scratch)
+    return compile_server(sources, target, cmake_args, python, scratch, started)
+
+
+def configure_command(cmake: str, ninja: str | None, sources: Path, build: Path, cmake_args: str) -> list[str]:
+    """The CMake configure step of llama-server (llama.cpp's own CMake, ``SERVER_CMAKE_ARGS`` first)."""
     user_args = [a for a in cmake_args.split() if not a.startswith(WHEEL_ONLY_ARGS)]
-    configure = [cmake, "-S", str(sources), "-B", str(scratch / "build"), *SERVER_CMAKE_ARGS.split(), *user_args]
+    configure = [cmake, "-S", str(sources), "-B", str(build), *SERVER_CMAKE_ARGS.split(), *user_args]
     if ninja:
         configure += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"]
-    subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
+    return configure
+
+
+def compile_server(sources: Path, target: Path, cmake_args: str, python: str, scratch: Path, started: float) -> Path:
+    """Configure and build llama-server from the llama.cpp tree ``sources``; copy it into ``target``."""
+    cmake, ninja = _build_tools(python, scratch)
+    subprocess.run(configure_command(cmake, ninja, sources, scratch / "build", cmake_args), check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
     jobs = os.cpu_count() or 2
     command = [cmake, "--build", str(scratch / "build"), "--target", "llama-server", "-j", str(jobs)]
     _run_with_progress(command, "llama-server", started)
@@ -188,8 +237,17 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable, help="the interpreter whose pip builds the wheel")
     parser.add_argument("--server", action="store_true", help="build llama-server instead of the wheel")
     parser.add_argument("--server-cache", type=Path, default=Path.home() / ".cache" / "mediaserver" / "llama-server")
+    parser.add_argument(
+        "--cuda",
+        metavar="ARCHITECTURES",
+        help="with --server: build it with CUDA for these GPU architectures (CMake's list, e.g. '75;80;86;89;90', "
+        "or 'native'); needs nvcc",
+    )
     args = parser.parse_args()
     version = locked_version(args.lock)
+    if args.cuda and not args.server:
+        raise SystemExit("--cuda goes with --server")
+    args.cmake_args = server_cmake_args(args.cmake_args, args.cuda, find_nvcc() if args.cuda else None)
     if args.server:
         server_dir = server_dir_for(args.server_cache, version, args.cmake_args)
         binary = server_dir / "llama-server"

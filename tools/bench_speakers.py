@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Speaker verification with the server's GE2E encoder: how often a voice is let in or kept out.
+"""Speaker verification with the server's speaker model (GE2E, or the ONNX file
+``MEDIASERVER_SPEAKER_MODEL_PATH`` names): how often a voice is let in or kept out.
 
 Real multi-clip speakers are scarce on the package registries. The figures rest on the suite's
 real recordings (tests/human_speech.py):
@@ -8,8 +9,9 @@ real recordings (tests/human_speech.py):
   clip cut at its pauses into 3 parts: one recording, so optimistic), and the "feels like these
   days go on forever" speaker (2 clips);
 * **impostors**: every other speaker's clips: the two CMU ARCTIC voices (awb, slt), the card
-  commands' speaker, and Piper's voice read at three speeds (a synthetic voice, as a replayed or
-  generated voice would be).
+  commands' speaker, Piper's voice read at three speeds (a synthetic voice, as a replayed or
+  generated voice would be), and six espeak-ng formant voices at their own pitch and speed (when
+  espeak-ng is installed: ``apt-get install espeak-ng``).
 
 Each genuine speaker is enrolled from 1 clip and from 3 clips (all choices; as the server enrols:
 the clips' embeddings weighted by their seconds of speech) and tested on their other clips
@@ -38,10 +40,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import itertools
 import resource
+import shutil
+import subprocess
 import sys
 import time
+import wave
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +72,18 @@ PIPER_TEXTS = [
     "Turn on the kitchen lights and close the garage door.",
     "What is the weather like in Paris this afternoon?",
     "Please remind me to call my mother tomorrow morning.",
+]
+
+
+# espeak-ng's formant voices (apt-get install espeak-ng; skipped when it is not there): synthetic
+# impostors unlike Piper's neural voice, at their own pitch (-p) and speed (-s).
+ESPEAK_VOICES = [
+    ("en-us+m1", 40, 150),
+    ("en-us+m3", 55, 170),
+    ("en+m7", 30, 160),
+    ("en-us+f2", 60, 160),
+    ("en+f4", 75, 150),
+    ("en-us+klatt", 50, 175),
 ]
 
 
@@ -94,6 +112,26 @@ def voices() -> list[Voice]:
         pcm = np.concatenate([c.audio_int16_array for c in piper.synthesize(text, syn_config=config)])
         audio = resample_mono(pcm.astype(np.float32) / 32768.0, 22050)
         result.append(Voice("piper", f"piper_{n}", audio))
+    return result + espeak_voices()
+
+
+def espeak_voices() -> list[Voice]:
+    """Each espeak-ng voice of ``ESPEAK_VOICES`` reading one of ``PIPER_TEXTS`` (none without espeak-ng)."""
+    binary = shutil.which("espeak-ng")
+    if binary is None:
+        print("espeak-ng is not installed: its synthetic impostors are left out (apt-get install espeak-ng)")
+        return []
+    from mediaserver.audio.decode import resample_mono
+
+    result = []
+    for n, (voice, pitch, speed) in enumerate(ESPEAK_VOICES):
+        text = PIPER_TEXTS[n % len(PIPER_TEXTS)]
+        command = [binary, "-v", voice, "-p", str(pitch), "-s", str(speed), "--stdout", text]
+        wav = subprocess.run(command, check=True, capture_output=True).stdout
+        with wave.open(io.BytesIO(wav)) as w:
+            rate = w.getframerate()
+            pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768.0
+        result.append(Voice(f"espeak-{voice}", f"espeak_{voice}", resample_mono(pcm, rate)))
     return result
 
 

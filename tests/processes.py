@@ -132,8 +132,10 @@ async def front_server(
     base_settings: Settings, tts_service: TtsService | None = None, **overrides: Any
 ) -> AsyncIterator[LiveServer]:
     """An in-process server with its own ASR service built from settings (remote models cost nothing
-    to load), sharing the session's TTS voice; on loopback, port 0."""
-    settings = base_settings.model_copy(update={"asr_preload_models": [], **overrides})
+    to load), sharing the session's TTS voice; on loopback, port 0. No LLM unless the overrides
+    ask for one (``llm_enabled=True``): these servers test ASR engines, and each would otherwise
+    start its own llama-server child."""
+    settings = base_settings.model_copy(update={"asr_preload_models": [], "llm_enabled": False, **overrides})
     service = AsrService(settings, choose_device("cpu"), ModelRegistry(settings), Metrics())
     await service.start()
     app = create_app(settings, asr_service=service, tts_service=tts_service)

@@ -72,7 +72,7 @@ RUN python -m mediaserver.turns.fetch /opt/turn
 ENV MEDIASERVER_TURN_MODEL_PATH=/opt/turn/smart-turn-v3.2-cpu.onnx
 
 # 19000 HTTPS (when /data/certs has cert.pem and key.pem: python tools/gen_cert.py --dir /data/certs),
-# 19001 HTTP. WebRTC media will need a UDP range too (see README).
-EXPOSE 19000 19001
+# 19001 HTTP, 10300 Wyoming. WebRTC media needs a UDP range too: rtc_udp_port_min/max (docs/webrtc.md).
+EXPOSE 19000 19001 10300
 VOLUME ["/data"]
 CMD ["python", "-m", "mediaserver"]

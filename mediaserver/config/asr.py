@@ -131,7 +131,9 @@ class AsrSettings(BaseModel):
 
     # --- decoding defaults ---------------------------------------------------------------------
     default_language: str = Field(
-        "en", description="the language a remote ASR engine is asked for when a request names none"
+        "en",
+        description="the language of a request or stream that names none (WIS requests, device and WebRTC streams) "
+        "and the one a remote ASR engine is asked for then",
     )
     default_beam_size: int = Field(1, ge=1, le=10, description="the beam width of a request that names none")
     max_beam_size: int = Field(10, ge=1, description="the largest `beam_size` a request may ask for (a 400 past it)")

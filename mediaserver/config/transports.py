@@ -56,7 +56,8 @@ class TransportSettings(BaseModel):
     ws_max_message_bytes: int = Field(
         1024 * 1024,
         ge=1024,
-        description="the largest message on every WebSocket (a message of exactly this size is accepted)",
+        description="the largest message on every WebSocket (a message of exactly this size is accepted); Realtime "
+        "takes at least one whole 15 MiB audio append, base64-encoded (about 21 MiB), whatever this says",
     )
     ws_heartbeat_s: float = Field(20.0, gt=0, description="the WebSockets' ping interval")
     ws_idle_timeout_s: float = Field(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
 from mediaserver.errors import ModelUnavailable
 from mediaserver.events import AudioArray, Priority, Transcript, TranscriptionOptions
+from mediaserver.keep_alive import ModelKeeper
 from mediaserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ class AsrService:
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
         self._load_locks: dict[str, asyncio.Lock] = {}
         self._closed = False
+        # Idle unload of local models (asr_keep_alive_s); remote engines hold no weights here.
+        self.keeper = ModelKeeper("asr", settings.asr_keep_alive_s, metrics, self._unload_idle)
         metrics.watch_engines(lambda: {name: m.engine.counters for name, m in self._loaded.items()})
 
     @property
@@ -91,10 +95,39 @@ class AsrService:
             loaded = self._loaded.get(name)
             if loaded is not None:
                 return loaded
-            loaded = await self._load(name)
+            if self._closed:
+                raise ModelUnavailable("the ASR service is shutting down")
+            started = time.perf_counter()
+            try:
+                loaded = await self._load(name)
+            except ModelUnavailable as exc:  # a 503 with the reason; the next request tries again
+                self.keeper.load_failed(name, exc.message)
+                raise
             self._loaded[name] = loaded
+            if not isinstance(loaded.engine, RemoteEngine):
+                self.keeper.loaded(name, time.perf_counter() - started)
             await self._evict_over_limit()
             return loaded
+
+    async def _unload_idle(self, name: str) -> bool:
+        """The keeper's idle unload: under the model's load lock, and only with nothing in flight or
+        queued (a request that arrived meanwhile holds a use: the model stays)."""
+        async with self._load_locks.setdefault(name, asyncio.Lock()):
+            loaded = self._loaded.get(name)
+            if loaded is None or self._closed or isinstance(loaded.engine, RemoteEngine):
+                return False
+            if self.keeper.in_use(name) or loaded.scheduler.open_jobs or loaded.scheduler.depth:
+                return False
+            del self._loaded[name]
+            await self._free(loaded, "idle")
+            return True
+
+    async def _free(self, loaded: LoadedModel, reason: str) -> None:
+        """Stop a local model's scheduler and free its weights (in a thread: it may take a while)."""
+        await loaded.scheduler.aclose()
+        if isinstance(loaded.engine, WhisperEngine):
+            await asyncio.to_thread(loaded.engine.close)
+        self.keeper.unloaded(loaded.name, reason)
 
     async def _load(self, name: str) -> LoadedModel:
         remote = self.settings.remote_models.get(name)
@@ -209,7 +242,7 @@ class AsrService:
                 return
             victim = self._loaded.pop(victim_name)
             log.info("unloading model %s (max_loaded_models=%d)", victim_name, self.settings.max_loaded_models)
-            await victim.scheduler.aclose()
+            await self._free(victim, "limit")
 
     async def transcribe(
         self,
@@ -219,6 +252,19 @@ class AsrService:
         model: str | None = None,
         priority: Priority = Priority.FILE,
         supersede_key: str | None = None,
+    ) -> Transcript:
+        # The use is held from before the lookup until the answer: an idle unload never takes the
+        # model from under it, and one that took it just before makes the lookup load it again.
+        with self.keeper.use(self.models.resolve(model)):
+            return await self._transcribe(audio, options, model, priority, supersede_key)
+
+    async def _transcribe(
+        self,
+        audio: AudioArray,
+        options: TranscriptionOptions,
+        model: str | None,
+        priority: Priority,
+        supersede_key: str | None,
     ) -> Transcript:
         loaded = await self.get_model(model)
         self.models.check_options(loaded.name, options)
@@ -241,6 +287,7 @@ class AsrService:
         if self._closed:
             return
         self._closed = True
+        await self.keeper.aclose()
         for loaded in list(self._loaded.values()):
             await loaded.scheduler.aclose()
             if isinstance(loaded.engine, RemoteEngine):

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from mediaserver.config.keep_alive import KeepAliveSeconds, keep_alive_field
+
 # Voice names clients already send: OpenAI's built-in voices and WIS's speakers (SpeechT5 x-vectors,
 # XTTS's shipped voices). "@default" means tts_default_voice.
 OPENAI_VOICES = ["alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse"]
@@ -43,6 +45,7 @@ class TtsSettings(BaseModel):
     tts_onnx_threads: int = Field(0, ge=0, description="ONNX Runtime threads per voice; 0 = one per core")
     tts_lookahead_sentences: int = Field(2, ge=1, description="sentences a request may run ahead of its reader")
     tts_max_loaded_voices: int = Field(4, ge=1)
+    tts_keep_alive_s: KeepAliveSeconds = keep_alive_field("a Piper voice")
     tts_request_timeout_s: float = Field(300.0, gt=0)
     tts_cache_max_bytes: int = Field(64 * 1024 * 1024, ge=0, description="0 turns the response cache off")
     tts_cache_max_entry_bytes: int = Field(8 * 1024 * 1024, ge=0)

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +32,29 @@ from mediaserver.metrics import Metrics
 log = logging.getLogger(__name__)
 
 Unload = Callable[[str], Awaitable[bool]]
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return None
+    return trim
+
+
+def return_freed_memory() -> None:
+    """Hand memory freed by an unload back to the system (glibc's ``malloc_trim``; blocking, brief).
+
+    A freed model's buffers stay in glibc's per-thread arenas otherwise: measured on tiny.en, RSS
+    after an unload kept 54 MB of its 110 MB and grew by ~45 MB per load/unload cycle (each load
+    runs in another thread, so another arena); with the trim it falls back to within 30 MB of the
+    never-loaded process and stays there (docs/idle-unload.md)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 @dataclass

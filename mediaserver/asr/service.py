@@ -27,7 +27,7 @@ from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
 from mediaserver.errors import ModelUnavailable
 from mediaserver.events import AudioArray, Priority, Transcript, TranscriptionOptions
-from mediaserver.keep_alive import ModelKeeper
+from mediaserver.keep_alive import ModelKeeper, return_freed_memory
 from mediaserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,13 @@ class AsrService:
         """Stop a local model's scheduler and free its weights (in a thread: it may take a while)."""
         await loaded.scheduler.aclose()
         if isinstance(loaded.engine, WhisperEngine):
-            await asyncio.to_thread(loaded.engine.close)
+            engine = loaded.engine
+
+            def free() -> None:
+                engine.close()
+                return_freed_memory()
+
+            await asyncio.to_thread(free)
         self.keeper.unloaded(loaded.name, reason)
 
     async def _load(self, name: str) -> LoadedModel:

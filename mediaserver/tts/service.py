@@ -31,7 +31,7 @@ import numpy as np
 from mediaserver.audio.decode import StreamResampler
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter, ModelUnavailable
-from mediaserver.keep_alive import ModelKeeper
+from mediaserver.keep_alive import ModelKeeper, return_freed_memory
 from mediaserver.metrics import Metrics
 from mediaserver.tts.cache import TtsCache
 from mediaserver.tts.engine import TtsEngine, load_engine
@@ -265,7 +265,12 @@ class TtsService:
     @staticmethod
     async def _unload(loaded: LoadedVoice) -> None:
         await loaded.scheduler.aclose()
-        await asyncio.to_thread(loaded.engine.close)
+
+        def free() -> None:
+            loaded.engine.close()
+            return_freed_memory()
+
+        await asyncio.to_thread(free)
 
     # --- speaking -----------------------------------------------------------------------------
 

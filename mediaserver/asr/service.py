@@ -240,7 +240,10 @@ class AsrService:
                 (
                     n
                     for n, m in self._loaded.items()
-                    if m.scheduler.depth == 0 and not isinstance(m.engine, RemoteEngine)
+                    if m.scheduler.depth == 0
+                    and m.scheduler.open_jobs == 0
+                    and not self.keeper.in_use(n)
+                    and not isinstance(m.engine, RemoteEngine)
                 ),
                 None,
             )

@@ -35,7 +35,7 @@ from mediaserver.metrics import Metrics
 from mediaserver.transport.lenient_http import LenientAppRunner
 from mediaserver.tts.service import TtsService
 from tests.conftest import Clip
-from tests.faults import metric_samples
+from tests.faults import eventually, metric_samples
 
 OPTIONS = TranscriptionOptions(language="en")
 Speech = Callable[[str], Clip]
@@ -141,6 +141,27 @@ async def test_concurrent_requests_during_a_cold_load_share_one_load(
         assert asr.keeper.loads("tiny.en") == 1
         await asr.keeper.wait_for(lambda: not asr.keeper.is_loaded("tiny.en"), timeout_s=30)
         assert asr.keeper.status()["tiny.en"]["unloads"] == 1
+    finally:
+        await asr.aclose()
+
+
+async def test_a_request_that_goes_away_during_a_cold_load_leaves_it_to_the_others(
+    base_settings: Settings, speech: Speech
+) -> None:
+    asr = _asr(base_settings, asr_keep_alive_s=0.5)
+    clip = speech("story")
+    try:
+        first = asyncio.create_task(asr.transcribe(clip.audio16k, OPTIONS))
+        await eventually(lambda: "tiny.en" in asr._loading, timeout_s=10)  # the cold load has begun
+        first.cancel()  # its client hung up
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        second = await asr.transcribe(clip.audio16k, OPTIONS)  # waits for the same load
+        assert "lighthouse" in second.text.lower(), second.text
+        assert asr.keeper.loads("tiny.en") == 1
+        # Nothing is held by the request that went away: the model idles out.
+        await asr.keeper.wait_for(lambda: not asr.keeper.is_loaded("tiny.en"), timeout_s=30)
+        assert asr.keeper.status()["tiny.en"]["in_use"] == 0
     finally:
         await asr.aclose()
 

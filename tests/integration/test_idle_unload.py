@@ -341,6 +341,27 @@ async def test_llm_keep_alive_zero_stops_after_each_answer(base_settings: Settin
         await llm.aclose()
 
 
+async def test_an_llm_stop_racing_an_arriving_chat_request_is_safe(base_settings: Settings) -> None:
+    settings = base_settings.model_copy(update={"llm_keep_alive_s": -1, "llm_slots": 1})
+    llm = LlmService(settings, Metrics())
+    question = [ChatMessage("user", "Name three colors.")]
+    params = GenerationParams(max_tokens=12, temperature=0.0, seed=1)
+    try:
+        await llm.start()
+        expected = (await llm.complete(question, params)).text
+        assert expected.strip()
+        # The request first: it holds its use before the stop looks, so the engine stays.
+        answer, stopped = await asyncio.gather(llm.complete(question, params), llm._unload_idle(BUNDLED_NAME))
+        assert (answer.text, stopped) == (expected, False)
+        assert llm.keeper.loads(BUNDLED_NAME) == 1
+        # The stop first: the request waits for it and starts a new child.
+        stopped, answer = await asyncio.gather(llm._unload_idle(BUNDLED_NAME), llm.complete(question, params))
+        assert (stopped, answer.text) == (True, expected)
+        assert llm.keeper.loads(BUNDLED_NAME) == 2 and llm.loaded_models == [BUNDLED_NAME]
+    finally:
+        await llm.aclose()
+
+
 def test_this_process_is_not_left_with_children() -> None:
     """Every llama-server these tests started was stopped (the session's shared one aside)."""
     me = psutil.Process(os.getpid())

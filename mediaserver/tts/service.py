@@ -160,6 +160,7 @@ class TtsService:
         )
         self._loaded: OrderedDict[str, LoadedVoice] = OrderedDict()
         self._load_locks: dict[str, asyncio.Lock] = {}
+        self._loading: dict[str, asyncio.Task[LoadedVoice]] = {}
         self._closed = False
         # Idle unload of voices (tts_keep_alive_s): a voice unused that long leaves memory.
         self.keeper = ModelKeeper("tts", settings.tts_keep_alive_s, metrics, self._unload_idle)
@@ -213,6 +214,22 @@ class TtsService:
         if loaded is not None:
             self._loaded.move_to_end(voice.name)
             return loaded
+        # One load per cold start, in a task of its own: every request meanwhile waits for it, and
+        # one that goes away leaves it to the others (the voice then idles out as any other).
+        loading = self._loading.get(voice.name)
+        if loading is None:
+            loading = asyncio.get_running_loop().create_task(self._load_once(voice), name=f"tts-load-{voice.name}")
+            self._loading[voice.name] = loading
+            loading.add_done_callback(lambda task: self._loaded_or_failed(voice.name, task))
+        return await asyncio.shield(loading)
+
+    def _loaded_or_failed(self, name: str, task: asyncio.Task[LoadedVoice]) -> None:
+        if self._loading.get(name) is task:
+            del self._loading[name]
+        if not task.cancelled():
+            task.exception()  # retrieved: a load nobody waits for any more fails quietly (it is logged)
+
+    async def _load_once(self, voice: VoiceInfo) -> LoadedVoice:
         async with self._load_locks.setdefault(voice.name, asyncio.Lock()):
             loaded = self._loaded.get(voice.name)
             if loaded is not None:
@@ -236,6 +253,9 @@ class TtsService:
             )
             scheduler.start()
             loaded = LoadedVoice(voice, engine, scheduler)
+            if self._closed:  # it shut down meanwhile
+                await self._unload(loaded)
+                raise ModelUnavailable("the TTS service is shutting down")
             self._loaded[voice.name] = loaded
             self.keeper.loaded(voice.name, time.perf_counter() - started)
             await self._evict_over_limit(keep=voice.name)
@@ -350,6 +370,9 @@ class TtsService:
             return
         self._closed = True
         await self.keeper.aclose()
+        for loading in list(self._loading.values()):
+            with contextlib.suppress(Exception):
+                await loading
         for loaded in list(self._loaded.values()):
             await self._unload(loaded)
         self._loaded.clear()

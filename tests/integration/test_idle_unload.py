@@ -252,6 +252,11 @@ async def test_tts_voice_unloads_after_keep_alive_and_speaks_again(base_settings
         # Unused again, it leaves again.
         await tts.keeper.wait_for(lambda: not tts.keeper.is_loaded(voice.name), timeout_s=30)
         assert tts.keeper.status()[voice.name]["unloads"] == 2
+        # Cold again: three requests at once share one load.
+        texts = ["One voice.", "Two voices.", "Three voices."]
+        results = await asyncio.gather(*(tts.synthesize(text, voice) for text in texts))
+        assert all(len(r.pcm) > 0 for r in results)
+        assert tts.keeper.loads(voice.name) == 3
     finally:
         await tts.aclose()
 

@@ -323,6 +323,9 @@ async def test_llm_engine_stops_when_idle_and_the_next_chat_request_starts_it(ba
                 resp.close()  # hang up
             await llm.keeper.wait_for(lambda: not llm.keeper.is_loaded(BUNDLED_NAME), timeout_s=60)
             assert not psutil.pid_exists(new_pid) or psutil.Process(new_pid).status() == psutil.STATUS_ZOMBIE
+            # It was cancelled (the engine stopped generating), not run to its 400 tokens.
+            outcome = ("backend", "llama.cpp"), ("model", BUNDLED_NAME), ("outcome", "cancelled")
+            assert (await metric_samples(url))[("mediaserver_llm_requests_total", outcome)] == 1
     finally:
         await llm.aclose()
         await asr.aclose()

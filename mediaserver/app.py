@@ -271,6 +271,7 @@ async def health_handler(request: web.Request) -> web.Response:
         states["tts"] = request.app[TTS].keeper.status()
     if LLM in request.app:
         states["llm"] = request.app[LLM].keeper.status()
+        states["embedding"] = request.app[LLM].embedding_keeper.status()
     body["model_states"] = states
     body["turns"] = turn_models.status(request.app[SETTINGS])
     if SPEAKERS in request.app:

@@ -30,7 +30,7 @@ import aiohttp
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
 from mediaserver.errors import ApiError, GatewayTimeout, InvalidParameter, ModelUnavailable, Overloaded
-from mediaserver.keep_alive import ModelKeeper
+from mediaserver.keep_alive import ModelKeeper, return_freed_memory
 from mediaserver.llm.defaults import defaults_for
 from mediaserver.llm.embeddings import EmbeddingBatcher, Vector
 from mediaserver.llm.engine import LlamaServerEngine, LlmEngine
@@ -327,6 +327,10 @@ class LlmService:
         # Idle stop of local engines (llm_keep_alive_s): the llama-server child of a model unused
         # that long is stopped (its memory returned); the next request starts it again.
         self.keeper = ModelKeeper("llm", self.settings.llm_keep_alive_s, self.metrics_registry, self._unload_idle)
+        # The in-process embedding model (llama-cpp-python) idles out the same way.
+        self.embedding_keeper = ModelKeeper(
+            "embedding", self.settings.llm_keep_alive_s, self.metrics_registry, self._unload_embedder
+        )
         # Why start() could not make the LLM usable (the app turns the feature off with it).
         self.start_problem: str | None = None
 
@@ -359,6 +363,7 @@ class LlmService:
             return
         self._closed = True
         await self.keeper.aclose()
+        await self.embedding_keeper.aclose()
         for batcher in self._batchers.values():
             await batcher.aclose()
         for embedder in self._embedders.values():
@@ -580,7 +585,14 @@ class LlmService:
                 problem = self.sources.location_problem(source.name, embedding=True)
                 if problem:
                     raise ModelUnavailable(problem)
-                embedder = await asyncio.to_thread(LlamaCppEmbedder.load, source, self.settings, self.device)
+                if self._closed:
+                    raise ModelUnavailable("the LLM service is shutting down")
+                started = time.monotonic()
+                try:
+                    embedder = await asyncio.to_thread(LlamaCppEmbedder.load, source, self.settings, self.device)
+                except ApiError as exc:  # a 503 with the reason; the next request tries again
+                    self.embedding_keeper.load_failed(source.name, exc.message)
+                    raise
                 s = self.settings
                 batcher = EmbeddingBatcher(
                     source.name,
@@ -593,7 +605,22 @@ class LlmService:
                 )
                 self._embedders[source.name] = embedder
                 self._batchers[source.name] = batcher
+                self.embedding_keeper.loaded(source.name, time.monotonic() - started)
             return batcher, self._embedders[source.name]
+
+    async def _unload_embedder(self, name: str) -> bool:
+        """The embedding keeper's idle unload: under the load lock, with no request using it."""
+        async with self._load_lock:
+            batcher = self._batchers.get(name)
+            if batcher is None or self._closed or self.embedding_keeper.in_use(name):
+                return False
+            del self._batchers[name]
+            embedder = self._embedders.pop(name)
+            await batcher.aclose()
+            await embedder.aclose()
+            await asyncio.to_thread(return_freed_memory)
+            self.embedding_keeper.unloaded(name, "idle")
+            return True
 
     async def embed(self, texts: Sequence[str], *, model: str | None = None) -> Embeddings:
         if not texts:
@@ -605,6 +632,10 @@ class LlmService:
                 param="input",
             )
         source = self.sources.resolve(model, embedding=True)
+        with self.embedding_keeper.use(source.name):
+            return await self._embed(texts, source)
+
+    async def _embed(self, texts: Sequence[str], source: LlmSource) -> Embeddings:
         batcher, embedder = await self._batcher(source)
         counts = await asyncio.to_thread(lambda: [embedder.count_tokens(t) for t in texts])
         max_tokens = self.settings.llm_embedding_max_input_tokens

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import psutil
 import pytest
 from aiohttp import web
@@ -366,6 +367,22 @@ async def test_an_llm_stop_racing_an_arriving_chat_request_is_safe(base_settings
         stopped, answer = await asyncio.gather(llm._unload_idle(BUNDLED_NAME), llm.complete(question, params))
         assert (stopped, answer.text) == (True, expected)
         assert llm.keeper.loads(BUNDLED_NAME) == 2 and llm.loaded_models == [BUNDLED_NAME]
+    finally:
+        await llm.aclose()
+
+
+async def test_the_embedding_model_idles_out_with_llm_keep_alive_and_loads_again(base_settings: Settings) -> None:
+    settings = base_settings.model_copy(update={"llm_keep_alive_s": 0.5, "llm_preload": False})
+    llm = LlmService(settings, Metrics())
+    try:
+        first = await llm.embed(["the kitchen lights"])
+        name = first.model
+        assert llm.embedding_keeper.is_loaded(name) and llm.loaded_models == []  # no chat engine for it
+        await llm.embedding_keeper.wait_for(lambda: not llm.embedding_keeper.is_loaded(name), timeout_s=30)
+        assert llm.embedding_dimensions(name) is None  # gone from memory
+        again = await llm.embed(["the kitchen lights"])
+        assert np.allclose(again.vectors, first.vectors, atol=1e-5)  # the same model, loaded again
+        assert llm.embedding_keeper.loads(name) == 2
     finally:
         await llm.aclose()
 

@@ -131,7 +131,7 @@ class Metrics:
         self.model_loaded = Gauge(
             "mediaserver_model_loaded",
             "1 while the model is in memory, 0 once it was unloaded (idle past its *_keep_alive_s, or evicted); "
-            "by engine (asr, tts, llm) and model",
+            "by engine (asr, tts, llm, embedding) and model",
             ["engine", "model"],
             registry=self.registry,
         )

@@ -7,6 +7,7 @@ the idle unload, over a few load/unload cycles (a leak would grow them).
 - TTS: the default Piper voice, in this process.
 - LLM: the bundled SmolLM2's ``llama-server`` child: its RSS while it runs; after the idle stop
   the process is gone, and this process's RSS is read too.
+- Embeddings: the same GGUF in this process (llama-cpp-python), also on ``llm_keep_alive_s``.
 
 On CUDA the measure would be NVML's used memory; this reads RSS (psutil), the CPU's.
 
@@ -21,6 +22,7 @@ import gc
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,27 @@ async def measure_llm(settings: Settings, cycles: int) -> dict[str, Any]:
     return {"engine": "llm", "model": BUNDLED_NAME, "load_seconds": load_s, "cycles": rows}
 
 
+def unloaded(llm: LlmService, name: str) -> Callable[[], bool]:
+    return lambda: not llm.embedding_keeper.is_loaded(name)
+
+
+async def measure_embedding(settings: Settings, cycles: int) -> dict[str, Any]:
+    llm = LlmService(settings.model_copy(update={"llm_preload": False}), Metrics())
+    rows: list[dict[str, float]] = []
+    name = ""
+    try:
+        for _ in range(cycles):
+            before = rss_mb()
+            name = (await llm.embed(["memory comes and goes"])).model
+            loaded = rss_mb()
+            await llm.embedding_keeper.wait_for(unloaded(llm, name), timeout_s=60)
+            rows.append({"before_mb": before, "loaded_mb": loaded, "after_unload_mb": rss_mb()})
+        load_s = llm.embedding_keeper.status()[name]["load_seconds"]
+    finally:
+        await llm.aclose()
+    return {"engine": "embedding", "model": name, "load_seconds": load_s, "cycles": rows}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cycles", type=int, default=3)
@@ -135,6 +158,7 @@ async def main() -> None:
         await measure_asr(settings, "base", args.cycles),
         await measure_tts(settings, args.cycles),
         await measure_llm(settings, args.cycles),
+        await measure_embedding(settings, args.cycles),
     ]
     for result in results:
         print(f"{result['engine']} {result['model']} (load {result['load_seconds']} s):")

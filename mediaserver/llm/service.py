@@ -463,15 +463,15 @@ class LlmService:
         async with self._load_lock:
             loaded = self._backends.get(source.name)
             if loaded is None:
-                problem = self.sources.location_problem(source.name)
-                if problem:
-                    raise ModelUnavailable(problem)
                 if self._closed:
                     raise ModelUnavailable("the LLM service is shutting down")
                 log.info("starting the LLM engine of %s (%s)", source.name, source.location)
                 started = time.monotonic()
                 restarts = self.metrics.engine_restarts.labels(source.name)
                 try:
+                    problem = self.sources.location_problem(source.name)  # asked each time: a file may come back
+                    if problem:
+                        raise ModelUnavailable(problem)
                     try:
                         loaded = await LlamaServerEngine.start(
                             source, self.settings, self.device, on_restart=restarts.inc

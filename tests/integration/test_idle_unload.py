@@ -27,6 +27,7 @@ from mediaserver.asr.models import ModelRegistry, bundled_tiny_en_dir
 from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
 from mediaserver.devices import choose_device
+from mediaserver.errors import ModelUnavailable
 from mediaserver.events import TranscriptionOptions
 from mediaserver.llm.engine import LlamaServerEngine
 from mediaserver.llm.registry import BUNDLED_NAME
@@ -367,6 +368,33 @@ async def test_an_llm_stop_racing_an_arriving_chat_request_is_safe(base_settings
         stopped, answer = await asyncio.gather(llm._unload_idle(BUNDLED_NAME), llm.complete(question, params))
         assert (stopped, answer.text) == (True, expected)
         assert llm.keeper.loads(BUNDLED_NAME) == 2 and llm.loaded_models == [BUNDLED_NAME]
+    finally:
+        await llm.aclose()
+
+
+async def test_a_failing_llm_start_is_a_503_with_the_reason_and_the_next_request_tries_again(
+    base_settings: Settings, tmp_path: Path
+) -> None:
+    bundled = LlmService(base_settings, Metrics()).sources.source(BUNDLED_NAME).location
+    gguf = tmp_path / "flaky.gguf"
+    settings = base_settings.model_copy(
+        update={"llm_extra_models": {"flaky": str(gguf)}, "llm_keep_alive_s": 5.0, "llm_slots": 1, "llm_preload": False}
+    )
+    llm = LlmService(settings, Metrics())
+    question = [ChatMessage("user", "Say yes.")]
+    params = GenerationParams(max_tokens=4, temperature=0.0)
+    try:
+        with pytest.raises(ModelUnavailable) as failed:  # the file is not there
+            await llm.complete(question, params, model="flaky")
+        assert failed.value.status == 503 and str(gguf) in failed.value.message, failed.value.message
+        state = llm.keeper.status()["flaky"]
+        assert state["loaded"] is False and str(gguf) in state["last_error"]
+        model = (await llm.status())["models"]["flaky"]
+        assert model["engine"]["state"] == "unloaded" and model["last_error"] == state["last_error"]
+        gguf.symlink_to(bundled)  # the file is back: the next request starts the engine
+        assert (await llm.complete(question, params, model="flaky")).text.strip()
+        state = llm.keeper.status()["flaky"]
+        assert state["loaded"] is True and "last_error" not in state and state["loads"] == 1
     finally:
         await llm.aclose()
 

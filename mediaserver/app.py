@@ -263,6 +263,16 @@ async def health_handler(request: web.Request) -> web.Response:
     }
     if backends:
         body["backends"] = backends
+    # Per engine and model: in memory or unloaded (idle past its *_keep_alive_s, evicted), the last
+    # load's seconds, loads and unloads, seconds unused. An unloaded model is healthy: it loads on
+    # the next request.
+    states: dict[str, Any] = {"asr": asr.keeper.status()}
+    if TTS in request.app:
+        states["tts"] = request.app[TTS].keeper.status()
+    if LLM in request.app:
+        states["llm"] = request.app[LLM].keeper.status()
+        states["embedding"] = request.app[LLM].embedding_keeper.status()
+    body["model_states"] = states
     body["turns"] = turn_models.status(request.app[SETTINGS])
     if SPEAKERS in request.app:
         body["speakers"] = request.app[SPEAKERS].status()

@@ -127,6 +127,35 @@ class Metrics:
             registry=self.registry,
         )
 
+        # --- models in memory: idle unload (*_keep_alive_s) and cold loads (mediaserver/keep_alive.py) ---
+        self.model_loaded = Gauge(
+            "mediaserver_model_loaded",
+            "1 while the model is in memory, 0 once it was unloaded (idle past its *_keep_alive_s, or evicted); "
+            "by engine (asr, tts, llm, embedding) and model",
+            ["engine", "model"],
+            registry=self.registry,
+        )
+        self.model_load_seconds = Histogram(
+            "mediaserver_model_load_seconds",
+            "Time to load a model (a cold start: the request that needed it waited this long), by engine and model",
+            ["engine", "model"],
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+            registry=self.registry,
+        )
+        self.model_load_failures = Counter(
+            "mediaserver_model_load_failures",
+            "Loads that failed (the request got a 503 with the reason; the next request tries again)",
+            ["engine", "model"],
+            registry=self.registry,
+        )
+        self.model_unloads = Counter(
+            "mediaserver_model_unloads",
+            "Models unloaded, by engine, model and reason (idle: unused for its *_keep_alive_s; limit: evicted by "
+            "max_loaded_models or tts_max_loaded_voices)",
+            ["engine", "model", "reason"],
+            registry=self.registry,
+        )
+
     def watch_engines(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
         """Expose each loaded engine's decode counters (read at scrape time, nothing on the hot path)."""
         self.registry.register(_EngineCounters(source))

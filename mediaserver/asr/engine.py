@@ -502,6 +502,12 @@ class WhisperEngine(GuardedDecodes):
 
     # --- sequential path ----------------------------------------------------------------------
 
+    def close(self) -> None:
+        """Free the model's weights now (CTranslate2's ``unload_model``), not whenever the last
+        reference goes: idle unload (``asr_keep_alive_s``) and eviction return the memory at once.
+        Blocking (a large model takes a while): call it off the event loop, after the last batch."""
+        self.model.model.unload_model()
+
     def transcribe_one(self, job: AsrJob) -> Transcript:
         options = job.options
         audio = job.audio

@@ -7,8 +7,10 @@ are open there is one copy of each model in memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +28,7 @@ from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
 from mediaserver.errors import ModelUnavailable
 from mediaserver.events import AudioArray, Priority, Transcript, TranscriptionOptions
+from mediaserver.keep_alive import ModelKeeper, return_freed_memory
 from mediaserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -55,7 +58,10 @@ class AsrService:
         self.metrics = metrics
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
         self._load_locks: dict[str, asyncio.Lock] = {}
+        self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
         self._closed = False
+        # Idle unload of local models (asr_keep_alive_s); remote engines hold no weights here.
+        self.keeper = ModelKeeper("asr", settings.asr_keep_alive_s, metrics, self._unload_idle)
         metrics.watch_engines(lambda: {name: m.engine.counters for name, m in self._loaded.items()})
 
     @property
@@ -86,15 +92,70 @@ class AsrService:
         if loaded is not None:
             self._loaded.move_to_end(name)
             return loaded
+        # One load per cold start, in a task of its own: every request for the model meanwhile
+        # waits for it, and a request that goes away (its client hung up) leaves the load to finish
+        # for the others (the model then idles out as any other).
+        loading = self._loading.get(name)
+        if loading is None:
+            loading = asyncio.get_running_loop().create_task(self._load_once(name), name=f"asr-load-{name}")
+            self._loading[name] = loading
+            loading.add_done_callback(lambda task: self._loaded_or_failed(name, task))
+        return await asyncio.shield(loading)
+
+    def _loaded_or_failed(self, name: str, task: asyncio.Task[LoadedModel]) -> None:
+        if self._loading.get(name) is task:
+            del self._loading[name]
+        if not task.cancelled():
+            task.exception()  # retrieved: a load nobody waits for any more fails quietly (logged in _load)
+
+    async def _load_once(self, name: str) -> LoadedModel:
         lock = self._load_locks.setdefault(name, asyncio.Lock())
         async with lock:
             loaded = self._loaded.get(name)
             if loaded is not None:
                 return loaded
-            loaded = await self._load(name)
+            if self._closed:
+                raise ModelUnavailable("the ASR service is shutting down")
+            started = time.perf_counter()
+            try:
+                loaded = await self._load(name)
+            except ModelUnavailable as exc:  # a 503 with the reason; the next request tries again
+                self.keeper.load_failed(name, exc.message)
+                raise
+            if self._closed:  # it shut down meanwhile
+                await self._free(loaded, "shutdown")
+                raise ModelUnavailable("the ASR service is shutting down")
             self._loaded[name] = loaded
+            if not isinstance(loaded.engine, RemoteEngine):
+                self.keeper.loaded(name, time.perf_counter() - started)
             await self._evict_over_limit()
             return loaded
+
+    async def _unload_idle(self, name: str) -> bool:
+        """The keeper's idle unload: under the model's load lock, and only with nothing in flight or
+        queued (a request that arrived meanwhile holds a use: the model stays)."""
+        async with self._load_locks.setdefault(name, asyncio.Lock()):
+            loaded = self._loaded.get(name)
+            if loaded is None or self._closed or isinstance(loaded.engine, RemoteEngine):
+                return False
+            if self.keeper.in_use(name) or loaded.scheduler.open_jobs or loaded.scheduler.depth:
+                return False
+            del self._loaded[name]
+            await self._free(loaded, "idle")
+            return True
+
+    async def _free(self, loaded: LoadedModel, reason: str) -> None:
+        """Stop a local model's scheduler and free its weights (in a thread: it may take a while)."""
+        await loaded.scheduler.aclose()
+        if isinstance(loaded.engine, WhisperEngine):
+            engine = loaded.engine
+
+            def free() -> None:
+                engine.close()
+                return_freed_memory()
+
+            await asyncio.to_thread(free)
+        self.keeper.unloaded(loaded.name, reason)
 
     async def _load(self, name: str) -> LoadedModel:
         remote = self.settings.remote_models.get(name)
@@ -201,7 +262,10 @@ class AsrService:
                 (
                     n
                     for n, m in self._loaded.items()
-                    if m.scheduler.depth == 0 and not isinstance(m.engine, RemoteEngine)
+                    if m.scheduler.depth == 0
+                    and m.scheduler.open_jobs == 0
+                    and not self.keeper.in_use(n)
+                    and not isinstance(m.engine, RemoteEngine)
                 ),
                 None,
             )
@@ -209,7 +273,7 @@ class AsrService:
                 return
             victim = self._loaded.pop(victim_name)
             log.info("unloading model %s (max_loaded_models=%d)", victim_name, self.settings.max_loaded_models)
-            await victim.scheduler.aclose()
+            await self._free(victim, "limit")
 
     async def transcribe(
         self,
@@ -219,6 +283,19 @@ class AsrService:
         model: str | None = None,
         priority: Priority = Priority.FILE,
         supersede_key: str | None = None,
+    ) -> Transcript:
+        # The use is held from before the lookup until the answer: an idle unload never takes the
+        # model from under it, and one that took it just before makes the lookup load it again.
+        with self.keeper.use(self.models.resolve(model)):
+            return await self._transcribe(audio, options, model, priority, supersede_key)
+
+    async def _transcribe(
+        self,
+        audio: AudioArray,
+        options: TranscriptionOptions,
+        model: str | None,
+        priority: Priority,
+        supersede_key: str | None,
     ) -> Transcript:
         loaded = await self.get_model(model)
         self.models.check_options(loaded.name, options)
@@ -241,6 +318,10 @@ class AsrService:
         if self._closed:
             return
         self._closed = True
+        await self.keeper.aclose()
+        for loading in list(self._loading.values()):
+            with contextlib.suppress(Exception):
+                await loading
         for loaded in list(self._loaded.values()):
             await loaded.scheduler.aclose()
             if isinstance(loaded.engine, RemoteEngine):

@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 
+from mediaserver.config.keep_alive import KeepAliveSeconds, keep_alive_field
+
 DEFAULT_MODEL_ALIASES: dict[str, str] = {
     # OpenAI model names map to the default model: SDK users keep their code unchanged
     # (gpt-4o-transcribe-diarize too: response_format=diarized_json adds the speakers to any model).
@@ -117,6 +119,7 @@ class AsrSettings(BaseModel):
     max_loaded_models: int = Field(
         4, ge=1, description="ASR models kept loaded; the least recently used is unloaded when idle"
     )
+    asr_keep_alive_s: KeepAliveSeconds = keep_alive_field("a local Whisper model")
 
     # --- device --------------------------------------------------------------------------------
     device: Literal["auto", "cpu", "cuda"] = Field(

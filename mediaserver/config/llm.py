@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from mediaserver.config.assistant import SPOKEN_SYSTEM_PROMPT
+from mediaserver.config.keep_alive import KeepAliveSeconds, keep_alive_field
 
 # OpenAI chat and embedding model names map to the default LLM / embedding model.
 DEFAULT_LLM_ALIASES: dict[str, str] = {
@@ -51,6 +52,9 @@ class LlmSettings(BaseModel):
         "by default",
     )
     llm_preload: bool = Field(True, description="start the default chat model's engine at start-up, not on first use")
+    llm_keep_alive_s: KeepAliveSeconds = keep_alive_field(
+        "a local chat model (its llama-server child: stopped when idle, started again by the next request)"
+    )
     llm_slots: int = Field(
         4,
         ge=1,

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from mediaserver.config.keep_alive import KeepAliveSeconds, keep_alive_field
+
 # Voice names clients already send: OpenAI's built-in voices and WIS's speakers (SpeechT5 x-vectors,
 # XTTS's shipped voices). "@default" means tts_default_voice.
 OPENAI_VOICES = ["alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse"]
@@ -56,6 +58,7 @@ class TtsSettings(BaseModel):
     tts_max_loaded_voices: int = Field(
         4, ge=1, description="voices kept loaded; the least recently used is unloaded past it"
     )
+    tts_keep_alive_s: KeepAliveSeconds = keep_alive_field("a Piper voice")
     tts_request_timeout_s: float = Field(300.0, gt=0, description="a 504 if no audio came by then; a stream is cut off")
     tts_cache_max_bytes: int = Field(64 * 1024 * 1024, ge=0, description="0 turns the response cache off")
     tts_cache_max_entry_bytes: int = Field(

@@ -15,6 +15,7 @@ the caller owns the history and sends it with every request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -29,6 +30,7 @@ import aiohttp
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
 from mediaserver.errors import ApiError, GatewayTimeout, InvalidParameter, ModelUnavailable, Overloaded
+from mediaserver.keep_alive import ModelKeeper, return_freed_memory
 from mediaserver.llm.defaults import defaults_for
 from mediaserver.llm.embeddings import EmbeddingBatcher, Vector
 from mediaserver.llm.engine import LlamaServerEngine, LlmEngine
@@ -200,6 +202,18 @@ class LlmStream:
 async def _generate(
     service: LlmService, source: LlmSource, request: ChatRequest, cancel: threading.Event, outcome: _Outcome
 ) -> AsyncGenerator[str | ToolCallDelta, None]:
+    """One generation, holding its model's use from before the engine is looked up to the end: an
+    idle stop (``llm_keep_alive_s``) never takes the engine from under it, and a consumer that goes
+    away (closing or dropping the stream) releases it."""
+    with service.keeper.use(source.name):
+        async with contextlib.aclosing(_generate_on(service, source, request, cancel, outcome)) as events:
+            async for event in events:
+                yield event
+
+
+async def _generate_on(
+    service: LlmService, source: LlmSource, request: ChatRequest, cancel: threading.Event, outcome: _Outcome
+) -> AsyncGenerator[str | ToolCallDelta, None]:
     metrics = service.metrics
     model = source.name
     timeout_s = service.settings.llm_request_timeout_s
@@ -310,6 +324,13 @@ class LlmService:
         self._batchers: dict[str, EmbeddingBatcher] = {}
         self._embedders: dict[str, LlamaCppEmbedder] = {}
         self._closed = False
+        # Idle stop of local engines (llm_keep_alive_s): the llama-server child of a model unused
+        # that long is stopped (its memory returned); the next request starts it again.
+        self.keeper = ModelKeeper("llm", self.settings.llm_keep_alive_s, self.metrics_registry, self._unload_idle)
+        # The in-process embedding model (llama-cpp-python) idles out the same way.
+        self.embedding_keeper = ModelKeeper(
+            "embedding", self.settings.llm_keep_alive_s, self.metrics_registry, self._unload_embedder
+        )
         # Why start() could not make the LLM usable (the app turns the feature off with it).
         self.start_problem: str | None = None
 
@@ -341,6 +362,8 @@ class LlmService:
         if self._closed:
             return
         self._closed = True
+        await self.keeper.aclose()
+        await self.embedding_keeper.aclose()
         for batcher in self._batchers.values():
             await batcher.aclose()
         for embedder in self._embedders.values():
@@ -392,7 +415,44 @@ class LlmService:
                 unanswered_s = process.unanswered_s
                 if unanswered_s is not None:  # unresponsive: how long it has been silent
                     entry["engine"]["unanswered_s"] = round(unanswered_s, 1)
+        for name, kept in self.keeper.status().items():
+            entry = models.setdefault(name, {})
+            if name not in self._backends and "engine" not in entry:
+                # Stopped on purpose (idle past llm_keep_alive_s), or its start failed: the next
+                # request starts it (again). Idle is healthy; a failed start is not (the server is
+                # degraded until a start succeeds), and last_error says why.
+                failed = "last_error" in kept
+                entry["engine"] = {
+                    "kind": "llama-server",
+                    "state": "failed" if failed else "unloaded",
+                    "healthy": not failed,
+                    "pid": None,
+                }
+            entry["loaded"] = kept["loaded"]
+            entry["load_seconds"] = kept["load_seconds"]
+            entry["loads"] = kept["loads"]
+            entry["unloads"] = kept["unloads"]
+            entry["idle_s"] = kept["idle_s"]
+            entry["keep_alive_s"] = kept["keep_alive_s"]
+            if "last_error" in kept:
+                entry["last_error"] = kept["last_error"]
         return {"default": self.sources.default_name, "models": models}
+
+    async def _unload_idle(self, name: str) -> bool:
+        """The keeper's idle stop: under the load lock, and only with no generation running or
+        waiting (a request that arrived meanwhile holds a use: the engine stays)."""
+        async with self._load_lock:
+            engine = self._backends.get(name)
+            if engine is None or self._closed or self.keeper.in_use(name):
+                return False
+            gate = self._gates.get(name)
+            if gate is not None and (gate.busy or gate.waiting):
+                return False
+            del self._backends[name]
+            # A deliberate stop, not a fault: aclose() tells the supervisor not to restart it.
+            await engine.aclose()
+            self.keeper.unloaded(name, "idle")
+            return True
 
     async def backend(self, source: LlmSource) -> LlmEngine:
         if source.backend == "upstream":
@@ -405,20 +465,29 @@ class LlmService:
         async with self._load_lock:
             loaded = self._backends.get(source.name)
             if loaded is None:
-                problem = self.sources.location_problem(source.name)
-                if problem:
-                    raise ModelUnavailable(problem)
+                if self._closed:
+                    raise ModelUnavailable("the LLM service is shutting down")
                 log.info("starting the LLM engine of %s (%s)", source.name, source.location)
                 started = time.monotonic()
                 restarts = self.metrics.engine_restarts.labels(source.name)
                 try:
-                    loaded = await LlamaServerEngine.start(source, self.settings, self.device, on_restart=restarts.inc)
-                except ApiError:
+                    problem = self.sources.location_problem(source.name)  # asked each time: a file may come back
+                    if problem:
+                        raise ModelUnavailable(problem)
+                    try:
+                        loaded = await LlamaServerEngine.start(
+                            source, self.settings, self.device, on_restart=restarts.inc
+                        )
+                    except ApiError:
+                        raise
+                    except Exception as exc:  # the binary cannot run, a hub id that does not resolve ...
+                        raise ModelUnavailable(f"LLM {source.name!r} cannot be used: {exc}") from exc
+                except ApiError as exc:  # a 503 with the reason; the next request tries again
+                    self.keeper.load_failed(source.name, exc.message)
                     raise
-                except Exception as exc:  # the binary cannot run, a hub id that does not resolve ...
-                    raise ModelUnavailable(f"LLM {source.name!r} cannot be used: {exc}") from exc
                 log.info("LLM %s serving in %.1f s", source.name, time.monotonic() - started)
                 self._backends[source.name] = loaded
+                self.keeper.loaded(source.name, time.monotonic() - started)
                 self.gate(source.name, loaded.max_concurrency)  # /health and /metrics show its slots from now
             return loaded
 
@@ -490,13 +559,14 @@ class LlmService:
         bound = prompt_bytes(messages, tools)
         if bound <= limit:
             return PromptTokens(bound, limit)
-        engine = await self.backend(source)
-        if isinstance(engine, LlamaServerEngine):
-            try:
-                await engine.process.wait_ready()
-                return PromptTokens(await engine.process.count_prompt_tokens(messages, tools), limit, exact=True)
-            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
-                log.info("the prompt of %s could not be counted (%s); using its byte bound", source.name, exc)
+        with self.keeper.use(source.name):
+            engine = await self.backend(source)
+            if isinstance(engine, LlamaServerEngine):
+                try:
+                    await engine.process.wait_ready()
+                    return PromptTokens(await engine.process.count_prompt_tokens(messages, tools), limit, exact=True)
+                except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+                    log.info("the prompt of %s could not be counted (%s); using its byte bound", source.name, exc)
         return PromptTokens(bound, limit)
 
     async def complete(
@@ -517,7 +587,14 @@ class LlmService:
                 problem = self.sources.location_problem(source.name, embedding=True)
                 if problem:
                     raise ModelUnavailable(problem)
-                embedder = await asyncio.to_thread(LlamaCppEmbedder.load, source, self.settings, self.device)
+                if self._closed:
+                    raise ModelUnavailable("the LLM service is shutting down")
+                started = time.monotonic()
+                try:
+                    embedder = await asyncio.to_thread(LlamaCppEmbedder.load, source, self.settings, self.device)
+                except ApiError as exc:  # a 503 with the reason; the next request tries again
+                    self.embedding_keeper.load_failed(source.name, exc.message)
+                    raise
                 s = self.settings
                 batcher = EmbeddingBatcher(
                     source.name,
@@ -530,7 +607,22 @@ class LlmService:
                 )
                 self._embedders[source.name] = embedder
                 self._batchers[source.name] = batcher
+                self.embedding_keeper.loaded(source.name, time.monotonic() - started)
             return batcher, self._embedders[source.name]
+
+    async def _unload_embedder(self, name: str) -> bool:
+        """The embedding keeper's idle unload: under the load lock, with no request using it."""
+        async with self._load_lock:
+            batcher = self._batchers.get(name)
+            if batcher is None or self._closed or self.embedding_keeper.in_use(name):
+                return False
+            del self._batchers[name]
+            embedder = self._embedders.pop(name)
+            await batcher.aclose()
+            await embedder.aclose()
+            await asyncio.to_thread(return_freed_memory)
+            self.embedding_keeper.unloaded(name, "idle")
+            return True
 
     async def embed(self, texts: Sequence[str], *, model: str | None = None) -> Embeddings:
         if not texts:
@@ -542,6 +634,10 @@ class LlmService:
                 param="input",
             )
         source = self.sources.resolve(model, embedding=True)
+        with self.embedding_keeper.use(source.name):
+            return await self._embed(texts, source)
+
+    async def _embed(self, texts: Sequence[str], source: LlmSource) -> Embeddings:
         batcher, embedder = await self._batcher(source)
         counts = await asyncio.to_thread(lambda: [embedder.count_tokens(t) for t in texts])
         max_tokens = self.settings.llm_embedding_max_input_tokens

@@ -31,6 +31,7 @@ import numpy as np
 from mediaserver.audio.decode import StreamResampler
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter, ModelUnavailable
+from mediaserver.keep_alive import ModelKeeper, return_freed_memory
 from mediaserver.metrics import Metrics
 from mediaserver.tts.cache import TtsCache
 from mediaserver.tts.engine import TtsEngine, load_engine
@@ -159,7 +160,10 @@ class TtsService:
         )
         self._loaded: OrderedDict[str, LoadedVoice] = OrderedDict()
         self._load_locks: dict[str, asyncio.Lock] = {}
+        self._loading: dict[str, asyncio.Task[LoadedVoice]] = {}
         self._closed = False
+        # Idle unload of voices (tts_keep_alive_s): a voice unused that long leaves memory.
+        self.keeper = ModelKeeper("tts", settings.tts_keep_alive_s, metrics, self._unload_idle)
 
     @property
     def loaded_voices(self) -> list[str]:
@@ -210,15 +214,36 @@ class TtsService:
         if loaded is not None:
             self._loaded.move_to_end(voice.name)
             return loaded
+        # One load per cold start, in a task of its own: every request meanwhile waits for it, and
+        # one that goes away leaves it to the others (the voice then idles out as any other).
+        loading = self._loading.get(voice.name)
+        if loading is None:
+            loading = asyncio.get_running_loop().create_task(self._load_once(voice), name=f"tts-load-{voice.name}")
+            self._loading[voice.name] = loading
+            loading.add_done_callback(lambda task: self._loaded_or_failed(voice.name, task))
+        return await asyncio.shield(loading)
+
+    def _loaded_or_failed(self, name: str, task: asyncio.Task[LoadedVoice]) -> None:
+        if self._loading.get(name) is task:
+            del self._loading[name]
+        if not task.cancelled():
+            task.exception()  # retrieved: a load nobody waits for any more fails quietly (it is logged)
+
+    async def _load_once(self, voice: VoiceInfo) -> LoadedVoice:
         async with self._load_locks.setdefault(voice.name, asyncio.Lock()):
             loaded = self._loaded.get(voice.name)
             if loaded is not None:
                 return loaded
+            if self._closed:
+                raise ModelUnavailable("the TTS service is shutting down")
+            started = time.perf_counter()
             try:
                 engine = await asyncio.to_thread(load_engine, voice, self.settings)
             except Exception as exc:
                 log.exception("loading TTS voice %s failed", voice.name)
-                raise ModelUnavailable(f"voice {voice.name!r} could not be loaded: {exc}") from exc
+                error = ModelUnavailable(f"voice {voice.name!r} could not be loaded: {exc}")
+                self.keeper.load_failed(voice.name, error.message)
+                raise error from exc
             scheduler = TtsScheduler(
                 engine,
                 workers=self.settings.tts_workers_per_voice,
@@ -228,9 +253,24 @@ class TtsService:
             )
             scheduler.start()
             loaded = LoadedVoice(voice, engine, scheduler)
+            if self._closed:  # it shut down meanwhile
+                await self._unload(loaded)
+                raise ModelUnavailable("the TTS service is shutting down")
             self._loaded[voice.name] = loaded
+            self.keeper.loaded(voice.name, time.perf_counter() - started)
             await self._evict_over_limit(keep=voice.name)
             return loaded
+
+    async def _unload_idle(self, name: str) -> bool:
+        """The keeper's idle unload: under the voice's load lock, never with a request open on it."""
+        async with self._load_locks.setdefault(name, asyncio.Lock()):
+            loaded = self._loaded.get(name)
+            if loaded is None or self._closed or self.keeper.in_use(name) or loaded.scheduler.open_streams:
+                return False
+            del self._loaded[name]
+            await self._unload(loaded)
+            self.keeper.unloaded(name, "idle")
+            return True
 
     async def _evict_over_limit(self, *, keep: str) -> None:
         while len(self._loaded) > self.settings.tts_max_loaded_voices:
@@ -240,11 +280,17 @@ class TtsService:
                 return
             log.info("unloading TTS voice %s (tts_max_loaded_voices=%d)", victim, self.settings.tts_max_loaded_voices)
             await self._unload(self._loaded.pop(victim))
+            self.keeper.unloaded(victim, "limit")
 
     @staticmethod
     async def _unload(loaded: LoadedVoice) -> None:
         await loaded.scheduler.aclose()
-        await asyncio.to_thread(loaded.engine.close)
+
+        def free() -> None:
+            loaded.engine.close()
+            return_freed_memory()
+
+        await asyncio.to_thread(free)
 
     # --- speaking -----------------------------------------------------------------------------
 
@@ -264,13 +310,14 @@ class TtsService:
         the voice does not have is a 400 (``UnknownSpeaker``), not its default speaker.
         """
         check_speaker(voice, params.speaker)
-        loaded = await self.load(voice)
-        stream = loaded.scheduler.open(params)
-        speech = Speech(self, stream, voice, sample_rate_hz=sample_rate_hz, first_clause_words=first_clause_words)
-        try:
-            yield speech
-        finally:
-            speech.close()
+        with self.keeper.use(voice.name):  # the voice stays loaded until the request is done
+            loaded = await self.load(voice)
+            stream = loaded.scheduler.open(params)
+            speech = Speech(self, stream, voice, sample_rate_hz=sample_rate_hz, first_clause_words=first_clause_words)
+            try:
+                yield speech
+            finally:
+                speech.close()
 
     @contextlib.asynccontextmanager
     async def speak(
@@ -322,6 +369,10 @@ class TtsService:
         if self._closed:
             return
         self._closed = True
+        await self.keeper.aclose()
+        for loading in list(self._loading.values()):
+            with contextlib.suppress(Exception):
+                await loading
         for loaded in list(self._loaded.values()):
             await self._unload(loaded)
         self._loaded.clear()

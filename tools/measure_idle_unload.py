@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Whether idle unload (``*_keep_alive_s``) gives the memory back: RSS before a load, loaded, after
+the idle unload, over a few load/unload cycles (a leak would grow them).
+
+- ASR: each Whisper model in turn (tiny.en, base), in this process: one transcription loads it,
+  ``asr_keep_alive_s`` (1 s) unloads it (CTranslate2's ``unload_model``).
+- TTS: the default Piper voice, in this process.
+- LLM: the bundled SmolLM2's ``llama-server`` child: its RSS while it runs; after the idle stop
+  the process is gone, and this process's RSS is read too.
+- Embeddings: the same GGUF in this process (llama-cpp-python), also on ``llm_keep_alive_s``.
+
+On CUDA the measure would be NVML's used memory; this reads RSS (psutil), the CPU's.
+
+    python tools/measure_idle_unload.py [--cycles 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mediaserver.asr.models import ModelRegistry
+from mediaserver.asr.service import AsrService
+from mediaserver.config import Settings
+from mediaserver.devices import choose_device
+from mediaserver.events import TranscriptionOptions
+from mediaserver.llm.engine import LlamaServerEngine
+from mediaserver.llm.registry import BUNDLED_NAME
+from mediaserver.llm.service import LlmService
+from mediaserver.llm.types import ChatMessage, GenerationParams
+from mediaserver.metrics import Metrics
+from mediaserver.tts.service import TtsService
+
+MB = 1024 * 1024
+ME = psutil.Process(os.getpid())
+
+
+def rss_mb(process: psutil.Process = ME) -> float:
+    gc.collect()
+    return round(float(process.memory_info().rss) / MB, 1)
+
+
+def speech_like(seconds: float = 3.0) -> np.ndarray:
+    """A few seconds of a voiced tone: enough for the VAD gate to pass it to the model."""
+    t = np.arange(int(16000 * seconds)) / 16000
+    wave = 0.3 * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    return wave.astype(np.float32)
+
+
+async def measure_asr(settings: Settings, model: str, cycles: int) -> dict[str, Any]:
+    asr = AsrService(settings, choose_device("cpu", "auto", 0), ModelRegistry(settings), Metrics())
+    rows: list[dict[str, float]] = []
+    try:
+        for _ in range(cycles):
+            before = rss_mb()
+            await asr.transcribe(speech_like(), TranscriptionOptions(language="en"), model=model)
+            loaded = rss_mb()
+            await asr.keeper.wait_for(lambda: not asr.keeper.is_loaded(model), timeout_s=60)
+            rows.append({"before_mb": before, "loaded_mb": loaded, "after_unload_mb": rss_mb()})
+        load_s = asr.keeper.status()[model]["load_seconds"]
+    finally:
+        await asr.aclose()
+    return {"engine": "asr", "model": model, "load_seconds": load_s, "cycles": rows}
+
+
+async def measure_tts(settings: Settings, cycles: int) -> dict[str, Any]:
+    tts = TtsService(settings.model_copy(update={"tts_preload_default_voice": False}), Metrics())
+    rows: list[dict[str, float]] = []
+    try:
+        voice = await tts.voice(None)
+        for _ in range(cycles):
+            before = rss_mb()
+            await tts.synthesize("Memory comes and goes.", voice)
+            loaded = rss_mb()
+            await tts.keeper.wait_for(lambda: not tts.keeper.is_loaded(voice.name), timeout_s=60)
+            rows.append({"before_mb": before, "loaded_mb": loaded, "after_unload_mb": rss_mb()})
+        load_s = tts.keeper.status()[voice.name]["load_seconds"]
+    finally:
+        await tts.aclose()
+    return {"engine": "tts", "model": voice.name, "load_seconds": load_s, "cycles": rows}
+
+
+async def measure_llm(settings: Settings, cycles: int) -> dict[str, Any]:
+    llm = LlmService(settings.model_copy(update={"llm_preload": False}), Metrics())
+    rows: list[dict[str, Any]] = []
+    try:
+        await llm.start()
+        for _ in range(cycles):
+            before = rss_mb()
+            await llm.complete([ChatMessage("user", "Name three colors.")], GenerationParams(max_tokens=16))
+            backend = await llm.backend(llm.sources.source(BUNDLED_NAME))  # loaded: no new start
+            assert isinstance(backend, LlamaServerEngine) and backend.process.pid is not None
+            child = psutil.Process(backend.process.pid)
+            child_rss = rss_mb(child)
+            await llm.keeper.wait_for(lambda: not llm.keeper.is_loaded(BUNDLED_NAME), timeout_s=60)
+            rows.append(
+                {
+                    "server_before_mb": before,
+                    "child_loaded_mb": child_rss,
+                    "child_after_unload": "gone" if not child.is_running() else f"{rss_mb(child)} MB",
+                    "server_after_unload_mb": rss_mb(),
+                }
+            )
+        load_s = llm.keeper.status()[BUNDLED_NAME]["load_seconds"]
+    finally:
+        await llm.aclose()
+    return {"engine": "llm", "model": BUNDLED_NAME, "load_seconds": load_s, "cycles": rows}
+
+
+def unloaded(llm: LlmService, name: str) -> Callable[[], bool]:
+    return lambda: not llm.embedding_keeper.is_loaded(name)
+
+
+async def measure_embedding(settings: Settings, cycles: int) -> dict[str, Any]:
+    llm = LlmService(settings.model_copy(update={"llm_preload": False}), Metrics())
+    rows: list[dict[str, float]] = []
+    name = ""
+    try:
+        for _ in range(cycles):
+            before = rss_mb()
+            name = (await llm.embed(["memory comes and goes"])).model
+            loaded = rss_mb()
+            await llm.embedding_keeper.wait_for(unloaded(llm, name), timeout_s=60)
+            rows.append({"before_mb": before, "loaded_mb": loaded, "after_unload_mb": rss_mb()})
+        load_s = llm.embedding_keeper.status()[name]["load_seconds"]
+    finally:
+        await llm.aclose()
+    return {"engine": "embedding", "model": name, "load_seconds": load_s, "cycles": rows}
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cycles", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    settings = Settings(
+        asr_preload_models=[],
+        asr_keep_alive_s=1.0,
+        tts_keep_alive_s=1.0,
+        llm_keep_alive_s=1.0,
+        llm_slots=1,
+    )
+    print(f"start: this process {rss_mb()} MB")
+    results = [
+        await measure_asr(settings, "tiny.en", args.cycles),
+        await measure_asr(settings, "base", args.cycles),
+        await measure_tts(settings, args.cycles),
+        await measure_llm(settings, args.cycles),
+        await measure_embedding(settings, args.cycles),
+    ]
+    for result in results:
+        print(f"{result['engine']} {result['model']} (load {result['load_seconds']} s):")
+        for index, row in enumerate(result["cycles"], 1):
+            print(f"  cycle {index}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -356,6 +356,12 @@ def summarize(results: list[Result]) -> dict[str, dict[str, dict[str, float]]]:
                 "by_cap": float(sum(r.by_cap for r in whole)),
                 "whole_cut": float(sum(r.cut_off for r in whole)),
             }
+            # The paused sentences not cut: their turn end after the last word (after the pause).
+            kept = [r for r in mine if r.pause_ms and r.delay_ms is not None]
+            kept_delays = [r.delay_ms for r in kept if r.delay_ms is not None]
+            row["paused_p95_ms"] = percentile(kept_delays, 95)
+            row["paused_max_ms"] = max(kept_delays, default=float("nan"))
+            row["paused_by_cap"] = float(sum(r.by_cap for r in kept))
             for pause_s in PAUSES_S:
                 paused = [r for r in mine if r.pause_ms == int(pause_s * 1000)]
                 row[f"cut_{pause_s}"] = sum(r.cut_off for r in paused) / max(1, len(paused))
@@ -370,12 +376,17 @@ def print_table(table: dict[str, dict[str, dict[str, float]]]) -> None:
         first = next(iter(rows.values()))
         paused_n = int(sum(first[f"n_{p}"] for p in PAUSES_S) / len(PAUSES_S))
         print(f"\n{source}: {int(first['whole'])} whole sentences, {paused_n} paused sentences at each pause")
-        print(f"{'policy':12s} {'p50':>6s} {'p95':>6s} {'max':>6s} {'cap':>4s} {'cut':>4s} {pauses}")
+        print(
+            f"{'policy':12s} {'p50':>6s} {'p95':>6s} {'max':>6s} {'cap':>4s} {'cut':>4s} {pauses}"
+            f" | paused, not cut: {'p95':>5s} {'max':>5s} {'cap':>4s}"
+        )
         for policy, row in rows.items():
             cuts = " ".join(f"{100 * row[f'cut_{p}']:7.0f}%" for p in PAUSES_S)
             print(
                 f"{policy:12s} {row['p50_ms'] / 1000:6.2f} {row['p95_ms'] / 1000:6.2f} {row['max_ms'] / 1000:6.2f} "
                 f"{row['by_cap']:4.0f} {row['whole_cut']:4.0f} {cuts}"
+                f" | {'':16s} {row['paused_p95_ms'] / 1000:5.2f} {row['paused_max_ms'] / 1000:5.2f} "
+                f"{row['paused_by_cap']:4.0f}"
             )
 
 

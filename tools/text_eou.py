@@ -53,7 +53,7 @@ def normalize(text: str, variant: str) -> str:
 class TextEou:
     """A llama-server child with the bundled GGUF; ``probability(words)`` is P(<|im_end|> | words)."""
 
-    def __init__(self, threads: int = 1) -> None:
+    def __init__(self, threads: int = 1, slots: int = 1) -> None:
         from mediaserver.config import Settings
         from mediaserver.llm.engine_process import find_binary
         from mediaserver.llm.registry import bundled_gguf
@@ -66,7 +66,7 @@ class TextEou:
         # fmt: off
         self._process = subprocess.Popen(
             [str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-             "--parallel", "1", "--ctx-size", "1024", "--threads", str(threads), "--no-webui",
+             "--parallel", str(slots), "--ctx-size", str(1024 * slots), "--threads", str(threads), "--no-webui",
              "--cache-prompt"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )

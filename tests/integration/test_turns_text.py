@@ -28,7 +28,7 @@ from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel
 from mediaserver.turns.text_eou import TextEou, TextUnavailable, text_eou_of
 from tests.conftest import Clip, ServerFactory
-from tests.integration.test_turns import Run, gap_for, silence, stream_real_time, words
+from tests.integration.test_turns import Run, gap_for, silence, stream_real_time, words, ws_turn_end
 
 HOLD_MS = 1200  # not the default (1000): the setting reaches the session
 
@@ -188,3 +188,21 @@ async def test_health_says_whether_the_text_model_is_in_force(server_factory: Se
     assert turns[0]["text_model"] == "llm" and turns[0]["text_model_in_force"] == "llm", turns[0]
     assert turns[1]["text_model_in_force"] == "off" and "LLM is off" in turns[1]["text_model_problem"], turns[1]
     assert "text_model" not in turns[2], turns[2]
+
+
+async def test_the_device_socket_holds_a_fragment_with_the_text_model(
+    server_factory: ServerFactory, speech: Callable[[str], Clip]
+) -> None:
+    """A server with semantic turns and turn_text_model llm, over /api/ws/asr: the paused sentence is
+    one final, and the turn messages carry the text's score."""
+    server = await server_factory(turn_detection="semantic", turn_text_model="llm", turn_text_hold_ms=HOLD_MS)
+    first, rest = speech("Remind me to buy"), speech("eggs and bread.")
+    audio = np.concatenate(
+        [silence(0.5), first.audio16k, silence(gap_for(first, rest, 0.8)), rest.audio16k, silence(4.5)]
+    )
+    ready, got = await ws_turn_end(server, audio)
+    assert ready["turn_detection"] == "semantic", ready
+    assert sum(m["type"] == "final" for m in got) == 1, got
+    turns = [m for m in got if m["type"] == "turn"]
+    assert any(m.get("text_probability", 1.0) < 0.01 and not m["complete"] for m in turns), turns
+    assert turns[-1]["complete"] and turns[-1]["text_probability"] >= 0.01, turns

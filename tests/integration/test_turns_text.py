@@ -206,3 +206,23 @@ async def test_the_device_socket_holds_a_fragment_with_the_text_model(
     turns = [m for m in got if m["type"] == "turn"]
     assert any(m.get("text_probability", 1.0) < 0.01 and not m["complete"] for m in turns), turns
     assert turns[-1]["complete"] and turns[-1]["text_probability"] >= 0.01, turns
+
+
+async def test_an_upstream_llm_leaves_the_text_model_off(base_settings: Settings, asr_service: AsrService) -> None:
+    """The default LLM model is an upstream's: no local engine to score with, so the sessions judge
+    their pauses without the text, and /health's status says why."""
+    settings = text_settings(
+        base_settings, llm_upstream_url="http://127.0.0.1:9/v1", llm_upstream_models=["gpt-x"], llm_model="gpt-x"
+    )
+    scorer = text_eou_of(settings, LlmService(settings, asr_service.metrics))
+    assert scorer is not None and not scorer.in_force
+    assert scorer.status()["text_model_in_force"] == "off" and "upstream" in scorer.status()["text_model_problem"]
+    with pytest.raises(TextUnavailable):
+        await scorer.probability("Remind me to buy")
+
+    async def emit(event: SessionEvent) -> None:
+        pass
+
+    session = StreamSession(asr_service, settings, emit, turn_model=None, text_eou=scorer)
+    assert session._turns.text is None  # the session's checks have no text scorer: the rule as with off
+    await session.aclose()

@@ -227,7 +227,7 @@ class StreamSession:
     async def _segment(self, samples: AudioArray) -> None:
         await self._turns.settled()  # a pause being judged is judged before more audio is heard
         await self._words_settled()
-        await self._turns.text_settled()
+        await self._turns.text_settled(self._segmenter.silence_ms)
         async with self._segment_lock:  # the gap watcher pushes too: keep events in stream order
             for event in self._segmenter.push(samples):
                 await self._on_segment(event)

@@ -205,11 +205,14 @@ class TurnChecks:
         await asyncio.wait({pause.text})
         return self.text_of(from_ms)
 
-    async def text_settled(self) -> None:
-        """Wait for the pause's text score once (as ``settled`` for the model's): the stream's audio is
-        held meanwhile, so the text is evidence at the same stream time however fast the audio comes."""
+    async def text_settled(self, silence_ms: int) -> None:
+        """Once the pause is long enough to be judged (``silence_ms`` so far), wait for its text score
+        once (as for its words): the stream's audio is held meanwhile, so the text is evidence at the
+        same stream time however fast the audio comes. Bounded by the scoring's own timeout."""
         pause = self._pause
         if pause is None or pause.text is None or pause.text.done() or pause.text_held:
+            return
+        if silence_ms < self.settings.turn_candidate_silence_ms:
             return
         pause.text_held = True
         await asyncio.wait({pause.text})

@@ -14,7 +14,8 @@ Variants (``normalize``):
 * ``livekit``: lower case without punctuation (LiveKit normalizes its transcripts so).
 
 ``punct`` instead reads, after the bare words, the probability of a sentence's final mark (``.``,
-``?``, ``!``) or of ``<|im_end|>``: whether the LM would end the sentence there.
+``?``, ``!``) or of ``<|im_end|>``: whether the LM would end the sentence there. The server scores
+so (mediaserver/turns/text_eou.py, ``turn_text_model`` "llm"), on its own running engine.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from benchlib import REPO, free_port
 
 sys.path.insert(0, str(REPO))
 
-SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-USER = "<|im_start|>user\n"
+# The server's scorer (turn_text_model "llm") is the punct variant: its prompt and trailing marks.
+from mediaserver.turns.text_eou import SYSTEM, USER, bare_words
+
 VARIANTS = ("asr", "bare", "livekit", "punct")
-_TRAILING = re.compile(r"[\s.?!,;:…\-–—\"')\]]+$")
 _PUNCT = re.compile(r"[^\w\s'-]")
 
 
@@ -44,7 +45,7 @@ def normalize(text: str, variant: str) -> str:
     if variant == "asr":
         return text
     if variant in ("bare", "punct"):
-        return _TRAILING.sub("", text)
+        return bare_words(text)
     if variant == "livekit":
         return " ".join(_PUNCT.sub(" ", text.lower()).split())
     raise ValueError(variant)

@@ -30,7 +30,7 @@ from mediaserver.metrics import CONTENT_TYPE_LATEST, Metrics
 from mediaserver.openapi import document as openapi
 from mediaserver.session_registry import SessionRegistry
 from mediaserver.speakers.service import SpeakerService
-from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, SPEAKERS, TOOLS, TTS
+from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, SPEAKERS, TEXT_EOU, TOOLS, TTS
 from mediaserver.transport import speakers as speakers_http
 from mediaserver.transport.lenient_http import SHUTDOWN_CANCEL
 from mediaserver.transport.openai import chat as openai_chat
@@ -48,6 +48,7 @@ from mediaserver.transport.wyoming.server import WYOMING_SERVER, wyoming_ctx
 from mediaserver.tts.service import TtsService
 from mediaserver.tts.voices import tts_unavailable
 from mediaserver.turns import model as turn_models
+from mediaserver.turns.text_eou import text_eou_of
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +275,8 @@ async def health_handler(request: web.Request) -> web.Response:
         states["embedding"] = request.app[LLM].embedding_keeper.status()
     body["model_states"] = states
     body["turns"] = turn_models.status(request.app[SETTINGS])
+    if TEXT_EOU in request.app:  # turn_text_model "llm": in force, or why not
+        body["turns"].update(request.app[TEXT_EOU].status())
     if SPEAKERS in request.app:
         body["speakers"] = request.app[SPEAKERS].status()
     if LLM in request.app:  # slots busy, queue, tokens/s and the engine's state, per model
@@ -404,13 +407,22 @@ def create_app(
         finally:
             await service.aclose()
 
+    def text_eou(app: web.Application, service: LlmService | None) -> None:
+        """turn_text_model "llm": the pauses' text scorer, on this LLM (or saying why it is off)."""
+        problem = None if service is not None else f"the LLM is off: {app[CAPABILITIES].reason('llm')}"
+        scorer = text_eou_of(settings, service, problem)
+        if scorer is not None:
+            app[TEXT_EOU] = scorer
+
     async def llm_ctx(app: web.Application) -> AsyncIterator[None]:
         capabilities = app[CAPABILITIES]
         if not capabilities.enabled("llm"):
+            text_eou(app, None)
             yield
             return
         if llm_service is not None:
             app[LLM] = llm_service
+            text_eou(app, llm_service)
             yield
             return
         service = LlmService(settings, metrics, app[ASR].device)
@@ -424,6 +436,7 @@ def create_app(
             if service.sources.default_name is None:
                 reason = f"no model resolves: {service.start_problem or 'set llm_model'}"
                 capabilities.set(Feature("llm", False, reason))
+            text_eou(app, service if capabilities.enabled("llm") else None)
             yield
         finally:
             await service.aclose()

@@ -119,11 +119,13 @@ class TurnDecided:
     """A pause was judged (semantic end of turn, turns/decision.py): ``complete`` ends the utterance
     now (a ``SpeechStopped`` follows); otherwise the server keeps listening. ``by`` is what decided:
     ``model`` (the turn model scored the pause, weighed with its words), ``words`` (the pause after a
-    finished sentence's words reached ``turn_finished_silence_ms``) or ``silence`` (the model failed
-    on this pause: it ended as silence detection would). ``probability`` is the model's last score
+    finished sentence's words reached ``turn_finished_silence_ms``), ``silence`` (the model failed
+    on this pause: it ended as silence detection would) or ``text`` (``turn_text_model`` vetoed the
+    pause's end and it reached ``turn_text_hold_ms``). ``probability`` is the model's last score
     of the pause (None if it has none), ``decision_ms`` that scoring's time (features, queue,
     inference; 0 unless ``by`` is ``model``), ``silence_ms`` the pause then, ``audio_end_ms`` its
-    stream time."""
+    stream time, ``text_probability`` the text's score of the pause's words (``turn_text_model``;
+    None without one)."""
 
     complete: bool
     probability: float | None
@@ -131,6 +133,7 @@ class TurnDecided:
     silence_ms: int
     audio_end_ms: int
     by: str = "model"
+    text_probability: float | None = None
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,7 @@ class Metrics:
             "mediaserver_turn_ends",
             "Semantic turns ended, by what decided: model (the turn model's score with the words), words (a "
             "finished sentence's pause reached turn_finished_silence_ms), silence (the model failed on the pause), "
+            "text (turn_text_model vetoed the pause's end and it reached turn_text_hold_ms), "
             "cap (nothing decided: the eagerness cap ended it; should be rare)",
             ["by"],
             registry=self.registry,
@@ -118,6 +119,18 @@ class Metrics:
         self.turn_model_failures = Counter(
             "mediaserver_turn_model_failures",
             "Pauses the turn model failed to score (they end as silence detection would)",
+            registry=self.registry,
+        )
+        self.turn_text_failures = Counter(
+            "mediaserver_turn_text_failures",
+            "Pauses whose words the LLM engine could not score for turn_text_model (not running, restarting, "
+            "too slow, an error): judged without the text",
+            registry=self.registry,
+        )
+        self.turn_text_seconds = Histogram(
+            "mediaserver_turn_text_seconds",
+            "turn_text_model: the time to score a pause's words on the LLM engine",
+            buckets=(0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0),
             registry=self.registry,
         )
         self.speculative_answers = Counter(

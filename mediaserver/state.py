@@ -13,6 +13,7 @@ from mediaserver.metrics import Metrics
 from mediaserver.session_registry import SessionRegistry
 from mediaserver.speakers.service import SpeakerService
 from mediaserver.tts.service import TtsService
+from mediaserver.turns.text_eou import TextEou
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
@@ -21,5 +22,6 @@ SESSIONS = web.AppKey("sessions", SessionRegistry)
 CAPABILITIES = web.AppKey("capabilities", Capabilities)
 TTS = web.AppKey("tts", TtsService)
 LLM = web.AppKey("llm", LlmService)
+TEXT_EOU = web.AppKey("text_eou", TextEou)  # turn_text_model "llm": the pauses' text scorer (absent: off)
 TOOLS = web.AppKey("tools", McpToolbox)  # the MCP servers' tools (mcp_servers), always present
 SPEAKERS = web.AppKey("speakers", SpeakerService)  # enrolled speakers and the speaker encoder

@@ -20,13 +20,19 @@ asked; it ends the turn only if the pause still goes on):
   rescore, else the cap;
 * **model+words**: the same, vetoed when the words end on ``turn_unfinished_words`` (the server's
   rule before issue #33);
-* **rule**: the server's rule (mediaserver/turns/decision.py), with the settings in force.
+* **rule**: the server's rule (mediaserver/turns/decision.py), with the settings in force;
+* **rule+text** (with ``--text-eou``): the rule, and the words' end-of-utterance probability read
+  from the bundled SmolLM2-135M-Instruct (tools/text_eou.py, LiveKit's way): words it scores below
+  ``--text-threshold`` veto the model and the finished words (rules 2 and 3), and that pause ends
+  at ``--text-hold-ms`` of silence (0: the cap). The model's decision then waits for the text score
+  too (the words' decode + the measured scoring time).
 
 Reported per source (Piper, real) and policy: for whole sentences the turn end after the last
 word, p50 / p95 / max, the turns the cap ended and the whole sentences cut at their own pauses;
 for paused sentences the cut-offs at each pause length.
 
     python tools/bench_turns.py [--plot docs/bench-turns.png] [--json out.json] [-v]
+    python tools/bench_turns.py --traces FILE --text-eou punct --text-threshold 0.02 --text-hold-ms 1000
 
 Targets (issue #33): whole sentences, real and Piper: p50 <= 0.35 s, p95 <= 0.7 s, max <= 1.0 s;
 0.7 s mid-sentence pauses, real and Piper: cut-offs <= half of silence-500's.
@@ -196,10 +202,55 @@ def _frame_up(ms: float) -> int:
     return int(-(-ms // FRAME_MS) * FRAME_MS)
 
 
-def pause_end(policy: str, pause: Pause, rule: TurnRule, settings: Settings) -> tuple[int, str] | None:
+@dataclass
+class TextJudge:
+    """The text end-of-utterance score of each pause's words (``--text-eou``), and how it is used."""
+
+    variant: str
+    threshold: float  # a score below it vetoes the model and the finished words
+    hold_ms: int  # a vetoed pause ends at this silence (0: the cap)
+    scores: dict[str, tuple[float, float]]  # words -> (probability, scoring ms)
+
+    def of(self, pause: Pause) -> tuple[bool, float, float]:
+        """(veto, probability, into the pause when the score is known)."""
+        probability, ms = self.scores[pause.words]
+        return probability < self.threshold, probability, pause.words_ready_ms + ms
+
+
+def text_scores(traced: list[Traced], variant: str) -> dict[str, tuple[float, float]]:
+    """Every traced pause's words scored by the bundled SmolLM2 (a llama-server child), with the time
+    each scoring took (scored once more when cached by the prompt: the first call of a prompt counts)."""
+    from text_eou import TextEou
+
+    eou = TextEou()
+    scores: dict[str, tuple[float, float]] = {}
+    try:
+        eou.probability("Hello there.", variant)  # warm up
+        for _, pauses, _ in traced:
+            for pause in pauses:
+                if pause.words_ready_ms and pause.words not in scores:
+                    began = time.perf_counter()
+                    probability = eou.probability(pause.words, variant)
+                    scores[pause.words] = (probability, (time.perf_counter() - began) * 1000.0)
+    finally:
+        eou.close()
+    return scores
+
+
+def pause_end(
+    policy: str, pause: Pause, rule: TurnRule, settings: Settings, text: TextJudge | None = None
+) -> tuple[int, str] | None:
     """Into the pause, where ``policy`` ends the turn (and why), or None if it does not."""
     words_class = rule.words(pause.words) if pause.words_ready_ms else Words.UNKNOWN
     ends: list[tuple[int, str]] = []
+    veto, text_probability, text_ready = False, 1.0, 0.0
+    if policy == "rule+text":
+        assert text is not None
+        if not pause.words_ready_ms:
+            return None  # no words, no check
+        veto, text_probability, text_ready = text.of(pause)
+        if veto and text.hold_ms > 0:
+            ends.append((_frame_up(max(text.hold_ms, text_ready)), f"text {text_probability:.3f} held {text.hold_ms}"))
     for n, check in enumerate(pause.checks):
         arrives = check.silence_ms + check.decision_ms
         if policy == "model":
@@ -210,20 +261,27 @@ def pause_end(policy: str, pause: Pause, rule: TurnRule, settings: Settings) -> 
             )
             arrives = max(arrives, pause.words_ready_ms)  # the server waits for the words
         else:
-            arrives = max(arrives, pause.words_ready_ms)
-            finished = rule.model_ends(check.probability, words_class, first=n == 0)
+            arrives = max(arrives, pause.words_ready_ms, text_ready)
+            finished = not veto and rule.model_ends(check.probability, words_class, first=n == 0)
         if finished:
             ends.append((_frame_up(arrives), f"model {check.probability:.2f} at {check.silence_ms}"))
             break
-    if policy == "rule":
+    if policy in ("rule", "rule+text") and not veto:
         at = rule.silence_ends_ms(words_class, model_failed=False)
         if at is not None:
-            ends.append((_frame_up(max(at, pause.words_ready_ms)), f"words at {at}"))
+            ends.append((_frame_up(max(at, pause.words_ready_ms, text_ready)), f"words at {at}"))
     ends = [e for e in ends if e[0] < pause.length_ms]
     return min(ends) if ends else None
 
 
-def judge(policy: str, case: Case, traced: tuple[list[Pause], int | None], rule: TurnRule, s: Settings) -> Result:
+def judge(
+    policy: str,
+    case: Case,
+    traced: tuple[list[Pause], int | None],
+    rule: TurnRule,
+    s: Settings,
+    text: TextJudge | None = None,
+) -> Result:
     pauses, cap_end = traced
     ended: int | None = None
     by_cap, evidence = False, ""
@@ -231,7 +289,7 @@ def judge(policy: str, case: Case, traced: tuple[list[Pause], int | None], rule:
         ended = silence_end(case, s, int(policy.split("-")[1]))
     else:
         for pause in pauses:
-            found = pause_end(policy, pause, rule, s)
+            found = pause_end(policy, pause, rule, s, text)
             if found is not None:
                 ended, evidence = pause.start_ms + found[0], f"{found[1]} | {pause.words}"
                 break
@@ -270,15 +328,23 @@ def trace_all(settings: Settings, sources: tuple[str, ...], threads: int) -> tup
     return traced, decisions
 
 
-def judge_all(traced: list[Traced], settings: Settings) -> list[Result]:
+def judge_all(traced: list[Traced], settings: Settings, text: TextJudge | None = None) -> list[Result]:
     rule = TurnRule.of(settings)
-    return [judge(policy, case, (pauses, cap), rule, settings) for case, pauses, cap in traced for policy in POLICIES]
+    return [
+        judge(policy, case, (pauses, cap), rule, settings, text)
+        for case, pauses, cap in traced
+        for policy in policies(text)
+    ]
+
+
+def policies(text: TextJudge | None) -> tuple[str, ...]:
+    return (*POLICIES, "rule+text") if text is not None else POLICIES
 
 
 def summarize(results: list[Result]) -> dict[str, dict[str, dict[str, float]]]:
     table: dict[str, dict[str, dict[str, float]]] = {}
     for source in sorted({r.source for r in results}):
-        for policy in POLICIES:
+        for policy in dict.fromkeys(r.policy for r in results):
             mine = [r for r in results if r.policy == policy and r.source == source]
             whole = [r for r in mine if r.pause_ms == 0]
             delays = [r.delay_ms for r in whole if r.delay_ms is not None]
@@ -290,6 +356,12 @@ def summarize(results: list[Result]) -> dict[str, dict[str, dict[str, float]]]:
                 "by_cap": float(sum(r.by_cap for r in whole)),
                 "whole_cut": float(sum(r.cut_off for r in whole)),
             }
+            # The paused sentences not cut: their turn end after the last word (after the pause).
+            kept = [r for r in mine if r.pause_ms and r.delay_ms is not None]
+            kept_delays = [r.delay_ms for r in kept if r.delay_ms is not None]
+            row["paused_p95_ms"] = percentile(kept_delays, 95)
+            row["paused_max_ms"] = max(kept_delays, default=float("nan"))
+            row["paused_by_cap"] = float(sum(r.by_cap for r in kept))
             for pause_s in PAUSES_S:
                 paused = [r for r in mine if r.pause_ms == int(pause_s * 1000)]
                 row[f"cut_{pause_s}"] = sum(r.cut_off for r in paused) / max(1, len(paused))
@@ -304,12 +376,17 @@ def print_table(table: dict[str, dict[str, dict[str, float]]]) -> None:
         first = next(iter(rows.values()))
         paused_n = int(sum(first[f"n_{p}"] for p in PAUSES_S) / len(PAUSES_S))
         print(f"\n{source}: {int(first['whole'])} whole sentences, {paused_n} paused sentences at each pause")
-        print(f"{'policy':12s} {'p50':>6s} {'p95':>6s} {'max':>6s} {'cap':>4s} {'cut':>4s} {pauses}")
+        print(
+            f"{'policy':12s} {'p50':>6s} {'p95':>6s} {'max':>6s} {'cap':>4s} {'cut':>4s} {pauses}"
+            f" | paused, not cut: {'p95':>5s} {'max':>5s} {'cap':>4s}"
+        )
         for policy, row in rows.items():
             cuts = " ".join(f"{100 * row[f'cut_{p}']:7.0f}%" for p in PAUSES_S)
             print(
                 f"{policy:12s} {row['p50_ms'] / 1000:6.2f} {row['p95_ms'] / 1000:6.2f} {row['max_ms'] / 1000:6.2f} "
                 f"{row['by_cap']:4.0f} {row['whole_cut']:4.0f} {cuts}"
+                f" | {'':16s} {row['paused_p95_ms'] / 1000:5.2f} {row['paused_max_ms'] / 1000:5.2f} "
+                f"{row['paused_by_cap']:4.0f}"
             )
 
 
@@ -320,10 +397,11 @@ def plot(results: list[Result], table: dict[str, dict[str, dict[str, float]]], p
     import matplotlib.pyplot as plt
 
     sources = list(table)
+    shown = list(next(iter(table.values())))
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
     left, right = axes
     positions, data, labels = [], [], []
-    for i, policy in enumerate(POLICIES):
+    for i, policy in enumerate(shown):
         for j, source in enumerate(sources):
             delays = [
                 r.delay_ms / 1000
@@ -343,10 +421,10 @@ def plot(results: list[Result], table: dict[str, dict[str, dict[str, float]]], p
     left.grid(axis="y", alpha=0.3)
     width = 0.8 / len(sources)
     for j, source in enumerate(sources):
-        shares = [100 * table[source][p]["cut_0.7"] for p in POLICIES]
-        bars = right.bar([i + j * width for i in range(len(POLICIES))], shares, width, label=source)
+        shares = [100 * table[source][p]["cut_0.7"] for p in shown]
+        bars = right.bar([i + j * width for i in range(len(shown))], shares, width, label=source)
         right.bar_label(bars, fmt="%.0f%%", fontsize=7)
-    right.set_xticks([i + width * (len(sources) - 1) / 2 for i in range(len(POLICIES))], POLICIES)
+    right.set_xticks([i + width * (len(sources) - 1) / 2 for i in range(len(shown))], shown)
     right.set_ylabel("cut off at a 0.7 s mid-sentence pause (%)")
     right.set_title("Paused sentences: premature cut-offs at 0.7 s")
     right.set_ylim(0, 110)
@@ -375,6 +453,19 @@ def main() -> None:
         help="keep the traces in this file, and judge a later run on them (the rule's settings may change; "
         "turn_candidate_silence_ms, turn_rescore_ms and turn_final_silence_ms must not)",
     )
+    parser.add_argument(
+        "--text-eou",
+        choices=("asr", "bare", "livekit", "punct"),
+        default=None,
+        help="add the rule+text policy: the words' end-of-utterance probability from the bundled SmolLM2 "
+        "(tools/text_eou.py; asr: the words as decoded, punct: P(a final mark) after the bare words)",
+    )
+    parser.add_argument(
+        "--text-threshold", type=float, default=0.02, help="a text score below it vetoes the turn's end"
+    )
+    parser.add_argument(
+        "--text-hold-ms", type=int, default=1000, help="a vetoed pause ends at this silence (0: the cap)"
+    )
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG here")
     parser.add_argument("--json", type=Path, default=None, help="write every result here")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per case and policy")
@@ -393,7 +484,16 @@ def main() -> None:
         traced, decisions = trace_all(settings, tuple(args.sources.split(",")), args.threads)
         if args.traces is not None:
             args.traces.write_bytes(pickle.dumps((traced, decisions)))
-    results = judge_all(traced, settings)
+    text = None
+    if args.text_eou is not None:
+        scores = text_scores(traced, args.text_eou)
+        text = TextJudge(args.text_eou, args.text_threshold, args.text_hold_ms, scores)
+        times = [ms for _, ms in scores.values()]
+        print(
+            f"text EOU ({args.text_eou}, SmolLM2-135M Q4_1, llama-server 1 thread): {len(times)} word strings, "
+            f"median {percentile(times, 50):.0f} ms, p95 {percentile(times, 95):.0f} ms"
+        )
+    results = judge_all(traced, settings, text)
     if args.verbose:
         for r in results:
             outcome = "CUT" if r.cut_off else f"{r.delay_ms:5.0f} ms" + (" cap" if r.by_cap else "")

@@ -548,6 +548,17 @@ class LlamaServerProcess:
             slots: list[dict[str, Any]] = await response.json()
             return slots
 
+    async def post_json(self, path: str, body: dict[str, Any], timeout_s: float) -> Any:
+        """POST ``body`` to llama-server's own API (``/completion``, ``/tokenize`` ...) on the current
+        child, bounded by ``timeout_s``; ModelUnavailable when no healthy child is serving."""
+        if self._http is None or not self.ready:
+            raise ModelUnavailable(f"the llama-server engine of {self.alias!r} is {self.state}")
+        async with self._http.post(
+            f"{self.base_url}{path}", json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as response:
+            response.raise_for_status()
+            return await response.json()
+
     async def count_prompt_tokens(self, messages: Sequence[ChatMessage], tools: ToolConfig | None = None) -> int:
         """The prompt's length in tokens, with the model's chat template (``/apply-template``, ``/tokenize``)."""
         assert self._http is not None

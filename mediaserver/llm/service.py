@@ -34,6 +34,7 @@ from mediaserver.keep_alive import ModelKeeper, return_freed_memory
 from mediaserver.llm.defaults import defaults_for
 from mediaserver.llm.embeddings import EmbeddingBatcher, Vector
 from mediaserver.llm.engine import LlamaServerEngine, LlmEngine
+from mediaserver.llm.engine_process import LlamaServerProcess
 from mediaserver.llm.llama_cpp import LlamaCppEmbedder
 from mediaserver.llm.metrics import LlmMetrics
 from mediaserver.llm.prompt_size import PromptTokens, estimate_tokens, prompt_bytes
@@ -380,6 +381,12 @@ class LlmService:
     @property
     def loaded_models(self) -> list[str]:
         return list(self._backends)
+
+    def running_engine(self, name: str) -> LlamaServerProcess | None:
+        """The llama-server child serving ``name`` if its engine was started (None: not started, or
+        an upstream model); it may be restarting (``ready``)."""
+        engine = self._backends.get(name)
+        return engine.process if isinstance(engine, LlamaServerEngine) else None
 
     def gate(self, model: str, concurrency: int) -> _Gate:
         gate = self._gates.get(model)

@@ -52,6 +52,7 @@ from mediaserver.stream.partials import Partials, continuation
 from mediaserver.stream.turns import TurnChecks
 from mediaserver.turns import model as turn_models
 from mediaserver.turns.decision import Words
+from mediaserver.turns.text_eou import TextEou
 
 Emit = Callable[[SessionEvent], Awaitable[None]]
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class StreamSession:
         session_id: str | None = None,
         segmenter: SegmenterConfig | None = None,
         turn_model: turn_models.TurnModel | None = None,
+        text_eou: TextEou | None = None,
     ) -> None:
         self.id = session_id or f"s{next(_ids)}"
         self.asr = asr
@@ -119,7 +121,8 @@ class StreamSession:
         self._silence_config = segmenter or segmenter_config(settings)
         self._segmenter = VadSegmenter(self._silence_config)
         model = turn_model if turn_model is not None else turn_models.shared(settings)
-        self._turns = TurnChecks(model, settings, asr.metrics, self.id)
+        # turn_text_model "llm": the app's text scorer (turns/text_eou.py); None: off
+        self._turns = TurnChecks(model, settings, asr.metrics, self.id, text_eou)
         self._recording = False
         self._recorded: list[AudioArray] = []
         self._partials = Partials(self, emit)  # the decodes of the utterance in progress, what they promised
@@ -224,6 +227,7 @@ class StreamSession:
     async def _segment(self, samples: AudioArray) -> None:
         await self._turns.settled()  # a pause being judged is judged before more audio is heard
         await self._words_settled()
+        await self._turns.text_settled(self._segmenter.silence_ms)
         async with self._segment_lock:  # the gap watcher pushes too: keep events in stream order
             for event in self._segmenter.push(samples):
                 await self._on_segment(event)
@@ -298,9 +302,13 @@ class StreamSession:
             async with self._segment_lock:
                 await self._end_turn_on_silence()
             return
-        complete = self._turns.model_ends(score, Words.OPEN)
+        complete, text = self._turns.model_ends(score, Words.OPEN), None
         if complete:  # the words may veto it: they are needed only then
-            complete = self._turns.model_ends(score, await self._pause_words(silence_from_ms))
+            words = await self._pause_words(silence_from_ms)
+            complete = self._turns.model_ends(score, words)
+            if complete:  # and so may the text (turn_text_model): its score is waited for then
+                text = await self._turns.text_score(silence_from_ms)
+                complete = self._turns.model_ends(score, words, text)
         async with self._segment_lock:
             segmenter = self._segmenter
             if (
@@ -310,7 +318,14 @@ class StreamSession:
             ):
                 return  # the speech went on (or ended on silence) while the model was deciding
             await self._emit(
-                TurnDecided(complete, score.probability, score.decision_ms, silence_ms, segmenter.position_ms)
+                TurnDecided(
+                    complete,
+                    score.probability,
+                    score.decision_ms,
+                    silence_ms,
+                    segmenter.position_ms,
+                    text_probability=text if text is not None else self._turns.text_of(silence_from_ms),
+                )
             )
             if complete:
                 await self._end_turn("model")
@@ -366,9 +381,17 @@ class StreamSession:
         ends_ms = self._turns.silence_ends_ms(silence_from_ms)
         if ends_ms is None or segmenter.silence_ms < ends_ms:
             return
-        by = "silence" if self._turns.model_failed(silence_from_ms) else "words"
+        text = self._turns.text_of(silence_from_ms)
+        if self._turns.model_failed(silence_from_ms):
+            by = "silence"
+        else:
+            by = "text" if self._turns.text_vetoes(silence_from_ms) else "words"
         probability = self._turns.last_probability(silence_from_ms)
-        await self._emit(TurnDecided(True, probability, 0.0, segmenter.silence_ms, segmenter.position_ms, by=by))
+        await self._emit(
+            TurnDecided(
+                True, probability, 0.0, segmenter.silence_ms, segmenter.position_ms, by=by, text_probability=text
+            )
+        )
         await self._end_turn(by)
 
     async def _end_turn(self, by: str) -> None:

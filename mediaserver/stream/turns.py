@@ -7,7 +7,9 @@ of turns/decision.py: the turn model's score (Smart Turn, turns/model.py) at
 ``turn_candidate_silence_ms`` and every ``turn_rescore_ms`` of further silence, the words of the
 final decoded from the pause's first ``turn_final_silence_ms``, and the length of the silence (a
 pause after a finished sentence's words ends at ``turn_finished_silence_ms`` whatever the model
-scores; a pause the model failed on ends as silence detection would). ``TurnChecks`` holds that
+scores; a pause the model failed on ends as silence detection would), and with ``turn_text_model``
+"llm" the words' score by the LLM engine (turns/text_eou.py; a low one vetoes the pause's end until
+``turn_text_hold_ms``). ``TurnChecks`` holds that
 evidence for the pause under way and the one check running; ``StreamSession`` (session.py)
 runs the check as its task and ends the utterance on a finished turn.
 """
@@ -25,6 +27,7 @@ from mediaserver.events import AudioArray
 from mediaserver.metrics import Metrics
 from mediaserver.turns.decision import TurnRule, Words
 from mediaserver.turns.model import TurnModel
+from mediaserver.turns.text_eou import TextEou
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +59,29 @@ class _Pause:
     words: Words = Words.UNKNOWN
     model_failed: bool = False
     probability: float | None = None  # the last score
+    text: asyncio.Task[float | None] | None = None  # the words' text score (turn_text_model)
+    text_held: bool = False  # the stream's audio was held for it once (``text_settled``)
+
+    def forget(self) -> None:
+        if self.text is not None and not self.text.done():
+            self.text.cancel()
 
 
 class TurnChecks:
     """The turn model's checks of one stream's pauses: which pause is scored (and scored again), the
     threshold a score must reach, and the one check under way."""
 
-    def __init__(self, model: TurnModel | None, settings: Settings, metrics: Metrics, session_id: str) -> None:
+    def __init__(
+        self,
+        model: TurnModel | None,
+        settings: Settings,
+        metrics: Metrics,
+        session_id: str,
+        text: TextEou | None = None,
+    ) -> None:
         self.model = model
+        self.text = text if text is not None and text.in_force else None
+        self._text_failed = False  # a failed text score was logged (once per session)
         self.settings = settings
         self.metrics = metrics
         self.session_id = session_id
@@ -91,7 +109,7 @@ class TurnChecks:
         if check is not None and (not in_speech or position_ms - silence_ms != check.silence_from_ms):
             self.drop()
         if self._pause is not None and (not in_speech or position_ms - silence_ms != self._pause.from_ms):
-            self._pause = None
+            self._forget_pause()
         if not (semantic and in_speech and silence_ms >= self.settings.turn_candidate_silence_ms):
             return False
         check = self._check
@@ -118,20 +136,86 @@ class TurnChecks:
     def drop(self) -> None:
         """Forget the check under way, cancelling it (unless it is the task calling), and the pause's evidence."""
         check, self._check = self._check, None
-        self._pause = None
+        self._forget_pause()
         if check is not None and check.task is not asyncio.current_task():
             check.task.cancel()
 
+    def _forget_pause(self) -> None:
+        pause, self._pause = self._pause, None
+        if pause is not None:
+            pause.forget()
+
     def _pause_from(self, from_ms: int) -> _Pause:
         if self._pause is None or self._pause.from_ms != from_ms:
+            self._forget_pause()
             self._pause = _Pause(from_ms)
         return self._pause
 
     def heard(self, from_ms: int, text: str) -> Words:
-        """The words of the pause that began at ``from_ms`` were decoded: what they say of the turn."""
+        """The words of the pause that began at ``from_ms`` were decoded: what they say of the turn
+        (and, with the text model, their text score starts)."""
         words = self.rule.words(text)
-        self._pause_from(from_ms).words = words
+        pause = self._pause_from(from_ms)
+        pause.words = words
+        if self.text is not None and pause.text is None and text.strip():
+            pause.text = asyncio.get_running_loop().create_task(
+                self._score_text(self.text, text), name=f"text-eou-{self.session_id}"
+            )
         return words
+
+    async def _score_text(self, scorer: TextEou, text: str) -> float | None:
+        """The words' text score, or None (no text evidence) if the engine cannot give it in time."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(scorer.timeout_s):
+                probability = await scorer.probability(text)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.metrics.turn_text_failures.inc()
+            if not self._text_failed:
+                self._text_failed = True
+                log.warning(
+                    "session %s: no text score (%s); its pauses are judged without the text while this lasts",
+                    self.session_id,
+                    str(exc) or type(exc).__name__,
+                )
+            return None
+        seconds = time.monotonic() - started
+        self.metrics.turn_text_seconds.observe(seconds)
+        log.debug("session %s: text %.4f for %r (%.0f ms)", self.session_id, probability, text[-40:], seconds * 1000)
+        return probability
+
+    def text_of(self, from_ms: int) -> float | None:
+        """The text score of the pause that began at ``from_ms``, if it has one by now."""
+        pause = self._pause
+        if pause is None or pause.from_ms != from_ms or pause.text is None or not pause.text.done():
+            return None
+        return None if pause.text.cancelled() else pause.text.result()
+
+    def text_vetoes(self, from_ms: int) -> bool:
+        return self.rule.text_vetoes(self.text_of(from_ms))
+
+    async def text_score(self, from_ms: int) -> float | None:
+        """Wait for the text score of the pause that began at ``from_ms`` (bounded by the scoring's
+        own timeout); None without one."""
+        pause = self._pause
+        if pause is None or pause.from_ms != from_ms or pause.text is None:
+            return None
+        await asyncio.wait({pause.text})
+        return self.text_of(from_ms)
+
+    async def text_settled(self, silence_ms: int) -> None:
+        """Once the pause is long enough to be judged (``silence_ms`` so far), wait for its text score
+        once (as for its words): the stream's audio is held meanwhile, so the text is evidence at the
+        same stream time however fast the audio comes. Bounded by the scoring's own timeout."""
+        pause = self._pause
+        if pause is None or pause.text is None or pause.text.done() or pause.text_held:
+            return
+        if silence_ms < self.settings.turn_candidate_silence_ms:
+            return
+        pause.text_held = True
+        await asyncio.wait({pause.text})
 
     def silence_ends_ms(self, from_ms: int) -> int | None:
         """The length at which the pause that began at ``from_ms`` ends the turn whatever the model
@@ -139,7 +223,7 @@ class TurnChecks:
         pause = self._pause
         if pause is None or pause.from_ms != from_ms:
             return None
-        return self.rule.silence_ends_ms(pause.words, model_failed=pause.model_failed)
+        return self.rule.silence_ends_ms(pause.words, model_failed=pause.model_failed, text=self.text_of(from_ms))
 
     def model_failed(self, from_ms: int) -> bool:
         pause = self._pause
@@ -173,5 +257,5 @@ class TurnChecks:
         self.metrics.turn_batch_size.observe(score.batch)
         return TurnScore(score.probability, decision_ms, first)
 
-    def model_ends(self, score: TurnScore, words: Words) -> bool:
-        return self.rule.model_ends(score.probability, words, first=score.first)
+    def model_ends(self, score: TurnScore, words: Words, text: float | None = None) -> bool:
+        return self.rule.model_ends(score.probability, words, first=score.first, text=text)

@@ -233,8 +233,9 @@ def stream_options_from(
 
 
 def turn_payload(event: TurnDecided) -> dict[str, object]:
-    """A turn decision as the WebSocket and WebRTC faces send it (``type: "turn"``)."""
-    return {
+    """A turn decision as the WebSocket and WebRTC faces send it (``type: "turn"``; ``text_probability``
+    only when the text model scored the pause)."""
+    payload: dict[str, object] = {
         "complete": event.complete,
         "by": event.by,
         "probability": None if event.probability is None else round(event.probability, 3),
@@ -242,6 +243,9 @@ def turn_payload(event: TurnDecided) -> dict[str, object]:
         "silence_ms": event.silence_ms,
         "audio_end_ms": event.audio_end_ms,
     }
+    if event.text_probability is not None:
+        payload["text_probability"] = round(event.text_probability, 4)
+    return payload
 
 
 _TURN_DETECTION: dict[str, Literal["silence", "semantic"]] = {

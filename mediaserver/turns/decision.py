@@ -12,6 +12,9 @@ No one piece of evidence is good enough alone (tools/README.md, "bench_turns.py"
   dash ("He was not an ill...", "7 of Cl-"). It also writes ``.`` after many fragments ("He might
   even have been."), so a full stop alone cannot end a turn at once.
 * **The silence**: the longer it lasts, the likelier the turn is over.
+* **The text** (only with ``turn_text_model`` "llm", turns/text_eou.py): a language model's
+  probability that the sentence ends after the pause's words. Low, it says the words are a
+  fragment ("Remind me to buy" ...) where the turn model and Whisper's full stop are fooled.
 
 The rule, per pause (``decide``):
 
@@ -26,6 +29,12 @@ The rule, per pause (``decide``):
 4. If the model fails on a pause, that pause ends as silence detection would
    (``stream_vad_hangover_ms``), whatever the words.
 5. Otherwise (no words yet, or words with no final mark) the eagerness cap ends the turn.
+
+With the text: words it scores below ``turn_text_threshold`` veto rules 2 and 3 (the model's
+'complete' and the finished words' end), and that pause ends once it is ``turn_text_hold_ms`` long
+(whatever the words and the model; rule 4 still applies), or when the speech resumes, or at the
+cap. A text score of at least the threshold, or none (the text model is off, the engine is
+unavailable, the score failed or came too late), changes nothing: rules 1-5 as above.
 """
 
 from __future__ import annotations
@@ -72,6 +81,8 @@ class TurnRule:
     fallback_silence_ms: int  # a pause the model failed on ends as silence detection would
     unfinished_words: tuple[str, ...]
     unfinished_endings: tuple[str, ...]
+    text_threshold: float = 0.01  # a text score below it vetoes the pause's end (the module's rule)
+    text_hold_ms: int = 1000  # a pause the text vetoed ends at this silence
 
     @classmethod
     def of(cls, settings: Settings) -> TurnRule:
@@ -82,21 +93,30 @@ class TurnRule:
             fallback_silence_ms=settings.stream_vad_hangover_ms,
             unfinished_words=tuple(settings.turn_unfinished_words),
             unfinished_endings=tuple(settings.turn_unfinished_endings),
+            text_threshold=settings.turn_text_threshold,
+            text_hold_ms=settings.turn_text_hold_ms,
         )
 
     def words(self, text: str) -> Words:
         return classify(text, self.unfinished_words, self.unfinished_endings)
 
-    def model_ends(self, probability: float, words: Words, *, first: bool) -> bool:
-        """Whether a score ends the turn (rules 1 and 2); ``first`` is the pause's first check."""
-        if words is Words.UNFINISHED:
+    def text_vetoes(self, text: float | None) -> bool:
+        """Whether the text's score (None: no text evidence) says the words are unfinished."""
+        return text is not None and text < self.text_threshold
+
+    def model_ends(self, probability: float, words: Words, *, first: bool, text: float | None = None) -> bool:
+        """Whether a score ends the turn (rules 1 and 2, and the text's veto); ``first`` is the
+        pause's first check, ``text`` the text's score of the words (None: none)."""
+        if words is Words.UNFINISHED or self.text_vetoes(text):
             return False
         return probability >= (self.threshold if first else self.rescore_threshold)
 
-    def silence_ends_ms(self, words: Words, *, model_failed: bool) -> int | None:
-        """The pause length at which the turn ends whatever the model scores (rules 3 and 4), or
-        None: the model or the eagerness cap decides."""
+    def silence_ends_ms(self, words: Words, *, model_failed: bool, text: float | None = None) -> int | None:
+        """The pause length at which the turn ends whatever the model scores (rules 3 and 4, and the
+        text's hold), or None: the model or the eagerness cap decides."""
         ends = [self.fallback_silence_ms] if model_failed else []
-        if words is Words.FINISHED and self.finished_silence_ms > 0:
+        if self.text_vetoes(text):
+            ends.append(self.text_hold_ms)
+        elif words is Words.FINISHED and self.finished_silence_ms > 0:
             ends.append(self.finished_silence_ms)
         return min(ends) if ends else None

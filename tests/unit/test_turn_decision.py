@@ -85,3 +85,47 @@ def test_settings_reach_the_rule() -> None:
     assert r.words("Set an alarm for") is Words.UNFINISHED
     assert r.words("Turn on the") is Words.OPEN
     assert r.words("He was not an ill...") is Words.FINISHED
+
+
+def test_a_low_text_score_vetoes_the_model_and_the_finished_words() -> None:
+    """turn_text_model: words the text scores below turn_text_threshold keep the model's 'complete'
+    and the finished words from ending the turn; that pause ends at turn_text_hold_ms instead."""
+    r = rule(turn_text_threshold=0.05, turn_text_hold_ms=1300, turn_finished_silence_ms=600)
+    assert not r.model_ends(0.99, Words.FINISHED, first=True, text=0.04)
+    assert not r.model_ends(0.99, Words.OPEN, first=False, text=0.0)
+    assert r.silence_ends_ms(Words.FINISHED, model_failed=False, text=0.04) == 1300
+    assert r.silence_ends_ms(Words.OPEN, model_failed=False, text=0.04) == 1300
+    assert r.silence_ends_ms(Words.UNFINISHED, model_failed=False, text=0.04) == 1300
+    # At or above the threshold (0.01 would veto at the default), or no score: the rule as without it.
+    assert r.model_ends(0.6, Words.FINISHED, first=True, text=0.05)
+    assert r.model_ends(0.6, Words.FINISHED, first=True, text=None)
+    assert not r.model_ends(0.99, Words.UNFINISHED, first=True, text=0.9)
+    assert r.silence_ends_ms(Words.FINISHED, model_failed=False, text=0.05) == 600
+    assert r.silence_ends_ms(Words.FINISHED, model_failed=False, text=None) == 600
+    assert r.silence_ends_ms(Words.OPEN, model_failed=False, text=0.5) is None
+    assert r.text_vetoes(0.049) and not r.text_vetoes(0.05) and not r.text_vetoes(None)
+
+
+def test_the_text_hold_and_a_failed_model() -> None:
+    """A pause the model failed on still ends as silence detection would when that comes first."""
+    r = rule(stream_vad_hangover_ms=700, turn_text_hold_ms=900)
+    assert r.silence_ends_ms(Words.FINISHED, model_failed=True, text=0.001) == 700
+    assert (
+        rule(stream_vad_hangover_ms=700, turn_text_hold_ms=500).silence_ends_ms(
+            Words.OPEN, model_failed=True, text=0.001
+        )
+        == 500
+    )
+
+
+def test_text_settings_defaults_and_limits() -> None:
+    settings = Settings(_env_file=None)
+    assert settings.turn_text_model == "off"
+    assert (settings.turn_text_threshold, settings.turn_text_hold_ms) == (0.01, 1000)
+    r = TurnRule.of(settings)
+    assert r.text_vetoes(0.0099) and not r.text_vetoes(0.01)
+    for bad in ({"turn_text_threshold": 0}, {"turn_text_threshold": 1}, {"turn_text_hold_ms": 0}):
+        with pytest.raises(ValueError):
+            Settings.model_validate({**bad})
+    with pytest.raises(ValueError):
+        Settings.model_validate({"turn_text_model": "gpt"})

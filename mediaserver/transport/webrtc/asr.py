@@ -67,7 +67,7 @@ from mediaserver.events import (
     StreamError,
     TurnDecided,
 )
-from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, SPEAKERS, TOOLS
+from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, SPEAKERS, TEXT_EOU, TOOLS
 from mediaserver.stream.options import StreamOptions
 from mediaserver.stream.session import StreamSession
 from mediaserver.transport.common import (
@@ -116,7 +116,9 @@ class RtcSession:
         self.id = f"rtc-{uuid.uuid4().hex[:12]}"
         self.peer = ServerPeer(settings, self.id, "rtc")
         self.base_options = options
-        self.stream = StreamSession(app[ASR], settings, self._on_event, options, session_id=self.id)
+        self.stream = StreamSession(
+            app[ASR], settings, self._on_event, options, session_id=self.id, text_eou=app.get(TEXT_EOU)
+        )
         self.stream.speakers = app.get(SPEAKERS)
         self.channel: RTCDataChannel | None = None
         self.extensions = False  # the client opted in to partials / hands-free messages

@@ -57,7 +57,7 @@ from mediaserver.events import (
     TurnDecided,
 )
 from mediaserver.session_registry import SessionLimitReached, ShuttingDown
-from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, SPEAKERS, TOOLS
+from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, SPEAKERS, TEXT_EOU, TOOLS
 from mediaserver.stream.session import StreamSession
 from mediaserver.transport.common import loads_json, speaker_payload, turn_payload
 from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
@@ -111,7 +111,7 @@ class WsSession(SocketSession):
         )
         super().__init__(app, ws, settings, f"ws-{uuid.uuid4().hex[:12]}", limits)
         self.models = app[ASR].models
-        self.stream = StreamSession(app[ASR], settings, self._on_event, session_id=self.id)
+        self.stream = StreamSession(app[ASR], settings, self._on_event, session_id=self.id, text_eou=app.get(TEXT_EOU))
         self.stream.speakers = app.get(SPEAKERS)
         self.config: StreamConfig | None = None  # the reader's view: set by the latest valid start
         self._decoder: PcmStreamDecoder | None = None

@@ -17,7 +17,7 @@ from mediaserver.audio.noise import new_filter, realtime_level
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent, SpeechStarted
-from mediaserver.state import ASR, METRICS
+from mediaserver.state import ASR, METRICS, TEXT_EOU
 from mediaserver.stream.session import Emit, StreamSession
 from mediaserver.transport.openai.realtime.config import (
     EventError,
@@ -190,7 +190,12 @@ class RealtimeSession(SocketSession, Host):
         offset_ms = self._fed_samples * 1000 // SAMPLE_RATE_HZ
         emit = self._emitter(offset_ms, server_vad=config.server_vad)
         stream = StreamSession(
-            self.asr, self.settings, emit, session_id=self.id, segmenter=config.segmenter(self.settings)
+            self.asr,
+            self.settings,
+            emit,
+            session_id=self.id,
+            segmenter=config.segmenter(self.settings),
+            text_eou=self.app.get(TEXT_EOU),
         )
         stream.configure(config.stream_options(self.settings))
         if not config.server_vad:

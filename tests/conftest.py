@@ -65,6 +65,14 @@ def _dump_asyncio_tasks_on_timeout() -> None:
 
 _dump_asyncio_tasks_on_timeout()
 
+
+def pytest_report_header() -> str:
+    """Which CPU ran the suite: a few tests' expected decodes depend on its vector extensions (tests/cpu.py)."""
+    from tests.cpu import describe
+
+    return f"cpu: {describe()}"
+
+
 SENTENCES = {
     "kitchen": "Turn on the kitchen lights and close the garage door.",
     "weather": "What is the weather like in Paris this afternoon?",

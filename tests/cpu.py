@@ -11,6 +11,7 @@ was measured.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -29,3 +30,15 @@ decodes_like_avx512 = pytest.mark.xfail(
     "differently (tests/cpu.py)",
     strict=False,
 )
+
+
+def describe() -> str:
+    """The CPU's model and the vector extensions CTranslate2's kernels depend on (a run's header)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown (no /proc/cpuinfo)"
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8")
+    return f"{model}; {os.cpu_count()} cores; " + " ".join(f for f in wanted if f in flags)

@@ -23,15 +23,51 @@ import functools
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from mediaserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 Unload = Callable[[str], Awaitable[bool]]
+T = TypeVar("T")
+
+
+class SharedLoads(Generic[T]):
+    """One load per cold start, in a task of its own: every request for a model meanwhile waits for
+    the same load, and a request that goes away (its client hung up) leaves it to finish for the
+    others (the model then idles out as any other). ASR models and TTS voices load this way."""
+
+    def __init__(self, kind: str) -> None:
+        self._kind = kind
+        self._tasks: dict[str, asyncio.Task[T]] = {}
+
+    def __contains__(self, name: str) -> bool:
+        """Whether a load of ``name`` is under way."""
+        return name in self._tasks
+
+    async def load(self, name: str, start: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """The model ``name``: the load under way, or one started now with ``start()``."""
+        task = self._tasks.get(name)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(start(), name=f"{self._kind}-load-{name}")
+            self._tasks[name] = task
+            task.add_done_callback(lambda done: self._finished(name, done))
+        return await asyncio.shield(task)
+
+    def _finished(self, name: str, task: asyncio.Task[T]) -> None:
+        if self._tasks.get(name) is task:
+            del self._tasks[name]
+        if not task.cancelled():
+            task.exception()  # retrieved: a load nobody waits for any more fails quietly (the service logs it)
+
+    async def settle(self) -> None:
+        """Wait for the loads under way, whatever they end in (shutting down)."""
+        for task in list(self._tasks.values()):
+            with contextlib.suppress(Exception):
+                await task
 
 
 @functools.cache

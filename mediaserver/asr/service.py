@@ -7,7 +7,6 @@ are open there is one copy of each model in memory.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -28,7 +27,7 @@ from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
 from mediaserver.errors import ModelUnavailable
 from mediaserver.events import AudioArray, Priority, Transcript, TranscriptionOptions
-from mediaserver.keep_alive import ModelKeeper, return_freed_memory
+from mediaserver.keep_alive import ModelKeeper, SharedLoads, return_freed_memory
 from mediaserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -58,7 +57,7 @@ class AsrService:
         self.metrics = metrics
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
         self._load_locks: dict[str, asyncio.Lock] = {}
-        self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
+        self._loading: SharedLoads[LoadedModel] = SharedLoads("asr")  # one load per cold start
         self._closed = False
         # Idle unload of local models (asr_keep_alive_s); remote engines hold no weights here.
         self.keeper = ModelKeeper("asr", settings.asr_keep_alive_s, metrics, self._unload_idle)
@@ -92,21 +91,7 @@ class AsrService:
         if loaded is not None:
             self._loaded.move_to_end(name)
             return loaded
-        # One load per cold start, in a task of its own: every request for the model meanwhile
-        # waits for it, and a request that goes away (its client hung up) leaves the load to finish
-        # for the others (the model then idles out as any other).
-        loading = self._loading.get(name)
-        if loading is None:
-            loading = asyncio.get_running_loop().create_task(self._load_once(name), name=f"asr-load-{name}")
-            self._loading[name] = loading
-            loading.add_done_callback(lambda task: self._loaded_or_failed(name, task))
-        return await asyncio.shield(loading)
-
-    def _loaded_or_failed(self, name: str, task: asyncio.Task[LoadedModel]) -> None:
-        if self._loading.get(name) is task:
-            del self._loading[name]
-        if not task.cancelled():
-            task.exception()  # retrieved: a load nobody waits for any more fails quietly (logged in _load)
+        return await self._loading.load(name, lambda: self._load_once(name))
 
     async def _load_once(self, name: str) -> LoadedModel:
         lock = self._load_locks.setdefault(name, asyncio.Lock())
@@ -319,9 +304,7 @@ class AsrService:
             return
         self._closed = True
         await self.keeper.aclose()
-        for loading in list(self._loading.values()):
-            with contextlib.suppress(Exception):
-                await loading
+        await self._loading.settle()
         for loaded in list(self._loaded.values()):
             await loaded.scheduler.aclose()
             if isinstance(loaded.engine, RemoteEngine):

@@ -31,7 +31,7 @@ import numpy as np
 from mediaserver.audio.decode import StreamResampler
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter, ModelUnavailable
-from mediaserver.keep_alive import ModelKeeper, return_freed_memory
+from mediaserver.keep_alive import ModelKeeper, SharedLoads, return_freed_memory
 from mediaserver.metrics import Metrics
 from mediaserver.tts.cache import TtsCache
 from mediaserver.tts.engine import TtsEngine, load_engine
@@ -160,7 +160,7 @@ class TtsService:
         )
         self._loaded: OrderedDict[str, LoadedVoice] = OrderedDict()
         self._load_locks: dict[str, asyncio.Lock] = {}
-        self._loading: dict[str, asyncio.Task[LoadedVoice]] = {}
+        self._loading: SharedLoads[LoadedVoice] = SharedLoads("tts")  # one load per cold start
         self._closed = False
         # Idle unload of voices (tts_keep_alive_s): a voice unused that long leaves memory.
         self.keeper = ModelKeeper("tts", settings.tts_keep_alive_s, metrics, self._unload_idle)
@@ -214,20 +214,7 @@ class TtsService:
         if loaded is not None:
             self._loaded.move_to_end(voice.name)
             return loaded
-        # One load per cold start, in a task of its own: every request meanwhile waits for it, and
-        # one that goes away leaves it to the others (the voice then idles out as any other).
-        loading = self._loading.get(voice.name)
-        if loading is None:
-            loading = asyncio.get_running_loop().create_task(self._load_once(voice), name=f"tts-load-{voice.name}")
-            self._loading[voice.name] = loading
-            loading.add_done_callback(lambda task: self._loaded_or_failed(voice.name, task))
-        return await asyncio.shield(loading)
-
-    def _loaded_or_failed(self, name: str, task: asyncio.Task[LoadedVoice]) -> None:
-        if self._loading.get(name) is task:
-            del self._loading[name]
-        if not task.cancelled():
-            task.exception()  # retrieved: a load nobody waits for any more fails quietly (it is logged)
+        return await self._loading.load(voice.name, lambda: self._load_once(voice))
 
     async def _load_once(self, voice: VoiceInfo) -> LoadedVoice:
         async with self._load_locks.setdefault(voice.name, asyncio.Lock()):
@@ -370,9 +357,7 @@ class TtsService:
             return
         self._closed = True
         await self.keeper.aclose()
-        for loading in list(self._loading.values()):
-            with contextlib.suppress(Exception):
-                await loading
+        await self._loading.settle()
         for loaded in list(self._loaded.values()):
             await self._unload(loaded)
         self._loaded.clear()

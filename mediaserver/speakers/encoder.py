@@ -165,6 +165,18 @@ def _preprocess(audio: npt.ArrayLike) -> Audio:
     return wav[np.repeat(widened, VAD_FRAME)]
 
 
+def speech_to_embed(audio: npt.ArrayLike) -> Audio:
+    """:func:`_preprocess`'s speech, or ValueError when less than ``MIN_SAMPLES`` of it is left (any
+    speaker model: GE2E here, an ONNX model in onnx_encoder.py)."""
+    wav = _preprocess(audio)
+    if wav.size < MIN_SAMPLES:
+        raise ValueError(
+            f"no speech to embed: {wav.size / SAMPLE_RATE:.2f} s left after cutting silences, "
+            f"{MIN_SAMPLES / SAMPLE_RATE:.2f} s needed"
+        )
+    return wav
+
+
 def voiced_seconds(audio: npt.ArrayLike) -> float:
     """Seconds of 16 kHz ``audio`` left once long silences are cut (the speech the encoder hears)."""
     return _preprocess(audio).size / SAMPLE_RATE
@@ -260,12 +272,7 @@ class SpeakerEncoder:
         return np.asarray(out / norms, dtype=np.float32)
 
     def _windows(self, audio: npt.ArrayLike) -> Audio:
-        wav = _preprocess(audio)
-        if wav.size < MIN_SAMPLES:
-            raise ValueError(
-                f"no speech to embed: {wav.size / SAMPLE_RATE:.2f} s left after cutting silences, "
-                f"{MIN_SAMPLES / SAMPLE_RATE:.2f} s needed"
-            )
+        wav = speech_to_embed(audio)
         starts = _window_starts(wav.size)
         wav = np.pad(wav, (0, max(0, (starts[-1] + WINDOW_FRAMES) * HOP - wav.size)))
         mel = _mel_spectrogram(wav)

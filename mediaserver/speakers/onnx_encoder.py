@@ -14,7 +14,7 @@ Samples go in at 16-bit scale (Kaldi's and WeSpeaker's convention) unless the me
 the log filterbank's floor makes the scale matter in quiet bins, mean normalisation or not.
 
 What a voice goes through before the model (loudness raised, long silences cut) is the same as
-for GE2E (``encoder._preprocess``), so enrolment's and verification's speech limits mean the same.
+for GE2E (``encoder.speech_to_embed``), so enrolment's and verification's speech limits mean the same.
 Each utterance runs alone: padding a batch would change these models' pooled statistics.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
-from mediaserver.speakers.encoder import MIN_SAMPLES, SAMPLE_RATE, Audio, _preprocess, voiced_seconds
+from mediaserver.speakers.encoder import SAMPLE_RATE, Audio, speech_to_embed, voiced_seconds
 
 DEFAULT_BINS: Final = 80
 WINDOWS: Final = ("povey", "hamming", "hanning", "rectangular", "blackman", "sine")
@@ -102,12 +102,7 @@ class OnnxSpeakerEncoder:
 
     def embed(self, audio: npt.ArrayLike) -> Audio:
         """16 kHz mono float audio in [-1, 1] → unit-norm float32 embedding. ValueError: too little speech."""
-        wav = _preprocess(audio)
-        if wav.size < MIN_SAMPLES:
-            raise ValueError(
-                f"no speech to embed: {wav.size / SAMPLE_RATE:.2f} s left after cutting silences, "
-                f"{MIN_SAMPLES / SAMPLE_RATE:.2f} s needed"
-            )
+        wav = speech_to_embed(audio)
         (out,) = self._session.run([self._output], {self._input: self.features(wav)[None]})
         vector = np.asarray(out, dtype=np.float32).reshape(-1)
         norm = float(np.linalg.norm(vector))

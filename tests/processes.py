@@ -128,6 +128,19 @@ def mediaserver_process(
 
 
 @asynccontextmanager
+async def serving(app: web.Application, runner_class: type[web.AppRunner] = web.AppRunner) -> AsyncIterator[str]:
+    """``app`` served on loopback, port 0, until the block ends: its base URL."""
+    runner = runner_class(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
 async def front_server(
     base_settings: Settings, tts_service: TtsService | None = None, **overrides: Any
 ) -> AsyncIterator[LiveServer]:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from mediaserver.transport.lenient_http import LenientAppRunner
 from mediaserver.tts.service import TtsService
 from tests.conftest import Clip
 from tests.faults import eventually, metric_samples
+from tests.processes import serving
 
 OPTIONS = TranscriptionOptions(language="en")
 Speech = Callable[[str], Clip]
@@ -48,16 +49,8 @@ def _asr(base: Settings, **overrides: Any) -> AsrService:
     return AsrService(settings, choose_device("cpu", "auto", 0), ModelRegistry(settings), Metrics())
 
 
-@contextlib.asynccontextmanager
-async def _serve(app: web.Application) -> AsyncIterator[str]:
-    runner = LenientAppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+def _serve(app: web.Application) -> contextlib.AbstractAsyncContextManager[str]:
+    return serving(app, LenientAppRunner)
 
 
 async def _transcribe_http(url: str, clip: Clip, model: str) -> tuple[int, Any]:

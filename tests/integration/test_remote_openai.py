@@ -31,7 +31,7 @@ from tests.conftest import Clip, LiveServer
 from tests.cpu import decodes_like_avx512
 from tests.integration.test_ws_stream import check_streamed_partials, connect, pcm16, silence
 from tests.ports import free_port
-from tests.processes import front_server, mediaserver_process, wait_http_ok
+from tests.processes import front_server, mediaserver_process, serving, wait_http_ok
 from tests.unit.test_guards import streamed_utterance
 
 KITCHEN = "Turn on the kitchen lights and close the garage door."
@@ -196,18 +196,10 @@ def _tone() -> bytes:
     return bytes((wave * 32767).astype("<i2").tobytes())
 
 
-@contextlib.asynccontextmanager
-async def fake_upstream(handler: Callable[[web.Request], Any]) -> AsyncIterator[str]:
+def fake_upstream(handler: Callable[[web.Request], Any]) -> contextlib.AbstractAsyncContextManager[str]:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    return serving(app)
 
 
 async def test_garbage_is_a_clear_502_and_the_next_answer_is_used(

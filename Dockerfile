@@ -4,21 +4,9 @@
 # CPU-only image:  docker build --build-arg BASE_IMAGE=ubuntu:24.04 -t mediaserver:cpu .
 ARG BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
 
-# llama-cpp-python ships only as source: its wheel is built in a throwaway stage that has a compiler
-# (CPU build, portable flags; see tools/build_llama_cpp.py).
-FROM ${BASE_IMAGE} AS llama-wheel
-ARG LLAMA_CPP_CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
-RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates build-essential cmake ninja-build \
- && python3 -m venv /opt/build
-COPY requirements.lock tools/build_llama_cpp.py /src/
-RUN mkdir -p /wheels \
- && LLAMA_CPP_CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" /opt/build/bin/python /src/build_llama_cpp.py \
-      --lock /src/requirements.lock --wheelhouse /wheelhouse > /wheelhouse.path \
- && cp "$(cat /wheelhouse.path)"/*.whl /wheels/
-
-# llama.cpp's llama-server (the chat engine), from the same sdist. On a CUDA base it is built in the
-# matching devel image (nvcc, cuBLAS headers) with the CUDA backend for CUDA_ARCHITECTURES: 75 T4 and
+# llama.cpp's llama-server (the chat and embedding engines) and its shared libraries, from the
+# llama.cpp that the pinned llama-cpp-python sdist vendors (tools/build_llama_cpp.py); the image
+# needs no other llama.cpp build. On a CUDA base it is built in the matching devel image (nvcc, cuBLAS headers) with the CUDA backend for CUDA_ARCHITECTURES: 75 T4 and
 # RTX 20xx, 80 A100/A30, 86 A10/A40 and RTX 30xx, 89 L4/L40S and RTX 40xx, 90 H100/H200 (compute_90
 # PTX too, which newer GPUs JIT-compile at their first start); fewer build faster. Its CPU code, and
 # the whole binary on the CPU image (no "-runtime-" in BASE_IMAGE: the same image), keep the portable flags.
@@ -32,8 +20,8 @@ COPY requirements.lock tools/build_llama_cpp.py /src/
 # CUDA_VERSION is set by every nvidia/cuda image, and only there.
 RUN set -- ; if [ -n "${CUDA_VERSION:-}" ]; then set -- --cuda "$CUDA_ARCHITECTURES"; fi \
  && LLAMA_CPP_CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" /opt/build/bin/python /src/build_llama_cpp.py --server "$@" \
-      --lock /src/requirements.lock --server-cache /llama-server > /llama-server.path \
- && cp "$(cat /llama-server.path)" /llama-server/llama-server
+      --lock /src/requirements.lock --server-cache /llama-server-cache > /llama-server.path \
+ && cp -a "$(dirname "$(cat /llama-server.path)")" /llama-server
 
 FROM ${BASE_IMAGE}
 
@@ -47,7 +35,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     MEDIASERVER_CERT_DIR=/data/certs \
     MEDIASERVER_TTS_VOICES_DIR=/data/voices \
     HF_HOME=/data/huggingface \
-    MEDIASERVER_LLM_ENGINE_BINARY=/opt/llama-server
+    MEDIASERVER_LLM_ENGINE_BINARY=/opt/llama-server/llama-server
 
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates libgomp1 \
@@ -59,14 +47,14 @@ COPY pyproject.toml requirements.lock README.md ./
 COPY mediaserver ./mediaserver
 COPY static ./static
 COPY tools ./tools
-COPY --from=llama-wheel /wheels /wheels
-COPY --from=llama-server /llama-server/llama-server /opt/llama-server
-# Every library llama-server links is here (libcudart and cuBLAS in the CUDA runtime image), but
-# libcuda.so.1: the driver's, which the NVIDIA container runtime mounts at `docker run --gpus`.
-RUN if ldd /opt/llama-server | grep "not found" | grep -v "libcuda\.so\.1"; then \
+COPY --from=llama-server /llama-server /opt/llama-server
+# Every library llama-server links is here (its own beside it; libcudart and cuBLAS in the CUDA
+# runtime image), but libcuda.so.1: the driver's, which the NVIDIA container runtime mounts at
+# `docker run --gpus`.
+RUN if ldd /opt/llama-server/llama-server | grep "not found" | grep -v "libcuda\.so\.1"; then \
       echo "llama-server misses the libraries above in this base image" >&2; exit 1; fi
 RUN pip install --upgrade pip \
- && pip install -c requirements.lock --only-binary llama-cpp-python --find-links /wheels .
+ && pip install -c requirements.lock .
 # The Smart Turn v3.2 end-of-turn model (BSD-2; its LICENSE lands beside it).
 RUN python -m mediaserver.turns.fetch /opt/turn
 ENV MEDIASERVER_TURN_MODEL_PATH=/opt/turn/smart-turn-v3.2-cpu.onnx

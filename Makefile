@@ -4,18 +4,27 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 LOCK := requirements.lock
-# llama-cpp-python has no wheels on PyPI: tools/build_llama_cpp.py builds one per machine (portable
-# CPU flags, progress shown) into this wheelhouse, which later venvs reuse.
-WHEELHOUSE ?= $(HOME)/.cache/mediaserver/wheels
-# llama.cpp's own llama-server (the chat engine, a supervised child of the server), built once per
-# machine from the same sdist with the same flags; its path goes into the venv, where the server
-# looks for it (MEDIASERVER_LLM_ENGINE_BINARY overrides).
+# llama.cpp's own llama-server (the chat and embedding engines, supervised children of the server):
+# built once per machine (tools/build_llama_cpp.py: portable CPU flags, progress shown) with its
+# shared libraries into this cache, from the llama.cpp that the pinned llama-cpp-python sdist
+# vendors; its path goes into the venv, where the server looks for it
+# (MEDIASERVER_LLM_ENGINE_BINARY overrides).
 LLAMA_SERVER_CACHE ?= $(HOME)/.cache/mediaserver/llama-server
+LLAMA_BUILD_ARGS = --lock $(LOCK) --server-cache $(LLAMA_SERVER_CACHE) --status $(VENV)/.llama-server-build.json \
+  --pointer $(VENV)/.llama-server
+# The tests and benchmarks also use llama-cpp-python (its OpenAI server as a second upstream, the
+# benchmarks' in-process baseline). PyPI has it only as source; its wheel is packed here from its
+# Python files and the libraries of that same build, so nothing is compiled twice.
+WHEELHOUSE ?= $(HOME)/.cache/mediaserver/wheels
 LLAMA_WHEEL = --only-binary llama-cpp-python --find-links "$$(cat $(VENV)/.llama-wheelhouse)"
 
 .PHONY: run setup setup-dev test lint docs bench clean turn-model speaker-model
 
-run: setup
+# On a fresh machine the server does not wait for llama.cpp to compile (a few minutes): the build
+# runs in the background (its log: .venv/llama-server-build.log), the server answers at once, and
+# its LLM starts when the build is done (/health shows the progress; LLM requests get a 503 meanwhile).
+run: $(VENV)/.installed turn-model speaker-model
+	@$(PY) tools/build_llama_cpp.py --background $(VENV)/llama-server-build.log $(LLAMA_BUILD_ARGS)
 	$(PY) -m mediaserver
 
 setup: $(VENV)/.installed $(VENV)/.llama-server turn-model speaker-model
@@ -32,20 +41,22 @@ turn-model: $(VENV)/.installed
 speaker-model: $(VENV)/.installed
 	$(PY) -m mediaserver.speakers.fetch
 
-setup-dev: $(VENV)/.installed-dev $(VENV)/.llama-server turn-model speaker-model
+setup-dev: $(VENV)/.llama-server $(VENV)/.installed-dev turn-model speaker-model
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PY) tools/build_llama_cpp.py --lock $(LOCK) --wheelhouse $(WHEELHOUSE) > $(VENV)/.llama-wheelhouse
-	$(PIP) install --quiet -c $(LOCK) -e . $(LLAMA_WHEEL)
+	@echo "Installing mediaserver and its Python dependencies (requirements.lock)..."
+	$(PIP) install --quiet -c $(LOCK) -e .
 	touch $@
 
 $(VENV)/.llama-server: $(VENV)/.installed tools/build_llama_cpp.py
-	$(PY) tools/build_llama_cpp.py --server --lock $(LOCK) --server-cache $(LLAMA_SERVER_CACHE) > $@.tmp
-	mv $@.tmp $@
+	$(PY) tools/build_llama_cpp.py $(LLAMA_BUILD_ARGS) > /dev/null
 
-$(VENV)/.installed-dev: $(VENV)/.installed tests/human_speech.py
+$(VENV)/.installed-dev: $(VENV)/.installed $(VENV)/.llama-server tests/human_speech.py
+	$(PY) tools/build_llama_cpp.py --wheel $(LLAMA_BUILD_ARGS) --wheelhouse $(WHEELHOUSE) > $(VENV)/.llama-wheelhouse
+	# The packed wheel replaces any earlier llama-cpp-python of the same version (pip would keep that).
+	$(PIP) install --quiet --no-deps --force-reinstall "$$(cat $(VENV)/.llama-wheelhouse)"/llama_cpp_python-*.whl
 	$(PIP) install --quiet -c $(LOCK) -e ".[dev]" $(LLAMA_WHEEL)
 	# Real human recordings for the tests (tests/human_speech.py: four PyPI sdists, ~40 MB, once).
 	$(PY) -m tests.human_speech --fetch

@@ -57,6 +57,12 @@ class ModelUnavailable(ApiError):
     code = "model_unavailable"
 
 
+class EngineBuilding(ModelUnavailable):
+    """The engine's binary is still being compiled (``make run`` on a fresh machine): try again later."""
+
+    retryable = True
+
+
 class Overloaded(ApiError):
     status = 503
     code = "overloaded"

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from mediaserver.config import Settings
-from mediaserver.llm.engine_process import find_binary
+from mediaserver.llm.engine_binary import find_binary
 from mediaserver.llm.registry import bundled_gguf
 from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics

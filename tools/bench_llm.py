@@ -102,15 +102,15 @@ class Direct:
 
     def __init__(self) -> None:
         from llama_cpp import Llama
+        from llama_inprocess import llama_kwargs
 
         from mediaserver.config import Settings
-        from mediaserver.llm.llama_cpp import _llama_kwargs
         from mediaserver.llm.registry import LlmRegistry
 
         settings = Settings()
         registry = LlmRegistry(settings)
         source = registry.source(registry.default_name or "")
-        self.kwargs = _llama_kwargs(settings, None)
+        self.kwargs = llama_kwargs(settings)
         self.llama: Any = Llama(model_path=source.location, **self.kwargs)
 
     def run(self, index: int, tokens: int, started: float) -> tuple[Run, str]:

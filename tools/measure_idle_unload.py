@@ -7,7 +7,7 @@ the idle unload, over a few load/unload cycles (a leak would grow them).
 - TTS: the default Piper voice, in this process.
 - LLM: the bundled SmolLM2's ``llama-server`` child: its RSS while it runs; after the idle stop
   the process is gone, and this process's RSS is read too.
-- Embeddings: the same GGUF in this process (llama-cpp-python), also on ``llm_keep_alive_s``.
+- Embeddings: the same GGUF on its embedding ``llama-server`` child, also on ``llm_keep_alive_s``.
 
 On CUDA the measure would be NVML's used memory; this reads RSS (psutil), the CPU's.
 
@@ -125,15 +125,25 @@ def unloaded(llm: LlmService, name: str) -> Callable[[], bool]:
 
 async def measure_embedding(settings: Settings, cycles: int) -> dict[str, Any]:
     llm = LlmService(settings.model_copy(update={"llm_preload": False}), Metrics())
-    rows: list[dict[str, float]] = []
+    rows: list[dict[str, Any]] = []
     name = ""
     try:
         for _ in range(cycles):
             before = rss_mb()
             name = (await llm.embed(["memory comes and goes"])).model
-            loaded = rss_mb()
+            pid = llm._embedders[name].process.pid
+            assert pid is not None
+            child = psutil.Process(pid)
+            child_rss = rss_mb(child)
             await llm.embedding_keeper.wait_for(unloaded(llm, name), timeout_s=60)
-            rows.append({"before_mb": before, "loaded_mb": loaded, "after_unload_mb": rss_mb()})
+            rows.append(
+                {
+                    "server_before_mb": before,
+                    "child_loaded_mb": child_rss,
+                    "child_after_unload": "gone" if not child.is_running() else f"{rss_mb(child)} MB",
+                    "server_after_unload_mb": rss_mb(),
+                }
+            )
         load_s = llm.embedding_keeper.status()[name]["load_seconds"]
     finally:
         await llm.aclose()

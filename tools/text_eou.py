@@ -56,7 +56,7 @@ class TextEou:
 
     def __init__(self, threads: int = 1, slots: int = 1) -> None:
         from mediaserver.config import Settings
-        from mediaserver.llm.engine_process import find_binary
+        from mediaserver.llm.engine_binary import find_binary
         from mediaserver.llm.registry import bundled_gguf
 
         binary, model = find_binary(Settings(_env_file=None)), bundled_gguf()

@@ -200,8 +200,11 @@ class LlmSettings(BaseModel):
     llm_embedding_pooling: Literal["auto", "mean", "cls", "last"] = Field(
         "auto", description="auto = the model's own pooling, mean for chat models that have none"
     )
+    llm_embedding_slots: int = Field(
+        4, ge=1, le=64, description="inputs the embedding model's llama-server child computes at once (--parallel)"
+    )
     llm_embedding_batch_window_ms: float = Field(5.0, ge=0, description="collect concurrent inputs this long")
-    llm_embedding_max_batch: int = Field(32, ge=1, description="inputs per llama.cpp embedding call")
+    llm_embedding_max_batch: int = Field(32, ge=1, description="inputs per request to the embedding engine")
     llm_embedding_max_inputs: int = Field(256, ge=1, description="inputs per request")
     llm_embedding_max_input_tokens: int = Field(512, ge=8, description="longer inputs get a 400")
     llm_embedding_cache_entries: int = Field(4096, ge=0, description="LRU cache of embeddings; 0 = off")

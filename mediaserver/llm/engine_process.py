@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import logging
 import os
 import re
-import shutil
 import signal
 import socket
 import sys
@@ -45,17 +43,15 @@ import aiohttp
 
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
-from mediaserver.errors import ModelUnavailable, Overloaded
+from mediaserver.errors import EngineBuilding, ModelUnavailable, Overloaded
 from mediaserver.llm.defaults import chat_template_for
+from mediaserver.llm.engine_binary import binary_problem, build_progress, find_binary
 from mediaserver.llm.tools import ToolConfig
 from mediaserver.llm.types import ChatMessage
 
 log = logging.getLogger(__name__)
 engine_log = logging.getLogger("mediaserver.llm.engine")
 
-SERVER_CACHE = Path.home() / ".cache" / "mediaserver" / "llama-server"
-# Written by `make setup` into the venv: the path of the llama-server built for this venv's flags.
-VENV_POINTER = ".llama-server"
 HEALTH_POLL_S = 0.1
 STABLE_AFTER_S = 60.0  # a child that ran this long resets the backoff
 STOP_TIMEOUT_S = 5.0
@@ -105,38 +101,6 @@ def describe_exit(code: int) -> str:
             return f"was killed by signal {-code}"
         return f"was killed by signal {-code} ({name})"
     return f"exited with code {code}"
-
-
-def find_binary(settings: Settings) -> Path | None:
-    """The llama-server to run: the setting, the venv's pointer, the cached build, or PATH."""
-    if settings.llm_engine_binary is not None:
-        return settings.llm_engine_binary
-    pointer = Path(sys.prefix) / VENV_POINTER
-    with contextlib.suppress(OSError):
-        recorded = Path(pointer.read_text().strip())
-        if recorded.is_file():
-            return recorded
-    try:
-        version = importlib.metadata.version("llama_cpp_python")
-    except importlib.metadata.PackageNotFoundError:
-        version = "*"
-    builds = sorted(SERVER_CACHE.glob(f"llama-server-{version}-*/llama-server"), key=lambda p: p.stat().st_mtime)
-    if builds:
-        return builds[-1]
-    found = shutil.which("llama-server")
-    return Path(found) if found else None
-
-
-def binary_problem(settings: Settings) -> str | None:
-    """Why no engine can run here, or None."""
-    binary = find_binary(settings)
-    if binary is None:
-        return (
-            "llama-server is not built: run `make setup` (tools/build_llama_cpp.py --server) or set llm_engine_binary"
-        )
-    if not os.access(binary, os.X_OK):
-        return f"llm_engine_binary {str(binary)!r} is not an executable file"
-    return None
 
 
 def free_port() -> int:
@@ -251,6 +215,9 @@ class LlamaServerProcess:
         if problem:
             self.state = "failed"
             self.last_exit = problem
+            progress = build_progress(self.settings)
+            if progress is not None and progress.building:  # make run's build: a 503 until it is done
+                raise EngineBuilding(problem, retry_after_s=progress.remaining_s())
             raise ModelUnavailable(problem)
         try:
             await self._spawn()

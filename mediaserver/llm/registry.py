@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mediaserver.config import Settings
 from mediaserver.errors import UnknownModel
-from mediaserver.llm.engine_process import binary_problem
+from mediaserver.llm.engine_binary import lasting_binary_problem
 from mediaserver.llm.types import BackendKind, ModelInfo
 
 BUNDLED_NAME = "smollm2-135m-instruct"
@@ -59,10 +59,6 @@ def bundled_gguf() -> Path | None:
             if path.is_file():
                 return path
     return None
-
-
-def llama_cpp_installed() -> bool:
-    return importlib.util.find_spec("llama_cpp") is not None
 
 
 def hub_available() -> bool:
@@ -147,7 +143,7 @@ class LlmRegistry:
         if not self.settings.llm_enabled:
             return "switched off in settings (llm_enabled=false)"
         if not self.settings.llm_upstream_url:
-            problem = binary_problem(self.settings)
+            problem = lasting_binary_problem(self.settings)
             if problem:
                 return f"{problem}; or configure an llm_upstream_url"
         if self.settings.llm_upstream_url and self.default_name is None:
@@ -157,16 +153,13 @@ class LlmRegistry:
         return self.location_problem(self.default_name)
 
     def location_problem(self, name: str, *, embedding: bool = False) -> str | None:
-        """Why model ``name`` cannot run here (as a chat model on llama-server, or ``embedding`` in
-        llama-cpp-python), or None."""
+        """Why model ``name`` cannot run here (on llama-server, as a chat or ``embedding`` model), or None."""
         source = self._sources.get(name)
         if source is None:
             return f"no model resolves: llm_model={name!r} is not a known name, .gguf file or hub id"
         if source.backend == "upstream":
             return None
-        if embedding and not llama_cpp_installed():
-            return f"embedding model {name!r} needs llama-cpp-python, which is not installed"
-        problem = None if embedding else binary_problem(self.settings)
+        problem = lasting_binary_problem(self.settings)
         if problem:
             return f"model {name!r} cannot run: {problem}"
         if source.is_hub_id:

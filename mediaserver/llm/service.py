@@ -32,10 +32,11 @@ from mediaserver.devices import DeviceChoice
 from mediaserver.errors import ApiError, GatewayTimeout, InvalidParameter, ModelUnavailable, Overloaded
 from mediaserver.keep_alive import ModelKeeper, return_freed_memory
 from mediaserver.llm.defaults import defaults_for
+from mediaserver.llm.embedder import LlamaServerEmbedder
 from mediaserver.llm.embeddings import EmbeddingBatcher, Vector
 from mediaserver.llm.engine import LlamaServerEngine, LlmEngine
+from mediaserver.llm.engine_binary import binary_problem, build_progress, find_binary, wait_for_build
 from mediaserver.llm.engine_process import LlamaServerProcess
-from mediaserver.llm.llama_cpp import LlamaCppEmbedder
 from mediaserver.llm.metrics import LlmMetrics
 from mediaserver.llm.prompt_size import PromptTokens, estimate_tokens, prompt_bytes
 from mediaserver.llm.registry import LlmRegistry, LlmSource
@@ -323,17 +324,18 @@ class LlmService:
         self._gates: dict[str, _Gate] = {}
         self._load_lock = asyncio.Lock()
         self._batchers: dict[str, EmbeddingBatcher] = {}
-        self._embedders: dict[str, LlamaCppEmbedder] = {}
+        self._embedders: dict[str, LlamaServerEmbedder] = {}
         self._closed = False
         # Idle stop of local engines (llm_keep_alive_s): the llama-server child of a model unused
         # that long is stopped (its memory returned); the next request starts it again.
         self.keeper = ModelKeeper("llm", self.settings.llm_keep_alive_s, self.metrics_registry, self._unload_idle)
-        # The in-process embedding model (llama-cpp-python) idles out the same way.
+        # The embedding model's llama-server child idles out the same way.
         self.embedding_keeper = ModelKeeper(
             "embedding", self.settings.llm_keep_alive_s, self.metrics_registry, self._unload_embedder
         )
         # Why start() could not make the LLM usable (the app turns the feature off with it).
         self.start_problem: str | None = None
+        self._build_watch: asyncio.Task[None] | None = None  # waits for make run's llama-server build
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -356,13 +358,35 @@ class LlmService:
                 if self.sources.default_name is None and self.start_problem is None:
                     self.start_problem = "the upstream lists no models; set llm_upstream_models or llm_model"
         default = self.sources.default_name
+        if build_progress(self.settings) is not None:
+            # `make run` on a fresh machine: llama-server is still compiling. Everything else serves
+            # meanwhile; the engine starts (preloaded or not) once the binary is there.
+            log.warning("LLM: %s", binary_problem(self.settings))
+            self._build_watch = asyncio.get_running_loop().create_task(self._start_when_built(), name="llm-build")
+            return
         if self.settings.llm_preload and default and self.sources.location_problem(default) is None:
             await self.backend(self.sources.source(default))
+
+    async def _start_when_built(self) -> None:
+        """Wait for the build; once the binary is there, preload the default model."""
+        failed = await wait_for_build(self.settings)
+        if failed is not None:  # requests say why (binary_problem)
+            log.error("LLM: %s", failed.describe())
+            return
+        default = self.sources.default_name
+        log.info("LLM: llama-server is built (%s)", find_binary(self.settings))
+        if self.settings.llm_preload and default and self.sources.location_problem(default) is None:
+            with contextlib.suppress(ApiError):  # a 503 with the reason for requests; they try again
+                await self.backend(self.sources.source(default))
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._build_watch is not None:
+            self._build_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._build_watch
         await self.keeper.aclose()
         await self.embedding_keeper.aclose()
         for batcher in self._batchers.values():
@@ -443,6 +467,14 @@ class LlmService:
             entry["keep_alive_s"] = kept["keep_alive_s"]
             if "last_error" in kept:
                 entry["last_error"] = kept["last_error"]
+        progress = build_progress(self.settings)
+        if progress is not None:  # make run's llama-server build: under way (or failed)
+            default = self.sources.default_name
+            if default is not None and default not in self._backends:
+                entry = models.setdefault(default, {})
+                state = "building" if progress.building else "failed"
+                entry["engine"] = {"kind": "llama-server", "state": state, "healthy": False, "pid": None}
+                entry["engine"]["build"] = progress.as_dict()
         return {"default": self.sources.default_name, "models": models}
 
     async def _unload_idle(self, name: str) -> bool:
@@ -584,7 +616,7 @@ class LlmService:
         return Completion(text, answer.finish_reason or "stop", answer.usage, answer.model)
 
     # --- embeddings ------------------------------------------------------------------------------
-    async def _batcher(self, source: LlmSource) -> tuple[EmbeddingBatcher, LlamaCppEmbedder]:
+    async def _batcher(self, source: LlmSource) -> tuple[EmbeddingBatcher, LlamaServerEmbedder]:
         batcher = self._batchers.get(source.name)
         if batcher is not None:
             return batcher, self._embedders[source.name]
@@ -598,7 +630,7 @@ class LlmService:
                     raise ModelUnavailable("the LLM service is shutting down")
                 started = time.monotonic()
                 try:
-                    embedder = await asyncio.to_thread(LlamaCppEmbedder.load, source, self.settings, self.device)
+                    embedder = await LlamaServerEmbedder.start(source, self.settings, self.device)
                 except ApiError as exc:  # a 503 with the reason; the next request tries again
                     self.embedding_keeper.load_failed(source.name, exc.message)
                     raise
@@ -646,7 +678,7 @@ class LlmService:
 
     async def _embed(self, texts: Sequence[str], source: LlmSource) -> Embeddings:
         batcher, embedder = await self._batcher(source)
-        counts = await asyncio.to_thread(lambda: [embedder.count_tokens(t) for t in texts])
+        counts = await embedder.count_tokens(list(texts))
         max_tokens = self.settings.llm_embedding_max_input_tokens
         for index, (text, count) in enumerate(zip(texts, counts, strict=True)):
             if not text:

@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 from mediaserver.config import Settings
-from mediaserver.llm.engine_process import find_binary
+from mediaserver.llm.engine_binary import find_binary
 from tests.unit.test_gpu_check import ROOT, build_llama_cpp, gpu_check
 
 

@@ -411,7 +411,10 @@ async def test_the_embedding_model_idles_out_with_llm_keep_alive_and_loads_again
         await llm.aclose()
 
 
-def test_this_process_is_not_left_with_children() -> None:
-    """Every llama-server these tests started was stopped (the session's shared one aside)."""
+def test_this_process_is_not_left_with_children(llm_service: LlmService) -> None:
+    """Every llama-server these tests started was stopped (the session's shared service's aside:
+    its chat engine and, once something asked it for embeddings, its embedding engine)."""
+    shared = {engine.process.pid for engine in llm_service._backends.values() if isinstance(engine, LlamaServerEngine)}
+    shared |= {embedder.process.pid for embedder in llm_service._embedders.values()}
     me = psutil.Process(os.getpid())
-    assert len([c for c in me.children() if "llama-server" in c.name()]) <= 1
+    assert {c.pid for c in me.children() if "llama-server" in c.name()} <= shared

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -53,6 +54,17 @@ async def test_same_input_same_vector_unit_length(client: openai.AsyncOpenAI) ->
     assert abs(np.linalg.norm(a) - 1.0) < 1e-4
     assert first.model == "smollm2-135m-instruct"
     assert first.usage.prompt_tokens > 3
+
+
+async def test_a_chat_model_without_its_own_pooling_is_mean_pooled(
+    client: openai.AsyncOpenAI, llm_service: LlmService
+) -> None:
+    """``llm_embedding_pooling`` auto: the bundled chat model pools nothing itself (llama-server
+    refuses it for /v1/embeddings), so its embedding child runs with mean pooling."""
+    await client.embeddings.create(model="text-embedding-3-small", input=TEXTS[0])
+    embedder = llm_service._embedders["smollm2-135m-instruct"]
+    assert embedder.process.pooling == "mean" and embedder.dimensions == 576
+    assert embedder.process.ready and embedder.process.command(Path("llama-server"))[-2:] == ["--pooling", "mean"]
 
 
 async def test_batch_of_n_equals_n_singles(client: openai.AsyncOpenAI) -> None:

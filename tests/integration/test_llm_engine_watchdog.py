@@ -20,7 +20,8 @@ import aiohttp
 import pytest
 
 from mediaserver.config import Settings
-from mediaserver.llm.engine_process import LlamaServerProcess, find_binary
+from mediaserver.llm.engine_binary import find_binary
+from mediaserver.llm.engine_process import LlamaServerProcess
 from mediaserver.llm.service import LlmService
 from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.metrics import Metrics

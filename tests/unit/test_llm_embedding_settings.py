@@ -1,5 +1,5 @@
 """Embedding settings at non-default values, through ``LlmService.embed`` with the bundled GGUF in
-llama.cpp's embedding mode (in this process; no llama-server): inputs per request, batch size, the
+llama.cpp's embedding mode (its own llama-server child): inputs per request, batch size, the
 cache's size, the batching window and the pooling each change what is computed."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,12 +86,12 @@ async def test_embedding_aliases_replace_the_openai_names(small: LlmService) -> 
 
 
 async def test_the_pooling_decides_the_vector(small: LlmService, slow_window: LlmService) -> None:
-    import llama_cpp
-
     last = (await small.embed([TEXT], model="vectors")).vectors[0]
     mean = (await slow_window.embed([TEXT])).vectors[0]
-    assert small._embedders[BUNDLED_NAME]._llama.pooling_type() == llama_cpp.LLAMA_POOLING_TYPE_LAST
-    assert slow_window._embedders[BUNDLED_NAME]._llama.pooling_type() == llama_cpp.LLAMA_POOLING_TYPE_MEAN
+    for llm, pooling in ((small, "last"), (slow_window, "mean")):
+        process = llm._embedders[BUNDLED_NAME].process
+        assert process.pooling == pooling
+        assert process.command(Path("llama-server"))[-2:] == ["--pooling", pooling]
     assert abs(float(np.linalg.norm(last)) - 1.0) < 1e-3 and abs(float(np.linalg.norm(mean)) - 1.0) < 1e-3
     assert float(last @ mean) < 0.99  # another vector, not the same one rounded differently
 

@@ -15,8 +15,8 @@ import pytest
 from mediaserver.config import GenerationDefaults, Settings
 from mediaserver.devices import DeviceChoice, GpuInfo, choose_device
 from mediaserver.errors import InvalidParameter, ModelUnavailable, UnknownModel
+from mediaserver.llm.embedder import EmbeddingServerProcess
 from mediaserver.llm.engine_process import LlamaServerProcess, restart_backoff_s
-from mediaserver.llm.llama_cpp import _llama_kwargs
 from mediaserver.llm.registry import BUNDLED_NAME, LlmRegistry, bundled_gguf
 from mediaserver.llm.service import LlmService
 from mediaserver.llm.types import ChatMessage, GenerationParams
@@ -67,13 +67,27 @@ def test_gpu_layers_are_offloaded_on_cuda_only() -> None:
     assert flags(Settings(_env_file=None, llm_gpu_layers=10), choose_device("cpu"))["--n-gpu-layers"] == "0"
 
 
-def test_the_in_process_embedding_model_gets_the_same_threads_batch_and_layers() -> None:
-    kwargs = _llama_kwargs(
-        Settings(_env_file=None, llm_threads=3, llm_threads_batch=5, llm_batch_tokens=256, llm_gpu_layers=10), cuda()
+def test_the_embedding_engine_gets_its_slots_input_size_pooling_and_the_same_threads_and_layers() -> None:
+    gguf = bundled_gguf()
+    assert gguf is not None
+    settings = Settings(
+        _env_file=None,
+        llm_threads=3,
+        llm_threads_batch=5,
+        llm_gpu_layers=10,
+        llm_embedding_slots=3,
+        llm_embedding_max_input_tokens=100,
     )
-    assert (kwargs["n_threads"], kwargs["n_threads_batch"], kwargs["n_batch"]) == (3, 5, 256)
-    assert kwargs["n_gpu_layers"] == 10
-    assert _llama_kwargs(Settings(_env_file=None, llm_threads=3), None)["n_threads_batch"] == 3
+    command = EmbeddingServerProcess(BUNDLED_NAME, str(gguf), settings, cuda(), "cls").command(Path("llama-server"))
+    given = {flag: value for flag, value in itertools.pairwise(command) if flag.startswith("--")}
+    assert (given["--parallel"], given["--ctx-size"], given["--batch-size"], given["--ubatch-size"]) == (
+        "3", "300", "300", "100",
+    )  # fmt: skip
+    assert (given["--threads"], given["--threads-batch"], given["--n-gpu-layers"]) == ("3", "5", "10")
+    assert given["--pooling"] == "cls" and "--embeddings" in command
+    auto = EmbeddingServerProcess(BUNDLED_NAME, str(gguf), Settings(_env_file=None), None, "auto")
+    assert "--pooling" not in auto.command(Path("llama-server"))  # the model's own
+    assert auto.slots == 4
 
 
 async def test_an_engine_not_healthy_within_the_start_timeout_is_refused_and_stopped() -> None:

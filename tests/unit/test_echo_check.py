@@ -40,6 +40,10 @@ def test_the_echo_share_is_the_share_of_heard_words_that_were_played() -> None:
     assert echo_share("being herbivores primarily", played) == 1.0
     assert echo_share("Cows eat hay, thank you.", played) == pytest.approx(3 / 5)
     assert echo_share("go forward ten meters", played) == 0.0
+    # A fragment cut mid-word at either end: its edge words count when they begin or end a played word.
+    assert echo_share("Being her.", played) == 1.0
+    assert echo_share("vores, primarily", played) == 1.0
+    assert echo_share("being her primarily", played) == pytest.approx(2 / 3)  # not inside the fragment
     assert echo_share("...", played) is None
 
 

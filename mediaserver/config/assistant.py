@@ -71,10 +71,12 @@ class AssistantSettings(BaseModel):
     )
     assistant_barge_in: bool = Field(True, description="the user speaking stops the answer being played")
     assistant_barge_in_echo_check: bool = Field(
-        True,
-        description="barge-in: speech starting pauses the answer, and the utterance's final decides: words that are "
-        "the answer's own (its echo on a device without echo cancellation) resume it and are not answered, other "
-        "words cut it (docs/echo.md); false: speech starting cuts the answer at once",
+        False,
+        description="barge-in on WebRTC and the device WebSocket: speech starting pauses the answer, and the "
+        "utterance's final decides: words that are the answer's own (its echo on a device without echo "
+        "cancellation) resume it and are not answered, other words cut it (docs/echo.md); false: speech starting "
+        "cuts the answer at once. Experimental: off until Whisper's stock phrases on the canceller's residual "
+        "echo ('Thank you.') are told from a person",
     )
     assistant_barge_in_echo_match: float = Field(
         0.8,

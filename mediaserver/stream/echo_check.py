@@ -28,25 +28,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
 
 from mediaserver.config import Settings
-from mediaserver.events import Segment
 
 log = logging.getLogger(__name__)
 
 # After the answer's last audio went out: a device's buffer (ws_answer_lead_ms, 200 ms), the echo's
 # delay (up to ~300 ms) and the VAD's onset; speech starting later than this is the user's.
 AFTER_ANSWER_S: Final = 1.0
-# What the canceller leaves of the echo is quiet and smeared, and Whisper writes a stock phrase on it
-# ("Thank you.", "They come.": avg_logprob -0.53 and -0.85, no_speech_prob 0.43 and 0.15), where a
-# person barging in over the echo decoded surely ("over 10 meters.": -0.28, 0.05). A held utterance
-# this short and this unsure is taken for residual echo, not the user.
-UNSURE_MAX_WORDS: Final = 3
-UNSURE_LOGPROB: Final = -0.5
-UNSURE_NO_SPEECH: Final = 0.3
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
 
 
@@ -72,17 +64,6 @@ def echo_share(heard: str, played: str) -> float | None:
         return edge and any(w.startswith(word) or w.endswith(word) for w in known)
 
     return sum(played_word(i, word) for i, word in enumerate(said)) / len(said)
-
-
-def unsure(text: str, segments: Sequence[Segment]) -> bool:
-    """A short decode Whisper was unsure of (``UNSURE_*``): what it writes on residual echo."""
-    if not segments or len(words(text)) > UNSURE_MAX_WORDS:
-        return False
-    logprob = min((s.avg_logprob for s in segments if s.avg_logprob is not None), default=None)
-    no_speech = max((s.no_speech_prob for s in segments if s.no_speech_prob is not None), default=None)
-    return (logprob is not None and logprob <= UNSURE_LOGPROB) or (
-        no_speech is not None and no_speech >= UNSURE_NO_SPEECH
-    )
 
 
 @runtime_checkable
@@ -157,9 +138,10 @@ class EchoCheck:
         """The utterance in progress was discarded (too short, noise): it was not the user."""
         hold = self.ended()
         if hold is not None and isinstance(answerer, Pausable):
+            log.info("speech over the answer was discarded (too short to be speech): resuming")
             self._settle(answerer, hold, resume=True)
 
-    async def decide(self, answerer: object, text: str, hold: Hold | None, segments: Sequence[Segment] = ()) -> bool:
+    async def decide(self, answerer: object, text: str, hold: Hold | None) -> bool:
         """A held utterance's final is ``text``: True when it is the answer's echo (the answer
         resumes; the caller drops the utterance). A real barge-in interrupts the answer here."""
         if hold is None or not isinstance(answerer, Pausable):
@@ -173,11 +155,6 @@ class EchoCheck:
             self._settle(answerer, hold, resume=True)  # no words: not the user
             return False
         if self._is_echo(text, share):
-            self._settle(answerer, hold, resume=True)
-            return True
-        if unsure(text, segments):
-            log.info("barge-in %r is a short unsure decode, residual echo: resuming, not answered", text)
-            self.echoes += 1
             self._settle(answerer, hold, resume=True)
             return True
         log.info("barge-in %r (%.0f %% of its words played): interrupting", text, share * 100)

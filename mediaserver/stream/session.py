@@ -617,7 +617,7 @@ class StreamSession:
         if text != transcript.text:
             transcript = replace(transcript, text=text)
         self.utterances += 1
-        echo = held is not None and await self._echo.decide(self.assistant, text, held, transcript.segments)
+        echo = held is not None and await self._echo.decide(self.assistant, text, held)
         latency_ms = (time.monotonic() - ended_at) * 1000.0
         final = FinalTranscript(transcript, delta, start_ms, end_ms, latency_ms, match, echo=echo)
         if committed == self._partials.promises.committed:

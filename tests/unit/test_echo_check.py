@@ -121,10 +121,11 @@ def utterance(clip: Clip) -> np.ndarray:
 async def test_speech_over_the_answer_pauses_it_and_its_words_decide(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], echo: bool
 ) -> None:
+    settings = base_settings.model_copy(update={"assistant_barge_in_echo_check": True})
     played = SENTENCES["kitchen"] if echo else SENTENCES["story"]
     answerer = SpeakingAnswerer(f"Sure. {played} Anything else?")
     assert isinstance(answerer, Pausable)
-    async with open_session(asr_service, base_settings, server_vad=True) as (session, recorder):
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
         session.assistant = answerer
         await feed(session, utterance(speech("kitchen")))
         await until(lambda: bool(recorder.of(FinalTranscript)))
@@ -144,7 +145,9 @@ async def test_assistant_barge_in_echo_match_is_the_share_of_words_that_makes_an
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], match: float
 ) -> None:
     # "Turn on the kitchen lights and close the garage door.": 7 of its 10 words were played.
-    settings = base_settings.model_copy(update={"assistant_barge_in_echo_match": match})
+    settings = base_settings.model_copy(
+        update={"assistant_barge_in_echo_check": True, "assistant_barge_in_echo_match": match}
+    )
     answerer = SpeakingAnswerer("Turn the lights on, close the door.")
     async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
         session.assistant = answerer
@@ -161,7 +164,9 @@ async def test_an_answer_paused_past_assistant_barge_in_echo_wait_ms_is_cut(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
 ) -> None:
     # (No gap filling: the audio held back below is a pause of the test, not the speaker's silence.)
-    settings = base_settings.model_copy(update={"assistant_barge_in_echo_wait_ms": 200, "stream_gap_fill_ms": 0})
+    settings = base_settings.model_copy(
+        update={"assistant_barge_in_echo_check": True, "assistant_barge_in_echo_wait_ms": 200, "stream_gap_fill_ms": 0}
+    )
     answerer = SpeakingAnswerer(SENTENCES["kitchen"])  # the words would be its echo ...
     audio = utterance(speech("kitchen"))
     half = audio.size // 2
@@ -178,7 +183,7 @@ async def test_an_answer_paused_past_assistant_barge_in_echo_wait_ms_is_cut(
         assert final.echo is False and answerer.questions == [final.transcript.text]
 
 
-async def test_without_assistant_barge_in_echo_check_speech_cuts_the_answer_at_once(
+async def test_without_assistant_barge_in_echo_check_speech_cuts_the_answer_at_once(  # the default
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
 ) -> None:
     settings = base_settings.model_copy(update={"assistant_barge_in_echo_check": False})

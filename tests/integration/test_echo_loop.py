@@ -110,9 +110,10 @@ class EchoingDevice:
     def settled(self) -> bool:
         """Every utterance the server heard has ended and (unless discarded) has its final."""
         stopped = [m for m in self.messages if m["type"] == "speech_stopped"]
-        started = sum(m["type"] == "speech_started" for m in self.messages)
-        finals = sum(m["type"] == "final" for m in self.messages)
-        return started == len(stopped) and finals >= sum(not m["discarded"] for m in stopped)
+        started: int = sum(m["type"] == "speech_started" for m in self.messages)
+        finals: int = sum(m["type"] == "final" for m in self.messages)
+        heard: int = sum(not m["discarded"] for m in stopped)
+        return started == len(stopped) and finals >= heard
 
     async def until(self, kind: str, after: int, timeout_s: float = 90.0) -> dict[str, Any]:
         async with asyncio.timeout(timeout_s):

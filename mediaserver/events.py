@@ -167,6 +167,8 @@ class FinalTranscript:
     audio_end_ms: int
     latency_ms: float
     speaker: SpeakerMatch | None = None  # None: nobody is enrolled (or the stream does not ask)
+    # The voice loop's own answer heard back (stream/echo_check.py): not the user, not answered.
+    echo: bool = False
 
 
 @dataclass(frozen=True)

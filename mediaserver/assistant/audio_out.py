@@ -4,7 +4,8 @@ The turn pipeline writes each synthesized sentence here; the transport takes fra
 plays them (a WebRTC track's ``recv``, a socket sender paced at real time). Nothing is produced
 while the queue is empty: an idle session sends no audio at all, not silence. ``clear`` drops
 everything not yet taken (barge-in), and ``taken_samples`` says how far playback got, so the
-pipeline can tell which part of its answer the user actually heard.
+pipeline can tell which part of its answer the user actually heard. ``pause`` holds what is queued
+(nothing is taken) until ``resume``: a barge-in being judged (stream/echo_check.py).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class AudioOut:
         self.marks: list[Mark] = []
         self._waiters: list[tuple[int, asyncio.Future[float]]] = []
         self._closed = False
+        self._paused = False
+        self.taken_at: float | None = None  # when the latest frame was taken (monotonic)
 
     @property
     def queued_samples(self) -> int:
@@ -85,8 +88,9 @@ class AudioOut:
             self._frames.append(data[offset : offset + self._frame_bytes])
         self._partial = data[whole:]
         if self.busy:
-            self._available.set()
             self._empty.clear()
+            if not self._paused:
+                self._available.set()
         return mark
 
     def end_of_answer(self) -> None:
@@ -98,20 +102,39 @@ class AudioOut:
             self._partial = b""
         self._frames.append(bytes(self._frame_bytes))
         self.written_samples += self.frame_samples
-        self._available.set()
         self._empty.clear()
+        if not self._paused:
+            self._available.set()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        """Hold the queued audio: nothing is taken until ``resume`` (or ``clear``); more may be written."""
+        self._paused = True
+        self._available.clear()
+
+    def resume(self) -> None:
+        """Take the held audio again, from where it paused."""
+        self._paused = False
+        if self.busy:
+            self._available.set()
 
     def clear(self) -> int:
         """Drop everything not taken yet (barge-in); returns how many samples were dropped."""
         dropped = self.queued_samples
         self._frames.clear()
         self._partial = b""
+        self._paused = False
         self._available.clear()
         self._empty.set()
         return dropped
 
     def take(self) -> bytes | None:
-        """The next frame if one is queued, else None (never blocks)."""
+        """The next frame if one is queued (and not paused), else None (never blocks)."""
+        if self._paused:
+            return None
         if not self._frames:
             if not self._partial:
                 self._available.clear()
@@ -119,8 +142,9 @@ class AudioOut:
             return None
         frame = self._frames.popleft()
         self.taken_samples += self.frame_samples
+        self.taken_at = time.monotonic()
         if self._waiters:
-            self._wake(time.monotonic())
+            self._wake(self.taken_at)
         if not self.busy:
             self._available.clear()
             self._empty.set()

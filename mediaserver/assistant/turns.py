@@ -106,6 +106,9 @@ class Assistant:
         self.speaker: str | None = None
         self._speculated_for: str | None = None  # the speaker a speculative answer's prompt named
         self.toolbox: Toolbox | None = None  # tools for this assistant's own turns (assistant/tool_rounds.py)
+        # ``out.taken_samples`` when the running turn began: audio a barge-in cleared was written but
+        # never taken, so the turn's marks (on the written clock) are placed against this instead.
+        self._taken_base = 0
 
     # --- state --------------------------------------------------------------------------------
 
@@ -214,6 +217,7 @@ class Assistant:
         self, messages: list[ChatMessage], options: AssistantOptions, speech_ended_at: float | None, *, record: bool
     ) -> Turn:
         start = self.out.written_samples if self.out is not None else 0
+        self._taken_base = self.out.taken_samples + self.out.queued_samples if self.out is not None else 0
         turn = Turn(next(self._turns), options, start, record=record)
         ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
         task = asyncio.get_running_loop().create_task(
@@ -237,10 +241,51 @@ class Assistant:
     def _interrupted(self, turn: Turn) -> TurnOutcome:
         return TurnOutcome("interrupted", turn.text, self.heard(turn), turn.usage, turn.finish_reason)
 
+    # --- a barge-in being judged (stream/echo_check.py) -----------------------------------------
+
+    @property
+    def speaking(self) -> bool:
+        """A turn's answer is being spoken: its audio has started and the turn has not ended."""
+        turn = self._current
+        return self.active and turn is not None and turn.audio_started and self._spoken(turn)
+
+    @property
+    def paused(self) -> bool:
+        return self.out is not None and self.out.paused
+
+    def pause(self) -> bool:
+        """Stop sending the answer's audio, keeping what is queued (``resume`` goes on from there);
+        the turn goes on being written. False when no answer is being spoken."""
+        if self.out is None or not self.speaking:
+            return False
+        self.out.pause()
+        return True
+
+    def resume(self) -> None:
+        if self.out is not None:
+            self.out.resume()
+
+    def played_text(self) -> str:
+        """The text of the latest turn's audio sent so far: while it runs, its sentences whose audio
+        has started to go out (the one being played whole); once it ended, what was heard."""
+        turn = self._current
+        if turn is None or self.out is None:
+            return ""
+        if not self.active:
+            return self.heard(turn)
+        taken = turn.start_sample + self.out.taken_samples - self._taken_base  # on the turn's written clock
+        return " ".join(mark.text for mark in turn.marks if mark.start < taken)
+
+    def spoke_within(self, seconds: float) -> bool:
+        """Answer audio went out in the last ``seconds`` (the device may still be playing it)."""
+        taken_at = self.out.taken_at if self.out is not None else None
+        return taken_at is not None and time.monotonic() - taken_at < seconds
+
     async def interrupt(self) -> bool:
         """Barge-in: stop the audio now, cancel the turn, keep what was heard. True if one was running."""
         task, turn = self._task, self._current
         if task is None or task.done() or turn is None:
+            self.resume()  # a pause never outlives its turn
             return False
         dropped = self.out.clear() if self.out is not None else 0
         self._cancel_helpers()
@@ -509,6 +554,7 @@ class Assistant:
         self._registry.speculative_answers.labels("hit").inc()
         self.history.append(ChatMessage("user", user_text))
         turn.start_sample = self.out.written_samples if self.out is not None else 0
+        self._taken_base = self.out.taken_samples + self.out.queued_samples if self.out is not None else 0
         self._task, self._current = task, turn
         while turn.deferred:  # the text written so far, in order, before anything new
             await self._emit(turn.deferred.pop(0))

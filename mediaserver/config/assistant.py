@@ -70,6 +70,24 @@ class AssistantSettings(BaseModel):
         30.0, gt=0, description="an answer whose LLM and TTS produce nothing for this long ends with an error"
     )
     assistant_barge_in: bool = Field(True, description="the user speaking stops the answer being played")
+    assistant_barge_in_echo_check: bool = Field(
+        False,
+        description="barge-in on WebRTC and the device WebSocket: speech starting pauses the answer, and the "
+        "utterance's final decides: words that are the answer's own (its echo on a device without echo "
+        "cancellation) resume it and are not answered, other words cut it (docs/echo.md); false: speech starting "
+        "cuts the answer at once. Experimental: off until Whisper's stock phrases on the canceller's residual "
+        "echo ('Thank you.') are told from a person",
+    )
+    assistant_barge_in_echo_match: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="the share of a barge-in's words (lowercase, no punctuation) found in the answer played so far "
+        "that makes it the answer's echo",
+    )
+    assistant_barge_in_echo_wait_ms: int = Field(
+        5000, ge=100, description="an answer paused this long by a barge-in without a decision on its words is cut"
+    )
     assistant_first_clause_words: int = Field(
         4,
         ge=0,

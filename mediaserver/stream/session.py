@@ -46,6 +46,7 @@ from mediaserver.events import (
 )
 from mediaserver.speakers.service import SpeakerService
 from mediaserver.stream import speaker
+from mediaserver.stream.echo_check import EchoCheck, Hold
 from mediaserver.stream.finals import EarlyFinal, Finals
 from mediaserver.stream.options import StreamOptions, segmenter_config
 from mediaserver.stream.partials import Partials, continuation
@@ -97,7 +98,8 @@ class StreamSession:
     so every transport segments and transcribes alike.
 
     With an ``assistant`` attached (the voice loop), each final transcript is answered, and the user
-    starting to speak while an answer plays interrupts it (barge-in); the assistant's events come
+    starting to speak while an answer plays interrupts it (barge-in: paused first, and resumed if the
+    utterance's words are the answer's own echo, ``echo_check.py``); the assistant's events come
     out of the same emit callback.
     """
 
@@ -133,6 +135,7 @@ class StreamSession:
         self.assistant: Answerer | None = None
         self.speakers: SpeakerService | None = None  # set by the transport: finals then name their speaker
         self.barge_in = settings.assistant_barge_in
+        self._echo = EchoCheck(settings, self._start_task)  # a barge-in's words decide whether it is the answer's echo
         self._apply_turn_mode()
         # Gaps: a sender that stops sending mid-utterance (Opus DTX, a paused track, a device that
         # sends nothing in silence) must not keep the utterance open: see _watch_gaps.
@@ -456,7 +459,7 @@ class StreamSession:
     async def _on_segment(self, event: SpeechStart | Utterance | Discarded) -> None:
         if isinstance(event, SpeechStart):
             self._begin_utterance()
-            if self.assistant is not None and self.barge_in:
+            if self.assistant is not None and self.barge_in and not self._echo.hold(self.assistant):
                 await self.assistant.interrupt()  # the user talks over the answer: stop it first
             await self._emit(SpeechStarted(event.start_ms))
         elif isinstance(event, Utterance):
@@ -464,11 +467,13 @@ class StreamSession:
                 self.asr.metrics.turn_ends.labels("cap").inc()  # nothing decided the turn: the eagerness cap ended it
             self._turns.drop()
             await self._emit(SpeechStopped(event.end_ms))
-            await self._submit_final(event.audio, event.start_ms, event.end_ms, early=self._take_early_final(event))
+            early, held = self._take_early_final(event), self._echo.ended()
+            await self._submit_final(event.audio, event.start_ms, event.end_ms, early=early, held=held)
         else:
             self._partials.cancel()
             self._drop_early_final()
             self._turns.drop()
+            self._echo.discarded(self.assistant)
             await self._emit(SpeechStopped(event.end_ms, discarded=True))
 
     # --- push-to-talk ---------------------------------------------------------------------------
@@ -508,16 +513,18 @@ class StreamSession:
         self._turns.drop()
         if isinstance(event, Discarded):
             self._partials.cancel()
+            self._echo.discarded(self.assistant)
             await self._emit(SpeechStopped(event.end_ms, discarded=True))
             return None
         await self._emit(SpeechStopped(event.end_ms))
-        ended_at = time.monotonic()
+        ended_at, held = time.monotonic(), self._echo.ended()
         await self._finals.wait()
-        return await self._final(event.audio, event.start_ms, event.end_ms, ended_at=ended_at)
+        return await self._final(event.audio, event.start_ms, event.end_ms, ended_at=ended_at, held=held)
 
     def clear(self) -> None:
         """Drop buffered audio and any utterance in progress."""
         self._recorded = []
+        self._echo.discarded(self.assistant)  # an answer paused for it goes on
         self._segmenter.reset()
         self._partials.cancel()
         self._drop_early_final()
@@ -544,11 +551,11 @@ class StreamSession:
         await self._partials.advance(hypothesis, audio_samples)
 
     async def _submit_final(
-        self, audio: AudioArray, start_ms: int, end_ms: int, *, early: EarlyFinal | None = None
+        self, audio: AudioArray, start_ms: int, end_ms: int, *, early: EarlyFinal | None = None, held: Hold | None
     ) -> None:
         """Start a final without blocking the audio path (``Finals.submit``); finals of a session
         arrive in order. With ``early``, the final decoded during the trailing silence is this
-        utterance's."""
+        utterance's; ``held``: the answer is paused until its words are in (``EchoCheck``)."""
         committed = self._partials.promises.committed
         ended_at = time.monotonic()
         self._partials.cancel()
@@ -558,7 +565,7 @@ class StreamSession:
 
         async def send(transcription: asyncio.Task[Transcript]) -> None:
             await self._final(
-                audio, start_ms, end_ms, committed=committed, ended_at=ended_at, early=transcription, who=who
+                audio, start_ms, end_ms, committed=committed, ended_at=ended_at, early=transcription, who=who, held=held
             )
 
         await self._finals.submit(audio, start_ms, end_ms, early, send)
@@ -587,10 +594,13 @@ class StreamSession:
         ended_at: float | None = None,
         early: asyncio.Task[Transcript] | None = None,
         who: asyncio.Task[SpeakerMatch | None] | None = None,
+        held: Hold | None = None,
     ) -> FinalTranscript:
         """Transcribe an utterance (``Finals.transcribe``: ``early`` is its transcription already
         under way), join it to what partials promised (``committed``), send it and answer it;
-        ``ended_at`` is when its speech ended (monotonic)."""
+        ``ended_at`` is when its speech ended (monotonic). ``held``: it started while the answer
+        played, which is paused until its words say whether they are the answer's echo (then it is
+        sent marked ``echo`` and not answered)."""
         ended_at = time.monotonic() if ended_at is None else ended_at
         committed = self._partials.promises.committed if committed is None else committed
         self._partials.cancel()
@@ -607,11 +617,13 @@ class StreamSession:
         if text != transcript.text:
             transcript = replace(transcript, text=text)
         self.utterances += 1
-        final = FinalTranscript(transcript, delta, start_ms, end_ms, (time.monotonic() - ended_at) * 1000.0, match)
+        echo = held is not None and await self._echo.decide(self.assistant, text, held)
+        latency_ms = (time.monotonic() - ended_at) * 1000.0
+        final = FinalTranscript(transcript, delta, start_ms, end_ms, latency_ms, match, echo=echo)
         if committed == self._partials.promises.committed:
             self._partials.promises.forget()
         await self._emit(final)
-        if self.assistant is not None and text.strip() and not self._closed:
+        if self.assistant is not None and text.strip() and not self._closed and not echo:
             if match is not None and isinstance(self.assistant, SpeakerAware):
                 self.assistant.heard_speaker(match.name)
             self.assistant.observe_transcript(time.monotonic() - ended_at)

@@ -2,10 +2,14 @@
 LLM and Piper): the test client plays the answer audio it receives through a simulated room and
 feeds that echo back into its microphone stream, 150 ms late, in real time.
 
-Without the server's echo cancellation (``echo_cancellation`` off, the default) the echo interrupts
-the answer. With it on, this device still interrupted its first answer in 2 of 3 runs (the echo of AEC3's
-first second, while it converges): docs/echo.md has the figures, and that test joins this file
-once it holds.
+Without the server's echo cancellation (``echo_cancellation`` off, the default) and without the
+barge-in word check (``assistant_barge_in_echo_check`` off, the default) the echo interrupts the
+answer. With the canceller on, this device still interrupted its first answer in 2 of 3 runs (the
+echo of AEC3's first second, while it converges). The word check (a barge-in whose words are the
+answer's own only pauses it, stream/echo_check.py) catches the echo Whisper hears as the answer's
+words, but not the stock phrases it writes on the canceller's residual ("Thank you."): that test is
+an expected failure until it holds. A person barging in still cuts the answer and is answered.
+docs/echo.md has the figures.
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import pytest
 
+from mediaserver.stream.echo_check import words
 from tests.conftest import Clip, LiveServer
 from tests.echo_room import room_ir
+from tests.human_speech import default_dir, load_clips, voiced_span
 
 RATE = 16000
 TICK = RATE // 50  # 20 ms of microphone audio per frame
@@ -40,28 +47,42 @@ class EchoingDevice:
         self.ws = ws
         self.gain = gain
         self.messages: list[dict[str, Any]] = []
+        self.message_at: list[float] = []  # when each message arrived (monotonic)
         self.arrived = asyncio.Event()
         self._speaker: list[np.ndarray] = []  # answer audio received, waiting to be played
         self._played = np.zeros(int(DELAY_S * RATE) + 4000, np.float32)  # what the loudspeaker played
         self._ir = room_ir(np.random.default_rng(7), rt60_s=0.2)
         self._user = np.zeros(0, np.float32)  # what the user says next
+        self.frames_at: list[float] = []  # when each answer frame arrived (monotonic)
+        self.played_samples = 0  # answer audio the loudspeaker has played
+        self.mic_samples = 0  # microphone audio sent
+        self.said_at: float | None = None  # when the microphone began sending the latest say()
 
     async def read(self) -> None:
         async for msg in self.ws:
             if msg.type == aiohttp.WSMsgType.BINARY:
+                self.frames_at.append(time.monotonic())
                 self._speaker.append(np.frombuffer(msg.data, "<i2").astype(np.float32) / 32768.0)
             elif msg.type == aiohttp.WSMsgType.TEXT:
+                self.message_at.append(time.monotonic())
                 self.messages.append(json.loads(msg.data))
                 self.arrived.set()
 
     def say(self, audio16k: np.ndarray) -> None:
         self._user = np.concatenate([self._user, audio16k.astype(np.float32)])
+        self.said_at = None
+
+    @property
+    def speaker_idle(self) -> bool:
+        """The loudspeaker has played everything received, and its echo has died away."""
+        return not self._speaker and not np.any(self._played[-int(DELAY_S * RATE) - self._ir.size :])
 
     def _play(self) -> np.ndarray:
         """The next 20 ms from the loudspeaker (silence when no answer audio waits)."""
         queued = np.concatenate(self._speaker) if self._speaker else np.zeros(0, np.float32)
         now, rest = queued[:TICK], queued[TICK:]
         self._speaker = [rest] if rest.size else []
+        self.played_samples += now.size
         return np.pad(now, (0, TICK - now.size))
 
     def _microphone(self) -> np.ndarray:
@@ -70,6 +91,9 @@ class EchoingDevice:
         source = self._played[-(delay + TICK + self._ir.size) : -delay]
         echo = np.convolve(source, self._ir)[self._ir.size : self._ir.size + TICK] * self.gain
         user, self._user = self._user[:TICK], self._user[TICK:]
+        if user.size and self.said_at is None:
+            self.said_at = time.monotonic()
+        self.mic_samples += TICK
         mic: np.ndarray = np.tanh(echo * 1.5) / 1.5 + np.pad(user, (0, TICK - user.size))  # a small loudspeaker clips
         return mic
 
@@ -82,6 +106,15 @@ class EchoingDevice:
             n += 1
             await asyncio.sleep(max(0.0, started + n * TICK / RATE - time.monotonic()))
 
+    @property
+    def settled(self) -> bool:
+        """Every utterance the server heard has ended and (unless discarded) has its final."""
+        stopped = [m for m in self.messages if m["type"] == "speech_stopped"]
+        started: int = sum(m["type"] == "speech_started" for m in self.messages)
+        finals: int = sum(m["type"] == "final" for m in self.messages)
+        heard: int = sum(not m["discarded"] for m in stopped)
+        return started == len(stopped) and finals >= heard
+
     async def until(self, kind: str, after: int, timeout_s: float = 90.0) -> dict[str, Any]:
         async with asyncio.timeout(timeout_s):
             while True:
@@ -90,6 +123,12 @@ class EchoingDevice:
                     return found[0]
                 self.arrived.clear()
                 await self.arrived.wait()
+
+    async def condition(self, check: Callable[[], bool], timeout_s: float = 90.0) -> None:
+        """Wait until ``check()`` holds (looked at every microphone frame)."""
+        async with asyncio.timeout(timeout_s):
+            while not check():
+                await asyncio.sleep(TICK / RATE)
 
 
 async def test_without_echo_cancellation_the_answer_interrupts_itself(
@@ -138,6 +177,123 @@ async def test_with_echo_cancellation_on_a_quiet_device_is_heard_and_answered(
                 finals = [m["text"] for m in device.messages[mark:] if m["type"] == "final"]
                 assert stopped["interrupted"] is False and len(finals) == 1, (stopped, finals)
                 assert word in finals[0].lower(), finals
+        finally:
+            stop.set()
+            await microphone
+            reader.cancel()
+
+
+def user_finals(messages: list[dict[str, Any]]) -> list[str]:
+    """The finals taken as the user's: with words (an empty one is not answered), not the answer's
+    echo (marked ``echo``, not answered either)."""
+    return [m["text"] for m in messages if m["type"] == "final" and m["text"].strip() and not m.get("echo")]
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="Whisper writes a stock phrase ('Thank you.', 'They come.', 'Okay.') on what the canceller "
+    "leaves of the first answer's echo while it converges: not the answer's words, so it still cut the "
+    "answer in 3 of 8 runs (docs/echo.md)",
+)
+async def test_with_echo_cancellation_and_the_word_check_an_echoing_device_hears_its_answers_to_the_end(
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip]
+) -> None:
+    """The canceller (``echo_cancellation`` on) and the barge-in word check: the echo
+    the canceller lets through while it converges pauses the answer at most; its words are the
+    answer's own, so it is not answered and the answer resumes. Both answers play to their end and
+    each question is the only thing taken as the user's. (Without the canceller the check alone does
+    not hold: the echo of each resumed stretch is a fragment cut mid-word, "Being hurt." for "being
+    herbivores", and one of them cuts the answer; docs/echo.md.)"""
+    server: LiveServer = await server_factory(**VOICE_SETTINGS, assistant_barge_in_echo_check=True)
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
+        device = EchoingDevice(ws)
+        reader = asyncio.create_task(device.read())
+        start = {"type": "start", "mode": "server_vad", "assistant": True, "echo_cancellation": "on"}
+        await ws.send_str(json.dumps(start))
+        assert (await device.until("ready", 0))["echo_cancellation"] is True
+        microphone = asyncio.create_task(device.run_microphone(stop))
+        try:
+            for question, word in (("What do cows eat?", "cows"), ("What do bees make?", "bees")):
+                await device.condition(lambda: device.speaker_idle and device.settled)
+                mark = len(device.messages)
+                device.say(speech(question).audio16k)
+                stopped = await device.until("assistant_audio_stopped", mark)
+                finals = user_finals(device.messages[mark:])
+                echoes = [m["text"] for m in device.messages[mark:] if m["type"] == "final" and m.get("echo")]
+                print(f"{question!r}: heard {finals}, echo {echoes}, stopped {stopped}")
+                assert stopped["interrupted"] is False, (stopped, finals, echoes)
+                assert len(finals) == 1 and word in finals[0].lower(), (finals, echoes)
+            await device.condition(lambda: device.speaker_idle and device.settled)
+            # The echo of the last answer's tail, if any was heard, was not taken as the user's either.
+            finals = user_finals(device.messages)
+            assert len(finals) == 2, finals
+        finally:
+            stop.set()
+            await microphone
+            reader.cancel()
+
+
+async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_answered(
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip]
+) -> None:
+    """The word check keeps real barge-ins: a person (a real recording) speaking over the echoing
+    answer stops its audio within 0.5 s of their first voiced frame (the answer pauses, as fast as a
+    cut); their words are not the answer's, so the answer is interrupted, and what they said is the
+    next turn, answered."""
+    [(_, person, reference)] = load_clips(default_dir(), ["goforward"])
+    voiced_from, voiced_to = voiced_span(person)
+    onset_s = voiced_from / RATE
+    said = {*words(reference), "10"}  # "go forward ten meters"; Whisper writes "10"
+    server: LiveServer = await server_factory(**VOICE_SETTINGS, assistant_barge_in_echo_check=True)
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
+        device = EchoingDevice(ws)
+        reader = asyncio.create_task(device.read())
+        start = {"type": "start", "mode": "server_vad", "assistant": True, "echo_cancellation": "on"}
+        await ws.send_str(json.dumps(start))
+        assert (await device.until("ready", 0))["echo_cancellation"] is True
+        microphone = asyncio.create_task(device.run_microphone(stop))
+        try:
+            # A first answer, however it goes, converges the canceller (its first second may leak, cut it
+            # and be answered: such an answer is stopped before the person's turn).
+            device.say(speech("What do cows eat?").audio16k)
+            await device.until("assistant_audio_stopped", 0)
+            await device.condition(lambda: device.speaker_idle and device.settled)
+            await ws.send_str(json.dumps({"type": "interrupt"}))
+            await ws.send_str(json.dumps({"type": "ping"}))  # answered once the interrupt has been read
+            await device.until("pong", 0)
+            await device.condition(lambda: device.speaker_idle and device.settled)
+            first = len(device.messages)
+            device.say(speech("Tell me about cows.").audio16k)
+            await device.until("assistant_audio_started", first)
+            played = device.played_samples
+            await device.condition(lambda: device.played_samples >= played + 2 * RATE)  # 2 s of it played
+            mark = len(device.messages)
+            device.say(person)
+            stopped = await device.until("assistant_audio_stopped", mark)
+            assert stopped["interrupted"] is True, stopped
+            at = device.messages.index(stopped)
+            assert device.said_at is not None
+            spoke_at = device.said_at + onset_s
+            # The next answer's frames come after the stop; before it none came 0.5 s after the person spoke:
+            # the pause is the speech start a cut was (0.3 s on a clean line, test_voice_loop.py), and the
+            # canceller's double-talk suppression delays the VAD's onset on the person (0.31-0.41 s seen).
+            late = [t - spoke_at for t in device.frames_at if spoke_at + 0.5 < t < device.message_at[at]]
+            assert not late, f"{len(late)} answer frames came up to {max(late):.2f} s after the person spoke"
+            # What the person said is the next turn (garbled a little by double talk, not lost) ...
+            await device.condition(lambda: bool(user_finals(device.messages[mark:])))
+            finals = user_finals(device.messages[mark:])
+            assert len(finals) == 1 and len(said & set(words(finals[0]))) >= 2, finals
+            # (the whole of it: the double talk garbles its start, "over 10 meters.", but no part of it
+            # was taken for the answer's echo)
+            [final] = [m for m in device.messages[mark:] if m["type"] == "final" and m["text"] == finals[0]]
+            spoken_ms = (voiced_to - voiced_from) * 1000 / RATE
+            assert final["audio_end_ms"] - final["audio_start_ms"] >= spoken_ms - 100, (final, spoken_ms)
+            # ... and is answered.
+            answer = await device.until("assistant_audio_stopped", at + 1)
+            print(f"{reference!r} heard as {finals[0]!r}; the cut answer's heard {stopped['heard']!r}; next {answer}")
+            assert answer["type"] == "assistant_audio_stopped", answer
         finally:
             stop.set()
             await microphone

@@ -396,6 +396,8 @@ class RtcSession:
                 )
                 if event.transcript.guard is not None:
                     obj["guard"] = event.transcript.guard
+                if event.echo:
+                    obj["echo"] = True  # the answer's own words heard back: not answered (docs/echo.md)
             self.send(message("infer", None, obj))
         elif isinstance(event, StreamError):
             detail: dict[str, object] | None = None

@@ -193,6 +193,8 @@ class WsSession(SocketSession):
         }
         if transcript.guard is not None:
             message["guard"] = transcript.guard  # the first decode looped: this is the safe redecode
+        if event.echo:
+            message["echo"] = True  # the answer's own words heard back: not answered (docs/echo.md)
         if self.stream.options.transcription.with_segment_timestamps:
             message["segments"] = [
                 {

@@ -1,0 +1,200 @@
+"""The second line of defence against self-interruption (issue #37): a barge-in whose words are the
+answer's own is the answer's echo, not the user.
+
+A device without acoustic echo cancellation hears the answer it plays; the server's canceller
+(audio/echo.py) lets the first second of it through while it converges. So while the assistant
+speaks, speech starting does not cut the answer at once: it **pauses** it (``Pausable.pause``: no
+more audio goes out, what is queued stays), which the user hears as the answer stopping, as fast as
+a cut, and which also stops the echo, so an echoed fragment ends soon. The utterance's final
+transcript then decides (``EchoCheck.decide``):
+
+- its words (lowercase, no punctuation) are, ``assistant_barge_in_echo_match`` of them or more,
+  words of what the turn has played so far (the sentences whose audio has started to go out): it is
+  the answer's echo. It is not a user turn (it is not answered; its final says ``echo``) and the
+  answer resumes where it paused;
+- it has no words (and a discarded segment, noise too short to be speech): the answer resumes;
+- otherwise it is a real barge-in: the answer is interrupted as without the check (what was heard is
+  what played before the pause) and the utterance is answered as the user's next turn.
+
+An answer paused ``assistant_barge_in_echo_wait_ms`` without a decision is interrupted, as without
+the check; the utterance's final is then an ordinary user turn. Speech that starts within
+``AFTER_ANSWER_S`` of the answer's last audio going out (the device still plays its buffer, the room
+still echoes it) has nothing left to pause, but its words are checked all the same against what the
+answer played: the answer's echo is not answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, runtime_checkable
+
+from mediaserver.config import Settings
+
+log = logging.getLogger(__name__)
+
+# After the answer's last audio went out: a device's buffer (ws_answer_lead_ms, 200 ms), the echo's
+# delay (up to ~300 ms) and the VAD's onset; speech starting later than this is the user's.
+AFTER_ANSWER_S: Final = 1.0
+_WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
+
+
+def words(text: str) -> list[str]:
+    """The words of ``text``: lowercase, punctuation dropped (an apostrophe inside a word is kept)."""
+    return [w.replace("’", "'") for w in _WORD.findall(text.casefold())]
+
+
+def echo_share(heard: str, played: str) -> float | None:
+    """The share of ``heard``'s words that are words of ``played``; None when ``heard`` has none.
+
+    An echoed fragment starts and ends where the pause cut it, mid-word ("being her" of "being
+    herbivores"): its first and last word also count when they begin or end a played word."""
+    said = words(heard)
+    if not said:
+        return None
+    known = set(words(played))
+
+    def played_word(index: int, word: str) -> bool:
+        if word in known:
+            return True
+        edge = index in (0, len(said) - 1) and len(word) >= 2
+        return edge and any(w.startswith(word) or w.endswith(word) for w in known)
+
+    return sum(played_word(i, word) for i, word in enumerate(said)) / len(said)
+
+
+@runtime_checkable
+class Pausable(Protocol):
+    """An answerer whose answer can be paused and resumed (``mediaserver.assistant.turns.Assistant``)."""
+
+    @property
+    def speaking(self) -> bool: ...
+
+    @property
+    def paused(self) -> bool: ...
+
+    def pause(self) -> bool: ...
+
+    def resume(self) -> None: ...
+
+    def played_text(self) -> str: ...
+
+    def spoke_within(self, seconds: float) -> bool: ...
+
+    async def interrupt(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Hold:
+    """An utterance that started while the answer played: the answer waits on its words."""
+
+    pause: int | None  # which pause it belongs to (``EchoCheck._pause``); None: the answer had just ended
+
+
+class EchoCheck:
+    """One session's pauses of the answer and the utterances they wait on."""
+
+    def __init__(
+        self, settings: Settings, start_task: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
+    ) -> None:
+        self.enabled = settings.assistant_barge_in_echo_check
+        self.match = settings.assistant_barge_in_echo_match
+        self.wait_s = settings.assistant_barge_in_echo_wait_ms / 1000.0
+        self._start_task = start_task
+        self._pause = 0  # the pause under way (counts pauses), with the utterances it waits on
+        self._waiting = 0
+        self._current: Hold | None = None  # the utterance in progress, when it is held
+        self._timer: asyncio.Task[None] | None = None
+        self.echoes = 0  # utterances dropped as the answer's echo (this session)
+
+    def hold(self, answerer: object) -> bool:
+        """Speech started: pause the answer if one is playing and the check is on (True), else
+        False (the caller interrupts as without the check)."""
+        self._current = None
+        if not self.enabled or not isinstance(answerer, Pausable):
+            return False
+        if self._waiting and answerer.paused:
+            self._waiting += 1  # more speech while the answer waits on the first
+        elif answerer.pause():
+            self._pause += 1
+            self._waiting = 1
+            self._arm(answerer)
+        else:
+            if answerer.spoke_within(AFTER_ANSWER_S):
+                self._current = Hold(None)  # nothing left to pause, but its words are checked
+            return False
+        self._current = Hold(self._pause)
+        return True
+
+    def ended(self) -> Hold | None:
+        """The utterance in progress ended (its final will be decided): its hold, if it is held."""
+        hold, self._current = self._current, None
+        return hold
+
+    def discarded(self, answerer: object) -> None:
+        """The utterance in progress was discarded (too short, noise): it was not the user."""
+        hold = self.ended()
+        if hold is not None and isinstance(answerer, Pausable):
+            log.info("speech over the answer was discarded (too short to be speech): resuming")
+            self._settle(answerer, hold, resume=True)
+
+    async def decide(self, answerer: object, text: str, hold: Hold | None) -> bool:
+        """A held utterance's final is ``text``: True when it is the answer's echo (the answer
+        resumes; the caller drops the utterance). A real barge-in interrupts the answer here."""
+        if hold is None or not isinstance(answerer, Pausable):
+            return False
+        share = echo_share(text, answerer.played_text())
+        if hold.pause is None:  # the answer had just ended: nothing to resume or cut
+            return self._is_echo(text, share)
+        if not self._holds(answerer, hold):
+            return False  # the pause already ended (timed out, cut by something else)
+        if share is None:
+            self._settle(answerer, hold, resume=True)  # no words: not the user
+            return False
+        if self._is_echo(text, share):
+            self._settle(answerer, hold, resume=True)
+            return True
+        log.info("barge-in %r (%.0f %% of its words played): interrupting", text, share * 100)
+        self._settle(answerer, hold, resume=False)
+        await answerer.interrupt()
+        return False
+
+    def _is_echo(self, text: str, share: float | None) -> bool:
+        if share is None or share < self.match:
+            return False
+        log.info("speech %r is the answer's echo (%.0f %% of its words played): not answered", text, share * 100)
+        self.echoes += 1
+        return True
+
+    def _holds(self, answerer: Pausable, hold: Hold) -> bool:
+        return hold.pause == self._pause and self._waiting > 0 and answerer.paused
+
+    def _settle(self, answerer: Pausable, hold: Hold, *, resume: bool) -> None:
+        if not self._holds(answerer, hold):
+            return
+        self._waiting = 0 if not resume else self._waiting - 1
+        if self._waiting:
+            return  # another utterance of this pause is still to be decided
+        self._disarm()
+        if resume:
+            answerer.resume()
+
+    def _arm(self, answerer: Pausable) -> None:
+        self._disarm()
+        self._timer = self._start_task(self._expire(answerer, self._pause), "echo-check")
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def _expire(self, answerer: Pausable, pause: int) -> None:
+        await asyncio.sleep(self.wait_s)
+        if pause == self._pause and self._waiting and answerer.paused:
+            log.info("answer paused %.1f s without a decision: interrupting", self.wait_s)
+            self._waiting = 0
+            self._timer = None
+            await answerer.interrupt()

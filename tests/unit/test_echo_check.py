@@ -1,0 +1,197 @@
+"""The barge-in word check (stream/echo_check.py): a barge-in whose words the answer has played is
+its echo. The words rule, the pausing of ``AudioOut``, and a real ``StreamSession`` (real ASR on
+Piper speech) deciding on an answerer that records what it is asked (as test_stream_session.py's)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from mediaserver.asr.service import AsrService
+from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.pacing import send_paced
+from mediaserver.config import Settings
+from mediaserver.events import FinalTranscript, SpeechStarted
+from mediaserver.stream.echo_check import Pausable, echo_share, words
+from tests.conftest import SENTENCES, Clip
+from tests.unit.test_stream_session import feed, open_session, silence, until
+
+RATE_HZ = 16000
+
+
+def test_words_are_lowercase_without_punctuation() -> None:
+    assert words("Cows, being herbivores — eat GRASS! Don’t they?") == [
+        "cows",
+        "being",
+        "herbivores",
+        "eat",
+        "grass",
+        "don't",
+        "they",
+    ]
+    assert words(" ... !") == []
+
+
+def test_the_echo_share_is_the_share_of_heard_words_that_were_played() -> None:
+    played = "Cows, being herbivores, primarily consume grass. They also eat hay."
+    assert echo_share("being herbivores primarily", played) == 1.0
+    assert echo_share("Cows eat hay, thank you.", played) == pytest.approx(3 / 5)
+    assert echo_share("go forward ten meters", played) == 0.0
+    # A fragment cut mid-word at either end: its edge words count when they begin or end a played word.
+    assert echo_share("Being her.", played) == 1.0
+    assert echo_share("vores, primarily", played) == 1.0
+    assert echo_share("being her primarily", played) == pytest.approx(2 / 3)  # not inside the fragment
+    assert echo_share("...", played) is None
+
+
+async def test_a_paused_audio_out_sends_nothing_and_resumes_where_it_paused() -> None:
+    out = AudioOut(RATE_HZ)
+    pcm = b"".join((n % 30000).to_bytes(2, "little") for n in range(RATE_HZ))  # 1 s, every sample distinct
+    out.write(pcm)
+    sent: list[bytes] = []
+    sender = asyncio.create_task(send_paced(out, sent.append, lead_s=0.1))
+    try:
+        await until(lambda: len(sent) >= 5)
+        out.pause()
+        paused_at = len(sent)
+        out.write(pcm)  # the answer goes on being written while paused
+        await asyncio.sleep(0.3)  # 15 frames' time
+        assert len(sent) == paused_at and out.paused and out.busy
+        out.resume()
+        await until(lambda: not out.busy)
+        assert b"".join(sent) == pcm + pcm  # nothing lost, nothing repeated, in order
+        out.write(pcm)
+        out.pause()
+        out.clear()  # a barge-in cut: nothing is held any more
+        assert not out.paused and not out.busy
+    finally:
+        out.close()
+        await asyncio.wait_for(sender, 10)
+
+
+class SpeakingAnswerer:
+    """An answerer (``Answerer`` and ``Pausable``) whose answer is playing ``played``."""
+
+    def __init__(self, played: str) -> None:
+        self.played = played
+        self.speaking = True
+        self.paused = False
+        self.pauses = 0
+        self.resumes = 0
+        self.interrupts = 0
+        self.questions: list[str] = []
+
+    def pause(self) -> bool:
+        if not self.speaking:
+            return False
+        self.paused = True
+        self.pauses += 1
+        return True
+
+    def resume(self) -> None:
+        self.paused = False
+        self.resumes += 1
+
+    def played_text(self) -> str:
+        return self.played
+
+    def spoke_within(self, seconds: float) -> bool:
+        return False
+
+    async def interrupt(self) -> bool:
+        was, self.speaking, self.paused = self.speaking, False, False
+        self.interrupts += 1
+        return was
+
+    async def answer(self, user_text: str, *, speech_ended_at: float | None = None) -> None:
+        self.questions.append(user_text)
+
+    def observe_transcript(self, seconds: float) -> None:
+        pass
+
+
+def utterance(clip: Clip) -> np.ndarray:
+    return np.concatenate([silence(0.3), clip.audio16k, silence(1.0)])
+
+
+@pytest.mark.parametrize("echo", [True, False])
+async def test_speech_over_the_answer_pauses_it_and_its_words_decide(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], echo: bool
+) -> None:
+    settings = base_settings.model_copy(update={"assistant_barge_in_echo_check": True})
+    played = SENTENCES["kitchen"] if echo else SENTENCES["story"]
+    answerer = SpeakingAnswerer(f"Sure. {played} Anything else?")
+    assert isinstance(answerer, Pausable)
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        await feed(session, utterance(speech("kitchen")))
+        await until(lambda: bool(recorder.of(FinalTranscript)))
+        [final] = recorder.of(FinalTranscript)
+        assert len(recorder.of(SpeechStarted)) == 1 and answerer.pauses == 1
+        assert final.echo is echo, final
+        if echo:  # the answer's own words: not answered, the answer goes on
+            assert answerer.resumes == 1 and answerer.interrupts == 0 and answerer.questions == []
+            assert answerer.speaking and not answerer.paused
+        else:  # the user: the answer is cut and the words are the next turn
+            assert answerer.interrupts == 1 and answerer.questions == [final.transcript.text]
+            assert "kitchen" in final.transcript.text.lower()
+
+
+@pytest.mark.parametrize("match", [0.8, 0.4])
+async def test_assistant_barge_in_echo_match_is_the_share_of_words_that_makes_an_echo(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], match: float
+) -> None:
+    # "Turn on the kitchen lights and close the garage door.": 7 of its 10 words were played.
+    settings = base_settings.model_copy(
+        update={"assistant_barge_in_echo_check": True, "assistant_barge_in_echo_match": match}
+    )
+    answerer = SpeakingAnswerer("Turn the lights on, close the door.")
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        await feed(session, utterance(speech("kitchen")))
+        await until(lambda: bool(recorder.of(FinalTranscript)))
+        [final] = recorder.of(FinalTranscript)
+        share = echo_share(final.transcript.text, answerer.played)
+        assert share is not None and 0.4 <= share < 0.8, final
+        assert final.echo is (match == 0.4)
+        assert answerer.interrupts == (0 if match == 0.4 else 1)
+
+
+async def test_an_answer_paused_past_assistant_barge_in_echo_wait_ms_is_cut(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    # (No gap filling: the audio held back below is a pause of the test, not the speaker's silence.)
+    settings = base_settings.model_copy(
+        update={"assistant_barge_in_echo_check": True, "assistant_barge_in_echo_wait_ms": 200, "stream_gap_fill_ms": 0}
+    )
+    answerer = SpeakingAnswerer(SENTENCES["kitchen"])  # the words would be its echo ...
+    audio = utterance(speech("kitchen"))
+    half = audio.size // 2
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        await feed(session, audio[:half])
+        assert answerer.pauses == 1
+        # ... but the speech goes on past 200 ms without a decision: the answer is cut as without the check.
+        await until(lambda: answerer.interrupts == 1, timeout_s=10)
+        await feed(session, audio[half:])
+        await until(lambda: bool(recorder.of(FinalTranscript)))
+        [final] = recorder.of(FinalTranscript)
+        assert answerer.pauses == 1 and answerer.interrupts == 1 and answerer.resumes == 0
+        assert final.echo is False and answerer.questions == [final.transcript.text]
+
+
+async def test_without_assistant_barge_in_echo_check_speech_cuts_the_answer_at_once(  # the default
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    settings = base_settings.model_copy(update={"assistant_barge_in_echo_check": False})
+    answerer = SpeakingAnswerer(SENTENCES["kitchen"])
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        await feed(session, utterance(speech("kitchen")))
+        await until(lambda: bool(recorder.of(FinalTranscript)))
+        [final] = recorder.of(FinalTranscript)
+        assert answerer.pauses == 0 and answerer.interrupts == 1
+        assert final.echo is False and answerer.questions == [final.transcript.text]

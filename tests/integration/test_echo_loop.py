@@ -15,9 +15,10 @@ docs/echo.md has the figures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -131,28 +132,41 @@ class EchoingDevice:
                 await asyncio.sleep(TICK / RATE)
 
 
+@contextlib.asynccontextmanager
+async def echoing_device(
+    server: LiveServer, *, echo_cancellation: bool, gain: float = GAIN
+) -> AsyncIterator[tuple[aiohttp.ClientWebSocketResponse, EchoingDevice]]:
+    """A device socket to ``server``'s voice loop, started with (or without) the server's echo
+    cancellation, its microphone streaming in real time until the block ends."""
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
+        device = EchoingDevice(ws, gain=gain)
+        reader = asyncio.create_task(device.read())
+        start: dict[str, Any] = {"type": "start", "mode": "server_vad", "assistant": True}
+        if echo_cancellation:
+            start["echo_cancellation"] = "on"
+        await ws.send_str(json.dumps(start))
+        ready = await device.until("ready", 0)
+        assert ready["echo_cancellation"] is echo_cancellation, ready
+        microphone = asyncio.create_task(device.run_microphone(stop))
+        try:
+            yield ws, device
+        finally:
+            stop.set()
+            await microphone
+            reader.cancel()
+
+
 async def test_without_echo_cancellation_the_answer_interrupts_itself(
     server_factory: Callable[..., Any], speech: Callable[[str], Clip]
 ) -> None:
     """What docs/ws-protocol.md warns a device without echo cancellation about (the stream's
     ``echo_cancellation`` off, the default): the answer's echo is heard as the user barging in."""
     server: LiveServer = await server_factory(**VOICE_SETTINGS)
-    stop = asyncio.Event()
-    async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
-        device = EchoingDevice(ws)
-        reader = asyncio.create_task(device.read())
-        await ws.send_str(json.dumps({"type": "start", "mode": "server_vad", "assistant": True}))
-        ready = await device.until("ready", 0)
-        assert ready["echo_cancellation"] is False, ready
-        microphone = asyncio.create_task(device.run_microphone(stop))
-        try:
-            device.say(speech("What do cows eat?").audio16k)
-            stopped = await device.until("assistant_audio_stopped", 0)
-            assert stopped.get("interrupted") is True, stopped
-        finally:
-            stop.set()
-            await microphone
-            reader.cancel()
+    async with echoing_device(server, echo_cancellation=False) as (_, device):
+        device.say(speech("What do cows eat?").audio16k)
+        stopped = await device.until("assistant_audio_stopped", 0)
+        assert stopped.get("interrupted") is True, stopped
 
 
 async def test_with_echo_cancellation_on_a_quiet_device_is_heard_and_answered(
@@ -161,26 +175,15 @@ async def test_with_echo_cancellation_on_a_quiet_device_is_heard_and_answered(
     """The canceller in the path (``echo_cancellation`` on) changes nothing for a device that does not
     hear itself: the question is transcribed, the answer plays to its end, the next one is answered."""
     server: LiveServer = await server_factory(**VOICE_SETTINGS)
-    stop = asyncio.Event()
-    async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
-        device = EchoingDevice(ws, gain=0.0)  # a headset: its loudspeaker never reaches the microphone
-        reader = asyncio.create_task(device.read())
-        start = {"type": "start", "mode": "server_vad", "assistant": True, "echo_cancellation": "on"}
-        await ws.send_str(json.dumps(start))
-        assert (await device.until("ready", 0))["echo_cancellation"] is True
-        microphone = asyncio.create_task(device.run_microphone(stop))
-        try:
-            for question, word in (("What do cows eat?", "cows"), ("What do bees make?", "bees")):
-                mark = len(device.messages)
-                device.say(speech(question).audio16k)
-                stopped = await device.until("assistant_audio_stopped", mark)
-                finals = [m["text"] for m in device.messages[mark:] if m["type"] == "final"]
-                assert stopped["interrupted"] is False and len(finals) == 1, (stopped, finals)
-                assert word in finals[0].lower(), finals
-        finally:
-            stop.set()
-            await microphone
-            reader.cancel()
+    headset = 0.0  # its loudspeaker never reaches the microphone
+    async with echoing_device(server, echo_cancellation=True, gain=headset) as (_, device):
+        for question, word in (("What do cows eat?", "cows"), ("What do bees make?", "bees")):
+            mark = len(device.messages)
+            device.say(speech(question).audio16k)
+            stopped = await device.until("assistant_audio_stopped", mark)
+            finals = [m["text"] for m in device.messages[mark:] if m["type"] == "final"]
+            assert stopped["interrupted"] is False and len(finals) == 1, (stopped, finals)
+            assert word in finals[0].lower(), finals
 
 
 def user_finals(messages: list[dict[str, Any]]) -> list[str]:
@@ -205,33 +208,21 @@ async def test_with_echo_cancellation_and_the_word_check_an_echoing_device_hears
     not hold: the echo of each resumed stretch is a fragment cut mid-word, "Being hurt." for "being
     herbivores", and one of them cuts the answer; docs/echo.md.)"""
     server: LiveServer = await server_factory(**VOICE_SETTINGS, assistant_barge_in_echo_check=True)
-    stop = asyncio.Event()
-    async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
-        device = EchoingDevice(ws)
-        reader = asyncio.create_task(device.read())
-        start = {"type": "start", "mode": "server_vad", "assistant": True, "echo_cancellation": "on"}
-        await ws.send_str(json.dumps(start))
-        assert (await device.until("ready", 0))["echo_cancellation"] is True
-        microphone = asyncio.create_task(device.run_microphone(stop))
-        try:
-            for question, word in (("What do cows eat?", "cows"), ("What do bees make?", "bees")):
-                await device.condition(lambda: device.speaker_idle and device.settled)
-                mark = len(device.messages)
-                device.say(speech(question).audio16k)
-                stopped = await device.until("assistant_audio_stopped", mark)
-                finals = user_finals(device.messages[mark:])
-                echoes = [m["text"] for m in device.messages[mark:] if m["type"] == "final" and m.get("echo")]
-                print(f"{question!r}: heard {finals}, echo {echoes}, stopped {stopped}")
-                assert stopped["interrupted"] is False, (stopped, finals, echoes)
-                assert len(finals) == 1 and word in finals[0].lower(), (finals, echoes)
+    async with echoing_device(server, echo_cancellation=True) as (_, device):
+        for question, word in (("What do cows eat?", "cows"), ("What do bees make?", "bees")):
             await device.condition(lambda: device.speaker_idle and device.settled)
-            # The echo of the last answer's tail, if any was heard, was not taken as the user's either.
-            finals = user_finals(device.messages)
-            assert len(finals) == 2, finals
-        finally:
-            stop.set()
-            await microphone
-            reader.cancel()
+            mark = len(device.messages)
+            device.say(speech(question).audio16k)
+            stopped = await device.until("assistant_audio_stopped", mark)
+            finals = user_finals(device.messages[mark:])
+            echoes = [m["text"] for m in device.messages[mark:] if m["type"] == "final" and m.get("echo")]
+            print(f"{question!r}: heard {finals}, echo {echoes}, stopped {stopped}")
+            assert stopped["interrupted"] is False, (stopped, finals, echoes)
+            assert len(finals) == 1 and word in finals[0].lower(), (finals, echoes)
+        await device.condition(lambda: device.speaker_idle and device.settled)
+        # The echo of the last answer's tail, if any was heard, was not taken as the user's either.
+        finals = user_finals(device.messages)
+        assert len(finals) == 2, finals
 
 
 async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_answered(
@@ -246,55 +237,43 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
     onset_s = voiced_from / RATE
     said = {*words(reference), "10"}  # "go forward ten meters"; Whisper writes "10"
     server: LiveServer = await server_factory(**VOICE_SETTINGS, assistant_barge_in_echo_check=True)
-    stop = asyncio.Event()
-    async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
-        device = EchoingDevice(ws)
-        reader = asyncio.create_task(device.read())
-        start = {"type": "start", "mode": "server_vad", "assistant": True, "echo_cancellation": "on"}
-        await ws.send_str(json.dumps(start))
-        assert (await device.until("ready", 0))["echo_cancellation"] is True
-        microphone = asyncio.create_task(device.run_microphone(stop))
-        try:
-            # A first answer, however it goes, converges the canceller (its first second may leak, cut it
-            # and be answered: such an answer is stopped before the person's turn).
-            device.say(speech("What do cows eat?").audio16k)
-            await device.until("assistant_audio_stopped", 0)
-            await device.condition(lambda: device.speaker_idle and device.settled)
-            await ws.send_str(json.dumps({"type": "interrupt"}))
-            await ws.send_str(json.dumps({"type": "ping"}))  # answered once the interrupt has been read
-            await device.until("pong", 0)
-            await device.condition(lambda: device.speaker_idle and device.settled)
-            first = len(device.messages)
-            device.say(speech("Tell me about cows.").audio16k)
-            await device.until("assistant_audio_started", first)
-            played = device.played_samples
-            await device.condition(lambda: device.played_samples >= played + 2 * RATE)  # 2 s of it played
-            mark = len(device.messages)
-            device.say(person)
-            stopped = await device.until("assistant_audio_stopped", mark)
-            assert stopped["interrupted"] is True, stopped
-            at = device.messages.index(stopped)
-            assert device.said_at is not None
-            spoke_at = device.said_at + onset_s
-            # The next answer's frames come after the stop; before it none came 0.5 s after the person spoke:
-            # the pause is the speech start a cut was (0.3 s on a clean line, test_voice_loop.py), and the
-            # canceller's double-talk suppression delays the VAD's onset on the person (0.31-0.41 s seen).
-            late = [t - spoke_at for t in device.frames_at if spoke_at + 0.5 < t < device.message_at[at]]
-            assert not late, f"{len(late)} answer frames came up to {max(late):.2f} s after the person spoke"
-            # What the person said is the next turn (garbled a little by double talk, not lost) ...
-            await device.condition(lambda: bool(user_finals(device.messages[mark:])))
-            finals = user_finals(device.messages[mark:])
-            assert len(finals) == 1 and len(said & set(words(finals[0]))) >= 2, finals
-            # (the whole of it: the double talk garbles its start, "over 10 meters.", but no part of it
-            # was taken for the answer's echo)
-            [final] = [m for m in device.messages[mark:] if m["type"] == "final" and m["text"] == finals[0]]
-            spoken_ms = (voiced_to - voiced_from) * 1000 / RATE
-            assert final["audio_end_ms"] - final["audio_start_ms"] >= spoken_ms - 100, (final, spoken_ms)
-            # ... and is answered.
-            answer = await device.until("assistant_audio_stopped", at + 1)
-            print(f"{reference!r} heard as {finals[0]!r}; the cut answer's heard {stopped['heard']!r}; next {answer}")
-            assert answer["type"] == "assistant_audio_stopped", answer
-        finally:
-            stop.set()
-            await microphone
-            reader.cancel()
+    async with echoing_device(server, echo_cancellation=True) as (ws, device):
+        # A first answer, however it goes, converges the canceller (its first second may leak, cut it
+        # and be answered: such an answer is stopped before the person's turn).
+        device.say(speech("What do cows eat?").audio16k)
+        await device.until("assistant_audio_stopped", 0)
+        await device.condition(lambda: device.speaker_idle and device.settled)
+        await ws.send_str(json.dumps({"type": "interrupt"}))
+        await ws.send_str(json.dumps({"type": "ping"}))  # answered once the interrupt has been read
+        await device.until("pong", 0)
+        await device.condition(lambda: device.speaker_idle and device.settled)
+        first = len(device.messages)
+        device.say(speech("Tell me about cows.").audio16k)
+        await device.until("assistant_audio_started", first)
+        played = device.played_samples
+        await device.condition(lambda: device.played_samples >= played + 2 * RATE)  # 2 s of it played
+        mark = len(device.messages)
+        device.say(person)
+        stopped = await device.until("assistant_audio_stopped", mark)
+        assert stopped["interrupted"] is True, stopped
+        at = device.messages.index(stopped)
+        assert device.said_at is not None
+        spoke_at = device.said_at + onset_s
+        # The next answer's frames come after the stop; before it none came 0.5 s after the person spoke:
+        # the pause is the speech start a cut was (0.3 s on a clean line, test_voice_loop.py), and the
+        # canceller's double-talk suppression delays the VAD's onset on the person (0.31-0.41 s seen).
+        late = [t - spoke_at for t in device.frames_at if spoke_at + 0.5 < t < device.message_at[at]]
+        assert not late, f"{len(late)} answer frames came up to {max(late):.2f} s after the person spoke"
+        # What the person said is the next turn (garbled a little by double talk, not lost) ...
+        await device.condition(lambda: bool(user_finals(device.messages[mark:])))
+        finals = user_finals(device.messages[mark:])
+        assert len(finals) == 1 and len(said & set(words(finals[0]))) >= 2, finals
+        # (the whole of it: the double talk garbles its start, "over 10 meters.", but no part of it
+        # was taken for the answer's echo)
+        [final] = [m for m in device.messages[mark:] if m["type"] == "final" and m["text"] == finals[0]]
+        spoken_ms = (voiced_to - voiced_from) * 1000 / RATE
+        assert final["audio_end_ms"] - final["audio_start_ms"] >= spoken_ms - 100, (final, spoken_ms)
+        # ... and is answered.
+        answer = await device.until("assistant_audio_stopped", at + 1)
+        print(f"{reference!r} heard as {finals[0]!r}; the cut answer's heard {stopped['heard']!r}; next {answer}")
+        assert answer["type"] == "assistant_audio_stopped", answer

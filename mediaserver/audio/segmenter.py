@@ -85,6 +85,12 @@ class VadSegmenter:
     def position_ms(self) -> int:
         return self._position_ms
 
+    @property
+    def long_enough(self) -> bool:
+        """Whether the utterance in progress has enough voiced audio (``min_speech_ms``) to be kept if
+        it ended now; a shorter burst would be discarded."""
+        return self._in_speech and self._voiced_ms >= self.config.min_speech_ms
+
     def current_audio(self) -> AudioArray:
         """The utterance so far (for partial transcripts); empty when idle."""
         return np.concatenate(self._frames) if self._frames else np.zeros(0, np.float32)

@@ -26,7 +26,12 @@ class StreamSettings(BaseModel):
         description="audio kept from before speech starts (the VAD's 5-frame trigger window): at 300 ms, tiny.en "
         "heard a real 'ten of clubs' streamed as 'ten of close' where its upload said 'clubs' (tools/eval_parity.py)",
     )
-    stream_min_speech_ms: int = Field(200, ge=0, description="shorter bursts are ignored")
+    stream_min_speech_ms: int = Field(
+        200,
+        ge=0,
+        description="shorter bursts of voiced audio are ignored; with semantic turns the turn model does not judge "
+        "such a burst's pause (speech resuming within stream_vad_hangover_ms joins it to the utterance)",
+    )
     stream_max_utterance_s: float = Field(
         28.0, gt=1.0, le=29.5, description="a streamed utterance is cut at this length"
     )

@@ -251,13 +251,16 @@ class StreamSession:
             early = None
         semantic = self.semantic_turns
         if self._turns.follow(
-            in_speech=segmenter.in_speech, position_ms=segmenter.position_ms, silence_ms=silence_ms, semantic=semantic
+            in_speech=segmenter.in_speech,
+            position_ms=segmenter.position_ms,
+            silence_ms=silence_ms,
+            semantic=semantic and segmenter.long_enough,  # a shorter burst is no turn (``_end_turn_on_silence``)
         ):
             self._start_turn_check(silence_ms)
         candidate_ms = self.settings.turn_candidate_silence_ms
         early_ms = self.settings.stream_final_early_ms
-        if early_ms <= 0 or early is not None or not self._segmenter.in_speech or self._closed:
-            return
+        if early_ms <= 0 or early is not None or not segmenter.long_enough or self._closed:
+            return  # (a burst too short to keep is discarded, never decoded)
         config = self._segmenter.config
         if semantic:
             final_ms = self.settings.turn_final_silence_ms or candidate_ms
@@ -379,6 +382,15 @@ class StreamSession:
         the turn model scores (``TurnChecks.silence_ends_ms``). Called with the segment lock held."""
         segmenter = self._segmenter
         if self._closed or not segmenter.in_speech or segmenter.silence_ms <= 0 or not self.semantic_turns:
+            return
+        if not segmenter.long_enough:
+            # A burst too short to keep (a word's first syllable, a click) is no turn: the model does not
+            # judge it; speech resuming within silence detection's hangover joins it to the utterance
+            # (its first word is not cut off), else it is discarded then, as silence detection would.
+            if segmenter.silence_ms >= self.settings.stream_vad_hangover_ms:
+                event = segmenter.end_turn()
+                if event is not None:
+                    await self._on_segment(event)
             return
         silence_from_ms = segmenter.position_ms - segmenter.silence_ms
         ends_ms = self._turns.silence_ends_ms(silence_from_ms)

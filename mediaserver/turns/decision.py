@@ -16,7 +16,9 @@ No one piece of evidence is good enough alone (tools/README.md, "bench_turns.py"
   probability that the sentence ends after the pause's words. Low, it says the words are a
   fragment ("Remind me to buy" ...) where the turn model and Whisper's full stop are fooled.
 
-The rule, per pause (``decide``):
+The rule, per pause (``decide``), once the utterance has ``stream_min_speech_ms`` of voiced audio
+(a shorter burst's pause is not judged: StreamSession joins it to speech resuming within
+``stream_vad_hangover_ms``, or discards it then):
 
 1. Words that end on ``turn_unfinished_words`` ("the", "and", "my" ...) or on a trailing mark of an
    unfinished phrase (``turn_unfinished_endings``: "...", "-", ",") keep the turn open whatever the

@@ -57,17 +57,24 @@ async def test_four_streams_progress_at_once(server: Any, llm_service: LlmServic
     await wait_idle(llm_service)
     started = [asyncio.Event() for _ in range(4)]
     runs = [asyncio.create_task(_stream_chat(server.url, i, 160, started[i])) for i in range(4)]
+    began = time.monotonic()
     busy = asyncio.create_task(wait_busy(llm_service, 4))
     done, _ = await asyncio.wait([busy, *runs], return_when=asyncio.FIRST_COMPLETED)
     if busy not in done or busy.exception() is not None:
         # Say what the service and the engine were doing, not only "0 slots busy".
         busy.cancel()
+        failed = None if busy.cancelled() else busy.exception()
         gate = llm_service._gates.get("smollm2-135m-instruct")
         engine = (await llm_service.status())["models"].get("smollm2-135m-instruct", {}).get("engine")
         ended = [task.exception() or task.result() for task in runs if task.done()]
+        process = await engine(llm_service)
+        async with aiohttp.ClientSession() as http, http.get(f"{process.base_url}/metrics") as resp:
+            counts = [line for line in (await resp.text()).splitlines() if line.startswith("llamacpp:requests")]
+        states = [(s["id"], s["is_processing"], s.get("id_task")) for s in await process.slot_states()]
         raise AssertionError(
-            f"four slots never busy: gate busy={gate.busy if gate else None} waiting={gate.waiting if gate else None},"
-            f" engine {engine}, streams ended: {ended}"
+            f"four slots never busy after {time.monotonic() - began:.1f} s ({failed!r}):"
+            f" gate busy={gate.busy if gate else None} waiting={gate.waiting if gate else None},"
+            f" engine {engine}, streams ended: {ended}; llama-server: {counts}, slots {states}"
         )
     await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 60)
     async with aiohttp.ClientSession() as session:

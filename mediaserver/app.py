@@ -273,6 +273,12 @@ async def health_handler(request: web.Request) -> web.Response:
     if LLM in request.app:
         states["llm"] = request.app[LLM].keeper.status()
         states["embedding"] = request.app[LLM].embedding_keeper.status()
+    turn_model = turn_models.shared(request.app[SETTINGS])
+    if turn_model is not None:
+        states["turn"] = turn_model.weights.keeper.status()
+    speaker_model = request.app[SPEAKERS].weights if SPEAKERS in request.app else None
+    if speaker_model is not None:
+        states["speaker"] = speaker_model.keeper.status()
     body["model_states"] = states
     body["turns"] = turn_models.status(request.app[SETTINGS])
     if TEXT_EOU in request.app:  # turn_text_model "llm": in force, or why not
@@ -444,7 +450,9 @@ def create_app(
     async def turn_model_ctx(app: web.Application) -> AsyncIterator[None]:
         # Semantic end of turn (mediaserver/turns): loaded off the event loop; a missing file is
         # logged once and leaves every utterance ending on silence.
-        await asyncio.get_running_loop().run_in_executor(None, turn_models.load_shared, settings)
+        model = await asyncio.get_running_loop().run_in_executor(None, turn_models.load_shared, settings, metrics)
+        if model is not None:
+            model.weights.announce()  # its idle timer (turn_keep_alive_s) starts now
         yield
 
     # --- MCP tools (mcp_servers): the assistant's tools, connected before sessions start ---
@@ -462,7 +470,7 @@ def create_app(
     async def speakers_ctx(app: web.Application) -> AsyncIterator[None]:
         # Speaker recognition (mediaserver/speakers): without its model, enrolment and voice_auth
         # answer that it is off, and the rest runs.
-        service = SpeakerService(settings)
+        service = SpeakerService(settings, metrics)
         await service.start()
         app[SPEAKERS] = service
         try:

@@ -24,6 +24,7 @@ import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -256,3 +257,87 @@ class ModelKeeper:
         for task in list(self._tasks):
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await task
+
+
+class WorkerModel(Generic[T]):
+    """A model that lives on one worker thread (the turn model, the speaker encoder): loaded there on
+    first use with ``load`` and dropped there once unused for ``keep_alive_s`` (its ``ModelKeeper``).
+
+    Its inference already runs on that one thread, so load, use and unload never overlap: an unload
+    queued behind a batch runs after it, and a request queued behind the unload loads the model
+    again (a cold start). The keeper hears of loads and unloads from the thread through the event
+    loop, in the order they happened. A request holds ``use()`` on the event loop while it waits."""
+
+    def __init__(
+        self,
+        engine: str,
+        name: str,
+        load: Callable[[], T],
+        keep_alive_s: float,
+        metrics: Metrics,
+        executor: Executor,
+    ) -> None:
+        self.name = name
+        self._load = load
+        self._executor = executor
+        self._model: T | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._unannounced_s: float | None = None  # a load made before the event loop was at hand
+        self.keeper = ModelKeeper(engine, keep_alive_s, metrics, self._unload)
+
+    def loaded_at_start(self, model: T, seconds: float) -> None:
+        """``model`` was loaded in ``seconds`` off the event loop (at construction); the keeper hears
+        of it (and its idle timer starts) at ``announce`` or the first ``use``."""
+        self._model = model
+        self._unannounced_s = seconds
+
+    def announce(self) -> None:
+        """On the event loop: report a load made at construction to the keeper."""
+        self._loop = asyncio.get_running_loop()
+        seconds, self._unannounced_s = self._unannounced_s, None
+        if seconds is not None and self._model is not None:
+            self.keeper.loaded(self.name, seconds)
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[None]:
+        """Hold the model (no idle unload starts) while a request waits on it; on the event loop."""
+        self.announce()
+        with self.keeper.use(self.name):
+            yield
+
+    def get(self) -> T:
+        """The model, loaded now if it is not (on the worker thread: blocking)."""
+        model = self._model
+        if model is None:
+            started = time.perf_counter()
+            try:
+                model = self._load()
+            except Exception as exc:
+                self._tell(self.keeper.load_failed, self.name, str(exc) or type(exc).__name__)
+                raise
+            self._model = model
+            self._tell(self.keeper.loaded, self.name, time.perf_counter() - started)
+        return model
+
+    def _tell(self, fn: Callable[..., None], *args: Any) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn, *args)
+
+    async def _unload(self, name: str) -> bool:
+        self._loop = asyncio.get_running_loop()
+        return await self._loop.run_in_executor(self._executor, self._drop)
+
+    def _drop(self) -> bool:
+        if self._model is not None:
+            self._model = None
+            return_freed_memory()
+            self._tell(self.keeper.unloaded, self.name, "idle")
+        return True
+
+    async def aclose(self) -> None:
+        await self.keeper.aclose()

@@ -307,7 +307,7 @@ async def diarize_all(recordings: list[Recording], thresholds: list[float]) -> l
         service = SpeakerService(Settings(_env_file=None, speakers_dir=Path(tmp)))
         await service.start()
         try:
-            if service.encoder is None:
+            if service.weights is None:
                 raise SystemExit(f"speakers are off: {service.problem}")
             for threshold in thresholds:
                 result = DiarizeResult(threshold, Score(), {2: Score(), 3: Score()}, [], 0.0, 0.0)

@@ -8,6 +8,8 @@ the idle unload, over a few load/unload cycles (a leak would grow them).
 - LLM: the bundled SmolLM2's ``llama-server`` child: its RSS while it runs; after the idle stop
   the process is gone, and this process's RSS is read too.
 - Embeddings: the same GGUF on its embedding ``llama-server`` child, also on ``llm_keep_alive_s``.
+- The turn model (Smart Turn's ONNX Runtime session) and the speaker encoder (GE2E), in this
+  process, on ``turn_keep_alive_s`` and ``speaker_keep_alive_s``.
 
 On CUDA the measure would be NVML's used memory; this reads RSS (psutil), the CPU's.
 
@@ -22,6 +24,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,7 +44,9 @@ from mediaserver.llm.registry import BUNDLED_NAME
 from mediaserver.llm.service import LlmService
 from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.metrics import Metrics
+from mediaserver.speakers.service import SpeakerService
 from mediaserver.tts.service import TtsService
+from mediaserver.turns import model as turn_models
 
 MB = 1024 * 1024
 ME = psutil.Process(os.getpid())
@@ -150,6 +155,50 @@ async def measure_embedding(settings: Settings, cycles: int) -> dict[str, Any]:
     return {"engine": "embedding", "model": name, "load_seconds": load_s, "cycles": rows}
 
 
+async def measure_turn(settings: Settings, cycles: int) -> dict[str, Any]:
+    model = turn_models.load_shared(settings, Metrics())
+    assert model is not None, "the turn model is missing (make setup fetches it)"
+    keeper, name = model.weights.keeper, model.weights.name
+    rows: list[dict[str, float]] = []
+    try:
+        model.weights.announce()
+        await keeper.wait_for(lambda: not keeper.is_loaded(name), timeout_s=60)
+        for _ in range(cycles):
+            before = rss_mb()
+            await model.score(speech_like())
+            loaded = rss_mb()
+            await keeper.wait_for(lambda: not keeper.is_loaded(name), timeout_s=60)
+            rows.append({"before_mb": before, "loaded_mb": loaded, "after_unload_mb": rss_mb()})
+        load_s = keeper.status()[name]["load_seconds"]
+    finally:
+        await model.aclose()
+    return {"engine": "turn", "model": name, "load_seconds": load_s, "cycles": rows}
+
+
+async def measure_speaker(settings: Settings, cycles: int) -> dict[str, Any]:
+    from tests.human_speech import default_dir, load_clips  # a real voice (make setup-dev fetches them)
+
+    [(_, voice, _)] = load_clips(default_dir(), ["jfk"])
+    with tempfile.TemporaryDirectory() as store:
+        service = SpeakerService(settings.model_copy(update={"speakers_dir": Path(store)}), Metrics())
+        await service.start()
+        assert service.weights is not None, service.problem
+        keeper, name = service.weights.keeper, service.weights.name
+        rows: list[dict[str, float]] = []
+        try:
+            await keeper.wait_for(lambda: not keeper.is_loaded(name), timeout_s=60)
+            for _ in range(cycles):
+                before = rss_mb()
+                await service.embed(voice)
+                loaded = rss_mb()
+                await keeper.wait_for(lambda: not keeper.is_loaded(name), timeout_s=60)
+                rows.append({"before_mb": before, "loaded_mb": loaded, "after_unload_mb": rss_mb()})
+            load_s = keeper.status()[name]["load_seconds"]
+        finally:
+            await service.aclose()
+    return {"engine": "speaker", "model": name, "load_seconds": load_s, "cycles": rows}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cycles", type=int, default=3)
@@ -160,6 +209,8 @@ async def main() -> None:
         asr_keep_alive_s=1.0,
         tts_keep_alive_s=1.0,
         llm_keep_alive_s=1.0,
+        turn_keep_alive_s=1.0,
+        speaker_keep_alive_s=1.0,
         llm_slots=1,
     )
     print(f"start: this process {rss_mb()} MB")
@@ -169,6 +220,8 @@ async def main() -> None:
         await measure_tts(settings, args.cycles),
         await measure_llm(settings, args.cycles),
         await measure_embedding(settings, args.cycles),
+        await measure_turn(settings, args.cycles),
+        await measure_speaker(settings, args.cycles),
     ]
     for result in results:
         print(f"{result['engine']} {result['model']} (load {result['load_seconds']} s):")

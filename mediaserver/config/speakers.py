@@ -6,6 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from mediaserver.config.keep_alive import KeepAliveSeconds, keep_alive_field
+
 
 class SpeakerSettings(BaseModel):
     """The speaker encoder, the enrolled speakers' store and the verification threshold (part of ``Settings``)."""
@@ -53,4 +55,7 @@ class SpeakerSettings(BaseModel):
     )
     speaker_batch_max: int = Field(
         16, ge=1, description="voices of different requests waiting together are embedded in one batch of up to this"
+    )
+    speaker_keep_alive_s: KeepAliveSeconds = keep_alive_field(
+        "the speaker model (GE2E's numpy weights, or the ONNX model of speaker_model_path)"
     )

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from mediaserver.config.keep_alive import KeepAliveSeconds, keep_alive_field
 from mediaserver.turns.words import DEFAULT_UNFINISHED_ENDINGS, DEFAULT_UNFINISHED_WORDS, FINISHED_SILENCE_MS
 
 
@@ -205,6 +206,10 @@ class StreamSettings(BaseModel):
     turn_threads: int = Field(1, ge=1, description="onnxruntime threads of one turn-model inference")
     turn_batch_max: int = Field(
         8, ge=1, description="pauses of different sessions waiting together are scored in one batch of up to this"
+    )
+    turn_keep_alive_s: KeepAliveSeconds = keep_alive_field(
+        "the turn model (its onnxruntime session, ~8 MB of ONNX; a streaming session with semantic turns uses it "
+        "at each pause, so give it longer than a conversation's pauses)"
     )
     turn_speculative_answers: bool = Field(
         True,

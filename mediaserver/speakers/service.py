@@ -9,6 +9,7 @@ speaker by cosine similarity; those at ``speaker_threshold`` or more are its mat
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -22,6 +23,8 @@ import numpy as np
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidAudio, ModelUnavailable
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
+from mediaserver.keep_alive import WorkerModel
+from mediaserver.metrics import Metrics
 from mediaserver.speakers.encoder import MIN_SAMPLES, SpeakerEncoder, voiced_seconds
 from mediaserver.speakers.fetch import default_path
 from mediaserver.speakers.onnx_encoder import OnnxSpeakerEncoder
@@ -57,10 +60,14 @@ class _Request:
 class SpeakerService:
     """The encoder on its worker thread and the store of enrolled speakers."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics or Metrics()
         self.store = SpeakerStore(store_dir(settings), settings.speakers_max)
-        self.encoder: VoiceEncoder | None = None
+        # The encoder on the worker thread: loaded at start, unloaded once unused for
+        # speaker_keep_alive_s and loaded again by the next voice (None: speakers are off).
+        self.weights: WorkerModel[VoiceEncoder] | None = None
+        self.model_id: str | None = None
         self.problem: str | None = "not started"
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speakers")
         self._lock = threading.Lock()
@@ -70,6 +77,12 @@ class SpeakerService:
     async def start(self) -> None:
         """Load the encoder and the store off the event loop; a missing model turns speakers off."""
         path = model_path(self.settings)
+        keep_alive_s = self.settings.speaker_keep_alive_s
+        name = path.stem if path.suffix.lower() == ".onnx" else "ge2e"
+        open_encoder = functools.partial(_load_encoder, path, shared=keep_alive_s < 0)
+        weights: WorkerModel[VoiceEncoder] = WorkerModel(
+            "speaker", name, open_encoder, keep_alive_s, self.metrics, self._executor
+        )
 
         def load() -> None:
             if not path.is_file():
@@ -79,20 +92,27 @@ class SpeakerService:
                 )
             else:
                 try:
-                    self.encoder = _load_encoder(path)
+                    started = time.perf_counter()
+                    encoder = weights.get()
+                    weights.loaded_at_start(encoder, time.perf_counter() - started)
+                    self.model_id = encoder.model_id
                     self.problem = None
                 except Exception as exc:
                     self.problem = f"the speaker model {path} could not be loaded: {exc}"
             # Speakers another model enrolled are left out (named in /health) while this one runs.
-            self.store.load(self.encoder.model_id if self.encoder is not None else None)
+            self.store.load(self.model_id)
 
         await asyncio.get_running_loop().run_in_executor(self._executor, load)
         if self.problem is not None:
             log.warning("speakers are off: %s", self.problem)
         else:
+            self.weights = weights
+            weights.announce()  # its idle timer (speaker_keep_alive_s) starts now
             log.info("speaker model loaded from %s", path)
 
     async def aclose(self) -> None:
+        if self.weights is not None:
+            await self.weights.aclose()
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
 
     def status(self) -> dict[str, Any]:
@@ -100,7 +120,8 @@ class SpeakerService:
         return {
             "available": self.problem is None,
             "reason": self.problem,
-            "model": self.encoder.model_id if self.encoder is not None else None,
+            "model": self.model_id,
+            "in_memory": self.weights is not None and self.weights.loaded,
             "enrolled": len(self.store),
             "threshold": self.settings.speaker_threshold,
             "store_problems": list(self.store.problems),
@@ -111,35 +132,48 @@ class SpeakerService:
     async def embed(self, audio: AudioArray) -> tuple[Embedding, float]:
         """The voice's embedding and its seconds of speech, on the worker thread (batched with
         other requests' voices). Raises InvalidAudio when there is no speech to embed."""
-        if self.encoder is None:
-            raise ModelUnavailable(f"speaker recognition is off: {self.problem}")
+        weights = self._weights()
         loop = asyncio.get_running_loop()
         request = _Request(audio, loop.create_future(), loop)
-        with self._lock:
-            self._queue.append(request)
-            start = not self._draining
-            self._draining = True
-        if start:
-            self._executor.submit(self._drain)
-        return await request.future
+        with weights.use():  # no idle unload while it waits
+            with self._lock:
+                self._queue.append(request)
+                start = not self._draining
+                self._draining = True
+            if start:
+                self._executor.submit(self._drain)
+            return await request.future
+
+    def _weights(self) -> WorkerModel[VoiceEncoder]:
+        if self.weights is None:
+            raise ModelUnavailable(f"speaker recognition is off: {self.problem}")
+        return self.weights
 
     async def embed_windows(self, clips: list[AudioArray]) -> list[Embedding | None]:
         """Each clip's embedding, None for one with too little speech (diarization's windows), on the
         worker thread in batches of ``speaker_batch_max`` clips between other requests' voices."""
-        encoder = self.encoder
-        if encoder is None:
-            raise ModelUnavailable(f"speaker recognition is off: {self.problem}")
+        weights = self._weights()
         loop = asyncio.get_running_loop()
         results: list[Embedding | None] = []
         size = max(self.settings.speaker_batch_max, 1)
-        for first in range(0, len(clips), size):
-            chunk = clips[first : first + size]
-            results += await loop.run_in_executor(self._executor, _embed_usable, encoder, chunk)
+        with weights.use():
+            for first in range(0, len(clips), size):
+                chunk = clips[first : first + size]
+                results += await loop.run_in_executor(self._executor, self._embed_usable, chunk)
         return results
 
+    def _encoder(self) -> VoiceEncoder:
+        """The encoder, loaded again if it idled out (on the worker thread); a failed load is a 503."""
+        assert self.weights is not None
+        try:
+            return self.weights.get()
+        except Exception as exc:
+            raise ModelUnavailable(f"the speaker model could not be loaded again: {exc}") from exc
+
+    def _embed_usable(self, clips: list[AudioArray]) -> list[Embedding | None]:
+        return _embed_usable(self._encoder(), clips)
+
     def _drain(self) -> None:
-        encoder = self.encoder
-        assert encoder is not None
         batch_max = self.settings.speaker_batch_max
         while True:
             with self._lock:
@@ -148,12 +182,18 @@ class SpeakerService:
                 if not batch and not self._queue:
                     self._draining = False
                     return
+            vectors: list[Embedding | BaseException]
             try:
-                vectors: list[Embedding | BaseException] = list(encoder.embed_batch([r.audio for r in batch]))
-            except ValueError:  # a voice too short to embed: each alone, so only that one fails
-                vectors = [_embed_one(encoder, r.audio) for r in batch]
-            except Exception as exc:
+                encoder = self._encoder()
+            except ModelUnavailable as exc:
                 vectors = [exc] * len(batch)
+            else:
+                try:
+                    vectors = list(encoder.embed_batch([r.audio for r in batch]))
+                except ValueError:  # a voice too short to embed: each alone, so only that one fails
+                    vectors = [_embed_one(encoder, r.audio) for r in batch]
+                except Exception as exc:
+                    vectors = [exc] * len(batch)
             for request, vector in zip(batch, vectors, strict=True):
                 if isinstance(vector, BaseException):
                     request.loop.call_soon_threadsafe(_fail, request.future, vector)
@@ -181,7 +221,7 @@ class SpeakerService:
                 f"at least {needed:g} s needed (speaker_enrol_min_speech_s); three spoken sentences are enough"
             )
         mean = np.mean([vector * seconds for vector, seconds in usable], axis=0)  # longer clips weigh more
-        model = self.encoder.model_id if self.encoder is not None else "ge2e"
+        model = self.model_id or "ge2e"
         speaker = Speaker(
             name, (mean / np.linalg.norm(mean)).astype(np.float32), len(usable), speech_s, time.time(), model
         )
@@ -228,13 +268,20 @@ _encoders: dict[Path, VoiceEncoder] = {}
 _encoders_lock = threading.Lock()
 
 
-def _load_encoder(path: Path) -> VoiceEncoder:
-    """One encoder per weights file in the process (apps built side by side share it: read-only
-    weights): an ONNX model for a ``.onnx`` file, GE2E's weights otherwise."""
+def _load_encoder(path: Path, *, shared: bool = True) -> VoiceEncoder:
+    """An ONNX model for a ``.onnx`` file, GE2E's weights otherwise. ``shared``: one encoder per
+    weights file in the process (apps built side by side share it: read-only weights); an encoder
+    that idles out (speaker_keep_alive_s) is its service's own, so unloading it frees it."""
+    if not shared:
+        return _new_encoder(path)
     with _encoders_lock:
         if path not in _encoders:
-            _encoders[path] = OnnxSpeakerEncoder(path) if path.suffix.lower() == ".onnx" else SpeakerEncoder(path)
+            _encoders[path] = _new_encoder(path)
         return _encoders[path]
+
+
+def _new_encoder(path: Path) -> VoiceEncoder:
+    return OnnxSpeakerEncoder(path) if path.suffix.lower() == ".onnx" else SpeakerEncoder(path)
 
 
 def _resolve(future: asyncio.Future[tuple[Embedding, float]], result: tuple[Embedding, float]) -> None:

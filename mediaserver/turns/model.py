@@ -20,7 +20,10 @@ import numpy as np
 import onnxruntime as ort
 
 from mediaserver.config import Settings
+from mediaserver.config.keep_alive import NEVER
 from mediaserver.events import AudioArray
+from mediaserver.keep_alive import WorkerModel
+from mediaserver.metrics import Metrics
 from mediaserver.turns.features import log_mel
 from mediaserver.turns.fetch import default_path
 
@@ -43,28 +46,49 @@ class _Request:
 
 
 class TurnModel:
-    def __init__(self, path: Path, *, threads: int = 1, batch_max: int = 8) -> None:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    """Smart Turn on its worker thread. Its onnxruntime session is opened at construction (a broken
+    file fails here) and, with ``keep_alive_s`` >= 0 (``turn_keep_alive_s``), closed once unused that
+    long and opened again by the next pause scored (keep_alive.WorkerModel)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        threads: int = 1,
+        batch_max: int = 8,
+        keep_alive_s: float = NEVER,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.path = path
+        self.threads = threads
         self.batch_max = batch_max
-        self._session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
-        self._input = self._session.get_inputs()[0].name
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="turn-model")
+        started = time.perf_counter()
+        session = self._open()
+        self.weights: WorkerModel[ort.InferenceSession] = WorkerModel(
+            "turn", path.stem, self._open, keep_alive_s, metrics or Metrics(), self._executor
+        )
+        self.weights.loaded_at_start(session, time.perf_counter() - started)
         self._lock = threading.Lock()
         self._queue: list[_Request] = []
         self._draining = False
+
+    def _open(self) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        return ort.InferenceSession(str(self.path), sess_options=options, providers=["CPUExecutionProvider"])
 
     def score_now(self, windows: list[AudioArray]) -> list[TurnScore]:
         """Score ``windows`` in one batch on the calling thread (benchmarks; the server uses ``score``)."""
         started = time.perf_counter()
         features = [log_mel(audio) for audio in windows]
         features_ms = (time.perf_counter() - started) * 1000.0 / max(1, len(windows))
+        session = self.weights.get()  # opened again here if it idled out
         started = time.perf_counter()
-        output = self._session.run(None, {self._input: np.stack(features)})[0]
+        output = session.run(None, {session.get_inputs()[0].name: np.stack(features)})[0]
         inference_ms = (time.perf_counter() - started) * 1000.0
         probabilities = np.asarray(output, dtype=np.float64).reshape(-1)
         return [TurnScore(float(p), features_ms, inference_ms, len(windows)) for p in probabilities]
@@ -74,13 +98,14 @@ class TurnModel:
         pause) is finished, computed on the model's thread."""
         loop = asyncio.get_running_loop()
         request = _Request(audio, loop.create_future(), loop)
-        with self._lock:
-            self._queue.append(request)
-            start = not self._draining
-            self._draining = True
-        if start:
-            self._executor.submit(self._drain)
-        return await request.future
+        with self.weights.use():  # no idle close while it waits
+            with self._lock:
+                self._queue.append(request)
+                start = not self._draining
+                self._draining = True
+            if start:
+                self._executor.submit(self._drain)
+            return await request.future
 
     def _drain(self) -> None:
         while True:
@@ -104,6 +129,10 @@ class TurnModel:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    async def aclose(self) -> None:
+        await self.weights.aclose()
+        self.close()
+
 
 def _resolve(future: asyncio.Future[TurnScore], result: TurnScore) -> None:
     if not future.done():
@@ -119,13 +148,18 @@ def model_path(settings: Settings) -> Path:
     return settings.turn_model_path or default_path()
 
 
-_shared: dict[tuple[Path, int, int], TurnModel | None] = {}
+_shared: dict[tuple[Path, int, int, float], TurnModel | None] = {}
 
 
-def load_shared(settings: Settings) -> TurnModel | None:
-    """The server's turn model (loaded once per path; blocking: call it off the event loop), or
-    None, with a log line saying why, when the file is missing or unreadable."""
-    key = (model_path(settings), settings.turn_threads, settings.turn_batch_max)
+def _key(settings: Settings) -> tuple[Path, int, int, float]:
+    return (model_path(settings), settings.turn_threads, settings.turn_batch_max, settings.turn_keep_alive_s)
+
+
+def load_shared(settings: Settings, metrics: Metrics | None = None) -> TurnModel | None:
+    """The server's turn model (loaded once per path and settings; blocking: call it off the event
+    loop), or None, with a log line saying why, when the file is missing or unreadable. Its loads
+    and unloads count in ``metrics`` (the first caller's)."""
+    key = _key(settings)
     if key in _shared:
         return _shared[key]
     path = key[0]
@@ -138,7 +172,13 @@ def load_shared(settings: Settings) -> TurnModel | None:
         )
     else:
         try:
-            model = TurnModel(path, threads=settings.turn_threads, batch_max=settings.turn_batch_max)
+            model = TurnModel(
+                path,
+                threads=settings.turn_threads,
+                batch_max=settings.turn_batch_max,
+                keep_alive_s=settings.turn_keep_alive_s,
+                metrics=metrics,
+            )
             log.info("turn model Smart Turn v3.2 loaded from %s (%d thread(s))", path, settings.turn_threads)
         except Exception as exc:
             log.warning("turn model %s could not be loaded (%s): semantic end of turn is off", path, exc)
@@ -149,15 +189,18 @@ def load_shared(settings: Settings) -> TurnModel | None:
 def status(settings: Settings) -> dict[str, object]:
     """What ``/health`` says of turns: the default mode (``turn_detection``), the mode it runs as
     (silence without the model), whether the model is loaded, and from where."""
-    loaded = shared(settings) is not None
+    model = shared(settings)
+    loaded = model is not None
     return {
         "default": settings.turn_detection,
         "default_in_force": settings.turn_detection if loaded else "silence",
+        # Usable (the file opened at start); "in_memory" says whether it is open now (turn_keep_alive_s).
         "model_loaded": loaded,
+        "in_memory": model is not None and model.weights.loaded,
         "model_path": str(model_path(settings)),
     }
 
 
 def shared(settings: Settings) -> TurnModel | None:
     """The turn model ``load_shared`` loaded for these settings, without loading it (None if not)."""
-    return _shared.get((model_path(settings), settings.turn_threads, settings.turn_batch_max))
+    return _shared.get(_key(settings))

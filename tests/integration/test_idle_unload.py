@@ -75,7 +75,9 @@ def _loaded_metric(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]
 # --- settings -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("field", ["asr_keep_alive_s", "tts_keep_alive_s", "llm_keep_alive_s"])
+@pytest.mark.parametrize(
+    "field", ["asr_keep_alive_s", "tts_keep_alive_s", "llm_keep_alive_s", "turn_keep_alive_s", "speaker_keep_alive_s"]
+)
 def test_keep_alive_settings_take_ollamas_values_and_refuse_others(field: str) -> None:
     assert getattr(Settings(), field) == -1  # never unload: as before the settings
     for value in (-1, 0, 0.5, 300):

@@ -201,6 +201,7 @@ async def test_health(server: Any) -> None:
         "default": "silence",
         "default_in_force": "silence",
         "model_loaded": True,
+        "in_memory": True,
         "model_path": body["turns"]["model_path"],
     }
     assert body["turns"]["model_path"].endswith(".onnx")

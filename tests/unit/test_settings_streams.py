@@ -215,7 +215,7 @@ async def test_turn_batch_max_caps_the_pauses_scored_together() -> None:
 async def test_turn_threads_are_the_turn_models_onnx_runtime_threads() -> None:
     model = await asyncio.to_thread(load_shared, Settings(_env_file=None, turn_threads=3))
     assert model is not None
-    assert model._session.get_session_options().intra_op_num_threads == 3  # the default: 1
+    assert model.weights.get().get_session_options().intra_op_num_threads == 3  # the default: 1
 
 
 async def unfinished_turn_ends_after(

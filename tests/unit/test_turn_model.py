@@ -80,5 +80,6 @@ def test_a_corrupt_model_file_turns_semantic_turns_off(tmp_path: Path, caplog: p
         "default": "semantic",
         "default_in_force": "silence",
         "model_loaded": False,
+        "in_memory": False,
         "model_path": str(path),
     }

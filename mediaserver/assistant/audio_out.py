@@ -45,6 +45,18 @@ def played_text(marks: Iterable[Mark], until: int, *, since: int = 0) -> str:
     return " ".join(p.strip() for p in parts if p.strip())
 
 
+def cut_marks(marks: Iterable[Mark], at: int) -> list[Mark]:
+    """``marks`` as if the stream stopped at sample ``at``: those wholly after it dropped, the one
+    ``at`` falls into ending there with the words played of it (``played_text``)."""
+    kept: list[Mark] = []
+    for mark in marks:
+        if mark.end <= at:
+            kept.append(mark)
+        elif mark.start < at:
+            kept.append(Mark(played_text([mark], at), mark.start, at))
+    return kept
+
+
 class AudioOut:
     """Mono signed 16-bit PCM at ``sample_rate_hz``, in ``frame_ms`` frames (the last one padded)."""
 
@@ -122,8 +134,15 @@ class AudioOut:
             self._available.set()
 
     def clear(self) -> int:
-        """Drop everything not taken yet (barge-in); returns how many samples were dropped."""
+        """Drop everything not taken yet (barge-in); returns how many samples were dropped.
+
+        The dropped audio was never taken, so the stream's positions go on from where playback
+        stopped (``written_samples`` is ``taken_samples`` again): the next answer's marks line up
+        with what is taken of it. The marks of what was dropped go; the sentence cut keeps the words
+        played of it."""
         dropped = self.queued_samples
+        self.written_samples -= dropped
+        self.marks = cut_marks(self.marks, self.taken_samples)
         self._frames.clear()
         self._partial = b""
         self._paused = False

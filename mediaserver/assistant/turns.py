@@ -106,9 +106,6 @@ class Assistant:
         self.speaker: str | None = None
         self._speculated_for: str | None = None  # the speaker a speculative answer's prompt named
         self.toolbox: Toolbox | None = None  # tools for this assistant's own turns (assistant/tool_rounds.py)
-        # ``out.taken_samples`` when the running turn began: audio a barge-in cleared was written but
-        # never taken, so the turn's marks (on the written clock) are placed against this instead.
-        self._taken_base = 0
 
     # --- state --------------------------------------------------------------------------------
 
@@ -217,7 +214,6 @@ class Assistant:
         self, messages: list[ChatMessage], options: AssistantOptions, speech_ended_at: float | None, *, record: bool
     ) -> Turn:
         start = self.out.written_samples if self.out is not None else 0
-        self._taken_base = self.out.taken_samples + self.out.queued_samples if self.out is not None else 0
         turn = Turn(next(self._turns), options, start, record=record)
         ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
         task = asyncio.get_running_loop().create_task(
@@ -273,7 +269,7 @@ class Assistant:
             return ""
         if not self.active:
             return self.heard(turn)
-        taken = turn.start_sample + self.out.taken_samples - self._taken_base  # on the turn's written clock
+        taken = self.out.taken_samples
         return " ".join(mark.text for mark in turn.marks if mark.start < taken)
 
     def spoke_within(self, seconds: float) -> bool:
@@ -554,7 +550,6 @@ class Assistant:
         self._registry.speculative_answers.labels("hit").inc()
         self.history.append(ChatMessage("user", user_text))
         turn.start_sample = self.out.written_samples if self.out is not None else 0
-        self._taken_base = self.out.taken_samples + self.out.queued_samples if self.out is not None else 0
         self._task, self._current = task, turn
         while turn.deferred:  # the text written so far, in order, before anything new
             await self._emit(turn.deferred.pop(0))

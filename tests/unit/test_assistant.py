@@ -70,6 +70,26 @@ async def test_audio_out_knows_what_was_heard() -> None:
     assert out.heard(since=FRAME * 10) == "A second one with six words."
 
 
+async def test_what_was_heard_after_a_barge_in_cleared_the_rest_of_an_answer() -> None:
+    """A barge-in drops audio that was written, never taken: the stream's positions go on from where
+    playback stopped, so the next answer's marks line up with what is taken of it (the cleared audio
+    once pushed them 'ahead' of playback and the next answer's heard text came out empty)."""
+    out = AudioOut(RATE)
+    out.write(pcm(FRAME * 10), "One two three four five six.")
+    out.write(pcm(FRAME * 10), "Never played at all.")
+    for _ in range(5):  # half of the first sentence
+        out.take()
+    assert out.clear() == FRAME * 15
+    assert out.written_samples == out.taken_samples == FRAME * 5
+    assert out.heard() == "One two three"  # the cut sentence keeps the words played of it
+    start = out.written_samples
+    out.write(pcm(FRAME * 10), "The next answer.")
+    for _ in range(10):
+        out.take()
+    assert out.heard(since=start) == "The next answer."
+    assert out.heard() == "One two three The next answer."
+
+
 def assistant(**options: object) -> Assistant:
     settings = Settings(_env_file=None)
     base = AssistantOptions.from_settings(settings)

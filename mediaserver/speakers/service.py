@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from mediaserver.batches import ThreadBatches
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidAudio, ModelUnavailable
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
@@ -50,13 +51,6 @@ class Match:
     score: float  # cosine similarity
 
 
-@dataclass
-class _Request:
-    audio: AudioArray
-    future: asyncio.Future[tuple[Embedding, float]]
-    loop: asyncio.AbstractEventLoop
-
-
 class SpeakerService:
     """The encoder on its worker thread and the store of enrolled speakers."""
 
@@ -70,9 +64,9 @@ class SpeakerService:
         self.model_id: str | None = None
         self.problem: str | None = "not started"
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speakers")
-        self._lock = threading.Lock()
-        self._queue: list[_Request] = []
-        self._draining = False
+        self._batches: ThreadBatches[AudioArray, tuple[Embedding, float]] = ThreadBatches(
+            self._executor, settings.speaker_batch_max, self._embed_batch
+        )
 
     async def start(self) -> None:
         """Load the encoder and the store off the event loop; a missing model turns speakers off."""
@@ -132,17 +126,8 @@ class SpeakerService:
     async def embed(self, audio: AudioArray) -> tuple[Embedding, float]:
         """The voice's embedding and its seconds of speech, on the worker thread (batched with
         other requests' voices). Raises InvalidAudio when there is no speech to embed."""
-        weights = self._weights()
-        loop = asyncio.get_running_loop()
-        request = _Request(audio, loop.create_future(), loop)
-        with weights.use():  # no idle unload while it waits
-            with self._lock:
-                self._queue.append(request)
-                start = not self._draining
-                self._draining = True
-            if start:
-                self._executor.submit(self._drain)
-            return await request.future
+        with self._weights().use():  # no idle unload while it waits
+            return await self._batches.submit(audio)
 
     def _weights(self) -> WorkerModel[VoiceEncoder]:
         if self.weights is None:
@@ -173,33 +158,17 @@ class SpeakerService:
     def _embed_usable(self, clips: list[AudioArray]) -> list[Embedding | None]:
         return _embed_usable(self._encoder(), clips)
 
-    def _drain(self) -> None:
-        batch_max = self.settings.speaker_batch_max
-        while True:
-            with self._lock:
-                batch = [r for r in self._queue[:batch_max] if not r.future.done()]
-                del self._queue[:batch_max]
-                if not batch and not self._queue:
-                    self._draining = False
-                    return
-            vectors: list[Embedding | BaseException]
-            try:
-                encoder = self._encoder()
-            except ModelUnavailable as exc:
-                vectors = [exc] * len(batch)
-            else:
-                try:
-                    vectors = list(encoder.embed_batch([r.audio for r in batch]))
-                except ValueError:  # a voice too short to embed: each alone, so only that one fails
-                    vectors = [_embed_one(encoder, r.audio) for r in batch]
-                except Exception as exc:
-                    vectors = [exc] * len(batch)
-            for request, vector in zip(batch, vectors, strict=True):
-                if isinstance(vector, BaseException):
-                    request.loop.call_soon_threadsafe(_fail, request.future, vector)
-                else:
-                    seconds = voiced_seconds(request.audio)
-                    request.loop.call_soon_threadsafe(_resolve, request.future, (vector, seconds))
+    def _embed_batch(self, voices: list[AudioArray]) -> list[tuple[Embedding, float] | BaseException]:
+        """Each voice's embedding and seconds of speech, on the worker thread (``ThreadBatches``)."""
+        encoder = self._encoder()  # a failed load is every voice's 503
+        try:
+            vectors: list[Embedding | BaseException] = list(encoder.embed_batch(voices))
+        except ValueError:  # a voice too short to embed: each alone, so only that one fails
+            vectors = [_embed_one(encoder, audio) for audio in voices]
+        return [
+            vector if isinstance(vector, BaseException) else (vector, voiced_seconds(audio))
+            for vector, audio in zip(vectors, voices, strict=True)
+        ]
 
     # --- enrolment and verification ----------------------------------------------------------
 
@@ -282,13 +251,3 @@ def _load_encoder(path: Path, *, shared: bool = True) -> VoiceEncoder:
 
 def _new_encoder(path: Path) -> VoiceEncoder:
     return OnnxSpeakerEncoder(path) if path.suffix.lower() == ".onnx" else SpeakerEncoder(path)
-
-
-def _resolve(future: asyncio.Future[tuple[Embedding, float]], result: tuple[Embedding, float]) -> None:
-    if not future.done():
-        future.set_result(result)
-
-
-def _fail(future: asyncio.Future[tuple[Embedding, float]], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)

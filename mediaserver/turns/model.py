@@ -8,9 +8,7 @@ reports its feature and inference times, the cost of one decision.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from mediaserver.batches import ThreadBatches
 from mediaserver.config import Settings
 from mediaserver.config.keep_alive import NEVER
 from mediaserver.events import AudioArray
@@ -36,13 +35,6 @@ class TurnScore:
     features_ms: float  # this window's features
     inference_ms: float  # the whole batch's inference
     batch: int  # windows in that batch
-
-
-@dataclass
-class _Request:
-    audio: AudioArray
-    future: asyncio.Future[TurnScore]
-    loop: asyncio.AbstractEventLoop
 
 
 class TurnModel:
@@ -69,9 +61,9 @@ class TurnModel:
             "turn", path.stem, self._open, keep_alive_s, metrics or Metrics(), self._executor
         )
         self.weights.loaded_at_start(session, time.perf_counter() - started)
-        self._lock = threading.Lock()
-        self._queue: list[_Request] = []
-        self._draining = False
+        self._batches: ThreadBatches[AudioArray, TurnScore] = ThreadBatches(
+            self._executor, batch_max, lambda windows: self.score_now(windows)
+        )
 
     def _open(self) -> ort.InferenceSession:
         options = ort.SessionOptions()
@@ -96,35 +88,8 @@ class TurnModel:
     async def score(self, audio: AudioArray) -> TurnScore:
         """The probability that the turn whose audio so far is ``audio`` (16 kHz, ending in the
         pause) is finished, computed on the model's thread."""
-        loop = asyncio.get_running_loop()
-        request = _Request(audio, loop.create_future(), loop)
         with self.weights.use():  # no idle close while it waits
-            with self._lock:
-                self._queue.append(request)
-                start = not self._draining
-                self._draining = True
-            if start:
-                self._executor.submit(self._drain)
-            return await request.future
-
-    def _drain(self) -> None:
-        while True:
-            with self._lock:
-                batch = [r for r in self._queue[: self.batch_max] if not r.future.done()]
-                del self._queue[: self.batch_max]
-                if not batch and not self._queue:
-                    self._draining = False
-                    return
-            if not batch:
-                continue
-            try:
-                scores = self.score_now([r.audio for r in batch])
-            except Exception as exc:  # a broken model file: every waiting pause hears of it
-                for request in batch:
-                    request.loop.call_soon_threadsafe(_fail, request.future, exc)
-                continue
-            for request, result in zip(batch, scores, strict=True):
-                request.loop.call_soon_threadsafe(_resolve, request.future, result)
+            return await self._batches.submit(audio)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -132,16 +97,6 @@ class TurnModel:
     async def aclose(self) -> None:
         await self.weights.aclose()
         self.close()
-
-
-def _resolve(future: asyncio.Future[TurnScore], result: TurnScore) -> None:
-    if not future.done():
-        future.set_result(result)
-
-
-def _fail(future: asyncio.Future[TurnScore], exc: Exception) -> None:
-    if not future.done():
-        future.set_exception(exc)
 
 
 def model_path(settings: Settings) -> Path:

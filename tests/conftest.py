@@ -277,13 +277,16 @@ async def server_factory(
     """Start a real server on 127.0.0.1:<free port> with settings overrides, sharing the models
     and voices (as ``python -m mediaserver`` runs it: the lenient request-line handler included).
 
-    ``llm=`` gives the app another LLM service (an upstream one, say) instead of the shared one.
+    ``llm=`` gives the app another LLM service (an upstream one, say) instead of the shared one;
+    ``tts=`` another TTS service.
     """
     runners: list[web.AppRunner] = []
 
-    async def start(*, llm: LlmService | None = None, **overrides: Any) -> LiveServer:
+    async def start(*, llm: LlmService | None = None, tts: TtsService | None = None, **overrides: Any) -> LiveServer:
         settings = base_settings.model_copy(update=overrides)
-        app = create_app(settings, asr_service=asr_service, tts_service=tts_service, llm_service=llm or llm_service)
+        app = create_app(
+            settings, asr_service=asr_service, tts_service=tts or tts_service, llm_service=llm or llm_service
+        )
         runner = LenientAppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -4,7 +4,8 @@
 The utterances (tools/turn_cases.py): whole sentences, Piper's and the suite's real recordings, and
 the same sentences paused mid-way for 0.4, 0.7, 1.0 and 1.2 s. Each goes, in stream time, through
 the server's ``VadSegmenter`` with the eagerness-medium cap (4 s) as its hangover, and a **trace**
-is taken of each pause, as ``StreamSession`` sees it:
+is taken of each pause, as ``StreamSession`` sees it (not the pause after a burst shorter than
+``stream_min_speech_ms``: the server does not judge it, and speech resuming joins the two):
 
 * the final's words, decoded by the server's own ASR service (tiny.en, as a final) from the audio
   at ``turn_final_silence_ms`` (30) into the pause, and how long that decode took;
@@ -157,8 +158,8 @@ class Tracer:
                     if pauses:
                         pauses[-1].length_ms = event.end_ms - pauses[-1].start_ms
                     return pauses, event.end_ms
-            if not segmenter.in_speech or segmenter.silence_ms == 0:
-                continue
+            if not segmenter.long_enough or segmenter.silence_ms == 0:
+                continue  # a burst too short to keep is no turn: its pause is not judged (turns/decision.py)
             silence_ms, begun = segmenter.silence_ms, segmenter.position_ms - segmenter.silence_ms
             if not pauses or pauses[-1].start_ms != begun:
                 pauses.append(Pause(begun, 0))

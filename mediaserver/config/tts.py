@@ -59,6 +59,21 @@ class TtsSettings(BaseModel):
         4, ge=1, description="voices kept loaded; the least recently used is unloaded past it"
     )
     tts_keep_alive_s: KeepAliveSeconds = keep_alive_field("a Piper voice")
+    tts_noise_scale: float | None = Field(
+        None,
+        ge=0,
+        le=2,
+        description="Piper's noise_scale (the variation of the voice's sound; --noise-scale of Piper and "
+        "wyoming-piper); unset = the voice's own (0.667 for most). Each synthesis draws new noise: with this "
+        "and tts_noise_w_scale at 0 the same text gives the same audio every time",
+    )
+    tts_noise_w_scale: float | None = Field(
+        None,
+        ge=0,
+        le=2,
+        description="Piper's noise_w (the variation of the phonemes' lengths; --noise-w-scale); unset = the voice's "
+        "own (0.8 for most)",
+    )
     tts_request_timeout_s: float = Field(300.0, gt=0, description="a 504 if no audio came by then; a stream is cut off")
     tts_cache_max_bytes: int = Field(64 * 1024 * 1024, ge=0, description="0 turns the response cache off")
     tts_cache_max_entry_bytes: int = Field(

@@ -42,6 +42,9 @@ class PiperEngine:
         self._voice = PiperVoice(session=session, config=config)
         self._config = config
         self._default_length_scale = config.length_scale
+        # The voice's own noise unless the operator set one (tts_noise_scale, tts_noise_w_scale).
+        self._noise_scale = config.noise_scale if settings.tts_noise_scale is None else settings.tts_noise_scale
+        self._noise_w_scale = config.noise_w_scale if settings.tts_noise_w_scale is None else settings.tts_noise_w_scale
         log.info(
             "TTS voice %s loaded (%s, %d Hz, %s) in %.2f s",
             voice.name,
@@ -64,6 +67,8 @@ class PiperEngine:
         config = SynthesisConfig(
             speaker_id=self._speaker_id(params.speaker),
             length_scale=self._default_length_scale / params.speed,
+            noise_scale=self._noise_scale,
+            noise_w_scale=self._noise_w_scale,
         )
         parts = [chunk.audio_int16_array for chunk in self._voice.synthesize(sentence, syn_config=config)]
         if not parts:

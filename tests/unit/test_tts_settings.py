@@ -249,6 +249,21 @@ def test_tts_onnx_threads_are_the_voices_onnx_runtime_threads(voices_dir: Path) 
     assert options.intra_op_num_threads == 3  # the default (0) leaves ONNX Runtime one per core
 
 
+def test_tts_noise_scales_of_zero_make_the_same_text_the_same_audio(voices_dir: Path) -> None:
+    """Piper draws new noise for every synthesis (the voice's own noise_scale 0.667, noise_w 0.8): the
+    same sentence twice is two different clips. With tts_noise_scale and tts_noise_w_scale at 0 it is
+    the same clip, sample for sample."""
+    sentence, params = "Set a timer for the pasta and play some quiet music.", SynthesisParams()
+    default = load_engine(bundled_voices()[0], settings(voices_dir))
+    first, second = default.synthesize(sentence, params), default.synthesize(sentence, params)
+    assert first.size != second.size or (first != second).any()
+    steady = load_engine(bundled_voices()[0], settings(voices_dir, tts_noise_scale=0.0, tts_noise_w_scale=0.0))
+    first, second = steady.synthesize(sentence, params), steady.synthesize(sentence, params)
+    assert first.size == second.size and (first == second).all()
+    with pytest.raises(ValueError, match="tts_noise_scale"):
+        Settings(_env_file=None, tts_noise_scale=-0.1)
+
+
 async def test_tts_workers_per_voice_synthesizes_two_sentences_at_once(voices_dir: Path) -> None:
     """Three sentences of one request: the first runs alone (it is the first audio), then the next
     two are synthesized together by two workers, which one worker (the default) never does."""

@@ -24,6 +24,8 @@ from mediaserver.errors import ModelUnavailable
 from mediaserver.metrics import Metrics
 from mediaserver.speakers import fetch as speaker_fetch
 from mediaserver.speakers.service import SpeakerService
+from mediaserver.state import SETTINGS, SPEAKERS
+from mediaserver.turns import model as turn_models
 from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel
 from tests.conftest import Clip, LiveServer
@@ -168,12 +170,14 @@ async def test_health_and_metrics_show_the_turn_and_speaker_models_leave_and_com
     health = await _health(server.url)
     [turn] = health["model_states"]["turn"]
     [speaker] = health["model_states"]["speaker"]
-    for _ in range(600):  # until both idled out (each state change is immediate; 30 s at most)
-        health = await _health(server.url)
-        states = health["model_states"]
-        if not states["turn"][turn]["loaded"] and not states["speaker"][speaker]["loaded"]:
-            break
-        await asyncio.sleep(0.05)
+    # Wait on the keepers' own state changes (the models behind /health), then read /health once.
+    turn_model = turn_models.shared(server.app[SETTINGS])
+    speaker_model = server.app[SPEAKERS].weights
+    assert turn_model is not None and speaker_model is not None
+    turn_keeper, speaker_keeper = turn_model.weights.keeper, speaker_model.keeper
+    await turn_keeper.wait_for(lambda: not turn_keeper.is_loaded(turn), timeout_s=30)
+    await speaker_keeper.wait_for(lambda: not speaker_keeper.is_loaded(speaker), timeout_s=30)
+    health = await _health(server.url)
     assert not health["model_states"]["turn"][turn]["loaded"], health["model_states"]
     assert health["status"] == "ok" and health["turns"]["model_loaded"] and not health["turns"]["in_memory"]
     assert health["speakers"]["available"] and not health["speakers"]["in_memory"]

@@ -4,7 +4,8 @@ A small state machine over 30 ms webrtcvad frames: idle frames go through a pre-
 the first syllable (which the VAD only recognises a few frames in) is kept; speech starts when most
 of a short window of frames is voiced, and ends after ``hangover_ms`` of continuous silence or at
 ``max_utterance_s``. Bursts shorter than ``min_speech_ms`` of voiced audio are dropped (clicks,
-coughs). The segmenter is synchronous and cheap; it never calls a model.
+coughs), after ``burst_hangover_ms`` of silence where that is shorter. The segmenter is
+synchronous and cheap; it never calls a model.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ class SegmenterConfig:
     hangover_ms: int = 500
     preroll_ms: int = 300
     min_speech_ms: int = 200
+    # A burst still shorter than ``min_speech_ms`` ends (discarded) after this much silence when it is
+    # less than ``hangover_ms``: semantic turns wait up to their cap for an unfinished turn, but a
+    # burst too short to keep is no turn (None: ``hangover_ms``).
+    burst_hangover_ms: int | None = None
     max_utterance_s: float = 28.0
     trigger_window_frames: int = 5
     trigger_voiced_frames: int = 3
@@ -165,7 +170,10 @@ class VadSegmenter:
             self._voiced_ms += cfg.frame_ms
         else:
             self._silence_ms += cfg.frame_ms
-        if self._silence_ms >= cfg.hangover_ms:
+        hangover_ms = cfg.hangover_ms
+        if cfg.burst_hangover_ms is not None and self._voiced_ms < cfg.min_speech_ms:
+            hangover_ms = min(hangover_ms, cfg.burst_hangover_ms)
+        if self._silence_ms >= hangover_ms:
             return self._finish("silence")
         if len(self._frames) * cfg.frame_ms >= cfg.max_utterance_s * 1000:
             return self._finish("max_length")

@@ -177,10 +177,12 @@ class StreamSession:
 
     def _apply_turn_mode(self) -> None:
         """Semantic turns: the segmenter's hangover becomes the eagerness cap (the longest an
-        unfinished turn is waited for); the turn model ends finished turns at their first pause."""
+        unfinished turn is waited for); the turn model ends finished turns at their first pause. A
+        burst too short to keep is no turn: it is discarded at silence detection's hangover."""
         config = self._silence_config
         if self.semantic_turns:
-            config = replace(config, hangover_ms=self._turns.wait_ms(self.options.eagerness))
+            cap_ms = self._turns.wait_ms(self.options.eagerness)
+            config = replace(config, hangover_ms=cap_ms, burst_hangover_ms=config.hangover_ms)
         self._segmenter.config = config
 
     @property
@@ -384,13 +386,9 @@ class StreamSession:
         if self._closed or not segmenter.in_speech or segmenter.silence_ms <= 0 or not self.semantic_turns:
             return
         if not segmenter.long_enough:
-            # A burst too short to keep (a word's first syllable, a click) is no turn: the model does not
-            # judge it; speech resuming within silence detection's hangover joins it to the utterance
-            # (its first word is not cut off), else it is discarded then, as silence detection would.
-            if segmenter.silence_ms >= self.settings.stream_vad_hangover_ms:
-                event = segmenter.end_turn()
-                if event is not None:
-                    await self._on_segment(event)
+            # A burst too short to keep (a word's first syllable, a click) is no turn: nothing ends it
+            # here; speech resuming joins it to the utterance (its first word is not cut off), else the
+            # segmenter discards it at silence detection's hangover (``_apply_turn_mode``).
             return
         silence_from_ms = segmenter.position_ms - segmenter.silence_ms
         ends_ms = self._turns.silence_ends_ms(silence_from_ms)

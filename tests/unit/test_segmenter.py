@@ -8,6 +8,7 @@ import numpy as np
 
 from mediaserver.audio.segmenter import Discarded, SegmenterConfig, SpeechStart, Utterance, VadSegmenter
 from tests.conftest import noise
+from tests.human_speech import voiced_span
 
 SR = 16000
 
@@ -57,6 +58,22 @@ def test_silence_and_a_click_give_no_utterance() -> None:
     events = feed(segmenter, np.concatenate([silence(2.0), click, silence(1.0)]))
     assert not [e for e in events if isinstance(e, Utterance)]
     assert all(isinstance(e, SpeechStart | Discarded) for e in events)
+
+
+def test_a_burst_too_short_to_keep_ends_at_its_own_hangover(speech: Any) -> None:
+    """With a 4 s hangover (semantic turns' cap) and burst_hangover_ms 500, a 90 ms burst is
+    discarded 500 ms into its silence; a whole sentence still waits for the 4 s hangover."""
+    clip, well = speech("kitchen").audio16k, speech("Well.").audio16k
+    start, _ = voiced_span(well)
+    burst = well[start : start + 90 * SR // 1000]  # a first syllable, shorter than min_speech_ms
+    config = SegmenterConfig(hangover_ms=4000, burst_hangover_ms=500)
+    events = feed(VadSegmenter(config), np.concatenate([silence(0.5), burst, silence(5.0)]))
+    [discarded] = [e for e in events if isinstance(e, Discarded)]
+    burst_end_ms = (SR // 2 + burst.size) * 1000 // SR
+    assert 500 <= discarded.end_ms - burst_end_ms <= 500 + 150  # webrtcvad holds "voiced" a few frames
+    events = feed(VadSegmenter(config), np.concatenate([silence(0.5), clip, silence(5.0)]))
+    [utterance] = [e for e in events if isinstance(e, Utterance)]
+    assert utterance.silence_ms >= 4000
 
 
 def test_long_speech_is_cut_at_the_cap(speech: Any) -> None:

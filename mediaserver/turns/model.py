@@ -53,7 +53,6 @@ class TurnModel:
     ) -> None:
         self.path = path
         self.threads = threads
-        self.batch_max = batch_max
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="turn-model")
         started = time.perf_counter()
         session = self._open()

@@ -25,7 +25,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
 from mediaserver.devices import choose_device
 from mediaserver.events import TranscriptionOptions
+from mediaserver.keep_alive import ModelKeeper
 from mediaserver.llm.engine import LlamaServerEngine
 from mediaserver.llm.registry import BUNDLED_NAME
 from mediaserver.llm.service import LlmService
@@ -64,37 +65,41 @@ def speech_like(seconds: float = 3.0) -> np.ndarray:
     return wave.astype(np.float32)
 
 
+async def in_process_cycles(
+    engine: str, keeper: ModelKeeper, name: str, use: Callable[[], Awaitable[object]], cycles: int
+) -> dict[str, Any]:
+    """RSS of this process before ``use()`` loads the model, right after, and after its idle unload,
+    ``cycles`` times (the model is unloaded when this starts)."""
+    rows: list[dict[str, float]] = []
+    for _ in range(cycles):
+        before = rss_mb()
+        await use()
+        loaded = rss_mb()
+        await keeper.wait_for(lambda: not keeper.is_loaded(name), timeout_s=60)
+        rows.append({"before_mb": before, "loaded_mb": loaded, "after_unload_mb": rss_mb()})
+    return {"engine": engine, "model": name, "load_seconds": keeper.status()[name]["load_seconds"], "cycles": rows}
+
+
 async def measure_asr(settings: Settings, model: str, cycles: int) -> dict[str, Any]:
     asr = AsrService(settings, choose_device("cpu", "auto", 0), ModelRegistry(settings), Metrics())
-    rows: list[dict[str, float]] = []
     try:
-        for _ in range(cycles):
-            before = rss_mb()
-            await asr.transcribe(speech_like(), TranscriptionOptions(language="en"), model=model)
-            loaded = rss_mb()
-            await asr.keeper.wait_for(lambda: not asr.keeper.is_loaded(model), timeout_s=60)
-            rows.append({"before_mb": before, "loaded_mb": loaded, "after_unload_mb": rss_mb()})
-        load_s = asr.keeper.status()[model]["load_seconds"]
+        options = TranscriptionOptions(language="en")
+        return await in_process_cycles(
+            "asr", asr.keeper, model, lambda: asr.transcribe(speech_like(), options, model=model), cycles
+        )
     finally:
         await asr.aclose()
-    return {"engine": "asr", "model": model, "load_seconds": load_s, "cycles": rows}
 
 
 async def measure_tts(settings: Settings, cycles: int) -> dict[str, Any]:
     tts = TtsService(settings.model_copy(update={"tts_preload_default_voice": False}), Metrics())
-    rows: list[dict[str, float]] = []
     try:
         voice = await tts.voice(None)
-        for _ in range(cycles):
-            before = rss_mb()
-            await tts.synthesize("Memory comes and goes.", voice)
-            loaded = rss_mb()
-            await tts.keeper.wait_for(lambda: not tts.keeper.is_loaded(voice.name), timeout_s=60)
-            rows.append({"before_mb": before, "loaded_mb": loaded, "after_unload_mb": rss_mb()})
-        load_s = tts.keeper.status()[voice.name]["load_seconds"]
+        return await in_process_cycles(
+            "tts", tts.keeper, voice.name, lambda: tts.synthesize("Memory comes and goes.", voice), cycles
+        )
     finally:
         await tts.aclose()
-    return {"engine": "tts", "model": voice.name, "load_seconds": load_s, "cycles": rows}
 
 
 async def measure_llm(settings: Settings, cycles: int) -> dict[str, Any]:
@@ -159,20 +164,12 @@ async def measure_turn(settings: Settings, cycles: int) -> dict[str, Any]:
     model = turn_models.load_shared(settings, Metrics())
     assert model is not None, "the turn model is missing (make setup fetches it)"
     keeper, name = model.weights.keeper, model.weights.name
-    rows: list[dict[str, float]] = []
     try:
         model.weights.announce()
         await keeper.wait_for(lambda: not keeper.is_loaded(name), timeout_s=60)
-        for _ in range(cycles):
-            before = rss_mb()
-            await model.score(speech_like())
-            loaded = rss_mb()
-            await keeper.wait_for(lambda: not keeper.is_loaded(name), timeout_s=60)
-            rows.append({"before_mb": before, "loaded_mb": loaded, "after_unload_mb": rss_mb()})
-        load_s = keeper.status()[name]["load_seconds"]
+        return await in_process_cycles("turn", keeper, name, lambda: model.score(speech_like()), cycles)
     finally:
         await model.aclose()
-    return {"engine": "turn", "model": name, "load_seconds": load_s, "cycles": rows}
 
 
 async def measure_speaker(settings: Settings, cycles: int) -> dict[str, Any]:
@@ -184,19 +181,11 @@ async def measure_speaker(settings: Settings, cycles: int) -> dict[str, Any]:
         await service.start()
         assert service.weights is not None, service.problem
         keeper, name = service.weights.keeper, service.weights.name
-        rows: list[dict[str, float]] = []
         try:
             await keeper.wait_for(lambda: not keeper.is_loaded(name), timeout_s=60)
-            for _ in range(cycles):
-                before = rss_mb()
-                await service.embed(voice)
-                loaded = rss_mb()
-                await keeper.wait_for(lambda: not keeper.is_loaded(name), timeout_s=60)
-                rows.append({"before_mb": before, "loaded_mb": loaded, "after_unload_mb": rss_mb()})
-            load_s = keeper.status()[name]["load_seconds"]
+            return await in_process_cycles("speaker", keeper, name, lambda: service.embed(voice), cycles)
         finally:
             await service.aclose()
-    return {"engine": "speaker", "model": name, "load_seconds": load_s, "cycles": rows}
 
 
 async def main() -> None:

@@ -9,9 +9,10 @@ loaded for good) and waits on the keeper's state changes, never on a fixed sleep
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import pytest
 
 from mediaserver.config import Settings
 from mediaserver.errors import ModelUnavailable
+from mediaserver.keep_alive import ModelKeeper
 from mediaserver.metrics import Metrics
 from mediaserver.speakers import fetch as speaker_fetch
 from mediaserver.speakers.service import SpeakerService
@@ -30,15 +32,9 @@ from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel
 from tests.conftest import Clip, LiveServer
 from tests.faults import metric_samples
+from tests.integration.test_speakers import ENROL, SAME_READER, HumanClips, clip
 
-HumanClips = list[tuple[str, np.ndarray, str]]
-ENROL = ("librivox_0870", "librivox_0890")  # one reader (test_speakers.py)
-SAME_READER = "librivox_0920"
-
-
-def clip(human_clips: HumanClips, name: str) -> np.ndarray:
-    [audio] = [a for n, a, _ in human_clips if n == name]
-    return audio
+READER = SAME_READER[0]  # another recording of the reader ENROL enrols
 
 
 def paused(clip: Clip) -> np.ndarray:
@@ -92,31 +88,39 @@ async def test_a_turn_model_closed_after_each_pause_scores_every_pause(speech: C
 # --- the speaker encoder ------------------------------------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def enrolled(
+    settings: Settings, human_clips: HumanClips
+) -> AsyncIterator[tuple[SpeakerService, ModelKeeper, str]]:
+    """A speaker service of its own with ``settings``, the reader enrolled; its keeper and model name."""
+    service = SpeakerService(settings, Metrics())
+    await service.start()
+    assert service.weights is not None
+    try:
+        await service.enrol("reader", [clip(human_clips, n) for n in ENROL], replace=False)
+        yield service, service.weights.keeper, service.weights.name
+    finally:
+        await service.aclose()
+
+
 async def test_the_speaker_encoder_unloads_when_idle_and_the_next_voice_loads_it(
     human_clips: HumanClips, tmp_path: Path
 ) -> None:
     """speaker_keep_alive_s 0.5: GE2E's weights leave once unused; a verification after that loads
     them again (one load for two voices at once) and knows the enrolled reader as before."""
     settings = Settings(_env_file=None, speakers_dir=tmp_path, speaker_keep_alive_s=0.5)
-    service = SpeakerService(settings, Metrics())
-    await service.start()
-    assert service.weights is not None
-    keeper, name = service.weights.keeper, service.weights.name
-    try:
-        await service.enrol("reader", [clip(human_clips, n) for n in ENROL], replace=False)
-        known = (await service.identify(clip(human_clips, SAME_READER)))[0]
+    async with enrolled(settings, human_clips) as (service, keeper, name):
+        known = (await service.identify(clip(human_clips, READER)))[0]
         await keeper.wait_for(lambda: not keeper.is_loaded(name), timeout_s=30)
         assert service.status()["in_memory"] is False and service.status()["available"] is True
         again, other = await asyncio.gather(
-            service.identify(clip(human_clips, SAME_READER)), service.identify(clip(human_clips, "jfk"))
+            service.identify(clip(human_clips, READER)), service.identify(clip(human_clips, "jfk"))
         )
         assert keeper.loads(name) == 2, keeper.status()
         assert again[0].name == "reader" and again[0].score == pytest.approx(known.score, abs=1e-5)
         assert not service.accepted(other)
         await keeper.wait_for(lambda: not keeper.is_loaded(name), timeout_s=30)
         assert keeper.status()[name]["unloads"] == 2
-    finally:
-        await service.aclose()
 
 
 async def test_a_speaker_model_that_cannot_load_again_is_a_503_and_the_next_voice_tries_again(
@@ -129,23 +133,16 @@ async def test_a_speaker_model_that_cannot_load_again_is_a_503_and_the_next_voic
     settings = Settings(
         _env_file=None, speakers_dir=tmp_path / "store", speaker_model_path=weights, speaker_keep_alive_s=0.3
     )
-    service = SpeakerService(settings, Metrics())
-    await service.start()
-    assert service.weights is not None
-    keeper, name = service.weights.keeper, service.weights.name
-    try:
-        await service.enrol("reader", [clip(human_clips, n) for n in ENROL], replace=False)
+    async with enrolled(settings, human_clips) as (service, keeper, name):
         await keeper.wait_for(lambda: not keeper.is_loaded(name), timeout_s=30)
         hidden = weights.rename(tmp_path / "elsewhere.pt")
         with pytest.raises(ModelUnavailable, match="could not be loaded again"):
-            await service.identify(clip(human_clips, SAME_READER))
+            await service.identify(clip(human_clips, READER))
         assert "last_error" in keeper.status()[name]
         hidden.rename(weights)
-        matches = await service.identify(clip(human_clips, SAME_READER))
+        matches = await service.identify(clip(human_clips, READER))
         assert matches[0].name == "reader" and service.accepted(matches)
         assert keeper.is_loaded(name) and "last_error" not in keeper.status()[name]
-    finally:
-        await service.aclose()
 
 
 # --- what /health and /metrics say ------------------------------------------------------------------

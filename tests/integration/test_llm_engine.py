@@ -65,8 +65,8 @@ async def test_four_streams_progress_at_once(server: Any, llm_service: LlmServic
         busy.cancel()
         failed = None if busy.cancelled() else busy.exception()
         gate = llm_service._gates.get("smollm2-135m-instruct")
-        engine = (await llm_service.status())["models"].get("smollm2-135m-instruct", {}).get("engine")
-        ended = [task.exception() or task.result() for task in runs if task.done()]
+        status = (await llm_service.status())["models"].get("smollm2-135m-instruct", {}).get("engine")
+        ended = [repr(task.exception()) if task.exception() else task.result() for task in runs if task.done()]
         process = await engine(llm_service)
         async with aiohttp.ClientSession() as http, http.get(f"{process.base_url}/metrics") as resp:
             counts = [line for line in (await resp.text()).splitlines() if line.startswith("llamacpp:requests")]
@@ -74,7 +74,8 @@ async def test_four_streams_progress_at_once(server: Any, llm_service: LlmServic
         raise AssertionError(
             f"four slots never busy after {time.monotonic() - began:.1f} s ({failed!r}):"
             f" gate busy={gate.busy if gate else None} waiting={gate.waiting if gate else None},"
-            f" engine {engine}, streams ended: {ended}; llama-server: {counts}, slots {states}"
+            f" engine {status}, streams ended (began {began:.2f}): {ended}; llama-server: {counts}, slots {states};"
+            f" its output: {process.output_tail(12)}"
         )
     await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 60)
     async with aiohttp.ClientSession() as session:

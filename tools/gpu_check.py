@@ -646,7 +646,7 @@ def server_args(
         "--threads-batch",
         str(threads),
         "--threads-http",
-        str(max(2, slots)),
+        str(2 * slots + 4),  # mediaserver.llm.engine_process.http_threads
         "--n-gpu-layers",
         gpu_layers,
         "--no-webui",

@@ -7,6 +7,7 @@ model cannot start. Slot states come from llama-server's own ``/slots``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -53,8 +54,78 @@ async def _stream_chat(url: str, index: int, max_tokens: int, started: asyncio.E
 
 async def test_four_streams_progress_at_once(server: Any, llm_service: LlmService) -> None:
     """Four chats at once on four slots: all have their first token before any has finished, and
-    /health and /metrics show the four slots busy meanwhile."""
+    /health and /metrics show the four slots busy meanwhile. Other connections to the engine kept
+    alive meanwhile (as the watchdog's probe and the readers of /slots keep theirs) do not make the
+    four wait for one another: llama-server serves a kept-alive connection on one of its HTTP
+    threads, and with too few of them the four ran one after another (CI, twice)."""
     await wait_idle(llm_service)
+    process = await engine(llm_service)
+    stop = asyncio.Event()
+    pinned = [asyncio.create_task(_keep_alive(process.base_url, stop)) for _ in range(PINNED_CONNECTIONS)]
+    await asyncio.sleep(0.3)  # each has its connection
+    try:
+        await _four_streams_progress_at_once(server, llm_service)
+    finally:
+        stop.set()
+        await asyncio.gather(*pinned)
+
+
+PINNED_CONNECTIONS = 2
+
+
+async def test_a_burst_straight_to_the_engine_starts_together_beside_kept_alive_connections(
+    llm_service: LlmService,
+) -> None:
+    """Four streams opened at the same instant on the engine itself, while 0 to 3 other connections
+    are kept alive: all four get their first token before any ends. llama-server starts a thread
+    for a new connection only when none is idle at that moment, so with as many HTTP threads as
+    slots a burst larger than the idle ones waited for streams to end (first tokens 0.25 / 1.26 /
+    2.25 / 3.27 s: one after another); which count of kept-alive connections leaves too few idle
+    depends on the engine's own (the watchdog's probe, the /slots reads), hence all of them."""
+    process = await engine(llm_service)
+
+    async def one(index: int, began: float) -> tuple[float, float]:
+        body = {
+            "messages": [{"role": "user", "content": f"Story {index}: a long story."}],
+            "max_tokens": 40,
+            "stream": True,
+        }
+        first: float | None = None
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{process.base_url}/v1/chat/completions", json=body) as resp,
+        ):
+            async for line in resp.content:
+                if first is None and line.startswith(b"data: {"):
+                    first = time.monotonic() - began
+        assert first is not None
+        return first, time.monotonic() - began
+
+    for kept in range(4):
+        await wait_idle(llm_service)
+        stop = asyncio.Event()
+        pinned = [asyncio.create_task(_keep_alive(process.base_url, stop)) for _ in range(kept)]
+        await asyncio.sleep(0.3)  # each has its connection
+        try:
+            began = time.monotonic()
+            results = await asyncio.gather(*(one(i, began) for i in range(4)))
+        finally:
+            stop.set()
+            await asyncio.gather(*pinned)
+        assert max(first for first, _ in results) < min(end for _, end in results), (kept, results)
+
+
+async def _keep_alive(base_url: str, stop: asyncio.Event) -> None:
+    """One connection to the engine, kept alive by a /health read every 50 ms until ``stop``."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
+        while not stop.is_set():
+            async with http.get(f"{base_url}/health") as resp:
+                await resp.read()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.05)
+
+
+async def _four_streams_progress_at_once(server: Any, llm_service: LlmService) -> None:
     started = [asyncio.Event() for _ in range(4)]
     runs = [asyncio.create_task(_stream_chat(server.url, i, 160, started[i])) for i in range(4)]
     began = time.monotonic()

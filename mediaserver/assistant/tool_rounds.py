@@ -26,7 +26,8 @@ from mediaserver.assistant.mcp import ToolResult
 from mediaserver.assistant.prompt_fit import fit
 from mediaserver.assistant.speaker_context import current_speaker
 from mediaserver.events import AssistantToolCall, AssistantToolResult, SessionEvent
-from mediaserver.llm.service import LlmService, LlmStream
+from mediaserver.llm.generation import LlmStream
+from mediaserver.llm.service import LlmService
 from mediaserver.llm.tools import ToolCall, ToolConfig, ToolSpec
 from mediaserver.llm.types import ChatMessage, GenerationParams
 

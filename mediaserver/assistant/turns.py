@@ -56,8 +56,9 @@ from mediaserver.events import (
     AssistantToolCallDelta,
     SessionEvent,
 )
+from mediaserver.llm.generation import LlmStream
 from mediaserver.llm.prompt_size import message_bytes, prompt_bytes
-from mediaserver.llm.service import LlmService, LlmStream
+from mediaserver.llm.service import LlmService
 from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.metrics import Metrics
 from mediaserver.tts.service import Speech, TtsService

@@ -16,8 +16,9 @@ import pytest
 
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter, Overloaded, UnknownModel
+from mediaserver.llm.generation import LlmTimeout
 from mediaserver.llm.prompt_size import PromptTooLong
-from mediaserver.llm.service import LlmService, LlmTimeout
+from mediaserver.llm.service import LlmService
 from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.metrics import Metrics
 from tests.faults import eventually

@@ -21,7 +21,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from mediaserver.errors import ApiError, InvalidParameter
-from mediaserver.llm.service import LlmStream
+from mediaserver.llm.generation import LlmStream
 from mediaserver.llm.tools import ToolCall, ToolCallDelta, parse_tools
 from mediaserver.llm.types import ChatMessage, GenerationParams, Role
 from mediaserver.state import CAPABILITIES, LLM, SETTINGS

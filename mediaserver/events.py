@@ -123,7 +123,8 @@ class TurnDecided:
     on this pause: it ended as silence detection would) or ``text`` (``turn_text_model`` vetoed the
     pause's end and it reached ``turn_text_hold_ms``). ``probability`` is the model's last score
     of the pause (None if it has none), ``decision_ms`` that scoring's time (features, queue,
-    inference; 0 unless ``by`` is ``model``), ``silence_ms`` the pause then, ``audio_end_ms`` its
+    inference; 0 unless ``by`` is ``model`` and the score ended the pause at once, not at
+    ``turn_open_silence_ms``), ``silence_ms`` the pause then, ``audio_end_ms`` its
     stream time, ``text_probability`` the text's score of the pause's words (``turn_text_model``;
     None without one)."""
 

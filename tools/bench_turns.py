@@ -262,7 +262,7 @@ def pause_end(
             )
             arrives = max(arrives, pause.words_ready_ms)  # the server waits for the words
         else:
-            arrives = max(arrives, pause.words_ready_ms, text_ready)
+            arrives = max(arrives, pause.words_ready_ms, text_ready, rule.model_end_silence_ms(words_class))
             finished = not veto and rule.model_ends(check.probability, words_class, first=n == 0)
         if finished:
             ends.append((_frame_up(arrives), f"model {check.probability:.2f} at {check.silence_ms}"))

@@ -151,6 +151,15 @@ class StreamSettings(BaseModel):
         "on turn_unfinished_words) ends the turn once it is this long, whatever the turn model scores (real "
         "speakers' finished sentences can score 0.01); 0 = the model and the cap alone",
     )
+    turn_open_silence_ms: int = Field(
+        400,
+        ge=0,
+        description="semantic turns: when the pause's transcript has no final mark ('10 of', 'And Mr. John Dashwood "
+        "had then leisure'), the turn model's 'complete' ends the turn only once the pause is this long (a person "
+        "pausing mid-sentence has often resumed by then); with a final mark it ends at once. 0 = at once either "
+        "way (tools/README.md, bench_turns.py: 400 halves the real 0.4 s mid-sentence cut-offs for +0.06 s on "
+        "the real whole sentences' median)",
+    )
     turn_decision_hold_ms: int = Field(
         2000,
         ge=0,

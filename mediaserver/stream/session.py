@@ -310,7 +310,7 @@ class StreamSession:
             async with self._segment_lock:
                 await self._end_turn_on_silence()
             return
-        complete, text = self._turns.model_ends(score, Words.OPEN), None
+        complete, text, words = self._turns.model_ends(score, Words.OPEN), None, Words.UNKNOWN
         if complete:  # the words may veto it: they are needed only then
             words = await self._pause_words(silence_from_ms)
             complete = self._turns.model_ends(score, words)
@@ -325,6 +325,11 @@ class StreamSession:
                 or segmenter.position_ms - segmenter.silence_ms != silence_from_ms
             ):
                 return  # the speech went on (or ended on silence) while the model was deciding
+            self._turns.agreed(silence_from_ms, complete)
+            if complete and segmenter.silence_ms < self._turns.rule.model_end_silence_ms(words):
+                # Words without a final mark: the model's 'complete' ends the turn once the pause is
+                # turn_open_silence_ms long (``_end_turn_on_silence``), if the speech has not resumed.
+                return
             await self._emit(
                 TurnDecided(
                     complete,
@@ -397,8 +402,10 @@ class StreamSession:
         text = self._turns.text_of(silence_from_ms)
         if self._turns.model_failed(silence_from_ms):
             by = "silence"
+        elif self._turns.text_vetoes(silence_from_ms):
+            by = "text"
         else:
-            by = "text" if self._turns.text_vetoes(silence_from_ms) else "words"
+            by = "model" if self._turns.model_agreed(silence_from_ms) else "words"
         probability = self._turns.last_probability(silence_from_ms)
         await self._emit(
             TurnDecided(

@@ -59,6 +59,7 @@ class _Pause:
     words: Words = Words.UNKNOWN
     model_failed: bool = False
     probability: float | None = None  # the last score
+    model_agreed: bool = False  # the last score ended the turn, once the pause is long enough (rule 2)
     text: asyncio.Task[float | None] | None = None  # the words' text score (turn_text_model)
     text_held: bool = False  # the stream's audio was held for it once (``text_settled``)
 
@@ -223,7 +224,18 @@ class TurnChecks:
         pause = self._pause
         if pause is None or pause.from_ms != from_ms:
             return None
-        return self.rule.silence_ends_ms(pause.words, model_failed=pause.model_failed, text=self.text_of(from_ms))
+        return self.rule.silence_ends_ms(
+            pause.words, model_failed=pause.model_failed, text=self.text_of(from_ms), model_agreed=pause.model_agreed
+        )
+
+    def agreed(self, from_ms: int, complete: bool) -> None:
+        """The last score of the pause that began at ``from_ms`` ends the turn (``complete``) once the
+        pause is ``TurnRule.model_end_silence_ms`` long, or (a rescore below its threshold) no longer."""
+        self._pause_from(from_ms).model_agreed = complete
+
+    def model_agreed(self, from_ms: int) -> bool:
+        pause = self._pause
+        return pause is not None and pause.from_ms == from_ms and pause.model_agreed
 
     def model_failed(self, from_ms: int) -> bool:
         pause = self._pause

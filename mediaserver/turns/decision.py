@@ -25,7 +25,8 @@ The rule, per pause (``decide``), once the utterance has ``stream_min_speech_ms`
    model scores; it ends when the speech resumes or at the eagerness cap.
 2. Otherwise a model score of at least ``turn_threshold`` at the first check ends the turn, and at
    least ``turn_rescore_threshold`` at a later one (the model grows surer with silence, for
-   fragments too).
+   fragments too); when the words have no final mark (``OPEN``: "10 of", "And Mr. John Dashwood
+   had then leisure"), not before the pause is ``turn_open_silence_ms`` long.
 3. Words that end as a finished sentence end the turn once the pause reaches
    ``turn_finished_silence_ms``, whatever the model scores: no finished sentence waits for the cap.
 4. If the model fails on a pause, that pause ends as silence detection would
@@ -85,6 +86,7 @@ class TurnRule:
     unfinished_endings: tuple[str, ...]
     text_threshold: float = 0.01  # a text score below it vetoes the pause's end (the module's rule)
     text_hold_ms: int = 1000  # a pause the text vetoed ends at this silence
+    open_silence_ms: int = 0  # the model's 'complete' on words without a final mark waits for this silence
 
     @classmethod
     def of(cls, settings: Settings) -> TurnRule:
@@ -97,6 +99,7 @@ class TurnRule:
             unfinished_endings=tuple(settings.turn_unfinished_endings),
             text_threshold=settings.turn_text_threshold,
             text_hold_ms=settings.turn_text_hold_ms,
+            open_silence_ms=settings.turn_open_silence_ms,
         )
 
     def words(self, text: str) -> Words:
@@ -113,12 +116,23 @@ class TurnRule:
             return False
         return probability >= (self.threshold if first else self.rescore_threshold)
 
-    def silence_ends_ms(self, words: Words, *, model_failed: bool, text: float | None = None) -> int | None:
-        """The pause length at which the turn ends whatever the model scores (rules 3 and 4, and the
-        text's hold), or None: the model or the eagerness cap decides."""
+    def model_end_silence_ms(self, words: Words) -> int:
+        """The pause length from which the model's 'complete' ends the turn (rule 2): at once, but
+        for words without a final mark ``open_silence_ms``."""
+        return self.open_silence_ms if words is Words.OPEN else 0
+
+    def silence_ends_ms(
+        self, words: Words, *, model_failed: bool, text: float | None = None, model_agreed: bool = False
+    ) -> int | None:
+        """The pause length at which the turn ends (rules 2-4, and the text's hold), or None: the
+        model or the eagerness cap decides. ``model_agreed``: the model's 'complete' waits for the
+        silence (``model_end_silence_ms``)."""
         ends = [self.fallback_silence_ms] if model_failed else []
         if self.text_vetoes(text):
             ends.append(self.text_hold_ms)
-        elif words is Words.FINISHED and self.finished_silence_ms > 0:
-            ends.append(self.finished_silence_ms)
+        else:
+            if words is Words.FINISHED and self.finished_silence_ms > 0:
+                ends.append(self.finished_silence_ms)
+            if model_agreed and words is not Words.UNFINISHED:
+                ends.append(self.model_end_silence_ms(words))
         return min(ends) if ends else None

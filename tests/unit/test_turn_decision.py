@@ -57,6 +57,21 @@ def test_the_model_ends_a_turn_unless_its_words_read_unfinished() -> None:
     assert not r.model_ends(0.4, Words.FINISHED, first=True)
 
 
+def test_the_models_end_of_words_without_a_final_mark_waits_for_the_open_silence() -> None:
+    r = rule()
+    assert r.model_end_silence_ms(Words.OPEN) == Settings(_env_file=None).turn_open_silence_ms == 400
+    assert r.model_end_silence_ms(Words.FINISHED) == 0  # "Turn off the lights." ends at the model's word
+    assert r.model_end_silence_ms(Words.UNKNOWN) == 0
+    # Once the model agreed, the pause ends at that silence (OPEN) or as before (FINISHED: at once or at 600).
+    assert r.silence_ends_ms(Words.OPEN, model_failed=False, model_agreed=True) == 400
+    assert r.silence_ends_ms(Words.OPEN, model_failed=False) is None
+    assert r.silence_ends_ms(Words.UNFINISHED, model_failed=False, model_agreed=True) is None
+    assert rule(turn_open_silence_ms=700).silence_ends_ms(Words.OPEN, model_failed=False, model_agreed=True) == 700
+    assert rule(turn_open_silence_ms=0).model_end_silence_ms(Words.OPEN) == 0
+    # The text's veto still holds the pause to turn_text_hold_ms.
+    assert r.silence_ends_ms(Words.OPEN, model_failed=False, text=0.001, model_agreed=True) == r.text_hold_ms
+
+
 def test_a_finished_sentence_ends_at_its_silence_whatever_the_model_says() -> None:
     r = rule()
     assert r.silence_ends_ms(Words.FINISHED, model_failed=False) == Settings(_env_file=None).turn_finished_silence_ms

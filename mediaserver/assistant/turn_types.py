@@ -123,6 +123,7 @@ class Turn:
         # and its audio before the first write, until it is released (or dropped unseen).
         self._release: asyncio.Event | None = None
         self.deferred: list[SessionEvent] = []
+        self.greet: str | None = None  # the enrolled speaker this answer greets (assistant/greeting.py)
 
     @property
     def held(self) -> bool:

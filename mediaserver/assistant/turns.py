@@ -35,6 +35,7 @@ from dataclasses import replace
 from typing import Any
 
 from mediaserver.assistant.audio_out import AudioOut, played_text
+from mediaserver.assistant.greeting import Greeting
 from mediaserver.assistant.prompt_fit import fit
 from mediaserver.assistant.speaker_context import current_speaker
 from mediaserver.assistant.speaker_tools import gated
@@ -106,6 +107,7 @@ class Assistant:
         # Who speaks (an enrolled speaker's name, from the session's finals): the prompt names them.
         self.speaker: str | None = None
         self._speculated_for: str | None = None  # the speaker a speculative answer's prompt named
+        self._greeted: str | None = None  # the enrolled speaker the answers last went to (greeting.py)
         self.toolbox: Toolbox | None = None  # tools for this assistant's own turns (assistant/tool_rounds.py)
 
     # --- state --------------------------------------------------------------------------------
@@ -127,10 +129,24 @@ class Assistant:
         """Forget the conversation (and stop an answer in progress)."""
         await self.interrupt()
         self.history.clear()
+        self._greeted = None
 
     def heard_speaker(self, name: str | None) -> None:
         """The turn about to be answered was spoken by ``name`` (None: nobody enrolled matched)."""
         self.speaker = name
+
+    def _greeting_due(self) -> str | None:
+        """The enrolled speaker the next answer greets (assistant_greeting), if it is due."""
+        speaker = self.speaker
+        if not self.settings.assistant_greeting or speaker is None or speaker == self._greeted:
+            return None
+        return speaker
+
+    def _greet(self, turn: Turn) -> None:
+        """A voice-loop turn starts: it greets its speaker if due, and they count as greeted."""
+        turn.greet = self._greeting_due()
+        if self.speaker is not None:
+            self._greeted = self.speaker
 
     def _turn_context(self, of_the_speaker: bool = True) -> contextvars.Context:
         """The context a turn's task runs in: its tools see who speaks (``current_speaker``); a
@@ -216,6 +232,8 @@ class Assistant:
     ) -> Turn:
         start = self.out.written_samples if self.out is not None else 0
         turn = Turn(next(self._turns), options, start, record=record)
+        if record:
+            self._greet(turn)
         ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
         task = asyncio.get_running_loop().create_task(
             self._run(turn, messages, ended), name=f"assistant-turn-{self.name}", context=self._turn_context(record)
@@ -440,16 +458,29 @@ class Assistant:
         rounds: ToolRounds | None = None,
     ) -> None:
         first = True
+        greeting = (
+            Greeting(turn.greet, self.settings.assistant_greeting, self.settings.assistant_first_clause_words or 8)
+            if turn.greet is not None
+            else None
+        )
+
+        async def send(text: str) -> None:
+            if not text:
+                return
+            turn.text += text
+            await self._turn_emit(turn, AssistantText(turn.number, text, turn.text))
+            if speech is not None:
+                speech.feed(text)
+
         try:
             async for delta in self._deltas(turn, stream, rounds):
                 if first:
                     first = False
                     self.metrics.observe("llm_first_token", time.monotonic() - speech_ended_at)
-                turn.text += delta
                 turn.progress_at = time.monotonic()
-                await self._turn_emit(turn, AssistantText(turn.number, delta, turn.text))
-                if speech is not None:
-                    speech.feed(delta)
+                await send(greeting.push(delta) if greeting is not None else delta)
+            if greeting is not None:
+                await send(greeting.end())
             last = rounds.last if rounds is not None and rounds.last is not None else stream
             turn.usage, turn.finish_reason = last.usage, last.finish_reason
             if rounds is None:
@@ -521,6 +552,7 @@ class Assistant:
         start = self.out.written_samples if self.out is not None else 0
         turn = Turn(next(self._turns), self.options, start, record=True)
         turn._release = asyncio.Event()
+        turn.greet = self._greeting_due()
         ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
         messages = self.messages(user_text)
         task = asyncio.get_running_loop().create_task(
@@ -549,6 +581,8 @@ class Assistant:
             return False
         self._speculation = None
         self._registry.speculative_answers.labels("hit").inc()
+        if self.speaker is not None:
+            self._greeted = self.speaker
         self.history.append(ChatMessage("user", user_text))
         turn.start_sample = self.out.written_samples if self.out is not None else 0
         self._task, self._current = task, turn

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
 # The default system prompt of spoken answers: the voice loop's (assistant_system_prompt) and the WIS
 # chatbot's (llm_system_prompt).
@@ -93,6 +93,12 @@ class AssistantSettings(BaseModel):
         ge=0,
         description="speak the answer's first clause (at a comma) once it has this many words; 0 = whole sentences",
     )
+    assistant_greeting: str = Field(
+        "Hi {name}.",
+        description="voice loop: the first answer to an enrolled speaker starts with this ({name}: theirs) unless "
+        "the model's own first words name them (the bundled 135M model often does not); again after another "
+        "enrolled speaker's turn; empty = the model alone",
+    )
     assistant_client_tool_timeout_s: float = Field(
         10.0,
         gt=0,
@@ -127,3 +133,16 @@ class AssistantSettings(BaseModel):
         "that server (its URL, headers or command stay the operator's)",
     )
     realtime_mcp_max_servers: int = Field(4, ge=1, le=32, description="type mcp tools in one Realtime session")
+
+    @field_validator("assistant_greeting")
+    @classmethod
+    def _greeting_names_the_speaker(cls, value: str) -> str:
+        if not value.strip():
+            return ""
+        try:
+            filled = value.format(name="Alice")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"assistant_greeting: only {{name}} may be filled in ({exc})") from None
+        if "Alice" not in filled:
+            raise ValueError("assistant_greeting must contain {name} (or be empty: the model alone)")
+        return value.strip()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,13 @@ import numpy as np
 import pytest
 
 from mediaserver.asr.service import AsrService
+from mediaserver.assistant.greeting import names
+from mediaserver.assistant.turn_types import AssistantOptions
+from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
+from mediaserver.events import SessionEvent
+from mediaserver.llm.service import LlmService
+from mediaserver.metrics import Metrics
 from mediaserver.speakers.fetch import default_dir, fetch
 from mediaserver.speakers.service import SpeakerService
 from tests.conftest import LiveServer, synthesize
@@ -287,3 +294,43 @@ async def test_deleting_a_speaker_while_a_voice_is_verified(
         status, _ = await willow_auth(http, server, clip(human_clips, SAME_READER[0]))
         assert status == 406
         assert await listed(http, server) == []
+
+
+async def test_the_voice_loop_says_an_enrolled_speakers_name_in_its_first_answer(
+    base_settings: Settings, llm_service: LlmService
+) -> None:
+    """With the bundled 135M model (which uses a name from the prompt about half the time), the
+    first answer to an enrolled speaker names them: the model's own words, or the greeting before
+    them (assistant_greeting). Their next answer has no greeting; another enrolled speaker's first
+    does; an unknown voice's does not."""
+    events: list[SessionEvent] = []
+
+    async def emit(event: SessionEvent) -> None:
+        events.append(event)
+
+    settings = base_settings
+    options = replace(AssistantOptions.from_settings(settings), speak=False)
+    helper = Assistant(llm_service, None, settings, options, emit, None, Metrics())
+
+    async def answer(speaker: str | None, question: str) -> str:
+        helper.heard_speaker(speaker)
+        await helper.answer(question)
+        assert helper._current is not None
+        outcome = await asyncio.wait_for(helper._current.outcome(), 60)
+        assert outcome.status == "completed", outcome
+        return outcome.text
+
+    try:
+        first = await answer("Maribel", "What is the capital of France?")
+        assert names(" ".join(first.split()[:8]), "Maribel"), first  # in its first words
+        again = await answer("Maribel", "And of Spain?")
+        assert not again.startswith("Hi Maribel."), again
+        other = await answer("Oswin", "What color is the sky?")
+        assert names(" ".join(other.split()[:8]), "Oswin"), other
+        unknown = await answer(None, "How many legs does a cat have?")
+        assert not unknown.startswith("Hi "), unknown
+    finally:
+        await helper.aclose()
+    # What was said is what the history keeps: the greeting is part of the answer heard.
+    said = [m.content for m in helper.history if m.role == "assistant"]
+    assert said[0] == first and said[2] == other, said

@@ -15,15 +15,29 @@ from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from mediaserver.config import Settings
 from mediaserver.errors import ApiError, GatewayTimeout, Overloaded
+from mediaserver.keep_alive import ModelKeeper
+from mediaserver.llm.engine import LlmEngine
+from mediaserver.llm.metrics import LlmMetrics
 from mediaserver.llm.registry import LlmSource
 from mediaserver.llm.tools import ToolCall, ToolCallAccumulator, ToolCallDelta
 from mediaserver.llm.types import ChatRequest, Finished, FinishReason, TextDelta, Usage
 
-if TYPE_CHECKING:
-    from mediaserver.llm.service import LlmService
+
+class GenerationHost(Protocol):
+    """What a generation needs of the service that runs it (``LlmService``)."""
+
+    settings: Settings
+    metrics: LlmMetrics
+    keeper: ModelKeeper
+
+    async def backend(self, source: LlmSource) -> LlmEngine: ...
+
+    def gate(self, model: str, concurrency: int) -> Gate: ...
+
 
 TOKEN_RATE_WINDOW_S = 10.0  # /health's and /metrics' tokens/s: all generations over this window
 
@@ -81,7 +95,7 @@ class LlmStream:
     skips them); either way ``tool_calls`` has the whole calls once the generation ended.
     """
 
-    def __init__(self, service: LlmService, source: LlmSource, request: ChatRequest) -> None:
+    def __init__(self, service: GenerationHost, source: LlmSource, request: ChatRequest) -> None:
         self.model = source.name
         self._cancel = threading.Event()
         self._outcome = _Outcome()
@@ -157,7 +171,7 @@ class LlmStream:
 
 
 async def _generate(
-    service: LlmService, source: LlmSource, request: ChatRequest, cancel: threading.Event, outcome: _Outcome
+    service: GenerationHost, source: LlmSource, request: ChatRequest, cancel: threading.Event, outcome: _Outcome
 ) -> AsyncGenerator[str | ToolCallDelta, None]:
     """One generation, holding its model's use from before the engine is looked up to the end: an
     idle stop (``llm_keep_alive_s``) never takes the engine from under it, and a consumer that goes
@@ -169,7 +183,7 @@ async def _generate(
 
 
 async def _generate_on(
-    service: LlmService, source: LlmSource, request: ChatRequest, cancel: threading.Event, outcome: _Outcome
+    service: GenerationHost, source: LlmSource, request: ChatRequest, cancel: threading.Event, outcome: _Outcome
 ) -> AsyncGenerator[str | ToolCallDelta, None]:
     metrics = service.metrics
     model = source.name

@@ -2,9 +2,10 @@
 
 The prompt names the person speaking (assistant/turns.py), but whether the answer uses the name is
 the language model's: the bundled SmolLM2-135M does in about half its greetings (docs/speakers.md).
-So the server makes sure of it, without waiting for more than the answer's first words: if the
-first sentence (or the first clause TTS would speak, ``assistant_first_clause_words``) names the
-speaker, it goes out as written; otherwise the greeting ("Hi Alice.") goes before it. Once per
+So the server makes sure of it, without waiting for more than the answer's first words: they are
+held until the first sentence ends (a ``.``, ``?`` or ``!`` and a space) or they are more than
+``assistant_first_clause_words`` words (8 when that is 0); if they name the speaker they go out as
+written, otherwise the greeting ("Hi Alice.") goes before them. Once per
 speaker while they keep talking: another enrolled speaker's turn in between makes the next one a
 greeting again; an unknown voice's does not.
 """

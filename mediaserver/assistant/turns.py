@@ -145,6 +145,11 @@ class Assistant:
     def _greet(self, turn: Turn) -> None:
         """A voice-loop turn starts: it greets its speaker if due, and they count as greeted."""
         turn.greet = self._greeting_due()
+        self._answering_speaker()
+
+    def _answering_speaker(self) -> None:
+        """An answer to the speaker goes out (a turn started, a speculation released): they count as
+        greeted; an unknown voice changes nothing."""
         if self.speaker is not None:
             self._greeted = self.speaker
 
@@ -581,8 +586,7 @@ class Assistant:
             return False
         self._speculation = None
         self._registry.speculative_answers.labels("hit").inc()
-        if self.speaker is not None:
-            self._greeted = self.speaker
+        self._answering_speaker()
         self.history.append(ChatMessage("user", user_text))
         turn.start_sample = self.out.written_samples if self.out is not None else 0
         self._task, self._current = task, turn

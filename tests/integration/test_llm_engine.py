@@ -61,8 +61,9 @@ async def test_four_streams_progress_at_once(server: Any, llm_service: LlmServic
     await wait_idle(llm_service)
     process = await engine(llm_service)
     stop = asyncio.Event()
-    pinned = [asyncio.create_task(_keep_alive(process.base_url, stop)) for _ in range(PINNED_CONNECTIONS)]
-    await asyncio.sleep(0.3)  # each has its connection
+    connected = [asyncio.Event() for _ in range(PINNED_CONNECTIONS)]
+    pinned = [asyncio.create_task(_keep_alive(process.base_url, stop, ready)) for ready in connected]
+    await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in connected)), 30)
     try:
         await _four_streams_progress_at_once(server, llm_service)
     finally:
@@ -104,8 +105,9 @@ async def test_a_burst_straight_to_the_engine_starts_together_beside_kept_alive_
     for kept in range(4):
         await wait_idle(llm_service)
         stop = asyncio.Event()
-        pinned = [asyncio.create_task(_keep_alive(process.base_url, stop)) for _ in range(kept)]
-        await asyncio.sleep(0.3)  # each has its connection
+        connected = [asyncio.Event() for _ in range(kept)]
+        pinned = [asyncio.create_task(_keep_alive(process.base_url, stop, ready)) for ready in connected]
+        await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in connected)), 30)
         try:
             began = time.monotonic()
             results = await asyncio.gather(*(one(i, began) for i in range(4)))
@@ -115,12 +117,14 @@ async def test_a_burst_straight_to_the_engine_starts_together_beside_kept_alive_
         assert max(first for first, _ in results) < min(end for _, end in results), (kept, results)
 
 
-async def _keep_alive(base_url: str, stop: asyncio.Event) -> None:
-    """One connection to the engine, kept alive by a /health read every 50 ms until ``stop``."""
+async def _keep_alive(base_url: str, stop: asyncio.Event, ready: asyncio.Event) -> None:
+    """One connection to the engine, kept alive by a /health read every 50 ms until ``stop``;
+    ``ready`` is set once it has had its first answer (the connection is open and served)."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
         while not stop.is_set():
             async with http.get(f"{base_url}/health") as resp:
                 await resp.read()
+            ready.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.05)
 

@@ -24,6 +24,7 @@ arrives; AEC3 itself delays its output by 128 samples (8 ms, two of its 4 ms blo
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Final
 
 import numpy as np
@@ -33,6 +34,9 @@ from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
 FRAME_SAMPLES: Final = SAMPLE_RATE_HZ // 100  # 10 ms, AEC3's frame
 OUTPUT_LATENCY_SAMPLES: Final = 128  # AEC3's own delay of the output (measured, tools/bench_echo.py)
 MAX_REFERENCE_AHEAD_S: Final = 120.0  # reference recorded further ahead than this is refused
+MEASURE_FRAMES: Final = 60 * 100  # the last minute of (microphone, output) frame energies is kept
+ACTIVE_FRAME_DBFS: Final = -50.0  # output frames quieter than this are silence: not measured
+MIN_ACTIVE_FRAMES: Final = 3  # fewer active frames than this in a span: no measure
 
 
 class EchoCanceller:
@@ -54,6 +58,8 @@ class EchoCanceller:
         self._ref_start = 0  # stream-clock sample of self._ref[0]
         self._ref = np.zeros(0, np.float32)
         self._active = False  # has any reference been recorded since the reset?
+        self._mic_tail = np.zeros(OUTPUT_LATENCY_SAMPLES, np.float32)  # microphone samples AEC3's output lags by
+        self._removed: deque[tuple[float, float]] = deque(maxlen=MEASURE_FRAMES)  # (mic, output) mean square
 
     @property
     def position(self) -> int:
@@ -103,8 +109,35 @@ class EchoCanceller:
             self._ref_start = start + usable
             return frames.copy()
         reference = self._take_reference(start, usable)
-        out = self._aec.process(np.ascontiguousarray(frames), reference)
-        return np.asarray(out, np.float32)
+        out = np.asarray(self._aec.process(np.ascontiguousarray(frames), reference), np.float32)
+        self._measure(frames, out)
+        return out
+
+    def _measure(self, frames: AudioArray, out: AudioArray) -> None:
+        """Keep each output frame's energy beside the microphone's for the same audio (AEC3's output
+        lags its input by ``OUTPUT_LATENCY_SAMPLES``)."""
+        aligned = np.concatenate([self._mic_tail, frames])
+        self._mic_tail = aligned[-OUTPUT_LATENCY_SAMPLES:].copy()
+        n = out.size // FRAME_SAMPLES
+        mic = np.mean(np.square(aligned[: n * FRAME_SAMPLES].reshape(n, FRAME_SAMPLES), dtype=np.float64), axis=1)
+        cleaned = np.mean(np.square(out[: n * FRAME_SAMPLES].reshape(n, FRAME_SAMPLES), dtype=np.float64), axis=1)
+        self._removed.extend(zip(mic.tolist(), cleaned.tolist(), strict=True))
+
+    def removed_db(self, from_ms_ago: int, to_ms_ago: int) -> float | None:
+        """How much the canceller took out of the audio it put out between ``from_ms_ago`` and
+        ``to_ms_ago`` ms before its latest output: the median, over the frames with sound in them,
+        of the microphone's energy over the output's, in dB. Residual echo leaves mostly removed
+        frames (4.5-9 dB seen); a person, whose speech goes on once the answer pauses, mostly kept
+        ones (about 1 dB). None: no reference was ever recorded, or too few frames with sound."""
+        if not self._active or from_ms_ago <= to_ms_ago:
+            return None
+        frames = list(self._removed)
+        span = frames[max(0, len(frames) - from_ms_ago // 10) : max(0, len(frames) - to_ms_ago // 10)]
+        floor = 10.0 ** (ACTIVE_FRAME_DBFS / 10.0)
+        ratios = [mic / out for mic, out in span if out > floor]
+        if len(ratios) < MIN_ACTIVE_FRAMES:
+            return None
+        return float(10.0 * np.log10(max(float(np.median(ratios)), 1e-12)))
 
     def _take_reference(self, start: int, count: int) -> AudioArray:
         """The reference for stream-clock samples ``start`` .. ``start + count`` (zeros where none

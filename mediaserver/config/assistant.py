@@ -85,6 +85,13 @@ class AssistantSettings(BaseModel):
         description="the share of a barge-in's words (lowercase, no punctuation) found in the answer played so far "
         "that makes it the answer's echo",
     )
+    assistant_barge_in_echo_removed_db: float = Field(
+        2.0,
+        ge=0,
+        description="with the word check, on a stream the server cancels echo on: a barge-in the canceller took this "
+        "much out of (dB, the median over its frames with sound) is its residual echo, whatever Whisper wrote on it "
+        "('Thank you.'); 0 = off (docs/echo.md)",
+    )
     assistant_barge_in_echo_wait_ms: int = Field(
         5000, ge=100, description="an answer paused this long by a barge-in without a decision on its words is cut"
     )

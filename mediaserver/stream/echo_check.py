@@ -12,6 +12,11 @@ transcript then decides (``EchoCheck.decide``):
   words of what the turn has played so far (the sentences whose audio has started to go out): it is
   the answer's echo. It is not a user turn (it is not answered; its final says ``echo``) and the
   answer resumes where it paused;
+- where the stream runs the server's echo canceller (audio/echo.py), its words are not the answer's
+  but the canceller took ``assistant_barge_in_echo_removed_db`` or more out of it (the median over
+  its frames with sound): it is what the canceller left of the echo, on which Whisper writes a stock
+  phrase ("Thank you."); treated as the echo. A person's speech goes on once the answer pauses and
+  the echo dies away, so most of its frames come out whole;
 - it has no words (and a discarded segment, noise too short to be speech): the answer resumes;
 - otherwise it is a real barge-in: the answer is interrupted as without the check (what was heard is
   what played before the pause) and the utterance is answered as the user's next turn.
@@ -92,6 +97,7 @@ class Hold:
     """An utterance that started while the answer played: the answer waits on its words."""
 
     pause: int | None  # which pause it belongs to (``EchoCheck._pause``); None: the answer had just ended
+    removed_db: float | None = None  # what the stream's echo canceller took out of it (None: no canceller)
 
 
 class EchoCheck:
@@ -103,6 +109,7 @@ class EchoCheck:
         self.enabled = settings.assistant_barge_in_echo_check
         self.match = settings.assistant_barge_in_echo_match
         self.wait_s = settings.assistant_barge_in_echo_wait_ms / 1000.0
+        self.removed_db = settings.assistant_barge_in_echo_removed_db
         self._start_task = start_task
         self._pause = 0  # the pause under way (counts pauses), with the utterances it waits on
         self._waiting = 0
@@ -148,24 +155,38 @@ class EchoCheck:
             return False
         share = echo_share(text, answerer.played_text())
         if hold.pause is None:  # the answer had just ended: nothing to resume or cut
-            return self._is_echo(text, share)
+            return self._is_echo(text, share, hold)
         if not self._holds(answerer, hold):
             return False  # the pause already ended (timed out, cut by something else)
         if share is None:
             self._settle(answerer, hold, resume=True)  # no words: not the user
             return False
-        if self._is_echo(text, share):
+        if self._is_echo(text, share, hold):
             self._settle(answerer, hold, resume=True)
             return True
-        log.info("barge-in %r (%.0f %% of its words played): interrupting", text, share * 100)
+        log.info(
+            "barge-in %r (%.0f %% of its words played, %s dB removed by the canceller): interrupting",
+            text,
+            share * 100,
+            "no" if hold.removed_db is None else f"{hold.removed_db:.1f}",
+        )
         self._settle(answerer, hold, resume=False)
         await answerer.interrupt()
         return False
 
-    def _is_echo(self, text: str, share: float | None) -> bool:
-        if share is None or share < self.match:
+    def _is_echo(self, text: str, share: float | None, hold: Hold) -> bool:
+        if share is None:
             return False
-        log.info("speech %r is the answer's echo (%.0f %% of its words played): not answered", text, share * 100)
+        if share >= self.match:
+            log.info("speech %r is the answer's echo (%.0f %% of its words played): not answered", text, share * 100)
+        elif self.removed_db and hold.removed_db is not None and hold.removed_db >= self.removed_db:
+            log.info(
+                "speech %r is the canceller's residual echo (it took %.1f dB out of it): not answered",
+                text,
+                hold.removed_db,
+            )
+        else:
+            return False
         self.echoes += 1
         return True
 

@@ -134,6 +134,9 @@ class StreamSession:
         self._closed = False
         self.assistant: Answerer | None = None
         self.speakers: SpeakerService | None = None  # set by the transport: finals then name their speaker
+        # Set by a transport that cancels echo (audio/echo.py ``removed_db``): what the canceller took
+        # out of the audio fed from ``a`` to ``b`` ms before the latest (``EchoCheck``'s residual rule).
+        self.echo_removed: Callable[[int, int], float | None] | None = None
         self.barge_in = settings.assistant_barge_in
         self._echo = EchoCheck(settings, self._start_task)  # a barge-in's words decide whether it is the answer's echo
         self._apply_turn_mode()
@@ -484,7 +487,7 @@ class StreamSession:
                 self.asr.metrics.turn_ends.labels("cap").inc()  # nothing decided the turn: the eagerness cap ended it
             self._turns.drop()
             await self._emit(SpeechStopped(event.end_ms))
-            early, held = self._take_early_final(event), self._echo.ended()
+            early, held = self._take_early_final(event), self._held(event.start_ms, event.end_ms)
             await self._submit_final(event.audio, event.start_ms, event.end_ms, early=early, held=held)
         else:
             self._partials.cancel()
@@ -534,9 +537,18 @@ class StreamSession:
             await self._emit(SpeechStopped(event.end_ms, discarded=True))
             return None
         await self._emit(SpeechStopped(event.end_ms))
-        ended_at, held = time.monotonic(), self._echo.ended()
+        ended_at, held = time.monotonic(), self._held(event.start_ms, event.end_ms)
         await self._finals.wait()
         return await self._final(event.audio, event.start_ms, event.end_ms, ended_at=ended_at, held=held)
+
+    def _held(self, start_ms: int, end_ms: int) -> Hold | None:
+        """The utterance that just ended (``start_ms``-``end_ms``): its hold, if the answer waits on
+        it, with what the stream's echo canceller took out of it."""
+        held, measure = self._echo.ended(), self.echo_removed
+        if held is None or measure is None:
+            return held
+        now = self._segmenter.position_ms
+        return replace(held, removed_db=measure(now - start_ms, now - end_ms))
 
     def clear(self) -> None:
         """Drop buffered audio and any utterance in progress."""

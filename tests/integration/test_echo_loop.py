@@ -7,8 +7,10 @@ barge-in word check (``assistant_barge_in_echo_check`` off, the default) the ech
 answer. With the canceller on, this device still interrupted its first answer in 2 of 3 runs (the
 echo of AEC3's first second, while it converges). The word check (a barge-in whose words are the
 answer's own only pauses it, stream/echo_check.py) catches the echo Whisper hears as the answer's
-words, but not the stock phrases it writes on the canceller's residual ("Thank you."): that test is
-an expected failure until it holds. A person barging in still cuts the answer and is answered.
+words, and the stock phrases it writes on the canceller's residual ("Thank you.") by how much the
+canceller took out of them; a leak the canceller let through nearly whole still cuts the answer
+now and then: that test is an expected failure (not strict) until it holds every time. A person
+barging in still cuts the answer and is answered.
 docs/echo.md has the figures.
 """
 
@@ -194,9 +196,9 @@ def user_finals(messages: list[dict[str, Any]]) -> list[str]:
 
 @pytest.mark.xfail(
     strict=False,
-    reason="Whisper writes a stock phrase ('Thank you.', 'They come.', 'Okay.') on what the canceller "
-    "leaves of the first answer's echo while it converges: not the answer's words, so it still cut the "
-    "answer in 3 of 8 runs (docs/echo.md)",
+    reason="Whisper writes a stock phrase ('Thank you.', 'Good Lord.') on what the canceller leaves of the "
+    "first answer's echo while it converges; the canceller's measure of what it removed takes most for echo, "
+    "but one it let through nearly whole still cut the answer in 2 of 28 runs (docs/echo.md)",
 )
 async def test_with_echo_cancellation_and_the_word_check_an_echoing_device_hears_its_answers_to_the_end(
     server_factory: Callable[..., Any], speech: Callable[[str], Clip]

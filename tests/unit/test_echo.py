@@ -142,3 +142,34 @@ def test_reference_bookkeeping() -> None:
     assert ec.position == 0 and ec._ref.size == 0
     with pytest.raises(ValueError, match="16000"):
         EchoCanceller(48_000)
+
+
+def test_removed_db_tells_the_cancellers_residual_from_a_person(answers: list[Audio], person: Audio) -> None:
+    """``removed_db``: the echo AEC3 lets through while it converges comes out mostly taken away (and
+    once converged, silent: no measure); the person after the cut comes out whole; nothing is
+    measured before any reference."""
+    fresh = EchoCanceller()
+    fresh.process(person[:RATE])
+    assert fresh.removed_db(1000, 0) is None  # no reference: the audio passed through
+    trial = room.simulate(answers, np.random.default_rng(4), near=person, delays_ms=[120], cut_after_s=0.4)
+    assert trial.barge_at is not None
+    ec = EchoCanceller()
+    ec.played(trial.reference, 0)
+    step = 320
+    end = int(2.0 * RATE)  # the first answer's first 1.5 s (it starts at 0.5 s): AEC3 converging
+    for i in range(0, end, step):
+        ec.process(trial.mic[i : i + step])
+    converging = ec.removed_db(1500, 0)  # what leaks then is what the residual rule is for
+    assert converging is not None and converging >= 6.0, converging  # measured 8-27 dB over six seeds
+    end = trial.barge_at - RATE // 2  # echo only: the answers so far, before the person barges in
+    for i in range(int(2.0 * RATE), end, step):
+        ec.process(trial.mic[i : min(i + step, end)])
+    echo_only = ec.removed_db(3000, 0)
+    assert echo_only is None or echo_only >= 10.0, echo_only  # converged: mostly below -50 dBFS, no measure
+    start = trial.barge_at + RATE  # from 0.6 s after the cut: the person alone
+    for i in range(end, trial.mic.size, step):
+        ec.process(trial.mic[i : i + step])
+    ago_ms = (trial.mic.size - start) * 1000 // RATE
+    kept = ec.removed_db(ago_ms, 0)
+    assert kept is not None and kept < 2.0, kept  # measured 1.3 dB; the rule's default is 2 dB
+    assert ec.removed_db(0, 10) is None  # an empty span

@@ -195,3 +195,44 @@ async def test_without_assistant_barge_in_echo_check_speech_cuts_the_answer_at_o
         [final] = recorder.of(FinalTranscript)
         assert answerer.pauses == 0 and answerer.interrupts == 1
         assert final.echo is False and answerer.questions == [final.transcript.text]
+
+
+@pytest.mark.parametrize(
+    ("setting", "removed", "echo"),
+    [(2.0, 2.5, True), (2.0, 1.2, False), (8.0, 6.0, False), (0.0, 60.0, False), (2.0, None, False)],
+)
+async def test_assistant_barge_in_echo_removed_db_takes_the_cancellers_residual_for_echo(
+    asr_service: AsrService,
+    base_settings: Settings,
+    speech: Callable[[str], Clip],
+    setting: float,
+    removed: float | None,
+    echo: bool,
+) -> None:
+    """Words that are not the answer's ("kitchen" over a story), on a stream whose canceller took
+    ``removed`` dB out of them: its residual echo when that is ``assistant_barge_in_echo_removed_db`` or
+    more (0: off; None: no measure), else a real barge-in."""
+    settings = base_settings.model_copy(
+        update={"assistant_barge_in_echo_check": True, "assistant_barge_in_echo_removed_db": setting}
+    )
+    answerer = SpeakingAnswerer(SENTENCES["story"])
+    asked: list[tuple[int, int]] = []
+
+    def measure(from_ms_ago: int, to_ms_ago: int) -> float | None:
+        asked.append((from_ms_ago, to_ms_ago))
+        return removed
+
+    audio = utterance(speech("kitchen"))
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        session.echo_removed = measure
+        await feed(session, audio)
+        await until(lambda: bool(recorder.of(FinalTranscript)))
+        [final] = recorder.of(FinalTranscript)
+        assert final.echo is echo, final
+        assert answerer.interrupts == (0 if echo else 1) and answerer.resumes == (1 if echo else 0)
+        # Asked once, for the utterance, counted back from the latest audio fed (the utterance ends
+        # with its hangover, so at 0 ms ago), and beginning before the clip's speech.
+        [(begin, end)] = asked
+        assert final.audio_end_ms - final.audio_start_ms == begin - end
+        assert 0 <= end < 1000 + speech("kitchen").audio16k.size * 1000 // RATE_HZ < begin + 1000

@@ -359,6 +359,7 @@ class WsSession(SocketSession):
         elif self.echo is None:
             self.echo = EchoCanceller()
             self.mic_arrived = self.echo.position + self.backlog_samples  # its clock starts at the audio fed next
+        self.stream.echo_removed = self.echo.removed_db if self.echo is not None else None
         if self.wake is not None:
             self.wake.close()
         self.wake = new_gate(list(config.wake), self.settings) if config.wake is not None else None

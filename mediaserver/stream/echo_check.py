@@ -16,7 +16,8 @@ transcript then decides (``EchoCheck.decide``):
   but the canceller took ``assistant_barge_in_echo_removed_db`` or more out of it (the median over
   its frames with sound): it is what the canceller left of the echo, on which Whisper writes a stock
   phrase ("Thank you."); treated as the echo. A person's speech goes on once the answer pauses and
-  the echo dies away, so most of its frames come out whole;
+  the echo dies away, so most of its frames come out whole. (Not for speech after the answer ended:
+  a quick reply then overlaps the echo's tail, so the words alone decide there);
 - it has no words (and a discarded segment, noise too short to be speech): the answer resumes;
 - otherwise it is a real barge-in: the answer is interrupted as without the check (what was heard is
   what played before the pause) and the utterance is answered as the user's next turn.
@@ -179,7 +180,9 @@ class EchoCheck:
             return False
         if share >= self.match:
             log.info("speech %r is the answer's echo (%.0f %% of its words played): not answered", text, share * 100)
-        elif self.removed_db and hold.removed_db is not None and hold.removed_db >= self.removed_db:
+        elif hold.pause is not None and self.removed_db and (hold.removed_db or 0.0) >= self.removed_db:
+            # (Only over a paused answer: right after an answer, a quick reply overlaps the echo's tail,
+            # and the canceller takes much of its start; a leak then is rare, the canceller converged.)
             log.info(
                 "speech %r is the canceller's residual echo (it took %.1f dB out of it): not answered",
                 text,

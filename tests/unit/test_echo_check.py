@@ -236,3 +236,22 @@ async def test_assistant_barge_in_echo_removed_db_takes_the_cancellers_residual_
         [(begin, end)] = asked
         assert final.audio_end_ms - final.audio_start_ms == begin - end
         assert 0 <= end < 1000 + speech("kitchen").audio16k.size * 1000 // RATE_HZ < begin + 1000
+
+
+async def test_right_after_the_answer_ended_the_cancellers_measure_does_not_make_an_echo(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    """Speech starting within a second of the answer's end (nothing left to pause): a quick reply
+    overlaps the echo's tail, so however much the canceller took out of it, only its words count."""
+    settings = base_settings.model_copy(update={"assistant_barge_in_echo_check": True})
+    answerer = SpeakingAnswerer(SENTENCES["story"])
+    answerer.speaking = False
+    answerer.spoke_within = lambda seconds: True  # type: ignore[method-assign]
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        session.echo_removed = lambda from_ms_ago, to_ms_ago: 60.0
+        await feed(session, utterance(speech("kitchen")))
+        await until(lambda: bool(recorder.of(FinalTranscript)))
+        [final] = recorder.of(FinalTranscript)
+        assert final.echo is False and answerer.pauses == 0
+        assert answerer.questions == [final.transcript.text]

@@ -61,9 +61,7 @@ async def test_four_streams_progress_at_once(server: Any, llm_service: LlmServic
     await wait_idle(llm_service)
     process = await engine(llm_service)
     stop = asyncio.Event()
-    connected = [asyncio.Event() for _ in range(PINNED_CONNECTIONS)]
-    pinned = [asyncio.create_task(_keep_alive(process.base_url, stop, ready)) for ready in connected]
-    await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in connected)), 30)
+    pinned = await _pin(process.base_url, PINNED_CONNECTIONS, stop)
     try:
         await _four_streams_progress_at_once(server, llm_service)
     finally:
@@ -105,9 +103,7 @@ async def test_a_burst_straight_to_the_engine_starts_together_beside_kept_alive_
     for kept in range(4):
         await wait_idle(llm_service)
         stop = asyncio.Event()
-        connected = [asyncio.Event() for _ in range(kept)]
-        pinned = [asyncio.create_task(_keep_alive(process.base_url, stop, ready)) for ready in connected]
-        await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in connected)), 30)
+        pinned = await _pin(process.base_url, kept, stop)
         try:
             began = time.monotonic()
             results = await asyncio.gather(*(one(i, began) for i in range(4)))
@@ -115,6 +111,15 @@ async def test_a_burst_straight_to_the_engine_starts_together_beside_kept_alive_
             stop.set()
             await asyncio.gather(*pinned)
         assert max(first for first, _ in results) < min(end for _, end in results), (kept, results)
+
+
+async def _pin(base_url: str, count: int, stop: asyncio.Event) -> list[asyncio.Task[None]]:
+    """``count`` connections to the engine kept alive until ``stop`` (``_keep_alive``), returned
+    once each has been served."""
+    connected = [asyncio.Event() for _ in range(count)]
+    pinned = [asyncio.create_task(_keep_alive(base_url, stop, ready)) for ready in connected]
+    await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in connected)), 30)
+    return pinned
 
 
 async def _keep_alive(base_url: str, stop: asyncio.Event, ready: asyncio.Event) -> None:

@@ -100,15 +100,28 @@ class LlamaServerEngine:
 
     @classmethod
     async def start(
-        cls, source: LlmSource, settings: Settings, device: DeviceChoice | None, on_restart: Any = None
+        cls,
+        source: LlmSource,
+        settings: Settings,
+        device: DeviceChoice | None,
+        on_restart: Any = None,
+        *,
+        scoring_slot: bool = False,
     ) -> LlamaServerEngine:
-        """Start the child and wait until it answers (ModelUnavailable naming why if it cannot)."""
+        """Start the child and wait until it answers (ModelUnavailable naming why if it cannot);
+        ``scoring_slot``: one more slot for the turn text scorer (LlamaServerProcess)."""
         location = await asyncio.to_thread(hub_gguf, source.location, settings) if source.is_hub_id else source.location
         projector = settings.llm_vision_projectors.get(source.name)
         if projector is not None and is_hub_id(projector):
             projector = await asyncio.to_thread(hub_gguf, projector, settings)
         process = LlamaServerProcess(
-            source.name, location, settings, device, on_restart=on_restart, projector_path=projector
+            source.name,
+            location,
+            settings,
+            device,
+            on_restart=on_restart,
+            projector_path=projector,
+            scoring_slot=scoring_slot,
         )
         try:
             await process.start()

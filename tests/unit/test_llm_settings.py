@@ -235,3 +235,17 @@ def test_the_wis_chatbot_sends_the_configured_system_prompt() -> None:
     assert _messages(Settings(_env_file=None, llm_system_prompt=""), question) == [ChatMessage("user", question)]
     default = _messages(Settings(_env_file=None), question)[0]
     assert default.role == "system" and "voice assistant" in default.content
+
+
+def test_the_turn_text_scorer_gets_one_more_slot_of_its_own() -> None:
+    """turn_text_model "llm": the default model's engine runs llm_slots + 1 slots, the last one the
+    scorer's (turns/text_eou.py names it), each with llm_context_tokens; the generations keep theirs."""
+    gguf = bundled_gguf()
+    assert gguf is not None
+    settings = Settings(_env_file=None, llm_slots=3, llm_context_tokens=1024)
+    scoring = LlamaServerProcess(BUNDLED_NAME, str(gguf), settings, scoring_slot=True)
+    given = dict(itertools.pairwise(scoring.command(Path("llama-server"))))
+    assert (given["--parallel"], given["--ctx-size"], scoring.slots, scoring.scoring_slot) == ("4", "4096", 3, 3)
+    plain = LlamaServerProcess(BUNDLED_NAME, str(gguf), settings)
+    given = dict(itertools.pairwise(plain.command(Path("llama-server"))))
+    assert (given["--parallel"], given["--ctx-size"], plain.scoring_slot) == ("3", "3072", None)

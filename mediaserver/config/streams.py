@@ -106,12 +106,11 @@ class StreamSettings(BaseModel):
 
     # --- semantic end of turn: Smart Turn v3.2 (mediaserver/turns) -----------------------------
     turn_detection: Literal["silence", "semantic"] = Field(
-        "silence",
+        "semantic",
         description="how a streamed utterance ends when its session does not choose (device sockets, WebRTC, the "
-        "voice loop): 'silence' (after stream_vad_hangover_ms) or 'semantic' (each pause is judged on the turn "
-        "model's score, its words and its length, see turn_* and docs/turns.md; falls back to silence without the "
-        "turn model). Realtime server_vad is always silence. Silence stays the default until the benchmarks show "
-        "the rule no slower on real speech (tools/README.md, bench_turns.py)",
+        "voice loop): 'semantic' (each pause is judged on the turn model's score, its words, their text score and "
+        "its length, see turn_* and docs/turns.md; falls back to silence without the turn model) or 'silence' "
+        "(after stream_vad_hangover_ms). Realtime server_vad is always silence",
     )
     turn_eagerness: Literal["low", "medium", "high", "auto"] = Field(
         "auto", description="semantic turns: how long an unfinished turn is waited for (turn_wait_*_ms); auto = medium"
@@ -185,23 +184,26 @@ class StreamSettings(BaseModel):
         description="semantic turns: the score that ends the turn at a rescore (the model scores a fragment higher "
         "the longer the silence after it: 'Remind me to buy' 0.01 after 200 ms, 0.84 after 500 ms)",
     )
-    turn_text_model: Literal["off", "llm"] = Field(
-        "off",
+    turn_text_model: Literal["off", "llm", "auto"] = Field(
+        "auto",
         description="semantic turns: a second opinion on the pause's words from a language model (docs/turns.md). "
-        "llm: the server's own LLM engine (a local llama-server; the bundled SmolLM2-135M was measured) reads the "
-        "probability that the sentence ends after the words (tiny.en's trailing marks removed); below "
-        "turn_text_threshold it vetoes the turn model's 'complete' and the finished-words end, and that pause ends at "
-        "turn_text_hold_ms of silence instead (or when the speech resumes, or at the eagerness cap). Fewer fragments "
-        "cut (real 0.7 s pauses: 51 % -> 33 %), some finished turns wait up to ~1 s longer. Needs the LLM on with a "
-        "local engine: with an upstream LLM or none, it is off (said in the log and /health's turns); a score that "
-        "fails or is late (the engine restarting) leaves the rule as with off",
+        "auto (the default): llm when the default LLM model is the bundled SmolLM2-135M on its local engine (the "
+        "one turn_text_threshold was measured on), else off. llm: the server's own LLM engine (a local "
+        "llama-server) reads the probability that the sentence ends after the words (tiny.en's trailing marks "
+        "removed); below turn_text_threshold it vetoes the turn model's 'complete' and the finished-words end, "
+        "and that pause ends at turn_text_hold_ms of silence instead (or when the speech resumes, or at the "
+        "eagerness cap). Fewer fragments cut (real 0.7 s pauses: 53 % -> 40 %); a finished sentence it scores "
+        "low waits up to turn_text_hold_ms. Needs the LLM on with a local engine: with an upstream LLM or none, "
+        "it is off (said in the log and /health's turns); a score that fails or is late (the engine restarting) "
+        "leaves the rule as with off",
     )
     turn_text_threshold: float = Field(
-        0.01,
+        0.001,
         gt=0,
         lt=1,
         description="turn_text_model: a pause whose words score below this (the probability of a sentence's end "
-        "after them) is vetoed as unfinished",
+        "after them) is vetoed as unfinished (the bundled SmolLM2: real 0.7 s mid-sentence pauses cut 53 % -> 40 %; "
+        "1 of 40 everyday requests vetoed, 'Can you help me?'; at 0.01: 33 %, but 6 of the 40)",
     )
     turn_text_hold_ms: int = Field(
         1000,

@@ -25,6 +25,7 @@ from typing import Any
 
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
+from mediaserver.llm.registry import BUNDLED_NAME
 from mediaserver.llm.service import LlmService
 
 log = logging.getLogger(__name__)
@@ -59,10 +60,14 @@ class TextEou:
         self.settings = settings
         self.service = service
         self.timeout_s = settings.turn_text_hold_ms / 1000.0
+        self.mode = settings.turn_text_model
         self.problem = problem or self._problem()
         self._tokens: dict[str, tuple[int, tuple[int, ...]]] = {}  # engine URL -> (<|im_end|>, the marks)
         if self.problem is not None:
-            log.warning("turn_text_model llm is off (%s): semantic turns judge pauses without the text", self.problem)
+            # Asked for (llm), its absence is a warning; by default (auto) it is how the server is set up.
+            level = logging.WARNING if self.mode == "llm" else logging.INFO
+            log.log(level, "turn_text_model %s is off (%s): semantic turns judge pauses without the text", self.mode,
+                    self.problem)  # fmt: skip
 
     def _problem(self) -> str | None:
         service = self.service
@@ -73,6 +78,11 @@ class TextEou:
             return "no LLM model resolves"
         if service.sources.source(name).backend != "llama.cpp":
             return f"the LLM model {name!r} is an upstream's, not a local engine"
+        if self.mode == "auto" and name != BUNDLED_NAME:
+            return (
+                f"auto: the default LLM model {name!r} is not the bundled {BUNDLED_NAME!r} that turn_text_threshold "
+                "was measured on (turn_text_model llm uses it all the same)"
+            )
         return None
 
     @property
@@ -81,7 +91,7 @@ class TextEou:
 
     def status(self) -> dict[str, Any]:
         """What ``/health``'s ``turns`` says of it."""
-        body: dict[str, Any] = {"text_model": "llm", "text_model_in_force": "llm" if self.in_force else "off"}
+        body: dict[str, Any] = {"text_model": self.mode, "text_model_in_force": "llm" if self.in_force else "off"}
         if self.problem is not None:
             body["text_model_problem"] = self.problem
         return body
@@ -115,6 +125,8 @@ class TextEou:
                 "cache_prompt": True,
                 "logit_bias": [[end, 100]],
             }
+            if engine.scoring_slot is not None:  # its own slot: no conversation's cache is evicted
+                body["id_slot"] = engine.scoring_slot
             answer = await engine.post_json("/completion", body, self.timeout_s)
         except ApiError as exc:
             raise TextUnavailable(exc.message) from exc
@@ -128,6 +140,6 @@ class TextEou:
 
 def text_eou_of(settings: Settings, service: LlmService | None, llm_problem: str | None = None) -> TextEou | None:
     """The app's text scorer, or None with ``turn_text_model`` "off" (``llm_problem``: why the LLM is off)."""
-    if settings.turn_text_model != "llm":
+    if settings.turn_text_model == "off":
         return None
     return TextEou(settings, service, llm_problem or (None if service is not None else "the LLM is off"))

@@ -5,7 +5,7 @@ streamed in real time into StreamSessions on the real ASR service and the real t
 "Remind me to buy" then a pause of 0.8 s between the words: tiny.en writes "Remind me to buy." (a
 finished sentence's words: the rule ends that pause at 600 ms, and the turn model scores it 0.94 at
 its 500 ms rescore), so without the text the sentence is cut at its pause. The text scores the bare
-words far below 0.01: the pause is held to ``turn_text_hold_ms`` and the speech resumes first.
+words far below the threshold (0.001): the pause is held to ``turn_text_hold_ms`` and the speech resumes first.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
 from mediaserver.events import FinalTranscript, SessionEvent, SpeechStopped, TranscriptionOptions, TurnDecided
 from mediaserver.llm.service import LlmService
+from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.stream.options import StreamOptions
 from mediaserver.stream.session import StreamSession
 from mediaserver.turns.fetch import default_dir, fetch
@@ -31,6 +32,7 @@ from tests.conftest import Clip, ServerFactory
 from tests.integration.test_turns import Run, gap_for, silence, stream_real_time, words, ws_turn_end
 
 HOLD_MS = 1200  # not the default (1000): the setting reaches the session
+THRESHOLD = Settings(_env_file=None).turn_text_threshold
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +96,7 @@ async def test_the_engine_reads_a_fragment_from_a_sentence(base_settings: Settin
     scorer = text_eou_of(text_settings(base_settings), llm_service)
     assert scorer is not None and scorer.in_force, scorer and scorer.problem
     for fragment in ("Remind me to buy.", "What's the weather in", "10 of"):
-        assert await scorer.probability(fragment) < 0.01, fragment
+        assert await scorer.probability(fragment) < THRESHOLD, fragment
     for sentence in ("Remind me to buy milk.", "What is the capital of France?", "Turn off the lights in the bedroom."):
         assert await scorer.probability(sentence) >= 0.02, sentence
 
@@ -122,7 +124,7 @@ async def test_a_fragment_the_rule_cuts_stays_one_turn_with_the_text(
     heard = words(finals(on)[0].transcript.text)
     assert "remind" in heard and "bread" in heard, heard
     assert stopped(on)[0].audio_end_ms >= on.speech_end_ms
-    vetoed = [d for d in decided(on) if d.text_probability is not None and d.text_probability < 0.01]
+    vetoed = [d for d in decided(on) if d.text_probability is not None and d.text_probability < THRESHOLD]
     assert vetoed and not vetoed[0].complete, decided(on)  # the model's 0.9+ was vetoed
 
 
@@ -144,7 +146,7 @@ async def test_finished_sentences_still_end_promptly_with_the_text(
     for sentence, run in zip(sentences, runs, strict=True):
         ended = decided(run)[-1]
         assert ended.complete and ended.by in ("model", "words"), (sentence, decided(run))
-        assert ended.text_probability is not None and ended.text_probability >= 0.01, (sentence, ended)
+        assert ended.text_probability is not None and ended.text_probability >= THRESHOLD, (sentence, ended)
         assert len(stopped(run)) == 1 and len(finals(run)) == 1, (sentence, run.events)
         assert stopped(run)[0].audio_end_ms - run.speech_end_ms < HOLD_MS, (sentence, stopped(run))
 
@@ -154,13 +156,28 @@ async def test_a_stopped_engine_gives_no_text_and_the_rule_goes_on_as_without_it
 ) -> None:
     """An LLM engine that was running and is stopped (its own service, so the shared one stays up):
     no score, counted and logged; the fragment is cut as with the text off, and the session goes on
-    to its second utterance's final."""
-    service = LlmService(base_settings, asr_service.metrics)
+    to its second utterance's final. While it serves, the scorings run in the engine's extra slot
+    (here 2, with llm_slots 2) and leave a conversation's cached prompt where it was."""
+    settings = text_settings(base_settings, llm_slots=2)
+    service = LlmService(settings, asr_service.metrics)
     await service.start()
-    settings = text_settings(base_settings)
     scorer = text_eou_of(settings, service)
     assert scorer is not None and scorer.in_force
-    assert await scorer.probability("Remind me to buy") < 0.01  # it was serving
+    history = [ChatMessage("system", "You are a helpful assistant."), ChatMessage("user", "Name a fruit.")]
+    async with service.stream(history, GenerationParams(max_tokens=12)) as answer:
+        history.append(ChatMessage("assistant", await answer.text()))
+    before = answer.usage
+    for words_ in ("Remind me to buy", "What is the capital of France", "10 of"):
+        assert (await scorer.probability(words_) < THRESHOLD) == (words_ != "What is the capital of France"), words_
+    engine = service.running_engine("smollm2-135m-instruct")
+    assert engine is not None and engine.scoring_slot == 2
+    used = [slot["id"] for slot in await engine.slot_states() if slot.get("id_task", -1) >= 0]
+    assert len(used) == 2 and used[-1] == 2, used  # the conversation's slot and the scorer's
+    history.append(ChatMessage("user", "What color is it?"))
+    async with service.stream(history, GenerationParams(max_tokens=12)) as answer:
+        await answer.text()
+    assert before is not None and answer.usage is not None and answer.usage.cached_tokens is not None
+    assert answer.usage.cached_tokens >= before.prompt_tokens, (before, answer.usage)  # not evicted
     await service.aclose()
     with pytest.raises(TextUnavailable):
         await scorer.probability("Remind me to buy")
@@ -176,18 +193,22 @@ async def test_a_stopped_engine_gives_no_text_and_the_rule_goes_on_as_without_it
 
 
 async def test_health_says_whether_the_text_model_is_in_force(server_factory: ServerFactory) -> None:
-    """With the shared local engine it is; with the LLM off it is off, and /health says why."""
+    """With the shared local engine it is; with the LLM off it is off, and /health says why. By
+    default (auto) it is in force on the bundled SmolLM2; turned off, /health says nothing of it."""
     on = await server_factory(turn_text_model="llm")
     off = await server_factory(turn_text_model="llm", llm_enabled=False)
     default = await server_factory()
+    turned_off = await server_factory(turn_text_model="off")
     async with aiohttp.ClientSession() as http:
         turns = []
-        for server in (on, off, default):
+        for server in (on, off, default, turned_off):
             async with http.get(server.url + "/health") as response:
                 turns.append((await response.json())["turns"])
     assert turns[0]["text_model"] == "llm" and turns[0]["text_model_in_force"] == "llm", turns[0]
     assert turns[1]["text_model_in_force"] == "off" and "LLM is off" in turns[1]["text_model_problem"], turns[1]
-    assert "text_model" not in turns[2], turns[2]
+    assert turns[2]["text_model"] == "auto" and turns[2]["text_model_in_force"] == "llm", turns[2]
+    assert turns[2]["default"] == "semantic" and turns[2]["default_in_force"] == "semantic", turns[2]
+    assert "text_model" not in turns[3], turns[3]
 
 
 async def test_the_device_socket_holds_a_fragment_with_the_text_model(
@@ -204,8 +225,8 @@ async def test_the_device_socket_holds_a_fragment_with_the_text_model(
     assert ready["turn_detection"] == "semantic", ready
     assert sum(m["type"] == "final" for m in got) == 1, got
     turns = [m for m in got if m["type"] == "turn"]
-    assert any(m.get("text_probability", 1.0) < 0.01 and not m["complete"] for m in turns), turns
-    assert turns[-1]["complete"] and turns[-1]["text_probability"] >= 0.01, turns
+    assert any(m.get("text_probability", 1.0) < THRESHOLD and not m["complete"] for m in turns), turns
+    assert turns[-1]["complete"] and turns[-1]["text_probability"] >= THRESHOLD, turns
 
 
 async def test_an_upstream_llm_leaves_the_text_model_off(base_settings: Settings, asr_service: AsrService) -> None:
@@ -217,6 +238,9 @@ async def test_an_upstream_llm_leaves_the_text_model_off(base_settings: Settings
     scorer = text_eou_of(settings, LlmService(settings, asr_service.metrics))
     assert scorer is not None and not scorer.in_force
     assert scorer.status()["text_model_in_force"] == "off" and "upstream" in scorer.status()["text_model_problem"]
+    auto_settings = settings.model_copy(update={"turn_text_model": "auto"})
+    auto = text_eou_of(auto_settings, LlmService(auto_settings, asr_service.metrics))
+    assert auto is not None and not auto.in_force and auto.status()["text_model"] == "auto"
     with pytest.raises(TextUnavailable):
         await scorer.probability("Remind me to buy")
 

@@ -111,7 +111,7 @@ def test_a_low_text_score_vetoes_the_model_and_the_finished_words() -> None:
     assert r.silence_ends_ms(Words.FINISHED, model_failed=False, text=0.04) == 1300
     assert r.silence_ends_ms(Words.OPEN, model_failed=False, text=0.04) == 1300
     assert r.silence_ends_ms(Words.UNFINISHED, model_failed=False, text=0.04) == 1300
-    # At or above the threshold (0.01 would veto at the default), or no score: the rule as without it.
+    # At or above the threshold (here 0.05), or no score: the rule as without it.
     assert r.model_ends(0.6, Words.FINISHED, first=True, text=0.05)
     assert r.model_ends(0.6, Words.FINISHED, first=True, text=None)
     assert not r.model_ends(0.99, Words.UNFINISHED, first=True, text=0.9)
@@ -135,10 +135,10 @@ def test_the_text_hold_and_a_failed_model() -> None:
 
 def test_text_settings_defaults_and_limits() -> None:
     settings = Settings(_env_file=None)
-    assert settings.turn_text_model == "off"
-    assert (settings.turn_text_threshold, settings.turn_text_hold_ms) == (0.01, 1000)
+    assert settings.turn_text_model == "auto"
+    assert (settings.turn_text_threshold, settings.turn_text_hold_ms) == (0.001, 1000)
     r = TurnRule.of(settings)
-    assert r.text_vetoes(0.0099) and not r.text_vetoes(0.01)
+    assert r.text_vetoes(0.00099) and not r.text_vetoes(0.001)
     for bad in ({"turn_text_threshold": 0}, {"turn_text_threshold": 1}, {"turn_text_hold_ms": 0}):
         with pytest.raises(ValueError):
             Settings.model_validate({**bad})

@@ -106,11 +106,12 @@ class StreamSettings(BaseModel):
 
     # --- semantic end of turn: Smart Turn v3.2 (mediaserver/turns) -----------------------------
     turn_detection: Literal["silence", "semantic"] = Field(
-        "semantic",
+        "silence",
         description="how a streamed utterance ends when its session does not choose (device sockets, WebRTC, the "
-        "voice loop): 'semantic' (each pause is judged on the turn model's score, its words, their text score and "
-        "its length, see turn_* and docs/turns.md; falls back to silence without the turn model) or 'silence' "
-        "(after stream_vad_hangover_ms). Realtime server_vad is always silence",
+        "voice loop): 'silence' (after stream_vad_hangover_ms) or 'semantic' (each pause is judged on the turn "
+        "model's score, its words, their text score and its length, see turn_* and docs/turns.md; falls back to "
+        "silence without the turn model). Realtime server_vad is always silence. Silence stays the default while "
+        "the rule ends more turns at short mid-sentence pauses than silence detection (docs/turns.md, Measured)",
     )
     turn_eagerness: Literal["low", "medium", "high", "auto"] = Field(
         "auto", description="semantic turns: how long an unfinished turn is waited for (turn_wait_*_ms); auto = medium"

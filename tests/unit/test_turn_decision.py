@@ -69,7 +69,7 @@ def test_the_models_end_of_words_without_a_final_mark_waits_for_the_open_silence
     assert rule(turn_open_silence_ms=700).silence_ends_ms(Words.OPEN, model_failed=False, model_agreed=True) == 700
     assert rule(turn_open_silence_ms=0).model_end_silence_ms(Words.OPEN) == 0
     # The text's veto still holds the pause to turn_text_hold_ms.
-    assert r.silence_ends_ms(Words.OPEN, model_failed=False, text=0.001, model_agreed=True) == r.text_hold_ms
+    assert r.silence_ends_ms(Words.OPEN, model_failed=False, text=0.0005, model_agreed=True) == r.text_hold_ms
 
 
 def test_a_finished_sentence_ends_at_its_silence_whatever_the_model_says() -> None:
@@ -124,10 +124,10 @@ def test_a_low_text_score_vetoes_the_model_and_the_finished_words() -> None:
 def test_the_text_hold_and_a_failed_model() -> None:
     """A pause the model failed on still ends as silence detection would when that comes first."""
     r = rule(stream_vad_hangover_ms=700, turn_text_hold_ms=900)
-    assert r.silence_ends_ms(Words.FINISHED, model_failed=True, text=0.001) == 700
+    assert r.silence_ends_ms(Words.FINISHED, model_failed=True, text=0.0005) == 700
     assert (
         rule(stream_vad_hangover_ms=700, turn_text_hold_ms=500).silence_ends_ms(
-            Words.OPEN, model_failed=True, text=0.001
+            Words.OPEN, model_failed=True, text=0.0005
         )
         == 500
     )

@@ -60,7 +60,7 @@ class LlmSettings(BaseModel):
         ge=1,
         le=64,
         description="generations one llama-server engine runs at once (--parallel), continuously batched; more "
-        "wait in the queue (llm_max_queue)",
+        "wait in the queue (llm_max_queue); the turn text scorer (turn_text_model) gets one more slot of its own",
     )
     llm_context_tokens: int = Field(
         2048, ge=128, description="context window of each slot (prompt + answer); the engine holds llm_slots of them"

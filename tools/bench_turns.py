@@ -268,7 +268,9 @@ def pause_end(
             ends.append((_frame_up(arrives), f"model {check.probability:.2f} at {check.silence_ms}"))
             break
     if policy in ("rule", "rule+text") and not veto:
-        at = rule.silence_ends_ms(words_class, model_failed=False)
+        at = rule.silence_ends_ms(
+            words_class, model_failed=False, text=text_probability if policy == "rule+text" else None
+        )
         if at is not None:
             ends.append((_frame_up(max(at, pause.words_ready_ms, text_ready)), f"words at {at}"))
     ends = [e for e in ends if e[0] < pause.length_ms]
@@ -462,10 +464,16 @@ def main() -> None:
         "(tools/text_eou.py; asr: the words as decoded, punct: P(a final mark) after the bare words)",
     )
     parser.add_argument(
-        "--text-threshold", type=float, default=0.02, help="a text score below it vetoes the turn's end"
+        "--text-threshold",
+        type=float,
+        default=None,
+        help="a text score below it vetoes the turn's end (default: turn_text_threshold)",
     )
     parser.add_argument(
-        "--text-hold-ms", type=int, default=1000, help="a vetoed pause ends at this silence (0: the cap)"
+        "--text-hold-ms",
+        type=int,
+        default=None,
+        help="a vetoed pause ends at this silence, 0: the cap (default: turn_text_hold_ms)",
     )
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG here")
     parser.add_argument("--json", type=Path, default=None, help="write every result here")
@@ -488,7 +496,9 @@ def main() -> None:
     text = None
     if args.text_eou is not None:
         scores = text_scores(traced, args.text_eou)
-        text = TextJudge(args.text_eou, args.text_threshold, args.text_hold_ms, scores)
+        threshold = settings.turn_text_threshold if args.text_threshold is None else args.text_threshold
+        hold_ms = settings.turn_text_hold_ms if args.text_hold_ms is None else args.text_hold_ms
+        text = TextJudge(args.text_eou, threshold, hold_ms, scores)
         times = [ms for _, ms in scores.values()]
         print(
             f"text EOU ({args.text_eou}, SmolLM2-135M Q4_1, llama-server 1 thread): {len(times)} word strings, "

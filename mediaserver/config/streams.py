@@ -206,6 +206,15 @@ class StreamSettings(BaseModel):
         "after them) is vetoed as unfinished (the bundled SmolLM2: real 0.7 s mid-sentence pauses cut 53 % -> 40 %; "
         "1 of 40 everyday requests vetoed, 'Can you help me?'; at 0.01: 33 %, but 6 of the 40)",
     )
+    turn_text_finished: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="turn_text_model: words without a final mark ('Remind me to buy eggs and bread', which the turn "
+        "model scored low and waited the 4 s cap for) that the text scores at least this end the turn at "
+        "turn_finished_silence_ms, as finished words do (bench_turns.py: no paused sentence waits the cap; real "
+        "0.7 s pauses cut 40 % -> 42 %); 0 = never",
+    )
     turn_text_hold_ms: int = Field(
         1000,
         gt=0,

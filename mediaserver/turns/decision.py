@@ -87,6 +87,7 @@ class TurnRule:
     text_threshold: float = 0.01  # a text score below it vetoes the pause's end (the module's rule)
     text_hold_ms: int = 1000  # a pause the text vetoed ends at this silence
     open_silence_ms: int = 0  # the model's 'complete' on words without a final mark waits for this silence
+    text_finished: float = 0.0  # a text score at least this makes words without a final mark finished (0: never)
 
     @classmethod
     def of(cls, settings: Settings) -> TurnRule:
@@ -100,10 +101,15 @@ class TurnRule:
             text_threshold=settings.turn_text_threshold,
             text_hold_ms=settings.turn_text_hold_ms,
             open_silence_ms=settings.turn_open_silence_ms,
+            text_finished=settings.turn_text_finished,
         )
 
     def words(self, text: str) -> Words:
         return classify(text, self.unfinished_words, self.unfinished_endings)
+
+    def text_finishes(self, text: float | None) -> bool:
+        """Whether the text's score reads the words as a finished sentence (``text_finished``)."""
+        return text is not None and self.text_finished > 0 and text >= self.text_finished
 
     def text_vetoes(self, text: float | None) -> bool:
         """Whether the text's score (None: no text evidence) says the words are unfinished."""
@@ -133,6 +139,8 @@ class TurnRule:
         else:
             if words is Words.FINISHED and self.finished_silence_ms > 0:
                 ends.append(self.finished_silence_ms)
+            if words is Words.OPEN and self.text_finishes(text) and self.finished_silence_ms > 0:
+                ends.append(self.finished_silence_ms)  # the text reads a sentence where Whisper left no mark
             if model_agreed and words is not Words.UNFINISHED:
                 ends.append(self.model_end_silence_ms(words))
         return min(ends) if ends else None

@@ -117,7 +117,8 @@ def test_a_low_text_score_vetoes_the_model_and_the_finished_words() -> None:
     assert not r.model_ends(0.99, Words.UNFINISHED, first=True, text=0.9)
     assert r.silence_ends_ms(Words.FINISHED, model_failed=False, text=0.05) == 600
     assert r.silence_ends_ms(Words.FINISHED, model_failed=False, text=None) == 600
-    assert r.silence_ends_ms(Words.OPEN, model_failed=False, text=0.5) is None
+    assert r.silence_ends_ms(Words.OPEN, model_failed=False, text=0.05) is None
+    assert r.silence_ends_ms(Words.OPEN, model_failed=False, text=0.5) == 600  # reads finished (turn_text_finished)
     assert r.text_vetoes(0.049) and not r.text_vetoes(0.05) and not r.text_vetoes(None)
 
 
@@ -144,3 +145,22 @@ def test_text_settings_defaults_and_limits() -> None:
             Settings.model_validate({**bad})
     with pytest.raises(ValueError):
         Settings.model_validate({"turn_text_model": "gpt"})
+
+
+def test_words_without_a_mark_that_the_text_reads_as_a_sentence_end_as_finished_words() -> None:
+    """turn_text_finished: 'Remind me to buy eggs and bread' (no final mark, the model scored it low:
+    it waited the cap) ends at turn_finished_silence_ms once the text scores it at least this."""
+    r = rule(turn_text_finished=0.3, turn_finished_silence_ms=650)
+    assert Settings(_env_file=None).turn_text_finished == 0.1
+    assert r.silence_ends_ms(Words.OPEN, model_failed=False, text=0.3) == 650
+    assert r.silence_ends_ms(Words.OPEN, model_failed=False, text=0.29) is None  # below it: the model and the cap
+    assert r.silence_ends_ms(Words.OPEN, model_failed=False, text=None) is None  # no text: as without it
+    assert r.silence_ends_ms(Words.UNFINISHED, model_failed=False, text=0.9) is None  # unfinished words still win
+    assert r.silence_ends_ms(Words.OPEN, model_failed=False, text=0.9, model_agreed=True) == 400  # the model sooner
+    assert rule(turn_text_finished=0).silence_ends_ms(Words.OPEN, model_failed=False, text=0.9) is None  # off
+    assert (
+        rule(turn_text_finished=0.3, turn_finished_silence_ms=0).silence_ends_ms(
+            Words.OPEN, model_failed=False, text=0.9
+        )
+        is None
+    )  # the finished words' end is off too

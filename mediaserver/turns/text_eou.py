@@ -25,7 +25,7 @@ from typing import Any
 
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
-from mediaserver.llm.registry import BUNDLED_NAME
+from mediaserver.llm.registry import BUNDLED_NAME, scores_turn_text
 from mediaserver.llm.service import LlmService
 
 log = logging.getLogger(__name__)
@@ -66,8 +66,8 @@ class TextEou:
         if self.problem is not None:
             # Asked for (llm), its absence is a warning; by default (auto) it is how the server is set up.
             level = logging.WARNING if self.mode == "llm" else logging.INFO
-            log.log(level, "turn_text_model %s is off (%s): semantic turns judge pauses without the text", self.mode,
-                    self.problem)  # fmt: skip
+            message = "turn_text_model %s is off (%s): semantic turns judge pauses without the text"
+            log.log(level, message, self.mode, self.problem)
 
     def _problem(self) -> str | None:
         service = self.service
@@ -78,7 +78,7 @@ class TextEou:
             return "no LLM model resolves"
         if service.sources.source(name).backend != "llama.cpp":
             return f"the LLM model {name!r} is an upstream's, not a local engine"
-        if self.mode == "auto" and name != BUNDLED_NAME:
+        if not scores_turn_text(self.settings, name):  # auto, and not the bundled model
             return (
                 f"auto: the default LLM model {name!r} is not the bundled {BUNDLED_NAME!r} that turn_text_threshold "
                 "was measured on (turn_text_model llm uses it all the same)"

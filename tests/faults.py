@@ -101,8 +101,48 @@ async def in_flight(url: str, route: str) -> float:
     )
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _tcp_ports() -> dict[str, tuple[int, int]]:
+    """Socket inode → (local port, remote port) for every TCP socket in this network namespace."""
+    ports: dict[str, tuple[int, int]] = {}
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                local, remote = (int(a.rsplit(":", 1)[1], 16) for a in fields[1:3])
+                ports[fields[9]] = (local, remote)
+    return ports
+
+
+def own_fds(port: int) -> dict[int, str]:
+    """This process's file descriptors and what each points at, without the TCP connections that do
+    not touch ``port``: every file, pipe and UDP socket (WebRTC's), and the server's TCP connections.
+    Other parts of a test process keep pooled connections that come and go on their own timers (a
+    shared engine's health probe), so a count of every descriptor moves without any leak."""
+    tcp = _tcp_ports()
+    fds: dict[int, str] = {}
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{name}")
+            inode = target[len("socket:[") : -1] if target.startswith("socket:[") else None
+            if inode is not None and inode in tcp and port not in tcp[inode]:
+                continue
+            fds[int(name)] = target
+    return fds
+
+
+async def fds_back_to(before: dict[int, str], port: int, timeout_s: float) -> None:
+    """Wait until this process holds no more of ``own_fds(port)`` than ``before``; at ``timeout_s``
+    fail naming the descriptors opened since (a socket: whether TCP to ``port`` or UDP)."""
+    with contextlib.suppress(AssertionError):
+        await eventually(lambda: len(own_fds(port)) <= len(before), timeout_s)
+    now = own_fds(port)
+    tcp = _tcp_ports()
+    opened = sorted(
+        f"{fd}: {target}" + (f" tcp {tcp[target[8:-1]]}" if target[8:-1] in tcp else "")
+        for fd, target in now.items()
+        if before.get(fd) != target
+    )
+    assert len(now) <= len(before), f"{len(now)} descriptors where {len(before)} were open; new: {opened}"
 
 
 def session_tasks(session_id: str) -> list[str]:

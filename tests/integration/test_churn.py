@@ -20,7 +20,7 @@ import pytest_asyncio
 
 from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
-from tests.faults import abort_ws, metric_samples, open_fds, server_errors
+from tests.faults import abort_ws, metric_samples, own_fds, server_errors
 from tests.rtc_peer import Peer, connect, connect_call, make_offer
 
 WS_CYCLES = 200
@@ -116,7 +116,7 @@ async def settled(server: LiveServer, baseline_tasks: int, baseline_fds: int, ti
     deadline = time.monotonic() + timeout_s
     while True:
         gc.collect()
-        state = (len(server.app[SESSIONS]), len(asyncio.all_tasks()), open_fds())
+        state = (len(server.app[SESSIONS]), len(asyncio.all_tasks()), len(own_fds(server.port)))
         if state[0] == 0 and state[1] <= baseline_tasks and state[2] <= baseline_fds:
             return
         if time.monotonic() > deadline:
@@ -139,7 +139,7 @@ async def test_ws_and_rtc_churn_leaves_nothing_behind(
         await settled(churn_server, 10**6, 10**6, 15)
         await asyncio.sleep(0.5)
         gc.collect()
-        baseline_tasks, baseline_fds = len(asyncio.all_tasks()), open_fds()
+        baseline_tasks, baseline_fds = len(asyncio.all_tasks()), len(own_fds(churn_server.port))
 
         started = time.monotonic()
         for batch in range(0, WS_CYCLES, 10):

@@ -19,7 +19,7 @@ import pytest_asyncio
 
 from mediaserver.state import ASR, SESSIONS
 from tests.conftest import LiveServer
-from tests.faults import eventually, open_fds, server_errors
+from tests.faults import eventually, fds_back_to, own_fds, server_errors
 from tests.fuzzgen import control_messages, sdp_fixtures, sdp_mutations, sdp_sweeps
 from tests.rtc_peer import connect, connect_call
 
@@ -52,7 +52,7 @@ def sdp_cases() -> list[tuple[str, str]]:
 async def test_sdp_fuzz(fuzz_server: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
     cases = sdp_cases()
     assert 400 <= len(cases) <= 800
-    fds_before = open_fds()
+    fds_before = own_fds(fuzz_server.port)
     limit = asyncio.Semaphore(8)
     started = time.monotonic()
     async with aiohttp.ClientSession() as http:
@@ -88,7 +88,7 @@ async def test_sdp_fuzz(fuzz_server: LiveServer, caplog: pytest.LogCaptureFixtur
     await eventually(lambda: len(fuzz_server.app[SESSIONS]) == 0, CONNECT_TIMEOUT_S + 15)
     # The peers' sockets close as their sessions end: the same bound (CI's full run once needed more
     # than 10 s for 418 peers on a loaded machine; a socket left open never comes back in either).
-    await eventually(lambda: open_fds() <= fds_before, CONNECT_TIMEOUT_S + 15)
+    await fds_back_to(fds_before, fuzz_server.port, CONNECT_TIMEOUT_S + 15)
     assert server_errors(caplog) == []
 
 
@@ -107,7 +107,7 @@ async def test_realtime_calls_sdp_fuzz(fuzz_server: LiveServer, caplog: pytest.L
     """The same offers as raw SDP bodies to OpenAI Realtime calls: 201 with an answer or a 400."""
     cases = call_sdp_cases()
     assert 200 <= len(cases) <= 400
-    fds_before = open_fds()
+    fds_before = own_fds(fuzz_server.port)
     limit = asyncio.Semaphore(8)
     started = time.monotonic()
     async with aiohttp.ClientSession() as http:
@@ -139,7 +139,7 @@ async def test_realtime_calls_sdp_fuzz(fuzz_server: LiveServer, caplog: pytest.L
     await eventually(lambda: len(fuzz_server.app[SESSIONS]) == 0, CONNECT_TIMEOUT_S + 15)
     # The peers' sockets close as their sessions end: the same bound (CI's full run once needed more
     # than 10 s for 418 peers on a loaded machine; a socket left open never comes back in either).
-    await eventually(lambda: open_fds() <= fds_before, CONNECT_TIMEOUT_S + 15)
+    await fds_back_to(fds_before, fuzz_server.port, CONNECT_TIMEOUT_S + 15)
     assert server_errors(caplog) == []
 
 

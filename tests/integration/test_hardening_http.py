@@ -20,9 +20,9 @@ from mediaserver.cli import configure_logging
 from mediaserver.state import SESSIONS
 from tests.conftest import SENTENCES, Clip, LiveServer
 from tests.faults import (
-    eventually,
+    fds_back_to,
     in_flight,
-    open_fds,
+    own_fds,
     raw_exchange,
     requests_with_status,
     server_errors,
@@ -60,7 +60,7 @@ async def test_malformed_offers_are_400_and_leave_nothing_behind(
         body = mangle(sdp)
     finally:
         await pc.close()
-    sessions_before, fds_before = set(server.app[SESSIONS].ids()), open_fds()
+    sessions_before, fds_before = set(server.app[SESSIONS].ids()), own_fds(server.port)
     async with (
         aiohttp.ClientSession() as http,
         http.post(f"{server.url}/api/rtc/asr", data=body, headers={"Content-Type": "application/json"}) as resp,
@@ -70,7 +70,7 @@ async def test_malformed_offers_are_400_and_leave_nothing_behind(
     assert error["code"] == "invalid_parameter" and message_part in error["error"], error
     assert "NoneType" not in error["error"] and "not in list" not in error["error"]  # no parser internals
     assert not set(server.app[SESSIONS].ids()) - sessions_before
-    await eventually(lambda: open_fds() <= fds_before, 5)  # the half-built peer connection closed its sockets
+    await fds_back_to(fds_before, server.port, 5)  # the half-built peer connection closed its sockets
     assert server_errors(caplog) == []
 
 
@@ -123,7 +123,7 @@ async def test_malformed_realtime_calls_are_400_and_leave_nothing_behind(
         body = mangle(sdp)
     finally:
         await pc.close()
-    sessions_before, fds_before = set(server.app[SESSIONS].ids()), open_fds()
+    sessions_before, fds_before = set(server.app[SESSIONS].ids()), own_fds(server.port)
     headers = {"Content-Type": content_type}
     async with (
         aiohttp.ClientSession() as http,
@@ -134,7 +134,7 @@ async def test_malformed_realtime_calls_are_400_and_leave_nothing_behind(
     assert error["code"] == "invalid_parameter" and message_part in error["message"], error
     assert "NoneType" not in error["message"] and "not in list" not in error["message"]
     assert not set(server.app[SESSIONS].ids()) - sessions_before
-    await eventually(lambda: open_fds() <= fds_before, 5)
+    await fds_back_to(fds_before, server.port, 5)
     assert server_errors(caplog) == []
 
 

@@ -90,7 +90,8 @@ class AssistantSettings(BaseModel):
         ge=0,
         description="with the word check, on a stream the server cancels echo on: a barge-in the canceller took this "
         "much out of (dB, the median over its frames with sound) is its residual echo, whatever Whisper wrote on it "
-        "('Thank you.'); 0 = off (docs/echo.md)",
+        "('Thank you.'); it also takes a third of short barge-ins said over the echo ('Stop.') for it "
+        "(tools/bench_echo_residual.py); 0 = off (docs/echo.md)",
     )
     assistant_barge_in_echo_wait_ms: int = Field(
         5000, ge=100, description="an answer paused this long by a barge-in without a decision on its words is cut"

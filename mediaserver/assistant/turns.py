@@ -162,7 +162,21 @@ class Assistant:
 
     def messages(self, user_text: str) -> list[ChatMessage]:
         """The system prompt and as much recent history as the budget allows, then the new turn."""
-        return self.prompt([*self.history, ChatMessage("user", user_text)])
+        earlier, text = self._rejoined(user_text)
+        return self.prompt([*earlier, ChatMessage("user", text)])
+
+    def _rejoined(self, user_text: str) -> tuple[list[ChatMessage], str]:
+        """The history before the new turn, and the turn's text. When the history ends on the user's
+        words, the answer to them was never heard (the user spoke on before it played: a turn ended
+        at a pause mid-sentence, or the answer failed): those words and these are one turn."""
+        if self.history and self.history[-1].role == "user" and not self.history[-1].tool_call_id:
+            return self.history[:-1], f"{self.history[-1].content.rstrip()} {user_text.lstrip()}"
+        return list(self.history), user_text
+
+    def _record_user(self, user_text: str) -> None:
+        """The new turn goes into the history (joined to the user's unanswered words, ``_rejoined``)."""
+        self.history[:], text = self._rejoined(user_text)
+        self.history.append(ChatMessage("user", text))
 
     def prompt(self, context: Sequence[ChatMessage], options: AssistantOptions | None = None) -> list[ChatMessage]:
         """The system prompt, then the last message of ``context`` and as many before it as the
@@ -210,7 +224,7 @@ class Assistant:
             return
         await self.interrupt()
         messages = self.messages(user_text)
-        self.history.append(ChatMessage("user", user_text))
+        self._record_user(user_text)
         self._start(messages, self.options, speech_ended_at, record=True)
 
     async def respond(
@@ -587,7 +601,7 @@ class Assistant:
         self._speculation = None
         self._registry.speculative_answers.labels("hit").inc()
         self._answering_speaker()
-        self.history.append(ChatMessage("user", user_text))
+        self._record_user(user_text)
         turn.start_sample = self.out.written_samples if self.out is not None else 0
         self._task, self._current = task, turn
         while turn.deferred:  # the text written so far, in order, before anything new

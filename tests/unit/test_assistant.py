@@ -270,3 +270,26 @@ def test_a_turns_tools_run_knowing_its_speaker() -> None:
     assert helper._turn_context().run(current_speaker.get) == "alice"
     assert helper._turn_context(False).run(current_speaker.get) is None
     assert current_speaker.get() is None  # the caller's own context is untouched
+
+
+async def test_words_whose_answer_was_never_heard_join_the_next_turn() -> None:
+    """A turn that ended at a pause mid-sentence ("... along the rocky shore."), whose answer the rest
+    of the sentence interrupted before any of it played (or whose answer failed): the user's next
+    words are the same turn, one message in the prompt and in the history. Once an answer was heard,
+    the next words are a turn of their own."""
+    helper = assistant(system_prompt="Be brief.")  # no LLM: every answer fails, nothing is heard
+    await helper.answer("When the keeper walked along the rocky shore.")
+    await helper.interrupt()
+    first = "When the keeper walked along the rocky shore. which birds followed him home?"
+    assert [m.content for m in helper.messages("which birds followed him home?")[1:]] == [first]
+    await helper.answer("which birds followed him home?")
+    await helper.interrupt()
+    assert helper.history == [ChatMessage("user", first)]
+    helper.history.append(ChatMessage("assistant", "Seagulls."))
+    await helper.answer("Thanks.")
+    await helper.interrupt()
+    assert [(m.role, m.content) for m in helper.history] == [
+        ("user", first),
+        ("assistant", "Seagulls."),
+        ("user", "Thanks."),
+    ]

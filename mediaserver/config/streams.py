@@ -105,13 +105,14 @@ class StreamSettings(BaseModel):
     noise_far_field_level: int = Field(2, ge=1, le=4, description="level for Realtime noise_reduction far_field")
 
     # --- semantic end of turn: Smart Turn v3.2 (mediaserver/turns) -----------------------------
-    turn_detection: Literal["silence", "semantic"] = Field(
-        "silence",
+    turn_detection: Literal["auto", "silence", "semantic"] = Field(
+        "auto",
         description="how a streamed utterance ends when its session does not choose (device sockets, WebRTC, the "
-        "voice loop): 'silence' (after stream_vad_hangover_ms) or 'semantic' (each pause is judged on the turn "
+        "voice loop): 'silence' (after stream_vad_hangover_ms), 'semantic' (each pause is judged on the turn "
         "model's score, its words, their text score and its length, see turn_* and docs/turns.md; falls back to "
-        "silence without the turn model). Realtime server_vad is always silence. Silence stays the default while "
-        "the rule ends more turns at short mid-sentence pauses than silence detection (docs/turns.md, Measured)",
+        "silence without the turn model), or 'auto': semantic for the voice loop (a session the server answers), "
+        "silence for transcription, where a turn ended at a short mid-sentence pause would split a sentence into "
+        "two finals (docs/turns.md, Measured). Realtime server_vad is always silence",
     )
     turn_eagerness: Literal["low", "medium", "high", "auto"] = Field(
         "auto", description="semantic turns: how long an unfinished turn is waited for (turn_wait_*_ms); auto = medium"

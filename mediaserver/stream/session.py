@@ -132,7 +132,7 @@ class StreamSession:
         self._tasks: set[asyncio.Task[object]] = set()
         self._finals = Finals(self, emit, self._start_task)  # transcriptions under way, sent in order
         self._closed = False
-        self.assistant: Answerer | None = None
+        self._assistant: Answerer | None = None  # the voice loop's, set by the transport (``assistant``)
         self.speakers: SpeakerService | None = None  # set by the transport: finals then name their speaker
         # Set by a transport that cancels echo (audio/echo.py ``removed_db``): what the canceller took
         # out of the audio fed from ``a`` to ``b`` ms before the latest (``EchoCheck``'s residual rule).
@@ -161,7 +161,8 @@ class StreamSession:
     @property
     def semantic_turns(self) -> bool:
         """Whether the turn model ends this session's utterances (asked for, and the model is loaded)."""
-        return self._turns.semantic(self.options.turn_detection, self.options.server_vad)
+        answering = self._assistant is not None
+        return self._turns.semantic(self.options.turn_detection, self.options.server_vad, answering=answering)
 
     def turn_described(self) -> dict[str, str]:
         """How this session's utterances end, as its session events report it: ``turn_detection``
@@ -172,7 +173,7 @@ class StreamSession:
         if self.semantic_turns:
             return {"turn_detection": "semantic", "eagerness": self.options.eagerness or self.settings.turn_eagerness}
         described = {"turn_detection": "silence"}
-        if (self.options.turn_detection or self.settings.turn_detection) == "semantic":
+        if self._turns.wanted(self.options.turn_detection, answering=self._assistant is not None) == "semantic":
             described["turn_detection_fallback"] = (
                 f"the turn model is not loaded: utterances end after {self._silence_config.hangover_ms} ms of silence"
             )
@@ -187,6 +188,17 @@ class StreamSession:
             cap_ms = self._turns.wait_ms(self.options.eagerness)
             config = replace(config, hangover_ms=cap_ms, burst_hangover_ms=config.hangover_ms)
         self._segmenter.config = config
+
+    @property
+    def assistant(self) -> Answerer | None:
+        """The voice loop answering this stream's finals (set by the transport), or None."""
+        return self._assistant
+
+    @assistant.setter
+    def assistant(self, assistant: Answerer | None) -> None:
+        # The turn_detection setting's 'auto' depends on it: semantic turns while the server answers.
+        self._assistant = assistant
+        self._apply_turn_mode()
 
     @property
     def closed(self) -> bool:

@@ -90,9 +90,21 @@ class TurnChecks:
         self._check: _TurnCheck | None = None
         self._pause: _Pause | None = None
 
-    def semantic(self, turn_detection: Literal["silence", "semantic"] | None, server_vad: bool) -> bool:
-        """Whether the turn model ends a stream's utterances (asked for, and the model is loaded)."""
+    def wanted(
+        self, turn_detection: Literal["silence", "semantic"] | None, *, answering: bool
+    ) -> Literal["silence", "semantic"]:
+        """The turn mode a stream asks for: its own, else the ``turn_detection`` setting, whose
+        ``auto`` means semantic for a stream the server answers (the voice loop), else silence."""
         wanted = turn_detection or self.settings.turn_detection
+        if wanted == "auto":
+            return "semantic" if answering else "silence"
+        return wanted
+
+    def semantic(
+        self, turn_detection: Literal["silence", "semantic"] | None, server_vad: bool, *, answering: bool = False
+    ) -> bool:
+        """Whether the turn model ends a stream's utterances (asked for, and the model is loaded)."""
+        wanted = self.wanted(turn_detection, answering=answering)
         return wanted == "semantic" and server_vad and self.model is not None
 
     def wait_ms(self, eagerness: Literal["low", "medium", "high", "auto"] | None) -> int:

@@ -142,12 +142,22 @@ def load_shared(settings: Settings, metrics: Metrics | None = None) -> TurnModel
 
 def status(settings: Settings) -> dict[str, object]:
     """What ``/health`` says of turns: the default mode (``turn_detection``), the mode it runs as
-    (silence without the model), whether the model is loaded, and from where."""
+    (silence without the model; ``auto`` as such), the mode each kind of stream gets by default
+    (``auto``: semantic for the voice loop, silence for transcription), whether the model is
+    loaded, and from where."""
     model = shared(settings)
     loaded = model is not None
+
+    def in_force(answering: bool) -> str:
+        wanted = settings.turn_detection
+        if wanted == "auto":
+            wanted = "semantic" if answering else "silence"
+        return wanted if loaded else "silence"
+
     return {
         "default": settings.turn_detection,
         "default_in_force": settings.turn_detection if loaded else "silence",
+        "default_for": {"voice_loop": in_force(True), "transcription": in_force(False)},
         # Usable (the file opened at start); "in_memory" says whether it is open now (turn_keep_alive_s).
         "model_loaded": loaded,
         "in_memory": model is not None and model.weights.loaded,

@@ -196,11 +196,13 @@ async def test_health(server: Any) -> None:
     assert body["model_aliases"]["whisper-1"] == "tiny.en"  # the names OpenAI clients send
     assert body["features"]["asr"]["enabled"] is True
     assert "CPU" in body["features"]["asr"]["reason"]
-    # Silence detection is the default; make setup fetched the turn model, for sessions that ask,
-    # and the text's second opinion (turn_text_model auto) runs on the bundled SmolLM2's engine.
+    # Semantic turns for the voice loop, silence detection for transcription (turn_detection auto):
+    # make setup fetched the turn model, and the text's second opinion (turn_text_model auto) runs
+    # on the bundled SmolLM2's engine.
     assert body["turns"] == {
-        "default": "silence",
-        "default_in_force": "silence",
+        "default": "auto",
+        "default_in_force": "auto",
+        "default_for": {"voice_loop": "semantic", "transcription": "silence"},
         "model_loaded": True,
         "in_memory": True,
         "model_path": body["turns"]["model_path"],

@@ -519,6 +519,26 @@ async def ws_turn_end(
     return ready, got
 
 
+async def test_the_default_is_semantic_for_the_voice_loop_and_silence_for_transcription(
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip]
+) -> None:
+    """turn_detection auto (the default): a device socket the server answers gets semantic turns,
+    and "I want to go to the … train station." with a 0.7 s pause is one turn; one that only
+    transcribes gets silence detection (stream_vad_hangover_ms 500), which cuts it at the pause."""
+    server: LiveServer = await server_factory()
+    audio = np.concatenate(
+        [silence(0.3), speech("I want to go to the").audio16k, silence(0.7), speech("train station.").audio16k]
+    )
+    audio = np.concatenate([audio, silence(1.5)])
+    ready, got = await ws_turn_end(server, audio, assistant=True, speak=False)  # text answers: no binary frames
+    assert ready["turn_detection"] == "semantic", ready
+    finals = [m["text"] for m in got if m["type"] == "final"]
+    assert len(finals) == 1 and "station" in words(finals[0]) and "want" in words(finals[0]), finals
+    ready, got = await ws_turn_end(server, audio)
+    assert ready["turn_detection"] == "silence", ready
+    assert [m["type"] for m in got].count("final") == 2, got
+
+
 async def test_real_sentences_end_within_a_second_over_the_device_socket(
     server_factory: Callable[..., Any], human_clips: list[tuple[str, np.ndarray, str]]
 ) -> None:

@@ -207,7 +207,7 @@ async def test_health_says_whether_the_text_model_is_in_force(server_factory: Se
     assert turns[0]["text_model"] == "llm" and turns[0]["text_model_in_force"] == "llm", turns[0]
     assert turns[1]["text_model_in_force"] == "off" and "LLM is off" in turns[1]["text_model_problem"], turns[1]
     assert turns[2]["text_model"] == "auto" and turns[2]["text_model_in_force"] == "llm", turns[2]
-    assert turns[2]["default"] == "silence" and turns[2]["default_in_force"] == "silence", turns[2]
+    assert turns[2]["default"] == "auto" and turns[2]["default_in_force"] == "auto", turns[2]
     assert "text_model" not in turns[3], turns[3]
 
 

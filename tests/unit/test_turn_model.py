@@ -79,6 +79,7 @@ def test_a_corrupt_model_file_turns_semantic_turns_off(tmp_path: Path, caplog: p
     assert status(settings) == {
         "default": "semantic",
         "default_in_force": "silence",
+        "default_for": {"voice_loop": "silence", "transcription": "silence"},
         "model_loaded": False,
         "in_memory": False,
         "model_path": str(path),

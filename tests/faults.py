@@ -133,9 +133,9 @@ def own_fds(port: int) -> dict[int, str]:
 async def fds_back_to(before: dict[int, str], port: int, timeout_s: float) -> None:
     """Wait until this process holds no more of ``own_fds(port)`` than ``before``; at ``timeout_s``
     fail naming the descriptors opened since (a socket: whether TCP to ``port`` or UDP)."""
-    with contextlib.suppress(AssertionError):
-        await eventually(lambda: len(own_fds(port)) <= len(before), timeout_s)
-    now = own_fds(port)
+    started = time.monotonic()
+    while len(now := own_fds(port)) > len(before) and time.monotonic() - started <= timeout_s:
+        await asyncio.sleep(0.05)
     tcp = _tcp_ports()
     opened = sorted(
         f"{fd}: {target}" + (f" tcp {tcp[target[8:-1]]}" if target[8:-1] in tcp else "")

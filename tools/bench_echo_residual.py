@@ -131,7 +131,9 @@ def voiced_runs(trial: Trial, until: int) -> list[tuple[int, int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=36, help="sessions per group")
-    parser.add_argument("--threshold-db", type=float, default=Settings().assistant_barge_in_echo_removed_db)
+    parser.add_argument(
+        "--threshold-db", type=float, default=Settings(_env_file=None).assistant_barge_in_echo_removed_db
+    )
     parser.add_argument("--likeness", type=float, default=0.75, help="the candidate likeness threshold")
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args()
@@ -154,11 +156,14 @@ def main() -> None:
         for (start, _end), (removed, like) in zip(runs, measure(trial, runs), strict=True):
             cases.append(Case("leak", f"seed {seed} at {start / RATE:.2f} s", removed, like))
     for group, people in (("short", short), ("long", long)):
+        if not people:
+            raise SystemExit(f"no {group} clips (tests/human_speech.py's recordings are missing)")
         for seed in range(args.seeds):
             name, audio = people[seed % len(people)]
             near = (audio / room.rms(audio) * PERSON_RMS).astype(np.float32)
             lo, hi = voiced_span(near)
-            first = seed % 2 == 0  # over the first answer (converging) or the third (converged)
+            # Over the first answer (converging) or the third (converged): each clip both ways.
+            first = (seed // len(people)) % 2 == 0
             rng = np.random.default_rng(1000 + seed)
             trial = room.simulate(
                 answers[:1] if first else answers, rng, near=near, delays_ms=[rng.uniform(20, 300)], cut_after_s=0.4

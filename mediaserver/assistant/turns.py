@@ -97,6 +97,10 @@ class Assistant:
         self.name = name
         self._unavailable = unavailable or {}  # why a stage is off ("llm", "tts"), for the error
         self.history: list[ChatMessage] = []
+        # The user's last words, unanswered because they spoke on right after them, and who said
+        # them: the next turn joins them (``_rejoined``).
+        self._unanswered: tuple[ChatMessage, str | None] | None = None
+        self._turn_recorded_at = 0.0  # when the last turn's words went into the history
         self._turns = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
         self._current: Turn | None = None
@@ -128,7 +132,9 @@ class Assistant:
     async def reset(self) -> None:
         """Forget the conversation (and stop an answer in progress)."""
         await self.interrupt()
+        self.drop_speculation()  # its prompt holds the history being forgotten
         self.history.clear()
+        self._unanswered = None
         self._greeted = None
 
     def heard_speaker(self, name: str | None) -> None:
@@ -166,17 +172,32 @@ class Assistant:
         return self.prompt([*earlier, ChatMessage("user", text)])
 
     def _rejoined(self, user_text: str) -> tuple[list[ChatMessage], str]:
-        """The history before the new turn, and the turn's text. When the history ends on the user's
-        words, the answer to them was never heard (the user spoke on before it played: a turn ended
-        at a pause mid-sentence, or the answer failed): those words and these are one turn."""
-        if self.history and self.history[-1].role == "user" and not self.history[-1].tool_call_id:
-            return self.history[:-1], f"{self.history[-1].content.rstrip()} {user_text.lstrip()}"
+        """The history before the new turn, and the turn's text: joined to the user's last words when
+        they are still unanswered because the same speaker spoke on right after them (``_spoke_on``)."""
+        mark = self._unanswered
+        if mark is not None and self.history and self.history[-1] is mark[0] and mark[1] == self.speaker:
+            joined = f"{mark[0].content.rstrip()} {user_text.lstrip()}"
+            if len(joined) <= self.options.history_tokens * CHARS_PER_TOKEN // 2:  # never a runaway message
+                return self.history[:-1], joined
         return list(self.history), user_text
 
     def _record_user(self, user_text: str) -> None:
         """The new turn goes into the history (joined to the user's unanswered words, ``_rejoined``)."""
         self.history[:], text = self._rejoined(user_text)
+        self._unanswered = None
         self.history.append(ChatMessage("user", text))
+        self._turn_recorded_at = time.monotonic()
+
+    def _spoke_on(self, turn: Turn, heard: str) -> None:
+        """``turn`` was interrupted: if none of it was heard and it began within
+        ``assistant_rejoin_ms`` (the user spoke on right after their words: a turn ended at a pause
+        mid-sentence), its words wait to be joined to the next turn's."""
+        self._unanswered = None
+        window_s = self.settings.assistant_rejoin_ms / 1000.0
+        if not turn.record or heard.strip() or not self.history or self.history[-1].role != "user":
+            return
+        if window_s > 0 and time.monotonic() - self._turn_recorded_at <= window_s:
+            self._unanswered = (self.history[-1], self.speaker)
 
     def prompt(self, context: Sequence[ChatMessage], options: AssistantOptions | None = None) -> list[ChatMessage]:
         """The system prompt, then the last message of ``context`` and as many before it as the
@@ -328,6 +349,7 @@ class Assistant:
             await task
         outcome = self._interrupted(turn)
         log.info("%s: turn %d interrupted (%d samples of audio dropped)", self.name, turn.number, dropped)
+        self._spoke_on(turn, outcome.heard)
         if turn.record:
             self._remember(outcome.heard)
         if turn.audio_started or not self._spoken(turn):

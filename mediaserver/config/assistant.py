@@ -70,6 +70,13 @@ class AssistantSettings(BaseModel):
         30.0, gt=0, description="an answer whose LLM and TTS produce nothing for this long ends with an error"
     )
     assistant_barge_in: bool = Field(True, description="the user speaking stops the answer being played")
+    assistant_rejoin_ms: int = Field(
+        2000,
+        ge=0,
+        description="the same speaker speaking on within this long of a turn's end, before any of its answer "
+        "was heard (a turn ended at a pause mid-sentence), makes the two one turn: one user message, one "
+        "answer; 0 = never (docs/turns.md)",
+    )
     assistant_barge_in_echo_check: bool = Field(
         False,
         description="barge-in on WebRTC and the device WebSocket: speech starting pauses the answer, and the "

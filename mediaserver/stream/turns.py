@@ -1,6 +1,7 @@
 """The turn check of a stream: semantic end of turn on the pauses of a server-VAD utterance.
 
-With semantic turns (``turn_detection`` "semantic" and the turn model loaded), the segmenter's
+With semantic turns (``turn_detection`` "semantic", or "auto" on a stream the server answers, and
+the turn model loaded), the segmenter's
 hangover becomes the eagerness cap, the longest an unfinished turn is waited for
 (``turn_wait_{low,medium,high}_ms``). Each pause is judged on three pieces of evidence by the rule
 of turns/decision.py: the turn model's score (Smart Turn, turns/model.py) at
@@ -101,7 +102,7 @@ class TurnChecks:
         return wanted
 
     def semantic(
-        self, turn_detection: Literal["silence", "semantic"] | None, server_vad: bool, *, answering: bool = False
+        self, turn_detection: Literal["silence", "semantic"] | None, server_vad: bool, *, answering: bool
     ) -> bool:
         """Whether the turn model ends a stream's utterances (asked for, and the model is loaded)."""
         wanted = self.wanted(turn_detection, answering=answering)

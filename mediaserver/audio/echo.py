@@ -26,11 +26,15 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import islice
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import numpy as np
 
+from mediaserver.audio.decode import PcmFormat
+from mediaserver.audio.stream_decode import PcmStreamDecoder
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
+
+EchoMode = Literal["auto", "on", "off"]
 
 FRAME_SAMPLES: Final = SAMPLE_RATE_HZ // 100  # 10 ms, AEC3's frame
 OUTPUT_LATENCY_SAMPLES: Final = 128  # AEC3's own delay of the output (measured, tools/bench_echo.py)
@@ -158,3 +162,58 @@ def _frame_power(samples: AudioArray, frames: int) -> list[float]:
     whole = samples[: frames * FRAME_SAMPLES].reshape(frames, FRAME_SAMPLES)
     power: list[float] = np.mean(np.square(whole, dtype=np.float64), axis=1).tolist()
     return power
+
+
+def echo_mode(value: object) -> EchoMode | None:
+    """A stream's ``echo_cancellation`` option: ``"auto"`` (or null), ``"on"`` / ``"off"`` (or a
+    boolean, or ``"true"`` / ``"false"``); None for anything else."""
+    if value is True or value in ("on", "true"):
+        return "on"
+    if value is False or value in ("off", "false"):
+        return "off"
+    if value is None or value == "auto":
+        return "auto"
+    return None
+
+
+class EchoLine:
+    """The canceller of one stream that sends its answers as audio messages (the device WebSocket,
+    the Realtime WebSocket), with the clock that places them.
+
+    The device plays what it is sent back to back, as it arrives: a message sent when ``mic_arrived``
+    microphone samples had arrived plays from then, or right after the audio sent before it. The
+    reader counts the microphone audio as it arrives (``arrived``); the worker cleans it
+    (``process``) in the same order, so both clocks start at the audio fed after the line is made.
+    """
+
+    def __init__(self, queued_samples: int = 0) -> None:
+        self.canceller = EchoCanceller()
+        self.mic_arrived = queued_samples  # microphone samples arrived (queued ones count: fed first)
+        self._playing_until = 0  # the clock at which the audio sent so far ends, played back to back
+        self._decoders: dict[int, PcmStreamDecoder] = {}  # answer audio (PCM16 mono) per rate → 16 kHz
+
+    def arrived(self, samples: int) -> None:
+        self.mic_arrived += samples
+
+    def sent(self, pcm16: bytes, rate_hz: int) -> int:
+        """Answer audio (little-endian PCM16 mono at ``rate_hz``) went to the device: it is the
+        reference from where it will play. Returns that sample of the stream clock."""
+        decoder = self._decoders.get(rate_hz)
+        if decoder is None:
+            decoder = self._decoders[rate_hz] = PcmStreamDecoder(PcmFormat(rate_hz, 16, 1), carry_partial=True)
+        samples = decoder.decode(pcm16)
+        at = max(self.mic_arrived, self._playing_until)
+        self.canceller.played(samples, at_sample=at)
+        self._playing_until = at + samples.size
+        return at
+
+    def cut(self, at_sample: int) -> None:
+        """The device stopped playing at ``at_sample`` (an answer truncated): the rest was not played."""
+        self.canceller.cut(at_sample)
+        self._playing_until = min(self._playing_until, at_sample)
+
+    def process(self, mic16k: AudioArray) -> AudioArray:
+        return self.canceller.process(mic16k)
+
+    def removed_db(self, from_ms_ago: int, to_ms_ago: int) -> float | None:
+        return self.canceller.removed_db(from_ms_ago, to_ms_ago)

@@ -173,3 +173,46 @@ def test_removed_db_tells_the_cancellers_residual_from_a_person(answers: list[Au
     kept = ec.removed_db(ago_ms, 0)
     assert kept is not None and kept < 2.0, kept  # measured 1.3 dB; the rule's default is 2 dB
     assert ec.removed_db(0, 10) is None  # an empty span
+
+
+def test_the_line_places_answers_where_the_device_plays_them() -> None:
+    """``EchoLine``: a message sent while idle plays from the microphone sample that had arrived;
+    the next plays right after it; a cut ends the reference, and the next message plays from now."""
+    from mediaserver.audio.echo import EchoLine
+
+    line = EchoLine(queued_samples=320)  # audio queued before the line began is fed first
+    assert line.mic_arrived == 320
+    line.arrived(480)
+    pcm24k = (np.full(2400, 0.25) * 32767).astype("<i2").tobytes()  # 100 ms at 24 kHz
+    assert line.sent(pcm24k, 24000) == 800  # idle: plays from now
+    second = line.sent(pcm24k, 24000)
+    assert 800 + 1500 <= second <= 800 + 1700  # after the first (the resampler holds a few samples)
+    line.arrived(16000)  # a second later: the device is idle again
+    assert line.sent(pcm24k, 24000) == 16800
+    line.arrived(320)
+    line.cut(16900)  # the client says it stopped playing 100 samples in
+    assert line.sent(pcm24k[:640], 24000) == 17120  # nothing more is playing: from now
+    line.process(np.zeros(17120 + 800, np.float32))
+    assert line.removed_db(1000, 0) is None  # no echo, nothing measured
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [
+        ("on", "on"),
+        (True, "on"),
+        ("true", "on"),
+        ("off", "off"),
+        (False, "off"),
+        ("false", "off"),
+        ("auto", "auto"),
+        (None, "auto"),
+        ("yes", None),
+        (1, None),
+        ({}, None),
+    ],
+)
+def test_the_option_of_a_stream(value: object, mode: str | None) -> None:
+    from mediaserver.audio.echo import echo_mode
+
+    assert echo_mode(value) == mode

@@ -347,3 +347,34 @@ def test_the_echo_shows_what_runs(base: RealtimeConfig, models: ModelRegistry, t
         assert config.segmenter(settings).hangover_ms == hangover  # without the turn model
     # A session does not expire: no made-up expires_at.
     assert "expires_at" not in base.describe_ga("sess_1", settings)
+
+
+# --- echo cancellation (this server's extension) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"), [("on", "on"), (True, "on"), ("auto", "auto"), (None, "auto"), ("off", "off")]
+)
+def test_echo_cancellation_is_parsed_and_echoed(
+    base: RealtimeConfig, models: ModelRegistry, settings: Settings, value: object, mode: str
+) -> None:
+    assert base.echo_cancellation == "off"  # the default (echo_cancellation_default)
+    ga = parse_session({"audio": {"input": {"echo_cancellation": value}}}, base, models)
+    beta = parse_session({"input_audio_echo_cancellation": value}, base, models)
+    assert ga.echo_cancellation == beta.echo_cancellation == mode
+    assert ga.describe_ga("s", settings)["audio"]["input"]["echo_cancellation"] == mode
+    assert beta.describe_beta("s", settings)["input_audio_echo_cancellation"] == mode
+    assert parse_session({"turn_detection": None}, ga, models).echo_cancellation == mode  # kept when not named
+    assert parse_session(ga.describe_ga("s", settings), base, models).echo_cancellation == mode  # round trip
+
+
+def test_bad_echo_cancellation_is_an_error(base: RealtimeConfig, models: ModelRegistry) -> None:
+    error = error_of(parse_session, {"input_audio_echo_cancellation": "loud"}, base, models)
+    assert error.code == "invalid_value" and error.param == "session.input_audio_echo_cancellation"
+    error = error_of(parse_session, {"audio": {"input": {"echo_cancellation": 1}}}, base, models)
+    assert error.param == "session.audio.input.echo_cancellation" and "'auto', 'on', 'off'" in error.message
+
+
+def test_the_server_default_of_echo_cancellation(models: ModelRegistry, tmp_path: Any) -> None:
+    settings = Settings(_env_file=None, model_cache_dir=tmp_path, echo_cancellation_default="auto")
+    assert default_config(settings, models, {}).echo_cancellation == "auto"

@@ -33,8 +33,7 @@ from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.client_tools import ClientToolbox, SessionToolbox, tool_output_fields, unknown_call_text
 from mediaserver.assistant.pacing import send_paced
 from mediaserver.assistant.turns import Assistant
-from mediaserver.audio.decode import PcmFormat
-from mediaserver.audio.echo import EchoCanceller
+from mediaserver.audio.echo import EchoLine
 from mediaserver.audio.noise import NoiseFilter, new_filter
 from mediaserver.audio.stream_decode import PcmStreamDecoder
 from mediaserver.config import Settings
@@ -124,9 +123,8 @@ class WsSession(SocketSession):
         self.noise: NoiseFilter | None = None
         self.wake: WakeGate | None = None
         # Echo cancellation (audio/echo.py): the answers sent are the reference, placed on the clock of
-        # the microphone samples that had arrived when each was sent (``mic_arrived``).
-        self.echo: EchoCanceller | None = None
-        self.mic_arrived = 0
+        # the microphone samples that had arrived when each was sent.
+        self.echo: EchoLine | None = None
 
     # --- sending ----------------------------------------------------------------------------------
 
@@ -326,8 +324,8 @@ class WsSession(SocketSession):
 
     def enqueue_audio(self, samples: AudioArray) -> bool:
         queued = super().enqueue_audio(samples)
-        if queued:
-            self.mic_arrived += samples.size
+        if queued and self.echo is not None:
+            self.echo.arrived(samples.size)
         return queued
 
     async def feed(self, samples: AudioArray) -> None:
@@ -357,8 +355,7 @@ class WsSession(SocketSession):
         if not config.echo_cancelling:
             self.echo = None
         elif self.echo is None:
-            self.echo = EchoCanceller()
-            self.mic_arrived = self.echo.position + self.backlog_samples  # its clock starts at the audio fed next
+            self.echo = EchoLine(self.backlog_samples)  # its clock starts at the audio fed next
         self.stream.echo_removed = self.echo.removed_db if self.echo is not None else None
         if self.wake is not None:
             self.wake.close()
@@ -399,17 +396,10 @@ class WsSession(SocketSession):
     async def _send_answers(self, out: AudioOut) -> None:
         """Answer audio as binary frames (one frame each), paced at real time with a little lead, so
         a barge-in drops what the device has not received yet rather than what it has already buffered."""
-        reference = PcmStreamDecoder(PcmFormat(out.sample_rate_hz, 16, 1))
-        playing_until = 0  # the microphone clock at which the audio sent so far ends, played back to back
 
         def send(frame: bytes) -> None:
-            nonlocal playing_until
-            echo = self.echo
-            if echo is not None:  # what the device will play: after what it was sent before, not earlier than now
-                pcm = reference.decode(frame)
-                at = max(self.mic_arrived, playing_until)
-                echo.played(pcm, at_sample=at)
-                playing_until = at + pcm.size
+            if self.echo is not None:  # what the device will play: after what it was sent before, not earlier than now
+                self.echo.sent(frame, out.sample_rate_hz)
             self.send_raw(frame)
 
         await send_paced(out, send, lead_s=self.settings.ws_answer_lead_ms / 1000.0)

@@ -13,6 +13,7 @@ from typing import Any, Final, Literal
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.assistant.client_tools import ClientTools, parse_client_tools
 from mediaserver.audio.decode import PcmFormat
+from mediaserver.audio.echo import EchoMode, echo_mode
 from mediaserver.audio.noise import parse_level
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
@@ -87,9 +88,9 @@ class StreamConfig:
     audio_sample_rate_hz: int = SAMPLE_RATE_HZ
     noise_level: int = 0  # WebRTC noise suppression before the VAD (audio/noise.py); 0 = off
     # Echo cancellation of the answers the server speaks (audio/echo.py): "auto" = on with the assistant.
-    # Off unless asked for: on a simulated device the first answer's echo still interrupted it in 2 of
-    # 3 runs (docs/echo.md), so it is not yet the default.
-    echo_cancellation: Literal["auto", "on", "off"] = "off"
+    # Where the start does not say: ``echo_cancellation_default`` ("off": on a simulated device the
+    # first answer's echo still interrupted it in 2 of 3 runs, docs/echo.md).
+    echo_cancellation: EchoMode = "off"
     wake: tuple[str, ...] | None = None  # wake word models gating the stream (wake/gate.py); None = off
     # Functions the client runs itself (assistant/client_tools.py), with ``tool_choice``; assistant only.
     client_tools: ClientTools = NO_CLIENT_TOOLS
@@ -230,7 +231,7 @@ def parse_start(
     else:
         noise_level = base.noise_level if base else parse_level(None, settings)
     echo = _echo_option(values["echo_cancellation"]) if "echo_cancellation" in values else None
-    echo = echo or (base.echo_cancellation if base else "off")
+    echo = echo or (base.echo_cancellation if base else settings.echo_cancellation_default)
     wake_names = parse_wake_option(values["wake"], settings) if "wake" in values else (base.wake if base else None)
     client_tools = _client_tools(values, assistant, base)
     if wake_names is not None and mode != "server_vad":
@@ -256,13 +257,10 @@ def parse_start(
     )
 
 
-def _echo_option(value: object) -> Literal["auto", "on", "off"]:
-    if value is True or value in ("on", "true"):
-        return "on"
-    if value is False or value in ("off", "false"):
-        return "off"
-    if value in (None, "auto"):
-        return "auto"
+def _echo_option(value: object) -> EchoMode:
+    mode = echo_mode(value)
+    if mode is not None:
+        return mode
     raise InvalidParameter(
         f"echo_cancellation must be 'auto', 'on', 'off' or a boolean, got {value!r}", param="echo_cancellation"
     )

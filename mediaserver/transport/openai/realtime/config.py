@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.vocabulary import prompt_problem
 from mediaserver.audio.decode import PcmFormat
+from mediaserver.audio.echo import EchoMode, echo_mode
 from mediaserver.audio.segmenter import SegmenterConfig
 from mediaserver.audio.stream_decode import G711_RATE_HZ, G711StreamDecoder, PcmStreamDecoder, StreamDecoder
 from mediaserver.config import Settings
@@ -160,6 +161,9 @@ class RealtimeConfig:
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     include: tuple[str, ...] | None = None
     noise_reduction: str | None = None  # "near_field" / "far_field": WebRTC suppression (audio/noise.py)
+    # An extension: the server's canceller of the answers it speaks over the socket (audio/echo.py):
+    # "auto" = on while the session's answers are audio sent as deltas (realtime/session.py).
+    echo_cancellation: EchoMode = "off"
 
     @property
     def server_vad(self) -> bool:
@@ -208,6 +212,7 @@ class RealtimeConfig:
                 "input": {
                     "format": self.input_format.ga(),
                     "noise_reduction": self.noise_reduction_object(),
+                    "echo_cancellation": self.echo_cancellation,
                     "transcription": self._transcription(),
                     "turn_detection": turn,
                 }
@@ -225,6 +230,7 @@ class RealtimeConfig:
             "input_audio_transcription": self._transcription(),
             "turn_detection": turn,
             "input_audio_noise_reduction": self.noise_reduction_object(),
+            "input_audio_echo_cancellation": self.echo_cancellation,
             "include": list(self.include) if self.include is not None else None,
         }
 
@@ -387,6 +393,18 @@ def parse_noise_reduction(value: object, param: str) -> str | None:
     return str(raw_type)
 
 
+def parse_echo_cancellation(value: object, param: str) -> EchoMode:
+    """``"auto"`` (or null), ``"on"`` / ``"off"`` (or a boolean): this server's extension."""
+    mode = echo_mode(value)
+    if mode is None:
+        raise EventError(
+            "invalid_value",
+            f"Invalid '{param}': {value!r}. Supported values are: 'auto', 'on', 'off' (or a boolean).",
+            param,
+        )
+    return mode
+
+
 def _flag(spec: Mapping[str, Any], key: str, param: str) -> bool:
     value = spec.get(key)
     return True if value is None else as_bool(value, f"{param}.{key}")
@@ -463,6 +481,11 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
     noise = base.noise_reduction
     if "input_audio_noise_reduction" in session:
         noise = parse_noise_reduction(session["input_audio_noise_reduction"], "session.input_audio_noise_reduction")
+    echo = base.echo_cancellation
+    if "input_audio_echo_cancellation" in session:
+        echo = parse_echo_cancellation(
+            session["input_audio_echo_cancellation"], "session.input_audio_echo_cancellation"
+        )
     # GA nested shape.
     if "audio" in session:
         audio = as_object(session["audio"], "session.audio")
@@ -476,6 +499,10 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
                 turn = parse_turn_detection(audio_input["turn_detection"], "session.audio.input.turn_detection")
             if "noise_reduction" in audio_input:
                 noise = parse_noise_reduction(audio_input["noise_reduction"], "session.audio.input.noise_reduction")
+            if "echo_cancellation" in audio_input:
+                echo = parse_echo_cancellation(
+                    audio_input["echo_cancellation"], "session.audio.input.echo_cancellation"
+                )
     include = base.include
     if "include" in session:
         raw_include = session["include"]
@@ -493,7 +520,7 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
     except InvalidParameter as exc:
         param = model_param.rsplit(".", 1)[0] + ".language"
         raise EventError("invalid_value", f"Invalid '{param}': {exc.message}.", param) from None
-    return RealtimeConfig(model, resolved, fmt, language, prompt, turn, include, noise)
+    return RealtimeConfig(model, resolved, fmt, language, prompt, turn, include, noise, echo)
 
 
 def default_config(settings: Settings, models: ModelRegistry, query: Mapping[str, str]) -> RealtimeConfig:
@@ -516,7 +543,12 @@ def default_config(settings: Settings, models: ModelRegistry, query: Mapping[str
                 resolve_model(models, requested, "model")
             except EventError as exc:
                 raise InvalidParameter(exc.message, param="model") from None
-    return RealtimeConfig(model, resolve_model(models, model, "model"), language=settings.default_language or None)
+    return RealtimeConfig(
+        model,
+        resolve_model(models, model, "model"),
+        language=settings.default_language or None,
+        echo_cancellation=settings.echo_cancellation_default,
+    )
 
 
 SessionKind = Literal["transcription", "conversation"]

@@ -28,10 +28,18 @@ from mediaserver.asr.service import AsrService
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.pacing import send_paced
 from mediaserver.assistant.turns import Assistant
+from mediaserver.audio.echo import EchoLine
 from mediaserver.audio.stream_decode import encode_g711
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
-from mediaserver.events import AssistantAudioStarted, AssistantText, AssistantToolCallDelta, Priority, SessionEvent
+from mediaserver.events import (
+    SAMPLE_RATE_HZ,
+    AssistantAudioStarted,
+    AssistantText,
+    AssistantToolCallDelta,
+    Priority,
+    SessionEvent,
+)
 from mediaserver.llm.types import ChatMessage
 from mediaserver.metrics import Metrics
 from mediaserver.transport.openai.realtime.config import EventError, InputFormat, new_id
@@ -80,6 +88,10 @@ class Conversation:
         self.responses = 0
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
+        # The session's echo canceller, when it runs (audio/echo.py): the deltas sent are its reference;
+        # the item they belong to and the stream-clock sample its audio began to play at (a truncate cuts there).
+        self.echo: EchoLine | None = None
+        self._echo_item: tuple[str, int] | None = None
         self.tools = ToolItems(host, settings, metrics or Metrics(), self.items, self.item_added, self.item_done)
         self.rounds = ResponseRounds(self)
         if audio == "deltas":
@@ -212,6 +224,8 @@ class Conversation:
                 "audio_end_ms",
             )
         item.truncate(audio_end_ms)
+        if self.echo is not None and self._echo_item is not None and self._echo_item[0] == item_id:
+            self.echo.cut(self._echo_item[1] + audio_end_ms * SAMPLE_RATE_HZ // 1000)  # the rest was not played
         self.host.send(
             "conversation.item.truncated", item_id=item_id, content_index=content_index, audio_end_ms=audio_end_ms
         )
@@ -385,6 +399,10 @@ class Conversation:
         if response is None or response.item is None:
             return
         fmt = response.options.output_format
+        if self.echo is not None:
+            at = self.echo.sent(pcm, fmt.rate_hz)
+            if self._echo_item is None or self._echo_item[0] != response.item.id:
+                self._echo_item = (response.item.id, at)
         data = pcm if fmt.is_pcm else encode_g711(pcm, "ulaw" if fmt.type == "audio/pcmu" else "alaw")
         self.host.send(
             self.event_name("response.output_audio.delta", "response.audio.delta"),

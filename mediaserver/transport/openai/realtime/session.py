@@ -7,12 +7,13 @@ import binascii
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from aiohttp import web
 
 from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.audio.echo import EchoLine
 from mediaserver.audio.noise import new_filter, realtime_level
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
@@ -154,6 +155,9 @@ class RealtimeSession(SocketSession, Host):
             MAX_QUEUED_WORK, MAX_BACKLOG_S, MAX_QUEUED_EVENTS, settings.ws_idle_timeout_s, max_message_bytes(settings)
         )
         super().__init__(app, ws, settings, session_id or new_id("sess"), limits)
+        if conversation is None or audio != "deltas":  # the server speaks nothing over this socket
+            config = replace(config, echo_cancellation="off")
+            conversation = replace(conversation, input=config) if conversation is not None else None
         self.asr = app[ASR]
         self.models = self.asr.models
         self.beta = beta  # send beta event names (conversation.item.created)
@@ -174,8 +178,10 @@ class RealtimeSession(SocketSession, Host):
             self.conversation = Conversation(self, settings, self.asr, assistant, conversation, audio, metrics)
         self.items = InputTranscription(self, self.conversation)
         self.idle = IdleTimer(self.conversation, self.items) if self.conversation is not None else None
+        self.echo: EchoLine | None = None  # the canceller of the answers spoken over the socket (audio/echo.py)
         self.stream = self._new_stream(config)
         self._retired: list[StreamSession] = []
+        self._apply_echo(config, conversation)
 
     @property
     def session_kind(self) -> SessionKind:
@@ -200,6 +206,7 @@ class RealtimeSession(SocketSession, Host):
         stream.configure(config.stream_options(self.settings))
         if not config.server_vad:
             stream.start_recording()
+        stream.echo_removed = self.echo.removed_db if self.echo is not None else None
         if self.conversation is not None:
             # Finals create responses through the session core; barge-in is handled in the emitter,
             # after input_audio_buffer.speech_started has been sent.
@@ -387,6 +394,21 @@ class RealtimeSession(SocketSession, Host):
             config = conversation.input
         else:
             config = parse_session(session, self.config, self.models)
+        if config.echo_cancellation != "off" and not self._speaks_deltas:
+            if config.echo_cancellation == "on":
+                raise EventError(
+                    "invalid_value",
+                    "Invalid 'echo_cancellation': 'on' cancels the echo of answers this server speaks over the "
+                    "WebSocket; "
+                    + (
+                        "a WebRTC call's browser cancels the echo of the track it plays (echoCancellation)."
+                        if self.conversation is not None
+                        else "a transcription session speaks none."
+                    ),
+                    "session.audio.input.echo_cancellation",
+                )
+            config = replace(config, echo_cancellation="off")
+            conversation = replace(conversation, input=config) if conversation is not None else None
         if kind == "transcription_session.update":
             self.beta = True
         if config.input_format != self.config.input_format or config.server_vad != self.config.server_vad:
@@ -469,8 +491,16 @@ class RealtimeSession(SocketSession, Host):
     def on_audio_queued(self) -> None:
         self.stream.audio_arriving()
 
+    def enqueue_audio(self, samples: AudioArray) -> bool:
+        queued = super().enqueue_audio(samples)
+        if queued and self.echo is not None:
+            self.echo.arrived(samples.size)
+        return queued
+
     async def feed(self, samples: AudioArray) -> None:
         self._fed_samples += samples.size
+        if self.echo is not None:
+            samples = self.echo.process(samples)
         await self.stream.feed(self.noise.process(samples) if self.noise is not None else samples)
         if self.idle is not None and self._applied.server_vad:
             await self.idle.check(self._applied.turn_detection, self._fed_samples, self.stream.in_speech)
@@ -480,6 +510,7 @@ class RealtimeSession(SocketSession, Host):
             await self._apply(work.config)
             if self.conversation is not None and work.conversation is not None:
                 self.conversation.config = work.conversation
+            self._apply_echo(work.config, work.conversation)
             self.send_session(work.reply, work.config, work.conversation)
             if self.conversation is not None and work.conversation is not None:
                 self.conversation.set_mcp(work.conversation.mcp)
@@ -535,6 +566,27 @@ class RealtimeSession(SocketSession, Host):
             self.spawn(self._retired.pop(0).aclose(), "realtime-retire")
         self._segmenter = segmenter
         self.stream = self._new_stream(config)
+
+    @property
+    def _speaks_deltas(self) -> bool:
+        """Answers go out as delta events on this socket (a WebRTC call's go out on its track)."""
+        return self.conversation is not None and self.conversation.audio == "deltas"
+
+    def _echo_wanted(self, config: RealtimeConfig, conversation: ConversationConfig | None) -> bool:
+        """``on``, or ``auto`` while the session's answers are audio. (Sessions that speak nothing over
+        the socket hold ``off``: a transcription session, and a WebRTC call, whose browser cancels
+        the echo of the track it plays.)"""
+        speaks = conversation is not None and conversation.modality == "audio"
+        return config.echo_cancellation == "on" or (config.echo_cancellation == "auto" and speaks)
+
+    def _apply_echo(self, config: RealtimeConfig, conversation: ConversationConfig | None) -> None:
+        if not self._echo_wanted(config, conversation):
+            self.echo = None
+        elif self.echo is None:
+            self.echo = EchoLine(self.backlog_samples)  # its clock starts at the audio fed next
+        if self.conversation is not None:
+            self.conversation.echo = self.echo
+        self.stream.echo_removed = self.echo.removed_db if self.echo is not None else None
 
     async def _commit_buffer(self, client_event_id: str | None) -> None:
         if self.stream.options.server_vad:

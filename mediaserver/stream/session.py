@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import TypeVar
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from mediaserver.events import (
 )
 from mediaserver.speakers.service import SpeakerService
 from mediaserver.stream import speaker
+from mediaserver.stream.answering import Answerer, HeldWords, SpeakerAware, Speculator
 from mediaserver.stream.echo_check import EchoCheck, Hold
 from mediaserver.stream.finals import EarlyFinal, Finals
 from mediaserver.stream.options import StreamOptions, segmenter_config
@@ -57,34 +58,10 @@ from mediaserver.turns.text_eou import TextEou
 
 Emit = Callable[[SessionEvent], Awaitable[None]]
 log = logging.getLogger(__name__)
+
+
 _T = TypeVar("_T")
 _ids = itertools.count(1)
-
-
-class Answerer(Protocol):
-    """What the session needs of a voice-loop assistant (``mediaserver.assistant.turns.Assistant``)."""
-
-    async def answer(self, user_text: str, *, speech_ended_at: float | None = None) -> None: ...
-
-    async def interrupt(self) -> bool: ...
-
-    def observe_transcript(self, seconds: float) -> None: ...
-
-
-@runtime_checkable
-class SpeakerAware(Protocol):
-    """An answerer told who speaks each turn it answers (``Assistant``: its prompt names them)."""
-
-    def heard_speaker(self, name: str | None) -> None: ...
-
-
-@runtime_checkable
-class Speculator(Protocol):
-    """An answerer that can prepare an answer before the turn has ended (``Assistant``)."""
-
-    def speculate(self, user_text: str, *, speech_ended_at: float | None = None) -> bool: ...
-
-    def drop_speculation(self) -> None: ...
 
 
 class StreamSession:
@@ -138,6 +115,9 @@ class StreamSession:
         # out of the audio fed from ``a`` to ``b`` ms before the latest (``EchoCheck``'s residual rule).
         self.echo_removed: Callable[[int, int], float | None] | None = None
         self.barge_in = settings.assistant_barge_in
+        # A final that came in after the user had begun the next utterance: answered with that one's
+        # words, or alone once it ends with none (``_answer_held``).
+        self._held_words = HeldWords(self.id)
         self._echo = EchoCheck(settings, self._start_task)  # a barge-in's words decide whether it is the answer's echo
         self._apply_turn_mode()
         # Gaps: a sender that stops sending mid-utterance (Opus DTX, a paused track, a device that
@@ -507,6 +487,7 @@ class StreamSession:
             self._turns.drop()
             self._echo.discarded(self.assistant)
             await self._emit(SpeechStopped(event.end_ms, discarded=True))
+            await self._answer_held()
 
     # --- push-to-talk ---------------------------------------------------------------------------
 
@@ -547,6 +528,7 @@ class StreamSession:
             self._partials.cancel()
             self._echo.discarded(self.assistant)
             await self._emit(SpeechStopped(event.end_ms, discarded=True))
+            await self._answer_held()
             return None
         await self._emit(SpeechStopped(event.end_ms))
         ended_at, held = time.monotonic(), self._held(event.start_ms, event.end_ms)
@@ -571,6 +553,8 @@ class StreamSession:
         self._drop_early_final()
         self._turns.drop()
         self._partials.promises.forget()
+        if self._held_words.pending:
+            self._start_task(self._answer_held(), f"held-words-{self.id}")
 
     # --- transcription ------------------------------------------------------------------------
 
@@ -668,8 +652,22 @@ class StreamSession:
             if match is not None and isinstance(self.assistant, SpeakerAware):
                 self.assistant.heard_speaker(match.name)
             self.assistant.observe_transcript(time.monotonic() - ended_at)
-            await self.assistant.answer(text, speech_ended_at=ended_at)
+            speaker_name = match.name if match is not None else None
+            await self._held_words.answer(self.assistant, text, ended_at, speaker_name, hold=self._speaking_on)
+        elif self.assistant is not None:
+            await self._answer_held()  # the utterance after held words brought none of its own
         return final
+
+    @property
+    def _speaking_on(self) -> bool:
+        """The user has begun the next utterance (and speaking over an answer would cut it)."""
+        return self.barge_in and self.options.server_vad and self._segmenter.in_speech
+
+    async def _answer_held(self) -> None:
+        """The utterance after held words ended with none of its own (discarded, silent, the answer's
+        echo, or dropped by ``clear``): the held words are answered on their own."""
+        if self.assistant is not None and not self._closed and not self._speaking_on:
+            await self._held_words.release(self.assistant)
 
     async def aclose(self) -> None:
         if self._closed:

@@ -442,3 +442,48 @@ async def test_speech_interrupts_the_answer_only_with_barge_in(
         await until(lambda: len(answers.questions) == 1)  # the user's turn is still answered
     assert len(recorder.of(SpeechStarted)) == 1
     assert answers.interrupts == (1 if barge_in else 0)
+
+
+async def _held_until_the_next_utterance(
+    asr: CountingAsr, session: StreamSession, answers: AnswerLog, first: np.ndarray, second: np.ndarray
+) -> None:
+    """``first`` ends its turn while the engine is behind; ``second`` begins before its final is in."""
+    session.assistant = answers
+    asr.gate = asyncio.Event()
+    await feed(session, np.concatenate([silence(0.3), first, silence(0.8)]))  # its turn ended, its final waits
+    await feed(session, second[: SAMPLE_RATE_HZ // 2])  # the user speaks on
+    assert session.in_speech
+    asr.gate.set()
+    await until(lambda: len(asr.of(Priority.FINAL)) >= 1 and session.utterances == 1)
+    assert answers.questions == [], "answered over the user, who was already speaking on"
+    await feed(session, np.concatenate([second[SAMPLE_RATE_HZ // 2 :], silence(1.0)]))
+
+
+async def test_a_final_that_comes_in_after_the_user_spoke_on_is_answered_with_the_next(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    """Its answer would start over the user's voice: it waits, and the two are answered as one turn."""
+    asr, answers = CountingAsr(asr_service), AnswerLog()
+    async with open_session(asr, base_settings, server_vad=True) as (session, recorder):
+        first, second = speech("kitchen").audio16k, speech("weather").audio16k
+        await _held_until_the_next_utterance(asr, session, answers, first, second)
+        await until(lambda: len(recorder.of(FinalTranscript)) == 2)
+        await until(lambda: len(answers.questions) == 1)
+    finals = [f.transcript.text for f in recorder.of(FinalTranscript)]
+    assert answers.questions == [f"{finals[0]} {finals[1]}"], (answers.questions, finals)
+    assert "kitchen" in answers.questions[0].lower() and "paris" in answers.questions[0].lower()
+
+
+async def test_held_words_are_answered_alone_when_the_next_utterance_brings_none(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    """The next utterance is too short to be speech (``stream_min_speech_ms`` 1200 here): discarded,
+    and the held words are answered then, on their own."""
+    settings = base_settings.model_copy(update={"stream_min_speech_ms": 1200})
+    asr, answers = CountingAsr(asr_service), AnswerLog()
+    async with open_session(asr, settings, server_vad=True) as (session, recorder):
+        short = speech("weather").audio16k[: int(0.8 * SAMPLE_RATE_HZ)]
+        await _held_until_the_next_utterance(asr, session, answers, speech("kitchen").audio16k, short)
+        await until(lambda: len(answers.questions) == 1)
+        assert [s.discarded for s in recorder.of(SpeechStopped)] == [False, True]
+    assert answers.questions == [recorder.of(FinalTranscript)[0].transcript.text]

@@ -152,10 +152,10 @@ class Peer:
                 protocol.transport.close()
 
 
-async def connect(server: Any, query: str = "", *, direction: str = "sendrecv") -> Peer:
+async def connect(server: Any, query: str = "", *, direction: str = "sendrecv", track: ClipTrack | None = None) -> Peer:
     pc = RTCPeerConnection()
     channel = pc.createDataChannel("chat", ordered=True)
-    track = ClipTrack()
+    track = track or ClipTrack()
     sender = pc.addTrack(track) if direction == "sendrecv" else pc.addTransceiver(track, direction=direction).sender
     peer = Peer(pc, channel, sender, track)
     opened = asyncio.Event()

@@ -96,6 +96,18 @@ class EchoCanceller:
         keep = max(0, at_sample - self._ref_start)
         self._ref = self._ref[:keep]
 
+    def skip(self, samples: int) -> None:
+        """The microphone sent nothing for ``samples`` (a gap in a WebRTC track: Opus DTX, a paused
+        track): the clock moves on, and the reference played meanwhile is dropped unheard."""
+        if samples <= 0:
+            return
+        self._carry = np.zeros(0, np.float32)  # a held partial frame does not join audio after a gap
+        self._position += samples
+        if self._active:
+            self._take_reference(self._position - samples, samples)
+        else:
+            self._ref_start = self._position
+
     def process(self, mic16k: AudioArray) -> AudioArray:
         """Microphone audio (16 kHz float32, any length) → the same with the echo removed.
 
@@ -206,6 +218,11 @@ class EchoLine:
         self.canceller.played(samples, at_sample=at)
         self._playing_until = at + samples.size
         return at
+
+    def skip(self, samples: int) -> None:
+        """No microphone audio came for ``samples`` (``EchoCanceller.skip``)."""
+        self.mic_arrived += samples
+        self.canceller.skip(samples)
 
     def cut(self, at_sample: int) -> None:
         """The device stopped playing at ``at_sample`` (an answer truncated): the rest was not played."""

@@ -60,6 +60,8 @@ export function serverOptions(options = {}) {
     wake: "wake",
     noiseSuppression: "noise_suppression",
     noise_suppression: "noise_suppression",
+    echoCancellation: "echo_cancellation",
+    echo_cancellation: "echo_cancellation",
     turnDetection: "turn_detection",
     turn_detection: "turn_detection",
     eagerness: "eagerness",
@@ -390,6 +392,11 @@ export class MediaserverClient extends EventTarget {
   async start(options = {}) {
     if (!this.isOpen) throw new Error("not connected");
     const obj = serverOptions(options);
+    // The browser cancels the echo of what it plays (getUserMedia's echoCancellation): the server's
+    // canceller is not needed on top of it, whatever the server's echo_cancellation_default says.
+    if (obj.assistant && obj.echo_cancellation === undefined && this.track?.getSettings?.().echoCancellation === true) {
+      obj.echo_cancellation = "off";
+    }
     this.handsFree = !!obj.hands_free;
     this.recording = true;
     this._stopAt = null;

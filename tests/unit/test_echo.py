@@ -216,3 +216,22 @@ def test_the_option_of_a_stream(value: object, mode: str | None) -> None:
     from mediaserver.audio.echo import echo_mode
 
     assert echo_mode(value) == mode
+
+
+def test_a_gap_in_the_microphone_moves_the_clock_on() -> None:
+    """``skip``: no microphone audio came for a while (Opus DTX, a paused track): the reference
+    played meanwhile is dropped, and what follows lines up with the reference played after it."""
+    from mediaserver.audio.echo import EchoLine
+
+    ec = EchoCanceller()
+    ec.skip(1000)  # nothing played yet: the clock alone moves
+    assert ec.position == 1000 and ec._ref_start == 1000
+    tone = (0.3 * np.sin(np.arange(RATE) * 2 * np.pi * 440 / RATE)).astype(np.float32)
+    ec.played(tone[:4000], 1000)
+    ec.process(np.zeros(50, np.float32))  # a partial frame, held
+    ec.skip(2000)  # the held samples are dropped with the gap: a frame does not span it
+    assert ec.position == 3050 and ec._carry.size == 0
+    assert ec._ref_start == 3050 and ec._ref.size == 4000 - 2050  # the reference of the gap is gone
+    line = EchoLine()
+    line.skip(480)
+    assert line.mic_arrived == line.canceller.position == 480

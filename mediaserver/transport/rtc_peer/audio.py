@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import fractions
 import time
+from collections.abc import Callable
 
 import av
 import numpy as np
@@ -39,6 +40,7 @@ class AssistantAudioTrack(MediaStreamTrack):
         self._due: float | None = None  # when the next frame is due
         self.frames_sent = 0
         self.first_frame_at: float | None = None  # monotonic time the latest answer's first frame left
+        self.on_sent: Callable[[bytes], None] | None = None  # each frame's PCM16 as it leaves (echo reference)
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
@@ -64,4 +66,6 @@ class AssistantAudioTrack(MediaStreamTrack):
         frame.pts = pts
         frame.time_base = self._time_base
         self.frames_sent += 1
+        if self.on_sent is not None:
+            self.on_sent(pcm)
         return frame

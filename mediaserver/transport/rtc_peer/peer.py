@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -27,6 +28,9 @@ from mediaserver.transport.rtc_peer import patches
 from mediaserver.transport.rtc_peer.sdp import check_offer, sdp_problem, with_opus_dtx
 
 log = logging.getLogger(__name__)
+
+TIMESTAMP_GAP_S = 0.03  # a frame's timestamp this far past the end of the one before: a gap in the audio
+TRACK_PAUSE_S = 0.5  # no frame for this long: a gap, whatever the timestamps say
 
 
 def ice_servers(settings: Settings) -> list[RTCIceServer]:
@@ -46,14 +50,31 @@ async def read_audio_track(
     resampler: av.AudioResampler,
     feed: Callable[[AudioArray], Awaitable[None]],
     on_frame: Callable[[], None],
+    on_gap: Callable[[float], None] | None = None,
 ) -> None:
-    """Read an incoming audio track until it ends: each frame resampled (16 kHz mono float) and fed."""
+    """Read an incoming audio track until it ends: each frame resampled (16 kHz mono float) and fed.
+
+    ``on_gap(seconds)``: the sender sent nothing for that long before this frame (Opus DTX, a
+    paused track): its timestamps jumped past the end of the frame before, or no frame came for
+    ``TRACK_PAUSE_S`` or more (a sender whose timestamps go on where they stopped). What the reader
+    itself spent feeding is not a gap: frames waiting meanwhile come at once."""
+    expected_s: float | None = None  # the timestamp at which the next frame would follow the last
     with contextlib.suppress(MediaStreamError):
         while True:
+            asked_at = time.monotonic()
             frame = await track.recv()
+            waited_s = time.monotonic() - asked_at
             on_frame()
             if not isinstance(frame, av.AudioFrame):
                 continue
+            if on_gap is not None:
+                at_s = float(frame.pts * frame.time_base) if frame.pts is not None and frame.time_base else None
+                jump_s = at_s - expected_s if at_s is not None and expected_s is not None else 0.0
+                gap_s = max(jump_s if jump_s > TIMESTAMP_GAP_S else 0.0, waited_s if waited_s >= TRACK_PAUSE_S else 0.0)
+                if gap_s > 0:
+                    on_gap(gap_s)
+                if at_s is not None:
+                    expected_s = at_s + frame.samples / frame.sample_rate
             frame.pts = None
             for out in resampler.resample(frame):
                 await feed(np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1))

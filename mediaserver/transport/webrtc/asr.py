@@ -47,6 +47,7 @@ from mediaserver.assistant.client_tools import (
     unknown_call_text,
 )
 from mediaserver.assistant.turns import Assistant
+from mediaserver.audio.echo import EchoLine, EchoMode, echo_mode
 from mediaserver.audio.noise import NoiseFilter, new_filter, parse_level
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
@@ -136,6 +137,9 @@ class RtcSession:
         self.assistant: Assistant | None = None
         self.client_tools = ClientToolbox(settings, app[METRICS], session_id=self.id)  # the page's own tools
         self.noise: NoiseFilter | None = None
+        # The server's canceller of the answers it plays on the track (audio/echo.py), for a client
+        # that cancels no echo itself (``echo_cancellation``): each frame sent is the reference.
+        self.echo: EchoLine | None = None
         self.wake: WakeGate | None = None  # hands-free with a wake word (wake/gate.py)
         self.peer.pc.on("datachannel", self._on_datachannel)
         self.peer.pc.on("track", self._on_track)
@@ -155,10 +159,21 @@ class RtcSession:
                 await track.recv()
 
     async def _read_track(self, track: MediaStreamTrack) -> None:
-        await read_audio_track(track, self._resampler, self._feed, self._on_frame)
+        await read_audio_track(track, self._resampler, self._feed, self._on_frame, self._on_gap)
         log.debug("session %s: track ended", self.id)
 
+    def _on_gap(self, seconds: float) -> None:
+        if self.echo is not None:
+            self.echo.skip(int(seconds * SAMPLE_RATE_HZ))  # the microphone's clock goes on through it
+
+    def _on_answer_sent(self, pcm: bytes) -> None:
+        if self.echo is not None:
+            self.echo.sent(pcm, RTC_SAMPLE_RATE_HZ)
+
     async def _feed(self, samples: AudioArray) -> None:
+        if self.echo is not None:
+            self.echo.arrived(samples.size)
+            samples = self.echo.process(samples)
         cleaned = self.noise.process(samples) if self.noise is not None else samples
         await feed_through(self.wake, cleaned, self.stream, self._send_wake)
 
@@ -179,6 +194,7 @@ class RtcSession:
             return
         self.audio_out = AudioOut(RTC_SAMPLE_RATE_HZ)
         self.out_track = AssistantAudioTrack(self.audio_out)
+        self.out_track.on_sent = self._on_answer_sent
         self.peer.pc.addTrack(self.out_track)
 
     def _on_connection_state(self) -> None:
@@ -261,6 +277,11 @@ class RtcSession:
     async def _start(self, obj: Mapping[str, Any]) -> None:
         options = self._options(obj, base=self.base_options)
         noise_level = parse_level(obj.get("noise_suppression"), self.settings)
+        echo = echo_mode(obj.get("echo_cancellation", self.settings.echo_cancellation_default))
+        if echo is None:
+            raise InvalidParameter(
+                "'echo_cancellation' must be 'auto', 'on', 'off' or a boolean", param="echo_cancellation"
+            )
         wake_names = parse_wake_option(obj.get("wake"), self.settings)
         if wake_names is not None and not obj.get("hands_free", False):
             raise InvalidParameter("'wake' needs 'hands_free': true", param="wake")
@@ -297,6 +318,7 @@ class RtcSession:
         )
         if (self.noise.level if self.noise else 0) != noise_level:
             self.noise = new_filter(noise_level, self.settings)
+        self._apply_echo(echo)
         if self.wake is not None:
             self.wake.close()
         self.wake = new_gate(wake_names, self.settings) if wake_names is not None else None
@@ -306,10 +328,21 @@ class RtcSession:
             if self.wake is not None:
                 self._send_wake(self.wake, WakeWaiting("started"))
             else:
-                self.send(message("log", "ASR hands-free - listening, speak any time", self.stream.turn_described()))
+                described = {**self.stream.turn_described(), "echo_cancellation": self.echo is not None}
+                self.send(message("log", "ASR hands-free - listening, speak any time", described))
         else:
             self.stream.start_recording()
             self.send(message("log", "ASR Recording - start talking and press stop when done"))
+
+    def _apply_echo(self, mode: EchoMode) -> None:
+        """``on``, or ``auto`` while the answers are spoken on the track; a client that cancels echo
+        itself (a browser's ``echoCancellation``, which the /rtc page reports as ``off``) says so."""
+        speaks = self.assistant is not None and self.out_track is not None and self.assistant.options.speak
+        if not (mode == "on" or (mode == "auto" and speaks)):
+            self.echo = None
+        elif self.echo is None:
+            self.echo = EchoLine()  # its clock starts at the next audio
+        self.stream.echo_removed = self.echo.removed_db if self.echo is not None else None
 
     async def _stop(self, obj: Mapping[str, Any]) -> None:
         if not self.started:

@@ -24,6 +24,7 @@ arrives; AEC3 itself delays its output by 128 samples (8 ms, two of its 4 ms blo
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from itertools import islice
 from typing import Any, Final, Literal
@@ -39,6 +40,8 @@ EchoMode = Literal["auto", "on", "off"]
 FRAME_SAMPLES: Final = SAMPLE_RATE_HZ // 100  # 10 ms, AEC3's frame
 OUTPUT_LATENCY_SAMPLES: Final = 128  # AEC3's own delay of the output (measured, tools/bench_echo.py)
 MAX_REFERENCE_AHEAD_S: Final = 120.0  # reference recorded further ahead than this is refused
+MAX_LINE_AHEAD_S: Final = 60.0  # EchoLine: answer audio this far ahead of the microphone plays from now
+MIC_GAP_S: Final = 1.0  # EchoLine: microphone audio this late after the end of the audio before: a gap
 MEASURE_FRAMES: Final = 60 * 100  # the last minute of (microphone, output) frame energies is kept
 ACTIVE_FRAME_DBFS: Final = -50.0  # output frames quieter than this are silence: not measured
 MIN_ACTIVE_FRAMES: Final = 3  # fewer active frames than this in a span: no measure
@@ -103,10 +106,9 @@ class EchoCanceller:
             return
         self._carry = np.zeros(0, np.float32)  # a held partial frame does not join audio after a gap
         self._position += samples
-        if self._active:
-            self._take_reference(self._position - samples, samples)
-        else:
-            self._ref_start = self._position
+        consumed = max(0, self._position - self._ref_start)  # the reference of the gap, unheard
+        self._ref = self._ref[consumed:]
+        self._ref_start = max(self._ref_start, self._position)
 
     def process(self, mic16k: AudioArray) -> AudioArray:
         """Microphone audio (16 kHz float32, any length) → the same with the echo removed.
@@ -198,14 +200,35 @@ class EchoLine:
     (``process``) in the same order, so both clocks start at the audio fed after the line is made.
     """
 
-    def __init__(self, queued_samples: int = 0) -> None:
+    def __init__(self, queued_samples: int = 0, *, watch_gaps: bool = True) -> None:
         self.canceller = EchoCanceller()
         self.mic_arrived = queued_samples  # microphone samples arrived (queued ones count: fed first)
         self._playing_until = 0  # the clock at which the audio sent so far ends, played back to back
         self._decoders: dict[int, PcmStreamDecoder] = {}  # answer audio (PCM16 mono) per rate → 16 kHz
+        # Gaps in the microphone audio (``gap``): (clock sample where each began, its length), applied
+        # to the canceller when its audio reaches them (the worker feeds what the reader queued).
+        self._gaps: deque[tuple[int, int]] = deque()
+        self._watch_gaps = watch_gaps  # find them by the wall clock (the WebSockets: no timestamps)
+        self._last_arrival: tuple[float, float] | None = None  # (monotonic, seconds of audio) of the latest
 
     def arrived(self, samples: int) -> None:
+        """Microphone audio came (the reader's view). With ``watch_gaps``, audio that comes
+        ``MIC_GAP_S`` later than the audio before it ends (a device that stops sending while it
+        plays an answer) marks a gap of that long: the device's clock went on meanwhile."""
+        now = time.monotonic()
+        if self._watch_gaps and self._last_arrival is not None:
+            silent_s = now - self._last_arrival[0] - self._last_arrival[1]
+            if silent_s >= MIC_GAP_S:
+                self.gap(round(silent_s * SAMPLE_RATE_HZ))
+        self._last_arrival = (now, samples / SAMPLE_RATE_HZ)
         self.mic_arrived += samples
+
+    def gap(self, samples: int) -> None:
+        """No microphone audio came for ``samples``: the clock moves on (``EchoCanceller.skip``,
+        once the audio before it has been cleaned)."""
+        if samples > 0:
+            self._gaps.append((self.mic_arrived, samples))
+            self.mic_arrived += samples
 
     def sent(self, pcm16: bytes, rate_hz: int) -> int:
         """Answer audio (little-endian PCM16 mono at ``rate_hz``) went to the device: it is the
@@ -214,15 +237,14 @@ class EchoLine:
         if decoder is None:
             decoder = self._decoders[rate_hz] = PcmStreamDecoder(PcmFormat(rate_hz, 16, 1), carry_partial=True)
         samples = decoder.decode(pcm16)
+        if self._playing_until - self.mic_arrived > MAX_LINE_AHEAD_S * SAMPLE_RATE_HZ:
+            # The microphone has sent nothing for that long (a half-duplex client, a text-only one):
+            # its clock says nothing of when this plays. From now, rather than ever further ahead.
+            self._playing_until = self.mic_arrived
         at = max(self.mic_arrived, self._playing_until)
         self.canceller.played(samples, at_sample=at)
         self._playing_until = at + samples.size
         return at
-
-    def skip(self, samples: int) -> None:
-        """No microphone audio came for ``samples`` (``EchoCanceller.skip``)."""
-        self.mic_arrived += samples
-        self.canceller.skip(samples)
 
     def cut(self, at_sample: int) -> None:
         """The device stopped playing at ``at_sample`` (an answer truncated): the rest was not played."""
@@ -230,6 +252,8 @@ class EchoLine:
         self._playing_until = min(self._playing_until, at_sample)
 
     def process(self, mic16k: AudioArray) -> AudioArray:
+        while self._gaps and self._gaps[0][0] <= self.canceller.position:
+            self.canceller.skip(self._gaps.popleft()[1])
         return self.canceller.process(mic16k)
 
     def removed_db(self, from_ms_ago: int, to_ms_ago: int) -> float | None:

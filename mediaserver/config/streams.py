@@ -105,9 +105,10 @@ class StreamSettings(BaseModel):
     noise_far_field_level: int = Field(2, ge=1, le=4, description="level for Realtime noise_reduction far_field")
     echo_cancellation_default: Literal["auto", "on", "off"] = Field(
         "off",
-        description="server-side echo cancellation of the spoken answers (docs/echo.md) on a device WebSocket or "
-        "Realtime WebSocket stream that does not set echo_cancellation: auto = on where the server speaks its "
-        "answers; experimental, so off: the canceller's first second still lets echo through",
+        description="server-side echo cancellation of the spoken answers (docs/echo.md) on a device WebSocket, "
+        "Realtime WebSocket or WebRTC voice-loop stream that does not set echo_cancellation: auto = on where the "
+        "server speaks its answers; experimental, so off: the canceller lets echo through while it converges (about "
+        "one answer)",
     )
 
     # --- semantic end of turn: Smart Turn v3.2 (mediaserver/turns) -----------------------------

@@ -55,37 +55,34 @@ class _Held:
 
 
 class HeldWords:
-    """A session's final not answered yet, because the user had begun the next utterance first."""
+    """A session's finals not answered yet, because the user had begun the next utterance first."""
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
-        self._held: _Held | None = None
+        self._held: list[_Held] = []  # in order; consecutive words of one speaker are joined
 
     @property
     def pending(self) -> bool:
-        return self._held is not None
+        return bool(self._held)
 
     async def answer(self, answerer: Answerer, text: str, ended_at: float, speaker: str | None, *, hold: bool) -> None:
-        """Answer a final, joined to the held words when the same speaker said them (another
-        speaker's are answered first, on their own); ``hold``: the user already speaks on, so it
-        waits for the next final instead."""
-        held, self._held = self._held, None
-        if held is not None and held.speaker == speaker:
-            text = f"{held.text.rstrip()} {text.lstrip()}"
-        elif held is not None:  # someone else's words: answered first, as theirs
-            if isinstance(answerer, SpeakerAware):
-                answerer.heard_speaker(held.speaker)
-            await answerer.answer(held.text, speech_ended_at=held.ended_at)
-            if isinstance(answerer, SpeakerAware):
-                answerer.heard_speaker(speaker)
+        """Answer a final with the held words before it (joined to them when the same speaker said
+        them); ``hold``: the user has already said more, so it waits with them instead."""
+        last = self._held[-1] if self._held else None
+        if last is not None and last.speaker == speaker:
+            self._held[-1] = _Held(f"{last.text.rstrip()} {text.lstrip()}", ended_at, speaker)
+        else:
+            self._held.append(_Held(text, ended_at, speaker))
         if hold:
-            log.info("session %s: the user spoke on before their final was answered: it waits", self.session_id)
-            self._held = _Held(text, ended_at, speaker)
+            log.info("session %s: the user said more before their final was answered: it waits", self.session_id)
             return
-        await answerer.answer(text, speech_ended_at=ended_at)
+        await self.release(answerer)
 
     async def release(self, answerer: Answerer) -> None:
-        """The next utterance brought no words: answer the held ones on their own."""
-        held, self._held = self._held, None
-        if held is not None:
-            await answerer.answer(held.text, speech_ended_at=held.ended_at)
+        """Answer the held words now. Several speakers' are answered in turn, each as theirs (an
+        answer cuts the one before it, so the earlier ones stay questions in the history)."""
+        held, self._held = self._held, []
+        for words in held:
+            if len(held) > 1 and words.speaker is not None and isinstance(answerer, SpeakerAware):
+                answerer.heard_speaker(words.speaker)
+            await answerer.answer(words.text, speech_ended_at=words.ended_at)

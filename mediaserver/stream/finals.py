@@ -132,6 +132,11 @@ class Finals:
 
         self._chain = self._start_task(run(), f"final-{stream.id}")
 
+    @property
+    def pending(self) -> int:
+        """Utterances submitted whose final was not sent yet (the one being sent included)."""
+        return self._pending
+
     async def wait(self) -> None:
         """Until the finals submitted so far were sent (or failed)."""
         previous = self._chain

@@ -177,6 +177,8 @@ class StreamSession:
     @assistant.setter
     def assistant(self, assistant: Answerer | None) -> None:
         # The turn_detection setting's 'auto' depends on it: semantic turns while the server answers.
+        if assistant is not self._assistant:
+            self._held_words = HeldWords(self.id)  # words held for another assistant are not this one's
         self._assistant = assistant
         self._apply_turn_mode()
 
@@ -632,9 +634,11 @@ class StreamSession:
         who = who or self._identify(audio)
         try:
             transcript = await self._finals.transcribe(audio, start_ms, end_ms, early)
-        except BaseException:
+        except BaseException as exc:
             if who is not None:
                 who.cancel()
+            if isinstance(exc, Exception):
+                await self._answer_held(inside_final=True)  # this utterance brings no words: the held ones go on
             raise
         match = await who if who is not None else None
         delta = continuation(committed, transcript.text)
@@ -653,20 +657,24 @@ class StreamSession:
                 self.assistant.heard_speaker(match.name)
             self.assistant.observe_transcript(time.monotonic() - ended_at)
             speaker_name = match.name if match is not None else None
-            await self._held_words.answer(self.assistant, text, ended_at, speaker_name, hold=self._speaking_on)
+            hold = self._user_went_on(inside_final=True)
+            await self._held_words.answer(self.assistant, text, ended_at, speaker_name, hold=hold)
         elif self.assistant is not None:
-            await self._answer_held()  # the utterance after held words brought none of its own
+            await self._answer_held(inside_final=True)  # the utterance after held words brought none of its own
         return final
 
-    @property
-    def _speaking_on(self) -> bool:
-        """The user has begun the next utterance (and speaking over an answer would cut it)."""
-        return self.barge_in and self.options.server_vad and self._segmenter.in_speech
+    def _user_went_on(self, *, inside_final: bool = False) -> bool:
+        """The user has said more since (an utterance under way, or another final on its way): an
+        answer started now would play over them, or be cut by their next final. ``inside_final``:
+        asked while a final is being sent (it counts among the pending ones)."""
+        if not (self.barge_in and self.options.server_vad):
+            return False
+        return self._segmenter.in_speech or self._finals.pending > (1 if inside_final else 0)
 
-    async def _answer_held(self) -> None:
-        """The utterance after held words ended with none of its own (discarded, silent, the answer's
-        echo, or dropped by ``clear``): the held words are answered on their own."""
-        if self.assistant is not None and not self._closed and not self._speaking_on:
+    async def _answer_held(self, *, inside_final: bool = False) -> None:
+        """The utterance after held words ended with none of its own (discarded, silent, failed, the
+        answer's echo, or dropped by ``clear``): the held words are answered on their own."""
+        if self.assistant is not None and not self._closed and not self._user_went_on(inside_final=inside_final):
             await self._held_words.release(self.assistant)
 
     async def aclose(self) -> None:

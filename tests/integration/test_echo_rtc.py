@@ -6,8 +6,8 @@ into the microphone track, 150 ms late, in real time.
 Without the server's canceller (``echo_cancellation`` off, the default) the answer's echo is heard
 as the user and cuts the answer. With it on (and barge-in off on that server, so that what AEC3 lets
 through while it converges cuts nothing: docs/echo.md) none of the answer's words reaches a final,
-and after a stretch with no microphone packets at all (Opus DTX, timestamps following the clock)
-the next question is heard and answered.
+and after a second in which the microphone sent nothing (timestamps following the clock) the next
+question is heard.
 """
 
 from __future__ import annotations
@@ -48,16 +48,28 @@ class EchoingTrack(ClipTrack):
         self._speaker = np.zeros(0, np.float32)
         self._ir = room(np.random.default_rng(7))
         self._played = np.zeros(DELAY + self._ir.size + FRAME, np.float32)
+        self._next_pts: int | None = None  # the timestamp the next frame has when none is skipped
 
-    async def recv(self) -> av.AudioFrame:
-        frame = await super().recv()
+    def _listen(self) -> None:
+        """Queue on the loudspeaker what the server's track brought since."""
         if self.peer is not None:
             fresh = self.peer.received[self._taken :]
             self._taken += len(fresh)
             parts = [self._speaker, *(r.pcm.astype(np.float32) / 32768.0 for r in fresh)]
             self._speaker = np.concatenate(parts)
-        now, self._speaker = self._speaker[:FRAME], self._speaker[FRAME:]
-        self._played = np.concatenate([self._played[FRAME:], np.pad(now, (0, FRAME - now.size))])
+
+    def _play(self, samples: int) -> None:
+        now, self._speaker = self._speaker[:samples], self._speaker[samples:]
+        played = np.concatenate([self._played, np.pad(now, (0, samples - now.size))])
+        self._played = played[-(DELAY + self._ir.size + FRAME) :]
+
+    async def recv(self) -> av.AudioFrame:
+        frame = await super().recv()
+        self._listen()
+        if self._next_pts is not None and frame.pts is not None and frame.pts > self._next_pts:
+            self._play(frame.pts - self._next_pts)  # the microphone sent nothing; the loudspeaker played on
+        self._next_pts = None if frame.pts is None else frame.pts + FRAME
+        self._play(FRAME)
         source = self._played[-(DELAY + FRAME + self._ir.size) : -DELAY]
         echo = np.convolve(source, self._ir)[self._ir.size : self._ir.size + FRAME] * GAIN
         user = frame.to_ndarray().reshape(-1).astype(np.float32) / 32768.0
@@ -134,7 +146,8 @@ async def test_with_echo_cancellation_the_answer_is_not_heard_as_the_user(
         track.play(speech("What do cows eat?"), silence_after_s=0.5)
         await until(lambda: any(m["type"] == "assistant_audio_started" for m in seen))
         await until(lambda: not answering(seen) and track.speaker_idle and track.played.is_set())
-        # No microphone packets for a second, timestamps following the clock (Opus DTX in silence).
+        # No microphone packets for a second, timestamps following the clock (Opus DTX in silence):
+        # the canceller's clock moves on with it.
         track.go_quiet(1.0)
         track.play(speech("What do bees make?"), silence_after_s=0.5)
         await until(lambda: any("bees" in text.lower() for text in finals(seen)))

@@ -232,6 +232,40 @@ def test_a_gap_in_the_microphone_moves_the_clock_on() -> None:
     ec.skip(2000)  # the held samples are dropped with the gap: a frame does not span it
     assert ec.position == 3050 and ec._carry.size == 0
     assert ec._ref_start == 3050 and ec._ref.size == 4000 - 2050  # the reference of the gap is gone
+    line = EchoLine(watch_gaps=False)
+    line.arrived(320)
+    line.gap(480)  # after the 320 samples arrived (and still queued): applied once they are cleaned
+    line.arrived(160)
+    assert line.mic_arrived == 960 and line.canceller.position == 0
+    line.process(np.zeros(320, np.float32))
+    assert line.canceller.position == 320  # the gap is not reached before the next audio
+    line.process(np.zeros(160, np.float32))
+    assert line.canceller.position == 960 == line.mic_arrived
+    ec.skip(16000 * 3600)  # an hour's gap costs nothing (no reference is built for it)
+    assert ec._ref.size == 0
+
+
+def test_a_device_that_stops_sending_is_a_gap_on_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the WebSockets (no timestamps) microphone audio that comes ``MIC_GAP_S`` or more after the
+    audio before it ended marks a gap: a device that mutes its microphone while it plays an answer."""
+    from mediaserver.audio import echo
+    from mediaserver.audio.echo import MIC_GAP_S, EchoLine
+
+    clock = [100.0]
+    monkeypatch.setattr(echo, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
     line = EchoLine()
-    line.skip(480)
-    assert line.mic_arrived == line.canceller.position == 480
+    line.arrived(1600)  # 0.1 s
+    clock[0] += 0.1 + MIC_GAP_S - 0.05  # a little late: no gap
+    line.arrived(1600)
+    assert line.mic_arrived == 3200
+    clock[0] += 0.1 + 2.0  # two seconds with nothing
+    line.arrived(1600)
+    assert line.mic_arrived == 3200 + 32000 + 1600
+    for _ in range(3):  # the worker feeds the pieces as they came
+        line.process(np.zeros(1600, np.float32))
+    assert line.canceller.position == line.mic_arrived
+    # Answer audio sent while the microphone said nothing for a minute plays from now, not after it all.
+    pcm = (np.full(1600, 0.1) * 32767).astype("<i2").tobytes()
+    for _ in range(700):  # 70 s of answer, the microphone silent
+        line.sent(pcm, 16000)
+    assert line.sent(pcm, 16000) - line.mic_arrived <= 61 * 16000

@@ -56,3 +56,12 @@ async def test_release_without_held_words_answers_nothing() -> None:
     held, answers = HeldWords("s1"), Answers()
     await held.release(answers)
     assert answers.asked == [] and not held.pending
+
+
+async def test_nothing_is_answered_while_the_user_speaks_on_whoever_spoke() -> None:
+    held, answers = HeldWords("s1"), Answers()
+    await held.answer(answers, "Is it raining?", 1.0, "ann", hold=True)
+    await held.answer(answers, "Turn on the lights.", 2.0, "bob", hold=True)
+    assert answers.asked == [] and held.pending
+    await held.release(answers)
+    assert answers.asked == [("Is it raining?", "ann", 1.0), ("Turn on the lights.", "bob", 2.0)]

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 TIMESTAMP_GAP_S = 0.03  # a frame's timestamp this far past the end of the one before: a gap in the audio
 TRACK_PAUSE_S = 0.5  # no frame for this long: a gap, whatever the timestamps say
+GAP_CREDIT_FRAMES = 25  # a timestamp jump this many frames after such a wait is the same gap
 
 
 def ice_servers(settings: Settings) -> list[RTCIceServer]:
@@ -55,10 +56,14 @@ async def read_audio_track(
     """Read an incoming audio track until it ends: each frame resampled (16 kHz mono float) and fed.
 
     ``on_gap(seconds)``: the sender sent nothing for that long before this frame (Opus DTX, a
-    paused track): its timestamps jumped past the end of the frame before, or no frame came for
-    ``TRACK_PAUSE_S`` or more (a sender whose timestamps go on where they stopped). What the reader
-    itself spent feeding is not a gap: frames waiting meanwhile come at once."""
+    paused track). Its timestamps say so when they jump past the end of the frame before; a sender
+    whose timestamps go on where they stopped (aiortc's) shows it only as no frame for
+    ``TRACK_PAUSE_S`` or more. Both can see one gap: aiortc's jitter buffer holds the last frames
+    before a pause until packets come again, so the first of them comes late, and the jump follows a
+    few frames on; a jump counts only what such a wait did not (``GAP_CREDIT_FRAMES``). What the
+    reader itself spent feeding is not a gap: frames waiting meanwhile come at once."""
     expected_s: float | None = None  # the timestamp at which the next frame would follow the last
+    credit_s, credit_frames = 0.0, 0  # a wait already counted as a gap, that a jump may confirm
     with contextlib.suppress(MediaStreamError):
         while True:
             asked_at = time.monotonic()
@@ -70,7 +75,14 @@ async def read_audio_track(
             if on_gap is not None:
                 at_s = float(frame.pts * frame.time_base) if frame.pts is not None and frame.time_base else None
                 jump_s = at_s - expected_s if at_s is not None and expected_s is not None else 0.0
-                gap_s = max(jump_s if jump_s > TIMESTAMP_GAP_S else 0.0, waited_s if waited_s >= TRACK_PAUSE_S else 0.0)
+                gap_s = 0.0
+                if jump_s > TIMESTAMP_GAP_S:
+                    gap_s, credit_s = max(0.0, jump_s - credit_s), 0.0
+                elif waited_s >= TRACK_PAUSE_S and expected_s is not None:
+                    gap_s, credit_s, credit_frames = waited_s, credit_s + waited_s, 0
+                credit_frames += 1
+                if credit_frames > GAP_CREDIT_FRAMES:
+                    credit_s = 0.0
                 if gap_s > 0:
                     on_gap(gap_s)
                 if at_s is not None:

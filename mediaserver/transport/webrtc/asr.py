@@ -164,7 +164,7 @@ class RtcSession:
 
     def _on_gap(self, seconds: float) -> None:
         if self.echo is not None:
-            self.echo.skip(int(seconds * SAMPLE_RATE_HZ))  # the microphone's clock goes on through it
+            self.echo.gap(int(seconds * SAMPLE_RATE_HZ))  # the microphone's clock goes on through it
 
     def _on_answer_sent(self, pcm: bytes) -> None:
         if self.echo is not None:
@@ -341,7 +341,7 @@ class RtcSession:
         if not (mode == "on" or (mode == "auto" and speaks)):
             self.echo = None
         elif self.echo is None:
-            self.echo = EchoLine()  # its clock starts at the next audio
+            self.echo = EchoLine(watch_gaps=False)  # its clock starts at the next audio; gaps: _on_gap
         self.stream.echo_removed = self.echo.removed_db if self.echo is not None else None
 
     async def _stop(self, obj: Mapping[str, Any]) -> None:

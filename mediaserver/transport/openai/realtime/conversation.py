@@ -88,10 +88,12 @@ class Conversation:
         self.responses = 0
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
-        # The session's echo canceller, when it runs (audio/echo.py): the deltas sent are its reference;
-        # the item they belong to and the stream-clock sample its audio began to play at (a truncate cuts there).
+        # The session's echo canceller, when it runs (audio/echo.py): the deltas sent are its reference.
+        # Where the answer item being sent plays: for each delta, (ms into the item, stream-clock
+        # sample it plays from), so a truncate at ``audio_end_ms`` cuts the reference there.
         self.echo: EchoLine | None = None
-        self._echo_item: tuple[str, int] | None = None
+        self._echo_item: tuple[EchoLine, str, list[tuple[float, int]]] | None = None
+        self._echo_delta_ms = 0.0  # the length of the latest delta sent
         self.tools = ToolItems(host, settings, metrics or Metrics(), self.items, self.item_added, self.item_done)
         self.rounds = ResponseRounds(self)
         if audio == "deltas":
@@ -224,8 +226,7 @@ class Conversation:
                 "audio_end_ms",
             )
         item.truncate(audio_end_ms)
-        if self.echo is not None and self._echo_item is not None and self._echo_item[0] == item_id:
-            self.echo.cut(self._echo_item[1] + audio_end_ms * SAMPLE_RATE_HZ // 1000)  # the rest was not played
+        self._cut_echo(item_id, audio_end_ms)
         self.host.send(
             "conversation.item.truncated", item_id=item_id, content_index=content_index, audio_end_ms=audio_end_ms
         )
@@ -400,9 +401,7 @@ class Conversation:
             return
         fmt = response.options.output_format
         if self.echo is not None:
-            at = self.echo.sent(pcm, fmt.rate_hz)
-            if self._echo_item is None or self._echo_item[0] != response.item.id:
-                self._echo_item = (response.item.id, at)
+            self._echo_sent(self.echo, response.item.id, pcm, fmt.rate_hz)
         data = pcm if fmt.is_pcm else encode_g711(pcm, "ulaw" if fmt.type == "audio/pcmu" else "alaw")
         self.host.send(
             self.event_name("response.output_audio.delta", "response.audio.delta"),
@@ -412,6 +411,26 @@ class Conversation:
             content_index=0,
             delta=base64.b64encode(data).decode("ascii"),
         )
+
+    def _echo_sent(self, echo: EchoLine, item_id: str, pcm: bytes, rate_hz: int) -> None:
+        at = echo.sent(pcm, rate_hz)
+        item = self._echo_item
+        if item is None or item[0] is not echo or item[1] != item_id:
+            item = self._echo_item = (echo, item_id, [])
+        marks = item[2]
+        offset_ms = marks[-1][0] + self._echo_delta_ms if marks else 0.0
+        marks.append((offset_ms, at))
+        self._echo_delta_ms = len(pcm) / 2 / rate_hz * 1000.0
+
+    def _cut_echo(self, item_id: str, audio_end_ms: int) -> None:
+        """The client stopped playing the item at ``audio_end_ms``: the rest is no reference."""
+        item = self._echo_item
+        if self.echo is None or item is None or item[0] is not self.echo or item[1] != item_id:
+            return
+        played = [(offset_ms, at) for offset_ms, at in item[2] if offset_ms <= audio_end_ms]
+        if played:
+            offset_ms, at = played[-1]
+            self.echo.cut(at + round((audio_end_ms - offset_ms) * SAMPLE_RATE_HZ / 1000))
 
     async def aclose(self) -> None:
         if self._closed:

@@ -405,7 +405,9 @@ class RealtimeSession(SocketSession, Host):
                         if self.conversation is not None
                         else "a transcription session speaks none."
                     ),
-                    "session.audio.input.echo_cancellation",
+                    "session.input_audio_echo_cancellation"
+                    if "input_audio_echo_cancellation" in session
+                    else "session.audio.input.echo_cancellation",
                 )
             config = replace(config, echo_cancellation="off")
             conversation = replace(conversation, input=config) if conversation is not None else None

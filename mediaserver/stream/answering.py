@@ -51,7 +51,8 @@ class Speculator(Protocol):
 class _Held:
     text: str
     ended_at: float  # when its speech ended (monotonic)
-    speaker: str | None  # who said it, when speakers are enrolled
+    speaker: str | None  # who said it (None: nobody enrolled matched)
+    identified: bool  # speakers are enrolled: the answerer is told who speaks (``SpeakerAware``)
 
 
 class HeldWords:
@@ -65,14 +66,25 @@ class HeldWords:
     def pending(self) -> bool:
         return bool(self._held)
 
-    async def answer(self, answerer: Answerer, text: str, ended_at: float, speaker: str | None, *, hold: bool) -> None:
+    async def answer(
+        self,
+        answerer: Answerer,
+        text: str,
+        ended_at: float,
+        speaker: str | None,
+        *,
+        identified: bool = False,
+        hold: bool = False,
+    ) -> None:
         """Answer a final with the held words before it (joined to them when the same speaker said
-        them); ``hold``: the user has already said more, so it waits with them instead."""
+        them); ``identified``: its speaker was looked up (the answerer is told who it is before each
+        answer); ``hold``: the user has already said more, so it waits with them instead."""
         last = self._held[-1] if self._held else None
         if last is not None and last.speaker == speaker:
-            self._held[-1] = _Held(f"{last.text.rstrip()} {text.lstrip()}", ended_at, speaker)
+            joined = f"{last.text.rstrip()} {text.lstrip()}"
+            self._held[-1] = _Held(joined, ended_at, speaker, last.identified or identified)
         else:
-            self._held.append(_Held(text, ended_at, speaker))
+            self._held.append(_Held(text, ended_at, speaker, identified))
         if hold:
             log.info("session %s: the user said more before their final was answered: it waits", self.session_id)
             return
@@ -83,6 +95,6 @@ class HeldWords:
         answer cuts the one before it, so the earlier ones stay questions in the history)."""
         held, self._held = self._held, []
         for words in held:
-            if len(held) > 1 and words.speaker is not None and isinstance(answerer, SpeakerAware):
-                answerer.heard_speaker(words.speaker)
+            if words.identified and isinstance(answerer, SpeakerAware):
+                answerer.heard_speaker(words.speaker)  # each answered turn is told its own speaker
             await answerer.answer(words.text, speech_ended_at=words.ended_at)

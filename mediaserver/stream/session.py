@@ -46,7 +46,7 @@ from mediaserver.events import (
 )
 from mediaserver.speakers.service import SpeakerService
 from mediaserver.stream import speaker
-from mediaserver.stream.answering import Answerer, HeldWords, SpeakerAware, Speculator
+from mediaserver.stream.answering import Answerer, HeldWords, Speculator
 from mediaserver.stream.echo_check import EchoCheck, Hold
 from mediaserver.stream.finals import EarlyFinal, Finals
 from mediaserver.stream.options import StreamOptions, segmenter_config
@@ -653,12 +653,12 @@ class StreamSession:
             self._partials.promises.forget()
         await self._emit(final)
         if self.assistant is not None and text.strip() and not self._closed and not echo:
-            if match is not None and isinstance(self.assistant, SpeakerAware):
-                self.assistant.heard_speaker(match.name)
             self.assistant.observe_transcript(time.monotonic() - ended_at)
             speaker_name = match.name if match is not None else None
             hold = self._user_went_on(inside_final=True)
-            await self._held_words.answer(self.assistant, text, ended_at, speaker_name, hold=hold)
+            await self._held_words.answer(
+                self.assistant, text, ended_at, speaker_name, identified=match is not None, hold=hold
+            )
         elif self.assistant is not None:
             await self._answer_held(inside_final=True)  # the utterance after held words brought none of its own
         return final

@@ -45,10 +45,8 @@ async def test_they_go_on_joining_while_the_user_speaks_on() -> None:
 
 async def test_another_speakers_words_are_answered_first_and_as_theirs() -> None:
     held, answers = HeldWords("s1"), Answers()
-    answers.heard_speaker("ann")
-    await held.answer(answers, "Is it raining?", 1.0, "ann", hold=True)
-    answers.heard_speaker("bob")  # the session names the next final's speaker before answering it
-    await held.answer(answers, "Turn on the lights.", 2.0, "bob", hold=False)
+    await held.answer(answers, "Is it raining?", 1.0, "ann", identified=True, hold=True)
+    await held.answer(answers, "Turn on the lights.", 2.0, "bob", identified=True)
     assert answers.asked == [("Is it raining?", "ann", 1.0), ("Turn on the lights.", "bob", 2.0)]
 
 
@@ -60,8 +58,15 @@ async def test_release_without_held_words_answers_nothing() -> None:
 
 async def test_nothing_is_answered_while_the_user_speaks_on_whoever_spoke() -> None:
     held, answers = HeldWords("s1"), Answers()
-    await held.answer(answers, "Is it raining?", 1.0, "ann", hold=True)
-    await held.answer(answers, "Turn on the lights.", 2.0, "bob", hold=True)
+    await held.answer(answers, "Is it raining?", 1.0, "ann", identified=True, hold=True)
+    await held.answer(answers, "Turn on the lights.", 2.0, "bob", identified=True, hold=True)
     assert answers.asked == [] and held.pending
     await held.release(answers)
     assert answers.asked == [("Is it raining?", "ann", 1.0), ("Turn on the lights.", "bob", 2.0)]
+
+
+async def test_an_unknown_speakers_words_after_a_known_ones_are_answered_as_nobodys() -> None:
+    held, answers = HeldWords("s1"), Answers()
+    await held.answer(answers, "Is it raining?", 1.0, "ann", identified=True, hold=True)
+    await held.answer(answers, "Turn on the lights.", 2.0, None, identified=True)  # not enrolled
+    assert answers.asked == [("Is it raining?", "ann", 1.0), ("Turn on the lights.", None, 2.0)]

@@ -33,6 +33,7 @@ import numpy as np
 
 from mediaserver.audio.decode import PcmFormat
 from mediaserver.audio.stream_decode import PcmStreamDecoder
+from mediaserver.errors import InvalidParameter
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
 
 EchoMode = Literal["auto", "on", "off"]
@@ -188,6 +189,16 @@ def echo_mode(value: object) -> EchoMode | None:
     if value is None or value == "auto":
         return "auto"
     return None
+
+
+def parse_echo_option(value: object) -> EchoMode:
+    """``echo_cancellation`` of a device WebSocket or WebRTC ``start``; a bad value is a 400."""
+    mode = echo_mode(value)
+    if mode is None:
+        raise InvalidParameter(
+            f"echo_cancellation must be 'auto', 'on', 'off' or a boolean, got {value!r}", param="echo_cancellation"
+        )
+    return mode
 
 
 class EchoLine:

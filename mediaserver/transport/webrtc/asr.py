@@ -47,7 +47,7 @@ from mediaserver.assistant.client_tools import (
     unknown_call_text,
 )
 from mediaserver.assistant.turns import Assistant
-from mediaserver.audio.echo import EchoLine, EchoMode, echo_mode
+from mediaserver.audio.echo import EchoLine, EchoMode, parse_echo_option
 from mediaserver.audio.noise import NoiseFilter, new_filter, parse_level
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
@@ -277,11 +277,7 @@ class RtcSession:
     async def _start(self, obj: Mapping[str, Any]) -> None:
         options = self._options(obj, base=self.base_options)
         noise_level = parse_level(obj.get("noise_suppression"), self.settings)
-        echo = echo_mode(obj.get("echo_cancellation", self.settings.echo_cancellation_default))
-        if echo is None:
-            raise InvalidParameter(
-                "'echo_cancellation' must be 'auto', 'on', 'off' or a boolean", param="echo_cancellation"
-            )
+        echo = parse_echo_option(obj.get("echo_cancellation", self.settings.echo_cancellation_default))
         wake_names = parse_wake_option(obj.get("wake"), self.settings)
         if wake_names is not None and not obj.get("hands_free", False):
             raise InvalidParameter("'wake' needs 'hands_free': true", param="wake")

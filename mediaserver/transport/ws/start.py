@@ -13,7 +13,7 @@ from typing import Any, Final, Literal
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.assistant.client_tools import ClientTools, parse_client_tools
 from mediaserver.audio.decode import PcmFormat
-from mediaserver.audio.echo import EchoMode, echo_mode
+from mediaserver.audio.echo import EchoMode, parse_echo_option
 from mediaserver.audio.noise import parse_level
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
@@ -230,7 +230,7 @@ def parse_start(
         noise_level = parse_level(values["noise_suppression"], settings)
     else:
         noise_level = base.noise_level if base else parse_level(None, settings)
-    echo = _echo_option(values["echo_cancellation"]) if "echo_cancellation" in values else None
+    echo = parse_echo_option(values["echo_cancellation"]) if "echo_cancellation" in values else None
     echo = echo or (base.echo_cancellation if base else settings.echo_cancellation_default)
     wake_names = parse_wake_option(values["wake"], settings) if "wake" in values else (base.wake if base else None)
     client_tools = _client_tools(values, assistant, base)
@@ -254,15 +254,6 @@ def parse_start(
         echo_cancellation=echo,
         wake=tuple(wake_names) if wake_names is not None else None,
         client_tools=client_tools,
-    )
-
-
-def _echo_option(value: object) -> EchoMode:
-    mode = echo_mode(value)
-    if mode is not None:
-        return mode
-    raise InvalidParameter(
-        f"echo_cancellation must be 'auto', 'on', 'off' or a boolean, got {value!r}", param="echo_cancellation"
     )
 
 

@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
-"""When the server's echo canceller lets speech starts through: the echo tests' device, answer by answer.
+"""When the server's echo canceller lets speech starts through: simulated devices, answer by answer,
+without and with the speech gate (``echo_speech_gate_db``).
 
 The simulated device of ``tests/integration/test_echo_loop.py`` (and ``test_echo_realtime.py``): the
 answers play back to back with a pause between them through a clipping loudspeaker (tanh) and a
-synthetic room (RT60 0.2 s, seeded as the tests seed it) into the microphone, ``--delay-ms`` late at
-``--gain``, with a -60 dBFS noise floor. ``mediaserver.audio.echo.EchoCanceller`` cleans it in 20 ms
-pieces, as a stream would feed it; webrtcvad (mode 3, 30 ms frames) and the segmenter's trigger (3
-voiced frames of 5) then say where a speech start would be taken on the canceller's output: each
-one is an answer the echo would cut with barge-in on (no person speaks here).
+synthetic room (RT60 0.2 s, seeded as the tests seed it) into the microphone, 150 ms late at gain
+0.7, with a -60 dBFS noise floor; ``--rooms`` more devices vary the delay (60-300 ms), the gain
+(0.4-1.2) and the room's seed. A fresh ``mediaserver.audio.echo.EchoCanceller`` per device cleans
+the microphone in 20 ms pieces and the server's own segmenter (``VadSegmenter``: webrtcvad mode 3,
+30 ms frames, 3 voiced of 5 start an utterance) takes them as a stream would, once without a gate
+and once with ``SpeechGate`` (``--margin-db``, ``--tail-ms``: the settings' defaults). Each speech
+start during an answer's echo is one the echo would cut with barge-in on (no person speaks here).
 
-Printed: each speech start, the answer it falls in and how far into that answer's echo, and the
-canceller's output against the microphone's level over its trigger window; then the count per
-answer. It measures how long AEC3 takes to stop leaking on a fresh stream (issue #37's "first
-second"), not a target.
+Printed: each speech start of the tests' device, the answer it falls in and how far into that
+answer's echo; then the count per answer and device, without and with the gate. It measures how
+long AEC3 leaks on a fresh stream (issue #37's "first second") and what the gate keeps out.
 
-    python tools/echo_leaks.py [--answers 4] [--delay-ms 150] [--gain 0.7] [--pause-s 1.5] [--plot PNG]
+    python tools/echo_leaks.py [--answers 4] [--rooms 8] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.echo_room import VAD_FRAME, room_ir, voiced  # noqa: E402
+from tests.echo_room import VAD_FRAME, echoing_device  # noqa: E402
 
 RATE = 16000
 TEXTS = [
@@ -37,7 +39,18 @@ TEXTS = [
     "Cows are large farm animals that give us milk, and they live in herds on green pastures.",
     "The weather today is sunny with a light breeze, perfect for a walk in the park.",
 ]
-TRIGGER_WINDOW, TRIGGER_VOICED = 5, 3  # the segmenter's defaults (audio/segmenter.py)
+# (delay ms, gain, room seed): the tests' device first, then others.
+DEVICES = [
+    (150, 0.7, 7),
+    (150, 0.7, 8),
+    (250, 1.0, 9),
+    (60, 0.5, 10),
+    (300, 0.9, 11),
+    (100, 0.7, 12),
+    (200, 1.2, 13),
+    (150, 0.4, 14),
+]
+PIECE = 320  # 20 ms, as a stream feeds the canceller
 
 
 def level_db(x: np.ndarray, frames: int) -> np.ndarray:
@@ -46,85 +59,159 @@ def level_db(x: np.ndarray, frames: int) -> np.ndarray:
     return db
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--answers", type=int, default=4)
-    parser.add_argument("--delay-ms", type=float, default=150.0)
-    parser.add_argument("--gain", type=float, default=0.7)
-    parser.add_argument("--pause-s", type=float, default=1.5)
-    parser.add_argument("--plot", type=Path)
-    args = parser.parse_args(argv)
-
-    from mediaserver.audio.echo import EchoCanceller
-    from tests.conftest import synthesize
-
-    answers = [synthesize(TEXTS[i % len(TEXTS)]).audio16k.astype(np.float32) for i in range(args.answers)]
-    pause = np.zeros(int(args.pause_s * RATE), np.float32)
-    parts: list[np.ndarray] = [np.zeros(RATE, np.float32)]
-    starts = []
-    for answer in answers:
-        starts.append(sum(p.size for p in parts))
-        parts += [answer, pause]
-    reference = np.concatenate(parts)
-    delay = int(args.delay_ms * RATE / 1000)
-    ir = room_ir(np.random.default_rng(7), rt60_s=0.2)
-    wet = np.convolve(np.concatenate([np.zeros(delay, np.float32), reference]), ir)[: reference.size] * args.gain
-    noise = np.random.default_rng(1).standard_normal(reference.size) * 1e-3
-    mic = (np.tanh(wet * 1.5) / 1.5 + noise).astype(np.float32)
+def speech_starts(
+    reference: np.ndarray,
+    mic: np.ndarray,
+    margin_db: float,
+    tail_ms: float,
+    removed_db: float,
+    ends: list[float] | None = None,
+) -> tuple[list[float], np.ndarray]:
+    """(speech starts in s, the canceller's output): a stream's canceller and segmenter, gated or not
+    (``ends``: a list given gets where each utterance ended, in s of the stream)."""
+    from mediaserver.audio.echo import EchoCanceller, SpeechGate
+    from mediaserver.audio.segmenter import Discarded, SpeechStart, Utterance, VadSegmenter
 
     canceller = EchoCanceller()
     canceller.played(reference, 0)
-    out = np.concatenate([canceller.process(mic[i : i + 320]) for i in range(0, mic.size, 320)])
-    out = np.concatenate([out[128:], np.zeros(128, np.float32)])  # AEC3's own 8 ms
-    frames = out.size // VAD_FRAME
-    speech = voiced(out[: frames * VAD_FRAME])
-    out_db, mic_db = level_db(out, frames), level_db(mic, frames)
+    segmenter = VadSegmenter()
+    if margin_db > 0:
+        segmenter.gate = SpeechGate(canceller, margin_db, tail_ms, removed_db)
+    starts, out = [], []
+    for i in range(0, mic.size, PIECE):
+        cleaned = canceller.process(mic[i : i + PIECE])
+        out.append(cleaned)
+        for event in segmenter.push(cleaned):
+            if isinstance(event, SpeechStart):
+                starts.append(event.start_ms / 1000.0)
+            elif isinstance(event, Utterance | Discarded) and ends is not None:
+                ends.append(segmenter.position_ms / 1000.0)
+    return starts, np.concatenate(out)
 
-    echo_from = [(s + delay) / RATE for s in starts]
-    frame_s = VAD_FRAME / RATE
-    triggers, last = [], -10
-    for i in range(TRIGGER_WINDOW, frames):
-        if speech[i - TRIGGER_WINDOW : i].sum() >= TRIGGER_VOICED and i - last > TRIGGER_WINDOW:
-            at_s = i * frame_s
-            index = max((k for k, t in enumerate(echo_from) if t <= at_s), default=-1)
-            if index >= 0:  # (before the first echo there is only the noise floor)
-                triggers.append((at_s, index, i))
-            last = i
-        elif speech[i - TRIGGER_WINDOW : i].sum() >= TRIGGER_VOICED:
-            last = i
-    print(f"{args.answers} answers, delay {args.delay_ms:.0f} ms, gain {args.gain}, pause {args.pause_s} s")
-    print("speech start  answer  into its echo  output dBFS (max of window)  microphone dBFS")
-    for at_s, index, i in triggers:
-        window = slice(i - TRIGGER_WINDOW, i)
+
+def per_answer(starts: list[float], echo_from: list[float]) -> list[int]:
+    """Speech starts counted by the answer whose echo they fall in (before the first: the noise floor)."""
+    counts = [0] * len(echo_from)
+    for at_s in starts:
+        index = max((k for k, t in enumerate(echo_from) if t <= at_s), default=-1)
+        if index >= 0:
+            counts[index] += 1
+    return counts
+
+
+def barge_ins(margin_db: float, tail_ms: float, removed_db: float) -> None:
+    """How soon a person barging in starts an utterance, without and with the gate: the sessions of
+    tools/bench_echo.py (RT60 0.3 s, 20-300 ms, the delay jumping in every other one; real human
+    recordings barging in during the last answer of two sessions in three)."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import bench_echo
+
+    from tests.echo_room import ACTIVE_RMS
+
+    heard: dict[str, list[float]] = {"off": [], "gate": []}
+    joined = {"off": 0, "gate": 0}
+    for trial, _ in bench_echo.sessions(51, 37):
+        if trial.barge_at is None:
+            continue
+        onset = int(np.argmax(np.abs(trial.near) > ACTIVE_RMS)) / RATE
+        for key, margin in (("off", 0.0), ("gate", margin_db)):
+            ends: list[float] = []
+            starts, _ = speech_starts(trial.reference, trial.mic, margin, tail_ms, removed_db, ends)
+            before = [t for t in starts if t < onset - 0.1]
+            if before and not [e for e in ends if before[-1] < e <= onset]:
+                joined[key] += 1  # a leak's utterance was under way: barge-in had already cut the answer
+                continue
+            after = [t for t in starts if t >= onset - 0.1]
+            heard[key].append(after[0] - onset if after else float("inf"))
+    for key, label in (("off", "no gate"), ("gate", "with the gate")):
+        values = np.array(heard[key])
+        found = values[np.isfinite(values)]
         print(
-            f"{at_s:11.2f} s  {index + 1:6d}  {at_s - echo_from[index]:11.2f} s  "
-            f"{out_db[window].max():25.0f}  {mic_db[window].max():15.0f}"
+            f"person barging in, {label}: speech start {np.median(found):.2f} s median, "
+            f"{np.quantile(found, 0.9):.2f} s p90, {found.max():.2f} s max after they begin; "
+            f"not heard {int((~np.isfinite(values)).sum())}; {joined[key]} more joined an utterance a leak "
+            f"had started (the answer already cut)"
         )
-    counts = [sum(1 for _, k, _ in triggers if k == n) for n in range(args.answers)]
-    print("speech starts per answer:", ", ".join(f"#{n + 1}: {c}" for n, c in enumerate(counts)))
-    if args.plot:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
 
-        t = np.arange(frames) * frame_s
-        fig, ax = plt.subplots(figsize=(11, 3.6))
-        ax.plot(t, mic_db, color="#bbbbbb", lw=0.8, label="microphone (echo)")
-        ax.plot(t, out_db, color="#1f77b4", lw=0.8, label="canceller output")
-        for at_s, _, _ in triggers:
-            ax.axvline(at_s, color="#d62728", lw=1.0)
-        for k, t0 in enumerate(echo_from):
-            ax.axvspan(t0, t0 + answers[k].size / RATE, color="#2ca02c", alpha=0.08)
-        ax.set_ylim(-80, 0)
-        ax.set_xlabel("s (green: an answer's echo; red: a speech start on the output)")
-        ax.set_ylabel("dBFS per 30 ms")
-        ax.legend(loc="lower right", fontsize=8)
-        ax.set_title("Where AEC3 lets a speech start through on a fresh stream (tools/echo_leaks.py)")
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
+def main(argv: list[str] | None = None) -> int:
+    from mediaserver.config import Settings
+
+    defaults = Settings()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--answers", type=int, default=4)
+    parser.add_argument("--rooms", type=int, default=len(DEVICES), help="simulated devices (the tests' first)")
+    parser.add_argument("--pause-s", type=float, default=1.5)
+    parser.add_argument("--margin-db", type=float, default=defaults.echo_speech_gate_db)
+    parser.add_argument("--tail-ms", type=float, default=defaults.echo_speech_gate_tail_ms)
+    parser.add_argument("--removed-db", type=float, default=defaults.echo_speech_gate_removed_db)
+    parser.add_argument("--noise-dbfs", type=float, default=-60.0, help="the microphone's noise floor")
+    parser.add_argument("--plot", type=Path)
+    parser.add_argument(
+        "--barge-ins", action=argparse.BooleanOptionalAction, default=True, help="the person's side too (30 s)"
+    )
+    args = parser.parse_args(argv)
+
+    from tests.conftest import synthesize
+
+    answers = [synthesize(TEXTS[i % len(TEXTS)]).audio16k.astype(np.float32) for i in range(args.answers)]
+    print(
+        f"{args.answers} answers per device, pause {args.pause_s} s; gate {args.margin_db} dB over the floor, "
+        f"{args.tail_ms:.0f} ms tail, under {args.removed_db} dB removed"
+    )
+    print(f"{'device':>24s}  {'speech starts per answer, no gate':>34s}  {'with the gate':>14s}")
+    totals = {"off": np.zeros(args.answers, int), "gate": np.zeros(args.answers, int)}
+    shown = None
+    for n, (delay_ms, gain, seed) in enumerate(DEVICES[: args.rooms]):
+        reference, mic, echo_at = echoing_device(
+            answers, delay_ms, gain, seed, args.pause_s, noise_rms=10 ** (args.noise_dbfs / 20)
+        )
+        echo_from = [at / RATE for at in echo_at]
+        off, out = speech_starts(reference, mic, 0.0, args.tail_ms, args.removed_db)
+        gated, _ = speech_starts(reference, mic, args.margin_db, args.tail_ms, args.removed_db)
+        counts_off, counts_gate = per_answer(off, echo_from), per_answer(gated, echo_from)
+        totals["off"] += counts_off
+        totals["gate"] += counts_gate
+        name = f"{delay_ms} ms, gain {gain}, room {seed}"
+        print(f"{name:>24s}  {counts_off!s:>34s}  {counts_gate!s:>14s}")
+        if n == 0:
+            shown = (mic, out, echo_from, off, gated)
+    print(f"{'all':>24s}  {totals['off'].tolist()!s:>34s}  {totals['gate'].tolist()!s:>14s}")
+    print(f"speech starts in the echo: {totals['off'].sum()} without the gate, {totals['gate'].sum()} with it")
+    if args.barge_ins:
+        barge_ins(args.margin_db, args.tail_ms, args.removed_db)
+    if args.plot and shown is not None:
+        plot(args.plot, answers, *shown)
         print(f"plot: {args.plot}")
     return 0
+
+
+def plot(path: Path, answers: list[np.ndarray], mic, out, echo_from, off, gated) -> None:  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    frames = out.size // VAD_FRAME
+    frame_s = VAD_FRAME / RATE
+    out = np.concatenate([out[128:], np.zeros(128, np.float32)])  # AEC3's own 8 ms
+    t = np.arange(frames) * frame_s
+    fig, ax = plt.subplots(figsize=(11, 3.6))
+    ax.plot(t, level_db(mic, frames), color="#bbbbbb", lw=0.8, label="microphone (echo)")
+    ax.plot(t, level_db(out, frames), color="#1f77b4", lw=0.8, label="canceller output")
+    for at_s in off:
+        ax.axvline(at_s, color="#d62728", lw=1.0)
+    for at_s in gated:
+        ax.axvline(at_s, color="#000000", lw=1.5, ls="--")
+    for k, t0 in enumerate(echo_from):
+        ax.axvspan(t0, t0 + answers[k].size / RATE, color="#2ca02c", alpha=0.08)
+    ax.set_ylim(-80, 0)
+    ax.set_xlabel("s (green: an answer's echo; red: a speech start without the gate; black dashed: with it)")
+    ax.set_ylabel("dBFS per 30 ms")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("Where AEC3 lets a speech start through on a fresh stream, the tests' device (tools/echo_leaks.py)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

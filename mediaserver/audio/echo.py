@@ -46,6 +46,7 @@ MIC_GAP_S: Final = 1.0  # EchoLine: microphone audio this late after the end of 
 MEASURE_FRAMES: Final = 60 * 100  # the last minute of (microphone, output) frame energies is kept
 ACTIVE_FRAME_DBFS: Final = -50.0  # output frames quieter than this are silence: not measured
 MIN_ACTIVE_FRAMES: Final = 3  # fewer active frames than this in a span: no measure
+REFERENCE_SOUND: Final = 1e-3  # reference frames with a sample louder than this (-60 dBFS) are sound
 
 
 class EchoCanceller:
@@ -69,6 +70,17 @@ class EchoCanceller:
         self._active = False  # has any reference been recorded since the reset?
         self._mic_tail = np.zeros(OUTPUT_LATENCY_SAMPLES, np.float32)  # microphone samples AEC3's output lags by
         self._removed: deque[tuple[float, float]] = deque(maxlen=MEASURE_FRAMES)  # (mic, output) mean square
+        self._processed_to = 0  # stream clock at the end of the audio put out so far
+        self._reference_to: int | None = None  # ... and at the end of the last reference frame with sound
+
+    @property
+    def since_reference_ms(self) -> float | None:
+        """How long before the end of the audio put out so far the reference last had sound in it
+        (0 while it has); None: none yet. The echo of it can still be arriving for the device's
+        delay and the room's reverberation after that."""
+        if self._reference_to is None:
+            return None
+        return max(0, self._processed_to - self._reference_to) * 1000.0 / SAMPLE_RATE_HZ
 
     @property
     def position(self) -> int:
@@ -129,6 +141,10 @@ class EchoCanceller:
             self._ref_start = start + usable
             return frames.copy()
         reference = self._take_reference(start, usable)
+        self._processed_to = start + usable
+        sound = np.flatnonzero(np.abs(reference) > REFERENCE_SOUND)
+        if sound.size:
+            self._reference_to = start + int(sound[-1]) + 1
         out = np.asarray(self._aec.process(np.ascontiguousarray(frames), reference), np.float32)
         self._measure(frames, out)
         return out
@@ -158,6 +174,19 @@ class EchoCanceller:
             return None
         return float(10.0 * np.log10(max(float(np.median(ratios)), 1e-12)))
 
+    def frame_removed_db(self, samples: int, after: int) -> float | None:
+        """How much the canceller took out of ``samples`` of its output that end ``after`` samples
+        before the end of its latest (whole 10 ms frames; dB of the microphone's energy over the
+        output's); None where it has not measured them (before any reference, or too long ago)."""
+        count = len(self._removed)
+        end = count - after // FRAME_SAMPLES
+        start = end - max(1, samples // FRAME_SAMPLES)
+        if start < 0 or end > count:
+            return None
+        span = list(islice(self._removed, start, end))
+        mic, out = sum(m for m, _ in span), sum(o for _, o in span)
+        return float(10.0 * np.log10(max(mic, 1e-12) / max(out, 1e-12)))
+
     def _take_reference(self, start: int, count: int) -> AudioArray:
         """The reference for stream-clock samples ``start`` .. ``start + count`` (zeros where none
         was recorded), dropping it from the buffer."""
@@ -170,6 +199,51 @@ class EchoCanceller:
         self._ref = self._ref[consumed:]
         self._ref_start = max(self._ref_start, start + count)
         return reference
+
+
+class SpeechGate:
+    """What the canceller leaves of the echo must not start an utterance (docs/echo.md, the gate).
+
+    While AEC3 converges on a fresh stream (about one answer), and again when the echo's delay moves
+    (the next answer's first syllables, now and then), it lets the echo through: single 30 ms frames
+    15-30 dB above the output's floor where webrtcvad also calls the floor frames around them voiced,
+    or a few frames at -30 to -45 dBFS that it took 9-20 dB out of. The segmenter's trigger (3 voiced
+    frames of 5) takes either for speech and barge-in cuts the answer. So the segmenter asks the gate
+    about each frame: while echo can be arriving (the reference had sound within ``tail_ms``), a
+    frame counts towards a speech start only when it is ``margin_db`` above the output's floor (its
+    quietest frame over the last ``FLOOR_S``, no lower than ``FLOOR_MIN_DBFS``) and the canceller took
+    less than ``removed_db`` out of it. A person speaking over the answer is loud for several frames
+    and mostly kept (a voice as loud as the echo loses 3 dB to the sum; one 6 dB under it, 7 dB);
+    what is left of the echo is neither. Outside the echo every frame counts, as without a canceller.
+    """
+
+    FLOOR_S: Final = 2.0
+    FLOOR_MIN_DBFS: Final = -60.0
+
+    def __init__(self, canceller: EchoCanceller, margin_db: float, tail_ms: float, removed_db: float) -> None:
+        self.canceller = canceller
+        self.margin_db = margin_db
+        self.tail_ms = tail_ms
+        self.removed_db = removed_db
+        self._levels: deque[float] = deque()
+
+    def __call__(self, frame: AudioArray, after: int = 0) -> bool:
+        """Whether this frame (the segmenter's, cut from the canceller's output) may count towards a
+        speech start; ``after``: the samples of that output after the frame's end."""
+        power = float(np.mean(np.square(frame, dtype=np.float64))) if frame.size else 0.0
+        level = 10.0 * np.log10(power + 1e-12)
+        self._levels.append(level)
+        frame_ms = max(1.0, frame.size * 1000.0 / SAMPLE_RATE_HZ)
+        while len(self._levels) * frame_ms > self.FLOOR_S * 1000.0:
+            self._levels.popleft()
+        since = self.canceller.since_reference_ms
+        if since is None or since > self.tail_ms:
+            return True
+        floor = max(min(self._levels), self.FLOOR_MIN_DBFS)
+        if level < floor + self.margin_db:
+            return False
+        removed = self.canceller.frame_removed_db(frame.size, after)
+        return removed is None or removed < self.removed_db
 
 
 def _frame_power(samples: AudioArray, frames: int) -> list[float]:

@@ -11,6 +11,7 @@ synchronous and cheap; it never calls a model.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,6 +77,10 @@ class VadSegmenter:
         self._start_ms = 0
         self._position_ms = 0  # stream time at the end of the last processed frame
         self._skipped_samples = 0  # skipped audio not yet a whole millisecond on the clock
+        # Asked about each frame: may it count towards a speech start? (audio/echo.py SpeechGate:
+        # not what the echo canceller leaks.) None: every voiced frame does.
+        # The gate gets the frame and how many samples were pushed after it.
+        self.gate: Callable[[AudioArray, int], bool] | None = None
 
     @property
     def in_speech(self) -> bool:
@@ -108,7 +113,7 @@ class VadSegmenter:
         n = self._frame_samples
         whole = data.size - data.size % n
         for offset in range(0, whole, n):
-            event = self._frame(np.asarray(data[offset : offset + n], dtype=np.float32))
+            event = self._frame(np.asarray(data[offset : offset + n], dtype=np.float32), data.size - offset - n)
             if event is not None:
                 events.append(event)
         self._pending = np.array(data[whole:], dtype=np.float32)
@@ -147,13 +152,14 @@ class VadSegmenter:
         self._recent.clear()
         self._pending = np.zeros(0, np.float32)
 
-    def _frame(self, frame: AudioArray) -> SegmentEvent | None:
+    def _frame(self, frame: AudioArray, after: int = 0) -> SegmentEvent | None:
         cfg = self.config
         voiced = bool(self._vad.is_speech(float_to_pcm16(frame), SAMPLE_RATE_HZ))
         self._position_ms += cfg.frame_ms
+        starts = self.gate(frame, after) if self.gate is not None else True  # (the gate sees every frame)
         if not self._in_speech:
             self._preroll.append(frame)
-            self._recent.append(voiced)
+            self._recent.append(voiced and starts)
             if sum(self._recent) >= cfg.trigger_voiced_frames:
                 self._in_speech = True
                 self._frames = list(self._preroll)

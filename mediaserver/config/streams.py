@@ -104,11 +104,28 @@ class StreamSettings(BaseModel):
     noise_near_field_level: int = Field(1, ge=1, le=4, description="level for Realtime noise_reduction near_field")
     noise_far_field_level: int = Field(2, ge=1, le=4, description="level for Realtime noise_reduction far_field")
     echo_cancellation_default: Literal["auto", "on", "off"] = Field(
-        "off",
+        "auto",
         description="server-side echo cancellation of the spoken answers (docs/echo.md) on a device WebSocket, "
         "Realtime WebSocket or WebRTC voice-loop stream that does not set echo_cancellation: auto = on where the "
-        "server speaks its answers; experimental, so off: the canceller lets echo through while it converges (about "
-        "one answer)",
+        "server speaks its answers (a client that cancels its own echo, as browsers do, says off)",
+    )
+    echo_speech_gate_db: float = Field(
+        20.0,
+        ge=0,
+        description="with the server's echo canceller on a stream: while its answer's echo can be arriving, only "
+        "audio this far above the canceller output's floor (dB) starts an utterance, so the single loud frames "
+        "AEC3 leaks while it converges do not cut the answer (tools/echo_leaks.py); 0 = off (docs/echo.md)",
+    )
+    echo_speech_gate_tail_ms: int = Field(
+        600,
+        ge=0,
+        description="... for this long after the answer audio sent stops: the device's delay and the room's echo",
+    )
+    echo_speech_gate_removed_db: float = Field(
+        8.0,
+        gt=0,
+        description="... and only audio the canceller took less than this out of (dB): a person speaking over the "
+        "answer is mostly kept, what is left of the echo is not (docs/echo.md)",
     )
 
     # --- semantic end of turn: Smart Turn v3.2 (mediaserver/turns) -----------------------------

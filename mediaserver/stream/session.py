@@ -31,6 +31,7 @@ from typing import TypeVar
 import numpy as np
 
 from mediaserver.asr.service import AsrService
+from mediaserver.audio.echo import EchoLine, SpeechGate
 from mediaserver.audio.segmenter import Discarded, SegmenterConfig, SpeechStart, Utterance, VadSegmenter
 from mediaserver.config import Settings
 from mediaserver.events import (
@@ -111,8 +112,8 @@ class StreamSession:
         self._closed = False
         self._assistant: Answerer | None = None  # the voice loop's, set by the transport (``assistant``)
         self.speakers: SpeakerService | None = None  # set by the transport: finals then name their speaker
-        # Set by a transport that cancels echo (audio/echo.py ``removed_db``): what the canceller took
-        # out of the audio fed from ``a`` to ``b`` ms before the latest (``EchoCheck``'s residual rule).
+        # Set by a transport that cancels echo (``attach_echo``): what the canceller took out of the
+        # audio fed from ``a`` to ``b`` ms before the latest (``EchoCheck``'s residual rule).
         self.echo_removed: Callable[[int, int], float | None] | None = None
         self.barge_in = settings.assistant_barge_in
         # A final that came in after the user had begun the next utterance: answered with that one's
@@ -191,6 +192,23 @@ class StreamSession:
         return self._recording if not self.options.server_vad else self._segmenter.in_speech
 
     # --- audio --------------------------------------------------------------------------------
+
+    def attach_echo(self, line: EchoLine | None) -> None:
+        """The transport's echo canceller (audio/echo.py) cleans the audio fed here, or no longer
+        does (None): barge-in's residual rule measures it, and while its echo can be arriving only
+        speech well above its output's floor starts an utterance (``SpeechGate``)."""
+        self.echo_removed = line.removed_db if line is not None else None
+        margin = self.settings.echo_speech_gate_db
+        self._segmenter.gate = (
+            SpeechGate(
+                line.canceller,
+                margin,
+                self.settings.echo_speech_gate_tail_ms,
+                self.settings.echo_speech_gate_removed_db,
+            )
+            if line is not None and margin > 0
+            else None
+        )
 
     async def feed(self, samples: AudioArray) -> None:
         """Audio from the transport: 16 kHz mono float32, any length."""

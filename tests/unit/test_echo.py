@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mediaserver.audio.echo import FRAME_SAMPLES, OUTPUT_LATENCY_SAMPLES, EchoCanceller
+from mediaserver.audio.echo import FRAME_SAMPLES, OUTPUT_LATENCY_SAMPLES, EchoCanceller, SpeechGate
 from tests import echo_room as room
 from tests.conftest import synthesize
 from tests.echo_room import RATE, Audio, Trial
@@ -269,3 +269,22 @@ def test_a_device_that_stops_sending_is_a_gap_on_the_wall_clock(monkeypatch: pyt
     for _ in range(700):  # 70 s of answer, the microphone silent
         line.sent(pcm, 16000)
     assert line.sent(pcm, 16000) - line.mic_arrived <= 61 * 16000
+
+
+def test_the_speech_gate_holds_back_only_quiet_frames_and_only_while_echo_can_arrive() -> None:
+    """``SpeechGate``: every frame counts before any reference and ``tail_ms`` after the last one
+    with sound; in between only frames ``margin_db`` above the quietest of the last 2 s."""
+    ec = EchoCanceller()
+    gate = SpeechGate(ec, margin_db=20.0, tail_ms=600.0, removed_db=8.0)
+    floor, loud = np.full(480, 1e-3, np.float32), np.full(480, 0.05, np.float32)  # -60 and -26 dBFS
+    soft = np.full(480, 5e-3, np.float32)  # -46 dBFS: 14 dB above the floor
+    assert gate(floor) and gate(soft)  # no reference yet
+    ec.played(np.full(RATE, 0.1, np.float32), at_sample=0)  # a second of answer
+    ec.process(np.zeros(RATE // 2, np.float32))
+    assert ec.since_reference_ms == 0.0
+    assert not gate(floor) and not gate(soft) and gate(loud)
+    ec.process(np.zeros(RATE // 2 + RATE // 2, np.float32))  # the answer ended 0.5 s ago
+    assert ec.since_reference_ms == pytest.approx(500.0, abs=10)
+    assert not gate(soft)
+    ec.process(np.zeros(RATE // 5, np.float32))  # 0.7 s ago: past the tail
+    assert gate(soft) and gate(floor)

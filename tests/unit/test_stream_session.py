@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from mediaserver.asr.service import AsrService
+from mediaserver.audio.echo import EchoLine
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.events import (
@@ -30,7 +31,9 @@ from mediaserver.events import (
 from mediaserver.stream.options import StreamOptions
 from mediaserver.stream.session import StreamSession
 from tests.conftest import SENTENCES, Clip
+from tests.echo_room import echoing_device, rms
 from tests.faults import session_tasks
+from tests.human_speech import default_dir, load_clips
 
 CHUNK = SAMPLE_RATE_HZ // 50  # 20 ms, as a WebRTC or device frame
 
@@ -487,3 +490,42 @@ async def test_held_words_are_answered_alone_when_the_next_utterance_brings_none
         await until(lambda: len(answers.questions) == 1)
         assert [s.discarded for s in recorder.of(SpeechStopped)] == [False, True]
     assert answers.questions == [recorder.of(FinalTranscript)[0].transcript.text]
+
+
+async def test_what_the_echo_canceller_leaks_starts_no_utterance_and_a_person_still_does(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    """The echo tests' device (tests/echo_room.py ``echoing_device``) through a fresh canceller
+    attached to the session (``attach_echo``): AEC3 lets single loud frames of the first answer's echo
+    through while it converges, which start an utterance (barge-in would cut the answer) unless the
+    speech gate holds them back (``echo_speech_gate_db``; 0 = off). A person speaking over the second
+    answer starts one either way, within 0.5 s (tools/echo_leaks.py has the measures)."""
+    texts = (  # tools/echo_leaks.py's first two
+        "Cows eat grass, hay and grain, and they spend many hours each day chewing their food slowly.",
+        "Bees make honey from the nectar of flowers, and they also make wax to build their hives.",
+    )
+    answers = [speech(text).audio16k.astype(np.float32) for text in texts]
+    reference, mic, echo_at = echoing_device(answers)
+    _, person, _ = load_clips(default_dir(), ["librivox_0870"])[0]
+    person = (person / rms(person) * 0.07).astype(np.float32)
+    spoke_at = echo_at[1] + SAMPLE_RATE_HZ
+    onset = spoke_at + int(np.argmax(np.abs(person) > 0.01))
+    mic = np.concatenate([mic, silence(person.size / SAMPLE_RATE_HZ)])
+    mic[spoke_at : spoke_at + person.size] += person
+    starts: dict[float, list[int]] = {}
+    for gate_db in (0.0, 20.0):
+        settings = base_settings.model_copy(update={"echo_speech_gate_db": gate_db})
+        async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+            line = EchoLine()
+            line.canceller.played(reference, 0)
+            session.attach_echo(line)
+            for start in range(0, mic.size, CHUNK):
+                await session.feed(line.process(mic[start : start + CHUNK]))
+            starts[gate_db] = [e.audio_start_ms * SAMPLE_RATE_HZ // 1000 for e in recorder.of(SpeechStarted)]
+    onset_ms = onset * 1000 // SAMPLE_RATE_HZ
+    leaks = {gate_db: [s for s in found if echo_at[0] <= s < onset] for gate_db, found in starts.items()}
+    assert leaks[0.0], starts  # the leak the gate is for (5 speech starts on this device, the first answer)
+    assert not leaks[20.0], starts
+    # The person starts one (the segmenter's pre-roll puts its start up to 0.3 s before the trigger).
+    heard = [s for s in starts[20.0] if s >= onset - SAMPLE_RATE_HZ // 2]
+    assert heard and heard[0] * 1000 // SAMPLE_RATE_HZ <= onset_ms + 500, (starts, onset_ms)

@@ -338,7 +338,7 @@ class RtcSession:
             self.echo = None
         elif self.echo is None:
             self.echo = EchoLine(watch_gaps=False)  # its clock starts at the next audio; gaps: _on_gap
-        self.stream.echo_removed = self.echo.removed_db if self.echo is not None else None
+        self.stream.attach_echo(self.echo)
 
     async def _stop(self, obj: Mapping[str, Any]) -> None:
         if not self.started:

@@ -356,7 +356,7 @@ class WsSession(SocketSession):
             self.echo = None
         elif self.echo is None:
             self.echo = EchoLine(self.backlog_samples)  # its clock starts at the audio fed next
-        self.stream.echo_removed = self.echo.removed_db if self.echo is not None else None
+        self.stream.attach_echo(self.echo)
         if self.wake is not None:
             self.wake.close()
         self.wake = new_gate(list(config.wake), self.settings) if config.wake is not None else None

@@ -206,7 +206,7 @@ class RealtimeSession(SocketSession, Host):
         stream.configure(config.stream_options(self.settings))
         if not config.server_vad:
             stream.start_recording()
-        stream.echo_removed = self.echo.removed_db if self.echo is not None else None
+        stream.attach_echo(self.echo)
         if self.conversation is not None:
             # Finals create responses through the session core; barge-in is handled in the emitter,
             # after input_audio_buffer.speech_started has been sent.
@@ -588,7 +588,7 @@ class RealtimeSession(SocketSession, Host):
             self.echo = EchoLine(self.backlog_samples)  # its clock starts at the audio fed next
         if self.conversation is not None:
             self.conversation.echo = self.echo
-        self.stream.echo_removed = self.echo.removed_db if self.echo is not None else None
+        self.stream.attach_echo(self.echo)
 
     async def _commit_buffer(self, client_event_id: str | None) -> None:
         if self.stream.options.server_vad:

@@ -104,17 +104,25 @@ class StreamSettings(BaseModel):
     noise_near_field_level: int = Field(1, ge=1, le=4, description="level for Realtime noise_reduction near_field")
     noise_far_field_level: int = Field(2, ge=1, le=4, description="level for Realtime noise_reduction far_field")
     echo_cancellation_default: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="server-side echo cancellation of the spoken answers (docs/echo.md) on a device WebSocket, "
-        "Realtime WebSocket or WebRTC voice-loop stream that does not set echo_cancellation: auto = on where the "
-        "server speaks its answers (a client that cancels its own echo, as browsers do, says off)",
+        "off",
+        description="server-side echo cancellation of the spoken answers (docs/echo.md) on a device WebSocket or "
+        "Realtime WebSocket stream that does not set echo_cancellation: auto = on where the server speaks its "
+        "answers; experimental, so off: without the speech gate its leaks while it converges cut the first answer, "
+        "with it a person under a louder echo cannot barge in (docs/echo.md)",
+    )
+    rtc_echo_cancellation_default: Literal["auto", "on", "off"] = Field(
+        "off",
+        description="the same for a WebRTC voice loop (/api/rtc/asr) whose start does not set it: off, since "
+        "browsers cancel the echo of what they play themselves (getUserMedia's echoCancellation) and the server's "
+        "canceller on top of theirs delays barge-in; a client without one asks for on",
     )
     echo_speech_gate_db: float = Field(
-        20.0,
+        0.0,
         ge=0,
         description="with the server's echo canceller on a stream: while its answer's echo can be arriving, only "
-        "audio this far above the canceller output's floor (dB) starts an utterance, so the single loud frames "
-        "AEC3 leaks while it converges do not cut the answer (tools/echo_leaks.py); 0 = off (docs/echo.md)",
+        "audio this far above the canceller output's floor (dB) starts an utterance, so what AEC3 leaks while it "
+        "converges does not cut the answer (tools/echo_leaks.py; 20 measured); 0 = off, the default: it also holds "
+        "back a person speaking under a louder echo (docs/echo.md, the speech gate)",
     )
     echo_speech_gate_tail_ms: int = Field(
         600,

@@ -393,7 +393,7 @@ export class MediaserverClient extends EventTarget {
     if (!this.isOpen) throw new Error("not connected");
     const obj = serverOptions(options);
     // The browser cancels the echo of what it plays (getUserMedia's echoCancellation): the server's
-    // canceller is not needed on top of it, whatever the server's echo_cancellation_default says.
+    // canceller is not needed on top of it, whatever the server's rtc_echo_cancellation_default says.
     if (obj.assistant && obj.echo_cancellation === undefined && this.track?.getSettings?.().echoCancellation === true) {
       obj.echo_cancellation = "off";
     }

@@ -2,16 +2,12 @@
 LLM and Piper): the test client plays the answer audio it receives through a simulated room and
 feeds that echo back into its microphone stream, 150 ms late, in real time.
 
-Without the server's echo cancellation (``echo_cancellation`` off, the default) and without the
-barge-in word check (``assistant_barge_in_echo_check`` off, the default) the echo interrupts the
-answer. With the canceller on, this device still interrupted its first answer in 2 of 3 runs (the
-echo of AEC3's first second, while it converges). The word check (a barge-in whose words are the
-answer's own only pauses it, stream/echo_check.py) catches the echo Whisper hears as the answer's
-words, and the stock phrases it writes on the canceller's residual ("Thank you.") by how much the
-canceller took out of them; a leak the canceller let through nearly whole still cuts the answer
-now and then: that test is an expected failure (not strict) until it holds every time. A person
-barging in still cuts the answer and is answered.
-docs/echo.md has the figures.
+Without the server's echo cancellation (``echo_cancellation`` off, the default) the echo interrupts
+the answer. With it on, a device that does not hear itself is heard and answered as before, and a
+person barging in over the echo still cuts the answer and is answered (here with the barge-in word
+check, stream/echo_check.py, on). What AEC3 lets through while it converges, and the speech gate
+against it (off by default), are measured in docs/echo.md (tools/echo_leaks.py; the gate's own
+test: tests/unit/test_stream_session.py).
 """
 
 from __future__ import annotations
@@ -177,15 +173,15 @@ async def test_with_echo_cancellation_on_a_quiet_device_is_heard_and_answered(
 ) -> None:
     """The canceller in the path (``echo_cancellation`` on) changes nothing for a device that does not
     hear itself: the question is transcribed, the answer plays to its end, the next one is answered;
-    and when the device stops sending its microphone while it plays (half-duplex, what docs/ws-
-    protocol.md told such devices to do), the answer's reference is not held against the next
-    question (the canceller's clock moves on through the gap): it is heard whole and answered."""
+    and when the device stops sending its microphone while it plays (half-duplex), the answer's
+    reference is not held against the next question (the canceller's clock moves on through the
+    gap): it is heard whole and answered."""
     server: LiveServer = await server_factory(**VOICE_SETTINGS)
     headset = 0.0  # its loudspeaker never reaches the microphone
     async with echoing_device(server, echo_cancellation=True, gain=headset) as (_, device):
-        questions = (("What do cows eat?", "cows"), ("What do bees make?", "bees"), ("What do cats eat?", "cats"))
+        questions = (("What do cows eat?", "cows"), ("What do bees make?", "bees"))
         for n, (question, word) in enumerate(questions):
-            device.mute_while_playing = n == 1  # during the second answer
+            device.mute_while_playing = n == 0  # during the first answer
             await device.condition(lambda: device.speaker_idle)
             mark = len(device.messages)
             device.say(speech(question).audio16k)
@@ -201,69 +197,14 @@ def user_finals(messages: list[dict[str, Any]]) -> list[str]:
     return [m["text"] for m in messages if m["type"] == "final" and m["text"].strip() and not m.get("echo")]
 
 
-async def test_with_echo_cancellation_an_echoing_device_hears_its_answers_to_the_end(
-    server_factory: Callable[..., Any], speech: Callable[[str], Clip]
-) -> None:
-    """The canceller (``echo_cancellation`` on), no word check: what AEC3 lets through while it
-    converges on the first answer is single loud frames, which the speech gate keeps from starting an
-    utterance (``echo_speech_gate_db``, audio/echo.py ``SpeechGate``). Both answers play to their end
-    and each question is the only thing heard."""
-    server: LiveServer = await server_factory(**VOICE_SETTINGS)
-    async with echoing_device(server, echo_cancellation=True) as (_, device):
-        for question, word in (("What do cows eat?", "cows"), ("What do bees make?", "bees")):
-            await device.condition(lambda: device.speaker_idle and device.settled)
-            mark = len(device.messages)
-            device.say(speech(question).audio16k)
-            stopped = await device.until("assistant_audio_stopped", mark)
-            finals = user_finals(device.messages[mark:])
-            print(f"{question!r}: heard {finals}, stopped {stopped}")
-            assert stopped["interrupted"] is False, (stopped, finals)
-            assert len(finals) == 1 and word in finals[0].lower(), finals
-        await device.condition(lambda: device.speaker_idle and device.settled)
-        heard = [m for m in device.messages if m["type"] == "speech_started"]
-        assert len(heard) == 2, device.messages  # the echo started no utterance of its own
-
-
-@pytest.mark.xfail(
-    strict=False,
-    reason="Whisper writes a stock phrase ('Thank you.', 'Good Lord.') on what the canceller leaves of the "
-    "first answer's echo while it converges; the canceller's measure of what it removed takes most for echo, "
-    "but one it let through nearly whole ('Right.') still cut the answer in 1 of 25 runs (docs/echo.md)",
-)
-async def test_with_echo_cancellation_and_the_word_check_an_echoing_device_hears_its_answers_to_the_end(
-    server_factory: Callable[..., Any], speech: Callable[[str], Clip]
-) -> None:
-    """The canceller (``echo_cancellation`` on) and the barge-in word check: the echo
-    the canceller lets through while it converges pauses the answer at most; its words are the
-    answer's own, so it is not answered and the answer resumes. Both answers play to their end and
-    each question is the only thing taken as the user's. (Without the canceller the check alone does
-    not hold: the echo of each resumed stretch is a fragment cut mid-word, "Being hurt." for "being
-    herbivores", and one of them cuts the answer; docs/echo.md.)"""
-    server: LiveServer = await server_factory(**VOICE_SETTINGS, assistant_barge_in_echo_check=True)
-    async with echoing_device(server, echo_cancellation=True) as (_, device):
-        for question, word in (("What do cows eat?", "cows"), ("What do bees make?", "bees")):
-            await device.condition(lambda: device.speaker_idle and device.settled)
-            mark = len(device.messages)
-            device.say(speech(question).audio16k)
-            stopped = await device.until("assistant_audio_stopped", mark)
-            finals = user_finals(device.messages[mark:])
-            echoes = [m["text"] for m in device.messages[mark:] if m["type"] == "final" and m.get("echo")]
-            print(f"{question!r}: heard {finals}, echo {echoes}, stopped {stopped}")
-            assert stopped["interrupted"] is False, (stopped, finals, echoes)
-            assert len(finals) == 1 and word in finals[0].lower(), (finals, echoes)
-        await device.condition(lambda: device.speaker_idle and device.settled)
-        # The echo of the last answer's tail, if any was heard, was not taken as the user's either.
-        finals = user_finals(device.messages)
-        assert len(finals) == 2, finals
-
-
 async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_answered(
     server_factory: Callable[..., Any], speech: Callable[[str], Clip]
 ) -> None:
     """The word check keeps real barge-ins: a person (a real recording) speaking over the echoing
     answer stops its audio within 0.5 s of their first voiced frame (the answer pauses, as fast as a
     cut); their words are not the answer's, so the answer is interrupted, and what they said is the
-    next turn, answered."""
+    next turn, answered. (Without the speech gate, the default: with it, this person, 8 dB under the
+    echo's peaks at the microphone, was not heard at all in 2 of 3 runs; docs/echo.md.)"""
     [(_, person, reference)] = load_clips(default_dir(), ["goforward"])
     voiced_from, voiced_to = voiced_span(person)
     onset_s = voiced_from / RATE
@@ -287,6 +228,15 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
         mark = len(device.messages)
         device.say(person)
         stopped = await device.until("assistant_audio_stopped", mark)
+        print(
+            "DEBUG",
+            [
+                m
+                for m in device.messages[first:]
+                if m["type"]
+                in ("speech_started", "speech_stopped", "final", "assistant_audio_started", "assistant_audio_stopped")
+            ],
+        )
         assert stopped["interrupted"] is True, stopped
         at = device.messages.index(stopped)
         assert device.said_at is not None

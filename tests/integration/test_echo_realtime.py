@@ -4,8 +4,7 @@ through the simulated room of test_echo_loop.py and feeds that echo back into th
 (16 kHz, this server's extension), 150 ms late, in real time, as a laptop or a Raspberry Pi running
 an OpenAI SDK app on its loudspeaker would.
 
-Without the server's canceller (``session.audio.input.echo_cancellation`` off; auto, on while the
-answers are audio, is the default) server
+Without the server's canceller (``session.audio.input.echo_cancellation`` off, the default) server
 VAD hears the answer's echo as the user: ``input_audio_buffer.speech_started`` cancels the response
 (``interrupt_response``), as OpenAI's protocol says. With it on, once the canceller has heard one
 answer the next plays to its end with no speech start, and a person (a real recording) speaking
@@ -134,7 +133,7 @@ async def realtime_device(
         device = RealtimeDevice(ws)
         reader = asyncio.create_task(device.read())
         created = await device.until("session.created", 0)
-        assert created["session"]["audio"]["input"]["echo_cancellation"] == "auto", created  # the default
+        assert created["session"]["audio"]["input"]["echo_cancellation"] == "off", created  # the default
         audio_input = {
             "format": {"type": "audio/pcm", "rate": RATE},
             "turn_detection": turn_detection,
@@ -232,14 +231,13 @@ async def test_with_echo_cancellation_no_word_of_the_answer_is_heard_and_a_perso
 
 
 async def test_the_server_default_and_where_the_canceller_cannot_run(server_factory: Callable[..., Any]) -> None:
-    """``echo_cancellation_default`` off (an operator's choice; auto is the default): a conversation
-    and a device socket's voice loop do without it unless they ask. A transcription session holds
-    ``off`` whatever the default (it speaks nothing), and asking it for ``on`` is an error."""
-    server: LiveServer = await server_factory(echo_cancellation_default="off")
+    """``echo_cancellation_default`` auto: a conversation and a device socket's voice loop get it, a
+    transcription session holds ``off`` (it speaks nothing), and asking it for ``on`` is an error."""
+    server: LiveServer = await server_factory(echo_cancellation_default="auto")
     async with aiohttp.ClientSession() as http:
         async with http.ws_connect(f"{server.url}/v1/realtime?model=gpt-realtime") as ws:
             created = await ws.receive_json()
-            assert created["session"]["audio"]["input"]["echo_cancellation"] == "off", created
+            assert created["session"]["audio"]["input"]["echo_cancellation"] == "auto", created
         async with http.ws_connect(f"{server.url}/v1/realtime?intent=transcription") as ws:
             created = await ws.receive_json()
             assert created["session"]["audio"]["input"]["echo_cancellation"] == "off", created
@@ -253,8 +251,8 @@ async def test_the_server_default_and_where_the_canceller_cannot_run(server_fact
         async with http.ws_connect(f"{server.url}/api/ws/asr") as ws:
             await ws.send_json({"type": "start", "mode": "server_vad", "assistant": True})
             ready = await ws.receive_json()
-            assert ready["type"] == "ready" and ready["echo_cancellation"] is False, ready
-        async with http.ws_connect(f"{server.url}/api/ws/asr") as ws:
-            await ws.send_json({"type": "start", "mode": "server_vad", "assistant": True, "echo_cancellation": "auto"})
-            ready = await ws.receive_json()
             assert ready["type"] == "ready" and ready["echo_cancellation"] is True, ready
+        async with http.ws_connect(f"{server.url}/api/ws/asr") as ws:
+            await ws.send_json({"type": "start", "mode": "server_vad"})  # transcription only
+            ready = await ws.receive_json()
+            assert ready["type"] == "ready" and ready["echo_cancellation"] is False, ready

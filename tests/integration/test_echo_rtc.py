@@ -3,7 +3,7 @@ the browser's ``echoCancellation`` off), over a real hands-free voice loop: the 
 arrives on the server's track plays through a small clipping loudspeaker and a synthetic room back
 into the microphone track, 150 ms late, in real time.
 
-Without the server's canceller (``echo_cancellation`` off, the default) the answer's echo is heard
+Without the server's canceller (``echo_cancellation`` off, WebRTC's default) the answer's echo is heard
 as the user and cuts the answer. With it on (and barge-in off on that server, so that what AEC3 lets
 through while it converges cuts nothing: docs/echo.md) none of the answer's words reaches a final,
 and after a second in which the microphone sent nothing (timestamps following the clock) the next
@@ -83,13 +83,18 @@ class EchoingTrack(ClipTrack):
         return not self._speaker.size and not np.any(self._played)
 
 
-async def echoing_peer(server: LiveServer, echo_cancellation: str) -> tuple[Peer, EchoingTrack]:
+async def echoing_peer(server: LiveServer, echo_cancellation: str | None) -> tuple[Peer, EchoingTrack]:
+    """A hands-free voice loop; ``echo_cancellation`` None: the start does not say (the server's
+    ``rtc_echo_cancellation_default``)."""
     track = EchoingTrack()
     peer = await connect(server, track=track)
     track.peer = peer
-    peer.send("start", {"hands_free": True, "assistant": True, "echo_cancellation": echo_cancellation})
+    start: dict[str, Any] = {"hands_free": True, "assistant": True}
+    if echo_cancellation is not None:
+        start["echo_cancellation"] = echo_cancellation
+    peer.send("start", start)
     started = await peer.next("log")
-    assert started["obj"]["echo_cancellation"] is (echo_cancellation == "on"), started
+    assert started["obj"]["echo_cancellation"] is (echo_cancellation in ("on", None)), started
     return peer, track
 
 
@@ -131,9 +136,12 @@ async def test_with_echo_cancellation_the_answer_is_not_heard_as_the_user(
 ) -> None:
     """With barge-in off on this server, what the canceller lets through can only be transcribed (a
     final with words is still answered, as any final is): none of the answers' words reaches a final,
-    and after a second without microphone packets the next question is heard."""
-    server: LiveServer = await server_factory(**VOICE_SETTINGS, assistant_barge_in=False)
-    peer, track = await echoing_peer(server, "on")
+    and after a second without microphone packets the next question is heard. The peer does not ask:
+    this server's ``rtc_echo_cancellation_default`` is auto (the default, off, is for browsers)."""
+    server: LiveServer = await server_factory(
+        **VOICE_SETTINGS, assistant_barge_in=False, rtc_echo_cancellation_default="auto"
+    )
+    peer, track = await echoing_peer(server, None)
     seen: list[dict[str, Any]] = []
 
     async def until(check: Callable[[], bool], timeout_s: float = 60.0) -> None:

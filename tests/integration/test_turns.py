@@ -481,10 +481,10 @@ async def test_realtime_semantic_vad_with_the_openai_sdk(server: LiveServer, spe
 
 
 async def ws_turn_end(
-    server: LiveServer, audio: np.ndarray, **start: Any
+    server: LiveServer, audio: np.ndarray, speed: float = 1.0, **start: Any
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Stream ``audio`` in real time over the device socket (/api/ws/asr, server VAD); its ready
-    message and every message up to the final of the utterance that ends last."""
+    """Stream ``audio`` over the device socket (/api/ws/asr, server VAD) at ``speed`` times real
+    time; its ready message and every message up to the final of the utterance that ends last."""
     pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
     got: list[dict[str, Any]] = []
     async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
@@ -501,7 +501,7 @@ async def ws_turn_end(
         started = time.monotonic()
         for n, offset in enumerate(range(0, len(pcm), frame)):
             await ws.send_bytes(pcm[offset : offset + frame])
-            await asyncio.sleep(max(0.0, started + (n + 1) * CHUNK / SAMPLE_RATE_HZ - time.monotonic()))
+            await asyncio.sleep(max(0.0, started + (n + 1) * CHUNK / SAMPLE_RATE_HZ / speed - time.monotonic()))
 
         await ws.send_str(json.dumps({"type": "ping"}))  # its pong comes once every frame before it is heard
 
@@ -543,9 +543,11 @@ async def test_real_sentences_end_within_a_second_over_the_device_socket(
     server_factory: Callable[..., Any], human_clips: list[tuple[str, np.ndarray, str]]
 ) -> None:
     """The suite's real recordings, each a finished sentence (some score 0.01 with the turn model:
-    "feels like these days go on forever"), streamed in real time over the device socket to a
-    server whose default is semantic turns, with every other setting at its default: each turn
-    ends within 1.0 s of the last voiced sample, and none by the 4 s cap."""
+    "feels like these days go on forever"), streamed over the device socket to a server whose
+    default is semantic turns, with every other setting at its default: each turn ends within 1.0 s
+    of the last voiced sample (stream time), and none by the 4 s cap. At twice real time, for the
+    suite's time: a pause is judged at the same stream time however fast the audio comes (the
+    stream's audio waits while it is, test_a_pause_is_judged_at_the_same_stream_time_...)."""
     server: LiveServer = await server_factory(turn_detection="semantic")
 
     async def one(audio: np.ndarray) -> tuple[int, list[dict[str, Any]]]:
@@ -555,7 +557,7 @@ async def test_real_sentences_end_within_a_second_over_the_device_socket(
         # 2 s of silence after the speech: the stream's audio waits while a pause is judged, so every
         # pause has been judged by the time it is all heard; a turn not ended within it (the 4 s cap)
         # has no speech_stopped, and fails below as surely as one ended late.
-        ready, got = await ws_turn_end(server, np.concatenate([lead, speech, silence(2.0)]))
+        ready, got = await ws_turn_end(server, np.concatenate([lead, speech, silence(2.0)]), speed=2.0)
         assert ready["turn_detection"] == "semantic", ready
         return (lead.size + speech.size) * 1000 // SAMPLE_RATE_HZ, got
 

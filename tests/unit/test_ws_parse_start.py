@@ -184,7 +184,7 @@ def test_bad_client_tools_name_their_parameter(
     ("values", "cancelling"),
     [
         ({}, False),
-        ({"assistant": True}, True),  # the default, auto: on with the voice loop (docs/echo.md)
+        ({"assistant": True}, False),  # off unless asked for (docs/echo.md)
         ({"assistant": True, "echo_cancellation": "auto"}, True),  # auto: on with the voice loop
         ({"echo_cancellation": "auto"}, False),  # auto, and the server does not speak
         ({"assistant": True, "echo_cancellation": "off"}, False),
@@ -200,13 +200,6 @@ def test_echo_cancellation_is_on_where_the_server_speaks(
     assert config.echo_cancelling is cancelling and config.describe()["echo_cancellation"] is cancelling
     again = start(settings, models, config, partials=True)  # a later start without it keeps it
     assert again.echo_cancelling is cancelling
-
-
-def test_echo_cancellation_off_as_the_servers_default(settings: Settings, models: ModelRegistry) -> None:
-    """``echo_cancellation_default`` off: a voice loop that does not ask runs without the canceller."""
-    off = settings.model_copy(update={"echo_cancellation_default": "off"})
-    assert start(off, models, assistant=True).echo_cancelling is False
-    assert start(off, models, assistant=True, echo_cancellation="auto").echo_cancelling is True
 
 
 def test_a_bad_echo_cancellation_is_refused(settings: Settings, models: ModelRegistry) -> None:

@@ -277,7 +277,7 @@ class RtcSession:
     async def _start(self, obj: Mapping[str, Any]) -> None:
         options = self._options(obj, base=self.base_options)
         noise_level = parse_level(obj.get("noise_suppression"), self.settings)
-        echo = parse_echo_option(obj.get("echo_cancellation", self.settings.echo_cancellation_default))
+        echo = parse_echo_option(obj.get("echo_cancellation", self.settings.rtc_echo_cancellation_default))
         wake_names = parse_wake_option(obj.get("wake"), self.settings)
         if wake_names is not None and not obj.get("hands_free", False):
             raise InvalidParameter("'wake' needs 'hands_free': true", param="wake")

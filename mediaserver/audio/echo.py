@@ -241,8 +241,8 @@ class SpeechGate:
         frame_ms = max(1.0, frame.size * 1000.0 / SAMPLE_RATE_HZ)
         while len(self._levels) * frame_ms > self.FLOOR_S * 1000.0:
             self._levels.popleft()
-        since = self.canceller.since_reference_ms
-        if since is None or since > self.tail_ms:
+        since = self.canceller.since_reference_ms  # (at the end of the canceller's output, ``after`` past the frame)
+        if since is None or since - after * 1000.0 / SAMPLE_RATE_HZ > self.tail_ms:
             return True
         floor = max(min(self._levels), self.FLOOR_MIN_DBFS)
         if level < floor + self.margin_db:

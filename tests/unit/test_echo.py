@@ -288,3 +288,31 @@ def test_the_speech_gate_holds_back_only_quiet_frames_and_only_while_echo_can_ar
     assert not gate(soft)
     ec.process(np.zeros(RATE // 5, np.float32))  # 0.7 s ago: past the tail
     assert gate(soft) and gate(floor)
+
+
+def test_the_speech_gate_holds_back_what_the_canceller_took_most_of(answers: list[Audio]) -> None:
+    """``removed_db``: a frame the canceller took more than that out of (its converged echo) does not
+    count, however loud; with a limit above what it took, it does (the level rule set aside here)."""
+    ec = EchoCanceller()
+    answer = answers[0]
+    ec.played(answer, at_sample=0)
+    mic = (0.5 * answer + np.random.default_rng(3).standard_normal(answer.size) * 1e-3).astype(np.float32)
+    out = ec.process(mic[: 3 * RATE])  # three seconds of echo alone: converged
+    frame = out[-room.VAD_FRAME :]
+    removed = ec.frame_removed_db(frame.size, 0)
+    assert removed is not None and removed > 8.0, removed
+    assert SpeechGate(ec, margin_db=-200.0, tail_ms=600.0, removed_db=8.0)(frame) is False
+    assert SpeechGate(ec, margin_db=-200.0, tail_ms=600.0, removed_db=removed + 1.0)(frame) is True
+
+
+def test_the_speech_gate_tail_is_a_setting() -> None:
+    """``tail_ms`` 200 (the setting at a non-default value): 0.3 s after the answer, every frame counts."""
+    ec = EchoCanceller()
+    gate = SpeechGate(ec, margin_db=20.0, tail_ms=200.0, removed_db=8.0)
+    soft = np.full(480, 5e-3, np.float32)
+    ec.played(np.full(RATE // 2, 0.1, np.float32), at_sample=0)
+    ec.process(np.zeros(RATE // 2 + RATE // 10, np.float32))  # 0.1 s after it
+    assert not gate(soft)
+    ec.process(np.zeros(RATE // 5, np.float32))  # 0.3 s after it
+    assert gate(soft)
+    assert not gate(soft, after=RATE // 5)  # a frame that ended 0.2 s before the canceller's latest

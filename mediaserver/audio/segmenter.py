@@ -77,9 +77,9 @@ class VadSegmenter:
         self._start_ms = 0
         self._position_ms = 0  # stream time at the end of the last processed frame
         self._skipped_samples = 0  # skipped audio not yet a whole millisecond on the clock
-        # Asked about each frame: may it count towards a speech start? (audio/echo.py SpeechGate:
-        # not what the echo canceller leaks.) None: every voiced frame does.
-        # The gate gets the frame and how many samples were pushed after it.
+        # Asked about each frame, with how many samples were pushed after it: may it count towards a
+        # speech start? (audio/echo.py SpeechGate: not what the echo canceller leaks.) None: every
+        # voiced frame does.
         self.gate: Callable[[AudioArray, int], bool] | None = None
 
     @property

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from mediaserver.asr.tails import drop_repeated_start
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, TranscriptionOptions
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class Window:
     language: str | None = None
     # Seconds of mel frames the encoder sees: Whisper's 30 s, or a shorter window for a partial.
     encoder_s: float = WINDOW_S
+    # A tail's: the text just before its audio, its prompt; words repeating it are dropped (asr/tails.py).
+    follows: str = ""
 
     @property
     def packed(self) -> bool:
@@ -398,11 +401,19 @@ class BatchDecoder:
         tokens in every prompt of one generate call; windows are grouped by this shape."""
         tokenizer = self.tokenizer(window.language, window.options.task)
         previous = 0
-        if window.options.initial_prompt:
-            tokens = tokenizer.encode(" " + window.options.initial_prompt.strip())
+        if tokens := self.previous_tokens(tokenizer, window):
             previous = 1 + len(tokens[-(self.wm.max_length // 2 - 1) :])
         prefix = len(self.prefix_tokens(tokenizer, window.options.prefix))
         return previous, window.with_timestamps, prefix
+
+    @staticmethod
+    def previous_tokens(tokenizer: Any, window: Window) -> list[int]:
+        """The prompt's previous text: the request's prompt, then the text a tail follows."""
+        tokens: list[int] = []
+        for text in (window.options.initial_prompt, window.follows):
+            if text and text.strip():
+                tokens += tokenizer.encode(" " + text.strip())
+        return tokens
 
     def prefix_tokens(self, tokenizer: Any, prefix: str | None) -> list[int]:
         if not prefix or not prefix.strip():
@@ -485,10 +496,9 @@ class BatchDecoder:
                 language = token[2:-2]
             tokenizer = self.tokenizer(language, window.options.task)
             options = window.options
-            previous = tokenizer.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
             tokens = self.wm.get_prompt(
                 tokenizer,
-                previous_tokens=previous,
+                previous_tokens=self.previous_tokens(tokenizer, window),
                 without_timestamps=not window.with_timestamps,
                 prefix=options.prefix if options.prefix and options.prefix.strip() else None,
             )
@@ -551,6 +561,8 @@ class BatchDecoder:
                     "tokens": tuple(int(t) for t in raw["tokens"]),
                 }
             )
+        if window.follows:
+            segments = drop_repeated_start(segments, window.follows, tokenizer)
         return WindowOutput(
             segments=segments,
             language=prompt.language,

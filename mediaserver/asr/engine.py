@@ -388,6 +388,7 @@ class WhisperEngine(GuardedDecodes):
             options=window.options,
             with_timestamps=True,
             language=window.language or run.states[member.job_index].language,
+            follows=" ".join([window.follows, *(seg["text"].strip() for seg in kept)]).strip(),
         )
 
     def _decode_window_alone(self, window: Window, run: BatchRun) -> None:

@@ -10,10 +10,11 @@ final is joined to the promised text by ``continuation``, so it always extends t
 never doubles a word at the seam. Model work goes through the shared ``AsrService``; the session
 only submits jobs (partials with its id as supersede key, so stale ones are dropped).
 
-Three parts live beside it: ``partials.py`` (the partial decodes and what they promised:
-``continuation``, the agreement rule, the commit lag), ``turns.py`` (the turn check: the
-turn model's scoring of pauses) and ``finals.py`` (final transcriptions, started early and
-sent in order). Closing is idempotent and cancels every task the session started.
+Four parts live beside it: ``partials.py`` (the partial decodes and what they promised:
+``continuation``, the agreement rule, the commit lag), ``pauses.py`` (the pause under way: its
+early final and what ends the turn in it), ``turns.py`` (the turn check: the turn model's and the
+text's scoring of pauses) and ``finals.py`` (final transcriptions, started early and sent in
+order). Closing is idempotent and cancels every task the session started.
 ``session_registry.py`` holds the registry of open sessions (the cap, idle reaping).
 """
 
@@ -43,18 +44,17 @@ from mediaserver.events import (
     SpeechStarted,
     SpeechStopped,
     Transcript,
-    TurnDecided,
 )
 from mediaserver.speakers.service import SpeakerService
 from mediaserver.stream import speaker
-from mediaserver.stream.answering import Answerer, HeldWords, Speculator
+from mediaserver.stream.answering import Answerer, HeldWords
 from mediaserver.stream.echo_check import EchoCheck, Hold
 from mediaserver.stream.finals import EarlyFinal, Finals
 from mediaserver.stream.options import StreamOptions, segmenter_config
 from mediaserver.stream.partials import Partials, continuation
+from mediaserver.stream.pauses import Pauses
 from mediaserver.stream.turns import TurnChecks
 from mediaserver.turns import model as turn_models
-from mediaserver.turns.decision import Words
 from mediaserver.turns.text_eou import TextEou
 
 Emit = Callable[[SessionEvent], Awaitable[None]]
@@ -106,9 +106,22 @@ class StreamSession:
         self._recording = False
         self._recorded: list[AudioArray] = []
         self._partials = Partials(self, emit)  # the decodes of the utterance in progress, what they promised
-        self._early_final: EarlyFinal | None = None
         self._tasks: set[asyncio.Task[object]] = set()
         self._finals = Finals(self, emit, self._start_task)  # transcriptions under way, sent in order
+        self._segment_lock = asyncio.Lock()  # the gap watcher pushes too: keep events in stream order
+        # The pause under way: its early final and its turn check (pauses.py).
+        self._pauses = Pauses(
+            self,
+            segmenter=self._segmenter,
+            turns=self._turns,
+            partials=self._partials,
+            finals=self._finals,
+            metrics=asr.metrics,
+            emit=emit,
+            segment_lock=self._segment_lock,
+            start_task=self._start_task,
+            on_segment=self._on_segment,
+        )
         self._closed = False
         self._assistant: Answerer | None = None  # the voice loop's, set by the transport (``assistant``)
         self.speakers: SpeakerService | None = None  # set by the transport: finals then name their speaker
@@ -123,7 +136,6 @@ class StreamSession:
         self._apply_turn_mode()
         # Gaps: a sender that stops sending mid-utterance (Opus DTX, a paused track, a device that
         # sends nothing in silence) must not keep the utterance open: see _watch_gaps.
-        self._segment_lock = asyncio.Lock()
         self._last_audio_at = time.monotonic()
         self._gap_filled_s = 0.0
         self._gap_task: asyncio.Task[None] | None = None
@@ -246,212 +258,13 @@ class StreamSession:
 
     async def _segment(self, samples: AudioArray) -> None:
         await self._turns.settled()  # a pause being judged is judged before more audio is heard
-        await self._words_settled()
+        await self._pauses.words_settled()
         await self._turns.text_settled(self._segmenter.silence_ms)
-        async with self._segment_lock:  # the gap watcher pushes too: keep events in stream order
+        async with self._segment_lock:
             for event in self._segmenter.push(samples):
                 await self._on_segment(event)
-            self._watch_trailing_silence()
-            await self._end_turn_on_silence()
-
-    def _watch_trailing_silence(self) -> None:
-        """Start the final early once the speech has been silent long enough; drop it if speech resumed.
-
-        With semantic turns, a pause of ``turn_candidate_silence_ms`` is also scored by the turn
-        model (``_decide_turn``), and the final starts then too: it is decoded while the turn
-        model decides, ready when a finished turn ends."""
-        early = self._early_final
-        segmenter = self._segmenter
-        silence_ms = segmenter.silence_ms
-        if early is not None and segmenter.in_speech and silence_ms < early.silence_ms:
-            self._drop_early_final()  # voiced again: this silence was a pause, not the end
-            early = None
-        semantic = self.semantic_turns
-        if self._turns.follow(
-            in_speech=segmenter.in_speech,
-            position_ms=segmenter.position_ms,
-            silence_ms=silence_ms,
-            semantic=semantic and segmenter.long_enough,  # a shorter burst is no turn (``_end_turn_on_silence``)
-        ):
-            self._start_turn_check(silence_ms)
-        candidate_ms = self.settings.turn_candidate_silence_ms
-        early_ms = self.settings.stream_final_early_ms
-        if early_ms <= 0 or early is not None or not segmenter.long_enough or self._closed:
-            return  # (a burst too short to keep is discarded, never decoded)
-        config = self._segmenter.config
-        if semantic:
-            final_ms = self.settings.turn_final_silence_ms or candidate_ms
-            start_ms = min(final_ms, candidate_ms, config.hangover_ms - early_ms)
-        else:
-            start_ms = config.hangover_ms - early_ms
-        if silence_ms < max(config.frame_ms, start_ms):
-            return
-        self._partials.cancel()  # the final is about to be decoded: partials only compete with it now
-        audio = self._segmenter.current_audio()
-        task = self._finals.start(audio, f"early-final-{self.id}")
-        early = self._early_final = EarlyFinal(task, audio.size, silence_ms)
-        if semantic:
-            pause_from_ms = self._segmenter.position_ms - silence_ms
-            task.add_done_callback(lambda done: self._hear_pause(early, pause_from_ms, done))
-        if self.settings.turn_speculative_answers and isinstance(self.assistant, Speculator):
-            task.add_done_callback(lambda done: self._speculate(early, done))
-
-    def _speculate(self, early: EarlyFinal, task: asyncio.Task[Transcript]) -> None:
-        """The final was decoded while the turn is still open: the voice loop starts its answer now
-        (held until the turn ends; dropped if the speech resumes)."""
-        if task.cancelled() or task.exception() is not None or self._early_final is not early or self._closed:
-            return
-        assistant = self.assistant
-        if not isinstance(assistant, Speculator) or not self._segmenter.in_speech:
-            return
-        text = self._partials.promises.joined(task.result().text)
-        if text.strip():
-            assistant.speculate(text, speech_ended_at=time.monotonic())
-
-    def _start_turn_check(self, silence_ms: int) -> None:
-        if self._closed:
-            return
-        silence_from_ms = self._segmenter.position_ms - silence_ms
-        task = self._start_task(
-            self._decide_turn(self._segmenter.current_audio(), silence_ms, silence_from_ms), f"turn-{self.id}"
-        )
-        self._turns.started(task, silence_from_ms, silence_ms)
-
-    async def _decide_turn(self, audio: AudioArray, silence_ms: int, silence_from_ms: int) -> None:
-        """Score the pause; the rule (turns/decision.py) weighs the score with the pause's words: a
-        finished turn ends the utterance now (if the pause still goes on)."""
-        score = await self._turns.score(audio, silence_ms, silence_from_ms)
-        if score is None:  # the model failed: this pause ends as silence detection would
-            async with self._segment_lock:
-                await self._end_turn_on_silence()
-            return
-        complete, text, words = self._turns.model_ends(score, Words.OPEN), None, Words.UNKNOWN
-        if complete:  # the words may veto it: they are needed only then
-            words = await self._pause_words(silence_from_ms)
-            complete = self._turns.model_ends(score, words)
-            if complete:  # and so may the text (turn_text_model): its score is waited for then
-                text = await self._turns.text_score(silence_from_ms)
-                complete = self._turns.model_ends(score, words, text)
-        async with self._segment_lock:
-            segmenter = self._segmenter
-            if (
-                self._closed
-                or not segmenter.in_speech
-                or segmenter.position_ms - segmenter.silence_ms != silence_from_ms
-            ):
-                return  # the speech went on (or ended on silence) while the model was deciding
-            self._turns.agreed(silence_from_ms, complete)
-            if complete and segmenter.silence_ms < self._turns.rule.model_end_silence_ms(words):
-                # Words without a final mark: the model's 'complete' ends the turn once the pause is
-                # turn_open_silence_ms long (``_end_turn_on_silence``), if the speech has not resumed.
-                return
-            await self._emit(
-                TurnDecided(
-                    complete,
-                    score.probability,
-                    score.decision_ms,
-                    silence_ms,
-                    segmenter.position_ms,
-                    text_probability=text if text is not None else self._turns.text_of(silence_from_ms),
-                )
-            )
-            if complete:
-                await self._end_turn("model")
-            # else keep listening: the speech resumes, the words' silence or the eagerness cap ends the turn
-
-    async def _pause_words(self, silence_from_ms: int) -> Words:
-        """What the final decoded in this pause says of the turn (turns/decision.py). It started at
-        ``turn_final_silence_ms``, before the turn model was asked, so it is usually ready; waiting
-        for it costs the answer nothing (the answer needs it)."""
-        early = self._early_final
-        if early is None:
-            return Words.UNKNOWN
-        try:
-            transcript = await asyncio.shield(early.task)
-        except Exception:
-            return Words.UNKNOWN  # cancelled (the speech resumed) or failed: the final path handles it
-        return self._heard(silence_from_ms, transcript)
-
-    def _heard(self, silence_from_ms: int, transcript: Transcript) -> Words:
-        text = self._partials.promises.joined(transcript.text)
-        words = self._turns.heard(silence_from_ms, text)
-        if words is Words.UNFINISHED:
-            log.debug("session %s: %r reads unfinished; the turn goes on", self.id, text[-40:])
-        return words
-
-    async def _words_settled(self) -> None:
-        """Once a pause is long enough to be judged, wait for its words too (at most
-        ``turn_decision_hold_ms``, once per pause), so they are evidence at the same stream time
-        however fast the audio comes or however busy the ASR queue is."""
-        early, hold_ms = self._early_final, self.settings.turn_decision_hold_ms
-        if early is None or early.held or early.task.done() or hold_ms <= 0 or not self.semantic_turns:
-            return
-        if self._segmenter.silence_ms < self.settings.turn_candidate_silence_ms:
-            return
-        early.held = True
-        await asyncio.wait({early.task}, timeout=hold_ms / 1000.0)
-
-    def _hear_pause(self, early: EarlyFinal, silence_from_ms: int, task: asyncio.Task[Transcript]) -> None:
-        """The pause's final was decoded: its words are evidence for the pause from now on (a
-        finished sentence's words end the turn at ``turn_finished_silence_ms``)."""
-        if task.cancelled() or task.exception() is not None or self._early_final is not early or self._closed:
-            return
-        if self._heard(silence_from_ms, task.result()) is Words.UNFINISHED:
-            self.asr.metrics.turn_unfinished_words.inc()
-
-    async def _end_turn_on_silence(self) -> None:
-        """End the turn if the pause under way has lasted as long as its evidence allows, whatever
-        the turn model scores (``TurnChecks.silence_ends_ms``). Called with the segment lock held."""
-        segmenter = self._segmenter
-        if self._closed or not segmenter.in_speech or segmenter.silence_ms <= 0 or not self.semantic_turns:
-            return
-        if not segmenter.long_enough:
-            # A burst too short to keep (a word's first syllable, a click) is no turn: nothing ends it
-            # here; speech resuming joins it to the utterance (its first word is not cut off), else the
-            # segmenter discards it at silence detection's hangover (``_apply_turn_mode``).
-            return
-        silence_from_ms = segmenter.position_ms - segmenter.silence_ms
-        ends_ms = self._turns.silence_ends_ms(silence_from_ms)
-        if ends_ms is None or segmenter.silence_ms < ends_ms:
-            return
-        text = self._turns.text_of(silence_from_ms)
-        if self._turns.model_failed(silence_from_ms):
-            by = "silence"
-        elif self._turns.text_vetoes(silence_from_ms):
-            by = "text"
-        else:
-            by = "model" if self._turns.model_agreed(silence_from_ms) else "words"
-        probability = self._turns.last_probability(silence_from_ms)
-        await self._emit(
-            TurnDecided(
-                True, probability, 0.0, segmenter.silence_ms, segmenter.position_ms, by=by, text_probability=text
-            )
-        )
-        await self._end_turn(by)
-
-    async def _end_turn(self, by: str) -> None:
-        """End the utterance now, in its pause (``by``: what decided it, counted in /metrics)."""
-        self.asr.metrics.turn_ends.labels(by).inc()
-        event = self._segmenter.end_turn()
-        if event is not None:
-            await self._on_segment(event)
-
-    def _drop_early_final(self) -> None:
-        if self._early_final is not None:
-            self._early_final.task.cancel()
-            self._early_final = None
-            if isinstance(self.assistant, Speculator):
-                self.assistant.drop_speculation()  # the speech resumed: an answer started on it is unheard
-
-    def _take_early_final(self, utterance: Utterance) -> EarlyFinal | None:
-        """The early final if it is this utterance's (it ended on the silence the final started in)."""
-        early, self._early_final = self._early_final, None
-        if early is None:
-            return None
-        if early.fits(utterance):
-            return early
-        early.task.cancel()
-        return None
+            self._pauses.watch()
+            await self._pauses.end_turn_on_silence()
 
     def _ensure_gap_watch(self) -> None:
         if self.settings.stream_gap_fill_ms <= 0 or self._gap_task is not None or self._closed:
@@ -499,11 +312,11 @@ class StreamSession:
                 self.asr.metrics.turn_ends.labels("cap").inc()  # nothing decided the turn: the eagerness cap ended it
             self._turns.drop()
             await self._emit(SpeechStopped(event.end_ms))
-            early, held = self._take_early_final(event), self._held(event.start_ms, event.end_ms)
+            early, held = self._pauses.take_early(event), self._held(event.start_ms, event.end_ms)
             await self._submit_final(event.audio, event.start_ms, event.end_ms, early=early, held=held)
         else:
             self._partials.cancel()
-            self._drop_early_final()
+            self._pauses.drop_early()
             self._turns.drop()
             self._echo.discarded(self.assistant)
             await self._emit(SpeechStopped(event.end_ms, discarded=True))
@@ -542,7 +355,7 @@ class StreamSession:
         event = self._segmenter.flush()
         if event is None:
             return None
-        self._drop_early_final()  # committed now: the whole audio, as it is
+        self._pauses.drop_early()  # committed now: the whole audio, as it is
         self._turns.drop()
         if isinstance(event, Discarded):
             self._partials.cancel()
@@ -570,7 +383,7 @@ class StreamSession:
         self._echo.discarded(self.assistant)  # an answer paused for it goes on
         self._segmenter.reset()
         self._partials.cancel()
-        self._drop_early_final()
+        self._pauses.drop_early()
         self._turns.drop()
         self._partials.promises.forget()
         if self._held_words.pending:
@@ -580,7 +393,7 @@ class StreamSession:
 
     def _begin_utterance(self) -> None:
         self._partials.cancel()
-        self._drop_early_final()
+        self._pauses.drop_early()
         self._turns.drop()
         self._partials.promises.forget()
 
@@ -589,7 +402,7 @@ class StreamSession:
         return self.recorded_audio() if not self.options.server_vad else self._segmenter.current_audio()
 
     def _ensure_partials(self) -> None:
-        if self.options.partials and self._early_final is None and not self._closed:
+        if self.options.partials and self._pauses.early is None and not self._closed:
             self._partials.start()
 
     async def _advance_partial(self, hypothesis: str, audio_samples: int | None = None) -> None:
@@ -700,7 +513,7 @@ class StreamSession:
             return
         self._closed = True
         self._partials.cancel()
-        self._drop_early_final()
+        self._pauses.drop_early()
         self._turns.drop()
         if self._gap_task is not None:
             self._gap_task.cancel()

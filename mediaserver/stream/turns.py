@@ -11,8 +11,8 @@ pause after a finished sentence's words ends at ``turn_finished_silence_ms`` wha
 scores; a pause the model failed on ends as silence detection would), and with ``turn_text_model``
 "llm" the words' score by the LLM engine (turns/text_eou.py; a low one vetoes the pause's end until
 ``turn_text_hold_ms``). ``TurnChecks`` holds that
-evidence for the pause under way and the one check running; ``StreamSession`` (session.py)
-runs the check as its task and ends the utterance on a finished turn.
+evidence for the pause under way and the one check running; ``Pauses`` (pauses.py) runs
+the check as a task of its session and ends the utterance on a finished turn.
 """
 
 from __future__ import annotations

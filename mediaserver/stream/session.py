@@ -210,17 +210,18 @@ class StreamSession:
         does (None): barge-in's residual rule measures it, and while its echo can be arriving only
         speech well above its output's floor starts an utterance (``SpeechGate``)."""
         self.echo_removed = line.removed_db if line is not None else None
-        margin = self.settings.echo_speech_gate_db
-        self._segmenter.gate = (
-            SpeechGate(
+        margin, gate = self.settings.echo_speech_gate_db, self._segmenter.gate
+        if line is None or margin <= 0:
+            self._segmenter.gate = None
+        elif not isinstance(gate, SpeechGate) or gate.canceller is not line.canceller:
+            # (The same canceller attached again, as a Realtime session.update does, keeps its gate:
+            # the floor it learnt is the same line's.)
+            self._segmenter.gate = SpeechGate(
                 line.canceller,
                 margin,
                 self.settings.echo_speech_gate_tail_ms,
                 self.settings.echo_speech_gate_removed_db,
             )
-            if line is not None and margin > 0
-            else None
-        )
 
     async def feed(self, samples: AudioArray) -> None:
         """Audio from the transport: 16 kHz mono float32, any length."""

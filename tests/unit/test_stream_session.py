@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mediaserver.asr.service import AsrService
-from mediaserver.audio.echo import EchoLine
+from mediaserver.audio.echo import EchoLine, SpeechGate
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.events import (
@@ -532,3 +532,26 @@ async def test_what_the_echo_canceller_leaks_starts_no_utterance_and_a_person_st
     # The person starts one, within 0.5 s.
     heard = [s for s in starts[20.0] if s >= early]
     assert heard and heard[0] * 1000 // SAMPLE_RATE_HZ <= onset_ms + 500, (starts, onset_ms)
+
+
+async def test_the_same_canceller_attached_again_keeps_its_speech_gate(
+    asr_service: AsrService, base_settings: Settings
+) -> None:
+    """A Realtime ``session.update`` attaches the session's echo line again: the speech gate keeps the
+    floor it learnt on that line; another line, or none, or the gate off, replace or drop it."""
+    settings = base_settings.model_copy(update={"echo_speech_gate_db": 20.0})
+    async with open_session(asr_service, settings, server_vad=True) as (session, _):
+        line = EchoLine()
+        session.attach_echo(line)
+        gate = session._segmenter.gate
+        assert isinstance(gate, SpeechGate) and gate.canceller is line.canceller
+        session.attach_echo(line)
+        assert session._segmenter.gate is gate
+        other = EchoLine()
+        session.attach_echo(other)
+        assert isinstance(session._segmenter.gate, SpeechGate) and session._segmenter.gate.canceller is other.canceller
+        session.attach_echo(None)
+        assert session._segmenter.gate is None and session.echo_removed is None
+    async with open_session(asr_service, base_settings, server_vad=True) as (session, _):  # the gate off: 0 dB
+        session.attach_echo(EchoLine())
+        assert session._segmenter.gate is None and session.echo_removed is not None

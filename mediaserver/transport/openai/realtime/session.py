@@ -7,7 +7,7 @@ import binascii
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Final
 
 from aiohttp import web
@@ -33,15 +33,27 @@ from mediaserver.transport.openai.realtime.config import (
 from mediaserver.transport.openai.realtime.conversation import AudioMode, Conversation, VoiceTurns
 from mediaserver.transport.openai.realtime.conversation_config import (
     ConversationConfig,
-    ResponseOptions,
     parse_conversation_session,
     parse_response_options,
 )
 from mediaserver.transport.openai.realtime.idle import IdleTimer
 from mediaserver.transport.openai.realtime.input_transcription import AudioInput, Host, InputTranscription
-from mediaserver.transport.openai.realtime.items import NewItem, parse_item, required_id
+from mediaserver.transport.openai.realtime.items import parse_item, required_id
 from mediaserver.transport.openai.realtime.lookups import answer_defaults, check_voice, is_llm_model
 from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
+from mediaserver.transport.openai.realtime.work import (
+    CONVERSATION_EVENTS,
+    SUPPORTED_EVENTS,
+    UNSUPPORTED_EVENTS,
+    CancelResponse,
+    Clear,
+    Commit,
+    Configure,
+    CreateItem,
+    CreateResponse,
+    ItemOp,
+    Work,
+)
 from mediaserver.transport.socket_session import Limits, MessageSocket, SocketSession
 from mediaserver.transport.voice import make_assistant
 
@@ -61,71 +73,6 @@ MAX_RETIRED_STREAMS: Final = 4
 def max_message_bytes(settings: Settings) -> int:
     """The largest client event taken: ``ws_max_message_bytes``, and never less than one full append."""
     return max(settings.ws_max_message_bytes, MAX_FRAME_BYTES)
-
-
-_AUDIO_BUFFER_EVENTS: Final = ("input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear")
-# Client events of the full Realtime API that only a conversation has a use for.
-_CONVERSATION_ONLY_EVENTS: Final = (
-    "conversation.item.create",
-    "conversation.item.retrieve",
-    "conversation.item.truncate",
-    "conversation.item.delete",
-    "response.create",
-    "response.cancel",
-    "output_audio_buffer.clear",
-)
-_UNSUPPORTED_EVENTS: Final = frozenset(_CONVERSATION_ONLY_EVENTS)  # in a transcription session
-_SUPPORTED_EVENTS: Final = ("session.update", "transcription_session.update", *_AUDIO_BUFFER_EVENTS)
-_CONVERSATION_EVENTS: Final = ("session.update", *_AUDIO_BUFFER_EVENTS, *_CONVERSATION_ONLY_EVENTS)
-
-
-@dataclass(frozen=True)
-class _Configure:
-    config: RealtimeConfig
-    reply: str  # "session.updated" or "transcription_session.updated"
-    conversation: ConversationConfig | None = None
-
-
-@dataclass(frozen=True)
-class _Commit:
-    client_event_id: str | None
-
-
-@dataclass(frozen=True)
-class _Clear:
-    pass
-
-
-@dataclass(frozen=True)
-class _CreateItem:
-    item: NewItem
-    previous_item_id: str | None
-    client_event_id: str | None
-
-
-@dataclass(frozen=True)
-class _ItemOp:
-    op: str  # "delete", "retrieve", "truncate"
-    item_id: str
-    client_event_id: str | None
-    content_index: int = 0
-    audio_end_ms: int = 0
-
-
-@dataclass(frozen=True)
-class _CreateResponse:
-    options: ResponseOptions
-    client_event_id: str | None
-
-
-@dataclass(frozen=True)
-class _CancelResponse:
-    response_id: str | None
-    client_event_id: str | None
-    from_client: bool = True  # response.cancel (an error when nothing runs), not output_audio_buffer.clear
-
-
-_Work = _Configure | _Commit | _Clear | _CreateItem | _ItemOp | _CreateResponse | _CancelResponse
 
 
 class RealtimeSession(SocketSession, Host):
@@ -302,17 +249,17 @@ class RealtimeSession(SocketSession, Host):
         elif kind == "input_audio_buffer.clear":
             self._decoder.reset()
             self._buffered_ms = 0.0
-            self._enqueue(_Clear())
-        elif self.conversation is not None and kind in _CONVERSATION_EVENTS:
+            self._enqueue(Clear())
+        elif self.conversation is not None and kind in CONVERSATION_EVENTS:
             self._enqueue(self._conversation_work(kind, event, client_event_id))
-        elif kind in _UNSUPPORTED_EVENTS:
+        elif kind in UNSUPPORTED_EVENTS:
             raise EventError("unsupported_event", f"'{kind}' is not supported in a transcription session.", "type")
         else:
-            names = _CONVERSATION_EVENTS if self.conversation is not None else _SUPPORTED_EVENTS
+            names = CONVERSATION_EVENTS if self.conversation is not None else SUPPORTED_EVENTS
             supported = ", ".join(f"'{k}'" for k in names)
             raise EventError("invalid_value", f"Invalid value: {kind!r}. Supported values are: {supported}.", "type")
 
-    def _conversation_work(self, kind: str, event: Mapping[str, Any], client_event_id: str | None) -> _Work:
+    def _conversation_work(self, kind: str, event: Mapping[str, Any], client_event_id: str | None) -> Work:
         """Validate a conversation event at once (reader side); the worker applies it in order."""
         assert self.conversation_config is not None
         if kind == "conversation.item.create":
@@ -323,11 +270,11 @@ class RealtimeSession(SocketSession, Host):
                 raise EventError(
                     "invalid_type", "Invalid type for 'previous_item_id': expected a string.", "previous_item_id"
                 )
-            return _CreateItem(
+            return CreateItem(
                 parse_item(event["item"], max_audio_bytes=MAX_AUDIO_BYTES_PER_EVENT), previous, client_event_id
             )
         if kind in ("conversation.item.delete", "conversation.item.retrieve"):
-            return _ItemOp(kind.rsplit(".", 1)[1], required_id(event, "item_id"), client_event_id)
+            return ItemOp(kind.rsplit(".", 1)[1], required_id(event, "item_id"), client_event_id)
         if kind == "conversation.item.truncate":
             item_id = required_id(event, "item_id")
             for key in ("content_index", "audio_end_ms"):
@@ -335,12 +282,12 @@ class RealtimeSession(SocketSession, Host):
                     raise EventError("missing_required_parameter", f"Missing required parameter: '{key}'.", key)
             content_index = integer(event["content_index"], "content_index", 0, 1_000_000)
             audio_end_ms = integer(event["audio_end_ms"], "audio_end_ms", 0, 2**31)
-            return _ItemOp("truncate", item_id, client_event_id, content_index, audio_end_ms)
+            return ItemOp("truncate", item_id, client_event_id, content_index, audio_end_ms)
         if kind == "response.create":
             options = parse_response_options(
                 event.get("response"), self.conversation_config, check_voice=self._check_voice
             )
-            return _CreateResponse(options, client_event_id)
+            return CreateResponse(options, client_event_id)
         if kind == "output_audio_buffer.clear" and self.conversation is not None and self.conversation.audio != "track":
             raise EventError(
                 "unsupported_event",
@@ -351,7 +298,7 @@ class RealtimeSession(SocketSession, Host):
         response_id = event.get("response_id")  # response.cancel, output_audio_buffer.clear
         if response_id is not None and not isinstance(response_id, str):
             raise EventError("invalid_type", "Invalid type for 'response_id': expected a string.", "response_id")
-        return _CancelResponse(response_id, client_event_id, kind == "response.cancel")
+        return CancelResponse(response_id, client_event_id, kind == "response.cancel")
 
     def _check_voice(self, name: str, param: str) -> None:
         check_voice(self.app, name, param)
@@ -359,7 +306,7 @@ class RealtimeSession(SocketSession, Host):
     def _is_llm(self, name: str) -> bool:
         return is_llm_model(self.app, name)
 
-    def _enqueue(self, work: _Work) -> None:
+    def _enqueue(self, work: Work) -> None:
         if not self.enqueue(work):
             raise EventError("overloaded", "Too many queued client events; slow down.", kind="server_error")
 
@@ -418,7 +365,7 @@ class RealtimeSession(SocketSession, Host):
             self._buffered_ms = 0.0
         self.config = config
         self.conversation_config = conversation
-        self._enqueue(_Configure(config, kind.replace(".update", ".updated"), conversation))
+        self._enqueue(Configure(config, kind.replace(".update", ".updated"), conversation))
 
     def _append(self, event: Mapping[str, Any]) -> None:
         audio = event.get("audio")
@@ -486,7 +433,7 @@ class RealtimeSession(SocketSession, Host):
             tail = self._decoder.flush()
             if tail.size:
                 self._enqueue_audio(tail)
-        self._enqueue(_Commit(client_event_id))
+        self._enqueue(Commit(client_event_id))
 
     # --- the worker ---------------------------------------------------------------------------------
 
@@ -507,8 +454,8 @@ class RealtimeSession(SocketSession, Host):
         if self.idle is not None and self._applied.server_vad:
             await self.idle.check(self._applied.turn_detection, self._fed_samples, self.stream.in_speech)
 
-    async def apply(self, work: _Work) -> None:
-        if isinstance(work, _Configure):
+    async def apply(self, work: Work) -> None:
+        if isinstance(work, Configure):
             await self._apply(work.config)
             if self.conversation is not None and work.conversation is not None:
                 self.conversation.config = work.conversation
@@ -516,9 +463,9 @@ class RealtimeSession(SocketSession, Host):
             self.send_session(work.reply, work.config, work.conversation)
             if self.conversation is not None and work.conversation is not None:
                 self.conversation.set_mcp(work.conversation.mcp)
-        elif isinstance(work, _Commit):
+        elif isinstance(work, Commit):
             await self._commit_buffer(work.client_event_id)
-        elif isinstance(work, _Clear):
+        elif isinstance(work, Clear):
             self.stream.clear()
             self.items.drop_speaking()
             self.send("input_audio_buffer.cleared")
@@ -528,19 +475,19 @@ class RealtimeSession(SocketSession, Host):
             except EventError as exc:
                 self.send_error(exc.code, exc.message, param=exc.param, client_event_id=work.client_event_id)
 
-    async def _apply_conversation(self, work: _CreateItem | _ItemOp | _CreateResponse | _CancelResponse) -> None:
+    async def _apply_conversation(self, work: CreateItem | ItemOp | CreateResponse | CancelResponse) -> None:
         conversation = self.conversation
         assert conversation is not None
-        if isinstance(work, _CreateItem):
+        if isinstance(work, CreateItem):
             await conversation.create_item(work.item, work.previous_item_id, work.client_event_id)
-        elif isinstance(work, _ItemOp):
+        elif isinstance(work, ItemOp):
             if work.op == "delete":
                 await conversation.delete_item(work.item_id, work.client_event_id)
             elif work.op == "retrieve":
                 conversation.retrieve_item(work.item_id)
             else:
                 await conversation.truncate_item(work.item_id, work.content_index, work.audio_end_ms)
-        elif isinstance(work, _CreateResponse):
+        elif isinstance(work, CreateResponse):
             await conversation.create_response(work.options, work.client_event_id)
         else:
             await conversation.cancel_response(

@@ -48,10 +48,7 @@ def drop_repeated_start(segments: list[dict[str, Any]], follows: str, tokenizer:
             drop -= len(words)
             continue
         cut = _cut_words(seg, drop, tokenizer)
-        if cut is None:  # no token boundary after those words: keep the segment whole
-            kept.append(seg)
-        else:
-            kept.append(cut)
+        kept.append(seg if cut is None else cut)  # (None: no token boundary after those words)
         drop = 0
     return kept
 

@@ -50,7 +50,7 @@ class EarlyFinal:
         return utterance.reason in ("silence", "turn") and rest >= 0 and utterance.audio.size == self.samples + rest
 
 
-class _TaskStarter(Protocol):
+class TaskStarter(Protocol):
     """Starts a task of the session (``aclose`` cancels it)."""
 
     def __call__(self, coro: Coroutine[object, object, _T], name: str) -> asyncio.Task[_T]: ...
@@ -59,7 +59,7 @@ class _TaskStarter(Protocol):
 class Finals:
     """The final transcriptions of one stream and the chain that sends their results in order."""
 
-    def __init__(self, stream: StreamParent, emit: Callable[[SessionEvent], Awaitable[None]], start_task: _TaskStarter):
+    def __init__(self, stream: StreamParent, emit: Callable[[SessionEvent], Awaitable[None]], start_task: TaskStarter):
         self.stream = stream
         self._emit = emit
         self._start_task = start_task

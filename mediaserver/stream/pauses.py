@@ -18,29 +18,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from mediaserver.audio.segmenter import Discarded, SpeechStart, Utterance, VadSegmenter
-from mediaserver.config import Settings
 from mediaserver.events import AudioArray, SessionEvent, Transcript, TurnDecided
-from mediaserver.metrics import Metrics
 from mediaserver.stream.answering import Answerer, Speculator
-from mediaserver.stream.finals import EarlyFinal, Finals
+from mediaserver.stream.finals import EarlyFinal, Finals, TaskStarter
+from mediaserver.stream.options import StreamParent
 from mediaserver.stream.partials import Partials
 from mediaserver.stream.turns import TurnChecks
 from mediaserver.turns.decision import Words
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 
-
-class _Session(Protocol):
-    """What the pauses read of their session (``StreamSession``)."""
-
-    id: str
-    settings: Settings
+class _Session(StreamParent, Protocol):
+    """What the pauses read of their session (``StreamSession``): what every part reads, and
+    whether it is closed, answered, and in semantic turns."""
 
     @property
     def closed(self) -> bool: ...
@@ -63,10 +58,9 @@ class Pauses:
         turns: TurnChecks,
         partials: Partials,
         finals: Finals,
-        metrics: Metrics,
         emit: Callable[[SessionEvent], Awaitable[None]],
         segment_lock: asyncio.Lock,
-        start_task: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+        start_task: TaskStarter,
         on_segment: Callable[[SpeechStart | Utterance | Discarded], Awaitable[None]],
     ) -> None:
         self._session = session
@@ -74,7 +68,6 @@ class Pauses:
         self._turns = turns
         self._partials = partials
         self._finals = finals
-        self._metrics = metrics
         self._emit = emit
         self._segment_lock = segment_lock  # the session's: events stay in stream order
         self._start_task = start_task
@@ -224,7 +217,7 @@ class Pauses:
         if task.cancelled() or task.exception() is not None or self.early is not early or self._session.closed:
             return
         if self._heard(silence_from_ms, task.result()) is Words.UNFINISHED:
-            self._metrics.turn_unfinished_words.inc()
+            self._session.asr.metrics.turn_unfinished_words.inc()
 
     async def end_turn_on_silence(self) -> None:
         """End the turn if the pause under way has lasted as long as its evidence allows, whatever
@@ -263,7 +256,7 @@ class Pauses:
 
     async def _end_turn(self, by: str) -> None:
         """End the utterance now, in its pause (``by``: what decided it, counted in /metrics)."""
-        self._metrics.turn_ends.labels(by).inc()
+        self._session.asr.metrics.turn_ends.labels(by).inc()
         event = self._segmenter.end_turn()
         if event is not None:
             await self._on_segment(event)

@@ -116,7 +116,6 @@ class StreamSession:
             turns=self._turns,
             partials=self._partials,
             finals=self._finals,
-            metrics=asr.metrics,
             emit=emit,
             segment_lock=self._segment_lock,
             start_task=self._start_task,

@@ -36,6 +36,7 @@ from typing import Any
 
 from mediaserver.assistant.audio_out import AudioOut, played_text
 from mediaserver.assistant.greeting import Greeting
+from mediaserver.assistant.history import History
 from mediaserver.assistant.prompt_fit import fit
 from mediaserver.assistant.speaker_context import current_speaker
 from mediaserver.assistant.speaker_tools import gated
@@ -96,11 +97,7 @@ class Assistant:
         self.metrics = VoiceMetrics.of(metrics)
         self.name = name
         self._unavailable = unavailable or {}  # why a stage is off ("llm", "tts"), for the error
-        self.history: list[ChatMessage] = []
-        # The user's last words, unanswered because they spoke on right after them, and who said
-        # them: the next turn joins them (``_rejoined``).
-        self._unanswered: tuple[ChatMessage, str | None] | None = None
-        self._turn_recorded_at = 0.0  # when the last turn's words went into the history
+        self._history = History()
         self._turns = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
         self._current: Turn | None = None
@@ -115,6 +112,15 @@ class Assistant:
         self.toolbox: Toolbox | None = None  # tools for this assistant's own turns (assistant/tool_rounds.py)
 
     # --- state --------------------------------------------------------------------------------
+
+    @property
+    def history(self) -> list[ChatMessage]:
+        """The voice loop's conversation (``answer``'s turns: what the user said and heard)."""
+        return self._history.messages
+
+    @history.setter
+    def history(self, messages: list[ChatMessage]) -> None:
+        self._history.messages = messages
 
     @property
     def active(self) -> bool:
@@ -133,8 +139,7 @@ class Assistant:
         """Forget the conversation (and stop an answer in progress)."""
         await self.interrupt()
         self.drop_speculation()  # its prompt holds the history being forgotten
-        self.history.clear()
-        self._unanswered = None
+        self._history.clear()
         self._greeted = None
 
     def heard_speaker(self, name: str | None) -> None:
@@ -168,36 +173,16 @@ class Assistant:
 
     def messages(self, user_text: str) -> list[ChatMessage]:
         """The system prompt and as much recent history as the budget allows, then the new turn."""
-        earlier, text = self._rejoined(user_text)
+        earlier, text = self._history.rejoined(user_text, self.speaker, self._max_joined_chars)
         return self.prompt([*earlier, ChatMessage("user", text)])
 
-    def _rejoined(self, user_text: str) -> tuple[list[ChatMessage], str]:
-        """The history before the new turn, and the turn's text: joined to the user's last words when
-        they are still unanswered because the same speaker spoke on right after them (``_spoke_on``)."""
-        mark = self._unanswered
-        if mark is not None and self.history and self.history[-1] is mark[0] and mark[1] == self.speaker:
-            joined = f"{mark[0].content.rstrip()} {user_text.lstrip()}"
-            if len(joined) <= self.options.history_tokens * CHARS_PER_TOKEN // 2:  # never a runaway message
-                return self.history[:-1], joined
-        return list(self.history), user_text
+    @property
+    def _max_joined_chars(self) -> int:
+        """Words joined to the unanswered ones stay within half the history budget."""
+        return self.options.history_tokens * CHARS_PER_TOKEN // 2
 
     def _record_user(self, user_text: str) -> None:
-        """The new turn goes into the history (joined to the user's unanswered words, ``_rejoined``)."""
-        self.history[:], text = self._rejoined(user_text)
-        self._unanswered = None
-        self.history.append(ChatMessage("user", text))
-        self._turn_recorded_at = time.monotonic()
-
-    def _spoke_on(self, turn: Turn, heard: str) -> None:
-        """``turn`` was interrupted: if none of it was heard and it began within
-        ``assistant_rejoin_ms`` (the user spoke on right after their words: a turn ended at a pause
-        mid-sentence), its words wait to be joined to the next turn's."""
-        self._unanswered = None
-        window_s = self.settings.assistant_rejoin_ms / 1000.0
-        if not turn.record or heard.strip() or not self.history or self.history[-1].role != "user":
-            return
-        if window_s > 0 and time.monotonic() - self._turn_recorded_at <= window_s:
-            self._unanswered = (self.history[-1], self.speaker)
+        self._history.record_user(user_text, self.speaker, self._max_joined_chars)
 
     def prompt(self, context: Sequence[ChatMessage], options: AssistantOptions | None = None) -> list[ChatMessage]:
         """The system prompt, then the last message of ``context`` and as many before it as the
@@ -349,9 +334,14 @@ class Assistant:
             await task
         outcome = self._interrupted(turn)
         log.info("%s: turn %d interrupted (%d samples of audio dropped)", self.name, turn.number, dropped)
-        self._spoke_on(turn, outcome.heard)
+        self._history.spoke_on(
+            recorded=turn.record,
+            heard=outcome.heard,
+            speaker=self.speaker,
+            window_s=self.settings.assistant_rejoin_ms / 1000.0,
+        )
         if turn.record:
-            self._remember(outcome.heard)
+            self._history.remember(outcome.heard)
         if turn.audio_started or not self._spoken(turn):
             await self._emit(AssistantAudioStopped(turn.number, True, outcome.heard))
         turn.settle(outcome)
@@ -360,10 +350,6 @@ class Assistant:
     def _cancel_helpers(self) -> None:
         for helper in list(self._helpers):
             helper.cancel()
-
-    def _remember(self, answer: str) -> None:
-        if answer.strip():
-            self.history.append(ChatMessage("assistant", answer.strip()))
 
     async def _run(self, turn: Turn, messages: list[ChatMessage], speech_ended_at: float) -> None:
         try:
@@ -387,7 +373,7 @@ class Assistant:
             await self.out.drained()
             await self._emit(AssistantAudioStopped(turn.number, False, turn.text))
         if turn.record:
-            self._remember(turn.text)
+            self._history.remember(turn.text)
         turn.settle(
             TurnOutcome("completed", turn.text, turn.text, turn.usage, turn.finish_reason, tool_calls=turn.tool_calls)
         )
@@ -420,7 +406,7 @@ class Assistant:
         if self.out is not None:
             self.out.clear()
         if turn.record:
-            self._remember(turn.text if stage == "tts" else "")
+            self._history.remember(turn.text if stage == "tts" else "")
         error = AssistantError(turn.number, stage, code, message)
         await self._emit(error)
         if turn.audio_started:

@@ -411,7 +411,7 @@ def start_in_background(args: argparse.Namespace, binary: Path, log_path: Path) 
         return
     command = [sys.executable, str(Path(__file__).resolve()), "--lock", str(args.lock),
                "--server-cache", str(args.server_cache), "--cmake-args", args.given_cmake_args,
-               "--python", args.python]  # fmt: skip
+               "--python", args.python, "--after-parent"]  # fmt: skip
     for flag, value in (
         ("--cuda", args.cuda),
         ("--status", args.status),
@@ -423,9 +423,13 @@ def start_in_background(args: argparse.Namespace, binary: Path, log_path: Path) 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as output:
         child = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            command, stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
         )
-    BuildStatus(args.status, log_path, pid=child.pid)  # seen at once, before the child writes its own
+    try:
+        BuildStatus(args.status, log_path, pid=child.pid)  # seen at once, before the child writes its own
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()  # the child goes on (--after-parent): its own status can no longer be overwritten
     log(
         f"llama-server is not built yet: building it in the background (pid {child.pid}, log {log_path}); "
         "the server starts now and its LLM joins when the build is done (a few minutes; /health shows the progress)"
@@ -463,7 +467,14 @@ def main() -> None:
         type=Path,
         help="if llama-server is not built, build it in a detached process writing LOG, and return at once",
     )
+    parser.add_argument(
+        "--after-parent",
+        action="store_true",
+        help="(the detached build) wait for standard input to close: the parent has written its status first",
+    )
     args = parser.parse_args()
+    if args.after_parent:
+        sys.stdin.read()
     version = locked_version(args.lock)
     args.given_cmake_args = args.cmake_args
     args.cmake_args = server_cmake_args(args.cmake_args, args.cuda, find_nvcc() if args.cuda else None)

@@ -141,8 +141,8 @@ def test_a_background_build_reports_its_pid_then_its_failure_and_log(tmp_path: P
                   "--pointer", str(tmp_path / "pointer"))  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "building it in the background" in result.stderr and str(log) in result.stderr
-    first = json.loads(status.read_text())
-    assert first["pid"] > 0 and first["log"] == str(log) and first["error"] is None
+    first = json.loads(status.read_text())  # (the build may have failed already: /bin/false is quick)
+    assert first["pid"] > 0 and first["log"] == str(log)
     while json.loads(status.read_text())["error"] is None:
         assert time.monotonic() - started < 60, status.read_text()
         time.sleep(0.1)

@@ -25,8 +25,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mediaserver.audio.echo import EchoCanceller
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -67,13 +71,15 @@ def speech_starts(
     tail_ms: float,
     removed_db: float,
     ends: list[float] | None = None,
+    canceller: EchoCanceller | None = None,
 ) -> tuple[list[float], np.ndarray]:
     """(speech starts in s, the canceller's output): a stream's canceller and segmenter, gated or not
-    (``ends``: a list given gets where each utterance ended, in s of the stream)."""
+    (``ends``: a list given gets where each utterance ended, in s of the stream; ``canceller``: a
+    fresh one to use instead of the server's, tools/aec3_config.py)."""
     from mediaserver.audio.echo import EchoCanceller, SpeechGate
     from mediaserver.audio.segmenter import Discarded, SpeechStart, Utterance, VadSegmenter
 
-    canceller = EchoCanceller()
+    canceller = canceller if canceller is not None else EchoCanceller()
     canceller.played(reference, 0)
     segmenter = VadSegmenter()
     if margin_db > 0:

@@ -279,6 +279,7 @@ COUNTERS = {
     "sentences": "mediaserver_tts_synthesis_seconds_count",
     "synthesis_s": "mediaserver_tts_synthesis_seconds_sum",
 }
+SPECULATION = ("speculative_hit", "speculative_miss")  # answers started in a pause: sent, dropped
 
 
 def server_counters(url: str) -> dict[str, float]:
@@ -289,24 +290,27 @@ def server_counters(url: str) -> dict[str, float]:
 
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
         text = response.read().decode()
-    totals = dict.fromkeys(COUNTERS, 0.0)
+    totals = dict.fromkeys([*COUNTERS, *SPECULATION], 0.0)
     wanted = {name: key for key, name in COUNTERS.items()}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name in wanted:
                 totals[wanted[sample.name]] += sample.value
+            elif sample.name == "mediaserver_speculative_answers_total":
+                totals[f"speculative_{sample.labels['result']}"] += sample.value
     return totals
 
 
 def print_server_counters(label: str, before: dict[str, float], after: dict[str, float]) -> None:
-    d = {key: after[key] - before[key] for key in COUNTERS}
+    d = {key: after[key] - before[key] for key in [*COUNTERS, *SPECULATION]}
     cached = d["cached"] / d["prompt"] if d["prompt"] else 0.0
     ttft = d["ttft_s"] / d["generations"] if d["generations"] else 0.0
     synthesis = d["synthesis_s"] / d["sentences"] if d["sentences"] else 0.0
     print(
         f"  server, {label}: {d['generations']:.0f} generations, mean TTFT {ttft:.3f} s; prompt tokens "
         f"{d['prompt']:.0f}, {cached:.0%} from the cache; Piper {d['sentences']:.0f} sentences, "
-        f"{synthesis:.3f} s each"
+        f"{synthesis:.3f} s each; speculative answers {d['speculative_hit']:.0f} sent, "
+        f"{d['speculative_miss']:.0f} dropped"
     )
 
 

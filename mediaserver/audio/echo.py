@@ -33,6 +33,7 @@ import numpy as np
 
 from mediaserver.audio.decode import PcmFormat
 from mediaserver.audio.stream_decode import PcmStreamDecoder
+from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
 
@@ -43,6 +44,7 @@ OUTPUT_LATENCY_SAMPLES: Final = 128  # AEC3's own delay of the output (measured,
 MAX_REFERENCE_AHEAD_S: Final = 120.0  # reference recorded further ahead than this is refused
 MAX_LINE_AHEAD_S: Final = 60.0  # EchoLine: answer audio this far ahead of the microphone plays from now
 MIC_GAP_S: Final = 1.0  # EchoLine: microphone audio this late after the end of the audio before: a gap
+# (the defaults of the settings echo_max_ahead_s and echo_mic_gap_ms, which EchoLine.of applies)
 MEASURE_FRAMES: Final = 60 * 100  # the last minute of (microphone, output) frame energies is kept
 ACTIVE_FRAME_DBFS: Final = -50.0  # output frames quieter than this are silence: not measured
 MIN_ACTIVE_FRAMES: Final = 3  # fewer active frames than this in a span: no measure
@@ -290,8 +292,17 @@ class EchoLine:
     (``process``) in the same order, so both clocks start at the audio fed after the line is made.
     """
 
-    def __init__(self, queued_samples: int = 0, *, watch_gaps: bool = True) -> None:
+    def __init__(
+        self,
+        queued_samples: int = 0,
+        *,
+        watch_gaps: bool = True,
+        gap_s: float = MIC_GAP_S,
+        max_ahead_s: float = MAX_LINE_AHEAD_S,
+    ) -> None:
         self.canceller = EchoCanceller()
+        self.gap_s = gap_s
+        self.max_ahead_s = max_ahead_s
         self.mic_arrived = queued_samples  # microphone samples arrived (queued ones count: fed first)
         self._playing_until = 0  # the clock at which the audio sent so far ends, played back to back
         self._decoders: dict[int, PcmStreamDecoder] = {}  # answer audio (PCM16 mono) per rate → 16 kHz
@@ -301,14 +312,24 @@ class EchoLine:
         self._watch_gaps = watch_gaps  # find them by the wall clock (the WebSockets: no timestamps)
         self._last_arrival: tuple[float, float] | None = None  # (monotonic, seconds of audio) of the latest
 
+    @classmethod
+    def of(cls, settings: Settings, queued_samples: int = 0, *, watch_gaps: bool = True) -> EchoLine:
+        """A stream's line with the operator's settings: ``echo_mic_gap_ms``, ``echo_max_ahead_s``."""
+        return cls(
+            queued_samples,
+            watch_gaps=watch_gaps,
+            gap_s=settings.echo_mic_gap_ms / 1000.0,
+            max_ahead_s=settings.echo_max_ahead_s,
+        )
+
     def arrived(self, samples: int) -> None:
         """Microphone audio came (the reader's view). With ``watch_gaps``, audio that comes
-        ``MIC_GAP_S`` later than the audio before it ends (a device that stops sending while it
+        ``gap_s`` later than the audio before it ends (a device that stops sending while it
         plays an answer) marks a gap of that long: the device's clock went on meanwhile."""
         now = time.monotonic()
         if self._watch_gaps and self._last_arrival is not None:
             silent_s = now - self._last_arrival[0] - self._last_arrival[1]
-            if silent_s >= MIC_GAP_S:
+            if silent_s >= self.gap_s:
                 self.gap(round(silent_s * SAMPLE_RATE_HZ))
         self._last_arrival = (now, samples / SAMPLE_RATE_HZ)
         self.mic_arrived += samples
@@ -327,7 +348,7 @@ class EchoLine:
         if decoder is None:
             decoder = self._decoders[rate_hz] = PcmStreamDecoder(PcmFormat(rate_hz, 16, 1), carry_partial=True)
         samples = decoder.decode(pcm16)
-        if self._playing_until - self.mic_arrived > MAX_LINE_AHEAD_S * SAMPLE_RATE_HZ:
+        if self._playing_until - self.mic_arrived > self.max_ahead_s * SAMPLE_RATE_HZ:
             # The microphone has sent nothing for that long (a half-duplex client, a text-only one):
             # its clock says nothing of when this plays. From now, rather than ever further ahead.
             self._playing_until = self.mic_arrived

@@ -136,6 +136,28 @@ class StreamSettings(BaseModel):
         "answer is mostly kept, what is left of the echo is not (docs/echo.md)",
     )
 
+    echo_mic_gap_ms: int = Field(
+        1000,
+        ge=100,
+        description="server echo cancellation on the device and Realtime WebSockets: microphone audio that comes "
+        "this long after the end of the audio before it marks a gap (a device that mutes its microphone while it "
+        "plays): the canceller's clock moves on by as much, and the answer audio played meanwhile is dropped",
+    )
+    echo_max_ahead_s: float = Field(
+        60.0,
+        gt=0,
+        description="... answer audio sent while the microphone's clock is this far behind the audio sent before "
+        "(a client that sends no microphone audio while it plays, or a text-only one) plays from the microphone's "
+        "clock, not after all of it",
+    )
+    rtc_track_pause_ms: int = Field(
+        500,
+        ge=100,
+        description="server echo cancellation on WebRTC: no microphone frame for this long is a gap, whatever the "
+        "RTP timestamps say (senders whose timestamps go on where they stopped, such as aiortc); a gap moves the "
+        "canceller's clock on",
+    )
+
     # --- semantic end of turn: Smart Turn v3.2 (mediaserver/turns) -----------------------------
     turn_detection: Literal["auto", "silence", "semantic"] = Field(
         "auto",

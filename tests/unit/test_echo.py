@@ -316,3 +316,26 @@ def test_the_speech_gate_tail_is_a_setting() -> None:
     ec.process(np.zeros(RATE // 5, np.float32))  # 0.3 s after it
     assert gate(soft)
     assert not gate(soft, after=RATE // 5)  # a frame that ended 0.2 s before the canceller's latest
+
+
+def test_the_gap_and_the_ahead_bound_follow_their_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``echo_mic_gap_ms`` and ``echo_max_ahead_s`` at other values than their defaults (1000, 60):
+    audio 0.4 s late is a gap at 300 ms (not at the default), and answer audio sent while the
+    microphone is silent plays from its clock once 5 s ahead (not 60)."""
+    from mediaserver.audio import echo
+    from mediaserver.audio.echo import EchoLine
+    from mediaserver.config import Settings
+
+    clock = [100.0]
+    monkeypatch.setattr(echo, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
+    for gap_ms, gap in ((300, True), (1000, False)):
+        line = EchoLine.of(Settings(echo_mic_gap_ms=gap_ms))
+        line.arrived(1600)  # 0.1 s
+        clock[0] += 0.1 + 0.4  # 0.4 s late
+        line.arrived(1600)
+        assert line.mic_arrived == 3200 + (round(0.4 * RATE) if gap else 0), gap_ms
+    line = EchoLine.of(Settings(echo_max_ahead_s=5.0))
+    pcm = (np.full(1600, 0.1) * 32767).astype("<i2").tobytes()  # 0.1 s at 16 kHz
+    starts = [line.sent(pcm, 16000) for _ in range(100)]  # 10 s of answer, the microphone silent
+    assert max(starts) <= 5.1 * RATE  # back to the microphone's clock after 5 s, not after all 10
+    assert starts[50] == 50 * 1600  # back to back until then

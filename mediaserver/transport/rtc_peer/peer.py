@@ -30,7 +30,7 @@ from mediaserver.transport.rtc_peer.sdp import check_offer, sdp_problem, with_op
 log = logging.getLogger(__name__)
 
 TIMESTAMP_GAP_S = 0.03  # a frame's timestamp this far past the end of the one before: a gap in the audio
-TRACK_PAUSE_S = 0.5  # no frame for this long: a gap, whatever the timestamps say
+TRACK_PAUSE_S = 0.5  # no frame for this long: a gap, whatever the timestamps say (rtc_track_pause_ms)
 GAP_CREDIT_FRAMES = 25  # a timestamp jump this many frames after such a wait is the same gap
 
 
@@ -52,13 +52,15 @@ async def read_audio_track(
     feed: Callable[[AudioArray], Awaitable[None]],
     on_frame: Callable[[], None],
     on_gap: Callable[[float], None] | None = None,
+    *,
+    pause_s: float = TRACK_PAUSE_S,
 ) -> None:
     """Read an incoming audio track until it ends: each frame resampled (16 kHz mono float) and fed.
 
     ``on_gap(seconds)``: the sender sent nothing for that long before this frame (Opus DTX, a
     paused track). Its timestamps say so when they jump past the end of the frame before; a sender
     whose timestamps go on where they stopped (aiortc's) shows it only as no frame for
-    ``TRACK_PAUSE_S`` or more. Both can see one gap: aiortc's jitter buffer holds the last frames
+    ``pause_s`` or more. Both can see one gap: aiortc's jitter buffer holds the last frames
     before a pause until packets come again, so the first of them comes late, and the jump follows a
     few frames on; a jump counts only what such a wait did not (``GAP_CREDIT_FRAMES``). What the
     reader itself spent feeding is not a gap: frames waiting meanwhile come at once."""
@@ -78,7 +80,7 @@ async def read_audio_track(
                 gap_s = 0.0
                 if jump_s > TIMESTAMP_GAP_S:
                     gap_s, credit_s = max(0.0, jump_s - credit_s), 0.0
-                elif waited_s >= TRACK_PAUSE_S and expected_s is not None:
+                elif waited_s >= pause_s and expected_s is not None:
                     gap_s, credit_s, credit_frames = waited_s, credit_s + waited_s, 0
                 credit_frames += 1
                 if credit_frames > GAP_CREDIT_FRAMES:

@@ -159,7 +159,14 @@ class RtcSession:
                 await track.recv()
 
     async def _read_track(self, track: MediaStreamTrack) -> None:
-        await read_audio_track(track, self._resampler, self._feed, self._on_frame, self._on_gap)
+        await read_audio_track(
+            track,
+            self._resampler,
+            self._feed,
+            self._on_frame,
+            self._on_gap,
+            pause_s=self.settings.rtc_track_pause_ms / 1000.0,
+        )
         log.debug("session %s: track ended", self.id)
 
     def _on_gap(self, seconds: float) -> None:
@@ -337,7 +344,8 @@ class RtcSession:
         if not (mode == "on" or (mode == "auto" and speaks)):
             self.echo = None
         elif self.echo is None:
-            self.echo = EchoLine(watch_gaps=False)  # its clock starts at the next audio; gaps: _on_gap
+            # its clock starts at the next audio; gaps: _on_gap
+            self.echo = EchoLine.of(self.settings, watch_gaps=False)
         self.stream.attach_echo(self.echo)
 
     async def _stop(self, obj: Mapping[str, Any]) -> None:

@@ -355,7 +355,7 @@ class WsSession(SocketSession):
         if not config.echo_cancelling:
             self.echo = None
         elif self.echo is None:
-            self.echo = EchoLine(self.backlog_samples)  # its clock starts at the audio fed next
+            self.echo = EchoLine.of(self.settings, self.backlog_samples)  # its clock starts at the audio fed next
         self.stream.attach_echo(self.echo)
         if self.wake is not None:
             self.wake.close()

@@ -532,7 +532,7 @@ class RealtimeSession(SocketSession, Host):
         if not self._echo_wanted(config, conversation):
             self.echo = None
         elif self.echo is None:
-            self.echo = EchoLine(self.backlog_samples)  # its clock starts at the audio fed next
+            self.echo = EchoLine.of(self.settings, self.backlog_samples)  # its clock starts at the audio fed next
         if self.conversation is not None:
             self.conversation.echo = self.echo
         self.stream.attach_echo(self.echo)

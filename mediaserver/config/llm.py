@@ -97,6 +97,13 @@ class LlmSettings(BaseModel):
     llm_engine_cache_ram_mb: int = Field(
         256, ge=0, description="llama-server's host-memory prompt cache (--cache-ram) beside each slot's own; 0 = off"
     )
+    llm_engine_cache_reuse_tokens: int = Field(
+        64,
+        ge=0,
+        description="llama-server reuses cached runs of at least this many prompt tokens that moved (--cache-reuse, "
+        "KV shifting): when the voice loop's history drops its oldest turn, the turns after it are not evaluated "
+        "again; 0 = off (every turn past assistant_history_turns then re-reads the whole history)",
+    )
     llm_engine_start_timeout_s: float = Field(120.0, gt=0, description="engine start until /health answers ok")
     llm_engine_ready_wait_s: float = Field(
         30.0, gt=0, description="a request waits this long for a restarting engine, then gets a 503"

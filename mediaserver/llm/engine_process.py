@@ -223,6 +223,7 @@ class LlamaServerProcess:
             "--threads", str(threads), "--threads-batch", str(s.llm_threads_batch or threads),
             "--threads-http", str(http_threads(parallel)),
             "--cache-prompt", "--cache-ram", str(s.llm_engine_cache_ram_mb),
+            "--cache-reuse", str(s.llm_engine_cache_reuse_tokens),
             "--n-gpu-layers", layers, "--no-webui", "--metrics", "--log-prefix", "--log-colors", "off",
             "--jinja", *(["--chat-template-file", str(self.chat_template)] if self.chat_template else []),
             *(["--mmproj", self.projector_path] if self.projector_path else ["--no-mmproj"]),

@@ -12,6 +12,14 @@ a client that resends the history (the voice loop, any OpenAI chat client) sends
 every turn. A request goes to its conversation's slot when that is free, else to the free slot
 used longest ago (so the conversations active most recently keep their caches). The service's
 queue admits at most as many generations as there are slots, so a free slot always exists.
+
+A history trimmed to its budget (the voice loop past ``assistant_history_turns``) starts with
+another user message every turn: its start is new, yet the slot that served it last holds the rest
+of it. So a request with an unknown start goes to the free slot whose last prompt shared the most
+of its user and assistant messages (``MIN_SHARED_MESSAGES`` at least), where llama-server reuses
+the moved runs of its cache (``llm_engine_cache_reuse_tokens``, ``--cache-reuse``). Measured
+(bench_voice_loop.py, 12 turns): without it, every turn from the tenth took 3.9-5.4 s to its first
+token against 0.3 s before.
 """
 
 from __future__ import annotations
@@ -24,6 +32,14 @@ from collections.abc import Sequence
 from mediaserver.llm.types import ChatMessage
 
 MAX_CONVERSATIONS = 4096  # remembered conversation → slot entries (LRU)
+MIN_SHARED_MESSAGES = 2  # a trimmed history finds its slot by at least this many messages in common
+
+
+def _message_keys(messages: Sequence[ChatMessage]) -> frozenset[str]:
+    """The user and assistant messages (the system prompt is everyone's), hashed."""
+    return frozenset(
+        hashlib.sha256(f"{m.role}\0{m.content}".encode()).hexdigest() for m in messages if m.role != "system"
+    )
 
 
 def conversation_key(messages: Sequence[ChatMessage]) -> str:
@@ -41,16 +57,20 @@ class SlotAffinity:
         self._busy: set[int] = set()
         self._used_at = [0.0] * slots
         self._slot_of: OrderedDict[str, int] = OrderedDict()
+        self._held: list[frozenset[str]] = [frozenset()] * slots  # each slot's last prompt's messages
 
     def take(self, messages: Sequence[ChatMessage]) -> int:
         """The slot for this request, now marked busy (``give`` it back when the generation ends)."""
         free = [slot for slot in range(self.slots) if slot not in self._busy]
         if not free:  # more generations than slots: cannot happen behind the service's queue
             raise RuntimeError("no free llama-server slot")
-        key = conversation_key(messages)
+        key, held = conversation_key(messages), _message_keys(messages)
         slot = self._slot_of.get(key)
+        if slot is None:
+            slot = self._holding(held, free)
         if slot is None or slot in self._busy:
             slot = min(free, key=lambda s: self._used_at[s])
+        self._held[slot] = held
         self._busy.add(slot)
         self._used_at[slot] = time.monotonic()
         self._slot_of[key] = slot
@@ -58,6 +78,11 @@ class SlotAffinity:
         while len(self._slot_of) > MAX_CONVERSATIONS:
             self._slot_of.popitem(last=False)
         return slot
+
+    def _holding(self, held: frozenset[str], free: list[int]) -> int | None:
+        """The free slot whose last prompt shared the most of these messages (a trimmed history)."""
+        shared, slot = max(((len(held & self._held[s]), s) for s in free), default=(0, None))
+        return slot if shared >= MIN_SHARED_MESSAGES else None
 
     def give(self, slot: int) -> None:
         self._busy.discard(slot)

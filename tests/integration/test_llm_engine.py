@@ -194,6 +194,27 @@ async def test_a_conversation_keeps_its_prompt_cache(llm_service: LlmService) ->
             history.append(ChatMessage("assistant", text))
 
 
+async def test_a_history_trimmed_to_its_budget_keeps_its_prompt_cache(llm_service: LlmService) -> None:
+    """Past its history budget the voice loop drops the oldest turn, so every later prompt starts
+    differently: it still goes to the slot that holds the rest (SlotAffinity) and llama-server
+    reuses those moved tokens (--cache-reuse, llm_engine_cache_reuse_tokens 64), instead of
+    evaluating the whole history again (3.9-5.4 s to the first token in the voice loop on 2 cores)."""
+    system = ChatMessage("system", "You are a helpful assistant. Answer in one sentence.")
+    history = {name: [system] for name in ("a", "b")}
+    for turn in range(4):  # two conversations interleaved, so the slots are not a's alone
+        for name, messages in history.items():
+            messages.append(ChatMessage("user", f"Tell me one fact about the number {turn} ({name})."))
+            async with llm_service.stream(messages, GenerationParams(max_tokens=30)) as answer:
+                messages.append(ChatMessage("assistant", await answer.text()))
+    trimmed = [system, *history["a"][3:], ChatMessage("user", "And about the number 4?")]
+    async with llm_service.stream(trimmed, GenerationParams(max_tokens=5)) as answer:
+        await answer.text()
+    usage = answer.usage
+    assert usage is not None and usage.cached_tokens is not None
+    # All but the system prompt's end, the dropped turn's place and the new question came from the cache.
+    assert usage.cached_tokens >= 0.6 * usage.prompt_tokens, usage
+
+
 async def test_engine_killed_mid_answer_restarts(server: Any, llm_service: LlmService) -> None:
     """The engine dies mid-answer: that answer ends with an error naming the engine, the supervisor
     restarts it, and the next request is answered."""

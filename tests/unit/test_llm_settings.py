@@ -58,6 +58,13 @@ def test_threads_and_batches_reach_the_engine_command() -> None:
 def test_the_engine_prompt_cache_size_reaches_the_command() -> None:
     assert flags(Settings(_env_file=None))["--cache-ram"] == "256"
     assert flags(Settings(_env_file=None, llm_engine_cache_ram_mb=0))["--cache-ram"] == "0"  # off
+
+
+def test_the_engine_cache_reuse_reaches_the_command() -> None:
+    """llm_engine_cache_reuse_tokens: what a trimmed history reuses (test_llm_engine.py measures it)."""
+    assert flags(Settings(_env_file=None))["--cache-reuse"] == "64"
+    assert flags(Settings(_env_file=None, llm_engine_cache_reuse_tokens=256))["--cache-reuse"] == "256"
+    assert flags(Settings(_env_file=None, llm_engine_cache_reuse_tokens=0))["--cache-reuse"] == "0"  # off
     assert flags(Settings(_env_file=None, llm_engine_cache_ram_mb=1024))["--cache-ram"] == "1024"
 
 

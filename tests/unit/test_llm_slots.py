@@ -36,3 +36,21 @@ def test_a_busy_slot_sends_the_request_to_the_free_slot_used_longest_ago() -> No
     other = slots.take(conversation("a", 1))
     assert other not in (first, second)
     assert sorted([first, second, other]) == [0, 1, 2]
+
+
+def test_a_history_trimmed_to_its_budget_keeps_its_slot() -> None:
+    """Past assistant_history_turns the voice loop drops the oldest turn, so the conversation's start
+    changes every turn: it still goes back to the slot that holds the rest of it, not to the one used
+    longest ago."""
+    slots = SlotAffinity(4)  # (one never used: the slot a new conversation gets)
+    full = conversation("a", 9)
+    a = slots.take(full)
+    slots.give(a)
+    for other in ("b", "c"):  # other conversations use the other slots meanwhile
+        slots.give(slots.take(conversation(other, 1)))
+    trimmed = [SYSTEM, *full[3:], ChatMessage("assistant", "answer 8"), ChatMessage("user", "a question 9")]
+    assert slots.take(trimmed) == a
+    slots.give(a)
+    # One message in common (the same everyday question in another conversation) is not enough.
+    stranger = [SYSTEM, ChatMessage("user", "x question 0"), ChatMessage("assistant", "answer 0"), full[-1]]
+    assert slots.take(stranger) != a

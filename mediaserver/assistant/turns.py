@@ -445,6 +445,7 @@ class Assistant:
                         SynthesisParams(speed=options.speed),
                         sample_rate_hz=self.out.sample_rate_hz,
                         first_clause_words=self.settings.assistant_first_clause_words,
+                        first_phrase_words=self.settings.assistant_first_phrase_words,
                     )
                 )
             except ApiError as exc:

@@ -108,6 +108,13 @@ class AssistantSettings(BaseModel):
         ge=0,
         description="speak the answer's first clause (at a comma) once it has this many words; 0 = whole sentences",
     )
+    assistant_first_phrase_words: int = Field(
+        0,
+        ge=0,
+        description="speak the answer's first sentence, when it has no clause mark by this many words, up to the "
+        "next word that starts a phrase ('and', 'which', 'with', 'from' ...: tts/text.py), so a long first sentence "
+        "does not hold back the first audio; 0 = off (tools/README.md: bench_voice_loop.py)",
+    )
     assistant_greeting: str = Field(
         "Hi {name}.",
         description="voice loop: the first answer to an enrolled speaker starts with this ({name}: theirs) unless "

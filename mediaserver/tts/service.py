@@ -70,13 +70,16 @@ class Speech:
         *,
         sample_rate_hz: int | None,
         first_clause_words: int = 0,
+        first_phrase_words: int = 0,
     ) -> None:
         self._service = service
         self._stream = stream
         self.voice = voice
         self.sample_rate_hz = sample_rate_hz or voice.sample_rate_hz
         self._splitter = SentenceSplitter(
-            max_sentence_chars=service.settings.tts_max_sentence_chars, first_clause_words=first_clause_words
+            max_sentence_chars=service.settings.tts_max_sentence_chars,
+            first_clause_words=first_clause_words,
+            first_phrase_words=first_phrase_words,
         )
         self._metrics = service.metrics
         self._started = time.perf_counter()
@@ -289,18 +292,27 @@ class TtsService:
         *,
         sample_rate_hz: int | None = None,
         first_clause_words: int = 0,
+        first_phrase_words: int = 0,
     ) -> AsyncIterator[Speech]:
         """A request with its own place in the voice's queue (``Overloaded`` → 503 when full).
 
-        On leaving, whatever was not synthesized yet is dropped. ``first_clause_words``: see
-        ``SentenceSplitter`` (a conversation's answer starts sooner at its first clause). A speaker
-        the voice does not have is a 400 (``UnknownSpeaker``), not its default speaker.
+        On leaving, whatever was not synthesized yet is dropped. ``first_clause_words``,
+        ``first_phrase_words``: see ``SentenceSplitter`` (a conversation's answer starts sooner at
+        its first clause or phrase). A speaker the voice does not have is a 400
+        (``UnknownSpeaker``), not its default speaker.
         """
         check_speaker(voice, params.speaker)
         with self.keeper.use(voice.name):  # the voice stays loaded until the request is done
             loaded = await self.load(voice)
             stream = loaded.scheduler.open(params)
-            speech = Speech(self, stream, voice, sample_rate_hz=sample_rate_hz, first_clause_words=first_clause_words)
+            speech = Speech(
+                self,
+                stream,
+                voice,
+                sample_rate_hz=sample_rate_hz,
+                first_clause_words=first_clause_words,
+                first_phrase_words=first_phrase_words,
+            )
             try:
                 yield speech
             finally:

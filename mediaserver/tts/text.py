@@ -24,6 +24,14 @@ from typing import Any
 _MARKUP = re.compile(r"(\*{1,3}|_{2,3}|`{1,3}|^#{1,6}\s+|^\s*[-*+]\s+)", re.MULTILINE)
 _SPACES = re.compile(r"\s+")
 _SOFT_BREAK = re.compile(r"[,;:\u2013\u2014)](?=\s)")
+# Words a phrase starts with (a conjunction, a relative pronoun, a preposition): where a long first
+# sentence with no clause mark may be cut (``first_phrase_words``), the word starting the second piece.
+_PHRASE_WORDS = (
+    "and but or so because which that who whom whose where when while with without from for in on at to by as if "
+    "than using through into during after before until"
+)
+PHRASE_STARTS = frozenset(_PHRASE_WORDS.split())
+_WORD = re.compile(r"\S+(?=\s)")
 
 DEFAULT_MAX_SENTENCE_CHARS = 400
 
@@ -83,9 +91,16 @@ class SentenceSplitter:
     0 waits for whole sentences, as a text that is read out should.
     """
 
-    def __init__(self, *, max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS, first_clause_words: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        max_sentence_chars: int = DEFAULT_MAX_SENTENCE_CHARS,
+        first_clause_words: int = 0,
+        first_phrase_words: int = 0,
+    ) -> None:
         self.max_sentence_chars = max(20, max_sentence_chars)
         self.first_clause_words = first_clause_words
+        self.first_phrase_words = first_phrase_words
         self._pending = ""
         self._emitted = False
 
@@ -114,8 +129,23 @@ class SentenceSplitter:
                     out += self._emit([head])
                     self._pending = self._pending[match.end() :]
                     break
+        if not out and not self._emitted and self.first_phrase_words:
+            out += self._first_phrase()
         self._emitted = self._emitted or bool(out)
         return out
+
+    def _first_phrase(self) -> list[str]:
+        """A first sentence still without a clause mark after ``first_phrase_words`` words ends its
+        first piece before the next word that starts a phrase (``PHRASE_STARTS``), once that word is
+        complete: "The best breakfast for a spider would be a meal made | from a combination ..."."""
+        words = list(_WORD.finditer(self._pending))
+        for index in range(self.first_phrase_words, len(words)):
+            word = words[index]
+            if word.group().lower().strip("\"'(") in PHRASE_STARTS:
+                head = self._pending[: word.start()]
+                self._pending = self._pending[word.start() :]
+                return self._emit([head])
+        return []
 
     def flush(self) -> list[str]:
         rest, self._pending = self._pending, ""

@@ -238,15 +238,15 @@ async def test_assistant_first_clause_words_is_how_soon_an_answer_speaks_its_fir
     """The answer's speech is opened with the setting (the turn then fails at the LLM, which cannot
     start here), and that is what cuts the first clause: at 2 words "Well sure," is spoken on its
     own at once; at the default 4 the splitter waits for the sentence."""
-    opened: list[int] = []
+    opened: list[tuple[int, int]] = []
 
     class Recording(TtsService):
         def open(self, *args: Any, **kwargs: Any) -> Any:
-            opened.append(kwargs["first_clause_words"])
+            opened.append((kwargs["first_clause_words"], kwargs["first_phrase_words"]))
             return super().open(*args, **kwargs)
 
-    error = await first_error(Recording, assistant_first_clause_words=2)
-    assert error.stage == "llm" and opened == [2]
+    error = await first_error(Recording, assistant_first_clause_words=2, assistant_first_phrase_words=9)
+    assert error.stage == "llm" and opened == [(2, 9)]
     assert SentenceSplitter(first_clause_words=2).push("Well sure, I can do") == ["Well sure,"]
     assert SentenceSplitter(first_clause_words=4).push("Well sure, I can do") == []
 

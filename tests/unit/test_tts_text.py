@@ -103,6 +103,32 @@ def test_lone_punctuation_joins_the_sentence_before() -> None:
     assert split_sentences("Really... ?! Yes.") == ["Really... ?!", "Yes."]
 
 
+def test_a_long_first_sentence_may_start_speaking_at_its_first_phrase() -> None:
+    """first_phrase_words: a first sentence with no clause mark by then ends its first piece before the
+    next word that starts a phrase; only the first piece; a clause mark first wins; 0 is off."""
+
+    def pieces(text: str, clause: int, phrase: int) -> list[str]:
+        splitter = SentenceSplitter(first_clause_words=clause, first_phrase_words=phrase)
+        out: list[str] = []
+        for n in range(0, len(text), 3):  # LLM-sized deltas
+            out += splitter.push(text[n : n + 3])
+        return out + splitter.flush()
+
+    answer = "The best breakfast for a spider would be a meal made from a combination of food that they eat. Yes."
+    assert pieces(answer, 4, 8) == [
+        "The best breakfast for a spider would be a meal made",  # "for" comes before 8 words
+        "from a combination of food that they eat.",
+        "Yes.",
+    ]
+    assert pieces(answer, 4, 0)[0] == answer[: answer.index(" Yes.")]
+    assert pieces(answer, 4, 12)[0] == "The best breakfast for a spider would be a meal made from a combination of food"
+    assert pieces("A spider has eight legs, which is one of only two.", 4, 3)[0] == "A spider has eight legs,"
+    assert pieces("Bees make honey. They also make wax from it.", 4, 2) == [
+        "Bees make honey.",
+        "They also make wax from it.",
+    ]
+
+
 def test_a_conversation_may_start_speaking_at_its_first_clause() -> None:
     def pieces(text: str, words: int) -> list[str]:
         splitter = SentenceSplitter(first_clause_words=words)

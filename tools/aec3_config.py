@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import shutil
 import subprocess
 import sys
@@ -202,9 +203,10 @@ class TunedCanceller(EchoCanceller):
 # --- barge-in under double talk -------------------------------------------------------------------
 
 
-def double_talk(
-    make: Callable[[], EchoCanceller], level_db: float, margin_db: float, removed_db: float, tail_ms: float
-) -> dict[str, Any]:
+@functools.cache
+def _material() -> tuple[list[tuple[np.ndarray, np.ndarray, list[int], float]], list[tuple[str, np.ndarray, str]]]:
+    """What every row replays, made once: per device (reference, microphone of the echo alone, where
+    each answer's echo begins, the third answer's echo RMS), and the people."""
     import echo_leaks
 
     from tests.conftest import synthesize
@@ -212,15 +214,26 @@ def double_talk(
     from tests.human_speech import default_dir, load_clips
 
     answers = [synthesize(echo_leaks.TEXTS[i]).audio16k.astype(np.float32) for i in range(3)]
-    people = load_clips(default_dir(), PEOPLE)
-
-    heard, leaks, wers, missed = [], 0, [], 0
+    devices = []
     for delay_ms, gain, seed in echo_leaks.DEVICES:
         reference, echo_mic, echo_at = echoing_device(answers, delay_ms, gain, seed, 1.5)
-        third = echo_mic[echo_at[2] : echo_at[2] + answers[2].size]
+        devices.append((reference, echo_mic, echo_at, rms(echo_mic[echo_at[2] : echo_at[2] + answers[2].size])))
+    return devices, load_clips(default_dir(), PEOPLE)
+
+
+def double_talk(
+    make: Callable[[], EchoCanceller], level_db: float, margin_db: float, removed_db: float, tail_ms: float
+) -> dict[str, Any]:
+    import echo_leaks
+
+    from tests.echo_room import rms
+
+    devices, people = _material()
+    heard, leaks, wers, missed = [], 0, [], 0
+    for reference, echo_mic, echo_at, third in devices:
         for _, person, text in people:
             onset = echo_at[2] + int(ONSET_S * RATE)
-            near = person / rms(person) * rms(third) * 10 ** (level_db / 20)
+            near = person / rms(person) * third * 10 ** (level_db / 20)
             end = min(echo_mic.size, onset + near.size)
             mic = echo_mic.copy()
             mic[onset:end] += near[: end - onset]

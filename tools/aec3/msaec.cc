@@ -32,29 +32,32 @@ struct Handle {
   bool linear = false;
 };
 
+// One of the suppressor's two tunings (near-end state "nt.", normal "no."): k without its prefix.
+bool set_tuning(webrtc::EchoCanceller3Config::Suppressor::Tuning& t, const std::string& k, float v) {
+  auto& m = k.compare(0, 3, "lf.") == 0 ? t.mask_lf : t.mask_hf;
+  const std::string field = k.size() > 3 ? k.substr(3) : "";
+  if (k.compare(0, 3, "lf.") == 0 || k.compare(0, 3, "hf.") == 0) {
+    if (field == "enr_transparent") m.enr_transparent = v;
+    else if (field == "enr_suppress") m.enr_suppress = v;
+    else if (field == "emr_transparent") m.emr_transparent = v;
+    else return false;
+  } else if (k == "max_inc_factor") t.max_inc_factor = v;
+  else if (k == "max_dec_factor_lf") t.max_dec_factor_lf = v;
+  else return false;
+  return true;
+}
+
 bool set(webrtc::EchoCanceller3Config& c, const std::string& k, float v) {
   auto& s = c.suppressor;
   auto& dn = s.dominant_nearend_detection;
+  if (k.compare(0, 3, "nt.") == 0) return set_tuning(s.nearend_tuning, k.substr(3), v);
+  if (k.compare(0, 3, "no.") == 0) return set_tuning(s.normal_tuning, k.substr(3), v);
   if (k == "dn.enr_threshold") dn.enr_threshold = v;
   else if (k == "dn.enr_exit_threshold") dn.enr_exit_threshold = v;
   else if (k == "dn.snr_threshold") dn.snr_threshold = v;
   else if (k == "dn.hold_duration") dn.hold_duration = (int)v;
   else if (k == "dn.trigger_threshold") dn.trigger_threshold = (int)v;
   else if (k == "dn.use_during_initial_phase") dn.use_during_initial_phase = v != 0;
-  else if (k == "nt.lf.enr_transparent") s.nearend_tuning.mask_lf.enr_transparent = v;
-  else if (k == "nt.lf.enr_suppress") s.nearend_tuning.mask_lf.enr_suppress = v;
-  else if (k == "nt.lf.emr_transparent") s.nearend_tuning.mask_lf.emr_transparent = v;
-  else if (k == "nt.hf.enr_transparent") s.nearend_tuning.mask_hf.enr_transparent = v;
-  else if (k == "nt.hf.enr_suppress") s.nearend_tuning.mask_hf.enr_suppress = v;
-  else if (k == "nt.hf.emr_transparent") s.nearend_tuning.mask_hf.emr_transparent = v;
-  else if (k == "nt.max_inc_factor") s.nearend_tuning.max_inc_factor = v;
-  else if (k == "nt.max_dec_factor_lf") s.nearend_tuning.max_dec_factor_lf = v;
-  else if (k == "no.lf.enr_transparent") s.normal_tuning.mask_lf.enr_transparent = v;
-  else if (k == "no.lf.enr_suppress") s.normal_tuning.mask_lf.enr_suppress = v;
-  else if (k == "no.lf.emr_transparent") s.normal_tuning.mask_lf.emr_transparent = v;
-  else if (k == "no.hf.enr_transparent") s.normal_tuning.mask_hf.enr_transparent = v;
-  else if (k == "no.hf.enr_suppress") s.normal_tuning.mask_hf.enr_suppress = v;
-  else if (k == "no.hf.emr_transparent") s.normal_tuning.mask_hf.emr_transparent = v;
   else if (k == "ep.default_len") c.ep_strength.default_len = v;
   else if (k == "ep.nearend_len") c.ep_strength.nearend_len = v;
   else if (k == "ep.default_gain") c.ep_strength.default_gain = v;

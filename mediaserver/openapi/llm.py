@@ -78,6 +78,11 @@ _USAGE = {
         "prompt_tokens": {"type": "integer"},
         "completion_tokens": {"type": "integer"},
         "total_tokens": {"type": "integer"},
+        "prompt_tokens_details": {
+            "type": "object",
+            "description": "present when the engine reports it: prompt tokens its prompt cache already held",
+            "properties": {"cached_tokens": {"type": "integer"}},
+        },
     },
 }
 _CHAT_REQUEST = {

@@ -75,6 +75,23 @@ async def test_completion_is_deterministic_with_usage(client: openai.AsyncOpenAI
     )
     assert again.choices[0].message.content == COLORS_ANSWER
     assert again.model == "smollm2-135m-instruct"  # the alias answers with the default model
+    # A seeded request is read from scratch (the same seed, the same answer), and its usage says so.
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens == 0, again.usage
+
+
+async def test_a_prompt_sent_again_reports_the_tokens_its_cache_held(client: openai.AsyncOpenAI) -> None:
+    """OpenAI's ``usage.prompt_tokens_details.cached_tokens``: what the engine's prompt cache gave."""
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three animals on a farm."}]
+    usages = []
+    for _ in range(2):
+        answer = await client.chat.completions.create(
+            model="smollm2-135m-instruct", messages=messages, temperature=0, max_tokens=20
+        )
+        assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+        usages.append(answer.usage)
+    cached = usages[1].prompt_tokens_details.cached_tokens if usages[1].prompt_tokens_details else None
+    assert cached is not None and usages[1].prompt_tokens // 2 <= cached < usages[1].prompt_tokens, usages
 
 
 async def test_stream_matches_the_completion_and_reports_usage(client: openai.AsyncOpenAI) -> None:

@@ -156,6 +156,25 @@ async def test_sdk_text_turn(conv_server: LiveServer) -> None:
     assert response.usage.output_tokens > 0 and response.usage.input_tokens > 0
     assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
 
+    # A second response over the same conversation: its prompt starts with the first one's, which the
+    # engine's prompt cache holds, and the usage says so (it used to say 0 whatever the cache held).
+    async with sdk(conv_server).realtime.connect(model="gpt-realtime") as connection:
+        await until(connection, "session.created")
+        await connection.session.update(
+            session={**TEXT_ONLY, "instructions": VOICE_SETTINGS["assistant_system_prompt"]}
+        )
+        await until(connection, "session.updated")
+        for turn in ("turn-1", "turn-2"):
+            await connection.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}
+            )
+            await connection.response.create(response={"metadata": {"client_event_id": turn}})
+            usage = (await until(connection, "response.done"))[-1].response.usage
+        details = usage.input_token_details
+        assert details is not None and details.cached_tokens is not None and details.cached_tokens_details is not None
+        assert usage.input_tokens // 2 <= details.cached_tokens < usage.input_tokens, usage
+        assert details.cached_tokens_details.text_tokens == details.cached_tokens
+
 
 async def test_realtime_max_items_forgets_the_oldest_items(server_factory: Callable[..., Any]) -> None:
     short: LiveServer = await server_factory(**VOICE_SETTINGS, realtime_max_items=2)

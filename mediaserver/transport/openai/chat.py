@@ -159,15 +159,18 @@ def parse_chat(body: Any) -> tuple[_ChatBody, list[ChatMessage], GenerationParam
 
 
 # --- chat completions --------------------------------------------------------------------------
-def _usage_json(stream: LlmStream) -> dict[str, int] | None:
+def _usage_json(stream: LlmStream) -> dict[str, Any] | None:
     usage = stream.usage
     if usage is None:
         return None
-    return {
+    result: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
     }
+    if usage.cached_tokens is not None:  # the engine said how much of the prompt its cache held
+        result["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
+    return result
 
 
 def _finish(stream: LlmStream) -> str:

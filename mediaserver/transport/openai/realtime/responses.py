@@ -47,6 +47,7 @@ class Response:
 def usage_of(usage: Usage | None) -> dict[str, Any]:
     prompt = usage.prompt_tokens if usage is not None else 0
     completion = usage.completion_tokens if usage is not None else 0
+    cached = (usage.cached_tokens or 0) if usage is not None else 0  # from the engine's prompt cache
     return {
         "total_tokens": prompt + completion,
         "input_tokens": prompt,
@@ -55,8 +56,8 @@ def usage_of(usage: Usage | None) -> dict[str, Any]:
             "text_tokens": prompt,
             "audio_tokens": 0,
             "image_tokens": 0,
-            "cached_tokens": 0,
-            "cached_tokens_details": {"text_tokens": 0, "audio_tokens": 0, "image_tokens": 0},
+            "cached_tokens": cached,
+            "cached_tokens_details": {"text_tokens": cached, "audio_tokens": 0, "image_tokens": 0},
         },
         "output_token_details": {"text_tokens": completion, "audio_tokens": 0},
     }

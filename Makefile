@@ -71,8 +71,12 @@ $(VENV)/.installed-dev: $(VENV)/.installed $(VENV)/.llama-server tests/human_spe
 	$(PY) -m tests.human_speech --fetch
 	touch $@
 
+# Two test processes, each with its own models and engines, whole modules apiece (a module's server
+# is shared by its tests): most tests wait on audio paced in real time, so two take ~17 minutes on
+# 2 cores where one takes ~28. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: setup-dev
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: setup-dev
 	$(VENV)/bin/ruff check .

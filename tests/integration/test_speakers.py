@@ -328,7 +328,9 @@ async def test_the_voice_loop_says_an_enrolled_speakers_name_in_its_first_answer
         other = await answer("Oswin", "What color is the sky?")
         assert names(" ".join(other.split()[:8]), "Oswin"), other
         unknown = await answer(None, "How many legs does a cat have?")
-        assert not unknown.startswith("Hi "), unknown
+        # No greeting: the server's names an enrolled speaker (the model's own words may say "Hi Alex.",
+        # copying the greetings earlier in the conversation; seen once).
+        assert not unknown.startswith(("Hi Maribel", "Hi Oswin")), unknown
     finally:
         await helper.aclose()
     # What was said is what the history keeps: the greeting is part of the answer heard.

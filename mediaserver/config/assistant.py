@@ -109,11 +109,12 @@ class AssistantSettings(BaseModel):
         description="speak the answer's first clause (at a comma) once it has this many words; 0 = whole sentences",
     )
     assistant_first_phrase_words: int = Field(
-        0,
+        8,
         ge=0,
         description="speak the answer's first sentence, when it has no clause mark by this many words, up to the "
         "next word that starts a phrase ('and', 'which', 'with', 'from' ...: tts/text.py), so a long first sentence "
-        "does not hold back the first audio; 0 = off (tools/README.md: bench_voice_loop.py)",
+        "does not hold back the first audio (a 0.1 s break there: tools/phrase_cut_pitch.py); 0 = whole first "
+        "sentences (tools/README.md: bench_voice_loop.py)",
     )
     assistant_greeting: str = Field(
         "Hi {name}.",

@@ -37,6 +37,7 @@ from typing import Any
 from mediaserver.assistant.audio_out import AudioOut, played_text
 from mediaserver.assistant.greeting import Greeting
 from mediaserver.assistant.history import History
+from mediaserver.assistant.prompt import CHARS_PER_TOKEN, build_prompt
 from mediaserver.assistant.prompt_fit import fit
 from mediaserver.assistant.speaker_context import current_speaker
 from mediaserver.assistant.speaker_tools import gated
@@ -59,7 +60,6 @@ from mediaserver.events import (
     SessionEvent,
 )
 from mediaserver.llm.generation import LlmStream
-from mediaserver.llm.prompt_size import message_bytes, prompt_bytes
 from mediaserver.llm.service import LlmService
 from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.metrics import Metrics
@@ -69,7 +69,6 @@ from mediaserver.tts.types import SynthesisParams
 log = logging.getLogger(__name__)
 
 Emit = Callable[[SessionEvent], Awaitable[None]]
-CHARS_PER_TOKEN = 4  # the history budget is estimated in characters: no tokenizer is needed for it
 
 
 class Assistant:
@@ -185,40 +184,8 @@ class Assistant:
         self._history.record_user(user_text, self.speaker, self._max_joined_chars)
 
     def prompt(self, context: Sequence[ChatMessage], options: AssistantOptions | None = None) -> list[ChatMessage]:
-        """The system prompt, then the last message of ``context`` and as many before it as the
-        history budget allows (whole turns: the kept history never starts with an answer).
-
-        The budget counts what is sent: the system prompt, the tools' schemas, each message's text,
-        calls and template markers (``prompt_size``), at ``CHARS_PER_TOKEN``. It is an estimate; the
-        turn then fits the prompt to the model's limit exactly (``prompt_fit``)."""
-        options = options or self.options
-        # Always a system prompt: a small model without one wanders (an empty one means the default).
-        prompt = options.system_prompt.strip() or self.settings.assistant_system_prompt
-        if self.speaker is not None:
-            prompt += f"\nThe person speaking to you is {self.speaker}."
-        system = [ChatMessage("system", prompt)]
-        if not context:
-            return system
-        *earlier, last = context
-        tools = options.tools
-        toolbox = gated(self.toolbox, self.settings.speaker_tools, self.speaker)
-        if tools is None and toolbox is not None:
-            tools = ToolRounds.config(toolbox, "auto")
-        sent = prompt_bytes([*system, last], tools)
-        budget = options.history_tokens * CHARS_PER_TOKEN - sent
-        kept: list[ChatMessage] = []
-        turns = 0
-        for message in reversed(earlier):
-            if message.role == "user":
-                turns += 1
-            size = message_bytes(message)
-            if turns > options.history_turns or budget - size < 0:
-                break
-            budget -= size
-            kept.append(message)
-        while kept and kept[-1].role != "user":  # never start the kept history mid-turn
-            kept.pop()
-        return [*system, *reversed(kept), last]
+        """The system prompt and as much of ``context`` as the history budget allows (prompt.py)."""
+        return build_prompt(context, options or self.options, self.settings, self.speaker, self.toolbox)
 
     # --- turns --------------------------------------------------------------------------------
 

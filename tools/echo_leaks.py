@@ -8,13 +8,15 @@ synthetic room (RT60 0.2 s, seeded as the tests seed it) into the microphone, 15
 0.7, with a -60 dBFS noise floor; ``--rooms`` more devices vary the delay (60-300 ms), the gain
 (0.4-1.2) and the room's seed. A fresh ``mediaserver.audio.echo.EchoCanceller`` per device cleans
 the microphone in 20 ms pieces and the server's own segmenter (``VadSegmenter``: webrtcvad mode 3,
-30 ms frames, 3 voiced of 5 start an utterance) takes them as a stream would, once without a gate
-and once with ``SpeechGate`` (``--margin-db``: 20, the setting being off by default; ``--tail-ms``,
-``--removed-db``: the settings' defaults). Each speech
+30 ms frames, 3 voiced of 5 start an utterance) takes them as a stream would, without a gate, with
+``SpeechGate`` over the whole echo, and with the server's default gate (held over a fresh
+canceller's first ``--hold-s``, then only while it converges, ``--converge-s``, and for
+``--onset-ms`` into each answer's echo; ``--margin-db``, ``--tail-ms``, ``--removed-db``: all the
+settings' defaults). Each speech
 start during an answer's echo is one the echo would cut with barge-in on (no person speaks here).
 
 Printed: each speech start of the tests' device, the answer it falls in and how far into that
-answer's echo; then the count per answer and device, without and with the gate. It measures how
+answer's echo; then the count per answer and device, per gate. It measures how
 long AEC3 leaks on a fresh stream (issue #37's "first second") and what the gate keeps out.
 
     python tools/echo_leaks.py [--answers 4] [--rooms 8] [--plot PNG]
@@ -72,6 +74,9 @@ def speech_starts(
     removed_db: float,
     ends: list[float] | None = None,
     canceller: EchoCanceller | None = None,
+    converge_s: float = 0.0,
+    onset_ms: float = 0.0,
+    hold_s: float = 0.0,
 ) -> tuple[list[float], np.ndarray]:
     """(speech starts in s, the canceller's output): a stream's canceller and segmenter, gated or not
     (``ends``: a list given gets where each utterance ended, in s of the stream; ``canceller``: a
@@ -83,7 +88,9 @@ def speech_starts(
     canceller.played(reference, 0)
     segmenter = VadSegmenter()
     if margin_db > 0:
-        segmenter.gate = SpeechGate(canceller, margin_db, tail_ms, removed_db)
+        segmenter.gate = SpeechGate(
+            canceller, margin_db, tail_ms, removed_db, converge_s=converge_s, onset_ms=onset_ms, hold_s=hold_s
+        )
     starts, out = [], []
     for i in range(0, mic.size, PIECE):
         cleaned = canceller.process(mic[i : i + PIECE])
@@ -106,47 +113,75 @@ def per_answer(starts: list[float], echo_from: list[float]) -> list[int]:
     return counts
 
 
-def barge_ins(margin_db: float, tail_ms: float, removed_db: float) -> None:
+Variant = tuple[str, float, float, float, float]  # (label, margin dB, converge s, onset ms, hold s)
+
+
+def variants(margin_db: float, converge_s: float, onset_ms: float, hold_s: float) -> list[Variant]:
+    """No gate; the gate over the whole echo; the server's default (a hold, then converging and onsets)."""
+    return [
+        ("no gate", 0.0, 0.0, 0.0, 0.0),
+        ("whole echo", margin_db, 0.0, 0.0, 0.0),
+        (
+            f"hold {hold_s:g} s, converging {converge_s:g} s, onsets {onset_ms:g} ms",
+            margin_db,
+            converge_s,
+            onset_ms,
+            hold_s,
+        ),
+    ]
+
+
+def barge_ins(gates: list[Variant], tail_ms: float, removed_db: float) -> None:
     """The harder rooms of tools/bench_echo.py (17 sessions of 3 answers, RT60 0.3 s, 20-300 ms, the
     delay jumping in every other one; real human recordings barging in during the last answer of two
-    sessions in three), without and with the gate: speech starts in the echo before any person
-    speaks, and how soon a person barging in starts an utterance (when the segmenter triggers)."""
+    sessions in three), per gate: speech starts in the echo before any person speaks, and how soon a
+    person barging in starts an utterance (when the segmenter triggers)."""
     sys.path.insert(0, str(REPO / "tools"))
     import bench_echo
 
     from tests.echo_room import ACTIVE_RMS
 
-    heard: dict[str, list[float]] = {"off": [], "gate": []}
-    joined = {"off": 0, "gate": 0}
-    leaks = {"off": [0, 0], "gate": [0, 0]}  # (constant delay, delay jumps)
+    heard: dict[str, list[float]] = {label: [] for label, *_ in gates}
+    joined = dict.fromkeys(heard, 0)
+    leaks = {label: [0, 0] for label in heard}  # (constant delay, delay jumps)
     for trial, jump in bench_echo.sessions(51, 37):
         first_echo = int(np.argmax(np.abs(trial.reference) > 0.01)) / RATE
         person = trial.barge_at is not None
         onset = int(np.argmax(np.abs(trial.near) > ACTIVE_RMS)) / RATE if person else float("inf")
-        for key, margin in (("off", 0.0), ("gate", margin_db)):
+        for label, margin, converge_s, onset_ms, hold_s in gates:
             ends: list[float] = []
-            starts, _ = speech_starts(trial.reference, trial.mic, margin, tail_ms, removed_db, ends)
-            leaks[key][jump] += sum(1 for t in starts if first_echo <= t < onset - 0.1)
+            starts, _ = speech_starts(
+                trial.reference,
+                trial.mic,
+                margin,
+                tail_ms,
+                removed_db,
+                ends,
+                converge_s=converge_s,
+                onset_ms=onset_ms,
+                hold_s=hold_s,
+            )
+            leaks[label][jump] += sum(1 for t in starts if first_echo <= t < onset - 0.1)
             if not person:
                 continue
             before = [t for t in starts if t < onset - 0.1]
             if before and not [e for e in ends if before[-1] < e <= onset]:
-                joined[key] += 1  # a leak's utterance was under way: barge-in had already cut the answer
+                joined[label] += 1  # a leak's utterance was under way: barge-in had already cut the answer
                 continue
             after = [t for t in starts if t >= onset - 0.1]
-            heard[key].append(after[0] - onset if after else float("inf"))
-    for key, label in (("off", "no gate"), ("gate", "with the gate")):
+            heard[label].append(after[0] - onset if after else float("inf"))
+    for label in heard:
         print(
-            f"harder rooms, {label}: {sum(leaks[key])} speech starts in the echo before anyone spoke "
-            f"({leaks[key][0]} in the 9 sessions with a constant delay, {leaks[key][1]} in the 8 whose delay jumps)"
+            f"harder rooms, {label}: {sum(leaks[label])} speech starts in the echo before anyone spoke "
+            f"({leaks[label][0]} in the 9 sessions with a constant delay, {leaks[label][1]} in the 8 whose delay jumps)"
         )
-    for key, label in (("off", "no gate"), ("gate", "with the gate")):
-        values = np.array(heard[key])
+    for label in heard:
+        values = np.array(heard[label])
         found = values[np.isfinite(values)]
         print(
             f"person barging in, {label}: speech start {np.median(found):.2f} s median, "
             f"{np.quantile(found, 0.9):.2f} s p90, {found.max():.2f} s max after they begin; "
-            f"not heard {int((~np.isfinite(values)).sum())}; {joined[key]} more joined an utterance a leak "
+            f"not heard {int((~np.isfinite(values)).sum())}; {joined[label]} more joined an utterance a leak "
             f"had started (the answer already cut)"
         )
 
@@ -159,11 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answers", type=int, default=4)
     parser.add_argument("--rooms", type=int, default=len(DEVICES), help="simulated devices (the tests' first)")
     parser.add_argument("--pause-s", type=float, default=1.5)
-    parser.add_argument(  # the setting is off (0) by default; 20 is what was measured
+    parser.add_argument(
         "--margin-db", type=float, default=defaults.echo_speech_gate_db or 20.0, help="the gate's echo_speech_gate_db"
     )
     parser.add_argument("--tail-ms", type=float, default=defaults.echo_speech_gate_tail_ms)
     parser.add_argument("--removed-db", type=float, default=defaults.echo_speech_gate_removed_db)
+    parser.add_argument("--converge-s", type=float, default=defaults.echo_speech_gate_converge_s or 6.0)
+    parser.add_argument("--onset-ms", type=float, default=defaults.echo_speech_gate_onset_ms)
+    parser.add_argument("--hold-s", type=float, default=defaults.echo_speech_gate_hold_s)
     parser.add_argument("--noise-dbfs", type=float, default=-60.0, help="the microphone's noise floor")
     parser.add_argument("--plot", type=Path)
     parser.add_argument(
@@ -178,27 +216,39 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.answers} answers per device, pause {args.pause_s} s; gate {args.margin_db} dB over the floor, "
         f"{args.tail_ms:.0f} ms tail, under {args.removed_db} dB removed"
     )
-    print(f"{'device':>24s}  {'speech starts per answer, no gate':>34s}  {'with the gate':>14s}")
-    totals = {"off": np.zeros(args.answers, int), "gate": np.zeros(args.answers, int)}
+    gates = variants(args.margin_db, args.converge_s, args.onset_ms, args.hold_s)
+    print(f"{'device':>24s}  speech starts per answer: " + " / ".join(label for label, *_ in gates))
+    totals = {label: np.zeros(args.answers, int) for label, *_ in gates}
     shown = None
     for n, (delay_ms, gain, seed) in enumerate(DEVICES[: args.rooms]):
         reference, mic, echo_at = echoing_device(
             answers, delay_ms, gain, seed, args.pause_s, noise_rms=10 ** (args.noise_dbfs / 20)
         )
         echo_from = [at / RATE for at in echo_at]
-        off, out = speech_starts(reference, mic, 0.0, args.tail_ms, args.removed_db)
-        gated, _ = speech_starts(reference, mic, args.margin_db, args.tail_ms, args.removed_db)
-        counts_off, counts_gate = per_answer(off, echo_from), per_answer(gated, echo_from)
-        totals["off"] += counts_off
-        totals["gate"] += counts_gate
+        found: dict[str, list[float]] = {}
+        out = np.zeros(0, np.float32)
+        for label, margin, converge_s, onset_ms, hold_s in gates:
+            starts, cleaned = speech_starts(
+                reference,
+                mic,
+                margin,
+                args.tail_ms,
+                args.removed_db,
+                converge_s=converge_s,
+                onset_ms=onset_ms,
+                hold_s=hold_s,
+            )
+            found[label] = starts
+            out = cleaned if margin == 0 else out
+            totals[label] += per_answer(starts, echo_from)
         name = f"{delay_ms} ms, gain {gain}, room {seed}"
-        print(f"{name:>24s}  {counts_off!s:>34s}  {counts_gate!s:>14s}")
+        print(f"{name:>24s}  " + " / ".join(str(per_answer(found[label], echo_from)) for label, *_ in gates))
         if n == 0:
-            shown = (mic, out, echo_from, off, gated)
-    print(f"{'all':>24s}  {totals['off'].tolist()!s:>34s}  {totals['gate'].tolist()!s:>14s}")
-    print(f"speech starts in the echo: {totals['off'].sum()} without the gate, {totals['gate'].sum()} with it")
+            shown = (mic, out, echo_from, found[gates[0][0]], found[gates[-1][0]])
+    print(f"{'all':>24s}  " + " / ".join(str(totals[label].tolist()) for label, *_ in gates))
+    print("speech starts in the echo: " + ", ".join(f"{label} {totals[label].sum()}" for label, *_ in gates))
     if args.barge_ins:
-        barge_ins(args.margin_db, args.tail_ms, args.removed_db)
+        barge_ins(gates, args.tail_ms, args.removed_db)
     if args.plot and shown is not None:
         plot(args.plot, answers, *shown)
         print(f"plot: {args.plot}")
@@ -225,7 +275,9 @@ def plot(path: Path, answers: list[np.ndarray], mic, out, echo_from, off, gated)
     for k, t0 in enumerate(echo_from):
         ax.axvspan(t0, t0 + answers[k].size / RATE, color="#2ca02c", alpha=0.08)
     ax.set_ylim(-80, 0)
-    ax.set_xlabel("s (green: an answer's echo; red: a speech start without the gate; black dashed: with it)")
+    ax.set_xlabel(
+        "s (green: an answer's echo; red: a speech start without the gate; black dashed: with the default gate)"
+    )
     ax.set_ylabel("dBFS per 30 ms")
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title("Where AEC3 lets a speech start through on a fresh stream, the tests' device (tools/echo_leaks.py)")

@@ -74,6 +74,7 @@ class EchoCanceller:
         self._removed: deque[tuple[float, float]] = deque(maxlen=MEASURE_FRAMES)  # (mic, output) mean square
         self._processed_to = 0  # stream clock at the end of the audio put out so far
         self._reference_to: int | None = None  # ... and at the end of the last reference frame with sound
+        self._sound_frames = 0  # 10 ms frames of reference with sound processed since the reset
 
     @property
     def since_reference_ms(self) -> float | None:
@@ -83,6 +84,12 @@ class EchoCanceller:
         if self._reference_to is None:
             return None
         return max(0, self._processed_to - self._reference_to) * 1000.0 / SAMPLE_RATE_HZ
+
+    @property
+    def reference_heard_s(self) -> float:
+        """Seconds of answer audio with sound in it that the canceller has processed since its reset:
+        how far its filter has had the chance to converge."""
+        return self._sound_frames * FRAME_SAMPLES / SAMPLE_RATE_HZ
 
     @property
     def position(self) -> int:
@@ -144,9 +151,11 @@ class EchoCanceller:
             return frames.copy()
         reference = self._take_reference(start, usable)
         self._processed_to = start + usable
-        sound = np.flatnonzero(np.abs(reference) > REFERENCE_SOUND)
+        loud = np.abs(reference) > REFERENCE_SOUND
+        sound = np.flatnonzero(loud)
         if sound.size:
             self._reference_to = start + int(sound[-1]) + 1
+            self._sound_frames += int(np.count_nonzero(loud.reshape(-1, FRAME_SAMPLES).any(axis=1)))
         out = np.asarray(self._aec.process(np.ascontiguousarray(frames), reference), np.float32)
         self._measure(frames, out)
         return out
@@ -222,17 +231,41 @@ class SpeechGate:
     heard for long enough was tried as a way round that (300 ms of 450): it let the converging
     canceller's leaks cut the first answer again in 4 of 9 live runs. Outside the echo every frame
     counts, as without a canceller.
+
+    ``converge_s`` above 0 holds the gate only where the leaks are: while the canceller has heard
+    less than that much answer audio (``EchoCanceller.reference_heard_s``: it is converging), and
+    for ``onset_ms`` into each answer's echo after a quiet stretch (where the delay may have moved).
+    Elsewhere a person under a louder echo barges in as without the gate. 0: the whole echo.
+
+    ``hold_s``: over a fresh canceller's first seconds of answer audio nothing in the echo starts an
+    utterance. Live, AEC3 took nothing out of the first answer's first words (0-4 dB removed, at
+    -17 to -22 dBFS: as loud and as kept as a person) until it had heard 1.5-2.5 s of it; a person
+    speaking then starts their utterance once that has passed.
     """
 
     FLOOR_S: Final = 2.0
     FLOOR_MIN_DBFS: Final = -60.0
 
-    def __init__(self, canceller: EchoCanceller, margin_db: float, tail_ms: float, removed_db: float) -> None:
+    def __init__(
+        self,
+        canceller: EchoCanceller,
+        margin_db: float,
+        tail_ms: float,
+        removed_db: float,
+        *,
+        converge_s: float = 0.0,
+        onset_ms: float = 0.0,
+        hold_s: float = 0.0,
+    ) -> None:
         self.canceller = canceller
         self.margin_db = margin_db
         self.tail_ms = tail_ms
         self.removed_db = removed_db
+        self.converge_s = converge_s
+        self.onset_ms = onset_ms
+        self.hold_s = hold_s
         self._levels: deque[float] = deque()
+        self._echo_ms = 0.0  # how far into the current stretch of echo (0: outside the echo)
 
     def __call__(self, frame: AudioArray, after: int = 0) -> bool:
         """Whether this frame (the segmenter's, cut from the canceller's output) may count towards a
@@ -245,7 +278,17 @@ class SpeechGate:
             self._levels.popleft()
         since = self.canceller.since_reference_ms  # (at the end of the canceller's output, ``after`` past the frame)
         if since is None or since - after * 1000.0 / SAMPLE_RATE_HZ > self.tail_ms:
+            self._echo_ms = 0.0
             return True
+        self._echo_ms += frame_ms
+        if self.canceller.reference_heard_s < self.hold_s:
+            return False  # AEC3 has not found the echo yet: it passes it whole, as loud as a person
+        if (
+            self.converge_s > 0
+            and self.canceller.reference_heard_s >= self.converge_s
+            and self._echo_ms > self.onset_ms
+        ):
+            return True  # converged, and past this answer's first syllables
         floor = max(min(self._levels), self.FLOOR_MIN_DBFS)
         if level < floor + self.margin_db:
             return False

@@ -107,8 +107,9 @@ class StreamSettings(BaseModel):
         "off",
         description="server-side echo cancellation of the spoken answers (docs/echo.md) on a device WebSocket or "
         "Realtime WebSocket stream that does not set echo_cancellation: auto = on where the server speaks its "
-        "answers; experimental, so off: without the speech gate its leaks while it converges cut the first answer, "
-        "with it a person under a louder echo cannot barge in (docs/echo.md)",
+        "answers; experimental, so off: a device that cancels its own echo and does not say so would get AEC3 on "
+        "top of it (its speech gate holds barge-in over the first answer's first seconds), and a person under a "
+        "louder echo is heard late or in part (docs/echo.md)",
     )
     rtc_echo_cancellation_default: Literal["auto", "on", "off"] = Field(
         "off",
@@ -117,12 +118,32 @@ class StreamSettings(BaseModel):
         "canceller on top of theirs delays barge-in; a client without one asks for on",
     )
     echo_speech_gate_db: float = Field(
-        0.0,
+        20.0,
         ge=0,
-        description="with the server's echo canceller on a stream: while its answer's echo can be arriving, only "
-        "audio this far above the canceller output's floor (dB) starts an utterance, so what AEC3 leaks while it "
-        "converges does not cut the answer (tools/echo_leaks.py; 20 measured); 0 = off, the default: it also holds "
-        "back a person speaking under a louder echo (docs/echo.md, the speech gate)",
+        description="with the server's echo canceller on a stream: while its answer's echo can be arriving (and the "
+        "canceller converging: echo_speech_gate_converge_s), only audio this far above the canceller output's floor "
+        "(dB) starts an utterance, so what AEC3 leaks does not cut the answer (tools/echo_leaks.py); 0 = off (it also "
+        "holds back a person speaking under a louder echo: docs/echo.md, the speech gate)",
+    )
+    echo_speech_gate_converge_s: float = Field(
+        6.0,
+        ge=0,
+        description="... only until the stream's canceller has heard this many seconds of answer audio (it converges "
+        "over about one answer, where most leaks are), and then for echo_speech_gate_onset_ms into each answer; "
+        "0 = over the whole echo of every answer",
+    )
+    echo_speech_gate_hold_s: float = Field(
+        2.0,
+        ge=0,
+        description="... and until a fresh canceller has heard this many seconds of answer audio, nothing in the "
+        "echo starts an utterance: AEC3 passes the first words' echo whole until it has found it (1.5-2.5 s seen "
+        "live; docs/echo.md); a person speaking then is heard once it has passed; 0 = no hold",
+    )
+    echo_speech_gate_onset_ms: int = Field(
+        500,
+        ge=0,
+        description="... the start of each answer's echo (after echo_speech_gate_tail_ms without any) that the gate "
+        "still holds once the canceller has converged: the echo's delay may have moved",
     )
     echo_speech_gate_tail_ms: int = Field(
         600,

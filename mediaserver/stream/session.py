@@ -220,6 +220,9 @@ class StreamSession:
                 margin,
                 self.settings.echo_speech_gate_tail_ms,
                 self.settings.echo_speech_gate_removed_db,
+                converge_s=self.settings.echo_speech_gate_converge_s,
+                onset_ms=self.settings.echo_speech_gate_onset_ms,
+                hold_s=self.settings.echo_speech_gate_hold_s,
             )
 
     async def feed(self, samples: AudioArray) -> None:

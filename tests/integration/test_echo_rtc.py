@@ -145,10 +145,14 @@ async def test_with_echo_cancellation_the_answer_is_not_heard_as_the_user(
     seen: list[dict[str, Any]] = []
 
     async def until(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-        async with asyncio.timeout(timeout_s):
-            while not check():
-                with contextlib.suppress(TimeoutError):
-                    seen.append(await peer.next(timeout=0.1))
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not check():
+                    with contextlib.suppress(TimeoutError):
+                        seen.append(await peer.next(timeout=0.1))
+        except TimeoutError:
+            story = [(m["type"], m["obj"].get("text") or m["obj"].get("full") or m["obj"]) for m in seen]
+            raise AssertionError(f"waited {timeout_s} s; the session said: {story}") from None
 
     try:
         track.play(speech("What do cows eat?"), silence_after_s=0.5)

@@ -318,6 +318,36 @@ def test_the_speech_gate_tail_is_a_setting() -> None:
     assert not gate(soft, after=RATE // 5)  # a frame that ended 0.2 s before the canceller's latest
 
 
+def test_the_speech_gate_holds_while_the_canceller_is_fresh_then_only_while_it_converges_and_at_onsets() -> None:
+    """``hold_s``, ``converge_s`` and ``onset_ms`` (echo_speech_gate_hold_s / _converge_s / _onset_ms,
+    at other values than their defaults 2, 6 and 500): before the canceller has heard ``hold_s`` of
+    answer audio nothing in the echo counts, however loud; then the level rule holds until it has
+    heard ``converge_s``, and after that only for ``onset_ms`` into each stretch of echo."""
+    ec = EchoCanceller()
+    floor, loud = np.full(480, 1e-3, np.float32), np.full(480, 0.05, np.float32)  # -60 and -26 dBFS
+    ec.played(np.full(4 * RATE, 0.1, np.float32), at_sample=0)  # four seconds of answer
+    ec.process(np.zeros(RATE, np.float32))
+    assert ec.reference_heard_s == pytest.approx(1.0)
+
+    held = SpeechGate(ec, margin_db=20.0, tail_ms=600.0, removed_db=100.0, converge_s=3.0, hold_s=1.5)
+    assert not held(floor) and not held(loud)  # fresh: a person as loud as this waits
+    shorter = SpeechGate(ec, margin_db=20.0, tail_ms=600.0, removed_db=100.0, converge_s=3.0, hold_s=0.5)
+    assert not shorter(floor) and shorter(loud)  # (the level rule: 34 dB above the floor it has seen)
+    ec.process(np.zeros(RATE, np.float32))  # 2 s heard: past the hold, still converging
+    assert held(loud) and not held(floor)
+
+    onsets = SpeechGate(ec, margin_db=20.0, tail_ms=600.0, removed_db=100.0, converge_s=1.5, onset_ms=100.0)
+    whole = SpeechGate(ec, margin_db=20.0, tail_ms=600.0, removed_db=100.0)  # converge_s 0: the whole echo
+    assert not onsets(floor) and not onsets(floor) and not onsets(floor)  # 90 ms into the echo
+    assert onsets(floor)  # 120 ms: converged and past the onset, every frame counts
+    assert not whole(floor)
+    ec.process(np.zeros(3 * RATE, np.float32))  # the answer ends; a second later the next one starts
+    assert onsets(floor)  # outside the echo
+    ec.played(np.full(RATE, 0.1, np.float32), at_sample=ec.position)
+    ec.process(np.zeros(RATE // 10, np.float32))
+    assert not onsets(floor)  # its onset again
+
+
 def test_the_gap_and_the_ahead_bound_follow_their_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """``echo_mic_gap_ms`` and ``echo_max_ahead_s`` at other values than their defaults (1000, 60):
     audio 0.4 s late is a gap at 300 ms (not at the default), and answer audio sent while the

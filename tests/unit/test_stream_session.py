@@ -552,6 +552,7 @@ async def test_the_same_canceller_attached_again_keeps_its_speech_gate(
         assert isinstance(session._segmenter.gate, SpeechGate) and session._segmenter.gate.canceller is other.canceller
         session.attach_echo(None)
         assert session._segmenter.gate is None and session.echo_removed is None
-    async with open_session(asr_service, base_settings, server_vad=True) as (session, _):  # the gate off: 0 dB
+    off = base_settings.model_copy(update={"echo_speech_gate_db": 0.0})
+    async with open_session(asr_service, off, server_vad=True) as (session, _):  # the gate off: 0 dB
         session.attach_echo(EchoLine())
         assert session._segmenter.gate is None and session.echo_removed is not None

@@ -126,11 +126,12 @@ class StreamSettings(BaseModel):
         "holds back a person speaking under a louder echo: docs/echo.md, the speech gate)",
     )
     echo_speech_gate_converge_s: float = Field(
-        6.0,
+        2.0,
         ge=0,
         description="... only until the stream's canceller has heard this many seconds of answer audio (it converges "
         "over about one answer, where most leaks are), and then for echo_speech_gate_onset_ms into each answer; "
-        "0 = over the whole echo of every answer",
+        "0 = over the whole echo of every answer. 6 s stopped more leaks but held back a person barging in 2 s into "
+        "the second answer (docs/echo.md)",
     )
     echo_speech_gate_hold_s: float = Field(
         2.0,
@@ -140,10 +141,10 @@ class StreamSettings(BaseModel):
         "live; docs/echo.md); a person speaking then is heard once it has passed; 0 = no hold",
     )
     echo_speech_gate_onset_ms: int = Field(
-        500,
+        0,
         ge=0,
         description="... the start of each answer's echo (after echo_speech_gate_tail_ms without any) that the gate "
-        "still holds once the canceller has converged: the echo's delay may have moved",
+        "still holds once the canceller has converged, where the echo's delay may have moved; 0 = none",
     )
     echo_speech_gate_tail_ms: int = Field(
         600,

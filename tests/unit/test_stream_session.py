@@ -514,7 +514,8 @@ async def test_what_the_echo_canceller_leaks_starts_no_utterance_and_a_person_st
     mic[spoke_at : spoke_at + person.size] += person
     starts: dict[float, list[int]] = {}
     for gate_db in (0.0, 20.0):
-        settings = base_settings.model_copy(update={"echo_speech_gate_db": gate_db})
+        # (over the whole echo: echo_speech_gate_converge_s 0; the default holds only the first 2 s)
+        settings = base_settings.model_copy(update={"echo_speech_gate_db": gate_db, "echo_speech_gate_converge_s": 0.0})
         async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
             line = EchoLine()
             line.canceller.played(reference, 0)

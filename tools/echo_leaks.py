@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tail-ms", type=float, default=defaults.echo_speech_gate_tail_ms)
     parser.add_argument("--removed-db", type=float, default=defaults.echo_speech_gate_removed_db)
-    parser.add_argument("--converge-s", type=float, default=defaults.echo_speech_gate_converge_s or 6.0)
+    parser.add_argument("--converge-s", type=float, default=defaults.echo_speech_gate_converge_s)
     parser.add_argument("--onset-ms", type=float, default=defaults.echo_speech_gate_onset_ms)
     parser.add_argument("--hold-s", type=float, default=defaults.echo_speech_gate_hold_s)
     parser.add_argument("--noise-dbfs", type=float, default=-60.0, help="the microphone's noise floor")

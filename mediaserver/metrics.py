@@ -133,6 +133,13 @@ class Metrics:
             buckets=(0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0),
             registry=self.registry,
         )
+        self.echo_auto = Counter(
+            "mediaserver_echo_auto_decisions",
+            "echo_cancellation auto: streams whose microphone was found to carry the answers' echo (echo: the "
+            "canceller's output is used) or none (none: the microphone passes uncancelled); docs/echo.md",
+            ["found"],
+            registry=self.registry,
+        )
         self.speculative_answers = Counter(
             "mediaserver_speculative_answers",
             "Answers started before the turn ended: hit (the turn ended: sent) or miss (speech resumed: dropped)",

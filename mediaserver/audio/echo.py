@@ -32,6 +32,7 @@ from typing import Any, Final, Literal
 import numpy as np
 
 from mediaserver.audio.decode import PcmFormat
+from mediaserver.audio.echo_presence import EchoPresence
 from mediaserver.audio.stream_decode import PcmStreamDecoder
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
@@ -54,10 +55,14 @@ REFERENCE_SOUND: Final = 1e-3  # reference frames with a sample louder than this
 class EchoCanceller:
     """AEC3 for one stream: ``played`` records the reference, ``process`` cleans the microphone."""
 
-    def __init__(self, sample_rate: int = SAMPLE_RATE_HZ) -> None:
+    def __init__(self, sample_rate: int = SAMPLE_RATE_HZ, *, detect: EchoPresence | None = None) -> None:
+        """``detect``: ``echo_cancellation: auto``: the output is the canceller's only where the
+        microphone is heard to carry the echo (audio/echo_presence.py); elsewhere the microphone
+        passes, as late as the canceller's output."""
         if sample_rate != SAMPLE_RATE_HZ:
             raise ValueError(f"EchoCanceller runs at {SAMPLE_RATE_HZ} Hz, got {sample_rate}")
         self._aec: Any = None
+        self.detect = detect
         self.reset()
 
     def reset(self) -> None:
@@ -75,6 +80,15 @@ class EchoCanceller:
         self._processed_to = 0  # stream clock at the end of the audio put out so far
         self._reference_to: int | None = None  # ... and at the end of the last reference frame with sound
         self._sound_frames = 0  # 10 ms frames of reference with sound processed since the reset
+        if self.detect is not None:
+            told = self.detect.on_decide
+            self.detect = EchoPresence(self.detect.echo_likeness, self.detect.quiet_likeness, self.detect.min_sound_s)
+            self.detect.on_decide = told
+
+    @property
+    def passing(self) -> bool:
+        """``auto`` found no echo on this microphone: it passes uncancelled (and ungated)."""
+        return self.detect is not None and self.detect.echo is False
 
     @property
     def since_reference_ms(self) -> float | None:
@@ -157,16 +171,16 @@ class EchoCanceller:
             self._reference_to = start + int(sound[-1]) + 1
             self._sound_frames += int(np.count_nonzero(loud.reshape(-1, FRAME_SAMPLES).any(axis=1)))
         out = np.asarray(self._aec.process(np.ascontiguousarray(frames), reference), np.float32)
-        self._measure(frames, out)
-        return out
-
-    def _measure(self, frames: AudioArray, out: AudioArray) -> None:
-        """Keep each output frame's energy beside the microphone's for the same audio (AEC3's output
-        lags its input by ``OUTPUT_LATENCY_SAMPLES``)."""
-        aligned = np.concatenate([self._mic_tail, frames])
+        aligned = np.concatenate([self._mic_tail, frames])  # the microphone as late as AEC3's output
         self._mic_tail = aligned[-OUTPUT_LATENCY_SAMPLES:].copy()
         n = out.size // FRAME_SAMPLES
+        if self.detect is not None:
+            self.detect.push(_frame_power(reference, n), _frame_power(frames, n))
+            if self.detect.echo is False:
+                out = aligned[: out.size].copy()
+        # Each output frame's energy beside the microphone's for the same audio.
         self._removed.extend(zip(_frame_power(aligned, n), _frame_power(out, n), strict=True))
+        return out
 
     def removed_db(self, from_ms_ago: int, to_ms_ago: int) -> float | None:
         """How much the canceller took out of the audio it put out between ``from_ms_ago`` and
@@ -276,6 +290,8 @@ class SpeechGate:
         frame_ms = max(1.0, frame.size * 1000.0 / SAMPLE_RATE_HZ)
         while len(self._levels) * frame_ms > self.FLOOR_S * 1000.0:
             self._levels.popleft()
+        if self.canceller.passing:
+            return True  # auto: this microphone carries no echo
         since = self.canceller.since_reference_ms  # (at the end of the canceller's output, ``after`` past the frame)
         if since is None or since - after * 1000.0 / SAMPLE_RATE_HZ > self.tail_ms:
             self._echo_ms = 0.0
@@ -364,6 +380,16 @@ class EchoLine:
             gap_s=settings.echo_mic_gap_ms / 1000.0,
             max_ahead_s=settings.echo_max_ahead_s,
         )
+
+    def set_mode(self, mode: EchoMode, settings: Settings) -> None:
+        """``auto``: the canceller's output only where the microphone carries the echo
+        (audio/echo_presence.py); ``on``: always. A change of mode starts the decision afresh."""
+        if mode != "auto":
+            self.canceller.detect = None
+        elif self.canceller.detect is None:
+            self.canceller.detect = EchoPresence(
+                settings.echo_auto_echo_likeness, settings.echo_auto_quiet_likeness, settings.echo_auto_min_sound_s
+            )
 
     def arrived(self, samples: int) -> None:
         """Microphone audio came (the reader's view). With ``watch_gaps``, audio that comes

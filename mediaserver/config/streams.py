@@ -104,12 +104,35 @@ class StreamSettings(BaseModel):
     noise_near_field_level: int = Field(1, ge=1, le=4, description="level for Realtime noise_reduction near_field")
     noise_far_field_level: int = Field(2, ge=1, le=4, description="level for Realtime noise_reduction far_field")
     echo_cancellation_default: Literal["auto", "on", "off"] = Field(
-        "off",
+        "auto",
         description="server-side echo cancellation of the spoken answers (docs/echo.md) on a device WebSocket or "
-        "Realtime WebSocket stream that does not set echo_cancellation: auto = on where the server speaks its "
-        "answers; experimental, so off: a device that cancels its own echo and does not say so would get AEC3 on "
-        "top of it (its speech gate holds barge-in over the first answer's first seconds), and a person under a "
-        "louder echo is heard late or in part (docs/echo.md)",
+        "Realtime WebSocket stream that does not set echo_cancellation: auto = where the server speaks its answers "
+        "and the microphone is heard to carry their echo (echo_auto_echo_likeness; a microphone without echo "
+        "passes uncancelled), on = the canceller's output always, off = never",
+    )
+    echo_auto_echo_likeness: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="echo_cancellation auto: the microphone carries the answers' echo (the canceller's output is "
+        "used, for the rest of the stream) once its 10 ms levels correlate this well with the answer's at the best "
+        "delay up to 500 ms, over the last 3 s (audio/echo_presence.py; echoing devices 0.9-1.0, a person over a "
+        "device without echo up to 0.6)",
+    )
+    echo_auto_quiet_likeness: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="echo_cancellation auto: ... and carries none (the microphone passes uncancelled and the speech "
+        "gate stands aside) while that correlation stays under this, once echo_auto_min_sound_s of answer audio "
+        "has been compared; in between (undecided) the canceller's output is used",
+    )
+    echo_auto_min_sound_s: float = Field(
+        0.8,
+        gt=0,
+        le=3,
+        description="echo_cancellation auto: seconds of answer audio (within the last 3 s) compared before a "
+        "microphone is found to carry no echo",
     )
     rtc_echo_cancellation_default: Literal["auto", "on", "off"] = Field(
         "off",

@@ -209,6 +209,9 @@ class StreamSession:
         does (None): barge-in's residual rule measures it, and while its echo can be arriving only
         speech well above its output's floor starts an utterance (``SpeechGate``)."""
         self.echo_removed = line.removed_db if line is not None else None
+        if line is not None and line.canceller.detect is not None:
+            counter = self.asr.metrics.echo_auto
+            line.canceller.detect.on_decide = lambda echo: counter.labels("echo" if echo else "none").inc()
         margin, gate = self.settings.echo_speech_gate_db, self._segmenter.gate
         if line is None or margin <= 0:
             self._segmenter.gate = None

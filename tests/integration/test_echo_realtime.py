@@ -4,9 +4,10 @@ through the simulated room of test_echo_loop.py and feeds that echo back into th
 (16 kHz, this server's extension), 150 ms late, in real time, as a laptop or a Raspberry Pi running
 an OpenAI SDK app on its loudspeaker would.
 
-Without the server's canceller (``session.audio.input.echo_cancellation`` off, the default) server
+Without the server's canceller (``session.audio.input.echo_cancellation`` off) server
 VAD hears the answer's echo as the user: ``input_audio_buffer.speech_started`` cancels the response
-(``interrupt_response``), as OpenAI's protocol says. With it on, once the canceller has heard one
+(``interrupt_response``), as OpenAI's protocol says. On the default (``auto``: the canceller's output
+where the appended audio carries the echo), once the canceller has heard one
 answer the next plays to its end with no speech start, and a person (a real recording) speaking
 over it still cuts it; the client's ``conversation.item.truncate`` ends the reference where it
 stopped playing. The first answer's first second may leak while AEC3 converges (docs/echo.md), so
@@ -133,7 +134,7 @@ async def realtime_device(
         device = RealtimeDevice(ws)
         reader = asyncio.create_task(device.read())
         created = await device.until("session.created", 0)
-        assert created["session"]["audio"]["input"]["echo_cancellation"] == "off", created  # the default
+        assert created["session"]["audio"]["input"]["echo_cancellation"] == "auto", created  # the default
         audio_input = {
             "format": {"type": "audio/pcm", "rate": RATE},
             "turn_detection": turn_detection,
@@ -175,16 +176,17 @@ def content_words(text: str) -> set[str]:
 async def test_with_echo_cancellation_no_word_of_the_answer_is_heard_and_a_person_still_cuts_the_next(
     server_factory: Callable[..., Any], speech: Callable[[str], Clip]
 ) -> None:
-    """With the canceller on, an answer plays while server VAD listens (creating and interrupting no
-    response): none of its words reaches an input transcript (without the canceller they would:
-    webrtcvad hears 99.5 % of the echo, docs/echo.md). What AEC3 lets through while it converges can
-    still start a turn, on which Whisper writes a stock phrase or nothing. Then, with
+    """With the canceller on the default (``auto``), an answer plays while server VAD listens
+    (creating and interrupting no response): none of its words reaches an input transcript
+    (without the canceller they would: webrtcvad hears 99.5 % of the echo, docs/echo.md). What
+    AEC3 lets through while it converges can still start a turn, on which Whisper writes a stock
+    phrase or nothing. Then, with
     ``interrupt_response`` on, a person (a real recording) speaking over the next answer cuts it and
     is heard, and the client's truncate is taken; an echo leak that cut it before they spoke is
     reported as an expected failure."""
     server: LiveServer = await server_factory(**VOICE_SETTINGS)
     listening = {"type": "server_vad", "create_response": False, "interrupt_response": False}
-    async with realtime_device(server, "on", listening) as device:
+    async with realtime_device(server, "auto", listening) as device:
         device.say(speech("What do cows eat?").audio16k)
         heard = await device.until("conversation.item.input_audio_transcription.completed", 0)
         assert "cows" in heard["transcript"].lower(), heard
@@ -231,9 +233,10 @@ async def test_with_echo_cancellation_no_word_of_the_answer_is_heard_and_a_perso
 
 
 async def test_the_server_default_and_where_the_canceller_cannot_run(server_factory: Callable[..., Any]) -> None:
-    """``echo_cancellation_default`` auto: a conversation and a device socket's voice loop get it, a
-    transcription session holds ``off`` (it speaks nothing), and asking it for ``on`` is an error."""
-    server: LiveServer = await server_factory(echo_cancellation_default="auto")
+    """``echo_cancellation_default`` auto (the default): a conversation and a device socket's voice loop
+    get it, a transcription session holds ``off`` (it speaks nothing), and asking it for ``on`` is an
+    error; set to off, neither a conversation nor a voice loop gets it."""
+    server: LiveServer = await server_factory()
     async with aiohttp.ClientSession() as http:
         async with http.ws_connect(f"{server.url}/v1/realtime?model=gpt-realtime") as ws:
             created = await ws.receive_json()
@@ -254,5 +257,14 @@ async def test_the_server_default_and_where_the_canceller_cannot_run(server_fact
             assert ready["type"] == "ready" and ready["echo_cancellation"] is True, ready
         async with http.ws_connect(f"{server.url}/api/ws/asr") as ws:
             await ws.send_json({"type": "start", "mode": "server_vad"})  # transcription only
+            ready = await ws.receive_json()
+            assert ready["type"] == "ready" and ready["echo_cancellation"] is False, ready
+    off: LiveServer = await server_factory(echo_cancellation_default="off")
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(f"{off.url}/v1/realtime?model=gpt-realtime") as ws:
+            created = await ws.receive_json()
+            assert created["session"]["audio"]["input"]["echo_cancellation"] == "off", created
+        async with http.ws_connect(f"{off.url}/api/ws/asr") as ws:
+            await ws.send_json({"type": "start", "mode": "server_vad", "assistant": True})
             ready = await ws.receive_json()
             assert ready["type"] == "ready" and ready["echo_cancellation"] is False, ready

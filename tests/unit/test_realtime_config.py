@@ -358,7 +358,7 @@ def test_the_echo_shows_what_runs(base: RealtimeConfig, models: ModelRegistry, t
 def test_echo_cancellation_is_parsed_and_echoed(
     base: RealtimeConfig, models: ModelRegistry, settings: Settings, value: object, mode: str
 ) -> None:
-    assert base.echo_cancellation == "off"  # the default (echo_cancellation_default)
+    assert base.echo_cancellation == "auto"  # the default (echo_cancellation_default)
     ga = parse_session({"audio": {"input": {"echo_cancellation": value}}}, base, models)
     beta = parse_session({"input_audio_echo_cancellation": value}, base, models)
     assert ga.echo_cancellation == beta.echo_cancellation == mode
@@ -376,5 +376,5 @@ def test_bad_echo_cancellation_is_an_error(base: RealtimeConfig, models: ModelRe
 
 
 def test_the_server_default_of_echo_cancellation(models: ModelRegistry, tmp_path: Any) -> None:
-    settings = Settings(_env_file=None, model_cache_dir=tmp_path, echo_cancellation_default="auto")
-    assert default_config(settings, models, {}).echo_cancellation == "auto"
+    settings = Settings(_env_file=None, model_cache_dir=tmp_path, echo_cancellation_default="off")
+    assert default_config(settings, models, {}).echo_cancellation == "off"

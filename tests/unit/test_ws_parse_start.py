@@ -184,7 +184,7 @@ def test_bad_client_tools_name_their_parameter(
     ("values", "cancelling"),
     [
         ({}, False),
-        ({"assistant": True}, False),  # off unless asked for (docs/echo.md)
+        ({"assistant": True}, True),  # echo_cancellation_default auto: on with the voice loop (docs/echo.md)
         ({"assistant": True, "echo_cancellation": "auto"}, True),  # auto: on with the voice loop
         ({"echo_cancellation": "auto"}, False),  # auto, and the server does not speak
         ({"assistant": True, "echo_cancellation": "off"}, False),
@@ -200,6 +200,13 @@ def test_echo_cancellation_is_on_where_the_server_speaks(
     assert config.echo_cancelling is cancelling and config.describe()["echo_cancellation"] is cancelling
     again = start(settings, models, config, partials=True)  # a later start without it keeps it
     assert again.echo_cancelling is cancelling
+
+
+def test_the_server_default_of_echo_cancellation(models: ModelRegistry, tmp_path: Any) -> None:
+    settings = Settings(_env_file=None, model_cache_dir=tmp_path, echo_cancellation_default="off")
+    config = start(settings, models, assistant=True)
+    assert not config.echo_cancelling and config.echo_cancellation == "off"
+    assert start(settings, models, assistant=True, echo_cancellation="auto").echo_cancelling
 
 
 def test_a_bad_echo_cancellation_is_refused(settings: Settings, models: ModelRegistry) -> None:

@@ -346,6 +346,8 @@ class RtcSession:
         elif self.echo is None:
             # its clock starts at the next audio; gaps: _on_gap
             self.echo = EchoLine.of(self.settings, watch_gaps=False)
+        if self.echo is not None:
+            self.echo.set_mode(mode, self.settings)
         self.stream.attach_echo(self.echo)
 
     async def _stop(self, obj: Mapping[str, Any]) -> None:

@@ -356,6 +356,8 @@ class WsSession(SocketSession):
             self.echo = None
         elif self.echo is None:
             self.echo = EchoLine.of(self.settings, self.backlog_samples)  # its clock starts at the audio fed next
+        if self.echo is not None:
+            self.echo.set_mode(config.echo_cancellation, self.settings)
         self.stream.attach_echo(self.echo)
         if self.wake is not None:
             self.wake.close()

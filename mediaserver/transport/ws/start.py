@@ -87,10 +87,9 @@ class StreamConfig:
     assistant_values: tuple[tuple[str, object], ...] = ()  # system_prompt / voice / speak as sent
     audio_sample_rate_hz: int = SAMPLE_RATE_HZ
     noise_level: int = 0  # WebRTC noise suppression before the VAD (audio/noise.py); 0 = off
-    # Echo cancellation of the answers the server speaks (audio/echo.py): "auto" = on with the assistant.
-    # Where the start does not say: ``echo_cancellation_default`` ("off": its leaks while it converges
-    # cut the first answer, and the speech gate against them holds back a person under a louder echo;
-    # docs/echo.md).
+    # Echo cancellation of the answers the server speaks (audio/echo.py): "auto" = with the assistant,
+    # the canceller's output used where the microphone carries the echo (audio/echo_presence.py).
+    # Where the start does not say: ``echo_cancellation_default`` ("auto"; docs/echo.md).
     echo_cancellation: EchoMode = "off"
     wake: tuple[str, ...] | None = None  # wake word models gating the stream (wake/gate.py); None = off
     # Functions the client runs itself (assistant/client_tools.py), with ``tool_choice``; assistant only.

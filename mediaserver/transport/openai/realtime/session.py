@@ -533,6 +533,8 @@ class RealtimeSession(SocketSession, Host):
             self.echo = None
         elif self.echo is None:
             self.echo = EchoLine.of(self.settings, self.backlog_samples)  # its clock starts at the audio fed next
+        if self.echo is not None:
+            self.echo.set_mode(config.echo_cancellation, self.settings)
         if self.conversation is not None:
             self.conversation.echo = self.echo
         self.stream.attach_echo(self.echo)

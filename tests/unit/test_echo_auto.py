@@ -1,0 +1,113 @@
+"""``echo_cancellation: auto`` (audio/echo_presence.py): the canceller's output where the microphone
+carries the answers' echo, the microphone itself where it carries none (a device that cancels its
+own echo). Simulated devices (tests/echo_room.py), Piper answers, a real person
+(tests/human_speech.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mediaserver.audio.echo import OUTPUT_LATENCY_SAMPLES, EchoCanceller, EchoLine, SpeechGate
+from mediaserver.audio.echo_presence import EchoPresence
+from mediaserver.config import Settings
+from tests import echo_room as room
+from tests.conftest import synthesize
+from tests.echo_room import RATE, Audio
+from tests.human_speech import default_dir, load_clips
+
+ANSWERS = (
+    "The weather in Paris today is sunny with a high of twenty two degrees.",
+    "I have set a timer for ten minutes. Let me know if you need anything else.",
+)
+PIECE = 320
+
+
+@pytest.fixture(scope="module")
+def answers() -> list[Audio]:
+    return [synthesize(text).audio16k.astype(np.float32) for text in ANSWERS]
+
+
+@pytest.fixture(scope="module")
+def person() -> Audio:
+    _, audio, _ = load_clips(default_dir(), ["librivox_0870"])[0]
+    return (audio / room.rms(audio) * 0.07).astype(np.float32)
+
+
+def run(ec: EchoCanceller, reference: Audio, mic: Audio) -> tuple[Audio, float | None, float | None]:
+    """(output, stream time at which auto decided no echo, ... echo), the whole reference recorded
+    up front and the microphone fed in 20 ms pieces."""
+    ec.played(reference, 0)
+    out, quiet_at, echo_at = [], None, None
+    for i in range(0, mic.size, PIECE):
+        out.append(ec.process(mic[i : i + PIECE]))
+        if ec.detect is not None and ec.detect.echo is False and quiet_at is None:
+            quiet_at = (i + PIECE) / RATE
+        if ec.detect is not None and ec.detect.echo and echo_at is None:
+            echo_at = (i + PIECE) / RATE
+    return np.concatenate(out), quiet_at, echo_at
+
+
+def no_echo_device(answers: list[Audio], person: Audio, seed: int = 4) -> tuple[room.Trial, Audio]:
+    """A device that cancels its own echo: the person and a -60 dBFS floor reach its microphone, the
+    answer does not; the person starts 0.2-0.6 of the way into the answer (at least 1.5 s in)."""
+    trial = room.simulate(answers[:1], np.random.default_rng(seed), near=person, delays_ms=[150], cut_after_s=None)
+    noise = trial.mic - trial.echo - trial.near
+    return trial, (trial.near + noise).astype(np.float32)
+
+
+def test_auto_passes_a_microphone_that_carries_no_echo(answers: list[Audio], person: Audio) -> None:
+    trial, mic = no_echo_device(answers, person)
+    first_sound = int(np.argmax(np.abs(trial.reference) > 1e-3)) / RATE
+    assert trial.barge_at is not None
+    onset = trial.barge_at / RATE
+    auto = EchoCanceller(detect=EchoPresence())
+    out, quiet_at, echo_at = run(auto, trial.reference, mic)
+    assert quiet_at is not None and echo_at is None
+    assert quiet_at - first_sound <= 1.5 and quiet_at < onset  # decided before the person spoke
+    assert auto.passing
+    # From then on the microphone itself, 8 ms late as the canceller's output is.
+    late = np.concatenate([np.zeros(OUTPUT_LATENCY_SAMPLES, np.float32), mic])[: out.size]
+    start = int(quiet_at * RATE) + PIECE
+    assert np.array_equal(out[start:], late[start:])
+    gate = SpeechGate(auto, 20.0, 600.0, 8.0, hold_s=2.0)
+    assert gate(np.zeros(480, np.float32))  # the gate stands aside, even inside the echo's tail
+    # What ``on`` would have done to the same person: AEC3 with no echo to find takes part of them.
+    on_out, _, _ = run(EchoCanceller(), trial.reference, mic)
+    speaking = np.zeros(out.size // room.VAD_FRAME, bool)
+    speaking[trial.barge_at // room.VAD_FRAME : (trial.barge_at + person.size) // room.VAD_FRAME] = True
+    kept = [room.correlation(x[OUTPUT_LATENCY_SAMPLES:], trial.near, speaking[:-1]) for x in (out, on_out)]
+    assert kept[0] > 0.99 > kept[1]
+
+
+def test_auto_cancels_a_microphone_that_carries_the_echo(answers: list[Audio]) -> None:
+    trial = room.simulate(answers, np.random.default_rng(1), delays_ms=[150])
+    first_sound = int(np.argmax(np.abs(trial.reference) > 1e-3)) / RATE
+    auto = EchoCanceller(detect=EchoPresence())
+    out, quiet_at, echo_at = run(auto, trial.reference, trial.mic)
+    assert echo_at is not None and echo_at - first_sound <= 1.0 and quiet_at is None
+    on, _, _ = run(EchoCanceller(), trial.reference, trial.mic)
+    assert np.array_equal(out, on)  # exactly what ``on`` puts out
+
+
+def test_the_auto_settings(answers: list[Audio], person: Audio) -> None:
+    trial, mic = no_echo_device(answers, person)
+
+    def decided(**values: float) -> tuple[float | None, float | None]:
+        line = EchoLine()
+        line.set_mode("auto", Settings(_env_file=None, **values))  # type: ignore[arg-type]
+        _, quiet_at, echo_at = run(line.canceller, trial.reference, mic)
+        return quiet_at, echo_at
+
+    default_quiet, _ = decided()
+    assert default_quiet is not None
+    later, _ = decided(echo_auto_min_sound_s=2.5)
+    assert later is not None and later >= default_quiet + 1.0
+    assert decided(echo_auto_quiet_likeness=0.0) == (None, None)  # never found quiet: cancelled as with on
+    echoing = room.simulate(answers, np.random.default_rng(1), delays_ms=[150])
+    line = EchoLine()
+    line.set_mode("auto", Settings(_env_file=None, echo_auto_echo_likeness=1.0))
+    _, quiet_at, echo_at = run(line.canceller, echoing.reference, echoing.mic)
+    assert echo_at is None and quiet_at is None  # undecided: still cancelled
+    line.set_mode("on", Settings(_env_file=None))
+    assert line.canceller.detect is None and not line.canceller.passing

@@ -45,6 +45,7 @@ OUTPUT_LATENCY_SAMPLES: Final = 128  # AEC3's own delay of the output (measured,
 MAX_REFERENCE_AHEAD_S: Final = 120.0  # reference recorded further ahead than this is refused
 MAX_LINE_AHEAD_S: Final = 60.0  # EchoLine: answer audio this far ahead of the microphone plays from now
 MIC_GAP_S: Final = 1.0  # EchoLine: microphone audio this late after the end of the audio before: a gap
+STREAMED_AHEAD_S: Final = 1.0  # EchoLine, auto: audio this far ahead of real time is streamed, not live
 # (the defaults of the settings echo_max_ahead_s and echo_mic_gap_ms, which EchoLine.of applies)
 MEASURE_FRAMES: Final = 60 * 100  # the last minute of (microphone, output) frame energies is kept
 ACTIVE_FRAME_DBFS: Final = -50.0  # output frames quieter than this are silence: not measured
@@ -370,16 +371,22 @@ class EchoLine:
         self._gaps: deque[tuple[int, int]] = deque()
         self._watch_gaps = watch_gaps  # find them by the wall clock (the WebSockets: no timestamps)
         self._last_arrival: tuple[float, float] | None = None  # (monotonic, seconds of audio) of the latest
+        self.streamed_ahead_s = STREAMED_AHEAD_S  # audio this far ahead of the wall clock is a file (``auto``)
+        self._first_arrival: float | None = None  # monotonic, and the clock then: how far ahead of real time
+        self._first_clock = 0
 
     @classmethod
     def of(cls, settings: Settings, queued_samples: int = 0, *, watch_gaps: bool = True) -> EchoLine:
-        """A stream's line with the operator's settings: ``echo_mic_gap_ms``, ``echo_max_ahead_s``."""
-        return cls(
+        """A stream's line with the operator's settings: ``echo_mic_gap_ms``, ``echo_max_ahead_s``,
+        ``echo_auto_streamed_ahead_s``."""
+        line = cls(
             queued_samples,
             watch_gaps=watch_gaps,
             gap_s=settings.echo_mic_gap_ms / 1000.0,
             max_ahead_s=settings.echo_max_ahead_s,
         )
+        line.streamed_ahead_s = settings.echo_auto_streamed_ahead_s
+        return line
 
     def set_mode(self, mode: EchoMode, settings: Settings) -> None:
         """``auto``: the canceller's output only where the microphone carries the echo
@@ -401,7 +408,13 @@ class EchoLine:
             if silent_s >= self.gap_s:
                 self.gap(round(silent_s * SAMPLE_RATE_HZ))
         self._last_arrival = (now, samples / SAMPLE_RATE_HZ)
+        if self._first_arrival is None:
+            self._first_arrival, self._first_clock = now, self.mic_arrived
         self.mic_arrived += samples
+        ahead_s = (self.mic_arrived - self._first_clock) / SAMPLE_RATE_HZ - (now - self._first_arrival)
+        detect = self.canceller.detect
+        if detect is not None and not detect.streamed and ahead_s > self.streamed_ahead_s:
+            detect.stream()  # faster than real time: not a microphone by a loudspeaker
 
     def gap(self, samples: int) -> None:
         """No microphone audio came for ``samples``: the clock moves on (``EchoCanceller.skip``,

@@ -52,6 +52,7 @@ class EchoPresence:
         self._mic: deque[float] = deque(maxlen=WINDOW_FRAMES + MAX_DELAY_FRAMES)
         self._frames = 0
         self.on_decide: Callable[[bool], None] | None = None  # told each new decision (the session's metrics)
+        self.streamed = False  # the audio came faster than real time: a file, not a microphone (``stream``)
 
     def push(self, reference_power: list[float], mic_power: list[float]) -> None:
         """The mean squares of the next 10 ms frames of the reference and of the raw microphone (the
@@ -60,8 +61,21 @@ class EchoPresence:
             self._ref.append(max(FLOOR_DB, 10.0 * np.log10(ref + 1e-12)))
             self._mic.append(max(FLOOR_DB, 10.0 * np.log10(mic + 1e-12)))
             self._frames += 1
-            if self._frames % EVERY_FRAMES == 0 and self.echo is not True:
+            if self._frames % EVERY_FRAMES == 0 and self.echo is not True and not self.streamed:
                 self._decide()
+
+    def stream(self) -> None:
+        """The audio has come faster than real time (a file sent as fast as it is read, an SDK app
+        appending a recording): no loudspeaker plays into it, so no echo."""
+        if not self.streamed:
+            self.streamed = True
+            self._set(False)
+
+    def _set(self, echo: bool) -> None:
+        if echo != self.echo:
+            self.echo = echo
+            if self.on_decide is not None:
+                self.on_decide(echo)
 
     def _decide(self) -> None:
         ref = np.fromiter(self._ref, np.float64)
@@ -71,13 +85,10 @@ class EchoPresence:
             return  # too little answer audio in the window to say anything
         likeness = self.measure(ref, mic)
         self.likeness = likeness
-        before = self.echo
         if likeness >= self.echo_likeness:
-            self.echo = True
+            self._set(True)
         elif likeness < self.quiet_likeness and sound >= self.min_sound_frames:
-            self.echo = False
-        if self.echo is not None and self.echo != before and self.on_decide is not None:
-            self.on_decide(self.echo)
+            self._set(False)
 
     @staticmethod
     def measure(ref: np.ndarray, mic: np.ndarray) -> float:

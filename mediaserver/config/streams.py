@@ -127,6 +127,13 @@ class StreamSettings(BaseModel):
         "gate stands aside) while that correlation stays under this, once echo_auto_min_sound_s of answer audio "
         "has been compared; in between (undecided) the canceller's output is used",
     )
+    echo_auto_streamed_ahead_s: float = Field(
+        1.0,
+        gt=0,
+        description="echo_cancellation auto: audio that has come this many seconds ahead of real time (a file sent "
+        "as fast as it is read, an SDK app appending a recording) is no microphone by a loudspeaker: it passes "
+        "uncancelled for the rest of the stream",
+    )
     echo_auto_min_sound_s: float = Field(
         0.8,
         gt=0,

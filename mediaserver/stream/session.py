@@ -210,8 +210,7 @@ class StreamSession:
         speech well above its output's floor starts an utterance (``SpeechGate``)."""
         self.echo_removed = line.removed_db if line is not None else None
         if line is not None and line.canceller.detect is not None:
-            counter = self.asr.metrics.echo_auto
-            line.canceller.detect.on_decide = lambda echo: counter.labels("echo" if echo else "none").inc()
+            line.canceller.detect.on_decide = self._echo_found
         margin, gate = self.settings.echo_speech_gate_db, self._segmenter.gate
         if line is None or margin <= 0:
             self._segmenter.gate = None
@@ -227,6 +226,21 @@ class StreamSession:
                 onset_ms=self.settings.echo_speech_gate_onset_ms,
                 hold_s=self.settings.echo_speech_gate_hold_s,
             )
+
+    def _echo_found(self, echo: bool) -> None:
+        """``echo_cancellation`` auto decided whether this microphone carries the answers' echo."""
+        self.asr.metrics.echo_auto.labels("echo" if echo else "none").inc()
+        detect = self._segmenter.gate.canceller.detect if isinstance(self._segmenter.gate, SpeechGate) else None
+        likeness = f"{detect.likeness:.2f}" if detect is not None and detect.likeness is not None else "-"
+        streamed = detect is not None and detect.streamed
+        log.info(
+            "session %s: echo_cancellation auto: the microphone %s (likeness %s)",
+            self.id,
+            "carries the answers' echo: cancelled"
+            if echo
+            else ("is streamed faster than real time: passed" if streamed else "carries no echo: passed"),
+            likeness,
+        )
 
     async def feed(self, samples: AudioArray) -> None:
         """Audio from the transport: 16 kHz mono float32, any length."""

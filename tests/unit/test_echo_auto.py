@@ -111,3 +111,32 @@ def test_the_auto_settings(answers: list[Audio], person: Audio) -> None:
     assert echo_at is None and quiet_at is None  # undecided: still cancelled
     line.set_mode("on", Settings(_env_file=None))
     assert line.canceller.detect is None and not line.canceller.passing
+
+
+@pytest.mark.parametrize("ahead_s", [1.0, 3.0])
+def test_audio_faster_than_real_time_is_no_microphone(monkeypatch: pytest.MonkeyPatch, ahead_s: float) -> None:
+    """A client that sends a recording faster than real time (an SDK app appending a file) has no
+    loudspeaker playing into it: once its audio is ``echo_auto_streamed_ahead_s`` ahead of the wall
+    clock, auto passes it (and the speech gate stands aside: its barge-in is heard at once)."""
+    from mediaserver.audio import echo
+
+    clock = [100.0]
+    monkeypatch.setattr(echo, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
+    line = EchoLine.of(Settings(_env_file=None, echo_auto_streamed_ahead_s=ahead_s))
+    line.set_mode("auto", Settings(_env_file=None))
+    assert line.canceller.detect is not None
+    for _ in range(50):  # 5 s of audio at real time, in 0.1 s pieces: a microphone
+        line.arrived(1600)
+        clock[0] += 0.1
+    assert not line.canceller.detect.streamed and line.canceller.detect.echo is None
+    sent = 0.0
+    while not line.canceller.detect.streamed:  # then twice as fast as real time
+        line.arrived(1600)
+        clock[0] += 0.05
+        sent += 0.05  # seconds ahead
+        assert sent <= ahead_s + 0.1
+    assert sent >= ahead_s - 0.1
+    assert line.canceller.passing and line.canceller.detect.echo is False
+    gate = SpeechGate(line.canceller, 20.0, 600.0, 8.0, hold_s=2.0)
+    line.canceller.played(np.full(16000, 0.1, np.float32), line.canceller.position)
+    assert gate(np.zeros(480, np.float32))

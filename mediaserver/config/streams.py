@@ -111,16 +111,16 @@ class StreamSettings(BaseModel):
         "passes uncancelled), on = the canceller's output always, off = never",
     )
     echo_auto_echo_likeness: float = Field(
-        0.75,
+        0.85,
         gt=0,
         le=1,
         description="echo_cancellation auto: the microphone carries the answers' echo (the canceller's output is "
         "used, for the rest of the stream) once its 10 ms levels correlate this well with the answer's at the best "
-        "delay up to 500 ms, over the last 3 s (audio/echo_presence.py; echoing devices 0.9-1.0, a person over a "
-        "device without echo up to 0.6)",
+        "delay up to 1 s, over the last 3 s (audio/echo_presence.py; echoing devices 0.9-1.0, a person over a "
+        "device without echo up to 0.74)",
     )
     echo_auto_quiet_likeness: float = Field(
-        0.25,
+        0.5,
         ge=0,
         le=1,
         description="echo_cancellation auto: ... and carries none (the microphone passes uncancelled and the speech "
@@ -138,8 +138,8 @@ class StreamSettings(BaseModel):
         0.8,
         gt=0,
         le=3,
-        description="echo_cancellation auto: seconds of answer audio (within the last 3 s) compared before a "
-        "microphone is found to carry no echo",
+        description="echo_cancellation auto: seconds of answer audio (within the last 3 s, and 1 s old: its echo "
+        "in at the longest delay) compared before a microphone is found to carry no echo",
     )
     rtc_echo_cancellation_default: Literal["auto", "on", "off"] = Field(
         "off",

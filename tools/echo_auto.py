@@ -50,15 +50,7 @@ def stream(mic: np.ndarray, reference: np.ndarray, mode: str) -> tuple[list[floa
         line.set_mode("auto" if mode == "auto" else "on", settings)
         canceller = line.canceller
         canceller.played(reference, 0)
-        segmenter.gate = SpeechGate(
-            canceller,
-            settings.echo_speech_gate_db,
-            settings.echo_speech_gate_tail_ms,
-            settings.echo_speech_gate_removed_db,
-            converge_s=settings.echo_speech_gate_converge_s,
-            onset_ms=settings.echo_speech_gate_onset_ms,
-            hold_s=settings.echo_speech_gate_hold_s,
-        )
+        segmenter.gate = SpeechGate.of(canceller, settings)
     starts, out = [], []
     for i in range(0, mic.size, PIECE):
         piece = mic[i : i + PIECE]

@@ -82,9 +82,7 @@ class EchoCanceller:
         self._reference_to: int | None = None  # ... and at the end of the last reference frame with sound
         self._sound_frames = 0  # 10 ms frames of reference with sound processed since the reset
         if self.detect is not None:
-            told = self.detect.on_decide
-            self.detect = EchoPresence(self.detect.echo_likeness, self.detect.quiet_likeness, self.detect.min_sound_s)
-            self.detect.on_decide = told
+            self.detect.reset()
 
     @property
     def passing(self) -> bool:
@@ -282,6 +280,19 @@ class SpeechGate:
         self._levels: deque[float] = deque()
         self._echo_ms = 0.0  # how far into the current stretch of echo (0: outside the echo)
 
+    @classmethod
+    def of(cls, canceller: EchoCanceller, settings: Settings) -> SpeechGate:
+        """The gate with the operator's ``echo_speech_gate_*`` settings."""
+        return cls(
+            canceller,
+            settings.echo_speech_gate_db,
+            settings.echo_speech_gate_tail_ms,
+            settings.echo_speech_gate_removed_db,
+            converge_s=settings.echo_speech_gate_converge_s,
+            onset_ms=settings.echo_speech_gate_onset_ms,
+            hold_s=settings.echo_speech_gate_hold_s,
+        )
+
     def __call__(self, frame: AudioArray, after: int = 0) -> bool:
         """Whether this frame (the segmenter's, cut from the canceller's output) may count towards a
         speech start; ``after``: the samples of that output after the frame's end."""
@@ -359,6 +370,7 @@ class EchoLine:
         watch_gaps: bool = True,
         gap_s: float = MIC_GAP_S,
         max_ahead_s: float = MAX_LINE_AHEAD_S,
+        streamed_ahead_s: float = STREAMED_AHEAD_S,
     ) -> None:
         self.canceller = EchoCanceller()
         self.gap_s = gap_s
@@ -371,7 +383,7 @@ class EchoLine:
         self._gaps: deque[tuple[int, int]] = deque()
         self._watch_gaps = watch_gaps  # find them by the wall clock (the WebSockets: no timestamps)
         self._last_arrival: tuple[float, float] | None = None  # (monotonic, seconds of audio) of the latest
-        self.streamed_ahead_s = STREAMED_AHEAD_S  # audio this far ahead of the wall clock is a file (``auto``)
+        self.streamed_ahead_s = streamed_ahead_s  # audio this far ahead of the wall clock is a file (``auto``)
         self._first_arrival: float | None = None  # monotonic, and the clock then: how far ahead of real time
         self._first_clock = 0
 
@@ -379,14 +391,13 @@ class EchoLine:
     def of(cls, settings: Settings, queued_samples: int = 0, *, watch_gaps: bool = True) -> EchoLine:
         """A stream's line with the operator's settings: ``echo_mic_gap_ms``, ``echo_max_ahead_s``,
         ``echo_auto_streamed_ahead_s``."""
-        line = cls(
+        return cls(
             queued_samples,
             watch_gaps=watch_gaps,
             gap_s=settings.echo_mic_gap_ms / 1000.0,
             max_ahead_s=settings.echo_max_ahead_s,
+            streamed_ahead_s=settings.echo_auto_streamed_ahead_s,
         )
-        line.streamed_ahead_s = settings.echo_auto_streamed_ahead_s
-        return line
 
     def set_mode(self, mode: EchoMode, settings: Settings) -> None:
         """``auto``: the canceller's output only where the microphone carries the echo

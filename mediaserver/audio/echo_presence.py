@@ -46,15 +46,20 @@ class EchoPresence:
     def __init__(self, echo_likeness: float = 0.85, quiet_likeness: float = 0.5, min_sound_s: float = 0.8) -> None:
         self.echo_likeness = echo_likeness
         self.quiet_likeness = quiet_likeness
-        self.min_sound_s = min_sound_s
         self.min_sound_frames = max(1, round(min_sound_s * 100))
-        self.echo: bool | None = None  # None: not decided yet
-        self.likeness: float | None = None  # the latest measure
+        self.on_decide: Callable[[EchoPresence], None] | None = None  # told each new decision (the session)
         self._ref: deque[float] = deque(maxlen=WINDOW_FRAMES + MAX_DELAY_FRAMES)
         self._mic: deque[float] = deque(maxlen=WINDOW_FRAMES + MAX_DELAY_FRAMES)
-        self._frames = 0
-        self.on_decide: Callable[[bool], None] | None = None  # told each new decision (the session's metrics)
+        self.reset()
+
+    def reset(self) -> None:
+        """A new stream: nothing heard, nothing decided."""
+        self.echo: bool | None = None  # None: not decided yet
+        self.likeness: float | None = None  # the latest measure
         self.streamed = False  # the audio came faster than real time: a file, not a microphone (``stream``)
+        self._ref.clear()
+        self._mic.clear()
+        self._frames = 0
 
     def push(self, reference_power: list[float], mic_power: list[float]) -> None:
         """The mean squares of the next 10 ms frames of the reference and of the raw microphone (the
@@ -77,7 +82,7 @@ class EchoPresence:
         if echo != self.echo:
             self.echo = echo
             if self.on_decide is not None:
-                self.on_decide(echo)
+                self.on_decide(self)
 
     def _decide(self) -> None:
         ref = np.fromiter(self._ref, np.float64)

@@ -33,6 +33,7 @@ import numpy as np
 
 from mediaserver.asr.service import AsrService
 from mediaserver.audio.echo import EchoLine, SpeechGate
+from mediaserver.audio.echo_presence import EchoPresence
 from mediaserver.audio.segmenter import Discarded, SegmenterConfig, SpeechStart, Utterance, VadSegmenter
 from mediaserver.config import Settings
 from mediaserver.events import (
@@ -211,36 +212,23 @@ class StreamSession:
         self.echo_removed = line.removed_db if line is not None else None
         if line is not None and line.canceller.detect is not None:
             line.canceller.detect.on_decide = self._echo_found
-        margin, gate = self.settings.echo_speech_gate_db, self._segmenter.gate
-        if line is None or margin <= 0:
+        gate = self._segmenter.gate
+        if line is None or self.settings.echo_speech_gate_db <= 0:
             self._segmenter.gate = None
         elif not isinstance(gate, SpeechGate) or gate.canceller is not line.canceller:
             # (The same canceller attached again, as a Realtime session.update does, keeps its gate:
             # the floor it learnt is the same line's.)
-            self._segmenter.gate = SpeechGate(
-                line.canceller,
-                margin,
-                self.settings.echo_speech_gate_tail_ms,
-                self.settings.echo_speech_gate_removed_db,
-                converge_s=self.settings.echo_speech_gate_converge_s,
-                onset_ms=self.settings.echo_speech_gate_onset_ms,
-                hold_s=self.settings.echo_speech_gate_hold_s,
-            )
+            self._segmenter.gate = SpeechGate.of(line.canceller, self.settings)
 
-    def _echo_found(self, echo: bool) -> None:
+    def _echo_found(self, presence: EchoPresence) -> None:
         """``echo_cancellation`` auto decided whether this microphone carries the answers' echo."""
-        self.asr.metrics.echo_auto.labels("echo" if echo else "none").inc()
-        detect = self._segmenter.gate.canceller.detect if isinstance(self._segmenter.gate, SpeechGate) else None
-        likeness = f"{detect.likeness:.2f}" if detect is not None and detect.likeness is not None else "-"
-        streamed = detect is not None and detect.streamed
-        log.info(
-            "session %s: echo_cancellation auto: the microphone %s (likeness %s)",
-            self.id,
-            "carries the answers' echo: cancelled"
-            if echo
-            else ("is streamed faster than real time: passed" if streamed else "carries no echo: passed"),
-            likeness,
-        )
+        self.asr.metrics.echo_auto.labels("echo" if presence.echo else "none").inc()
+        if presence.echo:
+            found = "carries the answers' echo: cancelled"
+        else:
+            found = "is streamed faster than real time: passed" if presence.streamed else "carries no echo: passed"
+        likeness = "-" if presence.likeness is None else f"{presence.likeness:.2f}"
+        log.info("session %s: echo_cancellation auto: the microphone %s (likeness %s)", self.id, found, likeness)
 
     async def feed(self, samples: AudioArray) -> None:
         """Audio from the transport: 16 kHz mono float32, any length."""

@@ -12,26 +12,9 @@ from mediaserver.audio.echo import OUTPUT_LATENCY_SAMPLES, EchoCanceller, EchoLi
 from mediaserver.audio.echo_presence import EchoPresence
 from mediaserver.config import Settings
 from tests import echo_room as room
-from tests.conftest import synthesize
 from tests.echo_room import RATE, Audio
-from tests.human_speech import default_dir, load_clips
 
-ANSWERS = (
-    "The weather in Paris today is sunny with a high of twenty two degrees.",
-    "I have set a timer for ten minutes. Let me know if you need anything else.",
-)
-PIECE = 320
-
-
-@pytest.fixture(scope="module")
-def answers() -> list[Audio]:
-    return [synthesize(text).audio16k.astype(np.float32) for text in ANSWERS]
-
-
-@pytest.fixture(scope="module")
-def person() -> Audio:
-    _, audio, _ = load_clips(default_dir(), ["librivox_0870"])[0]
-    return (audio / room.rms(audio) * 0.07).astype(np.float32)
+PIECE = 320  # (the answers and the person: tests/unit/conftest.py)
 
 
 def run(ec: EchoCanceller, reference: Audio, mic: Audio) -> tuple[Audio, float | None, float | None]:

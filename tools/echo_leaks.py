@@ -11,7 +11,8 @@ the microphone in 20 ms pieces and the server's own segmenter (``VadSegmenter``:
 30 ms frames, 3 voiced of 5 start an utterance) takes them as a stream would, without a gate, with
 ``SpeechGate`` over the whole echo, and with the server's default gate (held over a fresh
 canceller's first ``--hold-s``, then only while it converges, ``--converge-s``, and for
-``--onset-ms`` into each answer's echo; ``--margin-db``, ``--tail-ms``, ``--removed-db``: all the
+``--onset-ms`` from each onset of the answer audio, sound after ``--onset-gap-ms`` without any;
+``--sentences``: answers of 2-3 sentences; ``--margin-db``, ``--tail-ms``, ``--removed-db``: all the
 settings' defaults). Each speech
 start during an answer's echo is one the echo would cut with barge-in on (no person speaks here).
 
@@ -19,7 +20,7 @@ Printed: each speech start of the tests' device, the answer it falls in and how 
 answer's echo; then the count per answer and device, per gate. It measures how
 long AEC3 leaks on a fresh stream (issue #37's "first second") and what the gate keeps out.
 
-    python tools/echo_leaks.py [--answers 4] [--rooms 8] [--plot PNG]
+    python tools/echo_leaks.py [--answers 4] [--rooms 8] [--sentences] [--onset-ms 500] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ TEXTS = [
     "Cows are large farm animals that give us milk, and they live in herds on green pastures.",
     "The weather today is sunny with a light breeze, perfect for a walk in the park.",
 ]
+# ``--sentences``: answers of two or three sentences, as the voice loop speaks them (each sentence
+# synthesized on its own and sent after the one before): the live leaks came at a sentence's first
+# syllable ("... nutritional needs. They", "Bees are").
+SENTENCES = [
+    ["Cows are herbivores, which means they eat plants.", "They primarily consume grass, hay and grain.",
+     "They spend many hours each day chewing."],
+    ["Bees make honey from the nectar of flowers.", "Bees are also important pollinators.",
+     "They live in large colonies called hives."],
+    ["The sky looks blue because of the way sunlight scatters.", "At sunset it can turn orange and red."],
+    ["A good breakfast has protein and fiber.", "Eggs, oatmeal and fruit are all great choices.",
+     "Try to drink a glass of water too."],
+]  # fmt: skip
 # (delay ms, gain, room seed): the tests' device first, then others.
 DEVICES = [
     (150, 0.7, 7),
@@ -77,6 +90,7 @@ def speech_starts(
     converge_s: float = 0.0,
     onset_ms: float = 0.0,
     hold_s: float = 0.0,
+    onset_gap_ms: float = 100.0,
 ) -> tuple[list[float], np.ndarray]:
     """(speech starts in s, the canceller's output): a stream's canceller and segmenter, gated or not
     (``ends``: a list given gets where each utterance ended, in s of the stream; ``canceller``: a
@@ -89,7 +103,14 @@ def speech_starts(
     segmenter = VadSegmenter()
     if margin_db > 0:
         segmenter.gate = SpeechGate(
-            canceller, margin_db, tail_ms, removed_db, converge_s=converge_s, onset_ms=onset_ms, hold_s=hold_s
+            canceller,
+            margin_db,
+            tail_ms,
+            removed_db,
+            converge_s=converge_s,
+            onset_ms=onset_ms,
+            onset_gap_ms=onset_gap_ms,
+            hold_s=hold_s,
         )
     starts, out = [], []
     for i in range(0, mic.size, PIECE):
@@ -131,7 +152,7 @@ def variants(margin_db: float, converge_s: float, onset_ms: float, hold_s: float
     ]
 
 
-def barge_ins(gates: list[Variant], tail_ms: float, removed_db: float) -> None:
+def barge_ins(gates: list[Variant], tail_ms: float, removed_db: float, onset_gap_ms: float) -> None:
     """The harder rooms of tools/bench_echo.py (17 sessions of 3 answers, RT60 0.3 s, 20-300 ms, the
     delay jumping in every other one; real human recordings barging in during the last answer of two
     sessions in three), per gate: speech starts in the echo before any person speaks, and how soon a
@@ -160,6 +181,7 @@ def barge_ins(gates: list[Variant], tail_ms: float, removed_db: float) -> None:
                 converge_s=converge_s,
                 onset_ms=onset_ms,
                 hold_s=hold_s,
+                onset_gap_ms=onset_gap_ms,
             )
             leaks[label][jump] += sum(1 for t in starts if first_echo <= t < onset - 0.1)
             if not person:
@@ -201,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--removed-db", type=float, default=defaults.echo_speech_gate_removed_db)
     parser.add_argument("--converge-s", type=float, default=defaults.echo_speech_gate_converge_s)
     parser.add_argument("--onset-ms", type=float, default=defaults.echo_speech_gate_onset_ms)
+    parser.add_argument("--onset-gap-ms", type=float, default=defaults.echo_speech_gate_onset_gap_ms)
+    parser.add_argument(
+        "--sentences", action="store_true", help="answers of 2-3 sentences, each synthesized on its own (SENTENCES)"
+    )
     parser.add_argument("--hold-s", type=float, default=defaults.echo_speech_gate_hold_s)
     parser.add_argument("--noise-dbfs", type=float, default=-60.0, help="the microphone's noise floor")
     parser.add_argument("--plot", type=Path)
@@ -211,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from tests.conftest import synthesize
 
-    answers = [synthesize(TEXTS[i % len(TEXTS)]).audio16k.astype(np.float32) for i in range(args.answers)]
+    if args.sentences:
+        texts = [SENTENCES[i % len(SENTENCES)] for i in range(args.answers)]
+        answers = [np.concatenate([synthesize(s).audio16k.astype(np.float32) for s in each]) for each in texts]
+    else:
+        answers = [synthesize(TEXTS[i % len(TEXTS)]).audio16k.astype(np.float32) for i in range(args.answers)]
     print(
         f"{args.answers} answers per device, pause {args.pause_s} s; gate {args.margin_db} dB over the floor, "
         f"{args.tail_ms:.0f} ms tail, under {args.removed_db} dB removed"
@@ -237,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 converge_s=converge_s,
                 onset_ms=onset_ms,
                 hold_s=hold_s,
+                onset_gap_ms=args.onset_gap_ms,
             )
             found[label] = starts
             out = cleaned if margin == 0 else out
@@ -248,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'all':>24s}  " + " / ".join(str(totals[label].tolist()) for label, *_ in gates))
     print("speech starts in the echo: " + ", ".join(f"{label} {totals[label].sum()}" for label, *_ in gates))
     if args.barge_ins:
-        barge_ins(gates, args.tail_ms, args.removed_db)
+        barge_ins(gates, args.tail_ms, args.removed_db, args.onset_gap_ms)
     if args.plot and shown is not None:
         plot(args.plot, answers, *shown)
         print(f"plot: {args.plot}")

@@ -51,6 +51,9 @@ MEASURE_FRAMES: Final = 60 * 100  # the last minute of (microphone, output) fram
 ACTIVE_FRAME_DBFS: Final = -50.0  # output frames quieter than this are silence: not measured
 MIN_ACTIVE_FRAMES: Final = 3  # fewer active frames than this in a span: no measure
 REFERENCE_SOUND: Final = 1e-3  # reference frames with a sample louder than this (-60 dBFS) are sound
+ONSET_GAP_MS: Final = 100.0  # reference quiet this long, then sound: an onset (echo_speech_gate_onset_gap_ms)
+MAX_STRETCHES: Final = 64  # stretches of reference sound remembered (onsets further back are not asked for)
+NEVER_FRAMES: Final = 1 << 30  # the quiet before the first sound: longer than any gap
 
 
 class EchoCanceller:
@@ -81,6 +84,9 @@ class EchoCanceller:
         self._processed_to = 0  # stream clock at the end of the audio put out so far
         self._reference_to: int | None = None  # ... and at the end of the last reference frame with sound
         self._sound_frames = 0  # 10 ms frames of reference with sound processed since the reset
+        self._quiet_frames = NEVER_FRAMES  # 10 ms frames of reference without sound since its last sound
+        # The latest stretches of reference sound: (stream clock at the start, frames without sound before it).
+        self._stretches: deque[tuple[int, int]] = deque(maxlen=MAX_STRETCHES)
         if self.detect is not None:
             self.detect.reset()
 
@@ -97,6 +103,17 @@ class EchoCanceller:
         if self._reference_to is None:
             return None
         return max(0, self._processed_to - self._reference_to) * 1000.0 / SAMPLE_RATE_HZ
+
+    def since_onset_ms(self, gap_ms: float) -> float | None:
+        """How long before the end of the audio put out so far the reference's latest onset began: sound
+        after at least ``gap_ms`` without any (a sentence's or a clause's first syllable, where AEC3
+        leaks most once converged: tools/README.md, echo_leaks.py); None: none among its latest
+        ``MAX_STRETCHES`` stretches of sound."""
+        gap_frames = gap_ms / 10.0
+        for start, quiet in reversed(self._stretches):
+            if quiet >= gap_frames:
+                return max(0, self._processed_to - start) * 1000.0 / SAMPLE_RATE_HZ
+        return None
 
     @property
     def reference_heard_s(self) -> float:
@@ -168,7 +185,7 @@ class EchoCanceller:
         sound = np.flatnonzero(loud)
         if sound.size:
             self._reference_to = start + int(sound[-1]) + 1
-            self._sound_frames += int(np.count_nonzero(loud.reshape(-1, FRAME_SAMPLES).any(axis=1)))
+        self._track_stretches(np.asarray(loud.reshape(-1, FRAME_SAMPLES).any(axis=1)), start)
         out = np.asarray(self._aec.process(np.ascontiguousarray(frames), reference), np.float32)
         aligned = np.concatenate([self._mic_tail, frames])  # the microphone as late as AEC3's output
         self._mic_tail = aligned[-OUTPUT_LATENCY_SAMPLES:].copy()
@@ -180,6 +197,17 @@ class EchoCanceller:
         # Each output frame's energy beside the microphone's for the same audio.
         self._removed.extend(zip(_frame_power(aligned, n), _frame_power(out, n), strict=True))
         return out
+
+    def _track_stretches(self, frame_sound: np.ndarray, start: int) -> None:
+        """Count the reference's 10 ms frames with sound, and note where each stretch of sound begins."""
+        for index, sound in enumerate(frame_sound.tolist()):
+            if not sound:
+                self._quiet_frames += 1
+                continue
+            self._sound_frames += 1
+            if self._quiet_frames:
+                self._stretches.append((start + index * FRAME_SAMPLES, self._quiet_frames))
+            self._quiet_frames = 0
 
     def removed_db(self, from_ms_ago: int, to_ms_ago: int) -> float | None:
         """How much the canceller took out of the audio it put out between ``from_ms_ago`` and
@@ -268,9 +296,11 @@ class SpeechGate:
         *,
         converge_s: float = 0.0,
         onset_ms: float = 0.0,
+        onset_gap_ms: float = ONSET_GAP_MS,
         hold_s: float = 0.0,
     ) -> None:
         self.canceller = canceller
+        self.onset_gap_ms = onset_gap_ms
         self.margin_db = margin_db
         self.tail_ms = tail_ms
         self.removed_db = removed_db
@@ -278,7 +308,6 @@ class SpeechGate:
         self.onset_ms = onset_ms
         self.hold_s = hold_s
         self._levels: deque[float] = deque()
-        self._echo_ms = 0.0  # how far into the current stretch of echo (0: outside the echo)
 
     @classmethod
     def of(cls, canceller: EchoCanceller, settings: Settings) -> SpeechGate:
@@ -290,6 +319,7 @@ class SpeechGate:
             settings.echo_speech_gate_removed_db,
             converge_s=settings.echo_speech_gate_converge_s,
             onset_ms=settings.echo_speech_gate_onset_ms,
+            onset_gap_ms=settings.echo_speech_gate_onset_gap_ms,
             hold_s=settings.echo_speech_gate_hold_s,
         )
 
@@ -304,19 +334,16 @@ class SpeechGate:
             self._levels.popleft()
         if self.canceller.passing:
             return True  # auto: this microphone carries no echo
+        after_ms = after * 1000.0 / SAMPLE_RATE_HZ
         since = self.canceller.since_reference_ms  # (at the end of the canceller's output, ``after`` past the frame)
-        if since is None or since - after * 1000.0 / SAMPLE_RATE_HZ > self.tail_ms:
-            self._echo_ms = 0.0
+        if since is None or since - after_ms > self.tail_ms:
             return True
-        self._echo_ms += frame_ms
         if self.canceller.reference_heard_s < self.hold_s:
             return False  # AEC3 has not found the echo yet: it passes it whole, as loud as a person
-        if (
-            self.converge_s > 0
-            and self.canceller.reference_heard_s >= self.converge_s
-            and self._echo_ms > self.onset_ms
-        ):
-            return True  # converged, and past this answer's first syllables
+        onset = self.canceller.since_onset_ms(self.onset_gap_ms) if self.onset_ms > 0 else None
+        at_onset = onset is not None and onset - after_ms < self.onset_ms
+        if self.converge_s > 0 and self.canceller.reference_heard_s >= self.converge_s and not at_onset:
+            return True  # converged, and not at the first syllables of a sentence or a clause
         floor = max(min(self._levels), self.FLOOR_MIN_DBFS)
         if level < floor + self.margin_db:
             return False

@@ -173,8 +173,18 @@ class StreamSettings(BaseModel):
     echo_speech_gate_onset_ms: int = Field(
         0,
         ge=0,
-        description="... the start of each answer's echo (after echo_speech_gate_tail_ms without any) that the gate "
-        "still holds once the canceller has converged, where the echo's delay may have moved; 0 = none",
+        description="... and, once the canceller has converged, for this long from each onset of the answer audio "
+        "(echo_speech_gate_onset_gap_ms), where AEC3 still leaks a sentence's first syllable ('They', 'Bees are'); "
+        "500 covers a device's delay (up to 300 ms) and the syllable: tools/echo_leaks.py --sentences, 8 leaks "
+        "instead of 27, but live it cost a person barging in their first words in 9 of 16 runs (docs/echo.md); "
+        "0 = none",
+    )
+    echo_speech_gate_onset_gap_ms: int = Field(
+        100,
+        ge=10,
+        description="... where an onset is answer audio after at least this long without any: a sentence's or a "
+        "clause's first syllable (Piper leaves 140-170 ms between sentences, 170-320 ms at a comma, under 80 ms "
+        "inside words)",
     )
     echo_speech_gate_tail_ms: int = Field(
         600,

@@ -300,10 +300,11 @@ def test_the_speech_gate_tail_is_a_setting() -> None:
 
 
 def test_the_speech_gate_holds_while_the_canceller_is_fresh_then_only_while_it_converges_and_at_onsets() -> None:
-    """``hold_s``, ``converge_s`` and ``onset_ms`` (echo_speech_gate_hold_s / _converge_s / _onset_ms,
-    at other values than their defaults 2, 6 and 500): before the canceller has heard ``hold_s`` of
-    answer audio nothing in the echo counts, however loud; then the level rule holds until it has
-    heard ``converge_s``, and after that only for ``onset_ms`` into each stretch of echo."""
+    """``hold_s``, ``converge_s``, ``onset_ms`` and ``onset_gap_ms`` (echo_speech_gate_hold_s /
+    _converge_s / _onset_ms / _onset_gap_ms, at other values than their defaults 2, 2, 0 and 100):
+    before the canceller has heard ``hold_s`` of answer audio nothing in the echo counts, however
+    loud; then the level rule holds until it has heard ``converge_s``, and after that only for
+    ``onset_ms`` from each onset of the answer audio (sound after ``onset_gap_ms`` without any)."""
     ec = EchoCanceller()
     floor, loud = np.full(480, 1e-3, np.float32), np.full(480, 0.05, np.float32)  # -60 and -26 dBFS
     ec.played(np.full(4 * RATE, 0.1, np.float32), at_sample=0)  # four seconds of answer
@@ -317,16 +318,35 @@ def test_the_speech_gate_holds_while_the_canceller_is_fresh_then_only_while_it_c
     ec.process(np.zeros(RATE, np.float32))  # 2 s heard: past the hold, still converging
     assert held(loud) and not held(floor)
 
-    onsets = SpeechGate(ec, margin_db=20.0, tail_ms=600.0, removed_db=100.0, converge_s=1.5, onset_ms=100.0)
+    onsets = SpeechGate(
+        ec, margin_db=20.0, tail_ms=600.0, removed_db=100.0, converge_s=1.5, onset_ms=100.0, onset_gap_ms=150.0
+    )
     whole = SpeechGate(ec, margin_db=20.0, tail_ms=600.0, removed_db=100.0)  # converge_s 0: the whole echo
-    assert not onsets(floor) and not onsets(floor) and not onsets(floor)  # 90 ms into the echo
-    assert onsets(floor)  # 120 ms: converged and past the onset, every frame counts
+    assert ec.since_onset_ms(150.0) == pytest.approx(2000.0)  # the answer began 2 s ago
+    assert onsets(floor)  # converged and past its onset: every frame counts
     assert not whole(floor)
-    ec.process(np.zeros(3 * RATE, np.float32))  # the answer ends; a second later the next one starts
-    assert onsets(floor)  # outside the echo
-    ec.played(np.full(RATE, 0.1, np.float32), at_sample=ec.position)
+
+    def sentence_after(quiet_s: float) -> None:
+        """The answer's next sentence, ``quiet_s`` after the end of the one before; 50 ms of it heard."""
+        ec.process(np.zeros(int(quiet_s * RATE), np.float32))
+        ec.played(np.full(RATE // 2, 0.1, np.float32), at_sample=ec.position)
+        ec.process(np.zeros(RATE // 20, np.float32))
+
+    ec.process(np.zeros(2 * RATE, np.float32))  # the first sentence ends
+    sentence_after(0.2)  # 200 ms between them: an onset
+    assert ec.since_onset_ms(150.0) == pytest.approx(50.0)
+    assert not onsets(floor) and whole(loud)  # its first syllables: the level rule again
     ec.process(np.zeros(RATE // 10, np.float32))
-    assert not onsets(floor)  # its onset again
+    assert onsets(floor)  # 150 ms into it
+    ec.process(np.zeros(7 * RATE // 20, np.float32))  # to its end
+    sentence_after(0.1)  # 100 ms between them: not an onset at a 150 ms gap
+    assert onsets(floor)
+    ec.process(np.zeros(9 * RATE // 20, np.float32))
+    shorter_gap = SpeechGate(
+        ec, margin_db=20.0, tail_ms=600.0, removed_db=100.0, converge_s=1.5, onset_ms=100.0, onset_gap_ms=50.0
+    )
+    sentence_after(0.1)  # at a 50 ms gap it is one
+    assert not shorter_gap(floor) and onsets(floor)
 
 
 def test_the_gap_and_the_ahead_bound_follow_their_settings(monkeypatch: pytest.MonkeyPatch) -> None:

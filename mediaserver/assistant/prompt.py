@@ -15,6 +15,7 @@ from mediaserver.assistant.tool_rounds import Toolbox, ToolRounds
 from mediaserver.assistant.turn_types import AssistantOptions
 from mediaserver.config import Settings
 from mediaserver.llm.prompt_size import message_bytes, prompt_bytes
+from mediaserver.llm.tools import ToolConfig
 from mediaserver.llm.types import ChatMessage
 
 CHARS_PER_TOKEN = 4  # the history budget is estimated in characters
@@ -38,12 +39,19 @@ def build_prompt(
     if not context:
         return system
     *earlier, last = context
-    tools = options.tools
-    allowed = gated(toolbox, settings.speaker_tools, speaker)
-    if tools is None and allowed is not None:
-        tools = ToolRounds.config(allowed, "auto")
+    tools = prompt_tools(options, settings, speaker, toolbox)
     budget = options.history_tokens * CHARS_PER_TOKEN - prompt_bytes([*system, last], tools)
     return [*system, *recent(earlier, budget, options.history_turns), last]
+
+
+def prompt_tools(
+    options: AssistantOptions, settings: Settings, speaker: str | None, toolbox: Toolbox | None
+) -> ToolConfig | None:
+    """The tools a turn's prompt lists: the client's own, else the MCP tools ``speaker`` may use."""
+    allowed = gated(toolbox, settings.speaker_tools, speaker)
+    if options.tools is None and allowed is not None:
+        return ToolRounds.config(allowed, "auto")
+    return options.tools
 
 
 def recent(earlier: Sequence[ChatMessage], budget: int, max_turns: int) -> list[ChatMessage]:

@@ -30,14 +30,14 @@ import contextvars
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
+from mediaserver.assistant.answer_text import AnswerText
 from mediaserver.assistant.audio_out import AudioOut, played_text
-from mediaserver.assistant.greeting import Greeting
 from mediaserver.assistant.history import History
-from mediaserver.assistant.prompt import CHARS_PER_TOKEN, build_prompt
+from mediaserver.assistant.prompt import CHARS_PER_TOKEN, build_prompt, prompt_tools
 from mediaserver.assistant.prompt_fit import fit
 from mediaserver.assistant.speaker_context import current_speaker
 from mediaserver.assistant.speaker_tools import gated
@@ -56,10 +56,8 @@ from mediaserver.events import (
     AssistantAudioStopped,
     AssistantError,
     AssistantText,
-    AssistantToolCallDelta,
     SessionEvent,
 )
-from mediaserver.llm.generation import LlmStream
 from mediaserver.llm.service import LlmService
 from mediaserver.llm.types import ChatMessage, GenerationParams
 from mediaserver.metrics import Metrics
@@ -94,6 +92,7 @@ class Assistant:
         self._emit = emit
         self.out = out
         self.metrics = VoiceMetrics.of(metrics)
+        self._text = AnswerText(settings, self.metrics, emit, self._turn_emit)  # the LLM's text → events, TTS
         self.name = name
         self._unavailable = unavailable or {}  # why a stage is off ("llm", "tts"), for the error
         self._history = History()
@@ -186,6 +185,23 @@ class Assistant:
     def prompt(self, context: Sequence[ChatMessage], options: AssistantOptions | None = None) -> list[ChatMessage]:
         """The system prompt and as much of ``context`` as the history budget allows (prompt.py)."""
         return build_prompt(context, options or self.options, self.settings, self.speaker, self.toolbox)
+
+    def prefill(self) -> None:
+        """Have the LLM engine evaluate this conversation's system prompt (and tools) now, into the
+        slot its first turn will take, so that turn evaluates only the question: the first answer
+        of a new system prompt comes sooner (llm/engine.py ``prefill``). In the background; nothing
+        without an LLM, before the engine runs, or once the conversation has begun."""
+        llm = self.llm
+        if llm is None or self._closed or self.history:
+            return
+        messages, tools = self.prompt([]), prompt_tools(self.options, self.settings, self.speaker, self.toolbox)
+
+        async def run() -> None:
+            await llm.prefill(messages, tools, model=self.options.model)
+
+        helper = asyncio.get_running_loop().create_task(run(), name=f"assistant-prefill-{self.name}")
+        self._helpers.add(helper)
+        helper.add_done_callback(self._helpers.discard)
 
     # --- turns --------------------------------------------------------------------------------
 
@@ -399,7 +415,7 @@ class Assistant:
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(stream)
             if not self._spoken(turn) or self.out is None:
-                await self._read_llm(turn, stream, speech_ended_at, None, rounds)
+                await self._text.read(turn, stream, speech_ended_at, None, rounds)
                 return
             if self.tts is None:
                 why = self._unavailable.get("tts", "not configured")
@@ -419,7 +435,7 @@ class Assistant:
                 raise StageFailed("tts", exc.code, exc.message) from None
             try:
                 async with asyncio.TaskGroup() as group:
-                    group.create_task(self._read_llm(turn, stream, speech_ended_at, speech, rounds))
+                    group.create_task(self._text.read(turn, stream, speech_ended_at, speech, rounds))
                     group.create_task(self._play(turn, speech, speech_ended_at))
             except* StageFailed as failures:
                 raise failures.exceptions[0] from None
@@ -443,68 +459,6 @@ class Assistant:
             turn.number, self.settings.mcp_max_calls_per_turn, progress, turn.released,
         )  # fmt: skip
         return rounds
-
-    async def _read_llm(
-        self,
-        turn: Turn,
-        stream: LlmStream,
-        speech_ended_at: float,
-        speech: Speech | None,
-        rounds: ToolRounds | None = None,
-    ) -> None:
-        first = True
-        greeting = (
-            Greeting(turn.greet, self.settings.assistant_greeting, self.settings.assistant_first_clause_words or 8)
-            if turn.greet is not None
-            else None
-        )
-
-        async def send(text: str) -> None:
-            if not text:
-                return
-            turn.text += text
-            await self._turn_emit(turn, AssistantText(turn.number, text, turn.text))
-            if speech is not None:
-                speech.feed(text)
-
-        try:
-            async for delta in self._deltas(turn, stream, rounds):
-                if first:
-                    first = False
-                    self.metrics.observe("llm_first_token", time.monotonic() - speech_ended_at)
-                turn.progress_at = time.monotonic()
-                await send(greeting.push(delta) if greeting is not None else delta)
-            if greeting is not None:
-                await send(greeting.end())
-            last = rounds.last if rounds is not None and rounds.last is not None else stream
-            turn.usage, turn.finish_reason = last.usage, last.finish_reason
-            if rounds is None:
-                turn.tool_calls = tuple(last.tool_calls)
-        except ApiError as exc:
-            raise StageFailed("llm", exc.code, exc.message) from None
-        finally:
-            if speech is not None and not speech.closed:
-                speech.end()
-
-    async def _deltas(self, turn: Turn, stream: LlmStream, rounds: ToolRounds | None) -> AsyncIterator[str]:
-        """The answer's text. With tools the caller runs (``options.tools``), the calls' pieces go
-        out as ``AssistantToolCallDelta`` events as they come; with MCP tools, ``rounds`` runs them."""
-        if rounds is not None:
-            async for delta in rounds.text(stream):
-                yield delta
-            return
-        if turn.options.tools is None:
-            async for delta in stream:
-                yield delta
-            return
-        async for event in stream.events():
-            if isinstance(event, str):
-                yield event
-            else:
-                turn.progress_at = time.monotonic()
-                await self._emit(
-                    AssistantToolCallDelta(turn.number, event.index, event.id, event.name, event.arguments)
-                )
 
     async def _play(self, turn: Turn, speech: Speech, speech_ended_at: float) -> None:
         assert self.out is not None

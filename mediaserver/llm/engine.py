@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,7 +27,7 @@ from mediaserver.llm.prompt_size import TEMPLATE_BYTES_PER_MESSAGE, TOOLS_PREAMB
 from mediaserver.llm.registry import LlmSource, is_hub_id
 from mediaserver.llm.slots import SlotAffinity
 from mediaserver.llm.tools import ToolConfig
-from mediaserver.llm.types import BackendEvent, BackendKind, ChatRequest
+from mediaserver.llm.types import BackendEvent, BackendKind, ChatMessage, ChatRequest
 from mediaserver.llm.upstream import UpstreamChat, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -224,6 +224,15 @@ class LlamaServerEngine:
                 await self.process.wait_ready()
             finally:
                 await events.aclose()  # closes the HTTP stream: llama-server frees the slot at once
+
+    async def prefill(self, messages: Sequence[ChatMessage], tools: ToolConfig | None) -> int:
+        """Put the prompt of ``messages`` in the cache of the slot a new conversation takes next
+        (``SlotAffinity.next_new``): its first turn then evaluates only what follows. Nothing when
+        every slot is busy or the engine is not serving; the prompt tokens evaluated."""
+        slot = self.affinity.next_new()
+        if slot is None or not self.process.ready:
+            return 0
+        return await self.process.prefill(messages, tools, slot, self.process.settings.llm_request_timeout_s)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -551,6 +551,20 @@ class LlamaServerProcess:
             response.raise_for_status()
             return await response.json()
 
+    async def prefill(
+        self, messages: Sequence[ChatMessage], tools: ToolConfig | None, slot: int, timeout_s: float
+    ) -> int:
+        """Evaluate the prompt of ``messages`` (with ``tools``, the model's chat template) into
+        ``slot``'s cache, generating nothing; the prompt tokens it evaluated."""
+        body: dict[str, Any] = {"messages": [m.openai() for m in messages]}
+        if tools is not None:
+            body["tools"] = [tool.openai() for tool in tools.tools]
+        prompt = (await self.post_json("/apply-template", body, timeout_s))["prompt"]
+        done = await self.post_json(
+            "/completion", {"prompt": prompt, "n_predict": 0, "id_slot": slot, "cache_prompt": True}, timeout_s
+        )
+        return int(done.get("timings", {}).get("prompt_n", 0))
+
     async def count_prompt_tokens(self, messages: Sequence[ChatMessage], tools: ToolConfig | None = None) -> int:
         """The prompt's length in tokens, with the model's chat template (``/apply-template``, ``/tokenize``)."""
         assert self._http is not None

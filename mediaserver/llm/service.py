@@ -375,6 +375,23 @@ class LlmService:
                     log.info("the prompt of %s could not be counted (%s); using its byte bound", source.name, exc)
         return PromptTokens(bound, limit)
 
+    async def prefill(
+        self, messages: Sequence[ChatMessage], tools: ToolConfig | None = None, *, model: str | None = None
+    ) -> int:
+        """Evaluate a conversation's start (its system prompt) ahead of its first turn, into the slot
+        that turn will take, on ``model``'s local engine if it is already running (nothing else:
+        an upstream, an engine not started). The prompt tokens evaluated; failures are logged, not
+        raised (the turn then evaluates them itself)."""
+        try:
+            source = self.sources.resolve(model)
+            engine = self._backends.get(source.name)
+            if not isinstance(engine, LlamaServerEngine):
+                return 0
+            return await engine.prefill(messages, tools)
+        except (ApiError, aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+            log.debug("no prefill of %s: %s", model or "the default model", exc)
+            return 0
+
     async def complete(
         self, messages: Sequence[ChatMessage], params: GenerationParams | None = None, *, model: str | None = None
     ) -> Completion:

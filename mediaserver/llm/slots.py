@@ -69,7 +69,7 @@ class SlotAffinity:
         if slot is None:
             slot = self._holding(held, free)
         if slot is None or slot in self._busy:
-            slot = min(free, key=lambda s: self._used_at[s])
+            slot = self._coldest(free)
         self._held[slot] = held
         self._busy.add(slot)
         self._used_at[slot] = time.monotonic()
@@ -78,6 +78,16 @@ class SlotAffinity:
         while len(self._slot_of) > MAX_CONVERSATIONS:
             self._slot_of.popitem(last=False)
         return slot
+
+    def _coldest(self, free: list[int]) -> int:
+        return min(free, key=lambda s: self._used_at[s])
+
+    def next_new(self) -> int | None:
+        """The slot a new conversation would take now (the free one used longest ago), not marked
+        busy or used: a prefill (``LlamaServerEngine.prefill``) puts its system prompt there. None:
+        every slot is busy."""
+        free = [slot for slot in range(self.slots) if slot not in self._busy]
+        return self._coldest(free) if free else None
 
     def _holding(self, held: frozenset[str], free: list[int]) -> int | None:
         """The free slot whose last prompt shared the most of these messages (a trimmed history)."""

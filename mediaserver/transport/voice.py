@@ -37,6 +37,7 @@ def new_assistant(
     """An assistant answering ``stream``'s final transcripts (the voice loop of WebRTC and the device socket)."""
     assistant = make_assistant(app, stream.id, emit, out, values)
     stream.assistant = assistant
+    assistant.prefill()  # the system prompt, while the user has not spoken yet
     return assistant
 
 
@@ -54,4 +55,7 @@ def check_voice(app: web.Application, values: Mapping[str, object], base: Assist
 
 
 def update_assistant(assistant: Assistant, values: Mapping[str, object]) -> None:
+    before = assistant.options.system_prompt
     assistant.configure(assistant_options_from(dict(values), assistant.options))
+    if assistant.options.system_prompt != before:
+        assistant.prefill()

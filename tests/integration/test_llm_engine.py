@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,13 @@ import pytest
 from aiohttp import web
 
 from mediaserver.app import create_app
+from mediaserver.assistant.turn_types import AssistantOptions
+from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.llm.service import LlmService
 from mediaserver.llm.types import ChatMessage, GenerationParams
+from mediaserver.metrics import Metrics
 from tests.llm_engine import engine, wait_busy, wait_idle
 
 STORY = [{"role": "user", "content": "Tell me a long story about a cat who travels the world."}]
@@ -213,6 +217,51 @@ async def test_a_history_trimmed_to_its_budget_keeps_its_prompt_cache(llm_servic
     assert usage is not None and usage.cached_tokens is not None
     # All but the system prompt's end, the dropped turn's place and the new question came from the cache.
     assert usage.cached_tokens >= 0.6 * usage.prompt_tokens, usage
+
+
+async def test_a_prefilled_system_prompt_is_the_first_turns_cache(llm_service: LlmService) -> None:
+    """``LlmService.prefill`` (the voice loop's, when a session starts) evaluates a new system prompt
+    into the slot the conversation's first turn takes: that turn gets it from the cache, where the
+    first turn of another new system prompt, not prefilled, evaluates it again."""
+    await wait_idle(llm_service)
+
+    def system(name: str) -> ChatMessage:
+        return ChatMessage("system", f"{name} is your name. You answer in one short sentence, kindly and clearly.")
+
+    question = ChatMessage("user", "Name a fruit.")
+    async with llm_service.stream([system("Juniper"), question], GenerationParams(max_tokens=3)) as answer:
+        await answer.text()
+    cold = answer.usage
+    evaluated = await llm_service.prefill([system("Marigold")])
+    assert evaluated >= 15, evaluated  # the system turn: ~20 tokens
+    async with llm_service.stream([system("Marigold"), question], GenerationParams(max_tokens=3)) as answer:
+        await answer.text()
+    warm = answer.usage
+    assert cold is not None and warm is not None and cold.cached_tokens is not None and warm.cached_tokens is not None
+    assert warm.cached_tokens >= evaluated - 4, (evaluated, warm)  # all but the prefill's "assistant" turn
+    assert cold.cached_tokens < 10 <= warm.cached_tokens - cold.cached_tokens, (cold, warm)
+    assert await llm_service.prefill([system("Aster")], model="no-such-model") == 0  # an unknown model: nothing
+
+
+async def test_a_voice_loop_session_prefills_the_prompt_its_first_turn_sends(llm_service: LlmService) -> None:
+    """``Assistant.prefill`` (a voice-loop session's start) evaluates the very system prompt its first
+    turn sends (``Assistant.messages``): that turn takes it from the cache."""
+    await wait_idle(llm_service)
+    settings = llm_service.settings
+    options = replace(
+        AssistantOptions.from_settings(settings), system_prompt="Thistle is your name. Answer in one short sentence."
+    )
+
+    async def emit(_: object) -> None:
+        return None
+
+    assistant = Assistant(llm_service, None, settings, options, emit, None, Metrics())
+    assistant.prefill()
+    await asyncio.wait_for(asyncio.gather(*assistant._helpers), 30)
+    async with llm_service.stream(assistant.messages("Name a fruit."), GenerationParams(max_tokens=3)) as answer:
+        await answer.text()
+    assert answer.usage is not None and (answer.usage.cached_tokens or 0) >= 15, answer.usage
+    await assistant.aclose()
 
 
 async def test_engine_killed_mid_answer_restarts(server: Any, llm_service: LlmService) -> None:

@@ -54,3 +54,15 @@ def test_a_history_trimmed_to_its_budget_keeps_its_slot() -> None:
     # One message in common (the same everyday question in another conversation) is not enough.
     stranger = [SYSTEM, ChatMessage("user", "x question 0"), ChatMessage("assistant", "answer 0"), full[-1]]
     assert slots.take(stranger) != a
+
+
+def test_a_prefill_goes_where_the_next_new_conversation_will_and_marks_nothing() -> None:
+    """``next_new`` (the slot ``LlamaServerEngine.prefill`` fills with a system prompt) is the slot the
+    next new conversation takes, and asking it neither reserves nor ages that slot."""
+    slots = SlotAffinity(3)
+    slots.give(slots.take(conversation("a", 1)))
+    ahead = slots.next_new()
+    assert ahead is not None and slots.next_new() == ahead
+    assert slots.take(conversation("b", 1)) == ahead
+    busy = [ahead, slots.take(conversation("c", 1)), slots.take(conversation("d", 1))]
+    assert sorted(busy) == [0, 1, 2] and slots.next_new() is None  # every slot busy: no prefill

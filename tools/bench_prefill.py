@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""A new conversation's first token, with and without its system prompt prefilled.
+
+The voice loop evaluates a session's system prompt (and tools) when the session starts, into the
+llama-server slot its first turn will take (``LlmService.prefill``), so the first answer evaluates
+only the question. This bench runs the server's own ``LlmService`` on the bundled SmolLM2 engine
+and alternates, for ``--conversations`` new system prompts (each one new to the engine, as a
+session's own ``system_prompt`` or a speaker-named prompt is): the first turn on a cold slot, and
+the first turn after ``prefill``. Printed: the time to the first token and the prompt tokens taken
+from the cache, each, and the medians side by side; ``--plot`` draws both.
+
+    python tools/bench_prefill.py [--conversations 10] [--plot docs/prefill.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import REPO, median
+
+sys.path.insert(0, str(REPO))
+
+from mediaserver.config import Settings
+from mediaserver.llm.service import LlmService
+from mediaserver.llm.types import ChatMessage, GenerationParams
+from mediaserver.metrics import Metrics
+
+SYSTEM = "{} is your name. You are a helpful voice assistant. Answer in one or two short sentences, kindly and clearly."
+NAMES = ["Juniper", "Marigold", "Aster", "Willow", "Hazel", "Rowan", "Sorrel", "Linden", "Briar", "Clover"]
+QUESTION = ChatMessage("user", "What do bees make?")
+
+
+async def first_token(llm: LlmService, messages: list[ChatMessage]) -> tuple[float, int]:
+    """Seconds to the first token, and the prompt tokens the engine took from its cache."""
+    began = time.perf_counter()
+    first = float("nan")
+    async with llm.stream(messages, GenerationParams(max_tokens=8, temperature=0.0)) as answer:
+        async for _ in answer:
+            first = time.perf_counter() - began
+            break
+        await answer.text()
+    usage = answer.usage
+    return first, usage.cached_tokens or 0 if usage is not None else 0
+
+
+async def run(conversations: int) -> dict[str, list[float]]:
+    llm = LlmService(Settings(), Metrics())
+    await llm.start()
+    times: dict[str, list[float]] = {"cold": [], "prefilled": []}
+    try:
+        await first_token(llm, [ChatMessage("system", "Warm up."), ChatMessage("user", "Hi.")])
+        for n in range(conversations):
+            name = f"{NAMES[n % len(NAMES)]}{n // len(NAMES) or ''}"
+            system = ChatMessage("system", SYSTEM.format(name))
+            kind = "prefilled" if n % 2 else "cold"
+            if kind == "prefilled":
+                evaluated = await llm.prefill([system])
+            await asyncio.sleep(0.3)  # a person starting to speak
+            seconds, cached = await first_token(llm, [system, QUESTION])
+            times[kind].append(seconds)
+            extra = f" (prefill evaluated {evaluated})" if kind == "prefilled" else ""
+            print(f"{name:10s} {kind:9s} first token {seconds:.3f} s, {cached} prompt tokens from the cache{extra}")
+    finally:
+        await llm.aclose()
+    return times
+
+
+def plot(times: dict[str, list[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.boxplot(
+        [times["cold"], times["prefilled"]],
+        tick_labels=["cold slot", "system prompt prefilled"],
+        orientation="horizontal",
+    )
+    ax.set_xlabel("a new conversation's first token, s (SmolLM2-135M, llama-server, 1 thread)")
+    ax.set_title("tools/bench_prefill.py")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conversations", type=int, default=10)
+    parser.add_argument("--plot", type=Path, default=None)
+    args = parser.parse_args()
+    times = asyncio.run(run(args.conversations))
+    cold, warm = median(times["cold"]), median(times["prefilled"])
+    print(f"first token, median: cold {cold:.3f} s, prefilled {warm:.3f} s ({cold / warm:.1f}x sooner)")
+    if args.plot is not None:
+        plot(times, args.plot)
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

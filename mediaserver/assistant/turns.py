@@ -186,18 +186,22 @@ class Assistant:
         """The system prompt and as much of ``context`` as the history budget allows (prompt.py)."""
         return build_prompt(context, options or self.options, self.settings, self.speaker, self.toolbox)
 
-    def prefill(self) -> None:
+    def prefill(self, options: AssistantOptions | None = None, *, own_tools: bool = True) -> None:
         """Have the LLM engine evaluate this conversation's system prompt (and tools) now, into the
         slot its first turn will take, so that turn evaluates only the question: the first answer
         of a new system prompt comes sooner (llm/engine.py ``prefill``). In the background; nothing
-        without an LLM, before the engine runs, or once the conversation has begun."""
+        without an LLM, before the engine runs, or once the conversation has begun. ``options``:
+        another conversation's (a Realtime session's instructions); ``own_tools`` false: its turns
+        list no tools of this assistant's (a Realtime response brings its own)."""
         llm = self.llm
         if llm is None or self._closed or self.history:
             return
-        messages, tools = self.prompt([]), prompt_tools(self.options, self.settings, self.speaker, self.toolbox)
+        options = options or self.options
+        messages = self.prompt([], options)
+        tools = prompt_tools(options, self.settings, self.speaker, self.toolbox) if own_tools else options.tools
 
         async def run() -> None:
-            await llm.prefill(messages, tools, model=self.options.model)
+            await llm.prefill(messages, tools, model=options.model)
 
         helper = asyncio.get_running_loop().create_task(run(), name=f"assistant-prefill-{self.name}")
         self._helpers.add(helper)

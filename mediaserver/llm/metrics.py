@@ -68,6 +68,12 @@ class LlmMetrics:
             ["model"],
             registry=registry,
         )
+        self.prefills = Counter(
+            "mediaserver_llm_prefills",
+            "System prompts evaluated ahead of a conversation's first turn (a voice-loop or Realtime session's)",
+            ["model"],
+            registry=registry,
+        )
         self.engine_restarts = Counter(
             "mediaserver_llm_engine_restarts",
             "Restarts of a model's llama-server engine after it exited",

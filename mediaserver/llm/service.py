@@ -387,7 +387,9 @@ class LlmService:
             engine = self._backends.get(source.name)
             if not isinstance(engine, LlamaServerEngine):
                 return 0
-            return await engine.prefill(messages, tools)
+            evaluated = await engine.prefill(messages, tools)
+            self.metrics.prefills.labels(source.name).inc()
+            return evaluated
         except (ApiError, aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
             log.debug("no prefill of %s: %s", model or "the default model", exc)
             return 0

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import numpy as np
 import openai
 import pytest
@@ -174,6 +175,39 @@ async def test_sdk_text_turn(conv_server: LiveServer) -> None:
         assert details is not None and details.cached_tokens is not None and details.cached_tokens_details is not None
         assert usage.input_tokens // 2 <= details.cached_tokens < usage.input_tokens, usage
         assert details.cached_tokens_details.text_tokens == details.cached_tokens
+
+
+async def test_a_sessions_instructions_are_prefilled_before_its_first_response(conv_server: LiveServer) -> None:
+    """New ``instructions`` (a session without tools) are evaluated by the LLM engine as the session
+    is updated, into the slot its first response takes (``Conversation.prefill``): that response's
+    usage reports them cached, where a session's first response evaluated them itself before."""
+    instructions = "Quillon is your name. You answer every question in one short, friendly sentence."
+
+    async def prefills() -> float:
+        async with aiohttp.ClientSession() as http, http.get(f"{conv_server.url}/metrics") as resp:
+            text = await resp.text()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("mediaserver_llm_prefills_total")
+        )
+
+    async with sdk(conv_server).realtime.connect(model="gpt-realtime") as connection:
+        await until(connection, "session.created")
+        before = await prefills()
+        await connection.session.update(session={**TEXT_ONLY, "instructions": instructions})
+        await until(connection, "session.updated")
+        async with asyncio.timeout(30):
+            while await prefills() <= before:  # the engine's answer to the prefill (polled: no event says it)
+                await asyncio.sleep(0.05)
+        await connection.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}
+        )
+        await connection.response.create()
+        usage = (await until(connection, "response.done"))[-1].response.usage
+    details = usage.input_token_details
+    assert details is not None and details.cached_tokens is not None
+    assert details.cached_tokens >= 15, usage  # the instructions' ~20 tokens and the system turn's marks
 
 
 async def test_realtime_max_items_forgets_the_oldest_items(server_factory: Callable[..., Any]) -> None:

@@ -88,6 +88,7 @@ class Conversation:
         self.responses = 0
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
+        self._prefilled: tuple[str, str | None] | None = None  # the instructions and model prefilled
         # The session's echo canceller, when it runs (audio/echo.py): the deltas sent are its reference.
         # Where the answer item being sent plays: for each delta, (ms into the item, stream-clock
         # sample it plays from), so a truncate at ``audio_end_ms`` cuts the reference there.
@@ -342,6 +343,20 @@ class Conversation:
         if response.task is not None and response.task is not asyncio.current_task():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await response.task
+
+    def prefill(self) -> None:
+        """Have the LLM engine evaluate the session's ``instructions`` before its first response, into
+        the slot that response takes (``Assistant.prefill``): only while the conversation has no
+        items, once per instructions and model, and not for a session with tools (each response lists
+        them, and the prefill would have to render them as it does)."""
+        config = self.config
+        key = (config.instructions, config.llm_model)
+        if len(self.items) or config.tools or config.mcp or key == self._prefilled:
+            return
+        self._prefilled = key
+        base = self.assistant.options
+        options = replace(base, system_prompt=config.instructions, model=config.llm_model or base.model, tools=None)
+        self.assistant.prefill(options, own_tools=False)
 
     def set_mcp(self, declared: tuple[McpTool, ...]) -> None:
         """The session's MCP tools changed (or were first given): connect and list the new set."""

@@ -202,6 +202,7 @@ class RealtimeSession(SocketSession, Host):
             self.send_session("transcription_session.created", self.config)
         if self.conversation is not None and self.conversation_config is not None:
             self.conversation.set_mcp(self.conversation_config.mcp)
+            self.conversation.prefill()
 
     def on_idle(self, idle_s: float) -> None:
         self.send_error("idle_timeout", f"No client event for {idle_s:g} s; closing the session.")
@@ -463,6 +464,7 @@ class RealtimeSession(SocketSession, Host):
             self.send_session(work.reply, work.config, work.conversation)
             if self.conversation is not None and work.conversation is not None:
                 self.conversation.set_mcp(work.conversation.mcp)
+                self.conversation.prefill()
         elif isinstance(work, Commit):
             await self._commit_buffer(work.client_event_id)
         elif isinstance(work, Clear):

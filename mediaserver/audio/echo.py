@@ -100,9 +100,11 @@ class EchoCanceller:
         """How long before the end of the audio put out so far the reference last had sound in it
         (0 while it has); None: none yet. The echo of it can still be arriving for the device's
         delay and the room's reverberation after that."""
-        if self._reference_to is None:
-            return None
-        return max(0, self._processed_to - self._reference_to) * 1000.0 / SAMPLE_RATE_HZ
+        return None if self._reference_to is None else self._ms_before_end(self._reference_to)
+
+    def _ms_before_end(self, sample: int) -> float:
+        """How long before the end of the audio put out so far stream-clock ``sample`` is."""
+        return max(0, self._processed_to - sample) * 1000.0 / SAMPLE_RATE_HZ
 
     def since_onset_ms(self, gap_ms: float) -> float | None:
         """How long before the end of the audio put out so far the reference's latest onset began: sound
@@ -112,7 +114,7 @@ class EchoCanceller:
         gap_frames = gap_ms / 10.0
         for start, quiet in reversed(self._stretches):
             if quiet >= gap_frames:
-                return max(0, self._processed_to - start) * 1000.0 / SAMPLE_RATE_HZ
+                return self._ms_before_end(start)
         return None
 
     @property

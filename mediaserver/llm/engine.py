@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
 from mediaserver.errors import InvalidParameter, ModelUnavailable, Overloaded
-from mediaserver.llm.engine_process import LlamaServerProcess
+from mediaserver.llm.engine_process import LlamaServerProcess, template_body
 from mediaserver.llm.forced_calls import as_call, call_schema, forced_tools
 from mediaserver.llm.prompt_size import TEMPLATE_BYTES_PER_MESSAGE, TOOLS_PREAMBLE_BYTES, PromptTooLong
 from mediaserver.llm.registry import LlmSource, is_hub_id
@@ -229,10 +229,14 @@ class LlamaServerEngine:
         """Put the prompt of ``messages`` in the cache of the slot a new conversation takes next
         (``SlotAffinity.next_new``): its first turn then evaluates only what follows. Nothing when
         every slot is busy or the engine is not serving; the prompt tokens evaluated."""
-        slot = self.affinity.next_new()
-        if slot is None or not self.process.ready:
+        slot, process = self.affinity.next_new(), self.process
+        if slot is None or not process.ready:
             return 0
-        return await self.process.prefill(messages, tools, slot, self.process.settings.llm_request_timeout_s)
+        timeout_s = process.settings.llm_request_timeout_s
+        prompt = (await process.post_json("/apply-template", template_body(messages, tools), timeout_s))["prompt"]
+        body = {"prompt": prompt, "n_predict": 0, "id_slot": slot, "cache_prompt": True}  # evaluate, write nothing
+        done = await process.post_json("/completion", body, timeout_s)
+        return int(done.get("timings", {}).get("prompt_n", 0))
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -107,6 +107,14 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def template_body(messages: Sequence[ChatMessage], tools: ToolConfig | None) -> dict[str, Any]:
+    """What llama-server's ``/apply-template`` renders: the messages, and the tools they list."""
+    body: dict[str, Any] = {"messages": [m.openai() for m in messages]}
+    if tools is not None:
+        body["tools"] = [tool.openai() for tool in tools.tools]
+    return body
+
+
 def http_threads(slots: int) -> int:
     """llama-server's ``--threads-http``: a thread for every connection this process may hold open.
 
@@ -551,27 +559,10 @@ class LlamaServerProcess:
             response.raise_for_status()
             return await response.json()
 
-    async def prefill(
-        self, messages: Sequence[ChatMessage], tools: ToolConfig | None, slot: int, timeout_s: float
-    ) -> int:
-        """Evaluate the prompt of ``messages`` (with ``tools``, the model's chat template) into
-        ``slot``'s cache, generating nothing; the prompt tokens it evaluated."""
-        body: dict[str, Any] = {"messages": [m.openai() for m in messages]}
-        if tools is not None:
-            body["tools"] = [tool.openai() for tool in tools.tools]
-        prompt = (await self.post_json("/apply-template", body, timeout_s))["prompt"]
-        done = await self.post_json(
-            "/completion", {"prompt": prompt, "n_predict": 0, "id_slot": slot, "cache_prompt": True}, timeout_s
-        )
-        return int(done.get("timings", {}).get("prompt_n", 0))
-
     async def count_prompt_tokens(self, messages: Sequence[ChatMessage], tools: ToolConfig | None = None) -> int:
         """The prompt's length in tokens, with the model's chat template (``/apply-template``, ``/tokenize``)."""
         assert self._http is not None
-        body: dict[str, Any] = {"messages": [m.openai() for m in messages]}
-        if tools is not None:
-            body["tools"] = [tool.openai() for tool in tools.tools]
-        async with self._http.post(f"{self.base_url}/apply-template", json=body) as response:
+        async with self._http.post(f"{self.base_url}/apply-template", json=template_body(messages, tools)) as response:
             response.raise_for_status()
             prompt = (await response.json())["prompt"]
         async with self._http.post(f"{self.base_url}/tokenize", json={"content": prompt, "add_special": True}) as resp:

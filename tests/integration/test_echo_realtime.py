@@ -219,15 +219,35 @@ async def test_with_echo_cancellation_no_word_of_the_answer_is_heard_and_a_perso
             )
         )
         cut = len(device.messages)
+        person_from_ms = device.mic_samples * 1000 // RATE  # input audio time: they speak from here on
         device.say(person)
         done = await device.until("response.done", mark)
         assert done["response"]["status_details"]["reason"] == "turn_detected", done
         truncated = await device.until("conversation.item.truncated", mark)
         assert truncated["type"] == "conversation.item.truncated", truncated
-        # (every utterance since has its transcript: a leak's, often empty, may come before theirs)
-        await device.condition(lambda: device.said_done and device.settled and bool(device.heard_since(cut)))
+        # Every utterance since has its transcript, and server VAD has closed one past the moment
+        # they began: a leak's (often empty) may come before theirs, and that alone is not enough.
+        await device.condition(
+            lambda: (
+                device.said_done
+                and device.settled
+                and any(
+                    m["type"] == "input_audio_buffer.speech_stopped" and m["audio_end_ms"] > person_from_ms
+                    for m in device.messages[cut:]
+                )
+            )
+        )
         words_said = {*words(reference), "10"}  # "go forward ten meters"; Whisper writes "10"
-        assert words_said & set(words(" ".join(device.heard_since(cut)))), device.heard_since(cut)
+        vad = [
+            (m["type"], m.get("audio_start_ms", m.get("audio_end_ms")))
+            for m in device.messages[cut:]
+            if m["type"] in SETTLED[:2]
+        ]
+        assert words_said & set(words(" ".join(device.heard_since(cut)))), (
+            device.heard_since(cut),
+            person_from_ms,
+            vad,
+        )
         if device.messages.index(done) < cut:
             pytest.xfail(f"the answer's echo cut it before the person spoke: {device.heard_since(mark)}")
 

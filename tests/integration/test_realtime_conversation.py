@@ -486,9 +486,10 @@ async def test_beta_client_text_then_g711_audio(raw: Callable[..., Any], asr_ser
     transcript = next(e for e in events if e["type"] == "response.audio_transcript.done")["transcript"]
     ulaw = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.audio.delta")
     audio = ULAW_TO_PCM16[np.frombuffer(ulaw, np.uint8)].astype(np.float32) / 32768.0
-    heard = await transcribe(asr_service, audio, 8000)
-    # Telephone audio (8 kHz, 8 bits): tiny.en hears it less well than 24 kHz PCM.
-    assert wer(transcript, heard) <= 0.35 and ANSWER_WORD in heard.lower(), (transcript, heard)
+    # Telephone audio (8 kHz, 8 bits): tiny.en hears it less well than 24 kHz PCM (in one CI run,
+    # "consume grass" as "can soon grasp"), so the base model listens (it heard every word in 4 runs of 4).
+    heard = await transcribe(asr_service, audio, 8000, model="base")
+    assert wer(transcript, heard) <= 0.2 and ANSWER_WORD in heard.lower(), (transcript, heard)
 
     await client.send({"type": "conversation.item.delete", "item_id": user_id, "event_id": "del"})
     deleted = (await client.until("conversation.item.deleted"))[-1]

@@ -54,9 +54,10 @@ async def voice_server(server_factory: Callable[..., Any]) -> LiveServer:
     return server
 
 
-async def transcribe(asr: AsrService, audio: np.ndarray, rate_hz: int) -> str:
+async def transcribe(asr: AsrService, audio: np.ndarray, rate_hz: int, model: str | None = None) -> str:
     audio16 = resample_mono(audio.astype(np.float32), rate_hz)
-    result = await asr.transcribe(audio16, TranscriptionOptions(language="en", with_segment_timestamps=False))
+    options = TranscriptionOptions(language="en", with_segment_timestamps=False)
+    result = await asr.transcribe(audio16, options, model=model)
     return result.text
 
 

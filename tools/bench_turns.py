@@ -68,7 +68,7 @@ from mediaserver.config import Settings
 from mediaserver.devices import choose_device
 from mediaserver.events import SAMPLE_RATE_HZ, Priority, TranscriptionOptions
 from mediaserver.metrics import Metrics
-from mediaserver.turns.decision import TurnRule, Words
+from mediaserver.turns.decision import TurnRule, Words, text_skipped
 from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel
 from mediaserver.turns.words import ends_unfinished
@@ -211,9 +211,12 @@ class TextJudge:
     threshold: float  # a score below it vetoes the model and the finished words
     hold_ms: int  # a vetoed pause ends at this silence (0: the cap)
     scores: dict[str, tuple[float, float]]  # words -> (probability, scoring ms)
+    skip_endings: tuple[str, ...] = ()  # words ending on one of these are not scored (turn_text_skip_endings)
 
-    def of(self, pause: Pause) -> tuple[bool, float, float]:
-        """(veto, probability, into the pause when the score is known)."""
+    def of(self, pause: Pause) -> tuple[bool, float | None, float]:
+        """(veto, probability or None (not scored), into the pause when the score is known)."""
+        if text_skipped(pause.words, self.skip_endings):
+            return False, None, pause.words_ready_ms
         probability, ms = self.scores[pause.words]
         return probability < self.threshold, probability, pause.words_ready_ms + ms
 
@@ -244,14 +247,16 @@ def pause_end(
     """Into the pause, where ``policy`` ends the turn (and why), or None if it does not."""
     words_class = rule.words(pause.words) if pause.words_ready_ms else Words.UNKNOWN
     ends: list[tuple[int, str]] = []
-    veto, text_probability, text_ready = False, 1.0, 0.0
+    veto, text_ready = False, 0.0
+    text_probability: float | None = None
     if policy == "rule+text":
         assert text is not None
         if not pause.words_ready_ms:
             return None  # no words, no check
         veto, text_probability, text_ready = text.of(pause)
         if veto and text.hold_ms > 0:
-            ends.append((_frame_up(max(text.hold_ms, text_ready)), f"text {text_probability:.3f} held {text.hold_ms}"))
+            held = f"text {text_probability or 0.0:.3f} held {text.hold_ms}"
+            ends.append((_frame_up(max(text.hold_ms, text_ready)), held))
     for n, check in enumerate(pause.checks):
         arrives = check.silence_ms + check.decision_ms
         if policy == "model":
@@ -498,7 +503,7 @@ def main() -> None:
         scores = text_scores(traced, args.text_eou)
         threshold = settings.turn_text_threshold if args.text_threshold is None else args.text_threshold
         hold_ms = settings.turn_text_hold_ms if args.text_hold_ms is None else args.text_hold_ms
-        text = TextJudge(args.text_eou, threshold, hold_ms, scores)
+        text = TextJudge(args.text_eou, threshold, hold_ms, scores, tuple(settings.turn_text_skip_endings))
         times = [ms for _, ms in scores.values()]
         print(
             f"text EOU ({args.text_eou}, SmolLM2-135M Q4_1, llama-server 1 thread): {len(times)} word strings, "

@@ -323,6 +323,14 @@ class StreamSettings(BaseModel):
         "after them) is vetoed as unfinished (the bundled SmolLM2: real 0.7 s mid-sentence pauses cut 53 % -> 40 %; "
         "1 of 40 everyday requests vetoed, 'Can you help me?'; at 0.01: 33 %, but 6 of the 40)",
     )
+    turn_text_skip_endings: list[str] = Field(
+        default_factory=lambda: ["?"],
+        description="turn_text_model: words the ASR ends with one of these marks get no text score (the pause is "
+        "judged as with the text off). The text reads the bare words, not the question mark Whisper writes for a "
+        "question's intonation, and vetoes misheard or terse questions: 'What colors the sky?' (tiny.en's 'What "
+        "color is the sky?') 3e-8, 'Can you help me?' below 1e-5, each then waiting turn_text_hold_ms; no "
+        "fragment of bench_turns.py ending '?' scored below turn_text_threshold. Empty = every pause's words",
+    )
     turn_text_finished: float = Field(
         0.1,
         ge=0,

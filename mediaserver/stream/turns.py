@@ -168,7 +168,7 @@ class TurnChecks:
         words = self.rule.words(text)
         pause = self._pause_from(from_ms)
         pause.words = words
-        if self.text is not None and pause.text is None and text.strip():
+        if self.text is not None and pause.text is None and self.rule.text_scores(text):
             pause.text = asyncio.get_running_loop().create_task(
                 self._score_text(self.text, text), name=f"text-eou-{self.session_id}"
             )

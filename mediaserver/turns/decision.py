@@ -37,7 +37,10 @@ With the text: words it scores below ``turn_text_threshold`` veto rules 2 and 3 
 'complete' and the finished words' end), and that pause ends once it is ``turn_text_hold_ms`` long
 (whatever the words and the model; rule 4 still applies), or when the speech resumes, or at the
 cap. A text score of at least the threshold, or none (the text model is off, the engine is
-unavailable, the score failed or came too late), changes nothing: rules 1-5 as above.
+unavailable, the score failed or came too late), changes nothing: rules 1-5 as above. Words that
+end on ``turn_text_skip_endings`` (Whisper's ``?``) are not scored: the text reads the bare words,
+without the question mark, and took misheard or terse questions for fragments ("What colors the
+sky?" 3e-8).
 """
 
 from __future__ import annotations
@@ -62,9 +65,21 @@ class Words(enum.Enum):
     OPEN = "open"  # neither: no final mark ("10 of", "5 5"), or empty
 
 
+def _stripped(text: str) -> str:
+    """The transcript without trailing space and closing quotes or brackets."""
+    return text.rstrip().rstrip("\"')]")
+
+
+def text_skipped(text: str, skip_endings: Collection[str]) -> bool:
+    """Whether the words of a pause get no text score: they end on one of ``skip_endings``
+    (``turn_text_skip_endings``: Whisper's question mark)."""
+    stripped = _stripped(text)
+    return any(stripped.endswith(e) for e in skip_endings if e)
+
+
 def classify(text: str, unfinished_words: Collection[str], unfinished_endings: Collection[str]) -> Words:
     """How the transcript decoded in a pause ends (see the module's rule)."""
-    stripped = text.rstrip().rstrip("\"')]")
+    stripped = _stripped(text)
     if not stripped:
         return Words.OPEN
     if ends_unfinished(stripped, unfinished_words) or any(stripped.endswith(e) for e in unfinished_endings if e):
@@ -88,6 +103,7 @@ class TurnRule:
     text_hold_ms: int = 1000  # a pause the text vetoed ends at this silence
     open_silence_ms: int = 0  # the model's 'complete' on words without a final mark waits for this silence
     text_finished: float = 0.0  # a text score at least this makes words without a final mark finished (0: never)
+    text_skip_endings: tuple[str, ...] = ()  # words ending on one of these get no text score
 
     @classmethod
     def of(cls, settings: Settings) -> TurnRule:
@@ -102,7 +118,12 @@ class TurnRule:
             text_hold_ms=settings.turn_text_hold_ms,
             open_silence_ms=settings.turn_open_silence_ms,
             text_finished=settings.turn_text_finished,
+            text_skip_endings=tuple(settings.turn_text_skip_endings),
         )
+
+    def text_scores(self, text: str) -> bool:
+        """Whether the words of a pause are given to the text (``turn_text_skip_endings``)."""
+        return bool(text.strip()) and not text_skipped(text, self.text_skip_endings)
 
     def words(self, text: str) -> Words:
         return classify(text, self.unfinished_words, self.unfinished_endings)

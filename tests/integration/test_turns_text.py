@@ -136,19 +136,49 @@ async def test_finished_sentences_still_end_promptly_with_the_text(
     turn_model: TurnModel,
 ) -> None:
     """A finished sentence's text scores above the threshold: the model or its words end it, before
-    the text's hold would (stream time)."""
+    the text's hold would (stream time). A question (Whisper's "?", ``turn_text_skip_endings``) is
+    not scored, and ends as promptly."""
     settings = text_settings(base_settings)
     scorer = text_eou_of(settings, llm_service)
-    sentences = ["What is the capital of France?", "Turn off the lights in the bedroom."]
+    sentences = ["Turn off the lights in the bedroom.", "Remind me to buy milk.", "What is the capital of France?"]
     runs = await asyncio.gather(
         *(speak(asr_service, settings, turn_model, scorer, [speech(s).audio16k], 0) for s in sentences)
     )
     for sentence, run in zip(sentences, runs, strict=True):
         ended = decided(run)[-1]
         assert ended.complete and ended.by in ("model", "words"), (sentence, decided(run))
-        assert ended.text_probability is not None and ended.text_probability >= THRESHOLD, (sentence, ended)
+        if sentence.endswith("?"):
+            assert all(d.text_probability is None for d in decided(run)), (sentence, decided(run))
+        else:
+            assert ended.text_probability is not None and ended.text_probability >= THRESHOLD, (sentence, ended)
         assert len(stopped(run)) == 1 and len(finals(run)) == 1, (sentence, run.events)
         assert stopped(run)[0].audio_end_ms - run.speech_end_ms < HOLD_MS, (sentence, stopped(run))
+
+
+async def test_a_question_the_text_takes_for_a_fragment_is_not_held(
+    asr_service: AsrService,
+    base_settings: Settings,
+    llm_service: LlmService,
+    speech: Callable[[str], Clip],
+    turn_model: TurnModel,
+) -> None:
+    """ "Can you help me?": the text reads the bare words far below the threshold. On the default
+    (``turn_text_skip_endings`` ["?"]) Whisper's question mark keeps it from the text, and the turn
+    ends promptly; with the setting empty it is vetoed and waits ``turn_text_hold_ms``."""
+    question = speech("Can you help me?").audio16k
+    skipping, scoring = text_settings(base_settings), text_settings(base_settings, turn_text_skip_endings=[])
+    skipped, scored = await asyncio.gather(
+        speak(asr_service, skipping, turn_model, text_eou_of(skipping, llm_service), [question], 0),
+        speak(asr_service, scoring, turn_model, text_eou_of(scoring, llm_service), [question], 0),
+    )
+    for run in (skipped, scored):
+        assert len(stopped(run)) == 1 and finals(run)[0].transcript.text.rstrip().endswith("?"), run.events
+    assert all(d.text_probability is None for d in decided(skipped)), decided(skipped)
+    assert stopped(skipped)[0].audio_end_ms - skipped.speech_end_ms < 800, stopped(skipped)
+    vetoed = [d for d in decided(scored) if d.text_probability is not None and d.text_probability < THRESHOLD]
+    assert vetoed and not vetoed[0].complete, decided(scored)
+    held = decided(scored)[-1]
+    assert held.complete and held.by == "text" and held.silence_ms >= HOLD_MS, decided(scored)
 
 
 async def test_a_stopped_engine_gives_no_text_and_the_rule_goes_on_as_without_it(

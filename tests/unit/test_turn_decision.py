@@ -164,3 +164,17 @@ def test_words_without_a_mark_that_the_text_reads_as_a_sentence_end_as_finished_
         )
         is None
     )  # the finished words' end is off too
+
+
+def test_which_words_are_given_to_the_text() -> None:
+    """``turn_text_skip_endings``: the default keeps Whisper's questions from the text (closing
+    quotes aside); empty, every pause with words is scored; no words, no score."""
+    rule = TurnRule.of(Settings(_env_file=None))
+    assert rule.text_skip_endings == ("?",)
+    assert not rule.text_scores("What colors the sky?") and not rule.text_scores('He asked "why?" ')
+    assert rule.text_scores("Remind me to buy.") and rule.text_scores("10 of")
+    assert not rule.text_scores("  ")
+    every = TurnRule.of(Settings(_env_file=None, turn_text_skip_endings=[]))
+    assert every.text_scores("What colors the sky?") and not every.text_scores("")
+    stops = TurnRule.of(Settings(_env_file=None, turn_text_skip_endings=["?", "!"]))
+    assert not stops.text_scores("Good morning!") and stops.text_scores("Remind me to buy.")

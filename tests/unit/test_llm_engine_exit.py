@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mediaserver.llm.engine_process import describe_exit, is_error_line, line_level, summarize_error
+from mediaserver.llm.engine_output import describe_exit, is_error_line, line_level, summarize_error
 
 # Lines as llama-server (--log-prefix) wrote them for a file that is not a GGUF, and while serving.
 BROKEN_MODEL = [

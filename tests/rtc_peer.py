@@ -101,6 +101,7 @@ class Peer:
     track: ClipTrack
     messages: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
     received: list[Received] = field(default_factory=list)
+    packets_at: list[float] = field(default_factory=list)  # when each RTP packet of the server's arrived
     remote_tracks: int = 0
     _readers: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -182,8 +183,23 @@ async def connect(server: Any, query: str = "", *, direction: str = "sendrecv", 
         answer = await resp.json()
     assert answer["type"] == "answer"
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
+    for receiver in pc.getReceivers():
+        _time_packets(receiver, peer.packets_at)
     await asyncio.wait_for(opened.wait(), timeout=15)
     return peer
+
+
+def _time_packets(receiver: Any, arrivals: list[float]) -> None:
+    """Note when each RTP packet reaches ``receiver``, before aiortc's jitter buffer: that holds the
+    first frames of a track until ``CLIENT_JITTER_HOLD`` have come (60-80 ms more for the first
+    answer of a connection), and later answers push the last one's held frames out at once."""
+    handle = receiver._handle_rtp_packet
+
+    async def timed(packet: Any, arrival_time_ms: int) -> None:
+        arrivals.append(time.monotonic())
+        await handle(packet, arrival_time_ms)
+
+    receiver._handle_rtp_packet = timed
 
 
 async def make_offer(*, data_channel: bool = True, audio: str | None = "sendrecv") -> tuple[RTCPeerConnection, str]:

@@ -6,7 +6,8 @@ In one run, on the same questions, alternating:
     into a mediaserver child process in assistant mode (hands-free, server VAD) and time, from the
     moment their last speech sample went out, the arrival of: the VAD's ``speech_stopped``, the
     final transcript (``infer``), the first answer text (``assistant``), ``assistant_audio_started``
-    (the first TTS audio) and the first audio frame on the server's outbound track;
+    (the first TTS audio) and the first RTP packet of the server's outbound track (as it arrives, before
+  the client's jitter buffer, which holds a connection's first frames until 4 have come);
   - **in-process**: the same pipeline without the server, in this process: faster-whisper (the
     engine the server uses) on the question, llama.cpp (same GGUF, threads and template) until the
     answer's first piece is complete (its first sentence, or first clause with
@@ -194,7 +195,7 @@ async def one_turn(peer: Any, clip: Any, sessions: int, question: str, timeout_s
             raise RuntimeError(f"the server answered an error: {msg}")
         if msg["type"] == "assistant_audio_stopped":
             break
-    first = next((r.at for r in peer.received if r.at > speech_end), None)
+    first = next((at for at in peer.packets_at if at > speech_end), None)
     if first is None:
         raise RuntimeError("no answer audio arrived")
     turn.stages["first_audio_packet"] = first - speech_end
@@ -222,7 +223,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Turn], list[Baseline], lis
     failed: list[str] = []
     realtime.clear()
     log_path = Path(args.plot).with_suffix(".server.log")
-    with child_server(log_path, 180.0, env) as (url, _process):
+    with child_server(log_path, 180.0, env, log_level=os.environ.get("BENCH_LOG_LEVEL", "WARNING")) as (url, _process):
         server = _Server(url)
         for mode, sessions in [(m, n) for m in args.turn_detection for n in args.sessions]:
             counters_before = server_counters(url)

@@ -41,7 +41,20 @@ def build_prompt(
     *earlier, last = context
     tools = prompt_tools(options, settings, speaker, toolbox)
     budget = options.history_tokens * CHARS_PER_TOKEN - prompt_bytes([*system, last], tools)
-    return [*system, *recent(earlier, budget, options.history_turns), last]
+    turns = kept_turns(sum(m.role == "user" for m in earlier), options.history_turns, options.history_drop_turns)
+    return [*system, *recent(earlier, budget, turns), last]
+
+
+def kept_turns(earlier_turns: int, max_turns: int, drop_turns: int) -> int:
+    """How many of ``earlier_turns`` user turns a prompt keeps: all up to ``max_turns``; past it the
+    oldest go ``drop_turns`` at a time (``assistant_history_drop_turns``), so the kept history keeps
+    its start, which the engine's prompt cache holds, until the next drop (at most ``max_turns``,
+    never fewer than ``max_turns - drop_turns + 1``)."""
+    if earlier_turns <= max_turns:
+        return earlier_turns
+    step = max(1, min(drop_turns, max_turns))
+    dropped = -(-(earlier_turns - max_turns) // step) * step  # a whole number of steps
+    return earlier_turns - dropped
 
 
 def prompt_tools(

@@ -32,6 +32,7 @@ class AssistantOptions:
     temperature: float | None = None
     history_turns: int = 8
     history_tokens: int = 1500
+    history_drop_turns: int = 1  # past history_turns, the oldest turns go this many at a time
     speed: float = 1.0  # TTS speed of the answer
     tools: ToolConfig | None = None  # functions the caller runs (Realtime): calls end the turn, in its outcome
 
@@ -46,6 +47,7 @@ class AssistantOptions:
             temperature=settings.assistant_temperature,
             history_turns=settings.assistant_history_turns,
             history_tokens=settings.assistant_history_tokens,
+            history_drop_turns=settings.assistant_history_drop_turns,
         )
 
 

@@ -66,6 +66,15 @@ class AssistantSettings(BaseModel):
     assistant_history_tokens: int = Field(
         1500, ge=0, description="and at most this much history (estimated at 4 characters a token)"
     )
+    assistant_history_drop_turns: int = Field(
+        4,
+        ge=1,
+        description="once the history holds assistant_history_turns earlier turns, the oldest go this many at a "
+        "time (at most assistant_history_turns), so the turns after a drop keep the history's start, which the "
+        "LLM engine's prompt cache holds: one at a time, every turn past the limit re-reads or shifts the whole "
+        "history (the voice loop's first token 0.15-0.33 s after the turn instead of 0.05-0.09 s, "
+        "tools/README.md); 1 = one at a time (the model always sees assistant_history_turns)",
+    )
     assistant_turn_timeout_s: float = Field(
         30.0, gt=0, description="an answer whose LLM and TTS produce nothing for this long ends with an error"
     )

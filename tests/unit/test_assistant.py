@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from mediaserver.assistant.audio_out import AudioOut
+from mediaserver.assistant.prompt import kept_turns
 from mediaserver.assistant.turn_types import AssistantOptions, assistant_options_from
 from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
@@ -184,6 +185,34 @@ def test_history_turns_from_the_settings_bound_the_history_sent() -> None:
     assert sent(Settings(_env_file=None, assistant_history_turns=1)) == ["question 2", "answer 2", "question 3"]
     assert len(sent(Settings(_env_file=None))) == 7  # the default 8 keeps all three earlier turns
     assert sent(Settings(_env_file=None, assistant_history_turns=0)) == ["question 3"]
+
+
+def test_past_its_limit_the_history_drops_its_oldest_turns_a_few_at_a_time() -> None:
+    """``assistant_history_drop_turns``: past ``assistant_history_turns`` the oldest turns go that
+    many at a time, so the turns after a drop send the same start (the engine's cache holds it); at 1
+    every turn past the limit drops one."""
+    assert [kept_turns(n, 8, 4) for n in range(7, 19)] == [7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    assert [kept_turns(n, 8, 1) for n in range(7, 12)] == [7, 8, 8, 8, 8]
+    assert [kept_turns(n, 2, 4) for n in range(1, 6)] == [1, 2, 1, 2, 1]  # at most the limit at a time
+    assert kept_turns(5, 0, 4) == 0
+
+    def firsts(settings: Settings) -> list[str]:
+        """The first history message each of turns 9 to 14 sends."""
+        helper = Assistant(
+            None, None, settings, AssistantOptions.from_settings(settings), emit_nothing, None, Metrics()
+        )
+        sent = []
+        for n in range(14):
+            if n >= 8:
+                sent.append(helper.messages(f"question {n}")[1].content)
+            helper.history += [ChatMessage("user", f"question {n}"), ChatMessage("assistant", f"answer {n}")]
+        return sent
+
+    assert firsts(Settings(_env_file=None)) == ["question 0"] + ["question 4"] * 4 + ["question 8"]
+    assert firsts(Settings(_env_file=None, assistant_history_drop_turns=1)) == [f"question {n}" for n in range(0, 6)]
+    assert firsts(Settings(_env_file=None, assistant_history_drop_turns=2)) == [
+        "question 0", "question 2", "question 2", "question 4", "question 4", "question 6"
+    ]  # fmt: skip
 
 
 async def emit_nothing(event: SessionEvent) -> None:

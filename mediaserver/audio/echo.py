@@ -310,6 +310,9 @@ class SpeechGate:
         self.onset_ms = onset_ms
         self.hold_s = hold_s
         self._levels: deque[float] = deque()
+        # The last frame asked about passed only because the gate stood aside (``converge_s``): the
+        # full rule would have held it (the segmenter's ``SpeechStart.suspect``).
+        self.last_suspect = False
 
     @classmethod
     def of(cls, canceller: EchoCanceller, settings: Settings) -> SpeechGate:
@@ -328,6 +331,7 @@ class SpeechGate:
     def __call__(self, frame: AudioArray, after: int = 0) -> bool:
         """Whether this frame (the segmenter's, cut from the canceller's output) may count towards a
         speech start; ``after``: the samples of that output after the frame's end."""
+        self.last_suspect = False
         power = float(np.mean(np.square(frame, dtype=np.float64))) if frame.size else 0.0
         level = 10.0 * np.log10(power + 1e-12)
         self._levels.append(level)
@@ -345,7 +349,15 @@ class SpeechGate:
         onset = self.canceller.since_onset_ms(self.onset_gap_ms) if self.onset_ms > 0 else None
         at_onset = onset is not None and onset - after_ms < self.onset_ms
         if self.converge_s > 0 and self.canceller.reference_heard_s >= self.converge_s and not at_onset:
-            return True  # converged, and not at the first syllables of a sentence or a clause
+            # Converged, and not at the first syllables of a sentence or a clause: it counts, but is
+            # noted when the rule below would have held it.
+            self.last_suspect = not self._like_a_person(frame, level, after)
+            return True
+        return self._like_a_person(frame, level, after)
+
+    def _like_a_person(self, frame: AudioArray, level: float, after: int) -> bool:
+        """The rule over the echo: ``margin_db`` above the output's floor, and less than
+        ``removed_db`` taken out by the canceller."""
         floor = max(min(self._levels), self.FLOOR_MIN_DBFS)
         if level < floor + self.margin_db:
             return False

@@ -40,6 +40,10 @@ class SegmenterConfig:
 @dataclass(frozen=True)
 class SpeechStart:
     start_ms: int
+    # Most of the frames that started it are ones the gate (``SpeechGate``) let through only because
+    # it stood aside (the canceller converged): quiet against the output's floor, or mostly removed by
+    # the canceller, as its leaks are (stream/echo_check.py: such a start pauses the answer).
+    suspect: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class VadSegmenter:
             maxlen=max(1, self.config.preroll_ms // self.config.frame_ms)
         )
         self._recent: collections.deque[bool] = collections.deque(maxlen=self.config.trigger_window_frames)
+        self._suspect: collections.deque[bool] = collections.deque(maxlen=self.config.trigger_window_frames)
         self._frames: list[AudioArray] = []
         self._in_speech = False
         self._silence_ms = 0
@@ -150,6 +155,7 @@ class VadSegmenter:
         self._in_speech = False
         self._preroll.clear()
         self._recent.clear()
+        self._suspect.clear()
         self._pending = np.zeros(0, np.float32)
 
     def _frame(self, frame: AudioArray, after: int = 0) -> SegmentEvent | None:
@@ -160,15 +166,18 @@ class VadSegmenter:
         if not self._in_speech:
             self._preroll.append(frame)
             self._recent.append(voiced and starts)
+            self._suspect.append(voiced and starts and bool(getattr(self.gate, "last_suspect", False)))
             if sum(self._recent) >= cfg.trigger_voiced_frames:
+                suspect = 2 * sum(self._suspect) > sum(self._recent)
                 self._in_speech = True
                 self._frames = list(self._preroll)
                 self._preroll.clear()
                 self._recent.clear()
+                self._suspect.clear()
                 self._silence_ms = 0
                 self._voiced_ms = cfg.trigger_voiced_frames * cfg.frame_ms
                 self._start_ms = max(0, self._position_ms - len(self._frames) * cfg.frame_ms)
-                return SpeechStart(self._start_ms)
+                return SpeechStart(self._start_ms, suspect)
             return None
         self._frames.append(frame)
         if voiced:

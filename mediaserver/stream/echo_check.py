@@ -22,6 +22,11 @@ transcript then decides (``EchoCheck.decide``):
 - otherwise it is a real barge-in: the answer is interrupted as without the check (what was heard is
   what played before the pause) and the utterance is answered as the user's next turn.
 
+With the check off (``assistant_barge_in_echo_check``, the default), ``assistant_barge_in_echo_suspects``
+still holds a **suspect** start (``SpeechStart.suspect``: most of its voiced frames are ones the
+canceller's speech gate noted as like its leaks, audio/echo.py) this way, its words alone deciding
+(no residual rule: ``Hold.words_only``); any other start cuts the answer at once.
+
 An answer paused ``assistant_barge_in_echo_wait_ms`` without a decision is interrupted, as without
 the check; the utterance's final is then an ordinary user turn. Speech that starts within
 ``AFTER_ANSWER_S`` of the answer's last audio going out (the device still plays its buffer, the room
@@ -99,6 +104,7 @@ class Hold:
 
     pause: int | None  # which pause it belongs to (``EchoCheck._pause``); None: the answer had just ended
     removed_db: float | None = None  # what the stream's echo canceller took out of it (None: no canceller)
+    words_only: bool = False  # held as a suspect start (the check itself off): its words alone decide
 
 
 class EchoCheck:
@@ -108,6 +114,7 @@ class EchoCheck:
         self, settings: Settings, start_task: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
     ) -> None:
         self.enabled = settings.assistant_barge_in_echo_check
+        self.suspects = settings.assistant_barge_in_echo_suspects
         self.match = settings.assistant_barge_in_echo_match
         self.wait_s = settings.assistant_barge_in_echo_wait_ms / 1000.0
         self.removed_db = settings.assistant_barge_in_echo_removed_db
@@ -118,23 +125,27 @@ class EchoCheck:
         self._timer: asyncio.Task[None] | None = None
         self.echoes = 0  # utterances dropped as the answer's echo (this session)
 
-    def hold(self, answerer: object) -> bool:
-        """Speech started: pause the answer if one is playing and the check is on (True), else
-        False (the caller interrupts as without the check)."""
+    def hold(self, answerer: object, suspect: bool = False) -> bool:
+        """Speech started: pause the answer if one is playing and the check is on, or the start is
+        ``suspect`` (``SpeechStart.suspect``) and ``assistant_barge_in_echo_suspects`` is on (True);
+        else False (the caller interrupts as without the check)."""
         self._current = None
-        if not self.enabled or not isinstance(answerer, Pausable):
+        words_only = not self.enabled
+        if not (self.enabled or (self.suspects and suspect)) or not isinstance(answerer, Pausable):
             return False
         if self._waiting and answerer.paused:
             self._waiting += 1  # more speech while the answer waits on the first
         elif answerer.pause():
+            if words_only:
+                log.info("speech started over the answer on frames like the canceller's leaks: pausing it")
             self._pause += 1
             self._waiting = 1
             self._arm(answerer)
         else:
             if answerer.spoke_within(AFTER_ANSWER_S):
-                self._current = Hold(None)  # nothing left to pause, but its words are checked
+                self._current = Hold(None, words_only=words_only)  # nothing left to pause, but its words are checked
             return False
-        self._current = Hold(self._pause)
+        self._current = Hold(self._pause, words_only=words_only)
         return True
 
     def ended(self) -> Hold | None:
@@ -180,7 +191,12 @@ class EchoCheck:
             return False
         if share >= self.match:
             log.info("speech %r is the answer's echo (%.0f %% of its words played): not answered", text, share * 100)
-        elif hold.pause is not None and self.removed_db and (hold.removed_db or 0.0) >= self.removed_db:
+        elif (
+            hold.pause is not None
+            and not hold.words_only
+            and self.removed_db
+            and (hold.removed_db or 0.0) >= self.removed_db
+        ):
             # (Only over a paused answer: right after an answer, a quick reply overlaps the echo's tail,
             # and the canceller takes much of its start; a leak then is rare, the canceller converged.)
             log.info(

@@ -312,7 +312,7 @@ class StreamSession:
     async def _on_segment(self, event: SpeechStart | Utterance | Discarded) -> None:
         if isinstance(event, SpeechStart):
             self._begin_utterance()
-            if self.assistant is not None and self.barge_in and not self._echo.hold(self.assistant):
+            if self.assistant is not None and self.barge_in and not self._echo.hold(self.assistant, event.suspect):
                 await self.assistant.interrupt()  # the user talks over the answer: stop it first
             await self._emit(SpeechStarted(event.start_ms))
         elif isinstance(event, Utterance):

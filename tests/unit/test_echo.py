@@ -349,6 +349,23 @@ def test_the_speech_gate_holds_while_the_canceller_is_fresh_then_only_while_it_c
     assert not shorter_gap(floor) and onsets(floor)
 
 
+def test_a_frame_the_converged_gate_lets_through_is_suspect_when_the_rule_would_hold_it() -> None:
+    """``SpeechGate.last_suspect`` (the segmenter's ``SpeechStart.suspect``): past ``converge_s`` the
+    gate lets every frame count, but notes the ones its level rule would hold (quiet against the
+    output's floor); where it holds, or outside the echo, nothing is suspect."""
+    ec = EchoCanceller()
+    floor, loud = np.full(480, 1e-3, np.float32), np.full(480, 0.05, np.float32)
+    ec.played(np.full(4 * RATE, 0.1, np.float32), at_sample=0)
+    ec.process(np.zeros(3 * RATE, np.float32))
+    converged = SpeechGate(ec, margin_db=20.0, tail_ms=600.0, removed_db=100.0, converge_s=1.0)
+    assert converged(floor) and converged.last_suspect
+    assert converged(loud) and not converged.last_suspect
+    whole = SpeechGate(ec, margin_db=20.0, tail_ms=600.0, removed_db=100.0)
+    assert not whole(floor) and not whole.last_suspect  # held, not counted
+    ec.process(np.zeros(2 * RATE, np.float32))  # the echo is over (1 s since the answer's end)
+    assert converged(floor) and not converged.last_suspect
+
+
 def test_the_gap_and_the_ahead_bound_follow_their_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """``echo_mic_gap_ms`` and ``echo_max_ahead_s`` at other values than their defaults (1000, 60):
     audio 0.4 s late is a gap at 300 ms (not at the default), and answer audio sent while the

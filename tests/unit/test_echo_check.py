@@ -197,6 +197,55 @@ async def test_without_assistant_barge_in_echo_check_speech_cuts_the_answer_at_o
         assert final.echo is False and answerer.questions == [final.transcript.text]
 
 
+class Verdict:
+    """The segmenter's gate (a ``SpeechGate``'s contract): every frame counts, and each is marked as
+    a frame the gate's rule would have held (``suspect``) or not."""
+
+    def __init__(self, suspect: bool) -> None:
+        self.last_suspect = suspect
+
+    def __call__(self, frame: np.ndarray, after: int = 0) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("suspects", "suspect", "played", "paused", "cut"),
+    [
+        (True, True, "kitchen", True, False),  # its own words: resumed, not answered
+        (True, True, "story", True, True),  # other words: cut, answered
+        (True, False, "kitchen", False, True),  # a start like a person's: cut at once
+        (False, True, "kitchen", False, True),  # assistant_barge_in_echo_suspects off: cut at once
+    ],
+)
+async def test_a_suspect_start_pauses_the_answer_and_its_words_alone_decide(
+    asr_service: AsrService,
+    base_settings: Settings,
+    speech: Callable[[str], Clip],
+    suspects: bool,
+    suspect: bool,
+    played: str,
+    paused: bool,
+    cut: bool,
+) -> None:
+    """With the word check off (the default), a speech start on frames like the canceller's leaks
+    (``SpeechStart.suspect``) pauses the answer as the check would, and the words decide, without the
+    residual rule (the canceller's measure says 60 dB here, which the check would take for echo)."""
+    settings = base_settings.model_copy(update={"assistant_barge_in_echo_suspects": suspects})
+    assert settings.assistant_barge_in_echo_check is False
+    answerer = SpeakingAnswerer(SENTENCES[played])
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        session.echo_removed = lambda from_ms_ago, to_ms_ago: 60.0
+        session._segmenter.gate = Verdict(suspect)
+        await feed(session, utterance(speech("kitchen")))
+        await until(lambda: bool(recorder.of(FinalTranscript)))
+        [final] = recorder.of(FinalTranscript)
+        assert answerer.pauses == (1 if paused else 0), final
+        assert answerer.interrupts == (1 if cut else 0) and final.echo is not cut
+        assert answerer.resumes == (0 if cut else 1)
+        assert answerer.questions == ([final.transcript.text] if cut else [])
+
+
 @pytest.mark.parametrize(
     ("setting", "removed", "echo"),
     [(2.0, 2.5, True), (2.0, 1.2, False), (8.0, 6.0, False), (0.0, 60.0, False), (2.0, None, False)],

@@ -127,3 +127,27 @@ def test_skipped_audio_counts_on_the_stream_clock(speech: Any) -> None:
     before = segmenter.position_ms
     segmenter.skip(SR)  # in speech: the clock does not jump inside an utterance
     assert segmenter.position_ms == before
+
+
+class Marking:
+    """A gate that lets every frame count and marks every ``every``-th frame it is asked about (0:
+    none) as one its rule would have held (``SpeechGate.last_suspect``)."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self.asked, self.last_suspect = every, 0, False
+
+    def __call__(self, frame: np.ndarray, after: int = 0) -> bool:
+        self.asked += 1
+        self.last_suspect = self.every > 0 and self.asked % self.every == 0
+        return True
+
+
+def test_a_start_is_suspect_when_most_of_its_voiced_frames_were_marked(speech: Any) -> None:
+    """``SpeechStart.suspect``: more than half of the voiced frames that started it were frames the
+    gate marked (all of them here), not when it marked none."""
+    audio = np.concatenate([silence(1.0), speech("kitchen").audio16k, silence(1.0)])
+    for every, suspect in ((1, True), (0, False)):
+        segmenter = VadSegmenter(SegmenterConfig(hangover_ms=500, preroll_ms=300))
+        segmenter.gate = Marking(every)
+        [start] = [e for e in feed(segmenter, audio) if isinstance(e, SpeechStart)]
+        assert start.suspect is suspect, every

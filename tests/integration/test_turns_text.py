@@ -82,6 +82,11 @@ def ended(run: Run) -> list[TurnDecided]:
     return [d for d in decided(run) if d.complete]
 
 
+def vetoed(run: Run) -> list[TurnDecided]:
+    """The decisions whose words the text scored below the threshold."""
+    return [d for d in decided(run) if d.text_probability is not None and d.text_probability < THRESHOLD]
+
+
 def stopped(run: Run) -> list[SpeechStopped]:
     return [e for e in run.of(SpeechStopped) if isinstance(e, SpeechStopped)]
 
@@ -124,8 +129,7 @@ async def test_a_fragment_the_rule_cuts_stays_one_turn_with_the_text(
     heard = words(finals(on)[0].transcript.text)
     assert "remind" in heard and "bread" in heard, heard
     assert stopped(on)[0].audio_end_ms >= on.speech_end_ms
-    vetoed = [d for d in decided(on) if d.text_probability is not None and d.text_probability < THRESHOLD]
-    assert vetoed and not vetoed[0].complete, decided(on)  # the model's 0.9+ was vetoed
+    assert vetoed(on) and not vetoed(on)[0].complete, decided(on)  # the model's 0.9+ was vetoed
 
 
 async def test_finished_sentences_still_end_promptly_with_the_text(
@@ -175,8 +179,7 @@ async def test_a_question_the_text_takes_for_a_fragment_is_not_held(
         assert len(stopped(run)) == 1 and finals(run)[0].transcript.text.rstrip().endswith("?"), run.events
     assert all(d.text_probability is None for d in decided(skipped)), decided(skipped)
     assert stopped(skipped)[0].audio_end_ms - skipped.speech_end_ms < 800, stopped(skipped)
-    vetoed = [d for d in decided(scored) if d.text_probability is not None and d.text_probability < THRESHOLD]
-    assert vetoed and not vetoed[0].complete, decided(scored)
+    assert vetoed(scored) and not vetoed(scored)[0].complete, decided(scored)
     held = decided(scored)[-1]
     assert held.complete and held.by == "text" and held.silence_ms >= HOLD_MS, decided(scored)
 

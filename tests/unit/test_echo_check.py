@@ -17,6 +17,7 @@ from mediaserver.config import Settings
 from mediaserver.events import FinalTranscript, SpeechStarted
 from mediaserver.stream.echo_check import Pausable, echo_share, words
 from tests.conftest import SENTENCES, Clip
+from tests.unit.test_segmenter import Marking
 from tests.unit.test_stream_session import feed, open_session, silence, until
 
 RATE_HZ = 16000
@@ -197,17 +198,6 @@ async def test_without_assistant_barge_in_echo_check_speech_cuts_the_answer_at_o
         assert final.echo is False and answerer.questions == [final.transcript.text]
 
 
-class Verdict:
-    """The segmenter's gate (a ``SpeechGate``'s contract): every frame counts, and each is marked as
-    a frame the gate's rule would have held (``suspect``) or not."""
-
-    def __init__(self, suspect: bool) -> None:
-        self.last_suspect = suspect
-
-    def __call__(self, frame: np.ndarray, after: int = 0) -> bool:
-        return True
-
-
 @pytest.mark.parametrize(
     ("suspects", "suspect", "played", "paused", "cut"),
     [
@@ -236,7 +226,7 @@ async def test_a_suspect_start_pauses_the_answer_and_its_words_alone_decide(
     async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
         session.assistant = answerer
         session.echo_removed = lambda from_ms_ago, to_ms_ago: 60.0
-        session._segmenter.gate = Verdict(suspect)
+        session._segmenter.gate = Marking(1 if suspect else 0)  # every frame, or none
         await feed(session, utterance(speech("kitchen")))
         await until(lambda: bool(recorder.of(FinalTranscript)))
         [final] = recorder.of(FinalTranscript)

@@ -169,16 +169,22 @@ class AudioOut:
             self._empty.set()
         return frame
 
-    async def next_frame(self) -> bytes:
-        """Wait for the next frame (forever while idle: an idle session sends nothing)."""
-        while True:
-            frame = self.take()
-            if frame is not None:
-                return frame
+    async def ready(self) -> None:
+        """Wait until a frame can be taken (forever while idle: an idle session sends nothing);
+        EOFError once closed."""
+        while self._paused or not self._frames:
             if self._closed:
                 raise EOFError("the outbound audio was closed")
             self._available.clear()
             await self._available.wait()
+
+    async def next_frame(self) -> bytes:
+        """Wait for the next frame, and take it."""
+        while True:
+            await self.ready()
+            frame = self.take()
+            if frame is not None:
+                return frame
 
     async def taken(self, sample_index: int) -> float:
         """Wait until the frame holding ``sample_index`` has been taken; returns when (monotonic)."""

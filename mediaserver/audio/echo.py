@@ -24,6 +24,8 @@ arrives; AEC3 itself delays its output by 128 samples (8 ms, two of its 4 ms blo
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections import deque
 from itertools import islice
@@ -46,6 +48,7 @@ MAX_REFERENCE_AHEAD_S: Final = 120.0  # reference recorded further ahead than th
 MAX_LINE_AHEAD_S: Final = 60.0  # EchoLine: answer audio this far ahead of the microphone plays from now
 MIC_GAP_S: Final = 1.0  # EchoLine: microphone audio this late after the end of the audio before: a gap
 STREAMED_AHEAD_S: Final = 1.0  # EchoLine, auto: audio this far ahead of real time is streamed, not live
+ALIGN_WAIT_S: Final = 0.06  # EchoLine.align_start: the longest an answer's first frame waits for the microphone
 # (the defaults of the settings echo_max_ahead_s and echo_mic_gap_ms, which EchoLine.of applies)
 MEASURE_FRAMES: Final = 60 * 100  # the last minute of (microphone, output) frame energies is kept
 ACTIVE_FRAME_DBFS: Final = -50.0  # output frames quieter than this are silence: not measured
@@ -87,6 +90,7 @@ class EchoCanceller:
         self._quiet_frames = NEVER_FRAMES  # 10 ms frames of reference without sound since its last sound
         # The latest stretches of reference sound: (stream clock at the start, frames without sound before it).
         self._stretches: deque[tuple[int, int]] = deque(maxlen=MAX_STRETCHES)
+        self._restarts: deque[int] = deque(maxlen=MAX_STRETCHES)  # stream clock where playback started afresh
         if self.detect is not None:
             self.detect.reset()
 
@@ -115,6 +119,20 @@ class EchoCanceller:
         for start, quiet in reversed(self._stretches):
             if quiet >= gap_frames:
                 return self._ms_before_end(start)
+        return None
+
+    def restarted(self, at_sample: int) -> None:
+        """The device starts playing afresh at stream-clock ``at_sample`` (answer audio after a
+        stretch without any: ``EchoLine.sent``): where the echo's delay may have moved by a frame
+        or so since the audio before."""
+        self._restarts.append(at_sample)
+
+    def since_restart_ms(self) -> float | None:
+        """How long before the end of the audio put out so far playback last started afresh; None:
+        not since the reset, or only later than that end."""
+        for at in reversed(self._restarts):
+            if at <= self._processed_to:
+                return self._ms_before_end(at)
         return None
 
     @property
@@ -280,6 +298,11 @@ class SpeechGate:
     for ``onset_ms`` into each answer's echo after a quiet stretch (where the delay may have moved).
     Elsewhere a person under a louder echo barges in as without the gate. 0: the whole echo.
 
+    ``restart_ms``: past that, frames within this long of where the device started playing afresh
+    (``EchoCanceller.restarted``: an answer's first audio, or audio after the device ran out) are
+    noted as suspect too, whatever their level: the echo's delay may have moved there by a frame,
+    and AEC3 lets the first syllable through ("Bees") while it finds it again.
+
     ``hold_s``: over a fresh canceller's first seconds of answer audio nothing in the echo starts an
     utterance. Live, AEC3 took nothing out of the first answer's first words (0-4 dB removed, at
     -17 to -22 dBFS: as loud and as kept as a person) until it had heard 1.5-2.5 s of it; a person
@@ -300,8 +323,10 @@ class SpeechGate:
         onset_ms: float = 0.0,
         onset_gap_ms: float = ONSET_GAP_MS,
         hold_s: float = 0.0,
+        restart_ms: float = 0.0,
     ) -> None:
         self.canceller = canceller
+        self.restart_ms = restart_ms
         self.onset_gap_ms = onset_gap_ms
         self.margin_db = margin_db
         self.tail_ms = tail_ms
@@ -326,6 +351,7 @@ class SpeechGate:
             onset_ms=settings.echo_speech_gate_onset_ms,
             onset_gap_ms=settings.echo_speech_gate_onset_gap_ms,
             hold_s=settings.echo_speech_gate_hold_s,
+            restart_ms=settings.echo_speech_gate_restart_ms,
         )
 
     def __call__(self, frame: AudioArray, after: int = 0) -> bool:
@@ -350,8 +376,12 @@ class SpeechGate:
         at_onset = onset is not None and onset - after_ms < self.onset_ms
         if self.converge_s > 0 and self.canceller.reference_heard_s >= self.converge_s and not at_onset:
             # Converged, and not at the first syllables of a sentence or a clause: it counts, but is
-            # noted when the rule below would have held it.
-            self.last_suspect = not self._like_a_person(frame, level, after)
+            # noted when the rule below would have held it, or when it comes soon after playback
+            # started afresh (the delay may have moved: the next answer's first syllable leaks).
+            restart = self.canceller.since_restart_ms() if self.restart_ms > 0 else None
+            self.last_suspect = (restart is not None and restart - after_ms < self.restart_ms) or not (
+                self._like_a_person(frame, level, after)
+            )
             return True
         return self._like_a_person(frame, level, after)
 
@@ -412,8 +442,13 @@ class EchoLine:
         gap_s: float = MIC_GAP_S,
         max_ahead_s: float = MAX_LINE_AHEAD_S,
         streamed_ahead_s: float = STREAMED_AHEAD_S,
+        align_wait_s: float = ALIGN_WAIT_S,
+        restart_gap_s: float = ONSET_GAP_MS / 1000.0,
     ) -> None:
         self.canceller = EchoCanceller()
+        self.align_wait_s = align_wait_s
+        self.restart_gap_s = restart_gap_s  # answer audio after this long without any restarts playback
+        self._arrival = asyncio.Event()  # set by each microphone arrival (``align_start`` waits on it)
         self.gap_s = gap_s
         self.max_ahead_s = max_ahead_s
         self.mic_arrived = queued_samples  # microphone samples arrived (queued ones count: fed first)
@@ -438,6 +473,8 @@ class EchoLine:
             gap_s=settings.echo_mic_gap_ms / 1000.0,
             max_ahead_s=settings.echo_max_ahead_s,
             streamed_ahead_s=settings.echo_auto_streamed_ahead_s,
+            align_wait_s=settings.echo_align_wait_ms / 1000.0,
+            restart_gap_s=settings.echo_speech_gate_onset_gap_ms / 1000.0,
         )
 
     def set_mode(self, mode: EchoMode, settings: Settings) -> None:
@@ -460,6 +497,7 @@ class EchoLine:
             if silent_s >= self.gap_s:
                 self.gap(round(silent_s * SAMPLE_RATE_HZ))
         self._last_arrival = (now, samples / SAMPLE_RATE_HZ)
+        self._arrival.set()
         if self._first_arrival is None:
             self._first_arrival, self._first_clock = now, self.mic_arrived
         self.mic_arrived += samples
@@ -475,6 +513,37 @@ class EchoLine:
             self._gaps.append((self.mic_arrived, samples))
             self.mic_arrived += samples
 
+    async def align_start(self) -> None:
+        """Answer audio is about to go out. Where the device has (nearly) played all it was sent,
+        it plays this from when it arrives: at a moment ``sent`` can only place at the microphone
+        audio arrived so far, up to a frame early (a device that plays and records in the same
+        frames starts it at its next frame). Placed 0 or 20 ms off at random, two answers give the
+        canceller two echo delays, and it lets the next answer's first syllable through while it
+        finds the new one (tools/README.md: echo_align). So wait for the microphone's next audio,
+        and send right after it: the device then plays it from the frame it is recording now. Not
+        longer than ``align_wait_s`` (``echo_align_wait_ms``; 0: never), nor for a microphone whose
+        frames are longer than that or that is late (one sending nothing while it plays)."""
+        if self.align_wait_s <= 0 or self._last_arrival is None or not self._afresh():
+            return  # (not afresh: the device is still playing what came before, this follows it back to back)
+        last_at, last_s = self._last_arrival
+        if last_s > self.align_wait_s:
+            return
+        # The next frame is due ``last_s`` after the latest; one late (a busy device or server) is
+        # waited for all the same, up to the limit past when it was due.
+        wait_s = min(last_at + last_s + self.align_wait_s - time.monotonic(), self.align_wait_s)
+        if wait_s <= 0:
+            return  # long overdue: a microphone that is not sending now
+        self._arrival.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                await self._arrival.wait()
+
+    def _afresh(self) -> bool:
+        """Audio sent now starts playback afresh: the device has played all it was sent before, or
+        has less than a microphone frame of it left (it may run out before this arrives)."""
+        frame = self._last_arrival[1] * SAMPLE_RATE_HZ if self._last_arrival is not None else 0.0
+        return self._playing_until - self.mic_arrived < max(frame, 1.0)
+
     def sent(self, pcm16: bytes, rate_hz: int) -> int:
         """Answer audio (little-endian PCM16 mono at ``rate_hz``) went to the device: it is the
         reference from where it will play. Returns that sample of the stream clock."""
@@ -487,6 +556,8 @@ class EchoLine:
             # its clock says nothing of when this plays. From now, rather than ever further ahead.
             self._playing_until = self.mic_arrived
         at = max(self.mic_arrived, self._playing_until)
+        if self._playing_until == 0 or at - self._playing_until >= self.restart_gap_s * SAMPLE_RATE_HZ:
+            self.canceller.restarted(at)  # after a stretch without answer audio: the delay may have moved
         self.canceller.played(samples, at_sample=at)
         self._playing_until = at + samples.size
         return at

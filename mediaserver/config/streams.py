@@ -170,6 +170,15 @@ class StreamSettings(BaseModel):
         "echo starts an utterance: AEC3 passes the first words' echo whole until it has found it (1.5-2.5 s seen "
         "live; docs/echo.md); a person speaking then is heard once it has passed; 0 = no hold",
     )
+    echo_speech_gate_restart_ms: int = Field(
+        600,
+        ge=0,
+        description="... and, once it has converged, a speech start within this long of where the device started "
+        "playing afresh (answer audio after echo_speech_gate_onset_gap_ms without any) is a suspect start: with "
+        "assistant_barge_in_echo_suspects the answer pauses and the words decide. The echo's delay may move there "
+        "by a frame and AEC3 lets the first syllable through ('Bees'); 600 covers a 300 ms delay and the syllable "
+        "(docs/echo.md); 0 = off",
+    )
     echo_speech_gate_onset_ms: int = Field(
         0,
         ge=0,
@@ -184,7 +193,8 @@ class StreamSettings(BaseModel):
         ge=10,
         description="... where an onset is answer audio after at least this long without any: a sentence's or a "
         "clause's first syllable (Piper leaves 140-170 ms between sentences, 170-320 ms at a comma, under 80 ms "
-        "inside words)",
+        "inside words); answer audio sent this long after the audio sent before ended restarts the device's "
+        "playback (echo_speech_gate_restart_ms)",
     )
     echo_speech_gate_tail_ms: int = Field(
         600,
@@ -211,6 +221,14 @@ class StreamSettings(BaseModel):
         description="... answer audio sent while the microphone's clock is this far behind the audio sent before "
         "(a client that sends no microphone audio while it plays, or a text-only one) plays from the microphone's "
         "clock, not after all of it",
+    )
+    echo_align_wait_ms: int = Field(
+        60,
+        ge=0,
+        description="... an answer's first audio (and audio after the device ran out of it) waits up to this long "
+        "for the microphone's next frame and goes right after it, so every answer reaches the canceller at the same "
+        "delay (a device starts playing at its next frame: sent at random, answers land 0 or one frame apart and "
+        "the next answer's first syllable leaks, docs/echo.md); 0 = send at once",
     )
     rtc_track_pause_ms: int = Field(
         500,

@@ -404,7 +404,11 @@ class WsSession(SocketSession):
                 self.echo.sent(frame, out.sample_rate_hz)
             self.send_raw(frame)
 
-        await send_paced(out, send, lead_s=self.settings.ws_answer_lead_ms / 1000.0)
+        async def align() -> None:
+            if self.echo is not None:
+                await self.echo.align_start()
+
+        await send_paced(out, send, lead_s=self.settings.ws_answer_lead_ms / 1000.0, align=align)
 
     async def _finish_utterance(self) -> None:
         started = time.perf_counter()

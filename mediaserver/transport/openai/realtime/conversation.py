@@ -414,7 +414,11 @@ class Conversation:
     async def _send_audio(self, out: AudioOut) -> None:
         """Frames → delta events, paced at most ``realtime_audio_lead_ms`` ahead of real time."""
         lead_s = self.settings.realtime_audio_lead_ms / 1000.0
-        await send_paced(out, self._send_delta, lead_s=lead_s, max_frames=MAX_FRAMES_PER_DELTA)
+        await send_paced(out, self._send_delta, lead_s=lead_s, max_frames=MAX_FRAMES_PER_DELTA, align=self._echo_align)
+
+    async def _echo_align(self) -> None:
+        if self.echo is not None and self.response is not None and self.response.item is not None:
+            await self.echo.align_start()
 
     def _send_delta(self, pcm: bytes) -> None:
         response = self.response

@@ -131,11 +131,14 @@ def echoing_device(
     seed: int = 7,
     pause_s: float = 1.5,
     noise_rms: float = 1e-3,
+    late: Sequence[int] = (),
 ) -> tuple[Audio, Audio, list[int]]:
     """The live echo tests' device (tests/integration/test_echo_loop.py): the answers after a second of
     quiet, ``pause_s`` apart, through a clipping loudspeaker and a room (RT60 0.2 s, seeded as the
-    tests seed it), ``delay_ms`` late at ``gain``, over a noise floor (``noise_rms``: -60 dBFS). Returns the reference
-    on the stream clock, the microphone, and the sample where each answer's echo begins."""
+    tests seed it), ``delay_ms`` late at ``gain``, over a noise floor (``noise_rms``: -60 dBFS);
+    answer ``i`` plays ``late[i]`` samples after where the reference has it (a device that starts
+    playing at its next frame; none given: 0). Returns the reference on the stream clock, the
+    microphone, and the sample where each answer's echo begins (as placed, without ``late``)."""
     pause = np.zeros(int(pause_s * RATE), np.float32)
     parts: list[Audio] = [np.zeros(RATE, np.float32)]
     starts = []
@@ -143,9 +146,16 @@ def echoing_device(
         starts.append(sum(p.size for p in parts))
         parts += [answer.astype(np.float32), pause]
     reference = np.concatenate(parts)
+    played = reference
+    if any(late):
+        played = np.zeros_like(reference)
+        for i, (start, answer) in enumerate(zip(starts, answers, strict=True)):
+            shift = late[i] if i < len(late) else 0
+            end = min(start + shift + answer.size, played.size)
+            played[start + shift : end] = answer[: end - start - shift]
     delay = int(delay_ms * RATE / 1000)
     ir = room_ir(np.random.default_rng(seed), rt60_s=0.2)
-    wet = np.convolve(np.concatenate([np.zeros(delay, np.float32), reference]), ir)[: reference.size] * gain
+    wet = np.convolve(np.concatenate([np.zeros(delay, np.float32), played]), ir)[: reference.size] * gain
     noise = np.random.default_rng(1).standard_normal(reference.size) * noise_rms
     mic = (np.tanh(wet * 1.5) / 1.5 + noise).astype(np.float32)
     return reference, mic, [s + delay for s in starts]

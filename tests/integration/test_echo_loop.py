@@ -251,20 +251,22 @@ def user_finals(messages: list[dict[str, Any]]) -> list[str]:
     return [m["text"] for m in messages if m["type"] == "final" and m["text"].strip() and not m.get("echo")]
 
 
+@pytest.mark.parametrize("word_check", [False, True], ids=["defaults", "word_check"])
 async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_answered(
-    server_factory: Callable[..., Any], speech: Callable[[str], Clip]
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip], word_check: bool
 ) -> None:
-    """The word check keeps real barge-ins: a person (a real recording) speaking over the echoing
-    answer stops its audio within 0.5 s of their first voiced frame (the answer pauses, as fast as a
-    cut); their words are not the answer's, so the answer is interrupted, and what they said is the
-    next turn, answered. (Without the speech gate, the default: with it at a 12 dB removed limit, this
-    person, 8 dB under the echo's peaks at the microphone, was not heard at all in 4 of 6 runs;
-    docs/echo.md.)"""
+    """A person (a real recording) speaking over the echoing answer stops its audio within 0.5 s of
+    their first voiced frame, and what they said is the next turn, answered. On the defaults their
+    start cuts the answer at once (or, taken for a suspect start, pauses it until their words
+    decide); with the word check every start pauses it, as fast as a cut, and their words, not the
+    answer's, interrupt it. (Without the speech gate over the whole echo: with it at a 12 dB removed
+    limit, this person, 8 dB under the echo's peaks at the microphone, was not heard at all in 4 of 6
+    runs; docs/echo.md.)"""
     [(_, person, reference)] = load_clips(default_dir(), ["goforward"])
     voiced_from, voiced_to = voiced_span(person)
     onset_s = voiced_from / RATE
     said = {*words(reference), "10"}  # "go forward ten meters"; Whisper writes "10"
-    server: LiveServer = await server_factory(**VOICE_SETTINGS, assistant_barge_in_echo_check=True)
+    server: LiveServer = await server_factory(**VOICE_SETTINGS, assistant_barge_in_echo_check=word_check)
     async with echoing_device(server) as (ws, device):
         # A first answer, however it goes, converges the canceller (its first second may leak, cut it
         # and be answered: such an answer is stopped before the person's turn).
@@ -292,13 +294,15 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
             # by a leak, before the person spoke: there was nothing to barge in on.
             pytest.xfail(f"the answer ended before the person spoke: {(ended_before or [stopped])[0]}")
         assert stopped["interrupted"] is True, stopped
-        # The answer pauses at the speech start a cut was: no answer frame arrives after the speech
-        # start of the person's utterance (the last one before the stop: an echo leak just before
-        # may have started it, and the person joined it) until the stop. Counted in frames, not
-        # seconds: a loaded machine delays both ends of this socket alike.
+        # The answer pauses (or is cut) at the speech start of the person's utterance (the last one
+        # up to the stop: an echo leak just before may have started it, and the person joined it; a
+        # start that cuts the answer at once sends the stop just before its speech_started): no
+        # answer frame arrives after it until the stop. Counted in frames, not seconds: a loaded
+        # machine delays both ends of this socket alike.
+        await device.until("speech_started", mark)
         started_at = max(
             t
-            for m, t in zip(device.messages[:at], device.message_at[:at], strict=True)
+            for m, t in zip(device.messages[: at + 2], device.message_at[: at + 2], strict=True)
             if m["type"] == "speech_started"
         )
         after = [t for t in device.frames_at if started_at < t < device.message_at[at]]

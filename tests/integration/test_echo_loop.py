@@ -206,9 +206,8 @@ async def test_on_the_defaults_the_answer_plays_to_its_end_and_the_next_question
     to its end and the next question is answered; auto found this microphone's echo (/metrics).
     What AEC3 still lets through now and then, a leak at an answer's first syllable that cuts it
     ("Bees": before each answer's first frame waited for the microphone's, the runs whose two answers
-    the device played a frame apart, 8 of 14 one afternoon; 0 of 8 since, and 0 of 4 beside another
-    echo test: docs/echo.md, "Answers a frame apart"), is reported as an expected failure once the
-    rest has held."""
+    the device played a frame apart, 8 of 14 one afternoon; 0 of 23 since: docs/echo.md, "Answers a
+    frame apart"), is reported as an expected failure once the rest has held."""
     server: LiveServer = await server_factory(**VOICE_SETTINGS)
     cut: list[tuple[int, str]] = []
     before = await echo_auto_decisions(server)

@@ -514,17 +514,17 @@ class EchoLine:
             self.mic_arrived += samples
 
     async def align_start(self) -> None:
-        """Answer audio is about to go out. Where the device has (nearly) played all it was sent,
-        it plays this from when it arrives: at a moment ``sent`` can only place at the microphone
-        audio arrived so far, up to a frame early (a device that plays and records in the same
-        frames starts it at its next frame). Placed 0 or 20 ms off at random, two answers give the
+        """Answer audio is about to go out. Where the device has played all it was sent, it plays
+        this from when it arrives: at a moment ``sent`` can only place at the microphone audio
+        arrived so far, up to a frame early (a device that plays and records in the same frames
+        starts it at its next frame). Placed 0 or 20 ms off at random, two answers give the
         canceller two echo delays, and it lets the next answer's first syllable through while it
         finds the new one (tools/README.md: echo_align). So wait for the microphone's next audio,
         and send right after it: the device then plays it from the frame it is recording now. Not
         longer than ``align_wait_s`` (``echo_align_wait_ms``; 0: never), nor for a microphone whose
         frames are longer than that or that is late (one sending nothing while it plays)."""
-        if self.align_wait_s <= 0 or self._last_arrival is None or not self._afresh():
-            return  # (not afresh: the device is still playing what came before, this follows it back to back)
+        if self.align_wait_s <= 0 or self._last_arrival is None or self._playing_until > self.mic_arrived:
+            return  # (the device is still playing what came before: this follows it back to back)
         last_at, last_s = self._last_arrival
         if last_s > self.align_wait_s:
             return
@@ -537,12 +537,6 @@ class EchoLine:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait_s):
                 await self._arrival.wait()
-
-    def _afresh(self) -> bool:
-        """Audio sent now starts playback afresh: the device has played all it was sent before, or
-        has less than a microphone frame of it left (it may run out before this arrives)."""
-        frame = self._last_arrival[1] * SAMPLE_RATE_HZ if self._last_arrival is not None else 0.0
-        return self._playing_until - self.mic_arrived < max(frame, 1.0)
 
     def sent(self, pcm16: bytes, rate_hz: int) -> int:
         """Answer audio (little-endian PCM16 mono at ``rate_hz``) went to the device: it is the

@@ -225,6 +225,7 @@ class StreamSettings(BaseModel):
     echo_align_wait_ms: int = Field(
         60,
         ge=0,
+        le=1000,
         description="... an answer's first audio (and audio after the device ran out of it) waits up to this long "
         "for the microphone's next frame and goes right after it, so every answer reaches the canceller at the same "
         "delay (a device starts playing at its next frame: sent at random, answers land 0 or one frame apart and "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -44,7 +44,7 @@ def pcm(seconds: float) -> bytes:
 
 
 async def test_an_answer_starting_afresh_goes_right_after_the_microphones_next_frame() -> None:
-    line = EchoLine.of(Settings(echo_align_wait_ms=5000))  # long enough that only the frame can end the wait
+    line = EchoLine.of(Settings(echo_align_wait_ms=1000))  # the longest: only the frame ends the wait
     line.arrived(FRAME)
     waiting = asyncio.create_task(line.align_start())
     await asyncio.sleep(0)
@@ -66,6 +66,11 @@ async def test_no_wait_while_the_device_still_plays_or_where_the_microphone_cann
     chunky = EchoLine.of(Settings())  # frames longer than the wait (200 ms against 60)
     chunky.arrived(10 * FRAME)
     assert returns_at_once(chunky.align_start())
+    longer = EchoLine.of(Settings())  # 40 ms microphone frames, 20 ms answer frames
+    longer.arrived(2 * FRAME)
+    assert not returns_at_once(longer.align_start())  # the first answer frame waits ...
+    longer.sent(pcm(0.02), RATE)
+    assert returns_at_once(longer.align_start())  # ... the next follows it back to back, as every one after
 
 
 async def test_a_microphone_that_stopped_sending_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,3 +163,40 @@ def test_audio_sent_without_a_stretch_of_quiet_is_no_restart() -> None:
         line.arrived(FRAME + int(0.8 * RATE))  # 0.3 s after the answer ended
         line.sent(pcm(0.5), RATE)
         assert len(line.canceller._restarts) == restarts, gap_ms
+
+
+async def test_only_the_first_frame_waits_when_the_microphone_frames_are_longer() -> None:
+    """40 ms microphone frames, 20 ms answer frames through ``send_paced``: the first frame waits
+    for the microphone, the rest build the lead back to back (none waits again), however fast or
+    slow this machine runs them."""
+    line = EchoLine.of(Settings(echo_align_wait_ms=1000))
+    waits = 0
+    wait = line._arrival.wait
+
+    async def counted() -> Literal[True]:
+        nonlocal waits
+        waits += 1
+        return await wait()
+
+    line._arrival.wait = counted  # type: ignore[method-assign]
+    out = AudioOut(RATE)
+    out.write(pcm(1.0))
+    sent: list[bytes] = []
+
+    def send(frame: bytes) -> None:
+        line.sent(frame, RATE)
+        sent.append(frame)
+
+    line.arrived(2 * FRAME)
+    task = asyncio.create_task(send_paced(out, send, lead_s=0.2, align=line.align_start))
+    async with asyncio.timeout(5):
+        while not waits:
+            await asyncio.sleep(0.001)
+    assert not sent
+    line.arrived(2 * FRAME)  # the microphone's next frame: the answer goes
+    async with asyncio.timeout(10):
+        while len(sent) < 10:  # the 0.2 s lead
+            await asyncio.sleep(0.001)
+    out.close()
+    await asyncio.wait_for(task, 5)
+    assert waits == 1

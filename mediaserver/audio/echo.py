@@ -379,7 +379,7 @@ class SpeechGate:
             # noted when the rule below would have held it, or when it comes soon after playback
             # started afresh (the delay may have moved: the next answer's first syllable leaks).
             restart = self.canceller.since_restart_ms() if self.restart_ms > 0 else None
-            self.last_suspect = (restart is not None and restart - after_ms < self.restart_ms) or not (
+            self.last_suspect = (restart is not None and 0 <= restart - after_ms < self.restart_ms) or not (
                 self._like_a_person(frame, level, after)
             )
             return True

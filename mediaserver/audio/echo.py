@@ -49,7 +49,8 @@ MAX_LINE_AHEAD_S: Final = 60.0  # EchoLine: answer audio this far ahead of the m
 MIC_GAP_S: Final = 1.0  # EchoLine: microphone audio this late after the end of the audio before: a gap
 STREAMED_AHEAD_S: Final = 1.0  # EchoLine, auto: audio this far ahead of real time is streamed, not live
 ALIGN_WAIT_S: Final = 0.06  # EchoLine.align_start: the longest an answer's first frame waits for the microphone
-# (the defaults of the settings echo_max_ahead_s and echo_mic_gap_ms, which EchoLine.of applies)
+# (the defaults of the settings echo_max_ahead_s, echo_mic_gap_ms, echo_auto_streamed_ahead_s and
+# echo_align_wait_ms, which EchoLine.of applies)
 MEASURE_FRAMES: Final = 60 * 100  # the last minute of (microphone, output) frame energies is kept
 ACTIVE_FRAME_DBFS: Final = -50.0  # output frames quieter than this are silence: not measured
 MIN_ACTIVE_FRAMES: Final = 3  # fewer active frames than this in a span: no measure
@@ -299,7 +300,8 @@ class SpeechGate:
     Elsewhere a person under a louder echo barges in as without the gate. 0: the whole echo.
 
     ``restart_ms``: past that, frames within this long of where the device started playing afresh
-    (``EchoCanceller.restarted``: an answer's first audio, or audio after the device ran out) are
+    (``EchoCanceller.restarted``: an answer's first audio, audio after the device ran out, an
+    answer resumed after a pause) are
     noted as suspect too, whatever their level: the echo's delay may have moved there by a frame,
     and AEC3 lets the first syllable through ("Bees") while it finds it again.
 

@@ -233,6 +233,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Turn], list[Baseline], lis
                     peer.send(
                         "start",
                         {"hands_free": True, "assistant": True}
+                        | ({"partials": True, "unstable": True} if args.partials else {})
                         | ({} if mode == "default" else {"turn_detection": mode}),
                     )
                     await peer.next("log")
@@ -432,6 +433,12 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=90.0)
     parser.add_argument(
         "--answer-tokens", type=int, default=MAX_ANSWER_TOKENS, help="the server's assistant_max_answer_tokens"
+    )
+    parser.add_argument(
+        "--partials",
+        action="store_true",
+        help="the sessions ask for partial transcripts, as the /rtc page does (the server then prefills each "
+        "question as it is spoken: turn_prefill_partials)",
     )
     parser.add_argument("--plot", default=str(REPO / "bench-results" / "voice-loop.png"))
     parser.add_argument(

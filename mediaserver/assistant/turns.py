@@ -106,6 +106,8 @@ class Assistant:
         # Who speaks (an enrolled speaker's name, from the session's finals): the prompt names them.
         self.speaker: str | None = None
         self._speculated_for: str | None = None  # the speaker a speculative answer's prompt named
+        self._prefilling: asyncio.Task[None] | None = None  # the prefill of a question being spoken
+        self._prefill_next: str | None = None  # the words to prefill after it
         self._greeted: str | None = None  # the enrolled speaker the answers last went to (greeting.py)
         self.toolbox: Toolbox | None = None  # tools for this assistant's own turns (assistant/tool_rounds.py)
 
@@ -206,6 +208,37 @@ class Assistant:
         helper = asyncio.get_running_loop().create_task(run(), name=f"assistant-prefill-{self.name}")
         self._helpers.add(helper)
         helper.add_done_callback(self._helpers.discard)
+
+    def prefill_question(self, words: str) -> None:
+        """The question being spoken reads ``words`` so far (a partial transcript): have the LLM
+        engine evaluate its prompt now, into the slot the answer's request will take, so that
+        request evaluates only what the final adds (``turn_prefill_partials``). In the background,
+        one at a time (words that come meanwhile are prefilled after it, the latest only); nothing
+        without an LLM, while an answer runs or is speculated, or once closed."""
+        llm = self.llm
+        if llm is None or self._closed or not words.strip() or self.active or self._speculation is not None:
+            return
+        if self._prefilling is not None:
+            self._prefill_next = words
+            return
+
+        async def run(text: str | None) -> None:
+            while text is not None and not (self._closed or self.active or self._speculation is not None):
+                options = self.options
+                messages = self.messages(text)
+                tools = prompt_tools(options, self.settings, self.speaker, self.toolbox)
+                await llm.prefill(messages, tools, model=options.model)
+                text, self._prefill_next = self._prefill_next, None
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._helpers.discard(task)
+            if self._prefilling is task:
+                self._prefilling, self._prefill_next = None, None
+
+        helper = asyncio.get_running_loop().create_task(run(words), name=f"assistant-prefill-question-{self.name}")
+        self._prefilling = helper
+        self._helpers.add(helper)
+        helper.add_done_callback(done)
 
     # --- turns --------------------------------------------------------------------------------
 

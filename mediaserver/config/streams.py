@@ -381,3 +381,10 @@ class StreamSettings(BaseModel):
         description="voice loop: start the answer (LLM and first clause's TTS, nothing sent) on the final decoded in "
         "a pause, before the turn has ended; speech resuming drops it unheard, the turn ending sends it at once",
     )
+    turn_prefill_partials: bool = Field(
+        True,
+        description="voice loop on a local LLM engine: put the prompt of the question being spoken (the history and "
+        "the latest partial transcript) in the engine's cache as each partial comes, so the answer's request "
+        "evaluates only the words after the last partial (tools/README.md: bench_prefill.py --partials); "
+        "one prefill at a time per session, none while an answer runs",
+    )

@@ -226,10 +226,11 @@ class LlamaServerEngine:
                 await events.aclose()  # closes the HTTP stream: llama-server frees the slot at once
 
     async def prefill(self, messages: Sequence[ChatMessage], tools: ToolConfig | None) -> int:
-        """Put the prompt of ``messages`` in the cache of the slot a new conversation takes next
-        (``SlotAffinity.next_new``): its first turn then evaluates only what follows. Nothing when
-        every slot is busy or the engine is not serving; the prompt tokens evaluated."""
-        slot, process = self.affinity.next_new(), self.process
+        """Put the prompt of ``messages`` in the cache of the slot their request will take
+        (``SlotAffinity.peek``): a new conversation's system prompt, or a question still being
+        spoken; that request then evaluates only what follows. Nothing when every slot is busy or
+        the engine is not serving; the prompt tokens evaluated."""
+        slot, process = self.affinity.peek(messages), self.process
         if slot is None or not process.ready:
             return 0
         timeout_s = process.settings.llm_request_timeout_s

@@ -61,15 +61,10 @@ class SlotAffinity:
 
     def take(self, messages: Sequence[ChatMessage]) -> int:
         """The slot for this request, now marked busy (``give`` it back when the generation ends)."""
-        free = [slot for slot in range(self.slots) if slot not in self._busy]
-        if not free:  # more generations than slots: cannot happen behind the service's queue
+        slot = self.peek(messages)
+        if slot is None:  # more generations than slots: cannot happen behind the service's queue
             raise RuntimeError("no free llama-server slot")
         key, held = conversation_key(messages), _message_keys(messages)
-        slot = self._slot_of.get(key)
-        if slot is None:
-            slot = self._holding(held, free)
-        if slot is None or slot in self._busy:
-            slot = self._coldest(free)
         self._held[slot] = held
         self._busy.add(slot)
         self._used_at[slot] = time.monotonic()
@@ -79,15 +74,23 @@ class SlotAffinity:
             self._slot_of.popitem(last=False)
         return slot
 
+    def peek(self, messages: Sequence[ChatMessage]) -> int | None:
+        """The slot ``take`` would give this request now, not marked busy or used (None: every slot
+        is busy): a prefill (``LlamaServerEngine.prefill``) puts its prompt where the request will
+        go: a new conversation's system prompt in the free slot used longest ago, a question still
+        being spoken in its conversation's slot."""
+        free = [slot for slot in range(self.slots) if slot not in self._busy]
+        if not free:
+            return None
+        slot = self._slot_of.get(conversation_key(messages))
+        if slot is None:
+            slot = self._holding(_message_keys(messages), free)
+        if slot is None or slot in self._busy:
+            slot = self._coldest(free)
+        return slot
+
     def _coldest(self, free: list[int]) -> int:
         return min(free, key=lambda s: self._used_at[s])
-
-    def next_new(self) -> int | None:
-        """The slot a new conversation would take now (the free one used longest ago), not marked
-        busy or used: a prefill (``LlamaServerEngine.prefill``) puts its system prompt there. None:
-        every slot is busy."""
-        free = [slot for slot in range(self.slots) if slot not in self._busy]
-        return self._coldest(free) if free else None
 
     def _holding(self, held: frozenset[str], free: list[int]) -> int | None:
         """The free slot whose last prompt shared the most of these messages (a trimmed history)."""

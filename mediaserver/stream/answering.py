@@ -1,7 +1,7 @@
 """What the session core asks of the voice loop's assistant, and the finals it holds back from it.
 
-``Answerer`` (and the optional ``SpeakerAware`` / ``Speculator``) is what ``StreamSession`` needs
-of an assistant (``mediaserver.assistant.turns.Assistant``, or a Realtime conversation's turns).
+``Answerer`` (and the optional ``SpeakerAware`` / ``Speculator`` / ``QuestionPrefiller``) is what
+``StreamSession`` needs of an assistant (``mediaserver.assistant.turns.Assistant``, or a Realtime conversation's turns).
 
 ``HeldWords``: semantic turns end a turn at a pause, and the rest of a sentence can begin before
 its first half's final is decoded (the pause was shorter than the decode, or the ASR queue is
@@ -45,6 +45,13 @@ class Speculator(Protocol):
     def speculate(self, user_text: str, *, speech_ended_at: float | None = None) -> bool: ...
 
     def drop_speculation(self) -> None: ...
+
+
+@runtime_checkable
+class QuestionPrefiller(Protocol):
+    """An answerer that can have its LLM read a question while it is spoken (``Assistant``)."""
+
+    def prefill_question(self, words: str) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,8 @@ class _Stream(StreamParent, Protocol):
 
     def current_audio(self) -> AudioArray: ...
 
+    def heard_so_far(self, words: str) -> None: ...
+
 
 class Partials:
     """The partial transcripts of one stream: the decode loop of the utterance in progress (one task,
@@ -229,6 +231,7 @@ class Partials:
                 if result.guard is not None:
                     continue  # a loop or text on no speech: the next decode comes soon
                 await self.advance(result.text, audio.size)
+                stream.heard_so_far(self.promises.joined(result.text))
         except asyncio.CancelledError:
             pass
         except ApiError as exc:

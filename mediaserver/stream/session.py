@@ -48,7 +48,7 @@ from mediaserver.events import (
 )
 from mediaserver.speakers.service import SpeakerService
 from mediaserver.stream import speaker
-from mediaserver.stream.answering import Answerer, HeldWords
+from mediaserver.stream.answering import Answerer, HeldWords, QuestionPrefiller
 from mediaserver.stream.echo_check import EchoCheck, Hold
 from mediaserver.stream.finals import EarlyFinal, Finals
 from mediaserver.stream.options import StreamOptions, segmenter_config
@@ -415,6 +415,12 @@ class StreamSession:
 
     async def _advance_partial(self, hypothesis: str, audio_samples: int | None = None) -> None:
         await self._partials.advance(hypothesis, audio_samples)
+
+    def heard_so_far(self, words: str) -> None:
+        """A partial decode of the utterance in progress reads ``words`` (the promised text and the
+        rest): the voice loop's LLM may read the question before it ends (``turn_prefill_partials``)."""
+        if self.settings.turn_prefill_partials and isinstance(self.assistant, QuestionPrefiller):
+            self.assistant.prefill_question(words)
 
     async def _submit_final(
         self, audio: AudioArray, start_ms: int, end_ms: int, *, early: EarlyFinal | None = None, held: Hold | None

@@ -68,6 +68,7 @@ async def converse(
     *,
     eagerness: str,
     resume_at_s: float | None = None,
+    partials: bool = False,
 ) -> tuple[list[tuple[float, SessionEvent]], Assistant, AudioOut, int]:
     """Stream ``audio`` in real time into a semantic-turn session answered by an Assistant; the
     events (with times), the assistant, its AudioOut, and the samples queued on it at ``resume_at_s``
@@ -83,6 +84,7 @@ async def converse(
         server_vad=True,
         turn_detection="semantic",
         eagerness=eagerness,  # type: ignore[arg-type]
+        partials=partials,
     )
     session = StreamSession(asr, settings, emit, options, turn_model=model)
     assistant = Assistant(llm, tts, settings, AssistantOptions.from_settings(settings), emit, out, asr.metrics)

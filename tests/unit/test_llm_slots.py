@@ -56,13 +56,17 @@ def test_a_history_trimmed_to_its_budget_keeps_its_slot() -> None:
     assert slots.take(stranger) != a
 
 
-def test_a_prefill_goes_where_the_next_new_conversation_will_and_marks_nothing() -> None:
-    """``next_new`` (the slot ``LlamaServerEngine.prefill`` fills with a system prompt) is the slot the
-    next new conversation takes, and asking it neither reserves nor ages that slot."""
+def test_a_prefill_goes_where_its_request_will_and_marks_nothing() -> None:
+    """``peek`` (the slot ``LlamaServerEngine.prefill`` fills) is the slot ``take`` gives the same
+    messages next: a system prompt alone goes where the next new conversation will, a question
+    still being spoken to its conversation's slot; asking neither reserves nor ages a slot."""
     slots = SlotAffinity(3)
-    slots.give(slots.take(conversation("a", 1)))
-    ahead = slots.next_new()
-    assert ahead is not None and slots.next_new() == ahead
+    a = slots.take(conversation("a", 1))
+    slots.give(a)
+    ahead = slots.peek([SYSTEM])
+    assert ahead is not None and ahead != a and slots.peek([SYSTEM]) == ahead
+    assert slots.peek(conversation("a", 2)) == a  # a's next question, while it is spoken
     assert slots.take(conversation("b", 1)) == ahead
     busy = [ahead, slots.take(conversation("c", 1)), slots.take(conversation("d", 1))]
-    assert sorted(busy) == [0, 1, 2] and slots.next_new() is None  # every slot busy: no prefill
+    assert sorted(busy) == [0, 1, 2] and slots.peek([SYSTEM]) is None  # every slot busy: no prefill
+    assert slots.peek(conversation("a", 2)) is None

@@ -462,8 +462,9 @@ class EchoLine:
         self._watch_gaps = watch_gaps  # find them by the wall clock (the WebSockets: no timestamps)
         self._last_arrival: tuple[float, float] | None = None  # (monotonic, seconds of audio) of the latest
         self.streamed_ahead_s = streamed_ahead_s  # audio this far ahead of the wall clock is a file (``auto``)
-        self._first_arrival: float | None = None  # monotonic, and the clock then: how far ahead of real time
-        self._first_clock = 0
+        self._first_arrival: float | None = None  # monotonic: how far ahead of real time the audio came
+        self._heard = 0  # microphone samples arrived, gaps not counted
+        self._retractable = 0  # samples of the latest gap that audio coming in a burst may show were held up
 
     @classmethod
     def of(cls, settings: Settings, queued_samples: int = 0, *, watch_gaps: bool = True) -> EchoLine:
@@ -492,18 +493,32 @@ class EchoLine:
     def arrived(self, samples: int) -> None:
         """Microphone audio came (the reader's view). With ``watch_gaps``, audio that comes
         ``gap_s`` later than the audio before it ends (a device that stops sending while it
-        plays an answer) marks a gap of that long: the device's clock went on meanwhile."""
+        plays an answer) marks a gap of that long: the device's clock went on meanwhile.
+
+        Audio that was only held up on its way (the server's loop or the client busy for a second:
+        a loaded machine) comes late too, and then in a burst, faster than real time: what the
+        burst brings of the gap's time is taken back from the gap while the canceller has not
+        reached it, or the clock would run that far ahead of the device's for the rest of the
+        stream (the answers placed late: their echo uncancelled, at every answer's start)."""
         now = time.monotonic()
         if self._watch_gaps and self._last_arrival is not None:
-            silent_s = now - self._last_arrival[0] - self._last_arrival[1]
+            last_at, last_s = self._last_arrival
+            silent_s = now - last_at - last_s
             if silent_s >= self.gap_s:
                 self.gap(round(silent_s * SAMPLE_RATE_HZ))
+                self._retractable = round(silent_s * SAMPLE_RATE_HZ)
+            elif self._retractable and silent_s < -last_s / 2:  # it had waited on its way: a burst
+                self._retract(min(self._retractable, round(-silent_s * SAMPLE_RATE_HZ)))
+            else:
+                self._retractable = 0  # in real time again: what is left of the gap was one
         self._last_arrival = (now, samples / SAMPLE_RATE_HZ)
         self._arrival.set()
         if self._first_arrival is None:
-            self._first_arrival, self._first_clock = now, self.mic_arrived
+            self._first_arrival = now
         self.mic_arrived += samples
-        ahead_s = (self.mic_arrived - self._first_clock) / SAMPLE_RATE_HZ - (now - self._first_arrival)
+        self._heard += samples
+        # (Gaps not counted: audio held up and then sent in a burst is in real time over the whole.)
+        ahead_s = self._heard / SAMPLE_RATE_HZ - (now - self._first_arrival)
         detect = self.canceller.detect
         if detect is not None and not detect.streamed and ahead_s > self.streamed_ahead_s:
             detect.stream()  # faster than real time: not a microphone by a loudspeaker
@@ -514,6 +529,21 @@ class EchoLine:
         if samples > 0:
             self._gaps.append((self.mic_arrived, samples))
             self.mic_arrived += samples
+
+    def _retract(self, samples: int) -> None:
+        """``samples`` of the latest gap were audio held up, not missing: the gap shrinks by that
+        much, while the canceller has not skipped it yet (once it has, the clock stays)."""
+        if not self._gaps or samples <= 0:
+            self._retractable = 0
+            return
+        start, length = self._gaps[-1]
+        taken = min(samples, length)
+        if taken == length:
+            self._gaps.pop()
+        else:
+            self._gaps[-1] = (start, length - taken)
+        self.mic_arrived -= taken
+        self._retractable -= taken
 
     async def align_start(self) -> None:
         """Answer audio is about to go out. Where the device has played all it was sent, it plays

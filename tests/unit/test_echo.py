@@ -252,6 +252,47 @@ def test_a_device_that_stops_sending_is_a_gap_on_the_wall_clock(monkeypatch: pyt
     assert line.sent(pcm, 16000) - line.mic_arrived <= 61 * 16000
 
 
+@pytest.mark.parametrize("gap_s", [1.0, 1.5])
+def test_audio_held_up_on_its_way_and_then_sent_in_a_burst_is_no_gap(
+    monkeypatch: pytest.MonkeyPatch, gap_s: float
+) -> None:
+    """The server's loop (or the client) busy for over ``echo_mic_gap_ms``: the microphone's audio
+    comes late, then all of it in a burst. That is no gap: what the burst brings is taken back from
+    the gap (the clock stays the device's, so the next answer is placed where it plays), and the
+    whole is in real time (``auto`` does not take the microphone for a file sent faster than real
+    time, which would pass its echo uncancelled for the rest of the stream). A device that stopped
+    sending keeps its gap when it resumes in real time."""
+    from mediaserver.audio import echo
+    from mediaserver.audio.echo import EchoLine
+    from mediaserver.config import Settings
+
+    clock = [100.0]
+    monkeypatch.setattr(echo, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
+    settings = Settings(_env_file=None, echo_mic_gap_ms=int(gap_s * 1000), echo_auto_streamed_ahead_s=1.0)
+    line = EchoLine.of(settings)
+    line.set_mode("auto", settings)
+    assert line.canceller.detect is not None
+
+    def real_time(frames: int) -> None:
+        for _ in range(frames):  # 20 ms frames as they are recorded
+            line.arrived(320)
+            clock[0] += 0.02
+
+    real_time(50)
+    clock[0] += gap_s + 0.5  # held up: nothing reaches the server ...
+    for _ in range(round((gap_s + 0.5) / 0.02)):  # ... then the frames recorded meanwhile, at once
+        line.arrived(320)
+    real_time(50)
+    frames = 50 + round((gap_s + 0.5) / 0.02) + 50
+    assert line.mic_arrived == frames * 320 and not line._gaps  # no gap left
+    assert not line.canceller.detect.streamed
+    # A device that stops sending (half-duplex) for as long, and resumes in real time: a gap.
+    clock[0] += gap_s + 0.5
+    real_time(50)
+    assert line.mic_arrived == (frames + 50) * 320 + round((gap_s + 0.5) * 16000)
+    assert not line.canceller.detect.streamed
+
+
 def test_the_speech_gate_holds_back_only_quiet_frames_and_only_while_echo_can_arrive() -> None:
     """``SpeechGate``: every frame counts before any reference and ``tail_ms`` after the last one
     with sound; in between only frames ``margin_db`` above the quietest of the last 2 s."""

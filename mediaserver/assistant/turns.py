@@ -139,6 +139,7 @@ class Assistant:
         """Forget the conversation (and stop an answer in progress)."""
         await self.interrupt()
         self.drop_speculation()  # its prompt holds the history being forgotten
+        self._stop_prefill()
         self._history.clear()
         self._greeted = None
 
@@ -223,22 +224,28 @@ class Assistant:
             return
 
         async def run(text: str | None) -> None:
-            while text is not None and not (self._closed or self.active or self._speculation is not None):
-                options = self.options
-                messages = self.messages(text)
-                tools = prompt_tools(options, self.settings, self.speaker, self.toolbox)
-                await llm.prefill(messages, tools, model=options.model)
-                text, self._prefill_next = self._prefill_next, None
-
-        def done(task: asyncio.Task[None]) -> None:
-            self._helpers.discard(task)
-            if self._prefilling is task:
-                self._prefilling, self._prefill_next = None, None
+            try:
+                while text is not None and not (self._closed or self.active or self._speculation is not None):
+                    options = self.options
+                    messages = self.messages(text)
+                    tools = prompt_tools(options, self.settings, self.speaker, self.toolbox)
+                    await llm.prefill(messages, tools, model=options.model, question=True)
+                    text, self._prefill_next = self._prefill_next, None
+            finally:
+                if self._prefilling is asyncio.current_task():  # (now, not in a callback: no words lost)
+                    self._prefilling, self._prefill_next = None, None
 
         helper = asyncio.get_running_loop().create_task(run(words), name=f"assistant-prefill-question-{self.name}")
         self._prefilling = helper
         self._helpers.add(helper)
-        helper.add_done_callback(done)
+        helper.add_done_callback(self._helpers.discard)
+
+    def _stop_prefill(self) -> None:
+        """An answer starts (or the conversation is forgotten): a question's prefill not yet sent to
+        the engine would overwrite the answer's cache once the answer has it; it is dropped."""
+        helper, self._prefilling, self._prefill_next = self._prefilling, None, None
+        if helper is not None:
+            helper.cancel()
 
     # --- turns --------------------------------------------------------------------------------
 
@@ -248,6 +255,7 @@ class Assistant:
             return
         if await self._release_speculation(user_text):
             return
+        self._stop_prefill()
         await self.interrupt()
         messages = self.messages(user_text)
         self._record_user(user_text)
@@ -535,6 +543,7 @@ class Assistant:
         if self._closed or not user_text.strip() or self.active:
             return False
         self.drop_speculation()
+        self._stop_prefill()
         start = self.out.written_samples if self.out is not None else 0
         turn = Turn(next(self._turns), self.options, start, record=True)
         turn._release = asyncio.Event()

@@ -225,16 +225,21 @@ class LlamaServerEngine:
             finally:
                 await events.aclose()  # closes the HTTP stream: llama-server frees the slot at once
 
-    async def prefill(self, messages: Sequence[ChatMessage], tools: ToolConfig | None) -> int:
+    async def prefill(
+        self, messages: Sequence[ChatMessage], tools: ToolConfig | None, *, question: bool = False
+    ) -> int:
         """Put the prompt of ``messages`` in the cache of the slot their request will take
-        (``SlotAffinity.peek``): a new conversation's system prompt, or a question still being
-        spoken; that request then evaluates only what follows. Nothing when every slot is busy or
-        the engine is not serving; the prompt tokens evaluated."""
-        slot, process = self.affinity.peek(messages), self.process
+        (``SlotAffinity.peek``): a new conversation's system prompt, or (``question``) a question
+        still being spoken, which goes only to its conversation's own slot (never evicting
+        another's); that request then evaluates only what follows. Nothing when that slot is busy
+        or the engine is not serving; the prompt tokens evaluated."""
+        slot, process = self.affinity.peek(messages, own=question), self.process
         if slot is None or not process.ready:
             return 0
         timeout_s = process.settings.llm_request_timeout_s
         prompt = (await process.post_json("/apply-template", template_body(messages, tools), timeout_s))["prompt"]
+        if self.affinity.peek(messages, own=question) != slot:
+            return 0  # taken meanwhile (an answer now runs there): its cache is not to be overwritten
         body = {"prompt": prompt, "n_predict": 0, "id_slot": slot, "cache_prompt": True}  # evaluate, write nothing
         done = await process.post_json("/completion", body, timeout_s)
         return int(done.get("timings", {}).get("prompt_n", 0))

@@ -376,18 +376,24 @@ class LlmService:
         return PromptTokens(bound, limit)
 
     async def prefill(
-        self, messages: Sequence[ChatMessage], tools: ToolConfig | None = None, *, model: str | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        tools: ToolConfig | None = None,
+        *,
+        model: str | None = None,
+        question: bool = False,
     ) -> int:
         """Evaluate a conversation's start (its system prompt) ahead of its first turn, into the slot
         that turn will take, on ``model``'s local engine if it is already running (nothing else:
-        an upstream, an engine not started). The prompt tokens evaluated; failures are logged, not
-        raised (the turn then evaluates them itself)."""
+        an upstream, an engine not started). ``question``: a question still being spoken (its
+        conversation's own slot only: ``LlamaServerEngine.prefill``). The prompt tokens evaluated;
+        failures are logged, not raised (the turn then evaluates them itself)."""
         try:
             source = self.sources.resolve(model)
             engine = self._backends.get(source.name)
             if not isinstance(engine, LlamaServerEngine):
                 return 0
-            evaluated = await engine.prefill(messages, tools)
+            evaluated = await engine.prefill(messages, tools, question=question)
             self.metrics.prefills.labels(source.name).inc()
             return evaluated
         except (ApiError, aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:

@@ -74,17 +74,21 @@ class SlotAffinity:
             self._slot_of.popitem(last=False)
         return slot
 
-    def peek(self, messages: Sequence[ChatMessage]) -> int | None:
+    def peek(self, messages: Sequence[ChatMessage], *, own: bool = False) -> int | None:
         """The slot ``take`` would give this request now, not marked busy or used (None: every slot
         is busy): a prefill (``LlamaServerEngine.prefill``) puts its prompt where the request will
         go: a new conversation's system prompt in the free slot used longest ago, a question still
-        being spoken in its conversation's slot."""
+        being spoken in its conversation's slot. ``own``: only the conversation's own slot, free (a
+        conversation not begun yet: where ``take`` puts it), else None: where ``take`` would fall
+        back to the slot used longest ago, a prefill would evict another conversation for nothing."""
         free = [slot for slot in range(self.slots) if slot not in self._busy]
         if not free:
             return None
         slot = self._slot_of.get(conversation_key(messages))
         if slot is None:
             slot = self._holding(_message_keys(messages), free)
+        if own and (slot in self._busy or (slot is None and any(m.role == "assistant" for m in messages))):
+            return None
         if slot is None or slot in self._busy:
             slot = self._coldest(free)
         return slot

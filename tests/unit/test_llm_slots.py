@@ -70,3 +70,20 @@ def test_a_prefill_goes_where_its_request_will_and_marks_nothing() -> None:
     busy = [ahead, slots.take(conversation("c", 1)), slots.take(conversation("d", 1))]
     assert sorted(busy) == [0, 1, 2] and slots.peek([SYSTEM]) is None  # every slot busy: no prefill
     assert slots.peek(conversation("a", 2)) is None
+
+
+def test_a_question_prefill_goes_only_to_its_conversations_own_free_slot() -> None:
+    """``own`` (a question still being spoken): its conversation's slot while free, a new
+    conversation's where ``take`` will put it, and nowhere when its own slot is busy (the slot used
+    longest ago holds another conversation, which a prefill would evict for nothing)."""
+    slots = SlotAffinity(3)
+    a = slots.take(conversation("a", 1))
+    slots.give(a)
+    assert slots.peek(conversation("a", 2), own=True) == a
+    new = slots.peek(conversation("b", 1), own=True)  # b's first question: the coldest slot
+    assert new is not None and new != a and new == slots.peek(conversation("b", 1))
+    busy = slots.take(conversation("a", 1))  # a's slot busy (its answer runs)
+    assert busy == a and slots.peek(conversation("a", 2), own=True) is None
+    assert slots.peek(conversation("a", 2)) not in (None, a)  # (take would fall back: a request must run)
+    stranger = [SYSTEM, ChatMessage("user", "z question 0"), ChatMessage("assistant", "x"), ChatMessage("user", "y")]
+    assert slots.peek(stranger, own=True) is None  # a history no slot holds: nothing to extend

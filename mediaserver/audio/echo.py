@@ -499,7 +499,10 @@ class EchoLine:
         a loaded machine) comes late too, and then in a burst, faster than real time: what the
         burst brings of the gap's time is taken back from the gap while the canceller has not
         reached it, or the clock would run that far ahead of the device's for the rest of the
-        stream (the answers placed late: their echo uncancelled, at every answer's start)."""
+        stream (the answers placed late: their echo uncancelled, at every answer's start). The
+        canceller skips a gap only once its size is known (``process``: a piece after it in real
+        time, or the burst over), so a worker that cleans each piece as it comes does not skip the
+        time the burst takes back."""
         now = time.monotonic()
         if self._watch_gaps and self._last_arrival is not None:
             last_at, last_s = self._last_arrival
@@ -595,6 +598,8 @@ class EchoLine:
 
     def process(self, mic16k: AudioArray) -> AudioArray:
         while self._gaps and self._gaps[0][0] <= self.canceller.position:
+            if len(self._gaps) == 1 and self._retractable:
+                break  # the latest gap's size is not known yet (a burst may take it back): the next piece says
             self.canceller.skip(self._gaps.popleft()[1])
         return self.canceller.process(mic16k)
 

@@ -230,7 +230,8 @@ class Partials:
                     return
                 if result.guard is not None:
                     continue  # a loop or text on no speech: the next decode comes soon
-                await self.advance(result.text, audio.size)
+                if stream.options.partials:  # (else decoded for the question's prefill alone: nothing promised)
+                    await self.advance(result.text, audio.size)
                 stream.heard_so_far(self.promises.joined(result.text))
         except asyncio.CancelledError:
             pass

@@ -410,8 +410,15 @@ class StreamSession:
         return self.recorded_audio() if not self.options.server_vad else self._segmenter.current_audio()
 
     def _ensure_partials(self) -> None:
-        if self.options.partials and self._pauses.early is None and not self._closed:
+        wanted = self.options.partials or (self.options.server_vad and self._prefills_questions)
+        if wanted and self._pauses.early is None and not self._closed:
             self._partials.start()
+
+    @property
+    def _prefills_questions(self) -> bool:
+        """Partial decodes run for the voice loop's question prefill alone (none is sent)."""
+        s = self.settings
+        return s.turn_prefill_partials and s.turn_prefill_decodes and isinstance(self.assistant, QuestionPrefiller)
 
     async def _advance_partial(self, hypothesis: str, audio_samples: int | None = None) -> None:
         await self._partials.advance(hypothesis, audio_samples)

@@ -17,7 +17,7 @@ import pytest
 
 from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
-from mediaserver.events import AssistantAudioStarted, FinalTranscript
+from mediaserver.events import AssistantAudioStarted, FinalTranscript, PartialTranscript
 from mediaserver.llm.service import LlmService
 from mediaserver.tts.service import TtsService
 from mediaserver.turns.model import TurnModel
@@ -33,7 +33,15 @@ def counter(metric: object, model: str) -> float:
     return float(metric.labels(model)._value.get())  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("prefill", [True, False], ids=["default", "off"])
+CASES = {  # partials asked for, settings, prefilled
+    "default": (True, {}, True),
+    "no partials asked": (False, {}, True),  # turn_prefill_decodes: decoded for the prefill alone
+    "no partials asked, decodes off": (False, {"turn_prefill_decodes": False}, False),
+    "off": (True, {"turn_prefill_partials": False}, False),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
 async def test_the_question_is_in_the_llms_cache_before_its_final(
     asr_service: AsrService,
     llm_service: LlmService,
@@ -41,17 +49,18 @@ async def test_the_question_is_in_the_llms_cache_before_its_final(
     base_settings: Settings,
     speech: Callable[[str], Clip],
     turn_model: TurnModel,  # noqa: F811
-    prefill: bool,
+    case: str,
 ) -> None:
-    """On the default the answer's request finds all but the last few prompt tokens in the cache (a
-    system prompt new to the engine, so nothing else could have put them there); with the setting
-    off nothing is prefilled and the request evaluates the system prompt and the question itself."""
+    """Prefilled, the answer's request finds all but the last few prompt tokens in the cache (a
+    system prompt new to the engine, so nothing else could have put them there), whether or not the
+    client asked for partials; with ``turn_prefill_partials`` off, or ``turn_prefill_decodes`` off
+    for a client that asked for none, nothing is prefilled and the request evaluates the system
+    prompt and the question itself."""
+    partials, update, prefill = CASES[case]
     await wait_idle(llm_service)
-    name = "Quillon" if prefill else "Bramwell"  # each run a system prompt the engine has not seen
-    system = f"{name} is your name. {VOICE['assistant_system_prompt']}"
-    settings = base_settings.model_copy(
-        update={**VOICE, "assistant_system_prompt": system, "turn_prefill_partials": prefill}
-    )
+    name = {"default": "Quillon", "no partials asked": "Marrow", "off": "Bramwell"}.get(case, "Tansy")
+    system = f"{name} is your name. {VOICE['assistant_system_prompt']}"  # one the engine has not seen
+    settings = base_settings.model_copy(update={**VOICE, "assistant_system_prompt": system, **update})
     model = llm_service.sources.resolve(None).name
     metrics = llm_service.metrics
     before = {
@@ -59,11 +68,13 @@ async def test_the_question_is_in_the_llms_cache_before_its_final(
     }
     audio = np.concatenate([silence(0.5), speech(QUESTION).audio16k, silence(3.0)]).astype(np.float32)
     events, _, _, _ = await converse(
-        asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="high", partials=True
+        asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="high", partials=partials
     )
     after = {what: counter(getattr(metrics, what), model) for what in before}
     kinds = [type(e) for _, e in events]
     assert FinalTranscript in kinds and AssistantAudioStarted in kinds, kinds
+    if not partials:
+        assert PartialTranscript not in kinds, kinds  # decoded for the prefill alone: nothing sent
     final = next(e for _, e in events if isinstance(e, FinalTranscript))
     assert "spider" in final.transcript.text.lower(), final
     prompt = after["prompt_tokens"] - before["prompt_tokens"]  # the one answer's

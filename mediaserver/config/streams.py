@@ -389,8 +389,10 @@ class StreamSettings(BaseModel):
         "one prefill at a time per session, none while an answer runs",
     )
     turn_prefill_decodes: bool = Field(
-        True,
+        False,
         description="with turn_prefill_partials: a voice-loop session that asked for no partials (the device "
-        "socket's usual) runs partial decodes all the same, for the prefill alone (none is sent; tools/README.md: "
-        "first audio 0.99 -> 0.89 s median on 2 cores); false = only sessions that asked for partials prefill",
+        "socket's usual) runs partial decodes all the same, for the prefill alone (none is sent). On 2 cores "
+        "(tools/README.md) one session's first audio came 0.10 s sooner, four sessions' 0.22 s later (the decodes "
+        "compete with the turns and finals): on for a server with cores to spare; false = only sessions that "
+        "asked for partials prefill",
     )

@@ -35,8 +35,8 @@ def counter(metric: object, model: str) -> float:
 
 CASES = {  # partials asked for, settings, prefilled
     "default": (True, {}, True),
-    "no partials asked": (False, {}, True),  # turn_prefill_decodes: decoded for the prefill alone
-    "no partials asked, decodes off": (False, {"turn_prefill_decodes": False}, False),
+    "no partials asked": (False, {}, False),  # turn_prefill_decodes off (the default): no decodes, no prefill
+    "no partials asked, decodes on": (False, {"turn_prefill_decodes": True}, True),  # decoded for the prefill
     "off": (True, {"turn_prefill_partials": False}, False),
 }
 
@@ -52,10 +52,10 @@ async def test_the_question_is_in_the_llms_cache_before_its_final(
     case: str,
 ) -> None:
     """Prefilled, the answer's request finds all but the last few prompt tokens in the cache (a
-    system prompt new to the engine, so nothing else could have put them there), whether or not the
-    client asked for partials; with ``turn_prefill_partials`` off, or ``turn_prefill_decodes`` off
-    for a client that asked for none, nothing is prefilled and the request evaluates the system
-    prompt and the question itself."""
+    system prompt new to the engine, so nothing else could have put them there): a client that
+    asked for partials, or one that asked for none with ``turn_prefill_decodes`` on; with
+    ``turn_prefill_partials`` off, or a client that asked for no partials on the default, nothing is
+    prefilled and the request evaluates the system prompt and the question itself."""
     partials, update, prefill = CASES[case]
     await wait_idle(llm_service)
     name = {"default": "Quillon", "no partials asked": "Marrow", "off": "Bramwell"}.get(case, "Tansy")

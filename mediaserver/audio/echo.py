@@ -508,8 +508,8 @@ class EchoLine:
             last_at, last_s = self._last_arrival
             silent_s = now - last_at - last_s
             if silent_s >= self.gap_s:
-                self.gap(round(silent_s * SAMPLE_RATE_HZ))
                 self._retractable = round(silent_s * SAMPLE_RATE_HZ)
+                self.gap(self._retractable)
             elif self._retractable and silent_s < -last_s / 2:  # it had waited on its way: a burst
                 self._retract(min(self._retractable, round(-silent_s * SAMPLE_RATE_HZ)))
             else:

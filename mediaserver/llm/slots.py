@@ -61,10 +61,10 @@ class SlotAffinity:
 
     def take(self, messages: Sequence[ChatMessage]) -> int:
         """The slot for this request, now marked busy (``give`` it back when the generation ends)."""
-        slot = self.peek(messages)
+        key, held = conversation_key(messages), _message_keys(messages)
+        slot = self._pick(key, held)
         if slot is None:  # more generations than slots: cannot happen behind the service's queue
             raise RuntimeError("no free llama-server slot")
-        key, held = conversation_key(messages), _message_keys(messages)
         self._held[slot] = held
         self._busy.add(slot)
         self._used_at[slot] = time.monotonic()
@@ -81,13 +81,19 @@ class SlotAffinity:
         being spoken in its conversation's slot. ``own``: only the conversation's own slot, free (a
         conversation not begun yet: where ``take`` puts it), else None: where ``take`` would fall
         back to the slot used longest ago, a prefill would evict another conversation for nothing."""
+        begun = any(m.role == "assistant" for m in messages)
+        return self._pick(conversation_key(messages), _message_keys(messages), own=own, begun=begun)
+
+    def _pick(self, key: str, held: frozenset[str], *, own: bool = False, begun: bool = False) -> int | None:
+        """``take``'s choice (``peek``'s with ``own``) for a conversation known by ``key`` holding the
+        messages ``held``; ``begun``: it has answers already (no slot of its own: nowhere to prefill)."""
         free = [slot for slot in range(self.slots) if slot not in self._busy]
         if not free:
             return None
-        slot = self._slot_of.get(conversation_key(messages))
+        slot = self._slot_of.get(key)
         if slot is None:
-            slot = self._holding(_message_keys(messages), free)
-        if own and (slot in self._busy or (slot is None and any(m.role == "assistant" for m in messages))):
+            slot = self._holding(held, free)
+        if own and (slot in self._busy or (slot is None and begun)):
             return None
         if slot is None or slot in self._busy:
             slot = self._coldest(free)

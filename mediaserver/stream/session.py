@@ -410,15 +410,17 @@ class StreamSession:
         return self.recorded_audio() if not self.options.server_vad else self._segmenter.current_audio()
 
     def _ensure_partials(self) -> None:
-        wanted = self.options.partials or (self.options.server_vad and self._prefills_questions)
+        # (with turn_prefill_decodes, for the question's prefill alone when the client wants none: none is sent)
+        for_prefill = self.settings.turn_prefill_decodes and self._question_prefiller is not None
+        wanted = self.options.partials or (self.options.server_vad and for_prefill)
         if wanted and self._pauses.early is None and not self._closed:
             self._partials.start()
 
     @property
-    def _prefills_questions(self) -> bool:
-        """Partial decodes run for the voice loop's question prefill alone (none is sent)."""
-        s = self.settings
-        return s.turn_prefill_partials and s.turn_prefill_decodes and isinstance(self.assistant, QuestionPrefiller)
+    def _question_prefiller(self) -> QuestionPrefiller | None:
+        """The voice loop's assistant, when it prefills each question as it is spoken (``turn_prefill_partials``)."""
+        assistant = self.assistant
+        return assistant if self.settings.turn_prefill_partials and isinstance(assistant, QuestionPrefiller) else None
 
     async def _advance_partial(self, hypothesis: str, audio_samples: int | None = None) -> None:
         await self._partials.advance(hypothesis, audio_samples)
@@ -426,8 +428,9 @@ class StreamSession:
     def heard_so_far(self, words: str) -> None:
         """A partial decode of the utterance in progress reads ``words`` (the promised text and the
         rest): the voice loop's LLM may read the question before it ends (``turn_prefill_partials``)."""
-        if self.settings.turn_prefill_partials and isinstance(self.assistant, QuestionPrefiller):
-            self.assistant.prefill_question(words)
+        prefiller = self._question_prefiller
+        if prefiller is not None:
+            prefiller.prefill_question(words)
 
     async def _submit_final(
         self, audio: AudioArray, start_ms: int, end_ms: int, *, early: EarlyFinal | None = None, held: Hold | None

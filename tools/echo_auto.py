@@ -38,7 +38,8 @@ MODES = ("off", "on", "auto")
 
 def stream(mic: np.ndarray, reference: np.ndarray, mode: str) -> tuple[list[float], np.ndarray, object]:
     """(speech starts in s, output, the canceller or None) for one stream in ``mode``."""
-    from mediaserver.audio.echo import EchoLine, SpeechGate
+    from mediaserver.audio.echo import SpeechGate
+    from mediaserver.audio.echo_line import EchoLine
     from mediaserver.audio.segmenter import SpeechStart, VadSegmenter
     from mediaserver.config import Settings
 
@@ -104,7 +105,7 @@ def echoing(answers: list[np.ndarray]) -> tuple[list[float], int]:
     cases += [(trial.reference, trial.mic) for trial, _ in bench_echo.sessions(51, 37)]
     decided, passed = [], 0
     for reference, mic in cases:
-        from mediaserver.audio.echo import EchoLine
+        from mediaserver.audio.echo_line import EchoLine
         from mediaserver.config import Settings
 
         line = EchoLine()

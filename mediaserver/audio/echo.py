@@ -24,18 +24,13 @@ arrives; AEC3 itself delays its output by 128 samples (8 ms, two of its 4 ms blo
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
 from collections import deque
 from itertools import islice
 from typing import Any, Final, Literal
 
 import numpy as np
 
-from mediaserver.audio.decode import PcmFormat
 from mediaserver.audio.echo_presence import EchoPresence
-from mediaserver.audio.stream_decode import PcmStreamDecoder
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
@@ -45,12 +40,6 @@ EchoMode = Literal["auto", "on", "off"]
 FRAME_SAMPLES: Final = SAMPLE_RATE_HZ // 100  # 10 ms, AEC3's frame
 OUTPUT_LATENCY_SAMPLES: Final = 128  # AEC3's own delay of the output (measured, tools/bench_echo.py)
 MAX_REFERENCE_AHEAD_S: Final = 120.0  # reference recorded further ahead than this is refused
-MAX_LINE_AHEAD_S: Final = 60.0  # EchoLine: answer audio this far ahead of the microphone plays from now
-MIC_GAP_S: Final = 1.0  # EchoLine: microphone audio this late after the end of the audio before: a gap
-STREAMED_AHEAD_S: Final = 1.0  # EchoLine, auto: audio this far ahead of real time is streamed, not live
-ALIGN_WAIT_S: Final = 0.06  # EchoLine.align_start: the longest an answer's first frame waits for the microphone
-# (the defaults of the settings echo_max_ahead_s, echo_mic_gap_ms, echo_auto_streamed_ahead_s and
-# echo_align_wait_ms, which EchoLine.of applies)
 MEASURE_FRAMES: Final = 60 * 100  # the last minute of (microphone, output) frame energies is kept
 ACTIVE_FRAME_DBFS: Final = -50.0  # output frames quieter than this are silence: not measured
 MIN_ACTIVE_FRAMES: Final = 3  # fewer active frames than this in a span: no measure
@@ -424,184 +413,3 @@ def parse_echo_option(value: object) -> EchoMode:
             f"echo_cancellation must be 'auto', 'on', 'off' or a boolean, got {value!r}", param="echo_cancellation"
         )
     return mode
-
-
-class EchoLine:
-    """The canceller of one stream that sends its answers as audio messages (the device WebSocket,
-    the Realtime WebSocket), with the clock that places them.
-
-    The device plays what it is sent back to back, as it arrives: a message sent when ``mic_arrived``
-    microphone samples had arrived plays from then, or right after the audio sent before it. The
-    reader counts the microphone audio as it arrives (``arrived``); the worker cleans it
-    (``process``) in the same order, so both clocks start at the audio fed after the line is made.
-    """
-
-    def __init__(
-        self,
-        queued_samples: int = 0,
-        *,
-        watch_gaps: bool = True,
-        gap_s: float = MIC_GAP_S,
-        max_ahead_s: float = MAX_LINE_AHEAD_S,
-        streamed_ahead_s: float = STREAMED_AHEAD_S,
-        align_wait_s: float = ALIGN_WAIT_S,
-        restart_gap_s: float = ONSET_GAP_MS / 1000.0,
-    ) -> None:
-        self.canceller = EchoCanceller()
-        self.align_wait_s = align_wait_s
-        self.restart_gap_s = restart_gap_s  # answer audio after this long without any restarts playback
-        self._arrival = asyncio.Event()  # set by each microphone arrival (``align_start`` waits on it)
-        self.gap_s = gap_s
-        self.max_ahead_s = max_ahead_s
-        self.mic_arrived = queued_samples  # microphone samples arrived (queued ones count: fed first)
-        self._playing_until = 0  # the clock at which the audio sent so far ends, played back to back
-        self._decoders: dict[int, PcmStreamDecoder] = {}  # answer audio (PCM16 mono) per rate → 16 kHz
-        # Gaps in the microphone audio (``gap``): (clock sample where each began, its length), applied
-        # to the canceller when its audio reaches them (the worker feeds what the reader queued).
-        self._gaps: deque[tuple[int, int]] = deque()
-        self._watch_gaps = watch_gaps  # find them by the wall clock (the WebSockets: no timestamps)
-        self._last_arrival: tuple[float, float] | None = None  # (monotonic, seconds of audio) of the latest
-        self.streamed_ahead_s = streamed_ahead_s  # audio this far ahead of the wall clock is a file (``auto``)
-        self._first_arrival: float | None = None  # monotonic: how far ahead of real time the audio came
-        self._heard = 0  # microphone samples arrived, gaps not counted
-        self._retractable = 0  # samples of the latest gap that audio coming in a burst may show were held up
-
-    @classmethod
-    def of(cls, settings: Settings, queued_samples: int = 0, *, watch_gaps: bool = True) -> EchoLine:
-        """A stream's line with the operator's settings: ``echo_mic_gap_ms``, ``echo_max_ahead_s``,
-        ``echo_auto_streamed_ahead_s``."""
-        return cls(
-            queued_samples,
-            watch_gaps=watch_gaps,
-            gap_s=settings.echo_mic_gap_ms / 1000.0,
-            max_ahead_s=settings.echo_max_ahead_s,
-            streamed_ahead_s=settings.echo_auto_streamed_ahead_s,
-            align_wait_s=settings.echo_align_wait_ms / 1000.0,
-            restart_gap_s=settings.echo_speech_gate_onset_gap_ms / 1000.0,
-        )
-
-    def set_mode(self, mode: EchoMode, settings: Settings) -> None:
-        """``auto``: the canceller's output only where the microphone carries the echo
-        (audio/echo_presence.py); ``on``: always. A change of mode starts the decision afresh."""
-        if mode != "auto":
-            self.canceller.detect = None
-        elif self.canceller.detect is None:
-            self.canceller.detect = EchoPresence(
-                settings.echo_auto_echo_likeness, settings.echo_auto_quiet_likeness, settings.echo_auto_min_sound_s
-            )
-
-    def arrived(self, samples: int) -> None:
-        """Microphone audio came (the reader's view). With ``watch_gaps``, audio that comes
-        ``gap_s`` later than the audio before it ends (a device that stops sending while it
-        plays an answer) marks a gap of that long: the device's clock went on meanwhile.
-
-        Audio that was only held up on its way (the server's loop or the client busy for a second:
-        a loaded machine) comes late too, and then in a burst, faster than real time: what the
-        burst brings of the gap's time is taken back from the gap while the canceller has not
-        reached it, or the clock would run that far ahead of the device's for the rest of the
-        stream (the answers placed late: their echo uncancelled, at every answer's start). The
-        canceller skips a gap only once its size is known (``process``: a piece after it in real
-        time, or the burst over), so a worker that cleans each piece as it comes does not skip the
-        time the burst takes back."""
-        now = time.monotonic()
-        if self._watch_gaps and self._last_arrival is not None:
-            last_at, last_s = self._last_arrival
-            silent_s = now - last_at - last_s
-            if silent_s >= self.gap_s:
-                self._retractable = round(silent_s * SAMPLE_RATE_HZ)
-                self.gap(self._retractable)
-            elif self._retractable and silent_s < -last_s / 2:  # it had waited on its way: a burst
-                self._retract(min(self._retractable, round(-silent_s * SAMPLE_RATE_HZ)))
-            else:
-                self._retractable = 0  # in real time again: what is left of the gap was one
-        self._last_arrival = (now, samples / SAMPLE_RATE_HZ)
-        self._arrival.set()
-        if self._first_arrival is None:
-            self._first_arrival = now
-        self.mic_arrived += samples
-        self._heard += samples
-        # (Gaps not counted: audio held up and then sent in a burst is in real time over the whole.)
-        ahead_s = self._heard / SAMPLE_RATE_HZ - (now - self._first_arrival)
-        detect = self.canceller.detect
-        if detect is not None and not detect.streamed and ahead_s > self.streamed_ahead_s:
-            detect.stream()  # faster than real time: not a microphone by a loudspeaker
-
-    def gap(self, samples: int) -> None:
-        """No microphone audio came for ``samples``: the clock moves on (``EchoCanceller.skip``,
-        once the audio before it has been cleaned)."""
-        if samples > 0:
-            self._gaps.append((self.mic_arrived, samples))
-            self.mic_arrived += samples
-
-    def _retract(self, samples: int) -> None:
-        """``samples`` of the latest gap were audio held up, not missing: the gap shrinks by that
-        much, while the canceller has not skipped it yet (once it has, the clock stays)."""
-        if not self._gaps or samples <= 0:
-            self._retractable = 0
-            return
-        start, length = self._gaps[-1]
-        taken = min(samples, length)
-        if taken == length:
-            self._gaps.pop()
-        else:
-            self._gaps[-1] = (start, length - taken)
-        self.mic_arrived -= taken
-        self._retractable -= taken
-
-    async def align_start(self) -> None:
-        """Answer audio is about to go out. Where the device has played all it was sent, it plays
-        this from when it arrives: at a moment ``sent`` can only place at the microphone audio
-        arrived so far, up to a frame early (a device that plays and records in the same frames
-        starts it at its next frame). Placed 0 or 20 ms off at random, two answers give the
-        canceller two echo delays, and it lets the next answer's first syllable through while it
-        finds the new one (tools/README.md: echo_align). So wait for the microphone's next audio,
-        and send right after it: the device then plays it from the frame it is recording now. Not
-        longer than ``align_wait_s`` (``echo_align_wait_ms``; 0: never), nor for a microphone whose
-        frames are longer than that or that is late (one sending nothing while it plays)."""
-        if self.align_wait_s <= 0 or self._last_arrival is None or self._playing_until > self.mic_arrived:
-            return  # (the device is still playing what came before: this follows it back to back)
-        last_at, last_s = self._last_arrival
-        if last_s > self.align_wait_s:
-            return
-        # The next frame is due ``last_s`` after the latest; one late (a busy device or server) is
-        # waited for all the same, up to the limit past when it was due.
-        wait_s = min(last_at + last_s + self.align_wait_s - time.monotonic(), self.align_wait_s)
-        if wait_s <= 0:
-            return  # long overdue: a microphone that is not sending now
-        self._arrival.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wait_s):
-                await self._arrival.wait()
-
-    def sent(self, pcm16: bytes, rate_hz: int) -> int:
-        """Answer audio (little-endian PCM16 mono at ``rate_hz``) went to the device: it is the
-        reference from where it will play. Returns that sample of the stream clock."""
-        decoder = self._decoders.get(rate_hz)
-        if decoder is None:
-            decoder = self._decoders[rate_hz] = PcmStreamDecoder(PcmFormat(rate_hz, 16, 1), carry_partial=True)
-        samples = decoder.decode(pcm16)
-        if self._playing_until - self.mic_arrived > self.max_ahead_s * SAMPLE_RATE_HZ:
-            # The microphone has sent nothing for that long (a half-duplex client, a text-only one):
-            # its clock says nothing of when this plays. From now, rather than ever further ahead.
-            self._playing_until = self.mic_arrived
-        at = max(self.mic_arrived, self._playing_until)
-        if self._playing_until == 0 or at - self._playing_until >= self.restart_gap_s * SAMPLE_RATE_HZ:
-            self.canceller.restarted(at)  # after a stretch without answer audio: the delay may have moved
-        self.canceller.played(samples, at_sample=at)
-        self._playing_until = at + samples.size
-        return at
-
-    def cut(self, at_sample: int) -> None:
-        """The device stopped playing at ``at_sample`` (an answer truncated): the rest was not played."""
-        self.canceller.cut(at_sample)
-        self._playing_until = min(self._playing_until, at_sample)
-
-    def process(self, mic16k: AudioArray) -> AudioArray:
-        while self._gaps and self._gaps[0][0] <= self.canceller.position:
-            if len(self._gaps) == 1 and self._retractable:
-                break  # the latest gap's size is not known yet (a burst may take it back): the next piece says
-            self.canceller.skip(self._gaps.popleft()[1])
-        return self.canceller.process(mic16k)
-
-    def removed_db(self, from_ms_ago: int, to_ms_ago: int) -> float | None:
-        return self.canceller.removed_db(from_ms_ago, to_ms_ago)

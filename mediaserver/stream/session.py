@@ -32,7 +32,8 @@ from typing import TypeVar
 import numpy as np
 
 from mediaserver.asr.service import AsrService
-from mediaserver.audio.echo import EchoLine, SpeechGate
+from mediaserver.audio.echo import SpeechGate
+from mediaserver.audio.echo_line import EchoLine
 from mediaserver.audio.echo_presence import EchoPresence
 from mediaserver.audio.segmenter import Discarded, SegmenterConfig, SpeechStart, Utterance, VadSegmenter
 from mediaserver.config import Settings

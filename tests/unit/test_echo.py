@@ -159,7 +159,7 @@ def test_removed_db_tells_the_cancellers_residual_from_a_person(answers: list[Au
 def test_the_line_places_answers_where_the_device_plays_them() -> None:
     """``EchoLine``: a message sent while idle plays from the microphone sample that had arrived;
     the next plays right after it; a cut ends the reference, and the next message plays from now."""
-    from mediaserver.audio.echo import EchoLine
+    from mediaserver.audio.echo_line import EchoLine
 
     line = EchoLine(queued_samples=320)  # audio queued before the line began is fed first
     assert line.mic_arrived == 320
@@ -202,7 +202,7 @@ def test_the_option_of_a_stream(value: object, mode: str | None) -> None:
 def test_a_gap_in_the_microphone_moves_the_clock_on() -> None:
     """``skip``: no microphone audio came for a while (Opus DTX, a paused track): the reference
     played meanwhile is dropped, and what follows lines up with the reference played after it."""
-    from mediaserver.audio.echo import EchoLine
+    from mediaserver.audio.echo_line import EchoLine
 
     ec = EchoCanceller()
     ec.skip(1000)  # nothing played yet: the clock alone moves
@@ -229,8 +229,8 @@ def test_a_gap_in_the_microphone_moves_the_clock_on() -> None:
 def test_a_device_that_stops_sending_is_a_gap_on_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the WebSockets (no timestamps) microphone audio that comes ``MIC_GAP_S`` or more after the
     audio before it ended marks a gap: a device that mutes its microphone while it plays an answer."""
-    from mediaserver.audio import echo
-    from mediaserver.audio.echo import MIC_GAP_S, EchoLine
+    from mediaserver.audio import echo_line as echo
+    from mediaserver.audio.echo_line import MIC_GAP_S, EchoLine
 
     clock = [100.0]
     monkeypatch.setattr(echo, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
@@ -264,8 +264,8 @@ def test_audio_held_up_on_its_way_and_then_sent_in_a_burst_is_no_gap(
     whole is in real time (``auto`` does not take the microphone for a file sent faster than real
     time, which would pass its echo uncancelled for the rest of the stream). A device that stopped
     sending keeps its gap when it resumes in real time."""
-    from mediaserver.audio import echo
-    from mediaserver.audio.echo import EchoLine
+    from mediaserver.audio import echo_line as echo
+    from mediaserver.audio.echo_line import EchoLine
     from mediaserver.config import Settings
 
     clock = [100.0]
@@ -415,8 +415,8 @@ def test_the_gap_and_the_ahead_bound_follow_their_settings(monkeypatch: pytest.M
     """``echo_mic_gap_ms`` and ``echo_max_ahead_s`` at other values than their defaults (1000, 60):
     audio 0.4 s late is a gap at 300 ms (not at the default), and answer audio sent while the
     microphone is silent plays from its clock once 5 s ahead (not 60)."""
-    from mediaserver.audio import echo
-    from mediaserver.audio.echo import EchoLine
+    from mediaserver.audio import echo_line as echo
+    from mediaserver.audio.echo_line import EchoLine
     from mediaserver.config import Settings
 
     clock = [100.0]

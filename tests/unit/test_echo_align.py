@@ -21,8 +21,9 @@ import pytest
 
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.pacing import send_paced
-from mediaserver.audio import echo
-from mediaserver.audio.echo import EchoCanceller, EchoLine, SpeechGate
+from mediaserver.audio import echo_line
+from mediaserver.audio.echo import EchoCanceller, SpeechGate
+from mediaserver.audio.echo_line import EchoLine
 from mediaserver.config import Settings
 
 RATE = 16000
@@ -75,7 +76,7 @@ async def test_no_wait_while_the_device_still_plays_or_where_the_microphone_cann
 
 async def test_a_microphone_that_stopped_sending_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
-    monkeypatch.setattr(echo, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
+    monkeypatch.setattr(echo_line, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
     line = EchoLine.of(Settings())
     line.arrived(FRAME)
     clock[0] += 0.5  # its next frame was due 0.48 s ago (a device muted while it plays)

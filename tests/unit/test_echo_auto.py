@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mediaserver.audio.echo import OUTPUT_LATENCY_SAMPLES, EchoCanceller, EchoLine, SpeechGate
+from mediaserver.audio.echo import OUTPUT_LATENCY_SAMPLES, EchoCanceller, SpeechGate
+from mediaserver.audio.echo_line import EchoLine
 from mediaserver.audio.echo_presence import EchoPresence
 from mediaserver.config import Settings
 from tests import echo_room as room
@@ -102,7 +103,7 @@ def test_audio_faster_than_real_time_is_no_microphone(monkeypatch: pytest.Monkey
     """A client that sends a recording faster than real time (an SDK app appending a file) has no
     loudspeaker playing into it: once its audio is ``echo_auto_streamed_ahead_s`` ahead of the wall
     clock, auto passes it (and the speech gate stands aside: its barge-in is heard at once)."""
-    from mediaserver.audio import echo
+    from mediaserver.audio import echo_line as echo
 
     clock = [100.0]
     monkeypatch.setattr(echo, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))

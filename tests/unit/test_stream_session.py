@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from mediaserver.asr.service import AsrService
-from mediaserver.audio.echo import EchoLine, SpeechGate
+from mediaserver.audio.echo import SpeechGate
+from mediaserver.audio.echo_line import EchoLine
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.events import (

@@ -47,7 +47,8 @@ from mediaserver.assistant.client_tools import (
     unknown_call_text,
 )
 from mediaserver.assistant.turns import Assistant
-from mediaserver.audio.echo import EchoLine, EchoMode, parse_echo_option
+from mediaserver.audio.echo import EchoMode, parse_echo_option
+from mediaserver.audio.echo_line import EchoLine
 from mediaserver.audio.noise import NoiseFilter, new_filter, parse_level
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter

@@ -33,7 +33,7 @@ from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.client_tools import ClientToolbox, SessionToolbox, tool_output_fields, unknown_call_text
 from mediaserver.assistant.pacing import send_paced
 from mediaserver.assistant.turns import Assistant
-from mediaserver.audio.echo import EchoLine
+from mediaserver.audio.echo_line import EchoLine
 from mediaserver.audio.noise import NoiseFilter, new_filter
 from mediaserver.audio.stream_decode import PcmStreamDecoder
 from mediaserver.config import Settings

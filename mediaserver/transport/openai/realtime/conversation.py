@@ -28,7 +28,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.pacing import send_paced
 from mediaserver.assistant.turns import Assistant
-from mediaserver.audio.echo import EchoLine
+from mediaserver.audio.echo_line import EchoLine
 from mediaserver.audio.stream_decode import encode_g711
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError

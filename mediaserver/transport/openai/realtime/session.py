@@ -13,7 +13,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from mediaserver.assistant.audio_out import AudioOut
-from mediaserver.audio.echo import EchoLine
+from mediaserver.audio.echo_line import EchoLine
 from mediaserver.audio.noise import new_filter, realtime_level
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError

@@ -37,7 +37,8 @@ from typing import Any
 from mediaserver.assistant.answer_text import AnswerText
 from mediaserver.assistant.audio_out import AudioOut, played_text
 from mediaserver.assistant.history import History
-from mediaserver.assistant.prompt import CHARS_PER_TOKEN, build_prompt, prompt_tools
+from mediaserver.assistant.prefill import Prefills
+from mediaserver.assistant.prompt import CHARS_PER_TOKEN, build_prompt
 from mediaserver.assistant.prompt_fit import fit
 from mediaserver.assistant.speaker_context import current_speaker
 from mediaserver.assistant.speaker_tools import gated
@@ -106,8 +107,7 @@ class Assistant:
         # Who speaks (an enrolled speaker's name, from the session's finals): the prompt names them.
         self.speaker: str | None = None
         self._speculated_for: str | None = None  # the speaker a speculative answer's prompt named
-        self._prefilling: asyncio.Task[None] | None = None  # the prefill of a question being spoken
-        self._prefill_next: str | None = None  # the words to prefill after it
+        self._prefills = Prefills(self, name)  # the LLM's work ahead of the answers (prefill.py)
         self._greeted: str | None = None  # the enrolled speaker the answers last went to (greeting.py)
         self.toolbox: Toolbox | None = None  # tools for this assistant's own turns (assistant/tool_rounds.py)
 
@@ -139,7 +139,7 @@ class Assistant:
         """Forget the conversation (and stop an answer in progress)."""
         await self.interrupt()
         self.drop_speculation()  # its prompt holds the history being forgotten
-        self._stop_prefill()
+        self._prefills.stop()
         self._history.clear()
         self._greeted = None
 
@@ -191,61 +191,29 @@ class Assistant:
 
     def prefill(self, options: AssistantOptions | None = None, *, own_tools: bool = True) -> None:
         """Have the LLM engine evaluate this conversation's system prompt (and tools) now, into the
-        slot its first turn will take, so that turn evaluates only the question: the first answer
-        of a new system prompt comes sooner (llm/engine.py ``prefill``). In the background; nothing
-        without an LLM, before the engine runs, or once the conversation has begun. ``options``:
-        another conversation's (a Realtime session's instructions); ``own_tools`` false: its turns
-        list no tools of this assistant's (a Realtime response brings its own)."""
-        llm = self.llm
-        if llm is None or self._closed or self.history:
-            return
-        options = options or self.options
-        messages = self.prompt([], options)
-        tools = prompt_tools(options, self.settings, self.speaker, self.toolbox) if own_tools else options.tools
-
-        async def run() -> None:
-            await llm.prefill(messages, tools, model=options.model)
-
-        helper = asyncio.get_running_loop().create_task(run(), name=f"assistant-prefill-{self.name}")
-        self._helpers.add(helper)
-        helper.add_done_callback(self._helpers.discard)
+        slot its first turn will take (prefill.py)."""
+        self._prefills.system_prompt(options, own_tools=own_tools)
 
     def prefill_question(self, words: str) -> None:
         """The question being spoken reads ``words`` so far (a partial transcript): have the LLM
-        engine evaluate its prompt now, into the slot the answer's request will take, so that
-        request evaluates only what the final adds (``turn_prefill_partials``). In the background,
-        one at a time (words that come meanwhile are prefilled after it, the latest only); nothing
-        without an LLM, while an answer runs or is speculated, or once closed."""
-        llm = self.llm
-        if llm is None or self._closed or not words.strip() or self.active or self._speculation is not None:
-            return
-        if self._prefilling is not None:
-            self._prefill_next = words
-            return
+        engine evaluate its answer's prompt now (``turn_prefill_partials``, prefill.py)."""
+        self._prefills.question(words)
 
-        async def run(text: str | None) -> None:
-            try:
-                while text is not None and not (self._closed or self.active or self._speculation is not None):
-                    options = self.options
-                    messages = self.messages(text)
-                    tools = prompt_tools(options, self.settings, self.speaker, self.toolbox)
-                    await llm.prefill(messages, tools, model=options.model, question=True)
-                    text, self._prefill_next = self._prefill_next, None
-            finally:
-                if self._prefilling is asyncio.current_task():  # (now, not in a callback: no words lost)
-                    self._prefilling, self._prefill_next = None, None
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
-        helper = asyncio.get_running_loop().create_task(run(words), name=f"assistant-prefill-question-{self.name}")
-        self._prefilling = helper
+    @property
+    def answering(self) -> bool:
+        """An answer runs or is speculated (no question is prefilled meanwhile)."""
+        return self.active or self._speculation is not None
+
+    def spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A helper task of this assistant's (cancelled when it closes)."""
+        helper = asyncio.get_running_loop().create_task(work, name=name)
         self._helpers.add(helper)
         helper.add_done_callback(self._helpers.discard)
-
-    def _stop_prefill(self) -> None:
-        """An answer starts (or the conversation is forgotten): a question's prefill not yet sent to
-        the engine would overwrite the answer's cache once the answer has it; it is dropped."""
-        helper, self._prefilling, self._prefill_next = self._prefilling, None, None
-        if helper is not None:
-            helper.cancel()
+        return helper
 
     # --- turns --------------------------------------------------------------------------------
 
@@ -255,7 +223,7 @@ class Assistant:
             return
         if await self._release_speculation(user_text):
             return
-        self._stop_prefill()
+        self._prefills.stop()
         await self.interrupt()
         messages = self.messages(user_text)
         self._record_user(user_text)
@@ -519,11 +487,7 @@ class Assistant:
                     turn.audio_started = True
                     self.metrics.observe("tts_first_audio", time.monotonic() - speech_ended_at)
                     await self._emit(AssistantAudioStarted(turn.number))
-                    helper = asyncio.get_running_loop().create_task(
-                        self._first_sent(mark.start, speech_ended_at), name=f"assistant-first-sent-{self.name}"
-                    )
-                    self._helpers.add(helper)
-                    helper.add_done_callback(self._helpers.discard)
+                    self.spawn(self._first_sent(mark.start, speech_ended_at), f"assistant-first-sent-{self.name}")
         except ApiError as exc:
             raise StageFailed("tts", exc.code, exc.message) from None
 
@@ -543,7 +507,7 @@ class Assistant:
         if self._closed or not user_text.strip() or self.active:
             return False
         self.drop_speculation()
-        self._stop_prefill()
+        self._prefills.stop()
         start = self.out.written_samples if self.out is not None else 0
         turn = Turn(next(self._turns), self.options, start, record=True)
         turn._release = asyncio.Event()

@@ -10,9 +10,10 @@ import asyncio
 import logging
 import os
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from mediaserver.asr.backends import build_remote_engine
 from mediaserver.asr.batching import WINDOW_S, PackingConfig
@@ -40,6 +41,13 @@ class LoadedModel:
     scheduler: AsrScheduler
 
 
+class Listener(Protocol):
+    """A streaming session, as the service counts them (``streams``)."""
+
+    @property
+    def in_speech(self) -> bool: ...
+
+
 class AsrService:
     """The app's one ASR service: loaded models and the scheduler in front of each.
 
@@ -62,6 +70,13 @@ class AsrService:
         # Idle unload of local models (asr_keep_alive_s); remote engines hold no weights here.
         self.keeper = ModelKeeper("asr", settings.asr_keep_alive_s, metrics, self._unload_idle)
         metrics.watch_engines(lambda: {name: m.engine.counters for name, m in self._loaded.items()})
+        # The streaming sessions decoding here (StreamSession adds itself): whether others are in
+        # speech decides a prefill-only partial decode (``turn_prefill_decodes`` auto).
+        self.streams: weakref.WeakSet[Listener] = weakref.WeakSet()
+
+    def others_in_speech(self, stream: Listener) -> bool:
+        """Whether a streaming session other than ``stream`` is in speech now."""
+        return any(other.in_speech for other in list(self.streams) if other is not stream)
 
     @property
     def loaded_models(self) -> list[str]:

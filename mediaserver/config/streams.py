@@ -388,11 +388,12 @@ class StreamSettings(BaseModel):
         "evaluates only the words after the last partial (tools/README.md: bench_prefill.py --partials); "
         "one prefill at a time per session, none while an answer runs",
     )
-    turn_prefill_decodes: bool = Field(
-        False,
+    turn_prefill_decodes: bool | Literal["auto"] = Field(
+        "auto",
         description="with turn_prefill_partials: a voice-loop session that asked for no partials (the device "
         "socket's usual) runs partial decodes all the same, for the prefill alone (none is sent). On 2 cores "
-        "(tools/README.md) one session's first audio came 0.10 s sooner, four sessions' 0.22 s later (the decodes "
-        "compete with the turns and finals): on for a server with cores to spare; false = only sessions that "
-        "asked for partials prefill",
+        "(tools/README.md) one session's first audio came 0.10 s sooner, four speaking at once 0.22 s later (the "
+        "decodes compete with the turns and finals). auto: each such decode only while no other stream is in "
+        "speech and the ASR has no other job; true: always (a server with cores to spare); false: only "
+        "sessions that asked for partials prefill",
     )

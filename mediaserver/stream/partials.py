@@ -164,6 +164,8 @@ class _Stream(StreamParent, Protocol):
 
     def heard_so_far(self, words: str) -> None: ...
 
+    def decode_for_prefill(self) -> bool: ...
+
 
 class Partials:
     """The partial transcripts of one stream: the decode loop of the utterance in progress (one task,
@@ -213,6 +215,8 @@ class Partials:
                     continue
                 last_size = audio.size
                 next_at = now + interval_s
+                if not stream.options.partials and not stream.decode_for_prefill():
+                    continue  # for the prefill alone, and the cores are wanted elsewhere: the next one, maybe
                 # Unforced, as the final is: a decode forced to continue the promised text carries
                 # one early mishearing into every later partial and into the final.
                 options = replace(stream.options.transcription, prefix=None)

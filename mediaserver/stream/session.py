@@ -97,6 +97,7 @@ class StreamSession:
     ) -> None:
         self.id = session_id or f"s{next(_ids)}"
         self.asr = asr
+        asr.streams.add(self)
         self.settings = settings
         self.options = options or StreamOptions()
         self._emit = emit
@@ -412,10 +413,19 @@ class StreamSession:
 
     def _ensure_partials(self) -> None:
         # (with turn_prefill_decodes, for the question's prefill alone when the client wants none: none is sent)
-        for_prefill = self.settings.turn_prefill_decodes and self._question_prefiller is not None
+        for_prefill = self.settings.turn_prefill_decodes is not False and self._question_prefiller is not None
         wanted = self.options.partials or (self.options.server_vad and for_prefill)
         if wanted and self._pauses.early is None and not self._closed:
             self._partials.start()
+
+    def decode_for_prefill(self) -> bool:
+        """Whether a partial decode that only the question's prefill wants (the client asked for no
+        partials) runs now: ``turn_prefill_decodes`` true, or auto while the ASR has no other job and
+        no other stream is in speech (their decodes and finals come first on the shared cores)."""
+        mode = self.settings.turn_prefill_decodes
+        if mode != "auto":
+            return bool(mode)
+        return self.asr.open_jobs() == 0 and not self.asr.others_in_speech(self)
 
     @property
     def _question_prefiller(self) -> QuestionPrefiller | None:
@@ -537,6 +547,7 @@ class StreamSession:
         if self._closed:
             return
         self._closed = True
+        self.asr.streams.discard(self)
         self._partials.cancel()
         self._pauses.drop_early()
         self._turns.drop()

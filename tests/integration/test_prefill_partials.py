@@ -10,6 +10,7 @@ two, the closing mark and the template's assistant header)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import numpy as np
@@ -17,27 +18,43 @@ import pytest
 
 from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
-from mediaserver.events import AssistantAudioStarted, FinalTranscript, PartialTranscript
+from mediaserver.events import (
+    AssistantAudioStarted,
+    FinalTranscript,
+    PartialTranscript,
+    SessionEvent,
+    TranscriptionOptions,
+)
 from mediaserver.llm.service import LlmService
+from mediaserver.stream.options import StreamOptions
+from mediaserver.stream.session import StreamSession
 from mediaserver.tts.service import TtsService
 from mediaserver.turns.model import TurnModel
 from tests.conftest import Clip
 from tests.integration.test_speculative import VOICE, converse, turn_model  # noqa: F401 (a fixture)
 from tests.integration.test_turns import silence
 from tests.llm_engine import wait_idle
+from tests.unit.test_stream_session import until
 
 QUESTION = "How many legs does a spider have?"  # ends in "?": the text end-of-turn score skips it
+
+
+async def _ignore(event: SessionEvent) -> None:
+    pass
 
 
 def counter(metric: object, model: str) -> float:
     return float(metric.labels(model)._value.get())  # type: ignore[attr-defined]
 
 
-CASES = {  # partials asked for, settings, prefilled
-    "default": (True, {}, True),
-    "no partials asked": (False, {}, False),  # turn_prefill_decodes off (the default): no decodes, no prefill
-    "no partials asked, decodes on": (False, {"turn_prefill_decodes": True}, True),  # decoded for the prefill
-    "off": (True, {"turn_prefill_partials": False}, False),
+CASES = {  # partials asked for, settings, another stream in speech, prefilled
+    "default": (True, {}, False, True),
+    # turn_prefill_decodes auto (the default), no other stream in speech: decoded for the prefill
+    "no partials asked": (False, {}, False, True),
+    "no partials asked, another stream speaking": (False, {}, True, False),  # auto: its decodes come first
+    "no partials asked, decodes on, another stream speaking": (False, {"turn_prefill_decodes": True}, True, True),
+    "no partials asked, decodes off": (False, {"turn_prefill_decodes": False}, False, False),
+    "off": (True, {"turn_prefill_partials": False}, False, False),
 }
 
 
@@ -53,12 +70,13 @@ async def test_the_question_is_in_the_llms_cache_before_its_final(
 ) -> None:
     """Prefilled, the answer's request finds all but the last few prompt tokens in the cache (a
     system prompt new to the engine, so nothing else could have put them there): a client that
-    asked for partials, or one that asked for none with ``turn_prefill_decodes`` on; with
-    ``turn_prefill_partials`` off, or a client that asked for no partials on the default, nothing is
-    prefilled and the request evaluates the system prompt and the question itself."""
-    partials, update, prefill = CASES[case]
+    asked for partials, or one that asked for none with ``turn_prefill_decodes`` auto (the default)
+    while no other stream is in speech, or true; with ``turn_prefill_partials`` off, a client that
+    asked for no partials with ``turn_prefill_decodes`` off, or auto while another stream is in
+    speech, nothing is prefilled and the request evaluates the system prompt and the question itself."""
+    partials, update, other_speaking, prefill = CASES[case]
     await wait_idle(llm_service)
-    name = {"default": "Quillon", "no partials asked": "Marrow", "off": "Bramwell"}.get(case, "Tansy")
+    name = ("Quillon", "Marrow", "Osric", "Pellam", "Tansy", "Bramwell")[list(CASES).index(case)]
     system = f"{name} is your name. {VOICE['assistant_system_prompt']}"  # one the engine has not seen
     settings = base_settings.model_copy(update={**VOICE, "assistant_system_prompt": system, **update})
     model = llm_service.sources.resolve(None).name
@@ -67,9 +85,18 @@ async def test_the_question_is_in_the_llms_cache_before_its_final(
         what: counter(getattr(metrics, what), model) for what in ("prefills", "prompt_tokens", "cached_prompt_tokens")
     }
     audio = np.concatenate([silence(0.5), speech(QUESTION).audio16k, silence(3.0)]).astype(np.float32)
-    events, _, _, _ = await converse(
-        asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="high", partials=partials
-    )
+    other = StreamSession(asr_service, settings, _ignore, StreamOptions(server_vad=False))
+    try:
+        if other_speaking:  # another device's user holding its push-to-talk the whole time
+            other.start_recording()
+            await other.feed(speech("I am still talking about something else entirely").audio16k)
+            assert other.in_speech
+        events, _, _, _ = await converse(
+            asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="high", partials=partials
+        )
+        assert other.in_speech == other_speaking
+    finally:
+        await other.aclose()
     after = {what: counter(getattr(metrics, what), model) for what in before}
     kinds = [type(e) for _, e in events]
     assert FinalTranscript in kinds and AssistantAudioStarted in kinds, kinds
@@ -86,3 +113,31 @@ async def test_the_question_is_in_the_llms_cache_before_its_final(
     else:
         assert after["prefills"] == before["prefills"]
         assert evaluated >= 25, (evaluated, prompt)
+
+
+@pytest.mark.parametrize("mode", ["auto", True, False])
+async def test_a_decode_for_the_prefill_alone_waits_for_spare_cores(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], mode: bool | str
+) -> None:
+    """``turn_prefill_decodes`` auto: a prefill-only decode runs while the ASR has no other job and
+    no other stream is in speech; true: always; false: never."""
+    settings = base_settings.model_copy(update={"turn_prefill_decodes": mode})
+    session = StreamSession(asr_service, settings, _ignore, StreamOptions(server_vad=True))
+    other = StreamSession(asr_service, settings, _ignore, StreamOptions(server_vad=False))
+    try:
+        await until(lambda: asr_service.open_jobs() == 0)
+        spare = session.decode_for_prefill()
+        other.start_recording()  # another device's user holds its push-to-talk
+        speaking = session.decode_for_prefill()
+        await other.aclose()  # ... and hangs up
+        clip = speech("A long upload that keeps the recogniser busy for a while, sentence after sentence.")
+        upload = asyncio.create_task(
+            asr_service.transcribe(np.tile(clip.audio16k, 4), TranscriptionOptions(language="en"))
+        )
+        await until(lambda: asr_service.open_jobs() > 0 or upload.done())
+        busy = session.decode_for_prefill() if not upload.done() else None
+        await upload
+        assert (spare, speaking, busy) == {"auto": (True, False, False), True: (True,) * 3, False: (False,) * 3}[mode]
+    finally:
+        await other.aclose()
+        await session.aclose()

@@ -184,9 +184,12 @@ class TtsService:
         return await self.voices.resolve_or_download(name, language=language)
 
     def check_text(self, text: str, *, param: str = "text") -> str:
-        """Refuse empty text (400) and text past ``tts_max_input_chars`` (413)."""
+        """Refuse empty text and text with nothing to read (no letter or digit: 400), and text past
+        ``tts_max_input_chars`` (413)."""
         if not text or not text.strip():
             raise InvalidParameter(f"{param!r} is empty: there is nothing to say", param=param)
+        if not any(ch.isalnum() for ch in text):  # (no sentence of it would be read: an empty file)
+            raise InvalidParameter(f"{param!r} has no words or numbers to say, only marks: {text[:40]!r}", param=param)
         limit = self.settings.tts_max_input_chars
         if len(text) > limit:
             raise TextTooLong(

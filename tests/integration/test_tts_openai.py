@@ -153,6 +153,7 @@ async def test_voice_object_our_voice_names_and_model_names(steady_server: LiveS
     [
         ({"input": ""}, 400, "input", "empty"),
         ({"input": " \n "}, 400, "input", "empty"),
+        ({"input": "...!?"}, 400, "input", "only marks"),  # read as nothing: an empty (mp3: 0-byte) file before
         ({"input": "x" * 4097}, 413, "input", "tts_max_input_chars"),
         ({"voice": "no-such-voice"}, 400, "voice", "voices: en_US-joe-medium"),
         ({"response_format": "ogg-vorbis"}, 400, "response_format", "mp3, opus, aac, flac, wav, pcm"),

@@ -66,6 +66,10 @@ class Window:
     encoder_s: float = WINDOW_S
     # A tail's: the text just before its audio, its prompt; words repeating it are dropped (asr/tails.py).
     follows: str = ""
+    # Silence the decoder puts before the audio, whose timestamps leave it out: a window that starts
+    # where its speech does (a file whose first word begins at once) gets some, or Whisper drops that
+    # word ("Turn on the kitchen lights." heard as "on the kitchen lights.").
+    lead_s: float = 0.0
 
     @property
     def packed(self) -> bool:
@@ -287,7 +291,15 @@ def _join(windows: list[Window], gap: AudioArray) -> Window:
         members.append(Member(member.job_index, position_s, position_s + window.duration_s, member.job_offset_s))
         position_s += window.duration_s
     first = windows[0]
-    return Window(np.concatenate(parts), members, first.options, with_timestamps=True, language=first.language)
+    audio = np.concatenate(parts)
+    return Window(audio, members, first.options, with_timestamps=True, language=first.language, lead_s=first.lead_s)
+
+
+def _with_lead(window: Window) -> AudioArray:
+    """The window's audio as the encoder hears it: after its ``lead_s`` of silence."""
+    if window.lead_s <= 0:
+        return window.audio
+    return np.concatenate([np.zeros(round(window.lead_s * SAMPLE_RATE_HZ), np.float32), window.audio])
 
 
 def text_loops(segments: Sequence[dict[str, Any]]) -> bool:
@@ -393,7 +405,7 @@ class BatchDecoder:
 
         frames = round(windows[0].encoder_s * self.wm.frames_per_second)
         return np.stack(
-            [pad_or_trim(self.wm.feature_extractor(w.audio)[..., :-1])[..., :frames] for w in windows]
+            [pad_or_trim(self.wm.feature_extractor(_with_lead(w))[..., :-1])[..., :frames] for w in windows]
         ).astype(np.float32)
 
     def prompt_shape(self, window: Window) -> tuple[int, bool, int]:
@@ -533,7 +545,9 @@ class BatchDecoder:
         text = tokenizer.decode(tokens)
         complete_until_s = float("inf")
         if window.with_timestamps:
-            segment_size = int(np.ceil(window.duration_s) * self.wm.frames_per_second)
+            lead_s = window.lead_s
+            duration_s = window.duration_s + lead_s
+            segment_size = int(np.ceil(duration_s) * self.wm.frames_per_second)
             # faster-whisper has no public way to split a token sequence at its timestamps; this
             # private method is why faster-whisper is pinned below 1.3 (pyproject.toml).
             raw_segments, seek, single_timestamp_ending = self.wm._split_segments_by_timestamps(
@@ -541,11 +555,14 @@ class BatchDecoder:
                 tokens=tokens,
                 time_offset=0.0,
                 segment_size=segment_size,
-                segment_duration=window.duration_s,
+                segment_duration=duration_s,
                 seek=0,
             )
             if not single_timestamp_ending and seek < segment_size:
-                complete_until_s = seek / self.wm.frames_per_second
+                complete_until_s = max(0.0, seek / self.wm.frames_per_second - lead_s)
+            if lead_s:  # (times in the window's own audio, the lead left out)
+                for raw in raw_segments:
+                    raw["start"], raw["end"] = max(0.0, raw["start"] - lead_s), max(0.0, raw["end"] - lead_s)
         else:
             raw_segments = [{"start": 0.0, "end": window.duration_s, "tokens": tokens}]
         segments = []

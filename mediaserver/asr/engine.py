@@ -18,6 +18,7 @@ import numpy as np
 from mediaserver.asr.batching import (
     TIMESTAMPS_PAST_S,
     WINDOW_S,
+    WINDOW_SAMPLES,
     BatchDecoder,
     JobResult,
     Member,
@@ -270,6 +271,7 @@ class WhisperEngine(GuardedDecodes):
         for number, span in enumerate(spans):
             # A forced prefix belongs to the start of the audio, so only to the first window.
             options = job.options if number == 0 else replace(job.options, prefix=None)
+            lead = _lead(speech, span, round(job.lead_s * SAMPLE_RATE_HZ))
             windows.append(
                 Window(
                     audio=np.ascontiguousarray(audio[span.start : span.end], dtype=np.float32),
@@ -286,7 +288,8 @@ class WhisperEngine(GuardedDecodes):
                         or (span.end - span.start) > TIMESTAMPS_PAST_S * SAMPLE_RATE_HZ
                     ),
                     language=self._language_of(job),
-                    encoder_s=encoder_window_s(span.end - span.start, job.min_window_s) if short else WINDOW_S,
+                    encoder_s=encoder_window_s(span.end - span.start + lead, job.min_window_s) if short else WINDOW_S,
+                    lead_s=lead / SAMPLE_RATE_HZ,
                 )
             )
         return windows
@@ -569,3 +572,13 @@ def _reported(score: float | None) -> float:
     """A score of a faster-whisper decode, which reports every one (only remote engines may not)."""
     assert score is not None, "faster-whisper reports every score"
     return score
+
+
+def _lead(speech: list[Span], span: Span, lead_samples: int) -> int:
+    """Samples of silence the window ``span`` gets before it (``Window.lead_s``): where it starts
+    the audio and the speech starts less than ``lead_samples`` (``AsrJob.lead_s``) into it, up to
+    that much; never so much that the window's audio no longer fits Whisper's 30 s."""
+    if span.start != 0 or not speech or speech[0].start >= lead_samples:
+        return 0
+    lead = lead_samples - speech[0].start
+    return lead if span.end - span.start + lead <= WINDOW_SAMPLES else 0

@@ -283,11 +283,14 @@ class AsrService:
         model: str | None = None,
         priority: Priority = Priority.FILE,
         supersede_key: str | None = None,
+        stream: bool = False,
     ) -> Transcript:
+        """``stream``: a stream's utterance, which starts at its VAD's preroll (tuned on its own:
+        tools/eval_parity.py), so no ``asr_lead_silence_ms`` silence goes before it."""
         # The use is held from before the lookup until the answer: an idle unload never takes the
         # model from under it, and one that took it just before makes the lookup load it again.
         with self.keeper.use(self.models.resolve(model)):
-            return await self._transcribe(audio, options, model, priority, supersede_key)
+            return await self._transcribe(audio, options, model, priority, supersede_key, stream)
 
     async def _transcribe(
         self,
@@ -296,6 +299,7 @@ class AsrService:
         model: str | None,
         priority: Priority,
         supersede_key: str | None,
+        stream: bool,
     ) -> Transcript:
         loaded = await self.get_model(model)
         self.models.check_options(loaded.name, options)
@@ -308,6 +312,7 @@ class AsrService:
                 if partial
                 else self.settings.asr_window_s.get(loaded.name, WINDOW_S),
                 on_guard="keep" if partial else "redecode",
+                lead_s=0.0 if stream else self.settings.asr_lead_silence_ms / 1000.0,
             ),
             priority=priority,
             timeout_s=self.settings.asr_request_timeout_s,

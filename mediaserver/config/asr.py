@@ -197,6 +197,14 @@ class AsrSettings(BaseModel):
     asr_speech_pad_ms: int = Field(
         300, ge=0, le=2000, description="the audio kept around each stretch of speech when a job is cut into windows"
     )
+    asr_lead_silence_ms: int = Field(
+        100,
+        ge=0,
+        le=1000,
+        description="an upload (not a stream's utterance) whose speech starts less than this into its audio is "
+        "decoded after that much silence: without it tiny.en heard Piper's 'Turn on the kitchen lights.' as 'on "
+        "the kitchen lights.' (tools/README.md: eval_lead.py); 0 = none",
+    )
     asr_encoder_max_windows: int = Field(
         2,
         ge=0,

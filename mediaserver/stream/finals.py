@@ -75,9 +75,8 @@ class Finals:
         """
         stream = self.stream
         options = replace(stream.options.transcription, prefix=None)
-        task = self._start_task(
-            stream.asr.transcribe(audio, options, model=stream.options.model, priority=Priority.FINAL), name
-        )
+        decode = stream.asr.transcribe(audio, options, model=stream.options.model, priority=Priority.FINAL, stream=True)
+        task = self._start_task(decode, name)
         task.add_done_callback(_retrieve_exception)  # whoever awaits it handles a failure
         return task
 
@@ -171,7 +170,7 @@ class Finals:
         try:
             if transcript is None:
                 transcript = await stream.asr.transcribe(
-                    audio, options, model=stream.options.model, priority=Priority.FINAL
+                    audio, options, model=stream.options.model, priority=Priority.FINAL, stream=True
                 )
         except ApiError as exc:
             await self._emit(StreamError(exc.message, exc.code, start_ms, end_ms))

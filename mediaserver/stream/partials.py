@@ -227,6 +227,7 @@ class Partials:
                         model=stream.options.model,
                         priority=Priority.PARTIAL,
                         supersede_key=stream.id,
+                        stream=True,
                     )
                 except (Superseded, Overloaded, DeadlineExceeded, BackendTimeout, BackendUnavailable):
                     continue  # a partial that cannot run now is simply skipped

@@ -274,3 +274,32 @@ async def test_asr_pack_min_saving_s_packs_only_when_the_encoder_time_saved_is_w
         _, packed = await decode_together(asr, backlog=3)
     assert not any(w.packed for w in alone)
     assert [len(w.members) for w in packed if w.packed] == [3], [len(w.members) for w in packed]
+
+
+async def test_asr_lead_silence_ms_puts_silence_before_speech_said_at_once(base_settings: Settings) -> None:
+    """A job whose speech starts at once (cut at its first loud sample) is decoded after
+    ``asr_lead_silence_ms`` of silence, its timestamps without it; speech that starts later, or the
+    setting at 0, gets none (tools/eval_lead.py)."""
+    audio = kitchen()
+    at_once = audio[int(np.nonzero(np.abs(audio) > 0.01)[0][0]) :]
+    options = TranscriptionOptions(language="en", with_segment_timestamps=True)
+    for value in (100, 300, 0):
+        leads: list[float] = []
+        async with service(base_settings, asr_lead_silence_ms=value) as asr:
+            engine = await engine_of(asr)
+            real_run = engine._decoder._run
+
+            def spy(windows: list[Window], real_run: Any = real_run, leads: list[float] = leads) -> Any:
+                leads.extend(w.lead_s for w in windows)
+                return real_run(windows)
+
+            engine._decoder._run = spy  # type: ignore[method-assign,assignment]
+            result = await asr.transcribe(at_once, options)
+            later = await asr.transcribe(np.concatenate([silence(1.0), audio]), options)
+        assert "kitchen" in result.text.lower() and "kitchen" in later.text.lower()
+        assert len(leads) == 2, leads
+        # Silero finds the speech within a frame or two of the cut: a lead of nearly all the setting.
+        assert value / 1000 - 0.07 <= leads[0] <= value / 1000 and leads[1] == 0.0, (value, leads)
+        duration_s = at_once.size / SAMPLE_RATE_HZ
+        first, last = result.segments[0], result.segments[-1]
+        assert 0.0 <= first.start_s < 0.3 and last.end_s <= duration_s + 0.01, (result.segments, duration_s)

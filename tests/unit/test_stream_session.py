@@ -190,6 +190,9 @@ class CountingAsr:
         self.gate: asyncio.Event | None = None  # when set up, finals wait for it (an engine that is behind)
         self.calls: list[tuple[float, Priority, int]] = []  # (monotonic start, priority, samples)
 
+    def __getattr__(self, name: str) -> Any:  # the rest (its streams, open jobs) is the service's
+        return getattr(self.asr, name)
+
     async def transcribe(
         self,
         audio: np.ndarray,
@@ -198,11 +201,14 @@ class CountingAsr:
         model: str | None = None,
         priority: Priority = Priority.FILE,
         supersede_key: str | None = None,
+        stream: bool = False,
     ) -> Transcript:
         self.calls.append((time.monotonic(), priority, audio.size))
         if self.gate is not None and priority is Priority.FINAL:
             await self.gate.wait()
-        return await self.asr.transcribe(audio, options, model=model, priority=priority, supersede_key=supersede_key)
+        return await self.asr.transcribe(
+            audio, options, model=model, priority=priority, supersede_key=supersede_key, stream=stream
+        )
 
     def of(self, priority: Priority) -> list[tuple[float, Priority, int]]:
         return [c for c in self.calls if c[1] is priority]

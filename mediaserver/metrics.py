@@ -29,7 +29,8 @@ class Metrics:
         )
         self.audio_seconds = Counter(
             "mediaserver_audio_seconds",
-            "Seconds of audio received for ASR",
+            "Seconds of audio received for ASR, by route: uploads (openai, asr, willow ...), streams (ws, rtc, "
+            "realtime) and wyoming",
             ["route"],
             registry=self.registry,
         )

@@ -94,8 +94,11 @@ class StreamSession:
         segmenter: SegmenterConfig | None = None,
         turn_model: turn_models.TurnModel | None = None,
         text_eou: TextEou | None = None,
+        route: str = "stream",
     ) -> None:
         self.id = session_id or f"s{next(_ids)}"
+        # Its audio counts in mediaserver_audio_seconds_total under this route (ws, rtc, realtime).
+        self._audio_seconds = asr.metrics.audio_seconds.labels(route)
         self.asr = asr
         asr.streams.add(self)
         self.settings = settings
@@ -239,6 +242,7 @@ class StreamSession:
         self.last_activity = self._last_audio_at = time.monotonic()
         self._gap_filled_s = 0.0
         self.samples_received += samples.size
+        self._audio_seconds.inc(samples.size / SAMPLE_RATE_HZ)
         if not self.options.server_vad:
             if self._recording:
                 self._recorded.append(samples)

@@ -564,3 +564,16 @@ async def test_the_same_canceller_attached_again_keeps_its_speech_gate(
     async with open_session(asr_service, off, server_vad=True) as (session, _):  # the gate off: 0 dB
         session.attach_echo(EchoLine())
         assert session._segmenter.gate is None and session.echo_removed is not None
+
+
+async def test_streamed_audio_counts_in_the_asr_audio_seconds_under_its_route(asr_service: AsrService) -> None:
+    """``mediaserver_audio_seconds_total`` counts what streams receive, not only uploads."""
+    settings = Settings(_env_file=None)
+    counter = asr_service.metrics.audio_seconds.labels("ws")
+    before = counter._value.get()
+    session = StreamSession(asr_service, settings, Recorder(), StreamOptions(server_vad=True), route="ws")
+    try:
+        await feed(session, silence(1.5))
+    finally:
+        await session.aclose()
+    assert abs(counter._value.get() - before - 1.5) < 0.01

@@ -119,7 +119,7 @@ class RtcSession:
         self.peer = ServerPeer(settings, self.id, "rtc")
         self.base_options = options
         self.stream = StreamSession(
-            app[ASR], settings, self._on_event, options, session_id=self.id, text_eou=app.get(TEXT_EOU)
+            app[ASR], settings, self._on_event, options, session_id=self.id, text_eou=app.get(TEXT_EOU), route="rtc"
         )
         self.stream.speakers = app.get(SPEAKERS)
         self.channel: RTCDataChannel | None = None

@@ -110,7 +110,9 @@ class WsSession(SocketSession):
         )
         super().__init__(app, ws, settings, f"ws-{uuid.uuid4().hex[:12]}", limits)
         self.models = app[ASR].models
-        self.stream = StreamSession(app[ASR], settings, self._on_event, session_id=self.id, text_eou=app.get(TEXT_EOU))
+        self.stream = StreamSession(
+            app[ASR], settings, self._on_event, session_id=self.id, text_eou=app.get(TEXT_EOU), route="ws"
+        )
         self.stream.speakers = app.get(SPEAKERS)
         self.config: StreamConfig | None = None  # the reader's view: set by the latest valid start
         self._decoder: PcmStreamDecoder | None = None

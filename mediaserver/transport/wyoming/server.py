@@ -345,6 +345,7 @@ class WyomingConnection(AsyncEventHandler):
         try:  # the audio is held (and counted) until its transcript is made
             audio = await asyncio.to_thread(utterance.to_float, self._settings.max_audio_duration_s)
             del utterance.runs[:]
+            self._asr.metrics.audio_seconds.labels("wyoming").inc(audio.size / SAMPLE_RATE_HZ)
             if audio.size == 0:
                 language = utterance.language or self._settings.default_language
                 transcript = Transcript(text="", language=language, language_probability=None, duration_s=0.0)

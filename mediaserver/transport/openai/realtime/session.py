@@ -149,6 +149,7 @@ class RealtimeSession(SocketSession, Host):
             session_id=self.id,
             segmenter=config.segmenter(self.settings),
             text_eou=self.app.get(TEXT_EOU),
+            route="realtime",
         )
         stream.configure(config.stream_options(self.settings))
         if not config.server_vad:

@@ -64,7 +64,8 @@ class AnswerText:
             async for delta in self._deltas(turn, stream, rounds):
                 if first:
                     first = False
-                    self.metrics.observe("llm_first_token", time.monotonic() - speech_ended_at)
+                    if turn.from_speech:
+                        self.metrics.observe("llm_first_token", time.monotonic() - speech_ended_at)
                 turn.progress_at = time.monotonic()
                 await send(greeting.push(delta) if greeting is not None else delta)
             if greeting is not None:

@@ -126,6 +126,9 @@ class Turn:
         self._release: asyncio.Event | None = None
         self.deferred: list[SessionEvent] = []
         self.greet: str | None = None  # the enrolled speaker this answer greets (assistant/greeting.py)
+        # It answers speech whose end is known: its stages go into the voice latency histogram,
+        # which counts from there (a typed Realtime request has no such moment).
+        self.from_speech = False
 
     @property
     def held(self) -> bool:

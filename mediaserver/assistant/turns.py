@@ -255,6 +255,7 @@ class Assistant:
         turn = Turn(next(self._turns), options, start, record=record)
         if record:
             self._greet(turn)
+        turn.from_speech = speech_ended_at is not None
         ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
         task = asyncio.get_running_loop().create_task(
             self._run(turn, messages, ended), name=f"assistant-turn-{self.name}", context=self._turn_context(record)
@@ -485,9 +486,11 @@ class Assistant:
                 turn.marks.append(mark)
                 if not turn.audio_started:
                     turn.audio_started = True
-                    self.metrics.observe("tts_first_audio", time.monotonic() - speech_ended_at)
+                    if turn.from_speech:
+                        self.metrics.observe("tts_first_audio", time.monotonic() - speech_ended_at)
                     await self._emit(AssistantAudioStarted(turn.number))
-                    self.spawn(self._first_sent(mark.start, speech_ended_at), f"assistant-first-sent-{self.name}")
+                    if turn.from_speech:
+                        self.spawn(self._first_sent(mark.start, speech_ended_at), f"assistant-first-sent-{self.name}")
         except ApiError as exc:
             raise StageFailed("tts", exc.code, exc.message) from None
 
@@ -512,6 +515,7 @@ class Assistant:
         turn = Turn(next(self._turns), self.options, start, record=True)
         turn._release = asyncio.Event()
         turn.greet = self._greeting_due()
+        turn.from_speech = True
         ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
         messages = self.messages(user_text)
         task = asyncio.get_running_loop().create_task(

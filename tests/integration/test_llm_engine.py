@@ -264,6 +264,35 @@ async def test_a_voice_loop_session_prefills_the_prompt_its_first_turn_sends(llm
     await assistant.aclose()
 
 
+async def test_only_an_answer_to_speech_counts_in_the_voice_latency(llm_service: LlmService) -> None:
+    """``mediaserver_voice_latency_seconds`` counts from the end of the user's speech: a response
+    to a typed request (a Realtime ``response.create`` with no speech before it) adds nothing."""
+    settings = llm_service.settings
+    options = replace(AssistantOptions.from_settings(settings), max_answer_tokens=4)
+
+    async def emit(_: object) -> None:
+        return None
+
+    metrics = Metrics()
+    assistant = Assistant(llm_service, None, settings, options, emit, None, metrics)
+
+    def first_tokens() -> float:
+        return (
+            metrics.registry.get_sample_value("mediaserver_voice_latency_seconds_count", {"stage": "llm_first_token"})
+            or 0.0
+        )
+
+    try:
+        typed = await assistant.respond([ChatMessage("user", "Name a fruit.")])
+        assert (await typed.outcome()).status == "completed"
+        assert first_tokens() == 0.0
+        spoken = await assistant.respond([ChatMessage("user", "Name a fruit.")], speech_ended_at=time.monotonic())
+        assert (await spoken.outcome()).status == "completed"
+        assert first_tokens() == 1.0
+    finally:
+        await assistant.aclose()
+
+
 async def test_engine_killed_mid_answer_restarts(server: Any, llm_service: LlmService) -> None:
     """The engine dies mid-answer: that answer ends with an error naming the engine, the supervisor
     restarts it, and the next request is answered."""

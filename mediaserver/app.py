@@ -44,7 +44,7 @@ from mediaserver.transport.wis import chatbot as wis_chatbot
 from mediaserver.transport.wis import tts as wis_tts
 from mediaserver.transport.wis import willow
 from mediaserver.transport.ws import asr as ws
-from mediaserver.transport.wyoming.server import WYOMING_SERVER, wyoming_ctx
+from mediaserver.transport.wyoming.server import WYOMING_PORT, WYOMING_SERVER, wyoming_ctx
 from mediaserver.tts.service import TtsService
 from mediaserver.tts.voices import tts_unavailable
 from mediaserver.turns import model as turn_models
@@ -285,6 +285,13 @@ async def health_handler(request: web.Request) -> web.Response:
         body["turns"].update(request.app[TEXT_EOU].status())
     if SPEAKERS in request.app:
         body["speakers"] = request.app[SPEAKERS].status()
+    settings = request.app[SETTINGS]
+    # Where Home Assistant finds the Wyoming face (the port it listens on, or why not).
+    body["wyoming"] = (
+        {"enabled": True, "host": settings.wyoming_bind_host(), "port": request.app[WYOMING_PORT]}
+        if WYOMING_PORT in request.app
+        else {"enabled": False}
+    )
     if LLM in request.app:  # slots busy, queue, tokens/s and the engine's state, per model
         llm = await request.app[LLM].status()
         body["llm"] = llm

@@ -17,6 +17,8 @@ import pytest
 from openapi_spec_validator import validate
 from prometheus_client.parser import text_string_to_metric_families
 
+from mediaserver.state import SETTINGS
+from mediaserver.transport.wyoming.server import WYOMING_PORT
 from tests.conftest import SENTENCES, encode_with_pyav, long_clip, noise
 
 
@@ -196,6 +198,9 @@ async def test_health(server: Any) -> None:
     assert body["model_aliases"]["whisper-1"] == "tiny.en"  # the names OpenAI clients send
     assert body["features"]["asr"]["enabled"] is True
     assert "CPU" in body["features"]["asr"]["reason"]
+    # Where the Wyoming face listens: the port it took (0 asked for any).
+    host = server.app[SETTINGS].wyoming_bind_host()
+    assert body["wyoming"] == {"enabled": True, "host": host, "port": server.app[WYOMING_PORT]}, body["wyoming"]
     # Semantic turns for the voice loop, silence detection for transcription (turn_detection auto):
     # make setup fetched the turn model, and the text's second opinion (turn_text_model auto) runs
     # on the bundled SmolLM2's engine.

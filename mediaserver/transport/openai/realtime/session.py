@@ -177,8 +177,11 @@ class RealtimeSession(SocketSession, Host):
             await stream.aclose()
 
     def summary(self) -> str:
-        responses = f", {self.conversation.responses} responses" if self.conversation is not None else ""
-        return f"{self.items.items_completed} items{responses}, {self._fed_samples / SAMPLE_RATE_HZ:.1f} s audio"
+        audio = f"{self._fed_samples / SAMPLE_RATE_HZ:.1f} s audio"
+        if self.conversation is None:
+            return f"{self.items.items_completed} items transcribed, {audio}"
+        conversation = self.conversation
+        return f"{len(conversation.items)} items, {conversation.responses} responses, {audio}"
 
     # --- sending ------------------------------------------------------------------------------------
 

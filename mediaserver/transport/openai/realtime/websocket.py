@@ -80,7 +80,11 @@ async def realtime_handler(request: web.Request) -> web.StreamResponse:
         await ws.prepare(request)
         session.start()
         log.info(
-            "realtime session %s: %s opened from %s (model %s)", session.id, kind, request.remote, config.resolved_model
+            "realtime session %s: %s opened from %s (transcription model %s)",
+            session.id,
+            kind,
+            request.remote,
+            config.resolved_model,
         )
         session.send_created()
         await session.run()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
@@ -42,6 +43,7 @@ class EarlyFinal:
     task: asyncio.Task[Transcript]
     samples: int
     silence_ms: int
+    speech_ended_at: float  # monotonic: when the speech before this silence ended (the voice latency's zero)
     held: bool = False  # the stream's audio waited for it once (semantic turns: its words are evidence)
 
     def fits(self, utterance: Utterance) -> bool:
@@ -182,3 +184,10 @@ def _retrieve_exception(task: asyncio.Task[Transcript]) -> None:
     """An early final that is dropped or fails is not an error of its own (the final retries)."""
     if not task.cancelled():
         task.exception()
+
+
+def speech_ended_at(silence_ms: int) -> float:
+    """When (monotonic) the speech of a stream now ``silence_ms`` into silence ended: the voice
+    latency (``mediaserver_voice_latency_seconds``) counts from there, not from the moment the
+    pause was judged the end of the turn. Audio fed faster than real time makes it an estimate."""
+    return time.monotonic() - silence_ms / 1000.0

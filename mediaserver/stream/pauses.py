@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from mediaserver.audio.segmenter import Discarded, SpeechStart, Utterance, VadSegmenter
 from mediaserver.events import AudioArray, SessionEvent, Transcript, TurnDecided
 from mediaserver.stream.answering import Answerer, Speculator
-from mediaserver.stream.finals import EarlyFinal, Finals, TaskStarter
+from mediaserver.stream.finals import EarlyFinal, Finals, TaskStarter, speech_ended_at
 from mediaserver.stream.options import StreamParent
 from mediaserver.stream.partials import Partials
 from mediaserver.stream.turns import TurnChecks
@@ -109,7 +108,7 @@ class Pauses:
         self._partials.cancel()  # the final is about to be decoded: partials only compete with it now
         audio = self._segmenter.current_audio()
         task = self._finals.start(audio, f"early-final-{self._session.id}")
-        early = self.early = EarlyFinal(task, audio.size, silence_ms)
+        early = self.early = EarlyFinal(task, audio.size, silence_ms, speech_ended_at(silence_ms))
         if semantic:
             pause_from_ms = self._segmenter.position_ms - silence_ms
             task.add_done_callback(lambda done: self._hear_pause(early, pause_from_ms, done))
@@ -126,7 +125,7 @@ class Pauses:
             return
         text = self._partials.promises.joined(task.result().text)
         if text.strip():
-            assistant.speculate(text, speech_ended_at=time.monotonic())
+            assistant.speculate(text, speech_ended_at=early.speech_ended_at)
 
     def _start_turn_check(self, silence_ms: int) -> None:
         if self._session.closed:

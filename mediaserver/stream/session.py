@@ -51,7 +51,7 @@ from mediaserver.speakers.service import SpeakerService
 from mediaserver.stream import speaker
 from mediaserver.stream.answering import Answerer, HeldWords, QuestionPrefiller
 from mediaserver.stream.echo_check import EchoCheck, Hold
-from mediaserver.stream.finals import EarlyFinal, Finals
+from mediaserver.stream.finals import EarlyFinal, Finals, speech_ended_at
 from mediaserver.stream.options import StreamOptions, segmenter_config
 from mediaserver.stream.partials import Partials, continuation
 from mediaserver.stream.pauses import Pauses
@@ -327,7 +327,9 @@ class StreamSession:
             self._turns.drop()
             await self._emit(SpeechStopped(event.end_ms))
             early, held = self._pauses.take_early(event), self._held(event.start_ms, event.end_ms)
-            await self._submit_final(event.audio, event.start_ms, event.end_ms, early=early, held=held)
+            await self._submit_final(
+                event.audio, event.start_ms, event.end_ms, early=early, held=held, silence_ms=event.silence_ms
+            )
         else:
             self._partials.cancel()
             self._pauses.drop_early()
@@ -448,13 +450,21 @@ class StreamSession:
             prefiller.prefill_question(words)
 
     async def _submit_final(
-        self, audio: AudioArray, start_ms: int, end_ms: int, *, early: EarlyFinal | None = None, held: Hold | None
+        self,
+        audio: AudioArray,
+        start_ms: int,
+        end_ms: int,
+        *,
+        early: EarlyFinal | None = None,
+        held: Hold | None,
+        silence_ms: int = 0,
     ) -> None:
         """Start a final without blocking the audio path (``Finals.submit``); finals of a session
         arrive in order. With ``early``, the final decoded during the trailing silence is this
-        utterance's; ``held``: the answer is paused until its words are in (``EchoCheck``)."""
+        utterance's; ``held``: the answer is paused until its words are in (``EchoCheck``).
+        ``silence_ms``: the silence the utterance ends with, so its speech ended that long ago."""
         committed = self._partials.promises.committed
-        ended_at = time.monotonic()
+        ended_at, spoke_until = time.monotonic(), speech_ended_at(silence_ms)
         self._partials.cancel()
         self._partials.promises.forget()
 
@@ -462,7 +472,15 @@ class StreamSession:
 
         async def send(transcription: asyncio.Task[Transcript]) -> None:
             await self._final(
-                audio, start_ms, end_ms, committed=committed, ended_at=ended_at, early=transcription, who=who, held=held
+                audio,
+                start_ms,
+                end_ms,
+                committed=committed,
+                ended_at=ended_at,
+                spoke_until=spoke_until,
+                early=transcription,
+                who=who,
+                held=held,
             )
 
         await self._finals.submit(audio, start_ms, end_ms, early, send)
@@ -489,16 +507,19 @@ class StreamSession:
         *,
         committed: str | None = None,
         ended_at: float | None = None,
+        spoke_until: float | None = None,
         early: asyncio.Task[Transcript] | None = None,
         who: asyncio.Task[SpeakerMatch | None] | None = None,
         held: Hold | None = None,
     ) -> FinalTranscript:
         """Transcribe an utterance (``Finals.transcribe``: ``early`` is its transcription already
         under way), join it to what partials promised (``committed``), send it and answer it;
-        ``ended_at`` is when its speech ended (monotonic). ``held``: it started while the answer
-        played, which is paused until its words say whether they are the answer's echo (then it is
-        sent marked ``echo`` and not answered)."""
+        ``ended_at`` is when the utterance ended (monotonic: ``latency_ms`` counts from there),
+        ``spoke_until`` when its speech did (the voice latency's zero; default ``ended_at``).
+        ``held``: it started while the answer played, which is paused until its words say whether
+        they are the answer's echo (then it is sent marked ``echo`` and not answered)."""
         ended_at = time.monotonic() if ended_at is None else ended_at
+        spoke_until = ended_at if spoke_until is None else spoke_until
         committed = self._partials.promises.committed if committed is None else committed
         self._partials.cancel()
         who = who or self._identify(audio)
@@ -523,11 +544,11 @@ class StreamSession:
             self._partials.promises.forget()
         await self._emit(final)
         if self.assistant is not None and text.strip() and not self._closed and not echo:
-            self.assistant.observe_transcript(time.monotonic() - ended_at)
+            self.assistant.observe_transcript(time.monotonic() - spoke_until)
             speaker_name = match.name if match is not None else None
             hold = self._user_went_on(inside_final=True)
             await self._held_words.answer(
-                self.assistant, text, ended_at, speaker_name, identified=match is not None, hold=hold
+                self.assistant, text, spoke_until, speaker_name, identified=match is not None, hold=hold
             )
         elif self.assistant is not None:
             await self._answer_held(inside_final=True)  # the utterance after held words brought none of its own

@@ -577,3 +577,28 @@ async def test_streamed_audio_counts_in_the_asr_audio_seconds_under_its_route(as
     finally:
         await session.aclose()
     assert abs(counter._value.get() - before - 1.5) < 0.01
+
+
+async def test_the_voice_latency_counts_from_the_end_of_the_speech(
+    asr_service: AsrService, speech: Callable[[str], Clip]
+) -> None:
+    """``mediaserver_voice_latency_seconds`` counts from where the speech ended, not from the end of
+    the pause that ended the turn: with a 1.5 s hangover the transcript comes at least 1.5 s after."""
+    from mediaserver.assistant.turn_types import AssistantOptions
+    from mediaserver.assistant.turns import Assistant
+    from mediaserver.metrics import Metrics
+
+    settings = Settings(_env_file=None, stream_vad_hangover_ms=1500, turn_detection="silence")
+    recorder, metrics = Recorder(), Metrics()
+    session = StreamSession(asr_service, settings, recorder, StreamOptions(server_vad=True))
+    assistant = Assistant(None, None, settings, AssistantOptions.from_settings(settings), recorder, None, metrics)
+    session.assistant = assistant
+    try:
+        await feed(session, np.concatenate([silence(0.3), speech("kitchen").audio16k, silence(2.0)]))
+        await until(lambda: bool(recorder.of(FinalTranscript)))
+    finally:
+        await session.aclose()
+        await assistant.aclose()
+    sample = metrics.registry.get_sample_value
+    assert sample("mediaserver_voice_latency_seconds_count", {"stage": "transcript"}) == 1.0
+    assert (sample("mediaserver_voice_latency_seconds_sum", {"stage": "transcript"}) or 0.0) >= 1.5

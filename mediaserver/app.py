@@ -290,7 +290,7 @@ async def health_handler(request: web.Request) -> web.Response:
     body["wyoming"] = (
         {"enabled": True, "host": settings.wyoming_bind_host(), "port": request.app[WYOMING_PORT]}
         if WYOMING_PORT in request.app
-        else {"enabled": False}
+        else {"enabled": False, "reason": "wyoming_enabled is false"}
     )
     if LLM in request.app:  # slots busy, queue, tokens/s and the engine's state, per model
         llm = await request.app[LLM].status()

@@ -45,7 +45,7 @@ class Listener(Protocol):
     """A streaming session, as the service counts them (``streams``)."""
 
     @property
-    def in_speech(self) -> bool: ...
+    def speaking(self) -> bool: ...
 
 
 class AsrService:
@@ -75,8 +75,8 @@ class AsrService:
         self.streams: weakref.WeakSet[Listener] = weakref.WeakSet()
 
     def others_in_speech(self, stream: Listener) -> bool:
-        """Whether a streaming session other than ``stream`` is in speech now."""
-        return any(other.in_speech for other in list(self.streams) if other is not stream)
+        """Whether a streaming session other than ``stream`` hears someone speaking now."""
+        return any(other.speaking for other in list(self.streams) if other is not stream)
 
     @property
     def loaded_models(self) -> list[str]:

@@ -64,7 +64,9 @@ class AnswerText:
             async for delta in self._deltas(turn, stream, rounds):
                 if first:
                     first = False
-                    if turn.from_speech:
+                    if turn.from_speech and turn.held:  # a speculative answer's: counted if it is released
+                        turn.first_token_pending = True
+                    elif turn.from_speech:
                         self.metrics.observe("llm_first_token", time.monotonic() - speech_ended_at)
                 turn.progress_at = time.monotonic()
                 await send(greeting.push(delta) if greeting is not None else delta)

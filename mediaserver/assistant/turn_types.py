@@ -129,6 +129,8 @@ class Turn:
         # It answers speech whose end is known: its stages go into the voice latency histogram,
         # which counts from there (a typed Realtime request has no such moment).
         self.from_speech = False
+        self.speech_ended_at = 0.0  # (monotonic) with from_speech
+        self.first_token_pending = False  # held, its first token came: counted when it is released
 
     @property
     def held(self) -> bool:

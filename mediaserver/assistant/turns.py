@@ -257,6 +257,7 @@ class Assistant:
             self._greet(turn)
         turn.from_speech = speech_ended_at is not None
         ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
+        turn.speech_ended_at = ended
         task = asyncio.get_running_loop().create_task(
             self._run(turn, messages, ended), name=f"assistant-turn-{self.name}", context=self._turn_context(record)
         )
@@ -517,6 +518,7 @@ class Assistant:
         turn.greet = self._greeting_due()
         turn.from_speech = True
         ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
+        turn.speech_ended_at = ended
         messages = self.messages(user_text)
         task = asyncio.get_running_loop().create_task(
             self._run(turn, messages, ended), name=f"assistant-speculative-{self.name}", context=self._turn_context()
@@ -550,6 +552,8 @@ class Assistant:
         self._task, self._current = task, turn
         while turn.deferred:  # the text written so far, in order, before anything new
             await self._emit(turn.deferred.pop(0))
+        if turn.first_token_pending:  # its first token is seen now
+            self.metrics.observe("llm_first_token", time.monotonic() - turn.speech_ended_at)
         assert turn._release is not None
         turn._release.set()
         return True

@@ -77,7 +77,9 @@ class Finals:
         """
         stream = self.stream
         options = replace(stream.options.transcription, prefix=None)
-        decode = stream.asr.transcribe(audio, options, model=stream.options.model, priority=Priority.FINAL, stream=True)
+        # (a VAD's utterance starts at its preroll: no lead silence; a push-to-talk one at the press)
+        vad = stream.options.server_vad
+        decode = stream.asr.transcribe(audio, options, model=stream.options.model, priority=Priority.FINAL, stream=vad)
         task = self._start_task(decode, name)
         task.add_done_callback(_retrieve_exception)  # whoever awaits it handles a failure
         return task
@@ -171,8 +173,9 @@ class Finals:
                 log.debug("session %s: the started final failed; transcribing again", stream.id)
         try:
             if transcript is None:
+                vad = stream.options.server_vad
                 transcript = await stream.asr.transcribe(
-                    audio, options, model=stream.options.model, priority=Priority.FINAL, stream=True
+                    audio, options, model=stream.options.model, priority=Priority.FINAL, stream=vad
                 )
         except ApiError as exc:
             await self._emit(StreamError(exc.message, exc.code, start_ms, end_ms))

@@ -227,7 +227,7 @@ class Partials:
                         model=stream.options.model,
                         priority=Priority.PARTIAL,
                         supersede_key=stream.id,
-                        stream=True,
+                        stream=stream.options.server_vad,  # (as its final: stream/finals.py)
                     )
                 except (Superseded, Overloaded, DeadlineExceeded, BackendTimeout, BackendUnavailable):
                     continue  # a partial that cannot run now is simply skipped

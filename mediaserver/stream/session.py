@@ -100,7 +100,6 @@ class StreamSession:
         # Its audio counts in mediaserver_audio_seconds_total under this route (ws, rtc, realtime).
         self._audio_seconds = asr.metrics.audio_seconds.labels(route)
         self.asr = asr
-        asr.streams.add(self)
         self.settings = settings
         self.options = options or StreamOptions()
         self._emit = emit
@@ -149,6 +148,7 @@ class StreamSession:
         self.last_activity = time.monotonic()
         self.samples_received = 0
         self.utterances = 0
+        asr.streams.add(self)  # (last: only a whole session is asked whether it speaks)
 
     # --- configuration ------------------------------------------------------------------------
 
@@ -207,6 +207,13 @@ class StreamSession:
     @property
     def in_speech(self) -> bool:
         return self._recording if not self.options.server_vad else self._segmenter.in_speech
+
+    @property
+    def speaking(self) -> bool:
+        """Someone is heard speaking now: the VAD's utterance in progress. A push-to-talk or
+        manually committed stream (a Realtime session without turn detection records all the time)
+        does not say, and counts as not speaking."""
+        return self.options.server_vad and self._segmenter.in_speech
 
     # --- audio --------------------------------------------------------------------------------
 

@@ -43,6 +43,20 @@ async def _ignore(event: SessionEvent) -> None:
     pass
 
 
+async def another_stream(
+    asr: AsrService, settings: Settings, speech: Callable[[str], Clip], *, speaking: bool
+) -> StreamSession:
+    """Another device's stream (server VAD); ``speaking``: its user is heard in mid-sentence, and no
+    silence comes to end it (gap filling off: the device sends nothing more)."""
+    other = StreamSession(
+        asr, settings.model_copy(update={"stream_gap_fill_ms": 0}), _ignore, StreamOptions(server_vad=True)
+    )
+    if speaking:
+        await other.feed(speech("I am still talking about something else entirely").audio16k)
+        assert other.speaking
+    return other
+
+
 def counter(metric: object, model: str) -> float:
     return float(metric.labels(model)._value.get())  # type: ignore[attr-defined]
 
@@ -85,16 +99,12 @@ async def test_the_question_is_in_the_llms_cache_before_its_final(
         what: counter(getattr(metrics, what), model) for what in ("prefills", "prompt_tokens", "cached_prompt_tokens")
     }
     audio = np.concatenate([silence(0.5), speech(QUESTION).audio16k, silence(3.0)]).astype(np.float32)
-    other = StreamSession(asr_service, settings, _ignore, StreamOptions(server_vad=False))
+    other = await another_stream(asr_service, settings, speech, speaking=other_speaking)
     try:
-        if other_speaking:  # another device's user holding its push-to-talk the whole time
-            other.start_recording()
-            await other.feed(speech("I am still talking about something else entirely").audio16k)
-            assert other.in_speech
         events, _, _, _ = await converse(
             asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="high", partials=partials
         )
-        assert other.in_speech == other_speaking
+        assert other.speaking == other_speaking
     finally:
         await other.aclose()
     after = {what: counter(getattr(metrics, what), model) for what in before}
@@ -120,14 +130,18 @@ async def test_a_decode_for_the_prefill_alone_waits_for_spare_cores(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], mode: bool | str
 ) -> None:
     """``turn_prefill_decodes`` auto: a prefill-only decode runs while the ASR has no other job and
-    no other stream is in speech; true: always; false: never."""
+    no other stream hears someone speaking (a push-to-talk stream recording does not say so); true:
+    always; false: never."""
     settings = base_settings.model_copy(update={"turn_prefill_decodes": mode})
     session = StreamSession(asr_service, settings, _ignore, StreamOptions(server_vad=True))
-    other = StreamSession(asr_service, settings, _ignore, StreamOptions(server_vad=False))
+    push_to_talk = StreamSession(asr_service, settings, _ignore, StreamOptions(server_vad=False))
+    other = await another_stream(asr_service, settings, speech, speaking=False)
     try:
         await until(lambda: asr_service.open_jobs() == 0)
+        push_to_talk.start_recording()  # records all the time (a Realtime session without turn detection)
         spare = session.decode_for_prefill()
-        other.start_recording()  # another device's user holds its push-to-talk
+        await other.aclose()
+        other = await another_stream(asr_service, settings, speech, speaking=True)
         speaking = session.decode_for_prefill()
         await other.aclose()  # ... and hangs up
         clip = speech("A long upload that keeps the recogniser busy for a while, sentence after sentence.")
@@ -140,4 +154,5 @@ async def test_a_decode_for_the_prefill_alone_waits_for_spare_cores(
         assert (spare, speaking, busy) == {"auto": (True, False, False), True: (True,) * 3, False: (False,) * 3}[mode]
     finally:
         await other.aclose()
+        await push_to_talk.aclose()
         await session.aclose()

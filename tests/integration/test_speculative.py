@@ -115,6 +115,14 @@ async def converse(
     return events, assistant, out, queued_at_resume
 
 
+def first_token_samples(asr: AsrService) -> float:
+    """The voice latency's ``llm_first_token`` samples so far (answers the user got)."""
+    count = asr.metrics.registry.get_sample_value(
+        "mediaserver_voice_latency_seconds_count", {"stage": "llm_first_token"}
+    )
+    return count or 0.0
+
+
 async def test_speech_resuming_drops_the_speculative_answer_unheard(
     asr_service: AsrService,
     llm_service: LlmService,
@@ -140,6 +148,7 @@ async def test_speech_resuming_drops_the_speculative_answer_unheard(
     audio = np.concatenate([lead, first, silence(1.5), rest, silence(3.0)]).astype(np.float32)
     resume_at_s = (lead.size + first.size) / SAMPLE_RATE_HZ + 1.5
     misses = count(asr_service, "miss")
+    first_tokens = first_token_samples(asr_service)
     events, assistant, out, queued_at_resume = await converse(
         asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="medium", resume_at_s=resume_at_s
     )
@@ -147,6 +156,7 @@ async def test_speech_resuming_drops_the_speculative_answer_unheard(
     assert decided and not decided[0].complete, decided  # the pause: unfinished
     assert count(asr_service, "miss") >= misses + 1  # an answer was started in the pause, and dropped
     assert queued_at_resume == 0  # nothing of it was queued for the user
+    assert first_token_samples(asr_service) == first_tokens + 1  # the voice latency counts the one sent
     finals = [e for _, e in events if isinstance(e, FinalTranscript)]
     assert len(finals) == 1, finals
     texts = [e for _, e in events if isinstance(e, AssistantText)]

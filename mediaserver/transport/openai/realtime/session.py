@@ -181,7 +181,7 @@ class RealtimeSession(SocketSession, Host):
         if self.conversation is None:
             return f"{self.items.items_completed} items transcribed, {audio}"
         conversation = self.conversation
-        return f"{len(conversation.items)} items, {conversation.responses} responses, {audio}"
+        return f"{len(conversation.items)} items held, {conversation.responses} responses, {audio}"
 
     # --- sending ------------------------------------------------------------------------------------
 

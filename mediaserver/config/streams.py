@@ -392,8 +392,8 @@ class StreamSettings(BaseModel):
         "auto",
         description="with turn_prefill_partials: a voice-loop session that asked for no partials (the device "
         "socket's usual) runs partial decodes all the same, for the prefill alone (none is sent). On 2 cores "
-        "(tools/README.md) one session's first token came 0.10-0.14 s sooner, four speaking at once answered 0.22 s "
-        "later (the decodes compete with the turns and finals). auto: each such decode only while no other stream is in "
-        "speech and the ASR has no other job; true: always (a server with cores to spare); false: only "
-        "sessions that asked for partials prefill",
+        "(tools/README.md) one session's first token came 0.10-0.14 s sooner, four speaking at once answered "
+        "0.22 s later (the decodes compete with the turns and finals). auto: each such decode only while no other "
+        "stream hears someone speak and the ASR has no other job; true: always (a server with cores to spare); "
+        "false: only sessions that asked for partials prefill",
     )

@@ -156,6 +156,7 @@ async def test_voice_object_our_voice_names_and_model_names(steady_server: LiveS
         ({"input": "...!?"}, 400, "input", "only marks"),  # read as nothing: an empty (mp3: 0-byte) file before
         ({"input": "x" * 4097}, 413, "input", "tts_max_input_chars"),
         ({"voice": "no-such-voice"}, 400, "voice", "voices: en_US-joe-medium"),
+        ({"voice": ["a"]}, 400, "voice", "invalid value for 'voice':"),  # (not 'voice.str', pydantic's union member)
         ({"response_format": "ogg-vorbis"}, 400, "response_format", "mp3, opus, aac, flac, wav, pcm"),
         ({"speed": 4.5}, 400, "speed", "between 0.25 and 4.0"),
         ({"speed": 0.1}, 400, "speed", "between 0.25 and 4.0"),

@@ -37,6 +37,15 @@ async def read_json_object(request: web.Request, *, max_bytes: int, setting: str
     return body
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "bytes"})
+
+
+def _union_member(part: str) -> bool:
+    """A ``loc`` part that names a type pydantic tried ('str', 'list[str]', 'function-after[...]',
+    "literal['a','b']"), not a field."""
+    return part in _TYPE_TAGS or "[" in part or part.startswith(("function-", "literal", "tagged-union"))
+
+
 def validation_error(exc: ValidationError) -> InvalidParameter:
     """pydantic's first complaint as a 400: ``param`` is the top-level field, the message names the
     exact place (``messages[0].role``). pydantic tries each type of a union and reports each; the
@@ -44,6 +53,8 @@ def validation_error(exc: ValidationError) -> InvalidParameter:
     first = exc.errors()[0]
     path = ""
     for part in first["loc"]:
+        if isinstance(part, str) and _union_member(part):
+            continue  # (which type of a union pydantic tried: not a place in the body)
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     param = path.split("[")[0].split(".")[0] or None
     if first["type"] == "missing":

@@ -20,7 +20,7 @@ const state = {
   speaking: false,
   wake: null, // hands-free with a wake word: {awake, text, heard}; null without
 
-  transcript: [], // {text, final, latencyMs, at}
+  transcript: [], // {text, final, latencyMs, latencyFrom, at}
   lastText: "",
   partial: "",
   unstable: "", // the latest guess after the agreed words (greyed; may change)
@@ -176,7 +176,12 @@ function addTranscript(entry) {
     const latency = document.createElement("span");
     latency.className = "latency";
     latency.textContent = `${Math.round(entry.latencyMs)} ms`;
-    latency.title = entry.final ? "from end of speech to transcript" : "from release to transcript";
+    latency.title =
+      entry.latencyFrom === "release"
+        ? "from release to transcript"
+        : entry.latencyFrom === "server"
+          ? "the server's time on the transcript after your utterance ended"
+          : "from the server's end of speech to transcript";
     li.append(latency);
   }
   const list = $("transcript");
@@ -197,6 +202,7 @@ client.addEventListener("statechange", (ev) => {
     state.recording = false;
     state.handsFree = false;
     state.speaking = false;
+    if (state.assistantSpeaking || state.answer) finishAnswer("", true); // (the connection dropped mid-answer)
   }
   renderConnection();
 });
@@ -230,11 +236,11 @@ client.addEventListener("partial", (ev) => {
   renderPartial();
 });
 client.addEventListener("infer", (ev) => {
-  const { text, final, latencyMs } = ev.detail;
+  const { text, final, latencyMs, latencyFrom } = ev.detail;
   state.partial = "";
   state.unstable = "";
   renderPartial();
-  addTranscript({ text, final, latencyMs, at: Date.now() });
+  addTranscript({ text, final, latencyMs, latencyFrom, at: Date.now() });
 });
 client.addEventListener("turn", (ev) => {
   // A decision at a pause: when the server thinks you finished, the utterance ends now.
@@ -264,8 +270,16 @@ client.addEventListener("assistant_audio_started", () => {
   renderConnection();
 });
 client.addEventListener("assistant_audio_stopped", (ev) => {
-  state.assistantSpeaking = false;
   const { heard, interrupted } = ev.detail;
+  finishAnswer(heard, interrupted);
+});
+/** The answer being shown ends: it joins the list (cut where the user stopped hearing it). */
+function finishAnswer(heard, interrupted) {
+  state.assistantSpeaking = false;
+  if (!state.answer && !interrupted) {
+    renderConnection();
+    return;
+  }
   state.answers.push({ text: state.answer, heard, interrupted });
   const li = document.createElement("li");
   if (interrupted) li.className = "interrupted";
@@ -277,7 +291,7 @@ client.addEventListener("assistant_audio_stopped", (ev) => {
   state.answer = "";
   $("answer").textContent = "";
   renderConnection();
-});
+}
 // Tool calls (MCP servers the operator configured) show in the conversation as they run.
 function addToolLine(text, isError) {
   const li = document.createElement("li");
@@ -390,6 +404,8 @@ async function connect() {
 
 function disconnect() {
   client.close();
+  // An answer being spoken ends with the connection: listed as cut, the Interrupt button off.
+  if (state.assistantSpeaking || state.answer) finishAnswer("", true);
   state.connecting = false;
   state.connected = false;
   state.recording = false;

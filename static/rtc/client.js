@@ -14,7 +14,8 @@
 //                 dataChannelState, connected}
 //   log          {message}                   server `log` message
 //   error        {message, source}           source: "server" (an `error` message) or "client"
-//   infer        {text, final, latencyMs, obj} a transcript; latencyMs from stop() (push-to-talk)
+//   infer        {text, final, latencyMs, latencyFrom, obj} a transcript; latencyMs from stop()
+//                (push-to-talk: latencyFrom "release") or the server's latency_ms ("server")
 //                                            or from `speech_stopped` (hands-free) to its arrival;
 //                                            obj is the server's (with extensions: final, language...)
 //   partial      {text, full, unstable, obj} partial transcript of the current utterance; `unstable`
@@ -193,13 +194,17 @@ export class MediaserverClient extends EventTarget {
     return url.toString();
   }
 
-  /** GET /v1/models → list of model ids (empty on failure). */
+  /** GET /v1/models → the ids of the speech recognition models (`kind` "asr"; the LLMs and
+   * embedding models it also lists cannot transcribe a stream), empty on failure. */
   async listModels() {
     try {
       const res = await fetch(this._url("v1/models"), { headers: this._headers(false) });
       if (!res.ok) return [];
       const body = await res.json();
-      return (body.data || []).map((m) => m.id).filter(Boolean);
+      return (body.data || [])
+        .filter((m) => !m.kind || m.kind === "asr")
+        .map((m) => m.id)
+        .filter(Boolean);
     } catch {
       return [];
     }
@@ -494,13 +499,25 @@ export class MediaserverClient extends EventTarget {
       }
       case "infer": {
         // From the release (push-to-talk, or a stop that ends an utterance in hands-free mode),
-        // else from the server's end-of-speech event (hands-free).
+        // measured here; else (hands-free) the server's own time on it after the utterance ended
+        // (its speech_stopped comes with the final when the turn ends on a final already decoded,
+        // so timing from that event here would say 0 ms).
         const final = !!(obj && obj.final);
-        const since = this._stopAt ?? this._speechStoppedAt;
-        const latencyMs = since === null ? null : now - since;
+        let latencyMs = null;
+        let latencyFrom = null;
+        if (this._stopAt !== null) {
+          latencyMs = now - this._stopAt;
+          latencyFrom = "release";
+        } else if (obj && typeof obj.latency_ms === "number") {
+          latencyMs = obj.latency_ms;
+          latencyFrom = "server";
+        } else if (this._speechStoppedAt !== null) {
+          latencyMs = now - this._speechStoppedAt;
+          latencyFrom = "speech_stopped";
+        }
         this._stopAt = null;
         this._speechStoppedAt = null;
-        this._emit("infer", { text: (obj && obj.text) || "", final, latencyMs, obj });
+        this._emit("infer", { text: (obj && obj.text) || "", final, latencyMs, latencyFrom, obj });
         break;
       }
       case "partial":

@@ -229,6 +229,9 @@ async def test_hands_free_infers_by_itself(
             f"{state['partialCount']} partials"
         )
         assert error_rate <= MAX_WER, state["transcript"]
+        # The server's own time on it (its speech_stopped can come with the final: timed from that
+        # here it said 0 ms, titled "from end of speech").
+        assert entry["latencyFrom"] == "server" and latency is not None and latency > 0, entry
         assert state["errors"] == [], state["errors"]
         await page.page.click("#hands-free")  # stop
         await page.wait_for("!window.mediaserver.state.handsFree", timeout_s=5)
@@ -307,6 +310,11 @@ async def test_page_is_served_without_trailing_slash(server: LiveServer, browser
     async with open_page(browser, f"{server.url}/rtc") as page:
         assert (await page.page.evaluate("location.pathname")).endswith("/rtc/")
         await page.wait_for("document.querySelector('#model').options.length > 1", timeout_s=10)
+        # Only the speech recognition models: /v1/models also lists the LLMs and embedding models,
+        # which a stream cannot use (picking one made Connect fail with a 400).
+        offered = await page.page.evaluate("[...document.querySelector('#model').options].map((o) => o.value)")
+        assert "tiny.en" in offered and "whisper-1" in offered, offered
+        assert not {"gpt-4o", "text-embedding-3-small", "smollm2-135m-instruct"} & set(offered), offered
         assert page.errors == []
 
 
@@ -354,6 +362,26 @@ async def test_assistant_mode_answers_aloud(
         assert state["errors"] == [], state["errors"]
         await page.page.click("#assistant")  # off again
         await page.wait_for("!window.mediaserver.state.assistant", timeout_s=5)
+        assert page.errors == []
+
+
+async def test_disconnecting_mid_answer_ends_the_answer_on_the_page(
+    server_factory: Callable[..., Any], browser: Browser, fake_microphone: FakeMicrophone
+) -> None:
+    """Disconnect while an answer plays: the answer joins the list as cut and the Interrupt button
+    goes off (they stayed on the old answer, through the next Connect too)."""
+    server: LiveServer = await server_factory(assistant_temperature=0.0, assistant_max_answer_tokens=40)
+    async with open_page(browser, f"{server.url}/rtc/") as page:
+        await connect(page)
+        await page.wait_for("window.mediaserver.state.assistantTrack", timeout_s=10)
+        await page.page.click("#assistant")
+        await page.wait_for("window.mediaserver.state.assistantSpeaking", timeout_s=fake_microphone.loop_s + 60)
+        await page.page.click("#disconnect")
+        await page.wait_for("!window.mediaserver.state.connected", timeout_s=5)
+        state = await page.state()
+        assert not state["assistantSpeaking"] and state["answer"] == "", state
+        assert state["answers"] and state["answers"][-1]["interrupted"], state["answers"]
+        assert await page.page.is_disabled("#interrupt")
         assert page.errors == []
 
 

@@ -203,10 +203,14 @@ def main() -> None:
         f"{max(times) if times else float('nan'):.2f} s max (two windows agreeing); {wrong} of {total} sharp windows "
         f"wrong by over 2 ms, {wrong_confirmed} of {total_confirmed} confirmed by the window before"
     )
-    plot(rows, args.plot)
+    plot(rows, [t[0][0] for t in tracked_rows], args.plot)
 
 
-def plot(rows: list[tuple[int, int, int, tuple[float, float], tuple[float, float], float | None]], path: str) -> None:
+def plot(
+    rows: list[tuple[int, int, int, tuple[float, float], tuple[float, float], float | None]],
+    tracked_erle: list[float],
+    path: str,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -215,8 +219,9 @@ def plot(rows: list[tuple[int, int, int, tuple[float, float], tuple[float, float
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     x = np.arange(len(rows))
-    axes[0].bar(x - 0.2, [r[3][0] for r in rows], 0.4, label="reference as played")
-    axes[0].bar(x + 0.2, [r[4][0] for r in rows], 0.4, label="re-aligned at the jump (oracle)")
+    axes[0].bar(x - 0.27, [r[3][0] for r in rows], 0.27, label="reference as played")
+    axes[0].bar(x, tracked_erle, 0.27, label="re-aligned by the GCC-PHAT tracker")
+    axes[0].bar(x + 0.27, [r[4][0] for r in rows], 0.27, label="re-aligned at the jump (oracle)")
     axes[0].set_title("ERLE after the delay jump (dB)")
     axes[0].set_xticks(x, [f"{r[1]}→{r[2]}" for r in rows], rotation=60, fontsize=7)
     axes[0].legend(fontsize=8)

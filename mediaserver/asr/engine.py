@@ -576,9 +576,11 @@ def _reported(score: float | None) -> float:
 
 def _lead(speech: list[Span], span: Span, lead_samples: int) -> int:
     """Samples of silence the window ``span`` gets before it (``Window.lead_s``): where it starts
-    the audio and the speech starts less than ``lead_samples`` (``AsrJob.lead_s``) into it, up to
-    that much; never so much that the window's audio no longer fits Whisper's 30 s."""
-    if span.start != 0 or not speech or speech[0].start >= lead_samples:
+    the audio and the speech starts at once (in the first half of ``lead_samples``, ``AsrJob.lead_s``:
+    Silero's first frames), up to ``lead_samples`` before the speech; never so much that the
+    window's audio no longer fits Whisper's 30 s. (A lead where the speech starts later changed
+    mid-sentence words of base's decodes as often as it helped: tools/README.md, eval_lead.py.)"""
+    if span.start != 0 or not speech or speech[0].start >= lead_samples // 2:
         return 0
     lead = lead_samples - speech[0].start
     return lead if span.end - span.start + lead <= WINDOW_SAMPLES else 0

@@ -25,9 +25,9 @@ class AsrJob:
     # again the safe way (finals, uploads), or returned as it is with ``Transcript.guard`` set, for
     # the caller to drop (a partial: the next one comes in a few hundred milliseconds).
     on_guard: Literal["redecode", "keep"] = "redecode"
-    # Silence decoded before speech that starts sooner than this into the audio (a file whose first
-    # word begins at once; ``asr_lead_silence_ms``); 0 for a stream's utterance, which starts at its
-    # VAD's preroll.
+    # Silence decoded before speech that starts at once (within the first half of this: a file
+    # whose first word begins at once; ``asr_lead_silence_ms``); 0 for a stream's utterance under
+    # server VAD, which starts at its VAD's preroll.
     lead_s: float = 0.0
 
 

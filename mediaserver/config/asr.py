@@ -201,9 +201,9 @@ class AsrSettings(BaseModel):
         100,
         ge=0,
         le=1000,
-        description="an upload (not a stream's utterance) whose speech starts less than this into its audio is "
-        "decoded after that much silence: without it tiny.en heard Piper's 'Turn on the kitchen lights.' as 'on "
-        "the kitchen lights.' (tools/README.md: eval_lead.py); 0 = none",
+        description="an upload (not a stream's utterance) whose speech starts at once (in the first half of this) "
+        "is decoded after silence making up this much before it: without it tiny.en heard Piper's 'Turn on the "
+        "kitchen lights.' as 'on the kitchen lights.' (docs/asr.md, tools/README.md: eval_lead.py); 0 = none",
     )
     asr_encoder_max_windows: int = Field(
         2,

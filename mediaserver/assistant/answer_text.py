@@ -39,7 +39,6 @@ class AnswerText:
         self,
         turn: Turn,
         stream: LlmStream,
-        speech_ended_at: float,
         speech: Speech | None,
         rounds: ToolRounds | None = None,
     ) -> None:
@@ -64,10 +63,11 @@ class AnswerText:
             async for delta in self._deltas(turn, stream, rounds):
                 if first:
                     first = False
-                    if turn.from_speech and turn.held:  # a speculative answer's: counted if it is released
+                    since = turn.since_speech()
+                    if since is not None and turn.held:  # a speculative answer's: counted if it is released
                         turn.first_token_pending = True
-                    elif turn.from_speech:
-                        self.metrics.observe("llm_first_token", time.monotonic() - speech_ended_at)
+                    elif since is not None:
+                        self.metrics.observe("llm_first_token", since)
                 turn.progress_at = time.monotonic()
                 await send(greeting.push(delta) if greeting is not None else delta)
             if greeting is not None:

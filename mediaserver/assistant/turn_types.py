@@ -126,11 +126,14 @@ class Turn:
         self._release: asyncio.Event | None = None
         self.deferred: list[SessionEvent] = []
         self.greet: str | None = None  # the enrolled speaker this answer greets (assistant/greeting.py)
-        # It answers speech whose end is known: its stages go into the voice latency histogram,
-        # which counts from there (a typed Realtime request has no such moment).
-        self.from_speech = False
-        self.speech_ended_at = 0.0  # (monotonic) with from_speech
+        # When the speech it answers ended (monotonic): its stages go into the voice latency
+        # histogram, which counts from there; None: a typed request (Realtime) has no such moment.
+        self.speech_ended_at: float | None = None
         self.first_token_pending = False  # held, its first token came: counted when it is released
+
+    def since_speech(self) -> float | None:
+        """Seconds since the speech it answers ended; None for a turn that answers no speech."""
+        return None if self.speech_ended_at is None else time.monotonic() - self.speech_ended_at
 
     @property
     def held(self) -> bool:

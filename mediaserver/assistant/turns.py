@@ -255,11 +255,9 @@ class Assistant:
         turn = Turn(next(self._turns), options, start, record=record)
         if record:
             self._greet(turn)
-        turn.from_speech = speech_ended_at is not None
-        ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
-        turn.speech_ended_at = ended
+        turn.speech_ended_at = speech_ended_at
         task = asyncio.get_running_loop().create_task(
-            self._run(turn, messages, ended), name=f"assistant-turn-{self.name}", context=self._turn_context(record)
+            self._run(turn, messages), name=f"assistant-turn-{self.name}", context=self._turn_context(record)
         )
         # However the task ends (even cancelled before it ran), the turn is settled.
         task.add_done_callback(lambda _: turn.settle(self._interrupted(turn)))
@@ -349,9 +347,9 @@ class Assistant:
         for helper in list(self._helpers):
             helper.cancel()
 
-    async def _run(self, turn: Turn, messages: list[ChatMessage], speech_ended_at: float) -> None:
+    async def _run(self, turn: Turn, messages: list[ChatMessage]) -> None:
         try:
-            await self._within_progress_deadline(turn, self._generate(turn, messages, speech_ended_at))
+            await self._within_progress_deadline(turn, self._generate(turn, messages))
         except StageFailed as exc:
             await self._fail(turn, exc.stage, exc.code, exc.message)
             return
@@ -411,7 +409,7 @@ class Assistant:
             await self._emit(AssistantAudioStopped(turn.number, True, turn.text))
         turn.settle(TurnOutcome("failed", turn.text, self.heard(turn), turn.usage, turn.finish_reason, error))
 
-    async def _generate(self, turn: Turn, messages: list[ChatMessage], speech_ended_at: float) -> None:
+    async def _generate(self, turn: Turn, messages: list[ChatMessage]) -> None:
         options = turn.options
         if self.llm is None:
             why = self._unavailable.get("llm", "not configured")
@@ -430,7 +428,7 @@ class Assistant:
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(stream)
             if not self._spoken(turn) or self.out is None:
-                await self._text.read(turn, stream, speech_ended_at, None, rounds)
+                await self._text.read(turn, stream, None, rounds)
                 return
             if self.tts is None:
                 why = self._unavailable.get("tts", "not configured")
@@ -450,8 +448,8 @@ class Assistant:
                 raise StageFailed("tts", exc.code, exc.message) from None
             try:
                 async with asyncio.TaskGroup() as group:
-                    group.create_task(self._text.read(turn, stream, speech_ended_at, speech, rounds))
-                    group.create_task(self._play(turn, speech, speech_ended_at))
+                    group.create_task(self._text.read(turn, stream, speech, rounds))
+                    group.create_task(self._play(turn, speech))
             except* StageFailed as failures:
                 raise failures.exceptions[0] from None
 
@@ -475,7 +473,7 @@ class Assistant:
         )  # fmt: skip
         return rounds
 
-    async def _play(self, turn: Turn, speech: Speech, speech_ended_at: float) -> None:
+    async def _play(self, turn: Turn, speech: Speech) -> None:
         assert self.out is not None
         try:
             async for chunk in speech:
@@ -487,11 +485,14 @@ class Assistant:
                 turn.marks.append(mark)
                 if not turn.audio_started:
                     turn.audio_started = True
-                    if turn.from_speech:
-                        self.metrics.observe("tts_first_audio", time.monotonic() - speech_ended_at)
+                    since = turn.since_speech()
+                    if since is not None:
+                        self.metrics.observe("tts_first_audio", since)
                     await self._emit(AssistantAudioStarted(turn.number))
-                    if turn.from_speech:
-                        self.spawn(self._first_sent(mark.start, speech_ended_at), f"assistant-first-sent-{self.name}")
+                    if turn.speech_ended_at is not None:
+                        self.spawn(
+                            self._first_sent(mark.start, turn.speech_ended_at), f"assistant-first-sent-{self.name}"
+                        )
         except ApiError as exc:
             raise StageFailed("tts", exc.code, exc.message) from None
 
@@ -516,12 +517,10 @@ class Assistant:
         turn = Turn(next(self._turns), self.options, start, record=True)
         turn._release = asyncio.Event()
         turn.greet = self._greeting_due()
-        turn.from_speech = True
-        ended = speech_ended_at if speech_ended_at is not None else time.monotonic()
-        turn.speech_ended_at = ended
+        turn.speech_ended_at = speech_ended_at if speech_ended_at is not None else time.monotonic()
         messages = self.messages(user_text)
         task = asyncio.get_running_loop().create_task(
-            self._run(turn, messages, ended), name=f"assistant-speculative-{self.name}", context=self._turn_context()
+            self._run(turn, messages), name=f"assistant-speculative-{self.name}", context=self._turn_context()
         )
         task.add_done_callback(lambda _: turn.settle(self._interrupted(turn)))
         self._speculation = (user_text, turn, task)
@@ -552,8 +551,9 @@ class Assistant:
         self._task, self._current = task, turn
         while turn.deferred:  # the text written so far, in order, before anything new
             await self._emit(turn.deferred.pop(0))
-        if turn.first_token_pending:  # its first token is seen now
-            self.metrics.observe("llm_first_token", time.monotonic() - turn.speech_ended_at)
+        since = turn.since_speech()
+        if turn.first_token_pending and since is not None:  # its first token is seen now
+            self.metrics.observe("llm_first_token", since)
         assert turn._release is not None
         turn._release.set()
         return True

@@ -10,7 +10,9 @@ later. Each candidate processes every session in 10 ms frames, one instance per 
 
   - ``off``: the microphone as is;
   - ``aec3-pywebrtc``: WebRTC AEC3 through ``pywebrtc-audio`` via ``mediaserver.audio.echo``'s
-    ``EchoCanceller`` (fed 20 ms pieces, as a stream would), AEC3's own delay estimation;
+    ``EchoCanceller`` (fed 20 ms pieces, as a stream would) as the server runs it: AEC3's own delay
+    estimation, with the delay tracker (audio/echo_delay.py) re-aligning the reference after a jump;
+  - ``aec3-pywebrtc-untracked``: the same without the tracker (``echo_delay_track_s`` 0);
   - ``aec3-livekit``: WebRTC's APM with AEC3 + high-pass filter through ``livekit.rtc``;
   - ``speexdsp``: Speex's MDF echo canceller (``speexdsp``, 8192-tap filter: 512 ms, enough to
     cover the delay and room, since Speex has no delay estimation).
@@ -52,10 +54,13 @@ def run_off(mic: Audio, reference: Audio) -> Audio:
     return mic.copy()
 
 
-def run_mediaserver(mic: Audio, reference: Audio) -> Audio:
+def run_mediaserver(mic: Audio, reference: Audio, *, track: bool = True) -> Audio:
+    """The server's canceller: AEC3 with the delay tracker at the default settings (``track``)."""
     from mediaserver.audio.echo import EchoCanceller
+    from mediaserver.audio.echo_delay import DelayTracker
+    from mediaserver.config import Settings
 
-    ec = EchoCanceller()
+    ec = EchoCanceller(tracker=DelayTracker.of(Settings()) if track else None)
     ec.played(reference, 0)
     piece = 320
     return np.concatenate([ec.process(mic[i : i + piece]) for i in range(0, mic.size, piece)])
@@ -93,6 +98,7 @@ def run_speex(mic: Audio, reference: Audio) -> Audio:
 CANDIDATES: dict[str, Runner] = {
     "off": run_off,
     "aec3-pywebrtc": run_mediaserver,
+    "aec3-pywebrtc-untracked": lambda mic, reference: run_mediaserver(mic, reference, track=False),
     "aec3-livekit": run_livekit,
     "speexdsp": run_speex,
 }
@@ -231,13 +237,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(measure(name, run, trials, lag))
         print(f"  measured {name}", flush=True)
     header = (
-        f"{'candidate':15s} {'ERLE':>6s} {'const':>6s} {'jump':>6s} {'voiced%':>8s} {'run ms':>7s} "
+        f"{'candidate':23s} {'ERLE':>6s} {'const':>6s} {'jump':>6s} {'voiced%':>8s} {'run ms':>7s} "
         f"{'DT corr':>8s} {'(min)':>6s} {'cut corr':>8s} {'(min)':>6s} {'CPU ms/s':>9s} {'lat ms':>7s}"
     )
     print(header)
     for r in rows:
         print(
-            f"{r['name']:15s} {r['erle_db']:6.1f} {r['erle_const_db']:6.1f} {r['erle_jump_db']:6.1f} "
+            f"{r['name']:23s} {r['erle_db']:6.1f} {r['erle_const_db']:6.1f} {r['erle_jump_db']:6.1f} "
             f"{r['voiced_pct']:8.1f} {r['longest_run_ms']:7d} {r['dt_corr']:8.2f} {r['dt_corr_min']:6.2f} "
             f"{r['cut_corr']:8.2f} {r['cut_corr_min']:6.2f} {r['cpu_ms_per_s']:9.1f} {r['latency_ms']:7.1f}"
         )

@@ -1,16 +1,15 @@
 #!/usr/bin/env python3
-"""Would re-aligning the reference after a delay jump help AEC3, and can the jump be found fast?
+"""Delay jumps: what AEC3 keeps after one, alone, with the server's tracker, and at best.
 
-docs/echo.md (Limits): after the echo's delay changes, AEC3 needs seconds of echo to find the new
-delay (bench_echo.py: ERLE 13 dB over sessions with a jump, 25.5 dB with a constant delay). The
-fix it names, not written: a tracker of our own that finds the new delay and shifts the reference
-so that AEC3 keeps seeing the delay it has converged on. Before writing it into the server this
+docs/echo.md (Limits): after the echo's delay changes, AEC3 alone needs seconds of echo to find the
+new delay. The server's ``DelayTracker`` (audio/echo_delay.py, ``echo_delay_track_s``) finds it by
+GCC-PHAT and shifts the reference so that AEC3 keeps seeing the delay it converged on. This
 measures, on bench_echo.py's sessions with a jump (tests/echo_room.py, the server's
 ``EchoCanceller`` in 20 ms pieces):
 
-- **the ceiling**: AEC3 fed the reference re-aligned at the jump itself by the true change (an
-  oracle), against the reference as played: ERLE and echo frames webrtcvad still voices, after
-  the jump;
+- **ERLE and echo frames webrtcvad still voices after the jump**: the reference as played (AEC3
+  alone), the server's tracker at its default settings, and the reference re-aligned at the jump
+  itself by the true change (an oracle: the ceiling);
 - **finding the jump**: GCC-PHAT between the microphone and the reference over the last
   ``--window-s`` of audio every ``--hop-s``: how long after a jump its estimate lands within 2 ms of
   the new delay, and how often a window with the reference sounding is wrong elsewhere.
@@ -30,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
+from mediaserver.audio.echo_delay import gcc_phat  # noqa: E402
 from tests import echo_room as room  # noqa: E402
 from tests.echo_room import RATE, Audio, Trial  # noqa: E402
 
@@ -37,13 +37,20 @@ PIECE = 320
 MAX_DELAY_S = 0.5
 
 
-def cancel(mic: Audio, reference: Audio) -> Audio:
+def cancel(mic: Audio, reference: Audio, *, track: bool = False) -> tuple[Audio, int, int | None]:
+    """The server's canceller, without its delay tracker or (``track``) with it at the defaults
+    (audio/echo_delay.py): the output, how often the tracker moved the reference, and the sample
+    where it last did."""
     from mediaserver.audio.echo import OUTPUT_LATENCY_SAMPLES, EchoCanceller
+    from mediaserver.audio.echo_delay import DelayTracker
+    from mediaserver.config import Settings
 
-    ec = EchoCanceller()
+    tracker = DelayTracker.of(Settings()) if track else None
+    ec = EchoCanceller(tracker=tracker)
     ec.played(reference, 0)
     out = np.concatenate([ec.process(mic[i : i + PIECE]) for i in range(0, mic.size, PIECE)])
-    return np.concatenate([out[OUTPUT_LATENCY_SAMPLES:], np.zeros(OUTPUT_LATENCY_SAMPLES, np.float32)])
+    out = np.concatenate([out[OUTPUT_LATENCY_SAMPLES:], np.zeros(OUTPUT_LATENCY_SAMPLES, np.float32)])
+    return out, 0 if tracker is None else tracker.shifts, ec.shifted_at
 
 
 def realigned(trial: Trial) -> Audio:
@@ -61,46 +68,6 @@ def realigned(trial: Trial) -> Audio:
     return out
 
 
-def tracked(trial: Trial, estimates: list[tuple[int, int | None]]) -> tuple[Audio, list[tuple[int, int]]]:
-    """The reference as a tracker would re-align it, acting only on what it has heard so far: the
-    first confirmed estimate (two windows in a row within 2 ms) is the delay AEC3 converges on;
-    a confirmed estimate more than 2 ms from where the echo should be is a jump, and the reference
-    fed from then on is shifted by the change. Also the (sample, shift) of each change."""
-    tolerance = RATE // 500
-    baseline: int | None = None
-    shift, previous = 0, None
-    changes: list[tuple[int, int]] = []
-    for end, lag in estimates:
-        confirmed = lag is not None and previous is not None and abs(lag - previous) <= tolerance
-        previous = lag
-        if not confirmed or lag is None:
-            continue
-        if baseline is None:
-            baseline = lag
-        elif abs(lag - (baseline + shift)) > tolerance:
-            shift = lag - baseline
-            changes.append((end, shift))
-    out = trial.reference.copy()
-    for i, (start, change) in enumerate(changes):
-        end = changes[i + 1][0] if i + 1 < len(changes) else out.size
-        src = np.arange(start, end) - change
-        ok = (src >= 0) & (src < trial.reference.size)
-        out[start:end] = 0.0
-        out[start:end][ok] = trial.reference[src[ok]]
-    return out, changes
-
-
-def gcc_phat(mic: Audio, ref: Audio, max_lag: int) -> tuple[int, float]:
-    """The lag (samples, mic behind ref) of the sharpest GCC-PHAT peak, and its sharpness (the peak
-    over the mean absolute correlation)."""
-    n = 1 << int(np.ceil(np.log2(mic.size + ref.size)))
-    spectrum = np.fft.rfft(mic, n) * np.conj(np.fft.rfft(ref, n))
-    spectrum /= np.abs(spectrum) + 1e-12
-    cc = np.fft.irfft(spectrum, n)[: max_lag + 1]
-    lag = int(np.argmax(cc))
-    return lag, float(cc[lag] / (np.mean(np.abs(cc)) + 1e-12))
-
-
 def track(trial: Trial, window_s: float, hop_s: float, min_sharpness: float) -> list[tuple[int, int | None]]:
     """(end sample, estimated delay or None) for each window whose reference sounds."""
     window, hop, max_lag = int(window_s * RATE), int(hop_s * RATE), int(MAX_DELAY_S * RATE)
@@ -109,7 +76,7 @@ def track(trial: Trial, window_s: float, hop_s: float, min_sharpness: float) -> 
         ref = trial.reference[end - window : end]
         if room.rms(ref) < 0.01:
             continue
-        lag, sharp = gcc_phat(trial.mic[end - window : end], ref, max_lag)
+        lag, sharp, _ = gcc_phat(trial.mic[end - window : end], ref, max_lag)
         estimates.append((end, lag if sharp >= min_sharpness else None))
     return estimates
 
@@ -144,15 +111,16 @@ def main() -> None:
     rows = []
     tracked_rows: list[tuple[tuple[float, float], int]] = []
     found_after: list[float] = []
+    shifted_after: list[float] = []  # the server's tracker: its last shift, after the jump
     wrong = total = wrong_confirmed = total_confirmed = 0
     for k, trial in enumerate(trials):
         jump_at = after_jump(trial)
-        plain = measure(cancel(trial.mic, trial.reference), trial, jump_at)
-        oracle = measure(cancel(trial.mic, realigned(trial)), trial, jump_at)
+        plain = measure(cancel(trial.mic, trial.reference)[0], trial, jump_at)
+        oracle = measure(cancel(trial.mic, realigned(trial))[0], trial, jump_at)
         old, new = trial.delays[0][1], trial.delays[1][1]
         estimates = track(trial, args.window_s, args.hop_s, args.min_sharpness)
-        reference, changes = tracked(trial, estimates)
-        tracking = measure(cancel(trial.mic, reference), trial, jump_at)
+        out, shifts, shifted_at = cancel(trial.mic, trial.reference, track=True)
+        tracking = measure(out, trial, jump_at)
         found = None
         previous: int | None = None
         for end, lag in estimates:
@@ -173,19 +141,24 @@ def main() -> None:
             print(f"session {k:2d}: no echo after the jump: left out", flush=True)
             continue
         found_after.append(found if found is not None else float("nan"))
+        if shifted_at is not None and shifted_at > jump_at:
+            shifted_after.append((shifted_at - jump_at) / RATE)
         rows.append((k, old * 1000 // RATE, new * 1000 // RATE, plain, oracle, found))
-        tracked_rows.append((tracking, len(changes)))
+        tracked_rows.append((tracking, shifts))
         print(
             f"session {k:2d}: delay {old * 1000 // RATE:3d} -> {new * 1000 // RATE:3d} ms  "
             f"ERLE after the jump {plain[0]:5.1f} dB (voiced {plain[1]:4.1f} %), re-aligned {oracle[0]:5.1f} dB "
             f"(voiced {oracle[1]:4.1f} %), tracked {tracking[0]:5.1f} dB (voiced {tracking[1]:4.1f} %, "
-            f"{len(changes)} shifts)  new delay confirmed after {'-' if found is None else f'{found:.2f} s'}",
+            f"{shifts} shifts)  new delay confirmed after {'-' if found is None else f'{found:.2f} s'}",
             flush=True,
         )
     print(
-        f"tracked (acting on confirmed estimates): ERLE after the jump median "
+        f"the server's tracker (audio/echo_delay.py, the default settings): ERLE after the jump median "
         f"{np.median([t[0][0] for t in tracked_rows]):.1f} dB, echo frames voiced "
-        f"{np.mean([t[0][1] for t in tracked_rows]):.1f} %, {sum(t[1] for t in tracked_rows)} shifts in all"
+        f"{np.mean([t[0][1] for t in tracked_rows]):.1f} %, {sum(t[1] for t in tracked_rows)} shifts in all; the "
+        f"reference moved {np.median(shifted_after) if shifted_after else float('nan'):.2f} s after the jump "
+        f"(median of {len(shifted_after)}; {min(shifted_after, default=float('nan')):.2f}-"
+        f"{max(shifted_after, default=float('nan')):.2f} s)"
     )
     plain_erle = [r[3][0] for r in rows]
     oracle_erle = [r[4][0] for r in rows]
@@ -220,7 +193,7 @@ def plot(
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     x = np.arange(len(rows))
     axes[0].bar(x - 0.27, [r[3][0] for r in rows], 0.27, label="reference as played")
-    axes[0].bar(x, tracked_erle, 0.27, label="re-aligned by the GCC-PHAT tracker")
+    axes[0].bar(x, tracked_erle, 0.27, label="the server's delay tracker")
     axes[0].bar(x + 0.27, [r[4][0] for r in rows], 0.27, label="re-aligned at the jump (oracle)")
     axes[0].set_title("ERLE after the delay jump (dB)")
     axes[0].set_xticks(x, [f"{r[1]}→{r[2]}" for r in rows], rotation=60, fontsize=7)

@@ -91,14 +91,22 @@ def speech_starts(
     onset_ms: float = 0.0,
     hold_s: float = 0.0,
     onset_gap_ms: float = 100.0,
+    track: bool = True,
+    residual: float = 0.0,
 ) -> tuple[list[float], np.ndarray]:
     """(speech starts in s, the canceller's output): a stream's canceller and segmenter, gated or not
     (``ends``: a list given gets where each utterance ended, in s of the stream; ``canceller``: a
-    fresh one to use instead of the server's, tools/aec3_config.py)."""
+    fresh one to use instead of the server's, tools/aec3_config.py; ``track``: the server's, with its
+    delay tracker at the default settings, or without)."""
     from mediaserver.audio.echo import EchoCanceller, SpeechGate
+    from mediaserver.audio.echo_delay import RESIDUAL_WINDOW_S, DelayTracker, ResidualEcho
     from mediaserver.audio.segmenter import Discarded, SpeechStart, Utterance, VadSegmenter
+    from mediaserver.config import Settings
 
-    canceller = canceller if canceller is not None else EchoCanceller()
+    if canceller is None:
+        settings = Settings()
+        residual_echo = ResidualEcho(RESIDUAL_WINDOW_S, settings.echo_delay_track_max_ms)
+        canceller = EchoCanceller(tracker=DelayTracker.of(settings) if track else None, residual=residual_echo)
     canceller.played(reference, 0)
     segmenter = VadSegmenter()
     if margin_db > 0:
@@ -111,6 +119,7 @@ def speech_starts(
             onset_ms=onset_ms,
             onset_gap_ms=onset_gap_ms,
             hold_s=hold_s,
+            residual=residual,
         )
     starts, out = [], []
     for i in range(0, mic.size, PIECE):
@@ -152,7 +161,9 @@ def variants(margin_db: float, converge_s: float, onset_ms: float, hold_s: float
     ]
 
 
-def barge_ins(gates: list[Variant], tail_ms: float, removed_db: float, onset_gap_ms: float) -> None:
+def barge_ins(
+    gates: list[Variant], tail_ms: float, removed_db: float, onset_gap_ms: float, track: bool, residual: float
+) -> None:
     """The harder rooms of tools/bench_echo.py (17 sessions of 3 answers, RT60 0.3 s, 20-300 ms, the
     delay jumping in every other one; real human recordings barging in during the last answer of two
     sessions in three), per gate: speech starts in the echo before any person speaks, and how soon a
@@ -182,6 +193,8 @@ def barge_ins(gates: list[Variant], tail_ms: float, removed_db: float, onset_gap
                 onset_ms=onset_ms,
                 hold_s=hold_s,
                 onset_gap_ms=onset_gap_ms,
+                track=track,
+                residual=residual,
             )
             leaks[label][jump] += sum(1 for t in starts if first_echo <= t < onset - 0.1)
             if not person:
@@ -229,6 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--hold-s", type=float, default=defaults.echo_speech_gate_hold_s)
     parser.add_argument("--noise-dbfs", type=float, default=-60.0, help="the microphone's noise floor")
+    parser.add_argument(
+        "--track",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the canceller's delay tracker (echo_delay_track_s; on by default)",
+    )
+    parser.add_argument(
+        "--residual",
+        type=float,
+        default=defaults.echo_speech_gate_residual,
+        help="the gate's residual-echo rule (echo_speech_gate_residual; 0 = off)",
+    )
     parser.add_argument("--plot", type=Path)
     parser.add_argument(
         "--barge-ins", action=argparse.BooleanOptionalAction, default=True, help="the person's side too (30 s)"
@@ -268,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                 onset_ms=onset_ms,
                 hold_s=hold_s,
                 onset_gap_ms=args.onset_gap_ms,
+                track=args.track,
+                residual=args.residual,
             )
             found[label] = starts
             out = cleaned if margin == 0 else out
@@ -279,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'all':>24s}  " + " / ".join(str(totals[label].tolist()) for label, *_ in gates))
     print("speech starts in the echo: " + ", ".join(f"{label} {totals[label].sum()}" for label, *_ in gates))
     if args.barge_ins:
-        barge_ins(gates, args.tail_ms, args.removed_db, args.onset_gap_ms)
+        barge_ins(gates, args.tail_ms, args.removed_db, args.onset_gap_ms, args.track, args.residual)
     if args.plot and shown is not None:
         plot(args.plot, answers, *shown)
         print(f"plot: {args.plot}")

@@ -24,12 +24,14 @@ arrives; AEC3 itself delays its output by 128 samples (8 ms, two of its 4 ms blo
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from itertools import islice
 from typing import Any, Final, Literal
 
 import numpy as np
 
+from mediaserver.audio.echo_delay import DelayTracker, ResidualEcho
 from mediaserver.audio.echo_presence import EchoPresence
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
@@ -47,19 +49,35 @@ REFERENCE_SOUND: Final = 1e-3  # reference frames with a sample louder than this
 ONSET_GAP_MS: Final = 100.0  # reference quiet this long, then sound: an onset (echo_speech_gate_onset_gap_ms)
 MAX_STRETCHES: Final = 64  # stretches of reference sound remembered (onsets further back are not asked for)
 NEVER_FRAMES: Final = 1 << 30  # the quiet before the first sound: longer than any gap
+TRACK_REMOVED_MS: Final = 500  # the tracker shifts only while the canceller removed little over this long
+
+log = logging.getLogger(__name__)
 
 
 class EchoCanceller:
     """AEC3 for one stream: ``played`` records the reference, ``process`` cleans the microphone."""
 
-    def __init__(self, sample_rate: int = SAMPLE_RATE_HZ, *, detect: EchoPresence | None = None) -> None:
+    def __init__(
+        self,
+        sample_rate: int = SAMPLE_RATE_HZ,
+        *,
+        detect: EchoPresence | None = None,
+        tracker: DelayTracker | None = None,
+        residual: ResidualEcho | None = None,
+    ) -> None:
         """``detect``: ``echo_cancellation: auto``: the output is the canceller's only where the
         microphone is heard to carry the echo (audio/echo_presence.py); elsewhere the microphone
-        passes, as late as the canceller's output."""
+        passes, as late as the canceller's output. ``tracker``: re-aligns the reference AEC3 gets
+        after the echo's delay jumps (audio/echo_delay.py); None: AEC3 alone follows it. ``residual``:
+        measures whether the output is still the echo, for the speech gate (audio/echo_delay.py)."""
         if sample_rate != SAMPLE_RATE_HZ:
             raise ValueError(f"EchoCanceller runs at {SAMPLE_RATE_HZ} Hz, got {sample_rate}")
         self._aec: Any = None
         self.detect = detect
+        self.tracker = tracker
+        self.residual = residual
+        if residual is not None:
+            residual.latency = OUTPUT_LATENCY_SAMPLES
         self.reset()
 
     def reset(self) -> None:
@@ -69,7 +87,8 @@ class EchoCanceller:
         self._aec = Aec3(SAMPLE_RATE_HZ, 1, 0)
         self._position = 0  # stream clock: microphone samples taken so far (held ones included)
         self._carry = np.zeros(0, np.float32)  # microphone samples waiting for a whole frame
-        self._ref_start = 0  # stream-clock sample of self._ref[0]
+        self._next = 0  # stream-clock sample of the next frame to process
+        self._ref_start = 0  # stream-clock sample of self._ref[0] (the tracker's shift reads back from _next)
         self._ref = np.zeros(0, np.float32)
         self._active = False  # has any reference been recorded since the reset?
         self._mic_tail = np.zeros(OUTPUT_LATENCY_SAMPLES, np.float32)  # microphone samples AEC3's output lags by
@@ -81,8 +100,13 @@ class EchoCanceller:
         # The latest stretches of reference sound: (stream clock at the start, frames without sound before it).
         self._stretches: deque[tuple[int, int]] = deque(maxlen=MAX_STRETCHES)
         self._restarts: deque[int] = deque(maxlen=MAX_STRETCHES)  # stream clock where playback started afresh
+        self.shifted_at: int | None = None  # stream clock where the tracker last moved the reference
         if self.detect is not None:
             self.detect.reset()
+        if self.tracker is not None:
+            self.tracker.reset()
+        if self.residual is not None:
+            self.residual.reset()
 
     @property
     def passing(self) -> bool:
@@ -145,7 +169,7 @@ class EchoCanceller:
             return
         if at_sample - self._position > MAX_REFERENCE_AHEAD_S * SAMPLE_RATE_HZ:
             raise ValueError(f"reference at sample {at_sample} is too far ahead of {self._position}")
-        skip = max(0, self._ref_start - at_sample)
+        skip = max(0, self._next - at_sample)
         if skip >= samples.size:
             return
         samples, at_sample = samples[skip:], at_sample + skip
@@ -168,9 +192,12 @@ class EchoCanceller:
             return
         self._carry = np.zeros(0, np.float32)  # a held partial frame does not join audio after a gap
         self._position += samples
-        consumed = max(0, self._position - self._ref_start)  # the reference of the gap, unheard
-        self._ref = self._ref[consumed:]
-        self._ref_start = max(self._ref_start, self._position)
+        self._next = self._position
+        self._trim()  # the reference of the gap, unheard
+        if self.tracker is not None:
+            self.tracker.gap()
+        if self.residual is not None:
+            self.residual.reset()
 
     def process(self, mic16k: AudioArray) -> AudioArray:
         """Microphone audio (16 kHz float32, any length) → the same with the echo removed.
@@ -186,17 +213,29 @@ class EchoCanceller:
         if usable == 0:
             return np.zeros(0, np.float32)
         frames = data[:usable]
+        self._next = start + usable
         if not self._active:
-            self._ref_start = start + usable
+            self._trim()
             return frames.copy()
-        reference = self._take_reference(start, usable)
+        reference = self._read(start, usable)  # as played
+        fed = reference
+        if self.tracker is not None and not self.passing:
+            if self.tracker.push(frames, reference, self.removed_db(TRACK_REMOVED_MS, 0)):
+                self.shifted_at = start + usable
+                log.info(
+                    "echo: the delay moved; the reference goes to AEC3 %d ms later than played",
+                    self.tracker.shift * 1000 // SAMPLE_RATE_HZ,
+                )
+            if self.tracker.shift:
+                fed = self._read(start - self.tracker.shift, usable)
+        self._trim()
         self._processed_to = start + usable
         loud = np.abs(reference) > REFERENCE_SOUND
         sound = np.flatnonzero(loud)
         if sound.size:
             self._reference_to = start + int(sound[-1]) + 1
         self._track_stretches(np.asarray(loud.reshape(-1, FRAME_SAMPLES).any(axis=1)), start)
-        out = np.asarray(self._aec.process(np.ascontiguousarray(frames), reference), np.float32)
+        out = np.asarray(self._aec.process(np.ascontiguousarray(frames), fed), np.float32)
         aligned = np.concatenate([self._mic_tail, frames])  # the microphone as late as AEC3's output
         self._mic_tail = aligned[-OUTPUT_LATENCY_SAMPLES:].copy()
         n = out.size // FRAME_SAMPLES
@@ -204,6 +243,8 @@ class EchoCanceller:
             self.detect.push(_frame_power(reference, n), _frame_power(frames, n))
             if self.detect.echo is False:
                 out = aligned[: out.size].copy()
+        if self.residual is not None:
+            self.residual.push(frames, reference, out)
         # Each output frame's energy beside the microphone's for the same audio.
         self._removed.extend(zip(_frame_power(aligned, n), _frame_power(out, n), strict=True))
         return out
@@ -249,18 +290,23 @@ class EchoCanceller:
         mic, out = sum(m for m, _ in span), sum(o for _, o in span)
         return float(10.0 * np.log10(max(mic, 1e-12) / max(out, 1e-12)))
 
-    def _take_reference(self, start: int, count: int) -> AudioArray:
+    def _read(self, start: int, count: int) -> AudioArray:
         """The reference for stream-clock samples ``start`` .. ``start + count`` (zeros where none
-        was recorded), dropping it from the buffer."""
+        was recorded)."""
         reference = np.zeros(count, np.float32)
         lo = max(start, self._ref_start)
         hi = min(start + count, self._ref_start + self._ref.size)
         if hi > lo:
             reference[lo - start : hi - start] = self._ref[lo - self._ref_start : hi - self._ref_start]
-        consumed = max(0, start + count - self._ref_start)
-        self._ref = self._ref[consumed:]
-        self._ref_start = max(self._ref_start, start + count)
         return reference
+
+    def _trim(self) -> None:
+        """Drop the reference before ``_next``, less what the tracker may still shift back to."""
+        keep_from = self._next - (self.tracker.max_lag if self.tracker is not None else 0)
+        drop = max(0, keep_from - self._ref_start)
+        if drop:
+            self._ref = self._ref[drop:]
+            self._ref_start += drop
 
 
 class SpeechGate:
@@ -315,8 +361,11 @@ class SpeechGate:
         onset_gap_ms: float = ONSET_GAP_MS,
         hold_s: float = 0.0,
         restart_ms: float = 0.0,
+        residual: float = 0.0,
     ) -> None:
         self.canceller = canceller
+        self.residual = residual
+        self.residual_held = 0  # voiced frames held because the output was still the echo
         self.restart_ms = restart_ms
         self.onset_gap_ms = onset_gap_ms
         self.margin_db = margin_db
@@ -343,11 +392,13 @@ class SpeechGate:
             onset_gap_ms=settings.echo_speech_gate_onset_gap_ms,
             hold_s=settings.echo_speech_gate_hold_s,
             restart_ms=settings.echo_speech_gate_restart_ms,
+            residual=settings.echo_speech_gate_residual,
         )
 
-    def __call__(self, frame: AudioArray, after: int = 0) -> bool:
+    def __call__(self, frame: AudioArray, after: int = 0, voiced: bool = True) -> bool:
         """Whether this frame (the segmenter's, cut from the canceller's output) may count towards a
-        speech start; ``after``: the samples of that output after the frame's end."""
+        speech start; ``after``: the samples of that output after the frame's end; ``voiced``: the
+        VAD heard it, and no utterance is under way (only then is the residual echo measured)."""
         self.last_suspect = False
         power = float(np.mean(np.square(frame, dtype=np.float64))) if frame.size else 0.0
         level = 10.0 * np.log10(power + 1e-12)
@@ -361,6 +412,9 @@ class SpeechGate:
         since = self.canceller.since_reference_ms  # (at the end of the canceller's output, ``after`` past the frame)
         if since is None or since - after_ms > self.tail_ms:
             return True
+        if voiced and self.residual > 0 and self._still_echo():
+            self.residual_held += 1
+            return False
         if self.canceller.reference_heard_s < self.hold_s:
             return False  # AEC3 has not found the echo yet: it passes it whole, as loud as a person
         onset = self.canceller.since_onset_ms(self.onset_gap_ms) if self.onset_ms > 0 else None
@@ -375,6 +429,13 @@ class SpeechGate:
             )
             return True
         return self._like_a_person(frame, level, after)
+
+    def _still_echo(self) -> bool:
+        """The canceller's output over the last moments correlates with the answer audio at the delay
+        the microphone does (``ResidualEcho``): what passed is the echo, whatever its level."""
+        check = self.canceller.residual
+        sharpness = check.sharpness() if check is not None else None
+        return sharpness is not None and sharpness >= self.residual
 
     def _like_a_person(self, frame: AudioArray, level: float, after: int) -> bool:
         """The rule over the echo: ``margin_db`` above the output's floor, and less than

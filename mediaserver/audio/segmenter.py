@@ -85,7 +85,7 @@ class VadSegmenter:
         # Asked about each frame, with how many samples were pushed after it: may it count towards a
         # speech start? (audio/echo.py SpeechGate: not what the echo canceller leaks.) None: every
         # voiced frame does.
-        self.gate: Callable[[AudioArray, int], bool] | None = None
+        self.gate: Callable[[AudioArray, int, bool], bool] | None = None
 
     @property
     def in_speech(self) -> bool:
@@ -162,7 +162,8 @@ class VadSegmenter:
         cfg = self.config
         voiced = bool(self._vad.is_speech(float_to_pcm16(frame), SAMPLE_RATE_HZ))
         self._position_ms += cfg.frame_ms
-        starts = self.gate(frame, after) if self.gate is not None else True  # (the gate sees every frame)
+        # (The gate sees every frame; it measures more where the frame would count towards a start.)
+        starts = self.gate(frame, after, voiced and not self._in_speech) if self.gate is not None else True
         if not self._in_speech:
             self._preroll.append(frame)
             self._recent.append(voiced and starts)

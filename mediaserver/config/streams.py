@@ -196,6 +196,14 @@ class StreamSettings(BaseModel):
         "inside words); answer audio sent this long after the audio sent before ended restarts the device's "
         "playback (echo_speech_gate_restart_ms)",
     )
+    echo_speech_gate_residual: float = Field(
+        0.0,
+        ge=0,
+        description="... a voiced frame in the echo does not count towards a speech start while the canceller's "
+        "output over the last 0.4 s correlates with the answer audio at the delay the microphone does (GCC-PHAT: "
+        "its peak there this many times its mean; what AEC3 let through is the echo, a person is not: "
+        "tools/echo_leaks.py); 0 = off",
+    )
     echo_speech_gate_tail_ms: int = Field(
         600,
         ge=0,
@@ -206,6 +214,28 @@ class StreamSettings(BaseModel):
         gt=0,
         description="... and only audio the canceller took less than this out of (dB): a person speaking over the "
         "answer is mostly kept, what is left of the echo is not (docs/echo.md)",
+    )
+
+    echo_delay_track_s: float = Field(
+        1.0,
+        ge=0,
+        le=10,
+        description="server echo cancellation: the delay tracker's window (s; GCC-PHAT between the microphone and "
+        "the answer audio, every quarter of it): after the echo's delay jumps (a player that buffers more) it "
+        "re-aligns the reference so AEC3 keeps the delay it converged on, instead of searching for seconds "
+        "(audio/echo_delay.py, tools/echo_delay_track.py); 0 = off (AEC3 alone follows the delay)",
+    )
+    echo_delay_track_max_ms: int = Field(
+        500,
+        ge=10,
+        le=2000,
+        description="... the longest echo delay it looks for (ms)",
+    )
+    echo_delay_track_lost_db: float = Field(
+        12.0,
+        gt=0,
+        description="... it moves the reference only while the canceller took less than this out of the microphone "
+        "(dB, the median over the last 0.5 s of its output with sound): it has lost the echo",
     )
 
     echo_mic_gap_ms: int = Field(

@@ -136,7 +136,7 @@ class Marking:
     def __init__(self, every: int) -> None:
         self.every, self.asked, self.last_suspect = every, 0, False
 
-    def __call__(self, frame: np.ndarray, after: int = 0) -> bool:
+    def __call__(self, frame: np.ndarray, after: int = 0, voiced: bool = True) -> bool:
         self.asked += 1
         self.last_suspect = self.every > 0 and self.asked % self.every == 0
         return True

@@ -1,0 +1,117 @@
+"""mediaserver.audio.echo_delay: the delay tracker in front of AEC3, on the simulated device
+(tests/echo_room.py) with Piper answers as the far end.
+
+After the echo's delay jumps, AEC3 alone needs seconds to find it (ERLE 13.6 dB over the echo from
+2 s after the jump measured on the first session here); the tracker finds it in about a second and
+moves the reference, so AEC3 keeps the delay it converged on (40.7 dB).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mediaserver.audio.echo import OUTPUT_LATENCY_SAMPLES, EchoCanceller
+from mediaserver.audio.echo_delay import DelayTracker
+from mediaserver.audio.echo_line import EchoLine
+from mediaserver.config import Settings
+from tests import echo_room as room
+from tests.echo_room import RATE, Audio, Trial
+
+MS = RATE // 1000
+
+
+def cancel(trial: Trial, tracker: DelayTracker | None) -> tuple[Audio, EchoCanceller]:
+    ec = EchoCanceller(tracker=tracker)
+    ec.played(trial.reference, 0)
+    out = np.concatenate([ec.process(trial.mic[i : i + 320]) for i in range(0, trial.mic.size, 320)])
+    return np.concatenate([out[OUTPUT_LATENCY_SAMPLES:], np.zeros(OUTPUT_LATENCY_SAMPLES, np.float32)]), ec
+
+
+def erle_after(trial: Trial, out: Audio, seconds: float) -> float:
+    """ERLE over the echo-only frames from ``seconds`` after the delay jump."""
+    echo_only, _ = trial.frames()
+    mask = echo_only[: out.size // room.VAD_FRAME].copy()
+    mask[: (trial.delays[1][0] + int(seconds * RATE)) // room.VAD_FRAME] = False
+    assert mask.sum() > 100
+    return room.erle_db(trial.mic, out, mask)
+
+
+@pytest.fixture(scope="module")
+def jump_up(answers: list[Audio]) -> Trial:
+    return room.simulate([*answers, *answers], np.random.default_rng(3), delays_ms=[60, 260])
+
+
+@pytest.fixture(scope="module")
+def untracked(jump_up: Trial) -> float:
+    out, _ = cancel(jump_up, None)
+    return erle_after(jump_up, out, 2.0)
+
+
+def test_a_later_echo_is_found_within_two_seconds_and_cancelled_as_before(jump_up: Trial, untracked: float) -> None:
+    tracker = DelayTracker(1.0, 500)
+    out, ec = cancel(jump_up, tracker)
+    assert tracker.baseline is not None and abs(tracker.baseline - 60 * MS) <= 2 * MS
+    assert tracker.shifts == 1 and abs(tracker.shift - 200 * MS) <= 2 * MS
+    assert ec.shifted_at is not None and 0 < ec.shifted_at - jump_up.delays[1][0] <= 2 * RATE  # measured 0.95 s
+    tracked = erle_after(jump_up, out, 2.0)
+    assert tracked >= 30.0  # measured 40.7 dB
+    assert tracked >= untracked + 10.0  # AEC3 alone: 13.6 dB
+
+
+def test_an_earlier_echo_moves_the_reference_back(answers: list[Audio]) -> None:
+    trial = room.simulate([*answers, *answers], np.random.default_rng(5), delays_ms=[250, 40])
+    tracker = DelayTracker(1.0, 500)
+    out, _ = cancel(trial, tracker)
+    assert tracker.shifts == 1 and abs(tracker.shift + 210 * MS) <= 2 * MS
+    assert erle_after(trial, out, 2.0) >= 30.0  # measured 38.2 dB; AEC3 alone 18.1
+
+
+def test_a_person_over_a_steady_echo_moves_nothing(answers: list[Audio], person: Audio) -> None:
+    trial = room.simulate(answers, np.random.default_rng(4), near=person, delays_ms=[120], cut_after_s=0.4)
+    tracker = DelayTracker(1.0, 500)
+    cancel(trial, tracker)
+    assert tracker.baseline is not None and abs(tracker.baseline - 120 * MS) <= 2 * MS
+    assert tracker.shifts == 0
+
+
+def test_the_settings_reach_the_tracker_and_off_is_off(jump_up: Trial, untracked: float) -> None:
+    assert EchoLine.of(Settings(echo_delay_track_s=0)).canceller.tracker is None
+    assert DelayTracker.of(Settings(echo_delay_track_s=0)) is None
+    tracker = EchoLine.of(
+        Settings(echo_delay_track_s=0.5, echo_delay_track_max_ms=300, echo_delay_track_lost_db=3)
+    ).canceller.tracker
+    assert tracker is not None
+    assert (tracker.window, tracker.hop, tracker.max_lag, tracker.lost_db) == (8000, 2000, 300 * MS, 3.0)
+    default = EchoLine().canceller.tracker  # the server's default
+    assert default is not None and (default.window, default.max_lag) == (RATE, 500 * MS)
+
+
+@pytest.mark.parametrize(
+    ("settings", "found"),
+    [
+        (Settings(echo_delay_track_s=0.5), True),  # half-second windows find it too
+        (Settings(echo_delay_track_max_ms=200), False),  # the new delay (260 ms) is past the longest looked for
+        (Settings(echo_delay_track_lost_db=0.5), False),  # the canceller still removes more than 0.5 dB
+    ],
+)
+def test_the_settings_change_what_is_found(jump_up: Trial, untracked: float, settings: Settings, found: bool) -> None:
+    tracker = DelayTracker.of(settings)
+    out, _ = cancel(jump_up, tracker)
+    assert tracker is not None and (abs(tracker.shift - 200 * MS) <= 2 * MS) == found
+    assert (erle_after(jump_up, out, 2.0) >= untracked + 10.0) == found
+
+
+def test_a_gap_in_the_microphone_starts_the_windows_again(jump_up: Trial) -> None:
+    ec = EchoCanceller(tracker=DelayTracker(1.0, 500))
+    ec.played(jump_up.reference, 0)
+    for i in range(0, 8 * RATE, 320):
+        ec.process(jump_up.mic[i : i + 320])
+    tracker = ec.tracker
+    assert tracker is not None and tracker.baseline is not None
+    estimates = tracker.estimates
+    ec.skip(RATE // 2)  # the device sent nothing for 0.5 s
+    for i in range(8 * RATE + RATE // 2, 8 * RATE + RATE, 320):
+        ec.process(jump_up.mic[i : i + 320])
+    assert tracker.estimates == estimates  # a whole window of audio after the gap is needed first
+    assert tracker.shifts == 0

@@ -80,10 +80,10 @@ def parse_scenario(name: str) -> tuple[int, bool]:
 
 
 def main() -> None:
-    from mediaserver.asr.batching import PackingConfig
     from mediaserver.asr.engine import AsrJob, WhisperEngine
     from mediaserver.asr.models import assemble_base_model, bundled_tiny_en_dir
     from mediaserver.asr.scheduler import AsrScheduler
+    from mediaserver.asr.windows import PackingConfig
     from mediaserver.config import Settings
     from mediaserver.events import Transcript, TranscriptionOptions
 

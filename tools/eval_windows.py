@@ -37,9 +37,9 @@ from tests.wer import normalize
 def main() -> None:
     import jiwer
 
-    from mediaserver.asr.batching import WINDOW_S, PackingConfig
     from mediaserver.asr.engine import AsrJob, WhisperEngine
     from mediaserver.asr.models import assemble_base_model, bundled_tiny_en_dir
+    from mediaserver.asr.windows import WINDOW_S, PackingConfig
     from mediaserver.config import Settings
     from mediaserver.events import Transcript, TranscriptionOptions
 

@@ -15,11 +15,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mediaserver.asr.batching import (
+from mediaserver.asr.batching import BatchDecoder
+from mediaserver.asr.engine_guards import GuardedDecodes, spans_seconds
+from mediaserver.asr.guards import GUARD_REASONS, GuardConfig
+from mediaserver.asr.jobs import AsrJob as AsrJob  # the engine interface's job, imported from here by its users
+from mediaserver.asr.jobs import BatchRun
+from mediaserver.asr.windows import (
     TIMESTAMPS_PAST_S,
     WINDOW_S,
     WINDOW_SAMPLES,
-    BatchDecoder,
     JobResult,
     Member,
     PackingConfig,
@@ -34,10 +38,6 @@ from mediaserver.asr.batching import (
     text_loops,
     window_member,
 )
-from mediaserver.asr.engine_guards import GuardedDecodes, spans_seconds
-from mediaserver.asr.guards import GUARD_REASONS, GuardConfig
-from mediaserver.asr.jobs import AsrJob as AsrJob  # the engine interface's job, imported from here by its users
-from mediaserver.asr.jobs import BatchRun
 from mediaserver.audio.vad import VadConfig, has_speech
 from mediaserver.events import (
     SAMPLE_RATE_HZ,

@@ -15,10 +15,10 @@ import logging
 import time
 from dataclasses import replace
 
-from mediaserver.asr.batching import WINDOW_S, Span, Window, WindowOutput
 from mediaserver.asr.guards import GuardConfig, GuardReason, check_text
 from mediaserver.asr.jobs import AsrJob, BatchRun
 from mediaserver.asr.window_groups import WindowGroup, shift_segments, window_groups
+from mediaserver.asr.windows import WINDOW_S, Span, Window, WindowOutput
 from mediaserver.audio.vad import VadConfig
 from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, AudioArray, Segment, Transcript
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mediaserver.asr.batching import WINDOW_S, JobResult, Span
 from mediaserver.asr.guards import GuardReason
+from mediaserver.asr.windows import WINDOW_S, JobResult, Span
 from mediaserver.events import AudioArray, Transcript, TranscriptionOptions
 
 

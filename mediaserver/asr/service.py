@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mediaserver.asr.backends import build_remote_engine
-from mediaserver.asr.batching import WINDOW_S, PackingConfig
 from mediaserver.asr.engine import AsrEngine, AsrJob, WhisperEngine
 from mediaserver.asr.guards import GuardConfig
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.remote import RemoteEngine
 from mediaserver.asr.scheduler import AsrScheduler
 from mediaserver.asr.vocabulary import with_vocabulary
+from mediaserver.asr.windows import WINDOW_S, PackingConfig
 from mediaserver.audio.vad import VadConfig
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice

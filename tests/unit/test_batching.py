@@ -9,9 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mediaserver.asr.batching import (
+from mediaserver.asr.batching import BatchDecoder
+from mediaserver.asr.engine import AsrJob, WhisperEngine
+from mediaserver.asr.models import bundled_tiny_en_dir
+from mediaserver.asr.service import AsrService
+from mediaserver.asr.windows import (
     WINDOW_SAMPLES,
-    BatchDecoder,
     Member,
     PackingConfig,
     PackingPolicy,
@@ -24,9 +27,6 @@ from mediaserver.asr.batching import (
     split_into_windows,
     text_loops,
 )
-from mediaserver.asr.engine import AsrJob, WhisperEngine
-from mediaserver.asr.models import bundled_tiny_en_dir
-from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
 from mediaserver.events import Priority, Transcript, TranscriptionOptions
 from tests.conftest import SENTENCES, long_clip

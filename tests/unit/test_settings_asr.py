@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from mediaserver.asr.batching import Window
 from mediaserver.asr.engine import AsrJob, WhisperEngine
 from mediaserver.asr.models import ModelRegistry, bundled_tiny_en_dir
 from mediaserver.asr.service import AsrService
+from mediaserver.asr.windows import Window
 from mediaserver.config import Settings
 from mediaserver.devices import choose_device
 from mediaserver.events import SAMPLE_RATE_HZ, Transcript, TranscriptionOptions

@@ -9,15 +9,20 @@ delay it converged on, it keeps about 33 dB. ``DelayTracker`` does that re-align
 (GCC-PHAT: the cross-spectrum whitened, so the peak is sharp on speech), over delays 0 to
 ``max_delay``, while the answer sounds over at least half the window. The first sharp delay two
 windows in a row agree on is the delay AEC3 converges on (the *baseline*). Then a window whose
-sharp delay is elsewhere moves the reference AEC3 gets by the change (``shift``), so that AEC3 sees
-the baseline again, but only while the canceller removes little (``lost_db``: it has lost the echo)
-and the correlation has left the delay AEC3 has (a person speaking over a steady echo, or a strong
-reflection, leaves it there). Acting on one window, not two, finds a jump a quarter second sooner
-and made no wrong shift on tools/bench_echo.py's sessions (tools/README.md, echo_delay_track.py).
+sharp delay is later moves the reference AEC3 gets by the change (``shift``: the reference is kept
+back that long), so that AEC3 sees the baseline again, but only while the canceller removes little
+(``lost_db``: it has lost the echo) and the correlation has left the delay AEC3 has (a person
+speaking over a steady echo, or a strong reflection, leaves it there). Acting on one window, not
+two, finds a jump a quarter second sooner and made no wrong shift on tools/bench_echo.py's
+sessions (tools/README.md, echo_delay_track.py). An earlier echo is left to AEC3: re-aligning for it
+would need the reference ahead of the microphone, and an answer's first moments are sent only as
+the microphone reaches them (AEC3 would get silence for them, at every answer). Where AEC3 finds a
+new delay itself (the canceller removes the echo again at a delay that moved), two windows agreeing
+move the baseline there.
 
 Written here rather than taken from a library: the bindings of AEC3 expose neither its delay
 estimator nor a delay hint that moves after it converged, and GCC-PHAT is a few lines of numpy
-(1 s windows every 0.25 s: about 7 ms of CPU per second of audio, measured beside AEC3's 50).
+(1 s windows every 0.25 s: about 5 ms of CPU per second of audio, beside the canceller's 49 ms).
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ class DelayTracker:
         self.window = max(FRAME_MIN, int(window_s * SAMPLE_RATE_HZ))
         self.hop = max(FRAME_MIN, self.window // HOPS_PER_WINDOW)
         self.max_lag = max(0, int(max_delay_ms * SAMPLE_RATE_HZ / 1000))
+        if self.max_lag > self.window // 2:
+            raise ValueError(f"the longest delay ({max_delay_ms} ms) must be at most half the window ({window_s} s)")
         self.lost_db = lost_db
         self.tolerance = int(TOLERANCE_MS * SAMPLE_RATE_HZ / 1000)
         self.reset()
@@ -95,6 +102,7 @@ class DelayTracker:
         self.shift = 0
         self.baseline: int | None = None
         self.shifts = 0  # how many times the shift changed
+        self.rebaselines = 0  # how many times AEC3 was found on a new delay of its own
         self.estimates = 0  # windows estimated
         self._clear()
 
@@ -134,15 +142,28 @@ class DelayTracker:
             if previous is not None and abs(estimate - previous) <= self.tolerance:
                 self.baseline = estimate
             return False
-        lost = removed_db is not None and removed_db < self.lost_db
         current = self.baseline + self.shift
-        if abs(estimate - current) <= self.tolerance or not lost:
+        if abs(estimate - current) <= self.tolerance:
             return False
         if 0 <= current <= self.max_lag:
             around = correlation[max(0, current - self.tolerance) : current + self.tolerance + 1]
             if float(np.max(around)) > STILL_THERE * float(correlation[estimate]):
                 return False  # the echo is still where AEC3 has it too (a person over it, a reflection)
-        self.shift = estimate - self.baseline
+        if removed_db is None or removed_db >= self.lost_db:
+            # The echo moved, yet the canceller removes it: AEC3 found the new delay itself. Once two
+            # windows agree, that is the delay it has (a later jump is measured from there).
+            if previous is not None and abs(estimate - previous) <= self.tolerance:
+                self.baseline = estimate - self.shift
+                self.rebaselines += 1
+            return False
+        # The echo comes later: AEC3 gets the reference that much later (kept back, up to max_lag).
+        # Earlier than AEC3 has it: the reference would have to be read ahead of the microphone,
+        # and an answer's first moments are sent only as the microphone reaches them: AEC3 finds
+        # an earlier delay itself, and the baseline follows it (above).
+        shift = max(0, estimate - self.baseline)
+        if shift == self.shift:
+            return False
+        self.shift = shift
         self.shifts += 1
         return True
 

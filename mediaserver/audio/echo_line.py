@@ -103,7 +103,7 @@ class EchoLine:
             track_s=settings.echo_delay_track_s,
             track_max_ms=settings.echo_delay_track_max_ms,
             track_lost_db=settings.echo_delay_track_lost_db,
-            residual=settings.echo_speech_gate_residual > 0,
+            residual=settings.echo_speech_gate_residual > 0 and settings.echo_speech_gate_db > 0,
         )
 
     def set_mode(self, mode: EchoMode, settings: Settings) -> None:

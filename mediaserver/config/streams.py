@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from mediaserver.config.keep_alive import KeepAliveSeconds, keep_alive_field
 from mediaserver.turns.words import DEFAULT_UNFINISHED_ENDINGS, DEFAULT_UNFINISHED_WORDS, FINISHED_SILENCE_MS
@@ -200,9 +200,9 @@ class StreamSettings(BaseModel):
         0.0,
         ge=0,
         description="... a voiced frame in the echo does not count towards a speech start while the canceller's "
-        "output over the last 0.4 s correlates with the answer audio at the delay the microphone does (GCC-PHAT: "
-        "its peak there this many times its mean; what AEC3 let through is the echo, a person is not: "
-        "tools/echo_leaks.py); 0 = off",
+        "output over the last 0.4 s correlates with the answer audio at the delay the microphone does (GCC-PHAT: the "
+        "microphone's peak at least 6 times its mean, the output's there this many times its own; what AEC3 let "
+        "through is the echo: tools/echo_leaks.py); it also holds a person under a louder echo (docs/echo.md); 0 = off",
     )
     echo_speech_gate_tail_ms: int = Field(
         600,
@@ -229,7 +229,8 @@ class StreamSettings(BaseModel):
         500,
         ge=10,
         le=2000,
-        description="... the longest echo delay it looks for (ms)",
+        description="... the longest echo delay it looks for (ms), at most half its window (the residual-echo check "
+        "of echo_speech_gate_residual looks as far)",
     )
     echo_delay_track_lost_db: float = Field(
         12.0,
@@ -427,3 +428,12 @@ class StreamSettings(BaseModel):
         "stream hears someone speak and the ASR has no other job; true: always (a server with cores to spare); "
         "false: only sessions that asked for partials prefill",
     )
+
+    @model_validator(mode="after")
+    def _delay_track_fits(self) -> StreamSettings:
+        if self.echo_delay_track_s > 0 and self.echo_delay_track_max_ms > 500 * self.echo_delay_track_s:
+            raise ValueError(
+                f"echo_delay_track_max_ms ({self.echo_delay_track_max_ms}) must be at most half of echo_delay_track_s "
+                f"({self.echo_delay_track_s} s): a longer delay has too little of the window to compare"
+            )
+        return self

@@ -141,6 +141,13 @@ class Metrics:
             ["found"],
             registry=self.registry,
         )
+        self.echo_delay_changes = Counter(
+            "mediaserver_echo_delay_changes",
+            "Server echo cancellation: the echo's delay moved mid-stream and the delay tracker re-aligned the answer "
+            "audio to it (moved: a later echo) or found the canceller on it by itself (followed); docs/echo.md",
+            ["change"],
+            registry=self.registry,
+        )
         self.speculative_answers = Counter(
             "mediaserver_speculative_answers",
             "Answers started before the turn ended: hit (the turn ended: sent) or miss (speech resumed: dropped)",

@@ -24,7 +24,6 @@ arrives; AEC3 itself delays its output by 128 samples (8 ms, two of its 4 ms blo
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from itertools import islice
 from typing import Any, Final, Literal
@@ -50,8 +49,6 @@ ONSET_GAP_MS: Final = 100.0  # reference quiet this long, then sound: an onset (
 MAX_STRETCHES: Final = 64  # stretches of reference sound remembered (onsets further back are not asked for)
 NEVER_FRAMES: Final = 1 << 30  # the quiet before the first sound: longer than any gap
 TRACK_REMOVED_MS: Final = 500  # the tracker shifts only while the canceller removed little over this long
-
-log = logging.getLogger(__name__)
 
 
 class EchoCanceller:
@@ -222,10 +219,6 @@ class EchoCanceller:
         if self.tracker is not None and not self.passing:
             if self.tracker.push(frames, reference, self.removed_db(TRACK_REMOVED_MS, 0)):
                 self.shifted_at = start + usable
-                log.info(
-                    "echo: the delay moved; the reference goes to AEC3 %d ms later than played",
-                    self.tracker.shift * 1000 // SAMPLE_RATE_HZ,
-                )
             if self.tracker.shift:
                 fed = self._read(start - self.tracker.shift, usable)
         self._trim()

@@ -27,6 +27,7 @@ estimator nor a delay hint that moves after it converged, and GCC-PHAT is a few 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 import numpy as np
@@ -86,6 +87,9 @@ class DelayTracker:
             raise ValueError(f"the longest delay ({max_delay_ms} ms) must be at most half the window ({window_s} s)")
         self.lost_db = lost_db
         self.tolerance = int(TOLERANCE_MS * SAMPLE_RATE_HZ / 1000)
+        # Told of each change: ("moved", the delay AEC3 now sees the echo at, ms) when the reference
+        # moved, ("followed", ...) when AEC3 found a new delay itself (the session counts and logs them).
+        self.on_change: Callable[[str, float], None] | None = None
         self.reset()
 
     @classmethod
@@ -155,6 +159,7 @@ class DelayTracker:
             if previous is not None and abs(estimate - previous) <= self.tolerance:
                 self.baseline = estimate - self.shift
                 self.rebaselines += 1
+                self._tell("followed", estimate)
             return False
         # The echo comes later: AEC3 gets the reference that much later (kept back, up to max_lag).
         # Earlier than AEC3 has it: the reference would have to be read ahead of the microphone,
@@ -165,7 +170,12 @@ class DelayTracker:
             return False
         self.shift = shift
         self.shifts += 1
+        self._tell("moved", estimate)
         return True
+
+    def _tell(self, change: str, delay: int) -> None:
+        if self.on_change is not None:
+            self.on_change(change, delay * 1000.0 / SAMPLE_RATE_HZ)
 
 
 class ResidualEcho:

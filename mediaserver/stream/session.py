@@ -224,6 +224,8 @@ class StreamSession:
         self.echo_removed = line.removed_db if line is not None else None
         if line is not None and line.canceller.detect is not None:
             line.canceller.detect.on_decide = self._echo_found
+        if line is not None and line.canceller.tracker is not None:
+            line.canceller.tracker.on_change = self._echo_delay_changed
         gate = self._segmenter.gate
         if line is None or self.settings.echo_speech_gate_db <= 0:
             self._segmenter.gate = None
@@ -241,6 +243,13 @@ class StreamSession:
             found = "is streamed faster than real time: passed" if presence.streamed else "carries no echo: passed"
         likeness = "-" if presence.likeness is None else f"{presence.likeness:.2f}"
         log.info("session %s: echo_cancellation auto: the microphone %s (likeness %s)", self.id, found, likeness)
+
+    def _echo_delay_changed(self, change: str, delay_ms: float) -> None:
+        """The echo canceller's delay tracker (audio/echo_delay.py) moved the reference to a later
+        echo, or found AEC3 on a new delay of its own."""
+        self.asr.metrics.echo_delay_changes.labels(change).inc()
+        what = "re-aligned the answer audio to it" if change == "moved" else "the canceller found it itself"
+        log.info("session %s: the echo's delay moved to %.0f ms; %s", self.id, delay_ms, what)
 
     async def feed(self, samples: AudioArray) -> None:
         """Audio from the transport: 16 kHz mono float32, any length."""

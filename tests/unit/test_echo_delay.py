@@ -50,7 +50,10 @@ def untracked(jump_up: Trial) -> float:
 
 def test_a_later_echo_is_found_within_two_seconds_and_cancelled_as_before(jump_up: Trial, untracked: float) -> None:
     tracker = DelayTracker(1.0, 500)
+    told: list[tuple[str, float]] = []
+    tracker.on_change = lambda change, delay_ms: told.append((change, delay_ms))
     out, ec = cancel(jump_up, tracker)
+    assert len(told) == 1 and told[0][0] == "moved" and abs(told[0][1] - 260) <= 2, told
     assert tracker.baseline is not None and abs(tracker.baseline - 60 * MS) <= 2 * MS
     assert tracker.shifts == 1 and abs(tracker.shift - 200 * MS) <= 2 * MS
     assert ec.shifted_at is not None and 0 < ec.shifted_at - jump_up.delays[1][0] <= 2 * RATE  # measured 0.95 s
@@ -66,8 +69,11 @@ def test_an_earlier_echo_is_left_to_aec3_and_the_baseline_follows(answers: list[
     again, so that a later jump is measured from there."""
     trial = room.simulate([*answers, *answers], np.random.default_rng(5), delays_ms=[250, 40])
     tracker = DelayTracker(1.0, 500)
+    told: list[tuple[str, float]] = []
+    tracker.on_change = lambda change, delay_ms: told.append((change, delay_ms))
     out, _ = cancel(trial, tracker)
     assert tracker.shifts == 0 and tracker.shift == 0
+    assert told and all(change == "followed" for change, _ in told) and abs(told[-1][1] - 40) <= 2, told
     assert tracker.rebaselines >= 1 and tracker.baseline is not None and abs(tracker.baseline - 40 * MS) <= 2 * MS
     alone, _ = cancel(trial, None)
     assert abs(erle_after(trial, out, 2.0) - erle_after(trial, alone, 2.0)) < 0.5  # 18.1 dB both

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
@@ -32,7 +33,7 @@ from mediaserver.events import (
 from mediaserver.stream.options import StreamOptions
 from mediaserver.stream.session import StreamSession
 from tests.conftest import SENTENCES, Clip
-from tests.echo_room import echoing_device, rms
+from tests.echo_room import echoing_device, rms, simulate
 from tests.faults import session_tasks
 from tests.human_speech import default_dir, load_clips
 
@@ -577,6 +578,28 @@ async def test_the_residual_rule_keeps_out_what_the_default_gate_lets_through(
     assert not leaks["residual"], leaks
     assert heard["residual"] and heard["residual"][0] <= onset + SAMPLE_RATE_HZ // 2, (heard, onset)
     assert heard["without"] and heard["residual"][0] - heard["without"][0] <= SAMPLE_RATE_HZ // 10
+
+
+async def test_a_delay_jump_is_counted_and_logged_by_the_session(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The echo's delay jumps from 60 to 260 ms mid-stream: the canceller's tracker re-aligns the
+    answer audio, and the session counts it (``mediaserver_echo_delay_changes_total{change="moved"}``)
+    and logs it."""
+    answers = [speech(name).audio16k.astype(np.float32) for name in ("story", "weather")]
+    trial = simulate([*answers, *answers], np.random.default_rng(3), delays_ms=[60, 260])
+    moved = asr_service.metrics.echo_delay_changes.labels("moved")
+    before = moved._value.get()
+    caplog.set_level(logging.INFO, logger="mediaserver.stream.session")
+    async with open_session(asr_service, base_settings, server_vad=True) as (session, _):
+        line = EchoLine.of(base_settings)
+        line.canceller.played(trial.reference, 0)
+        session.attach_echo(line)
+        for start in range(0, trial.mic.size, CHUNK):
+            await session.feed(line.process(trial.mic[start : start + CHUNK]))
+        assert line.canceller.tracker is not None and line.canceller.tracker.shifts == 1
+    assert moved._value.get() == before + 1
+    assert any("the echo's delay moved to" in r.getMessage() for r in caplog.records), caplog.records
 
 
 async def test_the_same_canceller_attached_again_keeps_its_speech_gate(

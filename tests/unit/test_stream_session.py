@@ -315,7 +315,8 @@ async def test_partials_start_with_enough_audio_and_keep_their_cadence(
     assert len(partial_calls) >= 2
     assert partial_calls[0][2] >= SAMPLE_RATE_HZ // 2  # the first once the utterance holds 500 ms
     starts = [c[0] for c in partial_calls]
-    assert all(b - a >= 0.3 - 1e-3 for a, b in itertools.pairwise(starts))  # never more often
+    gaps = [round(b - a, 4) for a, b in itertools.pairwise(starts)]
+    assert all(gap >= 0.3 - 1e-3 for gap in gaps), gaps  # never more often
     sizes = [c[2] for c in partial_calls]
     assert sizes == sorted(set(sizes))  # each on newer audio
     partials = recorder.of(PartialTranscript)

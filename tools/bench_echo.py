@@ -10,9 +10,10 @@ later. Each candidate processes every session in 10 ms frames, one instance per 
 
   - ``off``: the microphone as is;
   - ``aec3-pywebrtc``: WebRTC AEC3 through ``pywebrtc-audio`` via ``mediaserver.audio.echo``'s
-    ``EchoCanceller`` (fed 20 ms pieces, as a stream would) as the server runs it: AEC3's own delay
-    estimation, with the delay tracker (audio/echo_delay.py) re-aligning the reference after a jump;
-  - ``aec3-pywebrtc-untracked``: the same without the tracker (``echo_delay_track_s`` 0);
+    ``EchoCanceller`` (fed 20 ms pieces, as a stream would) as the server runs it by default: AEC3's
+    own delay estimation;
+  - ``aec3-pywebrtc-tracked``: the same with the delay tracker (audio/echo_delay.py,
+    ``echo_delay_track_s`` 1) re-aligning the reference after a jump to a later delay;
   - ``aec3-livekit``: WebRTC's APM with AEC3 + high-pass filter through ``livekit.rtc``;
   - ``speexdsp``: Speex's MDF echo canceller (``speexdsp``, 8192-tap filter: 512 ms, enough to
     cover the delay and room, since Speex has no delay estimation).
@@ -54,13 +55,12 @@ def run_off(mic: Audio, reference: Audio) -> Audio:
     return mic.copy()
 
 
-def run_mediaserver(mic: Audio, reference: Audio, *, track: bool = True) -> Audio:
-    """The server's canceller: AEC3 with the delay tracker at the default settings (``track``)."""
+def run_mediaserver(mic: Audio, reference: Audio, *, track: bool = False) -> Audio:
+    """The server's canceller: AEC3, with the delay tracker (``track``: a 1 s window; off by default)."""
     from mediaserver.audio.echo import EchoCanceller
-    from mediaserver.audio.echo_delay import DelayTracker
-    from mediaserver.config import Settings
+    from mediaserver.audio.echo_delay import TRACK_MAX_DELAY_MS, TRACK_WINDOW_S, DelayTracker
 
-    ec = EchoCanceller(tracker=DelayTracker.of(Settings()) if track else None)
+    ec = EchoCanceller(tracker=DelayTracker(TRACK_WINDOW_S, TRACK_MAX_DELAY_MS) if track else None)
     ec.played(reference, 0)
     piece = 320
     return np.concatenate([ec.process(mic[i : i + piece]) for i in range(0, mic.size, piece)])
@@ -98,7 +98,7 @@ def run_speex(mic: Audio, reference: Audio) -> Audio:
 CANDIDATES: dict[str, Runner] = {
     "off": run_off,
     "aec3-pywebrtc": run_mediaserver,
-    "aec3-pywebrtc-untracked": lambda mic, reference: run_mediaserver(mic, reference, track=False),
+    "aec3-pywebrtc-tracked": lambda mic, reference: run_mediaserver(mic, reference, track=True),
     "aec3-livekit": run_livekit,
     "speexdsp": run_speex,
 }

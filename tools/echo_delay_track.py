@@ -38,14 +38,13 @@ MAX_DELAY_S = 0.5
 
 
 def cancel(mic: Audio, reference: Audio, *, track: bool = False) -> tuple[Audio, int, int | None]:
-    """The server's canceller, without its delay tracker or (``track``) with it at the defaults
-    (audio/echo_delay.py): the output, how often the tracker moved the reference, and the sample
-    where it last did."""
+    """The server's canceller, without its delay tracker or (``track``) with it (audio/echo_delay.py,
+    a 1 s window): the output, how often the tracker moved the reference, and the sample where it
+    last did."""
     from mediaserver.audio.echo import OUTPUT_LATENCY_SAMPLES, EchoCanceller
-    from mediaserver.audio.echo_delay import DelayTracker
-    from mediaserver.config import Settings
+    from mediaserver.audio.echo_delay import TRACK_MAX_DELAY_MS, TRACK_WINDOW_S, DelayTracker
 
-    tracker = DelayTracker.of(Settings()) if track else None
+    tracker = DelayTracker(TRACK_WINDOW_S, TRACK_MAX_DELAY_MS) if track else None
     ec = EchoCanceller(tracker=tracker)
     ec.played(reference, 0)
     out = np.concatenate([ec.process(mic[i : i + PIECE]) for i in range(0, mic.size, PIECE)])
@@ -153,7 +152,7 @@ def main() -> None:
             flush=True,
         )
     print(
-        f"the server's tracker (audio/echo_delay.py, the default settings): ERLE after the jump median "
+        f"the server's tracker (audio/echo_delay.py, echo_delay_track_s 1): ERLE after the jump median "
         f"{np.median([t[0][0] for t in tracked_rows]):.1f} dB, echo frames voiced "
         f"{np.mean([t[0][1] for t in tracked_rows]):.1f} %, {sum(t[1] for t in tracked_rows)} shifts in all; the "
         f"reference moved {np.median(shifted_after) if shifted_after else float('nan'):.2f} s after the jump "

@@ -91,22 +91,23 @@ def speech_starts(
     onset_ms: float = 0.0,
     hold_s: float = 0.0,
     onset_gap_ms: float = 100.0,
-    track: bool = True,
+    track: bool = False,
     residual: float = 0.0,
 ) -> tuple[list[float], np.ndarray]:
     """(speech starts in s, the canceller's output): a stream's canceller and segmenter, gated or not
     (``ends``: a list given gets where each utterance ended, in s of the stream; ``canceller``: a
-    fresh one to use instead of the server's, tools/aec3_config.py; ``track``: the server's, with its
-    delay tracker at the default settings, or without)."""
+    fresh one to use instead of the server's, tools/aec3_config.py; ``track``: the server's with its
+    delay tracker on, a 1 s window; off by default)."""
     from mediaserver.audio.echo import EchoCanceller, SpeechGate
-    from mediaserver.audio.echo_delay import RESIDUAL_WINDOW_S, DelayTracker, ResidualEcho
+    from mediaserver.audio.echo_delay import RESIDUAL_WINDOW_S, TRACK_WINDOW_S, DelayTracker, ResidualEcho
     from mediaserver.audio.segmenter import Discarded, SpeechStart, Utterance, VadSegmenter
     from mediaserver.config import Settings
 
     if canceller is None:
         settings = Settings()
         residual_echo = ResidualEcho(RESIDUAL_WINDOW_S, settings.echo_delay_track_max_ms)
-        canceller = EchoCanceller(tracker=DelayTracker.of(settings) if track else None, residual=residual_echo)
+        tracker = DelayTracker(TRACK_WINDOW_S, settings.echo_delay_track_max_ms) if track else None
+        canceller = EchoCanceller(tracker=tracker, residual=residual_echo)
     canceller.played(reference, 0)
     segmenter = VadSegmenter()
     if margin_db > 0:
@@ -245,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--track",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the canceller's delay tracker (echo_delay_track_s; on by default)",
+        default=False,
+        help="the canceller's delay tracker (echo_delay_track_s 1; off by default)",
     )
     parser.add_argument(
         "--residual",

@@ -35,7 +35,8 @@ import numpy as np
 from mediaserver.config import Settings
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
 
-TRACK_WINDOW_S: Final = 1.0  # the defaults of echo_delay_track_s, echo_delay_track_max_ms, echo_delay_track_lost_db
+TRACK_WINDOW_S: Final = 1.0  # the window measured (echo_delay_track_s, 0 by default: off) and the defaults of
+# echo_delay_track_max_ms and echo_delay_track_lost_db
 TRACK_MAX_DELAY_MS: Final = 500.0
 TRACK_LOST_DB: Final = 12.0
 RESIDUAL_WINDOW_S: Final = 0.4  # ResidualEcho: the output's latest this long is compared

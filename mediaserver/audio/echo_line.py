@@ -24,7 +24,6 @@ from mediaserver.audio.echo_delay import (
     RESIDUAL_WINDOW_S,
     TRACK_LOST_DB,
     TRACK_MAX_DELAY_MS,
-    TRACK_WINDOW_S,
     DelayTracker,
     ResidualEcho,
 )
@@ -61,7 +60,7 @@ class EchoLine:
         streamed_ahead_s: float = STREAMED_AHEAD_S,
         align_wait_s: float = ALIGN_WAIT_S,
         restart_gap_s: float = ONSET_GAP_MS / 1000.0,
-        track_s: float = TRACK_WINDOW_S,
+        track_s: float = 0.0,  # the delay tracker's window (echo_delay_track_s; 0: off, the default)
         track_max_ms: float = TRACK_MAX_DELAY_MS,
         track_lost_db: float = TRACK_LOST_DB,
         residual: bool = False,

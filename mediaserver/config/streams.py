@@ -217,13 +217,14 @@ class StreamSettings(BaseModel):
     )
 
     echo_delay_track_s: float = Field(
-        1.0,
+        0.0,
         ge=0,
         le=10,
         description="server echo cancellation: the delay tracker's window (s; GCC-PHAT between the microphone and "
         "the answer audio, every quarter of it): after the echo's delay jumps (a player that buffers more) it "
         "re-aligns the reference so AEC3 keeps the delay it converged on, instead of searching for seconds "
-        "(audio/echo_delay.py, tools/echo_delay_track.py); 0 = off (AEC3 alone follows the delay)",
+        "(audio/echo_delay.py, tools/echo_delay_track.py; 1 is what was measured); 0 = off, the default: live "
+        "it once took a canceller that had not found the new delay for one that had (docs/echo.md)",
     )
     echo_delay_track_max_ms: int = Field(
         500,

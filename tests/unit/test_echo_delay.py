@@ -120,16 +120,18 @@ def test_the_settings_reach_the_tracker_and_off_is_off(jump_up: Trial, untracked
         Settings(echo_delay_track_s=0.5, echo_delay_track_max_ms=300)
     with pytest.raises(ValueError, match="at most half the window"):
         DelayTracker(0.5, 300)
-    default = EchoLine().canceller.tracker  # the server's default
-    assert default is not None and (default.window, default.max_lag) == (RATE, 500 * MS)
+    assert EchoLine().canceller.tracker is None  # the server's default: off
+    assert EchoLine.of(Settings()).canceller.tracker is None
+    measured = EchoLine.of(Settings(echo_delay_track_s=1.0)).canceller.tracker
+    assert measured is not None and (measured.window, measured.max_lag) == (RATE, 500 * MS)
 
 
 @pytest.mark.parametrize(
     ("settings", "found"),
     [
         (Settings(echo_delay_track_s=0.6, echo_delay_track_max_ms=300), True),  # shorter windows find it too
-        (Settings(echo_delay_track_max_ms=200), False),  # the new delay (260 ms) is past the longest looked for
-        (Settings(echo_delay_track_lost_db=0.5), False),  # the canceller still removes more than 0.5 dB
+        (Settings(echo_delay_track_s=1.0, echo_delay_track_max_ms=200), False),  # 260 ms is past the longest
+        (Settings(echo_delay_track_s=1.0, echo_delay_track_lost_db=0.5), False),  # it still removes over 0.5 dB
     ],
 )
 def test_the_settings_change_what_is_found(jump_up: Trial, untracked: float, settings: Settings, found: bool) -> None:

@@ -592,8 +592,9 @@ async def test_a_delay_jump_is_counted_and_logged_by_the_session(
     moved = asr_service.metrics.echo_delay_changes.labels("moved")
     before = moved._value.get()
     caplog.set_level(logging.INFO, logger="mediaserver.stream.session")
-    async with open_session(asr_service, base_settings, server_vad=True) as (session, _):
-        line = EchoLine.of(base_settings)
+    settings = base_settings.model_copy(update={"echo_delay_track_s": 1.0})  # (off by default)
+    async with open_session(asr_service, settings, server_vad=True) as (session, _):
+        line = EchoLine.of(settings)
         line.canceller.played(trial.reference, 0)
         session.attach_echo(line)
         for start in range(0, trial.mic.size, CHUNK):

@@ -358,7 +358,6 @@ class SpeechGate:
     ) -> None:
         self.canceller = canceller
         self.residual = residual
-        self.residual_held = 0  # voiced frames held because the output was still the echo
         self.restart_ms = restart_ms
         self.onset_gap_ms = onset_gap_ms
         self.margin_db = margin_db
@@ -406,7 +405,6 @@ class SpeechGate:
         if since is None or since - after_ms > self.tail_ms:
             return True
         if voiced and self.residual > 0 and self._still_echo():
-            self.residual_held += 1
             return False
         if self.canceller.reference_heard_s < self.hold_s:
             return False  # AEC3 has not found the echo yet: it passes it whole, as loud as a person

@@ -56,9 +56,7 @@ def gcc_phat(mic: AudioArray, reference: AudioArray, max_lag: int) -> tuple[int,
     to ``max_lag``, its sharpness (the peak over the mean absolute correlation), and the correlation
     at each delay."""
     n = 1 << int(np.ceil(np.log2(mic.size + reference.size)))
-    spectrum = np.fft.rfft(mic, n) * np.conj(np.fft.rfft(reference, n))
-    spectrum /= np.abs(spectrum) + 1e-12
-    correlation: np.ndarray = np.fft.irfft(spectrum, n)[: max_lag + 1]
+    correlation = _phat(np.fft.rfft(mic, n) * np.conj(np.fft.rfft(reference, n)), n, max_lag)
     lag = int(np.argmax(correlation))
     return lag, float(correlation[lag] / (np.mean(np.abs(correlation)) + 1e-12)), correlation
 
@@ -251,6 +249,7 @@ def _half(x: AudioArray) -> AudioArray:
 
 
 def _phat(spectrum: np.ndarray, n: int, max_lag: int) -> np.ndarray:
+    """A cross-spectrum whitened (PHAT) → the correlation at delays 0 to ``max_lag``."""
     spectrum = spectrum / (np.abs(spectrum) + 1e-12)
     correlation: np.ndarray = np.fft.irfft(spectrum, n)[: max_lag + 1]
     return correlation

@@ -20,13 +20,7 @@ from typing import Final
 
 from mediaserver.audio.decode import PcmFormat
 from mediaserver.audio.echo import ONSET_GAP_MS, EchoCanceller, EchoMode
-from mediaserver.audio.echo_delay import (
-    RESIDUAL_WINDOW_S,
-    TRACK_LOST_DB,
-    TRACK_MAX_DELAY_MS,
-    DelayTracker,
-    ResidualEcho,
-)
+from mediaserver.audio.echo_delay import RESIDUAL_WINDOW_S, DelayTracker, ResidualEcho
 from mediaserver.audio.echo_presence import EchoPresence
 from mediaserver.audio.stream_decode import PcmStreamDecoder
 from mediaserver.config import Settings
@@ -60,14 +54,13 @@ class EchoLine:
         streamed_ahead_s: float = STREAMED_AHEAD_S,
         align_wait_s: float = ALIGN_WAIT_S,
         restart_gap_s: float = ONSET_GAP_MS / 1000.0,
-        track_s: float = 0.0,  # the delay tracker's window (echo_delay_track_s; 0: off, the default)
-        track_max_ms: float = TRACK_MAX_DELAY_MS,
-        track_lost_db: float = TRACK_LOST_DB,
-        residual: bool = False,
+        tracker: DelayTracker | None = None,
+        residual_max_ms: float | None = None,
     ) -> None:
-        tracker = DelayTracker(track_s, track_max_ms, lost_db=track_lost_db) if track_s > 0 else None
-        # (the residual echo is measured only for a speech gate with echo_speech_gate_residual on)
-        measure = ResidualEcho(RESIDUAL_WINDOW_S, track_max_ms) if residual else None
+        # ``tracker``: the delay tracker (DelayTracker.of: echo_delay_track_s; None: off, the default).
+        # ``residual_max_ms``: measure the residual echo over delays up to this, for a speech gate with
+        # echo_speech_gate_residual on (None: not measured).
+        measure = ResidualEcho(RESIDUAL_WINDOW_S, residual_max_ms) if residual_max_ms is not None else None
         self.canceller = EchoCanceller(tracker=tracker, residual=measure)
         self.align_wait_s = align_wait_s
         self.restart_gap_s = restart_gap_s  # answer audio after this long without any restarts playback
@@ -99,10 +92,12 @@ class EchoLine:
             streamed_ahead_s=settings.echo_auto_streamed_ahead_s,
             align_wait_s=settings.echo_align_wait_ms / 1000.0,
             restart_gap_s=settings.echo_speech_gate_onset_gap_ms / 1000.0,
-            track_s=settings.echo_delay_track_s,
-            track_max_ms=settings.echo_delay_track_max_ms,
-            track_lost_db=settings.echo_delay_track_lost_db,
-            residual=settings.echo_speech_gate_residual > 0 and settings.echo_speech_gate_db > 0,
+            tracker=DelayTracker.of(settings),
+            residual_max_ms=(
+                settings.echo_delay_track_max_ms
+                if settings.echo_speech_gate_residual > 0 and settings.echo_speech_gate_db > 0
+                else None
+            ),
         )
 
     def set_mode(self, mode: EchoMode, settings: Settings) -> None:

@@ -107,6 +107,7 @@ PACK_TOP: tuple[str, ...] = ("CMakeLists.txt", "LICENSE", "cmake/", "common/", "
 PACK_TOP += ("src/", "tools/", "vendor/", "scripts/")
 # ggml's other backends (CUDA and the CPU are built), and what is left of the dropped parts.
 OTHER_BACKENDS = "cann et hexagon hip metal musa opencl openvino sycl virtgpu vulkan webgpu zdnn zendnn"
+UI_KEEP = ("tools/ui/CMakeLists.txt", "tools/ui/ui.h.in", "tools/ui/ui.cpp.in")
 PACK_DROP = (
     *(f"ggml/src/ggml-{backend}/" for backend in OTHER_BACKENDS.split(" ")),
     "tools/server/tests/",
@@ -119,8 +120,8 @@ def pack_keeps(relative: str) -> bool:
     """Whether ``relative`` (a path inside llama.cpp's tree) goes into the pack."""
     if not relative.startswith(PACK_TOP) or relative.startswith(PACK_DROP):
         return False
-    if relative.startswith("tools/ui/"):  # the web UI: only its CMake file, which builds an empty UI
-        return relative == "tools/ui/CMakeLists.txt"
+    if relative.startswith("tools/ui/"):  # the web UI: its CMake file, which builds an empty UI from
+        return relative in UI_KEEP  # the two templates that scripts/ui-assets.cmake fills
     if relative.startswith("scripts/"):  # shell and Python helpers; CMake includes only its .cmake files
         return relative.endswith(".cmake")
     return not relative.endswith((".md", ".png", ".jpg", ".jpeg", ".gif", ".mp3", ".mp4", ".wav"))

@@ -36,6 +36,12 @@ def test_the_pack_holds_what_cmake_needs_for_llama_server_in_30_mb(tmp_path: Pat
     cpu = configure("cpu", build_llama_cpp.DEFAULT_CMAKE_ARGS)
     assert cpu.returncode == 0, cpu.stdout[-3000:] + cpu.stderr[-3000:]
     assert "llama-server" in (tmp_path / "cpu" / "Makefile").read_text()
+    # Where the first build on a GPU machine failed (the pack held no templates of the web UI): the
+    # embedded UI's sources, generated from the pack alone (no npm, no network; an empty UI).
+    build = [cmake, "--build", str(tmp_path / "cpu"), "--target", "llama-ui-assets"]
+    ui = subprocess.run(build, capture_output=True, text=True, timeout=120)
+    assert ui.returncode == 0, ui.stdout[-3000:] + ui.stderr[-3000:]
+    assert (tmp_path / "cpu" / "tools" / "ui" / "ui.cpp").is_file()
     nvcc = build_llama_cpp.find_nvcc()
     if nvcc is not None:  # CUDA's compiler without cuBLAS nor a GPU, as pip installs it: stand-ins for both
         site, driver = tmp_path / "site" / "nvidia" / "cu13", tmp_path / "driver"

@@ -213,7 +213,8 @@ def test_the_pack_keeps_what_llama_server_builds_from_and_drops_the_rest() -> No
     keeps = gpu_check.pack_keeps
     for kept in ("CMakeLists.txt", "ggml/src/ggml-cuda/mmq.cu", "ggml/src/ggml-cpu/ops.cpp", "src/llama.cpp",
                  "tools/server/server.cpp", "tools/ui/CMakeLists.txt", "vendor/cpp-httplib/httplib.cpp",
-                 "scripts/ui-assets.cmake", "common/common.cpp", "cmake/build-info.cmake"):  # fmt: skip
+                 "tools/ui/ui.h.in", "tools/ui/ui.cpp.in", "scripts/ui-assets.cmake", "common/common.cpp",
+                 "cmake/build-info.cmake"):  # fmt: skip
         assert keeps(kept), kept
     for dropped in ("models/ggml-vocab-llama-spm.gguf", "docs/build.md", "ggml/src/ggml-vulkan/ggml-vulkan.cpp",
                     "ggml/src/ggml-metal/ggml-metal.m", "tools/ui/package.json", "tools/server/tests/unit/t.py",

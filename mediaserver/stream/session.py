@@ -15,6 +15,7 @@ Four parts live beside it: ``partials.py`` (the partial decodes and what they pr
 early final and what ends the turn in it), ``turns.py`` (the turn check: the turn model's and the
 text's scoring of pauses) and ``finals.py`` (final transcriptions, started early and sent in
 order). Closing is idempotent and cancels every task the session started.
+``echo_attach.py`` holds the session's side of a transport's echo canceller;
 ``session_registry.py`` holds the registry of open sessions (the cap, idle reaping).
 """
 
@@ -32,9 +33,7 @@ from typing import TypeVar
 import numpy as np
 
 from mediaserver.asr.service import AsrService
-from mediaserver.audio.echo import SpeechGate
 from mediaserver.audio.echo_line import EchoLine
-from mediaserver.audio.echo_presence import EchoPresence
 from mediaserver.audio.segmenter import Discarded, SegmenterConfig, SpeechStart, Utterance, VadSegmenter
 from mediaserver.config import Settings
 from mediaserver.events import (
@@ -50,6 +49,7 @@ from mediaserver.events import (
 from mediaserver.speakers.service import SpeakerService
 from mediaserver.stream import speaker
 from mediaserver.stream.answering import Answerer, HeldWords, QuestionPrefiller
+from mediaserver.stream.echo_attach import SessionEcho
 from mediaserver.stream.echo_check import EchoCheck, Hold
 from mediaserver.stream.finals import EarlyFinal, Finals, speech_ended_at
 from mediaserver.stream.options import StreamOptions, segmenter_config
@@ -129,9 +129,7 @@ class StreamSession:
         self._closed = False
         self._assistant: Answerer | None = None  # the voice loop's, set by the transport (``assistant``)
         self.speakers: SpeakerService | None = None  # set by the transport: finals then name their speaker
-        # Set by a transport that cancels echo (``attach_echo``): what the canceller took out of the
-        # audio fed from ``a`` to ``b`` ms before the latest (``EchoCheck``'s residual rule).
-        self.echo_removed: Callable[[int, int], float | None] | None = None
+        self._echo_line = SessionEcho(self.id, settings, asr.metrics)  # the transport's canceller (attach_echo)
         self.barge_in = settings.assistant_barge_in
         # A final that came in after the user had begun the next utterance: answered with that one's
         # words, or alone once it ends with none (``_answer_held``).
@@ -218,38 +216,15 @@ class StreamSession:
     # --- audio --------------------------------------------------------------------------------
 
     def attach_echo(self, line: EchoLine | None) -> None:
-        """The transport's echo canceller (audio/echo.py) cleans the audio fed here, or no longer
-        does (None): barge-in's residual rule measures it, and while its echo can be arriving only
-        speech well above its output's floor starts an utterance (``SpeechGate``)."""
-        self.echo_removed = line.removed_db if line is not None else None
-        if line is not None and line.canceller.detect is not None:
-            line.canceller.detect.on_decide = self._echo_found
-        if line is not None and line.canceller.tracker is not None:
-            line.canceller.tracker.on_change = self._echo_delay_changed
-        gate = self._segmenter.gate
-        if line is None or self.settings.echo_speech_gate_db <= 0:
-            self._segmenter.gate = None
-        elif not isinstance(gate, SpeechGate) or gate.canceller is not line.canceller:
-            # (The same canceller attached again, as a Realtime session.update does, keeps its gate:
-            # the floor it learnt is the same line's.)
-            self._segmenter.gate = SpeechGate.of(line.canceller, self.settings)
+        """The transport's echo canceller cleans the audio fed here, or no longer does (None):
+        ``SessionEcho.attach`` (echo_attach.py)."""
+        self._echo_line.attach(line, self._segmenter)
 
-    def _echo_found(self, presence: EchoPresence) -> None:
-        """``echo_cancellation`` auto decided whether this microphone carries the answers' echo."""
-        self.asr.metrics.echo_auto.labels("echo" if presence.echo else "none").inc()
-        if presence.echo:
-            found = "carries the answers' echo: cancelled"
-        else:
-            found = "is streamed faster than real time: passed" if presence.streamed else "carries no echo: passed"
-        likeness = "-" if presence.likeness is None else f"{presence.likeness:.2f}"
-        log.info("session %s: echo_cancellation auto: the microphone %s (likeness %s)", self.id, found, likeness)
-
-    def _echo_delay_changed(self, change: str, delay_ms: float) -> None:
-        """The echo canceller's delay tracker (audio/echo_delay.py) moved the reference to a later
-        echo, or found AEC3 on a new delay of its own."""
-        self.asr.metrics.echo_delay_changes.labels(change).inc()
-        what = "re-aligned the answer audio to it" if change == "moved" else "the canceller found it itself"
-        log.info("session %s: the echo's delay moved to %.0f ms; %s", self.id, delay_ms, what)
+    @property
+    def echo_removed(self) -> Callable[[int, int], float | None] | None:
+        """What the attached canceller took out of the audio fed from ``a`` to ``b`` ms before the
+        latest (``EchoCheck``'s residual rule); None: no canceller attached."""
+        return self._echo_line.removed
 
     async def feed(self, samples: AudioArray) -> None:
         """Audio from the transport: 16 kHz mono float32, any length."""

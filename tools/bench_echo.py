@@ -10,10 +10,11 @@ later. Each candidate processes every session in 10 ms frames, one instance per 
 
   - ``off``: the microphone as is;
   - ``aec3-pywebrtc``: WebRTC AEC3 through ``pywebrtc-audio`` via ``mediaserver.audio.echo``'s
-    ``EchoCanceller`` (fed 20 ms pieces, as a stream would) as the server runs it by default: AEC3's
-    own delay estimation;
-  - ``aec3-pywebrtc-tracked``: the same with the delay tracker (audio/echo_delay.py,
-    ``echo_delay_track_s`` 1) re-aligning the reference after a jump to a later delay;
+    ``EchoCanceller`` (fed 20 ms pieces, as a stream would) without the delay tracker
+    (``echo_delay_track_s`` 0): AEC3's own delay estimation;
+  - ``aec3-pywebrtc-tracked``: the same as the server runs it by default, with the delay tracker
+    (audio/echo_delay.py, ``echo_delay_track_s`` 1) re-aligning the reference after a jump to a
+    later delay;
   - ``aec3-livekit``: WebRTC's APM with AEC3 + high-pass filter through ``livekit.rtc``;
   - ``speexdsp``: Speex's MDF echo canceller (``speexdsp``, 8192-tap filter: 512 ms, enough to
     cover the delay and room, since Speex has no delay estimation).
@@ -56,7 +57,7 @@ def run_off(mic: Audio, reference: Audio) -> Audio:
 
 
 def run_mediaserver(mic: Audio, reference: Audio, *, track: bool = False) -> Audio:
-    """The server's canceller: AEC3, with the delay tracker (``track``: a 1 s window; off by default)."""
+    """The server's canceller: AEC3, with the delay tracker (``track``: a 1 s window, the default) or not."""
     from mediaserver.audio.echo import EchoCanceller
     from mediaserver.audio.echo_delay import TRACK_MAX_DELAY_MS, TRACK_WINDOW_S, DelayTracker
 

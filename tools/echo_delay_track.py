@@ -37,14 +37,16 @@ PIECE = 320
 MAX_DELAY_S = 0.5
 
 
-def cancel(mic: Audio, reference: Audio, *, track: bool = False) -> tuple[Audio, int, int | None]:
+def cancel(
+    mic: Audio, reference: Audio, *, track: bool = False, window_s: float | None = None
+) -> tuple[Audio, int, int | None]:
     """The server's canceller, without its delay tracker or (``track``) with it (audio/echo_delay.py,
     a 1 s window): the output, how often the tracker moved the reference, and the sample where it
     last did."""
     from mediaserver.audio.echo import OUTPUT_LATENCY_SAMPLES, EchoCanceller
     from mediaserver.audio.echo_delay import TRACK_MAX_DELAY_MS, TRACK_WINDOW_S, DelayTracker
 
-    tracker = DelayTracker(TRACK_WINDOW_S, TRACK_MAX_DELAY_MS) if track else None
+    tracker = DelayTracker(window_s or TRACK_WINDOW_S, TRACK_MAX_DELAY_MS) if track else None
     ec = EchoCanceller(tracker=tracker)
     ec.played(reference, 0)
     out = np.concatenate([ec.process(mic[i : i + PIECE]) for i in range(0, mic.size, PIECE)])
@@ -104,6 +106,7 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=1.0)
     parser.add_argument("--hop-s", type=float, default=0.25)
     parser.add_argument("--min-sharpness", type=float, default=8.0)
+    parser.add_argument("--track-window-s", type=float, default=None, help="the tracker's (echo_delay_track_s)")
     parser.add_argument("--plot", default="bench-results/echo-delay-track.png")
     args = parser.parse_args()
     trials = [t for t, jump in bench_echo.sessions(args.sessions * 3, args.seed) if jump]
@@ -118,7 +121,7 @@ def main() -> None:
         oracle = measure(cancel(trial.mic, realigned(trial))[0], trial, jump_at)
         old, new = trial.delays[0][1], trial.delays[1][1]
         estimates = track(trial, args.window_s, args.hop_s, args.min_sharpness)
-        out, shifts, shifted_at = cancel(trial.mic, trial.reference, track=True)
+        out, shifts, shifted_at = cancel(trial.mic, trial.reference, track=True, window_s=args.track_window_s)
         tracking = measure(out, trial, jump_at)
         found = None
         previous: int | None = None

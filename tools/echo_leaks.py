@@ -97,7 +97,7 @@ def speech_starts(
     """(speech starts in s, the canceller's output): a stream's canceller and segmenter, gated or not
     (``ends``: a list given gets where each utterance ended, in s of the stream; ``canceller``: a
     fresh one to use instead of the server's, tools/aec3_config.py; ``track``: the server's with its
-    delay tracker on, a 1 s window; off by default)."""
+    delay tracker on, a 1 s window, as the server runs it by default)."""
     from mediaserver.audio.echo import EchoCanceller, SpeechGate
     from mediaserver.audio.echo_delay import RESIDUAL_WINDOW_S, TRACK_WINDOW_S, DelayTracker, ResidualEcho
     from mediaserver.audio.segmenter import Discarded, SpeechStart, Utterance, VadSegmenter
@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--track",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="the canceller's delay tracker (echo_delay_track_s 1; off by default)",
+        default=True,
+        help="the canceller's delay tracker (echo_delay_track_s 1, the server's default; --no-track: off)",
     )
     parser.add_argument(
         "--residual",

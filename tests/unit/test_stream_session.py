@@ -597,7 +597,7 @@ async def test_a_delay_jump_is_counted_and_logged_by_the_session(
     moved = asr_service.metrics.echo_delay_changes.labels("moved")
     before = moved._value.get()
     caplog.set_level(logging.INFO, logger="mediaserver.stream.echo_attach")
-    settings = base_settings.model_copy(update={"echo_delay_track_s": 1.0})  # (off by default)
+    settings = base_settings.model_copy(update={"echo_delay_track_s": 1.0})  # (the default; base_settings may differ)
     async with open_session(asr_service, settings, server_vad=True) as (session, _):
         line = EchoLine.of(settings)
         line.canceller.played(trial.reference, 0)

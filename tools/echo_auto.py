@@ -47,7 +47,7 @@ def stream(mic: np.ndarray, reference: np.ndarray, mode: str) -> tuple[list[floa
     segmenter = VadSegmenter()
     canceller = None
     if mode != "off":
-        line = EchoLine()
+        line = EchoLine.of(settings)  # as a stream's, the delay tracker included
         line.set_mode("auto" if mode == "auto" else "on", settings)
         canceller = line.canceller
         canceller.played(reference, 0)
@@ -108,8 +108,9 @@ def echoing(answers: list[np.ndarray]) -> tuple[list[float], int]:
         from mediaserver.audio.echo_line import EchoLine
         from mediaserver.config import Settings
 
-        line = EchoLine()
-        line.set_mode("auto", Settings(_env_file=None))
+        settings = Settings(_env_file=None)
+        line = EchoLine.of(settings)
+        line.set_mode("auto", settings)
         canceller = line.canceller
         canceller.played(reference, 0)
         first = int(np.argmax(np.abs(reference) > 1e-3)) / RATE

@@ -15,7 +15,7 @@ other answer has played and died away, and counts:
 - **extra finals**: finals beyond the question's own (what the echo made Whisper write);
 - the tracker's moves (``mediaserver_echo_delay_changes_total``).
 
-    python tools/echo_live_jump.py [--runs 6] [--jump-ms 260] [--arms off=0,tracked=0.5] [--plot PNG]
+    python tools/echo_live_jump.py [--runs 6] [--jump-ms 260] [--arms off=0,tracked=1] [--plot PNG]
 
 Each arm is ``NAME=SECONDS``: ``echo_delay_track_s`` for its server (0: off). About 1 minute per
 arm to start and 35 s a run on the dev container.
@@ -125,7 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=6, help="sessions per arm")
     parser.add_argument("--jump-ms", type=float, default=260.0, help="the delay after the jump (from 60 ms)")
-    parser.add_argument("--arms", default="off=0,tracked=0.5", help="NAME=echo_delay_track_s, comma-separated")
+    parser.add_argument("--arms", default="off=0,tracked=1", help="NAME=echo_delay_track_s, comma-separated")
     parser.add_argument("--plot", default="bench-results/echo-live-jump.png")
     args = parser.parse_args()
     arms = [Arm(name, float(value)) for name, value in (item.split("=") for item in args.arms.split(","))]

@@ -22,7 +22,9 @@ move the baseline there.
 
 Written here rather than taken from a library: the bindings of AEC3 expose neither its delay
 estimator nor a delay hint that moves after it converged, and GCC-PHAT is a few lines of numpy
-(1 s windows every 0.25 s: about 5 ms of CPU per second of audio, beside the canceller's 49 ms).
+(1 s windows every 0.25 s: 6-9 ms of CPU per second of audio, beside the canceller's 50 ms).
+Two guards keep a reverberant room's reflections from moving it (stop 55): a move needs AEC3 to
+have been seen removing the echo (``converged``) and a peak of ``MOVE_SHARPNESS``.
 """
 
 from __future__ import annotations
@@ -158,23 +160,25 @@ class DelayTracker:
             around = correlation[max(0, current - self.tolerance) : current + self.tolerance + 1]
             if float(np.max(around)) > STILL_THERE * float(correlation[estimate]):
                 return False  # the echo is still where AEC3 has it too (a person over it, a reflection)
+        if removed_db is None or removed_db >= self.lost_db:
+            # The echo moved, yet the canceller removes it: AEC3 found the new delay itself. Once two
+            # windows agree, that is the delay it has (a later jump is measured from there), and AEC3
+            # has had the echo (also where it found the delay before the tracker ever saw it removed).
+            if previous is not None and abs(estimate - previous) <= self.tolerance:
+                self.baseline = estimate - self.shift
+                self.converged = True
+                self.rebaselines += 1
+                self._tell("followed", estimate)
+            return False
         if not self.converged or sharpness < MOVE_SHARPNESS:
             # AEC3 still converging (it removes little anyway), or a peak only just sharp: in a
             # reverberant room a reflection's, 25-50 ms late (tools/bench_echo.py's steady sessions)
-            return False
-        if removed_db is None or removed_db >= self.lost_db:
-            # The echo moved, yet the canceller removes it: AEC3 found the new delay itself. Once two
-            # windows agree, that is the delay it has (a later jump is measured from there).
-            if previous is not None and abs(estimate - previous) <= self.tolerance:
-                self.baseline = estimate - self.shift
-                self.rebaselines += 1
-                self._tell("followed", estimate)
             return False
         # The echo comes later: AEC3 gets the reference that much later (kept back, up to max_lag).
         # Earlier than AEC3 has it: the reference would have to be read ahead of the microphone,
         # and an answer's first moments are sent only as the microphone reaches them: AEC3 finds
         # an earlier delay itself, and the baseline follows it (above).
-        shift = max(0, estimate - self.baseline)
+        shift = min(self.max_lag, max(0, estimate - self.baseline))  # (the reference kept is max_lag long)
         if shift == self.shift:
             return False
         self.shift = shift

@@ -57,7 +57,8 @@ class EchoLine:
         tracker: DelayTracker | None = None,
         residual_max_ms: float | None = None,
     ) -> None:
-        # ``tracker``: the delay tracker (DelayTracker.of: echo_delay_track_s; None: off, the default).
+        # ``tracker``: the delay tracker (DelayTracker.of: echo_delay_track_s, on in the server's
+        # settings by default; None here: off).
         # ``residual_max_ms``: measure the residual echo over delays up to this, for a speech gate with
         # echo_speech_gate_residual on (None: not measured).
         measure = ResidualEcho(RESIDUAL_WINDOW_S, residual_max_ms) if residual_max_ms is not None else None

@@ -237,7 +237,9 @@ class StreamSettings(BaseModel):
         12.0,
         gt=0,
         description="... it moves the reference only while the canceller took less than this out of the microphone "
-        "(dB, the median over the last 0.5 s of its output with sound): it has lost the echo",
+        "(dB, the median over the last 0.5 s of its output with sound): it has lost the echo; this much or more "
+        "at the delay AEC3 has (or at a new one, two windows agreeing: followed) shows AEC3 has had the echo, "
+        "which a move needs first",
     )
 
     echo_mic_gap_ms: int = Field(

@@ -129,7 +129,7 @@ class StreamSession:
         self._closed = False
         self._assistant: Answerer | None = None  # the voice loop's, set by the transport (``assistant``)
         self.speakers: SpeakerService | None = None  # set by the transport: finals then name their speaker
-        self._echo_line = SessionEcho(self.id, settings, asr.metrics)  # the transport's canceller (attach_echo)
+        self._echo_attached = SessionEcho(self.id, settings, asr.metrics)  # the transport's canceller (attach_echo)
         self.barge_in = settings.assistant_barge_in
         # A final that came in after the user had begun the next utterance: answered with that one's
         # words, or alone once it ends with none (``_answer_held``).
@@ -218,13 +218,13 @@ class StreamSession:
     def attach_echo(self, line: EchoLine | None) -> None:
         """The transport's echo canceller cleans the audio fed here, or no longer does (None):
         ``SessionEcho.attach`` (echo_attach.py)."""
-        self._echo_line.attach(line, self._segmenter)
+        self._echo_attached.attach(line, self._segmenter)
 
     @property
     def echo_removed(self) -> Callable[[int, int], float | None] | None:
         """What the attached canceller took out of the audio fed from ``a`` to ``b`` ms before the
         latest (``EchoCheck``'s residual rule); None: no canceller attached."""
-        return self._echo_line.removed
+        return self._echo_attached.removed
 
     async def feed(self, samples: AudioArray) -> None:
         """Audio from the transport: 16 kHz mono float32, any length."""

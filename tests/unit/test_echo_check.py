@@ -225,7 +225,7 @@ async def test_a_suspect_start_pauses_the_answer_and_its_words_alone_decide(
     answerer = SpeakingAnswerer(SENTENCES[played])
     async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
         session.assistant = answerer
-        session._echo_line.removed = lambda from_ms_ago, to_ms_ago: 60.0
+        session._echo_attached.removed = lambda from_ms_ago, to_ms_ago: 60.0
         session._segmenter.gate = Marking(1 if suspect else 0)  # every frame, or none
         await feed(session, utterance(speech("kitchen")))
         await until(lambda: bool(recorder.of(FinalTranscript)))
@@ -265,7 +265,7 @@ async def test_assistant_barge_in_echo_removed_db_takes_the_cancellers_residual_
     clip_ms = clip.audio16k.size * 1000 // RATE_HZ
     async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
         session.assistant = answerer
-        session._echo_line.removed = measure
+        session._echo_attached.removed = measure
         await feed(session, utterance(clip))
         await until(lambda: bool(recorder.of(FinalTranscript)))
         [final] = recorder.of(FinalTranscript)
@@ -290,7 +290,7 @@ async def test_right_after_the_answer_ended_the_cancellers_measure_does_not_make
     answerer.spoke_within = lambda seconds: True  # type: ignore[method-assign]
     async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
         session.assistant = answerer
-        session._echo_line.removed = lambda from_ms_ago, to_ms_ago: 60.0
+        session._echo_attached.removed = lambda from_ms_ago, to_ms_ago: 60.0
         await feed(session, utterance(speech("kitchen")))
         await until(lambda: bool(recorder.of(FinalTranscript)))
         [final] = recorder.of(FinalTranscript)

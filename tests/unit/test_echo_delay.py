@@ -170,3 +170,24 @@ def test_a_gap_in_the_microphone_starts_the_windows_again(jump_up: Trial) -> Non
         ec.process(jump_up.mic[i : i + 320])
     assert tracker.estimates == estimates  # a whole window of audio after the gap is needed first
     assert tracker.shifts == 0
+
+
+def test_a_jump_before_aec3_converged_is_followed_and_a_later_one_still_moves() -> None:
+    # The tracker alone, the canceller's removal given: the delay jumps before AEC3 was ever seen
+    # removing the echo (no move then: it is still converging), AEC3 finds the new delay itself (it
+    # removes 20 dB there: followed, and it has had the echo), then a later jump moves the reference.
+    rng = np.random.default_rng(5)
+    reference = rng.standard_normal(10 * RATE).astype(np.float32) * 0.1
+    tracker = DelayTracker(1.0, 500)
+    phases = [(0, 60, 0.0), (2, 260, 0.0), (4, 260, 20.0), (7, 400, 0.0)]  # (from s, delay ms, removed dB)
+    for start in range(0, 10 * RATE, 320):
+        _, delay_ms, removed = [p for p in phases if p[0] * RATE <= start][-1]
+        delay = delay_ms * MS
+        idx = np.arange(start, start + 320) - delay
+        mic = np.where(idx >= 0, reference[np.clip(idx, 0, None)], 0.0).astype(np.float32)
+        tracker.push(mic, reference[start : start + 320], removed)
+        if start < 4 * RATE:
+            assert tracker.shifts == 0  # not before AEC3 has had the echo
+    assert tracker.rebaselines >= 1 and tracker.converged
+    assert tracker.baseline is not None and abs(tracker.baseline - 260 * MS) <= 2 * MS
+    assert tracker.shifts >= 1 and abs(tracker.shift - 140 * MS) <= 2 * MS

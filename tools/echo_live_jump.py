@@ -99,16 +99,14 @@ async def run_once(url: str, jump_s: float, clips: dict[str, AudioArray]) -> tup
 
 def delay_changes(url: str) -> dict[str, int]:
     """mediaserver_echo_delay_changes_total by change, from /metrics."""
-    import urllib.request
+    from tests.faults import metric_samples
 
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        text = response.read().decode()
+    samples = asyncio.run(metric_samples(url))
     counts = {"moved": 0, "followed": 0}
-    for line in text.splitlines():
-        if line.startswith("mediaserver_echo_delay_changes_total{"):
-            for change in counts:
-                if f'change="{change}"' in line:
-                    counts[change] = int(float(line.rsplit(" ", 1)[1]))
+    for (name, labels), value in samples.items():
+        change = dict(labels).get("change")
+        if name == "mediaserver_echo_delay_changes_total" and change in counts:
+            counts[change] = int(value)
     return counts
 
 

@@ -122,6 +122,14 @@ class AssistantSettings(BaseModel):
     assistant_barge_in_echo_wait_ms: int = Field(
         5000, ge=100, description="an answer paused this long by a barge-in without a decision on its words is cut"
     )
+    assistant_barge_in_echo_resume_ms: int = Field(
+        300,
+        ge=0,
+        description="an answer paused for speech that came to nothing (too short to be speech, or no words) "
+        "resumes this long after, unless speech starts again meanwhile: that speech then decides, over the "
+        "paused answer (a person who starts as a leak ends is heard without the answer's echo over them); "
+        "0 = resume at once",
+    )
     assistant_first_clause_words: int = Field(
         4,
         ge=0,

@@ -18,7 +18,10 @@ transcript then decides (``EchoCheck.decide``):
   phrase ("Thank you."); treated as the echo. A person's speech goes on once the answer pauses and
   the echo dies away, so most of its frames come out whole. (Not for speech after the answer ended:
   a quick reply then overlaps the echo's tail, so the words alone decide there);
-- it has no words (and a discarded segment, noise too short to be speech): the answer resumes;
+- it has no words (and a discarded segment, noise too short to be speech): the answer resumes
+  ``assistant_barge_in_echo_resume_ms`` later, unless speech starts again meanwhile (that utterance
+  then decides, the answer still paused: a person who began as a leak's segment ended is heard
+  without the answer's echo over them, not buried under the resumed answer as a new suspect);
 - otherwise it is a real barge-in: the answer is interrupted as without the check (what was heard is
   what played before the pause) and the utterance is answered as the user's next turn.
 
@@ -117,12 +120,14 @@ class EchoCheck:
         self.suspects = settings.assistant_barge_in_echo_suspects
         self.match = settings.assistant_barge_in_echo_match
         self.wait_s = settings.assistant_barge_in_echo_wait_ms / 1000.0
+        self.resume_s = settings.assistant_barge_in_echo_resume_ms / 1000.0
         self.removed_db = settings.assistant_barge_in_echo_removed_db
         self._start_task = start_task
         self._pause = 0  # the pause under way (counts pauses), with the utterances it waits on
         self._waiting = 0
         self._current: Hold | None = None  # the utterance in progress, when it is held
-        self._timer: asyncio.Task[None] | None = None
+        self._timer: asyncio.Task[None] | None = None  # the pause's expiry, or its resume when resuming
+        self._resuming = False  # the pause's utterances came to nothing: it resumes unless speech starts again
         self.echoes = 0  # utterances dropped as the answer's echo (this session)
 
     def hold(self, answerer: object, suspect: bool = False) -> bool:
@@ -133,7 +138,10 @@ class EchoCheck:
         words_only = not self.enabled
         if not (self.enabled or (self.suspects and suspect)) or not isinstance(answerer, Pausable):
             return False
-        if self._waiting and answerer.paused:
+        if (self._waiting or self._resuming) and answerer.paused:
+            if self._resuming:  # speech again before the answer resumed: it waits on this one
+                log.info("speech started again before the paused answer resumed: its words decide")
+                self._arm(answerer)
             self._waiting += 1  # more speech while the answer waits on the first
         elif answerer.pause():
             if words_only:
@@ -158,7 +166,7 @@ class EchoCheck:
         hold = self.ended()
         if hold is not None and isinstance(answerer, Pausable):
             log.info("speech over the answer was discarded (too short to be speech): resuming")
-            self._settle(answerer, hold, resume=True)
+            self._settle(answerer, hold, resume=True, soon=True)
 
     async def decide(self, answerer: object, text: str, hold: Hold | None) -> bool:
         """A held utterance's final is ``text``: True when it is the answer's echo (the answer
@@ -171,7 +179,8 @@ class EchoCheck:
         if not self._holds(answerer, hold):
             return False  # the pause already ended (timed out, cut by something else)
         if share is None:
-            self._settle(answerer, hold, resume=True)  # no words: not the user
+            log.info("speech over the answer had no words: resuming")  # not the user
+            self._settle(answerer, hold, resume=True, soon=True)
             return False
         if self._is_echo(text, share, hold):
             self._settle(answerer, hold, resume=True)
@@ -212,14 +221,19 @@ class EchoCheck:
     def _holds(self, answerer: Pausable, hold: Hold) -> bool:
         return hold.pause == self._pause and self._waiting > 0 and answerer.paused
 
-    def _settle(self, answerer: Pausable, hold: Hold, *, resume: bool) -> None:
+    def _settle(self, answerer: Pausable, hold: Hold, *, resume: bool, soon: bool = False) -> None:
+        """``hold``'s utterance is decided: the answer resumes (``soon``: after ``resume_s``, unless
+        speech starts again) or not (it is cut) once no other utterance of the pause is waited on."""
         if not self._holds(answerer, hold):
             return
         self._waiting = 0 if not resume else self._waiting - 1
         if self._waiting:
             return  # another utterance of this pause is still to be decided
         self._disarm()
-        if resume:
+        if resume and soon and self.resume_s > 0:
+            self._resuming = True
+            self._timer = self._start_task(self._resume_later(answerer, self._pause), "echo-check-resume")
+        elif resume:
             answerer.resume()
 
     def _arm(self, answerer: Pausable) -> None:
@@ -227,9 +241,19 @@ class EchoCheck:
         self._timer = self._start_task(self._expire(answerer, self._pause), "echo-check")
 
     def _disarm(self) -> None:
+        self._resuming = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    async def _resume_later(self, answerer: Pausable, pause: int) -> None:
+        await asyncio.sleep(self.resume_s)
+        if pause != self._pause or not self._resuming:
+            return
+        self._resuming = False
+        self._timer = None
+        if answerer.paused:  # (not cut meanwhile)
+            answerer.resume()
 
     async def _expire(self, answerer: Pausable, pause: int) -> None:
         await asyncio.sleep(self.wait_s)

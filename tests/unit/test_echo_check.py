@@ -5,6 +5,7 @@ Piper speech) deciding on an answerer that records what it is asked (as test_str
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -15,7 +16,7 @@ from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.pacing import send_paced
 from mediaserver.config import Settings
 from mediaserver.events import FinalTranscript, SpeechStarted
-from mediaserver.stream.echo_check import Pausable, echo_share, words
+from mediaserver.stream.echo_check import EchoCheck, Pausable, echo_share, words
 from tests.conftest import SENTENCES, Clip
 from tests.unit.test_segmenter import Marking
 from tests.unit.test_stream_session import feed, open_session, silence, until
@@ -296,3 +297,67 @@ async def test_right_after_the_answer_ended_the_cancellers_measure_does_not_make
         [final] = recorder.of(FinalTranscript)
         assert final.echo is False and answerer.pauses == 0
         assert answerer.questions == [final.transcript.text]
+
+
+def _check(base_settings: Settings, **update: object) -> EchoCheck:
+    settings = base_settings.model_copy(update={"assistant_barge_in_echo_check": True, **update})
+    return EchoCheck(settings, lambda coro, name: asyncio.get_running_loop().create_task(coro, name=name))
+
+
+async def _came_to_nothing(check: EchoCheck, answerer: SpeakingAnswerer, how: str) -> None:
+    """The utterance held over the answer ends without being the user's: too short, or no words."""
+    if how == "discarded":
+        check.discarded(answerer)
+    else:
+        assert await check.decide(answerer, "", check.ended()) is False
+
+
+@pytest.mark.parametrize("how", ["discarded", "no words"])
+@pytest.mark.parametrize("resume_ms", [300, 0])
+async def test_speech_right_after_a_start_that_came_to_nothing_decides_over_the_still_paused_answer(
+    base_settings: Settings, how: str, resume_ms: int
+) -> None:
+    """A leak's segment ends as a person starts (live: the same stream millisecond): with
+    ``assistant_barge_in_echo_resume_ms`` the answer is still paused when the person's start comes,
+    so no answer audio goes out over them; at 0 it resumed in between and is paused again."""
+    check = _check(base_settings, assistant_barge_in_echo_resume_ms=resume_ms)
+    answerer = SpeakingAnswerer("There are many types of cows.")
+    assert check.hold(answerer)  # the leak's start pauses the answer
+    await _came_to_nothing(check, answerer, how)
+    assert answerer.paused is (resume_ms > 0) and answerer.resumes == (0 if resume_ms else 1)
+    assert check.hold(answerer)  # the person starts
+    assert answerer.paused and answerer.pauses == (1 if resume_ms else 2)
+    assert await check.decide(answerer, "Go forward ten meters.", check.ended()) is False
+    assert answerer.interrupts == 1 and answerer.resumes == (0 if resume_ms else 1)
+
+
+@pytest.mark.parametrize("how", ["discarded", "no words"])
+async def test_a_start_that_came_to_nothing_resumes_the_answer_after_assistant_barge_in_echo_resume_ms(
+    base_settings: Settings, how: str
+) -> None:
+    check = _check(base_settings, assistant_barge_in_echo_resume_ms=150)
+    answerer = SpeakingAnswerer("There are many types of cows.")
+    assert check.hold(answerer)
+    ended = time.monotonic()
+    await _came_to_nothing(check, answerer, how)
+    assert answerer.paused
+    await until(lambda: answerer.resumes == 1, timeout_s=10)
+    assert time.monotonic() - ended >= 0.15 and not answerer.paused and answerer.interrupts == 0
+    # The answer's own words resume it at once: that is no person starting.
+    assert check.hold(answerer)
+    assert await check.decide(answerer, "many types of cows", check.ended()) is True
+    assert answerer.resumes == 2 and not answerer.paused
+
+
+async def test_a_start_joining_the_resume_wait_is_cut_after_assistant_barge_in_echo_wait_ms(
+    base_settings: Settings,
+) -> None:
+    """Speech that starts while the answer waits to resume waits on its own decision, and the
+    pause's expiry holds for it as for the first (the answer is cut, not left paused)."""
+    check = _check(base_settings, assistant_barge_in_echo_resume_ms=5000, assistant_barge_in_echo_wait_ms=150)
+    answerer = SpeakingAnswerer("There are many types of cows.")
+    assert check.hold(answerer)
+    check.discarded(answerer)
+    assert check.hold(answerer)
+    await until(lambda: answerer.interrupts == 1, timeout_s=10)
+    assert answerer.resumes == 0

@@ -217,7 +217,7 @@ class EchoCanceller:
         reference = self._read(start, usable)  # as played
         fed = reference
         if self.tracker is not None and not self.passing:
-            if self.tracker.push(frames, reference, self.removed_db(TRACK_REMOVED_MS, 0)):
+            if self.tracker.push(frames, reference, lambda: self.removed_db(TRACK_REMOVED_MS, 0)):
                 self.shifted_at = start + usable
             if self.tracker.shift:
                 fed = self._read(start - self.tracker.shift, usable)

@@ -61,7 +61,9 @@ def gcc_phat(mic: AudioArray, reference: AudioArray, max_lag: int) -> tuple[int,
     the tracker's) lets every delay compare the whole of ``mic``."""
     if reference.size > mic.size:
         mic = np.concatenate([np.zeros(reference.size - mic.size, np.float32), mic])
-    n = 1 << int(np.ceil(np.log2(mic.size + reference.size)))
+    # (Delays 0 to max_lag alone are read: a circular correlation this long has none of the rest
+    # wrapped onto them, at half the cost of the whole linear correlation's length.)
+    n = 1 << int(np.ceil(np.log2(max(mic.size, reference.size + max_lag))))
     correlation = _phat(np.fft.rfft(mic, n) * np.conj(np.fft.rfft(reference, n)), n, max_lag)
     lag = int(np.argmax(correlation))
     return lag, float(correlation[lag] / (np.mean(np.abs(correlation)) + 1e-12)), correlation
@@ -124,10 +126,11 @@ class DelayTracker:
         """The microphone sent nothing for a while: the windows start again."""
         self._clear()
 
-    def push(self, mic: AudioArray, reference: AudioArray, removed_db: float | None) -> bool:
-        """Audio for the same samples; ``removed_db``: what the canceller took out of its latest
-        output frames with sound (None: too few such frames, it leaves next to nothing). True when
-        the shift changed."""
+    def push(self, mic: AudioArray, reference: AudioArray, removed: Callable[[], float | None]) -> bool:
+        """Audio for the same samples; ``removed()``: what the canceller took out of its latest
+        output frames with sound (None: too few such frames, it leaves next to nothing), asked only
+        where a window gives an estimate (a median over a second of frames: ~3 ms of CPU per
+        second of audio when it was asked at every push). True when the shift changed."""
         self._mic = np.concatenate([self._mic, mic])[-self.window :]
         # The reference a longest delay further back: each delay compares the whole window.
         self._ref = np.concatenate([self._ref, reference])[-(self.window + self.max_lag) :]
@@ -147,6 +150,7 @@ class DelayTracker:
         previous, self._previous = self._previous, estimate
         if estimate is None:
             return False
+        removed_db = removed()
         if self.baseline is None:  # the delay AEC3 converges on: two windows in a row agree on it
             if previous is not None and abs(estimate - previous) <= self.tolerance:
                 self.baseline = estimate

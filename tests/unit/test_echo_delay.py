@@ -185,7 +185,7 @@ def test_a_jump_before_aec3_converged_is_followed_and_a_later_one_still_moves() 
         delay = delay_ms * MS
         idx = np.arange(start, start + 320) - delay
         mic = np.where(idx >= 0, reference[np.clip(idx, 0, None)], 0.0).astype(np.float32)
-        tracker.push(mic, reference[start : start + 320], removed)
+        tracker.push(mic, reference[start : start + 320], lambda removed=removed: removed)
         if start < 4 * RATE:
             assert tracker.shifts == 0  # not before AEC3 has had the echo
     assert tracker.rebaselines >= 1 and tracker.converged

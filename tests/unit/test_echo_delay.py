@@ -8,6 +8,8 @@ moves the reference, so AEC3 keeps the delay it converged on (40.7 dB).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -185,7 +187,7 @@ def test_a_jump_before_aec3_converged_is_followed_and_a_later_one_still_moves() 
         delay = delay_ms * MS
         idx = np.arange(start, start + 320) - delay
         mic = np.where(idx >= 0, reference[np.clip(idx, 0, None)], 0.0).astype(np.float32)
-        tracker.push(mic, reference[start : start + 320], lambda removed=removed: removed)
+        tracker.push(mic, reference[start : start + 320], functools.partial(float, removed))
         if start < 4 * RATE:
             assert tracker.shifts == 0  # not before AEC3 has had the echo
     assert tracker.rebaselines >= 1 and tracker.converged

@@ -21,7 +21,8 @@ transcript then decides (``EchoCheck.decide``):
 - it has no words (and a discarded segment, noise too short to be speech): the answer resumes
   ``assistant_barge_in_echo_resume_ms`` later, unless speech starts again meanwhile (that utterance
   then decides, the answer still paused: a person who began as a leak's segment ended is heard
-  without the answer's echo over them, not buried under the resumed answer as a new suspect);
+  without the answer's echo over them, not buried under the resumed answer as a new suspect). Once
+  a pause: if that utterance comes to nothing too, the answer resumes at once;
 - otherwise it is a real barge-in: the answer is interrupted as without the check (what was heard is
   what played before the pause) and the utterance is answered as the user's next turn.
 
@@ -128,6 +129,7 @@ class EchoCheck:
         self._current: Hold | None = None  # the utterance in progress, when it is held
         self._timer: asyncio.Task[None] | None = None  # the pause's expiry, or its resume when resuming
         self._resuming = False  # the pause's utterances came to nothing: it resumes unless speech starts again
+        self._waited = False  # the pause under way has waited so once (a second time it resumes at once)
         self.echoes = 0  # utterances dropped as the answer's echo (this session)
 
     def hold(self, answerer: object, suspect: bool = False) -> bool:
@@ -147,6 +149,7 @@ class EchoCheck:
             if words_only:
                 log.info("speech started over the answer on frames like the canceller's leaks: pausing it")
             self._pause += 1
+            self._waited = False
             self._waiting = 1
             self._arm(answerer)
         else:
@@ -230,8 +233,10 @@ class EchoCheck:
         if self._waiting:
             return  # another utterance of this pause is still to be decided
         self._disarm()
-        if resume and soon and self.resume_s > 0:
-            self._resuming = True
+        if resume and soon and self.resume_s > 0 and not self._waited:
+            # (Once a pause: bursts of noise each starting within resume_s of the last would
+            # otherwise keep the answer silent without end, each of them a decision.)
+            self._resuming = self._waited = True
             self._timer = self._start_task(self._resume_later(answerer, self._pause), "echo-check-resume")
         elif resume:
             answerer.resume()

@@ -361,3 +361,20 @@ async def test_a_start_joining_the_resume_wait_is_cut_after_assistant_barge_in_e
     assert check.hold(answerer)
     await until(lambda: answerer.interrupts == 1, timeout_s=10)
     assert answerer.resumes == 0
+
+
+async def test_a_start_joining_the_resume_wait_keeps_the_answer_paused_until_its_words_decide(
+    base_settings: Settings,
+) -> None:
+    """The joined start cancels the pending resume: past ``assistant_barge_in_echo_resume_ms`` the
+    answer is still paused, waiting on it. If it too comes to nothing, the answer resumes at once
+    (one wait a pause: noise in bursts cannot keep it silent)."""
+    check = _check(base_settings, assistant_barge_in_echo_resume_ms=100)
+    answerer = SpeakingAnswerer("There are many types of cows.")
+    assert check.hold(answerer)
+    check.discarded(answerer)
+    assert check.hold(answerer)  # within the 100 ms
+    await asyncio.sleep(0.3)
+    assert answerer.paused and answerer.resumes == 0
+    check.discarded(answerer)
+    assert not answerer.paused and answerer.resumes == 1 and answerer.pauses == 1

@@ -57,6 +57,7 @@ class EchoingDevice:
         self.played_samples = 0  # answer audio the loudspeaker has played
         self.mic_samples = 0  # microphone audio sent
         self.said_at: float | None = None  # when the microphone began sending the latest say()
+        self.said_sample = 0  # where in the microphone stream it began (the stream's clock, never muted)
         self.mute_while_playing = False  # a half-duplex device: sends nothing while its loudspeaker plays
 
     async def read(self) -> None:
@@ -72,6 +73,11 @@ class EchoingDevice:
     def say(self, audio16k: np.ndarray) -> None:
         self._user = np.concatenate([self._user, audio16k.astype(np.float32)])
         self.said_at = None
+
+    @property
+    def saying(self) -> bool:
+        """What the user says is still going out on the microphone."""
+        return self._user.size > 0
 
     @property
     def speaker_idle(self) -> bool:
@@ -94,6 +100,7 @@ class EchoingDevice:
         user, self._user = self._user[:TICK], self._user[TICK:]
         if user.size and self.said_at is None:
             self.said_at = time.monotonic()
+            self.said_sample = self.mic_samples
         self.mic_samples += TICK
         mic: np.ndarray = np.tanh(echo * 1.5) / 1.5 + np.pad(user, (0, TICK - user.size))  # a small loudspeaker clips
         return mic
@@ -292,7 +299,11 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
             # The answer (SmolLM2's, its length varies with the first turn's history) was over, or cut
             # by a leak, before the person spoke: there was nothing to barge in on.
             pytest.xfail(f"the answer ended before the person spoke: {(ended_before or [stopped])[0]}")
-        assert stopped["interrupted"] is True, stopped
+        assert stopped["interrupted"] is True, (
+            stopped,
+            round(device.message_at[at] - spoke_at, 2),
+            device.messages[mark:],
+        )
         # The answer pauses (or is cut) at the speech start of the person's utterance (the last one
         # up to the stop: an echo leak just before may have started it, and the person joined it; a
         # start that cuts the answer at once sends the stop just before its speech_started): no
@@ -312,29 +323,56 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
         # -65..-83 dBFS; docs/echo.md), so the VAD hears them 0.40-0.43 s late in half the runs here,
         # 0.83 s once in CI. Checked below, once the rest of the barge-in has held.
         heard_after_s = started_at - spoke_at
-        # What the person said is the next turn (garbled by double talk, not lost) ...
-        await device.condition(lambda: bool(user_finals(device.messages[mark:])))
-        finals = user_finals(device.messages[mark:])
-        heard = said & set(words(finals[0]))
-        assert len(finals) == 1 and heard, finals
+        # What the person said is the next turn, or turns (the turn model may end "Go forward." at
+        # their pause), garbled by double talk, not lost ...
+        said_from_ms = (device.said_sample + voiced_from) * 1000 / RATE  # on the stream's clock
+        said_to_ms = (device.said_sample + voiced_to) * 1000 / RATE
+
+        def theirs() -> list[dict[str, Any]]:
+            """The user finals of utterances begun before the person stopped speaking."""
+            return [
+                m
+                for m in device.messages[mark:]
+                if m["type"] == "final" and m["text"].strip() and not m.get("echo") and m["audio_start_ms"] < said_to_ms
+            ]
+
+        # (Finals come in order: once the one holding their last words is in, so are those before.)
+        await device.condition(
+            lambda: (
+                any(m["type"] == "final" and m["audio_end_ms"] >= said_to_ms for m in device.messages[mark:])
+                or (not device.saying and device.settled and device.speaker_idle)
+            )
+        )
+        finals = theirs()
+        heard = said & {w for m in finals for w in words(m["text"])}
+        assert heard, finals
         # (the whole of it: the double talk garbles its start, "over 10 meters.", but no part of it
         # was taken for the answer's echo; shorter only where the double talk took its first words,
-        # "and meters.", reported below)
-        [final] = [m for m in device.messages[mark:] if m["type"] == "final" and m["text"] == finals[0]]
-        spoken_ms = (voiced_to - voiced_from) * 1000 / RATE
-        whole = final["audio_end_ms"] - final["audio_start_ms"] >= spoken_ms - 100
-        assert whole or len(heard) < 2, (final, spoken_ms)
+        # "and meters.", "10 meters.", reported below)
+        spoken_ms = said_to_ms - said_from_ms
+        whole = finals[-1]["audio_end_ms"] - finals[0]["audio_start_ms"] >= spoken_ms - 100
+        # Shorter only at its start, where the segmenter never heard the first words (its pre-roll
+        # reaches back before the onset it hears): its audio begins after the person's onset.
+        late_ms = finals[0]["audio_start_ms"] - said_from_ms
+        assert whole or late_ms > 100, (finals, spoken_ms, late_ms, round(heard_after_s, 2))
         # ... and is answered.
         answer = await device.until("assistant_audio_stopped", at + 1)
-        print(f"{reference!r} heard as {finals[0]!r}; the cut answer's heard {stopped['heard']!r}; next {answer}")
+        print(
+            f"{reference!r} heard as {[m['text'] for m in finals]} from {late_ms:.0f} ms after its onset; "
+            f"the cut answer's heard {stopped['heard']!r}; next {answer}"
+        )
         assert answer["type"] == "assistant_audio_stopped", answer
         if heard_after_s > 0.5:
             pytest.xfail(
                 f"the VAD heard the person {heard_after_s:.2f} s after they spoke (over 0.5 s): "
                 "their first syllables were suppressed under double talk (issue #37's target: 0.3 s)"
             )
-        if len(heard) < 2:
+        if not whole or len(heard) < 2:
             # The words said under double talk, before the answer stopped, are AEC3's to keep: its
             # suppressor keeps 0.51 of the near end on average, 0.14 at worst (docs/echo.md), and in about
-            # one run of three here tiny.en heard only "meters" ("and meters."). Reported, not hidden.
-            pytest.xfail(f"the person's first words were lost under double talk: heard {finals[0]!r}")
+            # one run of four here the segmenter heard the person only from "ten" ("and meters.",
+            # "10 meters."). Reported, not hidden.
+            pytest.xfail(
+                f"the person's first words were lost under double talk: heard {[m['text'] for m in finals]} "
+                f"from {late_ms:.0f} ms in"
+            )

@@ -302,6 +302,8 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
         assert stopped["interrupted"] is True, (
             stopped,
             round(device.message_at[at] - spoke_at, 2),
+            # where the person's speech lies on the stream's clock, against the messages' audio_*_ms
+            [(device.said_sample + v) * 1000 // RATE for v in (voiced_from, voiced_to)],
             device.messages[mark:],
         )
         # The answer pauses (or is cut) at the speech start of the person's utterance (the last one

@@ -251,10 +251,15 @@ async def echo_auto_decisions(server: LiveServer) -> dict[str, float]:
     return found
 
 
-def user_finals(messages: list[dict[str, Any]]) -> list[str]:
+def user_final_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The finals taken as the user's: with words (an empty one is not answered), not the answer's
     echo (marked ``echo``, not answered either)."""
-    return [m["text"] for m in messages if m["type"] == "final" and m["text"].strip() and not m.get("echo")]
+    return [m for m in messages if m["type"] == "final" and m["text"].strip() and not m.get("echo")]
+
+
+def user_finals(messages: list[dict[str, Any]]) -> list[str]:
+    """The texts of ``user_final_messages``."""
+    return [m["text"] for m in user_final_messages(messages)]
 
 
 @pytest.mark.parametrize("word_check", [False, True], ids=["defaults", "word_check"])
@@ -294,6 +299,8 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
         at = device.messages.index(stopped)
         assert device.said_at is not None
         spoke_at = device.said_at + onset_s
+        said_from_ms = (device.said_sample + voiced_from) * 1000 / RATE  # where they spoke on the stream's clock
+        said_to_ms = (device.said_sample + voiced_to) * 1000 / RATE
         ended_before = [m for m in device.messages[first:mark] if m["type"] == "assistant_audio_stopped"]
         if ended_before or (not stopped["interrupted"] and device.message_at[at] < spoke_at):
             # The answer (SmolLM2's, its length varies with the first turn's history) was over, or cut
@@ -302,8 +309,7 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
         assert stopped["interrupted"] is True, (
             stopped,
             round(device.message_at[at] - spoke_at, 2),
-            # where the person's speech lies on the stream's clock, against the messages' audio_*_ms
-            [(device.said_sample + v) * 1000 // RATE for v in (voiced_from, voiced_to)],
+            (said_from_ms, said_to_ms),  # against the messages' audio_*_ms
             device.messages[mark:],
         )
         # The answer pauses (or is cut) at the speech start of the person's utterance (the last one
@@ -327,17 +333,6 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
         heard_after_s = started_at - spoke_at
         # What the person said is the next turn, or turns (the turn model may end "Go forward." at
         # their pause), garbled by double talk, not lost ...
-        said_from_ms = (device.said_sample + voiced_from) * 1000 / RATE  # on the stream's clock
-        said_to_ms = (device.said_sample + voiced_to) * 1000 / RATE
-
-        def theirs() -> list[dict[str, Any]]:
-            """The user finals of utterances begun before the person stopped speaking."""
-            return [
-                m
-                for m in device.messages[mark:]
-                if m["type"] == "final" and m["text"].strip() and not m.get("echo") and m["audio_start_ms"] < said_to_ms
-            ]
-
         # (Finals come in order: once the one holding their last words is in, so are those before.)
         await device.condition(
             lambda: (
@@ -345,7 +340,8 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
                 or (not device.saying and device.settled and device.speaker_idle)
             )
         )
-        finals = theirs()
+        # (the user finals of utterances begun before the person stopped speaking)
+        finals = [m for m in user_final_messages(device.messages[mark:]) if m["audio_start_ms"] < said_to_ms]
         heard = said & {w for m in finals for w in words(m["text"])}
         assert heard, finals
         # (the whole of it: the double talk garbles its start, "over 10 meters.", but no part of it

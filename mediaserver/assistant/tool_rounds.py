@@ -7,12 +7,14 @@ gone come back as error results, never exceptions), the calls and their results 
 messages, and the next generation's text follows, until an answer without calls. The turn's
 speech is fed from this one iterator, so the answer after a call is spoken like any other.
 
-At most ``mcp_max_calls_per_turn`` calls run in one turn: a call past it is answered with an error
-result saying so, and the last round is generated without tools, so a model that keeps calling
-cannot loop. Every call and result is emitted (``AssistantToolCall``, ``AssistantToolResult``),
-which the transports show to the client; a call the client must run itself says so (``client``).
-A speculative answer (not yet released) runs no tool before it is: nothing acts on a turn that may
-not be over.
+A call that cannot run (cut off at the answer's token cap, or arguments that are not a JSON object)
+is not run, nor handed to the client: its result is an error saying why, so the model may answer or
+call again. At most ``mcp_max_calls_per_turn`` calls are made in one turn, those included: a call
+past it is answered with an error result saying so, and the last round is generated without
+tools, so a model that keeps calling cannot loop. Every call and result is emitted
+(``AssistantToolCall``, ``AssistantToolResult``), which the transports show to the client; a call
+the client must run itself says so (``client``). A speculative answer (not yet released) runs no
+tool before it is: nothing acts on a turn that may not be over.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
 from typing import Protocol
 
-from mediaserver.assistant.mcp import ToolResult
+from mediaserver.assistant.mcp import ToolResult, call_arguments
 from mediaserver.assistant.prompt_fit import fit
 from mediaserver.assistant.speaker_context import current_speaker
 from mediaserver.events import AssistantToolCall, AssistantToolResult, SessionEvent
@@ -89,6 +91,18 @@ class ToolRounds:
         tools = tuple(toolbox.tools())
         return ToolConfig(tools, choice, forced) if tools else None
 
+    def _unusable(self, call: ToolCall, cut: bool) -> str | None:
+        """Why ``call`` cannot run (None: it can): the model was stopped at the answer's token cap
+        while writing it, or its arguments are not a JSON object. Such a call is not run, nor handed
+        to the client; the model is told why, and answers or calls again."""
+        arguments = call_arguments(call.arguments)
+        if cut and (isinstance(arguments, str) or not call.arguments.strip()):  # blank: not begun
+            limit = self.params.max_tokens
+            return "the call was cut off at the answer's token limit" + (f" ({limit} tokens)" if limit else "")
+        if isinstance(arguments, str):
+            return arguments.removeprefix("Error: ").rstrip(".")
+        return None
+
     async def text(self, stream: LlmStream) -> AsyncGenerator[str, None]:
         """The answer's text deltas, across rounds. ``stream`` is the first round, already open
         (its caller closes it); later rounds are opened and closed here."""
@@ -108,14 +122,20 @@ class ToolRounds:
                 return
             self.messages.append(ChatMessage("assistant", "".join(said), tuple(calls)))
             await self._ready()
+            cut = current.finish_reason == "length"
             for call in calls:
-                client = self.calls < self.max_calls and self.toolbox.client_side(call.name)
+                unusable = self._unusable(call, cut)
+                client = unusable is None and self.calls < self.max_calls and self.toolbox.client_side(call.name)
                 await self._emit(
                     AssistantToolCall(
                         self.turn, call.id, call.name, call.arguments, client=client, speaker=current_speaker.get()
                     )
                 )
-                if self.calls >= self.max_calls:
+                if unusable is not None:  # counted: a model that keeps writing such calls cannot loop
+                    self.calls += 1
+                    result_text, is_error = f"Error: not run: {unusable}.", True
+                    log.warning("turn %d: tool call %s not run: %s", self.turn, call.name, unusable)
+                elif self.calls >= self.max_calls:
                     result_text = (
                         f"Error: not run, this answer already made {self.max_calls} tool calls "
                         "(mcp_max_calls_per_turn); answer with what you have."

@@ -65,7 +65,7 @@ EngineState = Literal["stopped", "starting", "ready", "unresponsive", "restartin
 
 def template_body(messages: Sequence[ChatMessage], tools: ToolConfig | None) -> dict[str, Any]:
     """What llama-server's ``/apply-template`` renders: the messages, and the tools they list."""
-    body: dict[str, Any] = {"messages": [m.openai() for m in messages]}
+    body: dict[str, Any] = {"messages": [m.openai(json_arguments=True) for m in messages]}
     if tools is not None:
         body["tools"] = [tool.openai() for tool in tools.tools]
     return body

@@ -74,8 +74,26 @@ class ToolCall:
     name: str
     arguments: str
 
-    def openai(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+    def openai(self, *, json_arguments: bool = False) -> dict[str, Any]:
+        """As ``/v1/chat/completions`` takes it; ``json_arguments``: with the arguments made JSON
+        (``engine_arguments``), for llama-server."""
+        arguments = engine_arguments(self.arguments) if json_arguments else self.arguments
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": arguments}}
+
+
+def engine_arguments(arguments: str) -> str:
+    """A call's arguments as llama-server takes them in a prompt. It parses them as JSON to render
+    the chat template, and answers 500 to text that is not JSON: a call the model wrote until its
+    token cap (``max_tokens``), which the voice loop and clients send back in the history. Blank is
+    a call without arguments (``{}``); other text that is not JSON goes as a JSON string of itself,
+    so the model still sees what was written."""
+    if not arguments.strip():
+        return "{}"
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return json.dumps(arguments)
+    return arguments
 
 
 @dataclass(frozen=True)

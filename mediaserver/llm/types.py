@@ -43,8 +43,9 @@ class ChatMessage:
     tool_call_id: str | None = None
     images: tuple[ImageInput, ...] = ()
 
-    def openai(self) -> dict[str, Any]:
-        """As ``/v1/chat/completions`` takes it."""
+    def openai(self, *, json_arguments: bool = False) -> dict[str, Any]:
+        """As ``/v1/chat/completions`` takes it; ``json_arguments``: the calls' arguments made JSON
+        for llama-server (``tools.engine_arguments``)."""
         content: str | list[dict[str, Any]] = self.content
         if self.images:
             content = [{"type": "text", "text": self.content}] if self.content else []
@@ -52,7 +53,7 @@ class ChatMessage:
         body: dict[str, Any] = {"role": self.role, "content": content}
         if self.tool_calls:
             # content stays a string ("" with only calls): llama-cpp-python's server refuses null there.
-            body["tool_calls"] = [call.openai() for call in self.tool_calls]
+            body["tool_calls"] = [call.openai(json_arguments=json_arguments) for call in self.tool_calls]
         if self.tool_call_id is not None:
             body["tool_call_id"] = self.tool_call_id
         return body

@@ -193,7 +193,8 @@ class UpstreamChat:
         self.check_prompt(request, max_prompt_tokens)
         kwargs: dict[str, Any] = {
             "model": request.model,
-            "messages": [m.openai() for m in request.messages],
+            # The engine parses the calls' arguments (tools.engine_arguments); an upstream takes any text.
+            "messages": [m.openai(json_arguments=self._engine) for m in request.messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": request.max_tokens,

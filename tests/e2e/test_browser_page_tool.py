@@ -26,7 +26,7 @@ async def test_the_page_runs_its_tool_when_the_assistant_calls_it(
     server_factory: Callable[..., Any], browser: Browser, fake_microphone: FakeMicrophone
 ) -> None:
     server: LiveServer = await server_factory(
-        assistant_temperature=0.0, assistant_max_answer_tokens=30, mcp_max_calls_per_turn=1
+        assistant_temperature=0.0, assistant_max_answer_tokens=60, mcp_max_calls_per_turn=1
     )
     async with open_page(browser, f"{server.url}/rtc/?page_tool=1&tool_choice=required") as page:
         assert await page.page.is_checked("#page-tool")

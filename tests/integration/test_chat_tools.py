@@ -303,3 +303,40 @@ async def test_invalid_arguments_from_an_upstream_reach_the_client_as_sent(
         stream = await client.chat.completions.create(model="careless", messages=KITCHEN, tools=TOOLS, stream=True)
         pieces = [tc async for c in stream for choice in c.choices for tc in choice.delta.tool_calls or ()]
         assert "".join(p.function.arguments or "" for p in pieces if p.function) == BROKEN_ARGUMENTS
+
+
+async def test_a_call_stopped_by_max_tokens_finishes_length_and_its_history_is_answered(
+    sdk: openai.AsyncOpenAI, request: pytest.FixtureRequest
+) -> None:
+    """A forced call cut by ``max_tokens`` while its arguments were written is ``length`` on the
+    embedded engine (as OpenAI's are), with the arguments so far; an upstream's own reason is passed
+    on (llama-cpp-python's server says ``tool_calls``). Sent back as it came, the history is answered:
+    llama-server answered 500 to arguments that do not parse, and the client got a 502.
+    The caps are where each engine's call of ``set_light`` is cut inside its arguments."""
+    embedded = request.node.callspec.params["sdk"] == "embedded"
+    cut = await sdk.chat.completions.create(
+        model=MODEL,
+        messages=KITCHEN,
+        tools=TOOLS,
+        tool_choice=SET_LIGHT,
+        temperature=0,
+        max_tokens=20 if embedded else 14,
+    )
+    choice = cut.choices[0]
+    calls = choice.message.tool_calls
+    assert calls is not None and len(calls) == 1, choice
+    call = calls[0]
+    assert call.type == "function" and call.function.name == "set_light", call
+    print(f"cut: {choice.finish_reason} {call.function.arguments!r}")
+    assert choice.finish_reason == ("length" if embedded else "tool_calls"), choice
+    with pytest.raises(ValueError):
+        json.loads(call.function.arguments)
+    history: list[ChatCompletionMessageParam] = [
+        *KITCHEN,
+        choice.message.model_dump(exclude_none=True),  # type: ignore[list-item]
+        {"role": "tool", "tool_call_id": call.id, "content": "Error: the call was cut off."},
+    ]
+    answer = await sdk.chat.completions.create(
+        model=MODEL, messages=history, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=20
+    )
+    assert answer.choices[0].message.content, answer

@@ -226,3 +226,44 @@ async def test_calls_past_the_cap_are_refused_and_the_answer_has_no_tools(
     assert not state.exists()  # the call was not run
     assert rounds.calls == 0 and rounds.last is not None and not rounds.last.tool_calls
     print(f"answer after the refused call: {text!r}")
+
+
+CUT_TOKENS = 20  # where the bundled model's forced call of set_light is cut, in its arguments
+
+
+async def test_a_call_cut_off_at_the_token_cap_is_not_run_and_the_answer_goes_on(
+    base_settings: Settings, llm_service: LlmService, tmp_path: Path
+) -> None:
+    """A call the answer's token cap stopped while its arguments were written is not run: its result
+    tells the model why, and the next round (on the embedded engine, given the cut call in its
+    history) is answered. Before, the call went to the tool, and the engine refused the history
+    (a 500: the arguments do not parse), which failed the turn with nothing said."""
+    state = tmp_path / "lights.json"
+    settings = base_settings.model_copy(update={"mcp_servers": [_stdio(state, allowed_tools=["set_light"])]})
+    toolbox = McpToolbox(settings, Metrics())
+    await toolbox.start()
+    events: list[Any] = []
+
+    async def emit(event: Any) -> None:
+        events.append(event)
+
+    try:
+        messages = [ChatMessage("user", "Turn on the kitchen light.")]
+        config = ToolRounds.config(toolbox, "required")
+        params = GenerationParams(max_tokens=CUT_TOKENS, temperature=0.0, tools=config)
+        rounds = ToolRounds(llm_service, toolbox, messages, params, None, emit, 1, 1, lambda: None)
+        async with llm_service.stream(messages, params) as first:
+            text = "".join([delta async for delta in rounds.text(first)])
+    finally:
+        await toolbox.aclose()
+    calls = [e for e in events if isinstance(e, AssistantToolCall)]
+    results = [e for e in events if isinstance(e, AssistantToolResult)]
+    print(f"cut call {[c.arguments for c in calls]}, result {[r.result for r in results]}, answer {text!r}")
+    assert [c.name for c in calls] == ["set_light"] and not calls[0].client and len(results) == 1
+    with pytest.raises(ValueError):
+        json.loads(calls[0].arguments)
+    expected = f"Error: not run: the call was cut off at the answer's token limit ({CUT_TOKENS} tokens)."
+    assert results[0].is_error and results[0].result == expected
+    assert not state.exists()  # the call was not run
+    assert rounds.calls == 1 and rounds.last is not None and not rounds.last.tool_calls
+    assert text.strip()

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from mediaserver.llm.forced_calls import as_call, call_schema, forced_tools
-from mediaserver.llm.tools import ToolCallAccumulator, ToolCallDelta, ToolConfig, ToolSpec
+from mediaserver.llm.tools import ToolCall, ToolCallAccumulator, ToolCallDelta, ToolConfig, ToolSpec
 from mediaserver.llm.types import BackendEvent, Finished, TextDelta, Usage
 
 LIGHT = ToolSpec(
@@ -87,3 +87,21 @@ def test_the_schema_takes_exactly_a_call_of_an_offered_tool() -> None:
     ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(wrong, schema)
+
+
+@pytest.mark.parametrize(
+    ("written", "sent"),
+    [
+        ('{"name": "kitchen", "on": true}', '{"name": "kitchen", "on": true}'),  # JSON: as written
+        ("[1, 2]", "[1, 2]"),
+        ("", "{}"),  # blank: a call without arguments
+        ("  ", "{}"),
+        ('{\n    "name', '"{\\n    \\"name"'),  # cut off: the text, as a JSON string
+    ],
+)
+def test_the_engine_gets_arguments_that_parse(written: str, sent: str) -> None:
+    """llama-server parses a history's arguments to render its template (a 500 when they do not)."""
+    call = ToolCall("call_1", "set_light", written)
+    assert call.openai(json_arguments=True)["function"]["arguments"] == sent
+    assert call.openai()["function"]["arguments"] == written  # an upstream gets them as written
+    json.loads(sent)

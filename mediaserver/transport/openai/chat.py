@@ -174,9 +174,11 @@ def _usage_json(stream: LlmStream) -> dict[str, Any] | None:
 
 
 def _finish(stream: LlmStream) -> str:
-    if stream.tool_calls:
-        return "tool_calls"
-    return "length" if stream.finish_reason == "length" else "stop"
+    """OpenAI's reason: ``length`` for an answer stopped at ``max_tokens``, a call in it included
+    (its arguments are as far as they were written), else ``tool_calls`` for one with calls."""
+    if stream.finish_reason == "length":
+        return "length"
+    return "tool_calls" if stream.tool_calls else "stop"
 
 
 def _param_error(exc: ApiError, param: str) -> ApiError:

@@ -64,8 +64,8 @@ class ServerSettings(BaseModel):
         ge=0,
         description="on SIGTERM/SIGINT, how long HTTP requests still running (a streamed chat answer) may finish "
         "before they are cancelled (streaming sessions and Wyoming connections are closed at once). Stopping the "
-        "engine and models takes 1-2 s more (measured on 2 loaded cores): 7 s keeps the whole stop inside Docker's "
-        "default 10 s",
+        "engine and models takes 1-2 s more (measured on 2 loaded cores; an engine that does not exit is killed after "
+        "llm_engine_stop_timeout_s): 7 s keeps the whole stop inside Docker's default 10 s",
     )
     save_audio_dir: Path = Field(
         Path("audio"), description="where Willow's `save_audio` writes `willow.wav`, served at `/audio/willow.wav`"

@@ -54,7 +54,6 @@ engine_log = logging.getLogger("mediaserver.llm.engine")
 
 HEALTH_POLL_S = 0.1
 STABLE_AFTER_S = 60.0  # a child that ran this long resets the backoff
-STOP_TIMEOUT_S = 5.0
 # Connections this process may hold open to one child besides the slots' own streams: the
 # watchdog's probe, the /slots, /tokenize and /health reads, and the streams' keep-alive
 # connections between requests (one per slot).
@@ -534,10 +533,19 @@ class LlamaServerProcess:
                 process.kill()  # a stopped child would only take SIGTERM once it runs again
             else:
                 process.terminate()
+        timeout_s = self.settings.llm_engine_stop_timeout_s
         try:
-            async with asyncio.timeout(STOP_TIMEOUT_S):
+            async with asyncio.timeout(timeout_s):
                 await process.wait()
         except TimeoutError:
+            engine_log.warning(
+                "the llama-server engine of %r (pid %d, %s) did not exit within %g s of SIGTERM "
+                "(llm_engine_stop_timeout_s): killed",
+                self.alias,
+                process.pid,
+                self.state,
+                timeout_s,
+            )
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()

@@ -172,6 +172,29 @@ async def test_an_engine_that_answers_again_is_healthy_without_a_restart(base_se
         assert answer.text
 
 
+async def test_an_engine_that_does_not_exit_when_told_is_killed_after_the_stop_timeout(
+    base_settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``llm_engine_stop_timeout_s`` at 0.5 s (the default is 2): a child that does not exit on SIGTERM
+    (SIGSTOPped before the watchdog could notice, so it is told to stop as a well one is) is killed
+    then, and says so; closing took as long as the 5 s constant before it, which held up a
+    shutdown past its grace in CI."""
+    async with own_llm(base_settings, llm_engine_probe_interval_s=60.0, llm_engine_stop_timeout_s=0.5) as llm:
+        process = await engine(llm)
+        pid = process.pid
+        assert pid is not None and process.state == "ready"
+        os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with caplog.at_level("WARNING", logger="mediaserver.llm.engine"):
+            await llm.aclose()
+        closed_after_s = time.monotonic() - started
+    print(f"closed {closed_after_s:.2f} s after SIGSTOP")
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped
+    assert f"(pid {pid}, ready) did not exit within 0.5 s of SIGTERM (llm_engine_stop_timeout_s): killed" in caplog.text
+    assert 0.5 <= closed_after_s < 2.5, closed_after_s  # the wait, then at most the log reader's 1 s
+
+
 SLOW_EXIT_WRAPPER = """#!/bin/sh
 # llama-server under a wrapper that outlives it by {lag_s} s: its supervisor sees the exit late.
 "{binary}" "$@" &

@@ -105,8 +105,8 @@ class ClientToolbox:
     def client_side(self, name: str) -> bool:
         return name in self.names()
 
-    async def run(self, call: ToolCall) -> ToolResult:
-        return await self.call(call.name, call.arguments, call_id=call.id)
+    async def run(self, call: ToolCall, refuse: str | None = None) -> ToolResult:
+        return await self.call(call.name, call.arguments, call_id=call.id, refuse=refuse)
 
     @property
     def waiting(self) -> list[str]:
@@ -133,7 +133,7 @@ class ClientToolbox:
             if not pending.answer.done():
                 pending.answer.set_result((f"Error: {pending.name} cannot run: {self._closed}.", "unavailable"))
 
-    async def call(self, name: str, arguments: str, *, call_id: str = "") -> ToolResult:
+    async def call(self, name: str, arguments: str, *, call_id: str = "", refuse: str | None = None) -> ToolResult:
         """Hand the call to the page and wait for its answer. Never raises for what the page does
         (or does not do): an error result for the model instead. The call was already announced to
         the page (``AssistantToolCall`` with ``client``; the transport sends it without waiting), and
@@ -149,6 +149,8 @@ class ClientToolbox:
             log.debug("%s: client tool call %s arguments: %s", self.session_id, name, arguments)
             return result
 
+        if refuse is not None:  # not handed to the page (``call_problem``)
+            return done(f"Error: not run: {refuse}.", "refused", is_error=True)
         if name not in self.names():
             return done(f"Error: there is no tool named {name!r}.", "refused", is_error=True)
         problem = call_arguments(arguments)
@@ -195,10 +197,10 @@ class SessionToolbox:
     def client_side(self, name: str) -> bool:
         return self.client.client_side(name) and name not in self._operator_names()
 
-    async def run(self, call: ToolCall) -> ToolResult:
+    async def run(self, call: ToolCall, refuse: str | None = None) -> ToolResult:
         if self.client_side(call.name) or self.operator is None:
-            return await self.client.run(call)
-        return await self.operator.run(call)
+            return await self.client.run(call, refuse)
+        return await self.operator.run(call, refuse)
 
     def check_clash(self, declared: ClientTools) -> None:
         """A page's tool may not take the name of one of the operator's (they win: refuse it now)."""

@@ -27,7 +27,7 @@ from prometheus_client import Counter, Histogram
 
 from mediaserver.assistant.speaker_context import MCP_META_KEY, current_speaker
 from mediaserver.config import McpServerConfig, Settings
-from mediaserver.llm.tools import ToolCall, ToolSpec
+from mediaserver.llm.tools import ToolCall, ToolSpec, json_object, not_json
 from mediaserver.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -84,11 +84,27 @@ class ToolMetrics:
 
 def call_arguments(arguments: str) -> dict[str, Any] | str:
     """A call's arguments as the object a tool takes, or the error the model gets instead."""
+    parsed = json_object(arguments)
+    if parsed is not None:
+        return parsed
     try:
-        parsed = json.loads(arguments or "{}")
+        json.loads(arguments, parse_constant=not_json)
     except ValueError as exc:
         return f"Error: the arguments are not valid JSON ({exc})."
-    return parsed if isinstance(parsed, dict) else "Error: the arguments must be a JSON object."
+    return "Error: the arguments must be a JSON object."
+
+
+def call_problem(arguments: str, *, cut: bool) -> str | None:
+    """Why a call the model made cannot run (None: it can). ``cut``: its generation stopped at the
+    token limit (finish ``length``), so arguments that are not a whole object, or blank (not begun),
+    were cut off; otherwise arguments that are not a JSON object. Such a call is not run nor handed
+    to a client: its result is an error saying why (the voice loop's ``ToolRounds``, Realtime)."""
+    parsed = call_arguments(arguments)
+    if cut and (isinstance(parsed, str) or not arguments.strip()):
+        return "the call was cut off where the answer reached its token limit"
+    if isinstance(parsed, str):
+        return parsed.removeprefix("Error: ").rstrip(".")
+    return None
 
 
 @dataclass
@@ -290,8 +306,8 @@ class McpToolbox:
     def client_side(self, name: str) -> bool:
         return False
 
-    async def run(self, call: ToolCall) -> ToolResult:
-        return await self.call(call.name, call.arguments)
+    async def run(self, call: ToolCall, refuse: str | None = None) -> ToolResult:
+        return await self.call(call.name, call.arguments, refuse=refuse)
 
     def status(self) -> dict[str, Any]:
         return {s.config.name: {"tools": sorted(s.tools), "problem": s.problem} for s in self._servers}
@@ -315,7 +331,8 @@ class McpToolbox:
                 return exposed
         return None
 
-    async def call(self, name: str, arguments: str) -> ToolResult:
+    async def call(self, name: str, arguments: str, *, refuse: str | None = None) -> ToolResult:
+        """Run ``name``; ``refuse``: do not, the reason why (``call_problem``), counted ``refused``."""
         started = time.monotonic()
         found = self._names().get(name)
         server_name = found[0].config.name if found else "-"
@@ -329,6 +346,8 @@ class McpToolbox:
             log.debug("tool call %s arguments: %s", name, arguments)
             return result
 
+        if refuse is not None:
+            return done(f"Error: not run: {refuse}.", "refused", is_error=True)
         if found is None:
             return done(f"Error: there is no tool named {name!r}.", "refused", is_error=True)
         server, tool = found

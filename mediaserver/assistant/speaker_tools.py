@@ -39,11 +39,11 @@ class SpeakerGate:
     def client_side(self, name: str) -> bool:
         return self.toolbox.client_side(name)
 
-    async def run(self, call: ToolCall) -> ToolResult:
-        if not self.permits(call.name):
+    async def run(self, call: ToolCall, refuse: str | None = None) -> ToolResult:
+        if refuse is None and not self.permits(call.name):
             who = self.speaker or "a voice no enrolled speaker matched"
             return ToolResult(f"{call.name} may not be used by {who} (speaker_tools)", is_error=True)
-        return await self.toolbox.run(call)
+        return await self.toolbox.run(call, refuse)
 
 
 def gated(toolbox: Toolbox | None, allowed: Mapping[str, Sequence[str]], speaker: str | None) -> Toolbox | None:

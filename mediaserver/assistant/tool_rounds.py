@@ -24,13 +24,13 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
 from typing import Protocol
 
-from mediaserver.assistant.mcp import ToolResult, call_arguments
+from mediaserver.assistant.mcp import ToolResult, call_problem
 from mediaserver.assistant.prompt_fit import fit
 from mediaserver.assistant.speaker_context import current_speaker
 from mediaserver.events import AssistantToolCall, AssistantToolResult, SessionEvent
 from mediaserver.llm.generation import LlmStream
 from mediaserver.llm.service import LlmService
-from mediaserver.llm.tools import ToolCall, ToolConfig, ToolSpec
+from mediaserver.llm.tools import ToolCall, ToolConfig, ToolSpec, engine_arguments
 from mediaserver.llm.types import ChatMessage, GenerationParams
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,9 @@ class Toolbox(Protocol):
         """The client runs ``name`` (its call is announced with ``client``, its answer awaited)."""
         ...
 
-    async def run(self, call: ToolCall) -> ToolResult:
-        """Run a call; never raises for what the tool does (an error result instead)."""
+    async def run(self, call: ToolCall, refuse: str | None = None) -> ToolResult:
+        """Run a call; never raises for what the tool does (an error result instead). ``refuse``: do
+        not run it, nor hand it to the client; its result says why (counted as refused)."""
         ...
 
 
@@ -91,18 +92,6 @@ class ToolRounds:
         tools = tuple(toolbox.tools())
         return ToolConfig(tools, choice, forced) if tools else None
 
-    def _unusable(self, call: ToolCall, cut: bool) -> str | None:
-        """Why ``call`` cannot run (None: it can): the model was stopped at the answer's token cap
-        while writing it, or its arguments are not a JSON object. Such a call is not run, nor handed
-        to the client; the model is told why, and answers or calls again."""
-        arguments = call_arguments(call.arguments)
-        if cut and (isinstance(arguments, str) or not call.arguments.strip()):  # blank: not begun
-            limit = self.params.max_tokens
-            return "the call was cut off at the answer's token limit" + (f" ({limit} tokens)" if limit else "")
-        if isinstance(arguments, str):
-            return arguments.removeprefix("Error: ").rstrip(".")
-        return None
-
     async def text(self, stream: LlmStream) -> AsyncGenerator[str, None]:
         """The answer's text deltas, across rounds. ``stream`` is the first round, already open
         (its caller closes it); later rounds are opened and closed here."""
@@ -120,22 +109,20 @@ class ToolRounds:
             calls = current.tool_calls
             if not calls:
                 return
-            self.messages.append(ChatMessage("assistant", "".join(said), tuple(calls)))
+            # The history's copy of a call cut off or malformed is one any backend renders (``{}``).
+            written = tuple(replace(call, arguments=engine_arguments(call.arguments)) for call in calls)
+            self.messages.append(ChatMessage("assistant", "".join(said), written))
             await self._ready()
             cut = current.finish_reason == "length"
             for call in calls:
-                unusable = self._unusable(call, cut)
+                unusable = call_problem(call.arguments, cut=cut)
                 client = unusable is None and self.calls < self.max_calls and self.toolbox.client_side(call.name)
                 await self._emit(
                     AssistantToolCall(
                         self.turn, call.id, call.name, call.arguments, client=client, speaker=current_speaker.get()
                     )
                 )
-                if unusable is not None:  # counted: a model that keeps writing such calls cannot loop
-                    self.calls += 1
-                    result_text, is_error = f"Error: not run: {unusable}.", True
-                    log.warning("turn %d: tool call %s not run: %s", self.turn, call.name, unusable)
-                elif self.calls >= self.max_calls:
+                if self.calls >= self.max_calls:
                     result_text = (
                         f"Error: not run, this answer already made {self.max_calls} tool calls "
                         "(mcp_max_calls_per_turn); answer with what you have."
@@ -143,9 +130,11 @@ class ToolRounds:
                     is_error = True
                     log.warning("turn %d: tool call %s refused: %d calls already", self.turn, call.name, self.calls)
                 else:
-                    self.calls += 1
-                    result = await self.toolbox.run(call)
+                    self.calls += 1  # a call not run counts too: a model that keeps cutting its calls cannot loop
+                    result = await self.toolbox.run(call, unusable)
                     result_text, is_error = result.text, result.is_error
+                    if unusable is not None:
+                        log.warning("turn %d: tool call %s not run: %s", self.turn, call.name, unusable)
                 self._progress()
                 await self._emit(AssistantToolResult(self.turn, call.id, call.name, result_text, is_error))
                 self.messages.append(ChatMessage("tool", result_text, tool_call_id=call.id))

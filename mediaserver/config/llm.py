@@ -146,9 +146,10 @@ class LlmSettings(BaseModel):
     llm_engine_stop_timeout_s: float = Field(
         2.0,
         gt=0,
-        description="a llama-server engine told to stop (SIGTERM: the server's shutdown, an idle unload, a restart) "
-        "that has not exited within this is killed (SIGKILL), with a warning. It holds nothing to save and exits "
-        "within half a second when well, so the wait only bounds how long a stuck one holds up the shutdown",
+        description="a llama-server engine told to stop (SIGTERM: the server's shutdown, an idle unload, a start "
+        "that failed) that has not exited within this is killed (SIGKILL), with a warning. It holds nothing to "
+        "save and exits within half a second when well, so the wait only bounds how long a stuck one holds up "
+        "the shutdown",
     )
     llm_default_temperature: float = Field(0.7, ge=0, le=2, description="for models without defaults of their own")
     llm_default_top_p: float = Field(0.95, gt=0, le=1, description="for models without defaults of their own")

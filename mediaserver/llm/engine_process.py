@@ -528,6 +528,7 @@ class LlamaServerProcess:
         process = self._process
         if process is None or process.returncode is not None:
             return
+        signal_name = "SIGKILL" if self.state == "unresponsive" else "SIGTERM"
         with contextlib.suppress(ProcessLookupError):
             if self.state == "unresponsive":
                 process.kill()  # a stopped child would only take SIGTERM once it runs again
@@ -539,12 +540,13 @@ class LlamaServerProcess:
                 await process.wait()
         except TimeoutError:
             engine_log.warning(
-                "the llama-server engine of %r (pid %d, %s) did not exit within %g s of SIGTERM "
+                "the llama-server engine of %r (pid %d, %s) did not exit within %g s of %s "
                 "(llm_engine_stop_timeout_s): killed",
                 self.alias,
                 process.pid,
                 self.state,
                 timeout_s,
+                signal_name,
             )
             with contextlib.suppress(ProcessLookupError):
                 process.kill()

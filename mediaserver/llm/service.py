@@ -152,10 +152,12 @@ class LlmService:
         await self.embedding_keeper.aclose()
         for batcher in self._batchers.values():
             await batcher.aclose()
-        for embedder in self._embedders.values():
-            await embedder.aclose()
-        for backend in self._backends.values():
-            await backend.aclose()
+        # The engines' children stop together: each may take llm_engine_stop_timeout_s to be killed.
+        closing = [*(embedder.aclose() for embedder in self._embedders.values())]
+        closing += [backend.aclose() for backend in self._backends.values()]
+        failures = [r for r in await asyncio.gather(*closing, return_exceptions=True) if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
         if self._upstream is not None:
             await self._upstream.aclose()
 

@@ -81,19 +81,31 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": arguments}}
 
 
-def engine_arguments(arguments: str) -> str:
-    """A call's arguments as llama-server takes them in a prompt. It parses them as JSON to render
-    the chat template, and answers 500 to text that is not JSON: a call the model wrote until its
-    token cap (``max_tokens``), which the voice loop and clients send back in the history. Blank is
-    a call without arguments (``{}``); other text that is not JSON goes as a JSON string of itself,
-    so the model still sees what was written."""
-    if not arguments.strip():
-        return "{}"
+def json_object(text: str) -> dict[str, Any] | None:
+    """``text`` as a JSON object (blank is ``{}``, a call without arguments), or None where it is not
+    one: not JSON, other JSON, or ``NaN``/``Infinity``, which Python's parser takes and JSON (and
+    llama-server's parser) does not."""
+    if not text.strip():
+        return {}
     try:
-        json.loads(arguments)
+        parsed = json.loads(text, parse_constant=not_json)
     except ValueError:
-        return json.dumps(arguments)
-    return arguments
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def not_json(name: str) -> Any:
+    """``json.loads``'s ``parse_constant``: ``NaN`` and ``Infinity`` are not JSON."""
+    raise ValueError(f"{name} is not JSON")
+
+
+def engine_arguments(arguments: str) -> str:
+    """A call's arguments as a chat template can render them: llama-server parses them to render
+    its template (and answers 500 to text that is not JSON), templates read them as a mapping, and
+    vLLM parses them too. A call the model wrote until its token cap, sent back in a history, is
+    not such text: arguments that are not a JSON object go as ``{}`` (the call's result says what
+    went wrong), blank ones too."""
+    return arguments if arguments.strip() and json_object(arguments) is not None else "{}"
 
 
 @dataclass(frozen=True)

@@ -138,3 +138,43 @@ async def test_output_for_an_unknown_call_is_an_error_and_the_session_stays(rt_s
         assert error.error.param == "session.tool_choice"
         await connection.session.update(session={"type": "realtime", "instructions": "still here"})
         assert (await until(connection, "session.updated"))[-1].session.instructions == "still here"
+
+
+async def test_a_call_the_token_cap_cut_is_incomplete_and_its_output_is_answered(
+    server_factory: Callable[..., Any],
+) -> None:
+    """On the embedded engine, ``max_output_tokens`` 20 stops the named call inside its arguments:
+    the response is ``incomplete`` and so is the call's item, with the arguments so far; the client
+    answers it anyway and the next response, whose history holds the cut call, is answered (the
+    engine refused such a history before: a 500, and the response failed)."""
+    server: LiveServer = await server_factory(assistant_temperature=0.0, realtime_audio_lead_ms=600_000)
+    async with sdk(server).realtime.connect(model="gpt-realtime") as connection:
+        await until(connection, "session.created")
+        await connection.session.update(
+            session={
+                "type": "realtime",
+                "output_modalities": ["text"],
+                "tools": [SET_LIGHT],
+                "tool_choice": {"type": "function", "name": "set_light"},
+                "max_output_tokens": 20,
+            }
+        )
+        await until(connection, "session.updated")
+        text = {"type": "input_text", "text": "Turn on the kitchen light."}
+        await connection.conversation.item.create(item={"type": "message", "role": "user", "content": [text]})
+        await connection.response.create()
+        events = await until(connection, "response.done", timeout=120)
+        item = next(e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call")
+        print(f"cut call {item.arguments!r}, {item.status}")
+        assert events[-1].response.status == "incomplete", events[-1].response
+        assert item.status == "incomplete", item
+        with pytest.raises(ValueError):
+            json.loads(item.arguments or "")
+        await connection.session.update(session={"type": "realtime", "tool_choice": "none", "max_output_tokens": 20})
+        await until(connection, "session.updated")
+        output = {"type": "function_call_output", "call_id": item.call_id, "output": "Error: the call was cut off."}
+        await connection.conversation.item.create(item=output)
+        await connection.response.create()
+        answer = (await until(connection, "response.done", timeout=120))[-1].response
+        assert answer.status in ("completed", "incomplete"), answer
+        assert any(part.text for o in answer.output if o.type == "message" for part in o.content or ()), answer

@@ -240,7 +240,8 @@ async def test_a_call_cut_off_at_the_token_cap_is_not_run_and_the_answer_goes_on
     (a 500: the arguments do not parse), which failed the turn with nothing said."""
     state = tmp_path / "lights.json"
     settings = base_settings.model_copy(update={"mcp_servers": [_stdio(state, allowed_tools=["set_light"])]})
-    toolbox = McpToolbox(settings, Metrics())
+    metrics = Metrics()
+    toolbox = McpToolbox(settings, metrics)
     await toolbox.start()
     events: list[Any] = []
 
@@ -262,8 +263,10 @@ async def test_a_call_cut_off_at_the_token_cap_is_not_run_and_the_answer_goes_on
     assert [c.name for c in calls] == ["set_light"] and not calls[0].client and len(results) == 1
     with pytest.raises(ValueError):
         json.loads(calls[0].arguments)
-    expected = f"Error: not run: the call was cut off at the answer's token limit ({CUT_TOKENS} tokens)."
+    expected = "Error: not run: the call was cut off where the answer reached its token limit."
     assert results[0].is_error and results[0].result == expected
+    refused = {"server": "lights", "tool": "set_light", "outcome": "refused"}
+    assert metrics.registry.get_sample_value("mediaserver_tool_calls_total", refused) == 1
     assert not state.exists()  # the call was not run
     assert rounds.calls == 1 and rounds.last is not None and not rounds.last.tool_calls
     assert text.strip()

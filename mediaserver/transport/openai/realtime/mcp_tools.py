@@ -329,8 +329,8 @@ class SessionTools:
             return None
         return self.toolbox.exposed(server, name)
 
-    async def call(self, name: str, arguments: str) -> ToolResult:
-        return await self.toolbox.call(name, arguments)
+    async def call(self, name: str, arguments: str, *, refuse: str | None = None) -> ToolResult:
+        return await self.toolbox.call(name, arguments, refuse=refuse)
 
     async def aclose(self) -> None:
         await self.toolbox.aclose()

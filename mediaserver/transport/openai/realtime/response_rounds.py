@@ -36,6 +36,7 @@ from typing import Any, Literal, Protocol
 from mediaserver.assistant.turn_types import AssistantOptions, TurnOutcome
 from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
+from mediaserver.llm.tools import engine_arguments
 from mediaserver.llm.types import ChatMessage
 from mediaserver.transport.openai.realtime.config import InputFormat, new_id
 from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, ResponseOptions
@@ -147,10 +148,13 @@ class ResponseRounds:
                     break
                 self._close_round(response, outcome, "completed")
                 round_closed = True
-                context.append(ChatMessage("assistant", outcome.text, tuple(calls)))
+                # A call cut off or malformed goes into the history as one any backend renders ({}).
+                written = tuple(replace(call, arguments=engine_arguments(call.arguments)) for call in calls)
+                context.append(ChatMessage("assistant", outcome.text, written))
                 response.running_tools = True
+                cut = outcome.finish_reason == "length"
                 for index, call in mcp_calls:
-                    result = await self.tools.run_mcp(response, index, call)
+                    result = await self.tools.run_mcp(response, index, call, cut=cut)
                     context.append(ChatMessage("tool", result, tool_call_id=call.id))
                 if len(mcp_calls) < len(calls):
                     break  # the client runs its functions, then asks for the next response
@@ -233,9 +237,10 @@ class ResponseRounds:
                 self.conversation.item_done(item, self.items.previous_id(item.id))
             response.item = None
         calls = outcome.tool_calls if outcome is not None and status in ("completed", "incomplete") else ()
+        cut = outcome is not None and outcome.finish_reason == "length"
         for index, call in enumerate(calls):
             if not self.tools.is_mcp(call.name):
-                self.tools.function_done(response, index, call.id, call.name, call.arguments)
+                self.tools.function_done(response, index, call, cut=cut)
 
     def _finish(self, response: Response, outcome: TurnOutcome | None, *, round_closed: bool = False) -> None:
         """Close the response's parts and send ``response.done`` (never awaits)."""

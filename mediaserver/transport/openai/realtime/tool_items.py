@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+from mediaserver.assistant.mcp import call_problem
 from mediaserver.config import Settings
 from mediaserver.llm.tools import ToolCall, ToolConfig
 from mediaserver.metrics import Metrics
@@ -112,9 +113,11 @@ class ToolItems:
         if response.options.in_conversation and item.id in self.items:
             self._on_done(item, self.items.previous_id(item.id))
 
-    def function_done(self, response: Response, index: int, call_id: str, name: str, arguments: str) -> None:
-        item = self.arguments_done(response, index, ToolCall(call_id, name, arguments))
-        item.status = "completed"
+    def function_done(self, response: Response, index: int, call: ToolCall, *, cut: bool) -> None:
+        """A function call of the client's, whole; ``cut``: the answer stopped at its token limit, and
+        a call whose arguments it cut off (``call_problem``) is ``incomplete``, as the response is."""
+        item = self.arguments_done(response, index, call)
+        item.status = "incomplete" if cut and call_problem(call.arguments, cut=True) is not None else "completed"
         self.item_done(response, item)
 
     # --- MCP servers ---------------------------------------------------------------------------
@@ -202,8 +205,10 @@ class ToolItems:
             return ToolConfig(specs, "required" if choice.get("name") is None else "auto")
         return ToolConfig(specs, "required" if choice == "required" else "auto")
 
-    async def run_mcp(self, response: Response, index: int, call: ToolCall) -> str:
-        """Run one MCP call of the model's: the ``mcp_call`` item's events; the result for the model."""
+    async def run_mcp(self, response: Response, index: int, call: ToolCall, *, cut: bool = False) -> str:
+        """Run one MCP call of the model's: the ``mcp_call`` item's events; the result for the model.
+        ``cut``: the answer stopped at its token limit; a call cut off, or with arguments that are not
+        an object, is not run (``call_problem``), and its result says why."""
         assert self.mcp is not None
         item = self.arguments_done(response, index, call)
         where = {"item_id": item.id, "output_index": response.index_of(item)}
@@ -217,7 +222,7 @@ class ToolItems:
             )
         else:
             response.mcp_calls += 1
-            result = await self.mcp.call(call.name, call.arguments)
+            result = await self.mcp.call(call.name, call.arguments, refuse=call_problem(call.arguments, cut=cut))
             text, is_error = result.text, result.is_error
         if is_error:
             item.error = {"type": "tool_execution_error", "message": text.removeprefix("Error: ")}

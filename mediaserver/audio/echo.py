@@ -57,6 +57,7 @@ TRACK_REMOVED_MS: Final = 500  # the tracker shifts only while the canceller rem
 # reference (a common one would be an echo path of its own), repeated every second.
 DITHER_LEVEL: Final = 1e-7
 DITHER: Final = (np.random.default_rng(37).standard_normal((2, SAMPLE_RATE_HZ)) * DITHER_LEVEL).astype(np.float32)
+DITHER.flags.writeable = False  # dither() hands out views of it
 
 
 class EchoCanceller:

@@ -45,7 +45,9 @@ SET_LAMP_COLOR = {
 }
 SETTINGS: dict[str, Any] = {
     "assistant_temperature": 0.0,
-    "assistant_max_answer_tokens": 40,
+    # Room for the bundled model's forced call (31-37 tokens for a colour on the embedded engine):
+    # a cap that cuts it leaves the call not run (tool_rounds.py), as 30 did test_browser_page_tool.py's in CI.
+    "assistant_max_answer_tokens": 60,
     "assistant_system_prompt": "You are a voice assistant that controls a lamp.",
     "mcp_max_calls_per_turn": 1,
 }

@@ -30,6 +30,7 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
+from mediaserver.audio.denormals import call_flushed
 from mediaserver.audio.echo_delay import DelayTracker, ResidualEcho
 from mediaserver.audio.echo_presence import EchoPresence
 from mediaserver.config import Settings
@@ -49,15 +50,6 @@ ONSET_GAP_MS: Final = 100.0  # reference quiet this long, then sound: an onset (
 MAX_STRETCHES: Final = 64  # stretches of reference sound remembered (onsets further back are not asked for)
 NEVER_FRAMES: Final = 1 << 30  # the quiet before the first sound: longer than any gap
 TRACK_REMOVED_MS: Final = 500  # the tracker shifts only while the canceller removed little over this long
-# AEC3 fed exact digital silence (the reference between answers, a device's silent microphone) runs
-# 15-20 times slower: its states decay into denormal floats, which x86 computes in microcode unless
-# the thread flushes them to zero, as WebRTC's own audio threads do and this binding cannot. Noise at
-# -140 dBFS, far under 16-bit audio's -96 dBFS floor, keeps them normal: AEC3 then costs the same with
-# or without sound (tools/bench_echo.py, docs/echo.md). Independent noise for the microphone and the
-# reference (a common one would be an echo path of its own), repeated every second.
-DITHER_LEVEL: Final = 1e-7
-DITHER: Final = (np.random.default_rng(37).standard_normal((2, SAMPLE_RATE_HZ)) * DITHER_LEVEL).astype(np.float32)
-DITHER.flags.writeable = False  # dither() hands out views of it
 
 
 class EchoCanceller:
@@ -237,8 +229,8 @@ class EchoCanceller:
         if sound.size:
             self._reference_to = start + int(sound[-1]) + 1
         self._track_stretches(np.asarray(loud.reshape(-1, FRAME_SAMPLES).any(axis=1)), start)
-        mic_fed, reference_fed = frames + dither(0, start, usable), fed + dither(1, start, usable)
-        out = np.asarray(self._aec.process(mic_fed, reference_fed), np.float32)
+        # AEC3 fed silence decays into denormals, 15-20 times slower unless flushed (audio/denormals.py).
+        out = np.asarray(call_flushed(self._aec.process, np.ascontiguousarray(frames), fed), np.float32)
         aligned = np.concatenate([self._mic_tail, frames])  # the microphone as late as AEC3's output
         self._mic_tail = aligned[-OUTPUT_LATENCY_SAMPLES:].copy()
         n = out.size // FRAME_SAMPLES
@@ -475,13 +467,3 @@ def parse_echo_option(value: object) -> EchoMode:
             f"echo_cancellation must be 'auto', 'on', 'off' or a boolean, got {value!r}", param="echo_cancellation"
         )
     return mode
-
-
-def dither(which: int, start: int, count: int) -> AudioArray:
-    """``count`` samples of dither ``which`` (0: the microphone's, 1: the reference's) for stream-clock
-    samples from ``start`` on (``DITHER_LEVEL``)."""
-    noise: AudioArray = DITHER[which]
-    offset = start % noise.size
-    if offset + count <= noise.size:
-        return noise[offset : offset + count]
-    return np.resize(np.roll(noise, -offset), count).astype(np.float32)

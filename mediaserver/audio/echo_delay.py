@@ -22,7 +22,7 @@ move the baseline there.
 
 Written here rather than taken from a library: the bindings of AEC3 expose neither its delay
 estimator nor a delay hint that moves after it converged, and GCC-PHAT is a few lines of numpy
-(1 s windows every 0.25 s: 1.5-3.3 ms of CPU per second of audio, beside the canceller's 12).
+(1 s windows every 0.25 s: 1.5-3.3 ms of CPU per second of audio, beside the canceller's 16).
 Two guards keep a reverberant room's reflections from moving it (stop 55): a move needs AEC3 to
 have been seen removing the echo (``converged``) and a peak of ``MOVE_SHARPNESS``.
 """

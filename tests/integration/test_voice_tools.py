@@ -192,6 +192,32 @@ async def test_a_server_that_went_down_gives_an_error_result_and_the_answer_goes
         await http.close()
 
 
+async def _kitchen_rounds(
+    llm: LlmService, settings: Settings, metrics: Metrics, *, max_tokens: int, max_calls: int
+) -> tuple[ToolRounds, str, list[AssistantToolCall], list[AssistantToolResult]]:
+    """ "Turn on the kitchen light." through ``ToolRounds`` with the settings' MCP servers, the first
+    round forced to call: the rounds, the answer's text, and the calls and results emitted."""
+    toolbox = McpToolbox(settings, metrics)
+    await toolbox.start()
+    events: list[Any] = []
+
+    async def emit(event: Any) -> None:
+        events.append(event)
+
+    try:
+        messages = [ChatMessage("user", "Turn on the kitchen light.")]
+        config = ToolRounds.config(toolbox, "required")
+        params = GenerationParams(max_tokens=max_tokens, temperature=0.0, tools=config)
+        rounds = ToolRounds(llm, toolbox, messages, params, None, emit, 1, max_calls, lambda: None)
+        async with llm.stream(messages, params) as first:
+            text = "".join([delta async for delta in rounds.text(first)])
+    finally:
+        await toolbox.aclose()
+    calls = [e for e in events if isinstance(e, AssistantToolCall)]
+    results = [e for e in events if isinstance(e, AssistantToolResult)]
+    return rounds, text, calls, results
+
+
 async def test_calls_past_the_cap_are_refused_and_the_answer_has_no_tools(
     base_settings: Settings, tools_upstream: str, tmp_path: Path
 ) -> None:
@@ -204,25 +230,10 @@ async def test_calls_past_the_cap_are_refused_and_the_answer_has_no_tools(
     )
     llm = LlmService(settings, Metrics())
     await llm.start()
-    toolbox = McpToolbox(settings, Metrics())
-    await toolbox.start()
-    events: list[Any] = []
-
-    async def emit(event: Any) -> None:
-        events.append(event)
-
     try:
-        messages = [ChatMessage("user", "Turn on the kitchen light.")]
-        config = ToolRounds.config(toolbox, "required")
-        params = GenerationParams(max_tokens=30, temperature=0.0, tools=config)
-        rounds = ToolRounds(llm, toolbox, messages, params, None, emit, 1, 0, lambda: None)
-        async with llm.stream(messages, params) as first:
-            text = "".join([delta async for delta in rounds.text(first)])
+        rounds, text, calls, results = await _kitchen_rounds(llm, settings, Metrics(), max_tokens=30, max_calls=0)
     finally:
-        await toolbox.aclose()
         await llm.aclose()
-    calls = [e for e in events if isinstance(e, AssistantToolCall)]
-    results = [e for e in events if isinstance(e, AssistantToolResult)]
     assert [c.name for c in calls] == ["set_light"] and len(results) == 1
     assert results[0].is_error and "mcp_max_calls_per_turn" in results[0].result
     assert not state.exists()  # the call was not run
@@ -243,24 +254,9 @@ async def test_a_call_cut_off_at_the_token_cap_is_not_run_and_the_answer_goes_on
     state = tmp_path / "lights.json"
     settings = base_settings.model_copy(update={"mcp_servers": [_stdio(state, allowed_tools=["set_light"])]})
     metrics = Metrics()
-    toolbox = McpToolbox(settings, metrics)
-    await toolbox.start()
-    events: list[Any] = []
-
-    async def emit(event: Any) -> None:
-        events.append(event)
-
-    try:
-        messages = [ChatMessage("user", "Turn on the kitchen light.")]
-        config = ToolRounds.config(toolbox, "required")
-        params = GenerationParams(max_tokens=CUT_TOKENS, temperature=0.0, tools=config)
-        rounds = ToolRounds(llm_service, toolbox, messages, params, None, emit, 1, 1, lambda: None)
-        async with llm_service.stream(messages, params) as first:
-            text = "".join([delta async for delta in rounds.text(first)])
-    finally:
-        await toolbox.aclose()
-    calls = [e for e in events if isinstance(e, AssistantToolCall)]
-    results = [e for e in events if isinstance(e, AssistantToolResult)]
+    rounds, text, calls, results = await _kitchen_rounds(
+        llm_service, settings, metrics, max_tokens=CUT_TOKENS, max_calls=1
+    )
     print(f"cut call {[c.arguments for c in calls]}, result {[r.result for r in results]}, answer {text!r}")
     assert [c.name for c in calls] == ["set_light"] and not calls[0].client and len(results) == 1
     with pytest.raises(ValueError):

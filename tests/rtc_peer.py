@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fractions
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -102,6 +103,7 @@ class Peer:
     messages: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
     received: list[Received] = field(default_factory=list)
     packets_at: list[float] = field(default_factory=list)  # when each RTP packet of the server's arrived
+    rtp: list[tuple[int, int, int]] = field(default_factory=list)  # each one's sequence, timestamp, payload size
     remote_tracks: int = 0
     _readers: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -121,6 +123,18 @@ class Peer:
         if not parts:
             return np.zeros(0, np.float32)
         return np.concatenate(parts).astype(np.float32) / 32768.0
+
+    def rtp_report(self) -> str:
+        """What arrived of the server's RTP, for a failure's message: packets and frames, sequence
+        gaps and reorderings, and packets sharing a timestamp (aiortc's jitter buffer joins those
+        into one frame for the decoder)."""
+        gaps = [(a[0], b[0]) for a, b in itertools.pairwise(self.rtp) if (b[0] - a[0]) % 65536 != 1]
+        shared = [a[0] for a, b in itertools.pairwise(self.rtp) if a[1] == b[1]]
+        sizes = [size for _, _, size in self.rtp]
+        return (
+            f"{len(self.rtp)} RTP packets, {len(self.received)} frames decoded; sequence jumps {gaps[:8]}; "
+            f"timestamps shared after {shared[:8]}; payloads {min(sizes, default=0)}-{max(sizes, default=0)} bytes"
+        )
 
     async def close(self) -> None:
         for reader in self._readers:
@@ -184,19 +198,21 @@ async def connect(server: Any, query: str = "", *, direction: str = "sendrecv", 
     assert answer["type"] == "answer"
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
     for receiver in pc.getReceivers():
-        _time_packets(receiver, peer.packets_at)
+        _time_packets(receiver, peer)
     await asyncio.wait_for(opened.wait(), timeout=15)
     return peer
 
 
-def _time_packets(receiver: Any, arrivals: list[float]) -> None:
+def _time_packets(receiver: Any, peer: Peer) -> None:
     """Note when each RTP packet reaches ``receiver``, before aiortc's jitter buffer: that holds the
     first frames of a track until ``CLIENT_JITTER_HOLD`` have come (60-80 ms more for the first
-    answer of a connection), and later answers push the last one's held frames out at once."""
+    answer of a connection), and later answers push the last one's held frames out at once. Its
+    sequence number, timestamp and size too (``Peer.rtp_report``)."""
     handle = receiver._handle_rtp_packet
 
     async def timed(packet: Any, arrival_time_ms: int) -> None:
-        arrivals.append(time.monotonic())
+        peer.packets_at.append(time.monotonic())
+        peer.rtp.append((packet.sequence_number, packet.timestamp, len(packet.payload)))
         await handle(packet, arrival_time_ms)
 
     receiver._handle_rtp_packet = timed
@@ -267,6 +283,8 @@ async def connect_call(
         assert raw.status_code == 201, raw.text
         answer, location = raw.parse().text, raw.headers["location"]
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+    for receiver in pc.getReceivers():
+        _time_packets(receiver, peer)
     await asyncio.wait_for(opened.wait(), timeout=15)
     return peer, location
 

@@ -83,7 +83,7 @@ async def test_call_answers_on_the_track_and_events_on_the_channel(
         assert ANSWER_WORD in transcript.lower(), transcript
         await answer_frames_arrived(peer, call_server.app)  # the last frames in flight
         heard = await transcribe(asr_service, peer.received_audio(), 48000)
-        assert wer(transcript, heard) <= 0.2, (transcript, heard)
+        assert wer(transcript, heard) <= 0.2, (transcript, heard, peer.rtp_report())
 
         # Speaking over a long answer cuts it off: the track stops, the answer keeps what was played.
         peer.channel.send(json.dumps({"type": "session.update", "session": {"instructions": "You tell long stories."}}))

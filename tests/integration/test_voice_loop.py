@@ -114,7 +114,7 @@ async def test_rtc_answer_is_spoken_on_the_track_and_the_track_idles(
         assert ANSWER_WORD in answer.lower(), answer
         await answer_frames_arrived(peer, voice_server.app)  # the last frames in flight
         heard = await transcribe(asr_service, peer.received_audio(), 48000)
-        assert wer(answer, heard) <= 0.15, (answer, heard)
+        assert wer(answer, heard) <= 0.15, (answer, heard, peer.rtp_report())
 
         # Idle: no RTP at all from the server for 10 s, then a new turn on the same connection.
         frames_before = len(peer.received)

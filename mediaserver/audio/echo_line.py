@@ -4,9 +4,9 @@ cleans that audio (echo.py).
 
 The device plays what it is sent back to back, as it arrives; the server counts the microphone
 audio as it arrives, so an answer sent when ``mic_arrived`` samples had come plays from there (or
-right after the audio sent before it). Gaps in the microphone audio (a device that stops sending)
-move the clock on; audio held up on its way and then sent in a burst is no gap (docs/echo.md, stop
-52). ``auto`` turns the canceller off for audio streamed faster than real time (a file, not a
+right after the audio sent before it). Gaps in the microphone audio (a device that stops sending,
+or one whose first audio comes only after answers went out) move the clock on; audio held up on
+its way and then sent in a burst is no gap (docs/echo.md, stop 52). ``auto`` turns the canceller off for audio streamed faster than real time (a file, not a
 microphone).
 """
 
@@ -80,6 +80,9 @@ class EchoLine:
         self._first_arrival: float | None = None  # monotonic: how far ahead of real time the audio came
         self._heard = 0  # microphone samples arrived, gaps not counted
         self._retractable = 0  # samples of the latest gap that audio coming in a burst may show were held up
+        # Monotonic time of the first answer audio sent before any microphone audio came (it plays from
+        # then: the clock's ``mic_arrived`` sample is that moment, until the microphone says otherwise).
+        self._sent_first_at: float | None = None
 
     @classmethod
     def of(cls, settings: Settings, queued_samples: int = 0, *, watch_gaps: bool = True) -> EchoLine:
@@ -108,7 +111,10 @@ class EchoLine:
             self.canceller.detect = None
         elif self.canceller.detect is None:
             self.canceller.detect = EchoPresence(
-                settings.echo_auto_echo_likeness, settings.echo_auto_quiet_likeness, settings.echo_auto_min_sound_s
+                settings.echo_auto_echo_likeness,
+                settings.echo_auto_quiet_likeness,
+                settings.echo_auto_min_sound_s,
+                settings.echo_auto_min_compared_s,
             )
 
     def arrived(self, samples: int) -> None:
@@ -125,6 +131,13 @@ class EchoLine:
         time, or the burst over), so a worker that cleans each piece as it comes does not skip the
         time the burst takes back."""
         now = time.monotonic()
+        if self._watch_gaps and self._last_arrival is None and self._sent_first_at is not None:
+            # The first microphone audio, after answers went out (a client that sends it only while
+            # its user speaks): the device's clock ran from the first answer on, not from here.
+            silent_s = now - self._sent_first_at - samples / SAMPLE_RATE_HZ
+            if silent_s >= self.gap_s:
+                self._retractable = round(silent_s * SAMPLE_RATE_HZ)
+                self.gap(self._retractable)
         if self._watch_gaps and self._last_arrival is not None:
             last_at, last_s = self._last_arrival
             silent_s = now - last_at - last_s
@@ -201,6 +214,8 @@ class EchoLine:
         if decoder is None:
             decoder = self._decoders[rate_hz] = PcmStreamDecoder(PcmFormat(rate_hz, 16, 1), carry_partial=True)
         samples = decoder.decode(pcm16)
+        if self._last_arrival is None and self._sent_first_at is None:
+            self._sent_first_at = time.monotonic()
         if self._playing_until - self.mic_arrived > self.max_ahead_s * SAMPLE_RATE_HZ:
             # The microphone has sent nothing for that long (a half-duplex client, a text-only one):
             # its clock says nothing of when this plays. From now, rather than ever further ahead.

@@ -18,11 +18,19 @@ best of 101 delays). With delays searched only to 500 ms, devices 600 ms late re
 No library offers this: WebRTC's residual echo detector (which answers the same question) is not in
 the binding.
 
+Echo is found only at delays that compared at least ``min_compared_s`` of levels (2 s). On fewer
+the correlation says nothing: two unrelated voices (a person appending their question over an
+answer their client is not playing) correlated 1.0 at the delays that left two or three frames to
+compare, and at best 0.96 / 0.86 / 0.73 / 0.62 on 0.5 / 1 / 1.5 / 2 s (17 real recordings against
+5 Piper answers; tests/unit/test_echo_auto.py). Few frames only ever read higher, so no echo is
+still decided on every delay, however little it compared.
+
 Decisions: echo as soon as the likeness reaches ``echo_likeness`` (kept for the stream: a device
 that echoes once echoes again); no echo once ``min_sound_s`` of answer audio has been compared and
-the likeness stays under ``quiet_likeness``, counting only answer audio whose echo would be in by
-now at the longest delay (open to change at the next answer). Until then it is
-undecided, and the canceller's output is used with its speech gate, as with ``on``.
+the likeness stays under ``quiet_likeness``, counting only answer audio whose echo
+would be in by now at the longest delay (open to change at the next answer). Until then it is
+undecided, and the canceller's output is used with its speech gate, as with ``on``: so a decision
+that waits costs an echoing device nothing.
 """
 
 from __future__ import annotations
@@ -43,13 +51,23 @@ EVERY_FRAMES: Final = 10  # the likeness is measured every 100 ms
 class EchoPresence:
     """The likeness of a stream's microphone to the answers it is played, and what it says."""
 
-    def __init__(self, echo_likeness: float = 0.85, quiet_likeness: float = 0.5, min_sound_s: float = 0.8) -> None:
+    def __init__(
+        self,
+        echo_likeness: float = 0.85,
+        quiet_likeness: float = 0.5,
+        min_sound_s: float = 0.8,
+        min_compared_s: float = 2.0,
+    ) -> None:
         self.echo_likeness = echo_likeness
         self.quiet_likeness = quiet_likeness
         self.min_sound_frames = max(1, round(min_sound_s * 100))
+        self.min_compared_frames = max(2, round(min_compared_s * 100))
+        self._ref: deque[float]
+        self._mic: deque[float]
         self.on_decide: Callable[[EchoPresence], None] | None = None  # told each new decision (the session)
-        self._ref: deque[float] = deque(maxlen=WINDOW_FRAMES + MAX_DELAY_FRAMES)
-        self._mic: deque[float] = deque(maxlen=WINDOW_FRAMES + MAX_DELAY_FRAMES)
+        # (the window holds every delay's comparison: 3 s, or the least compared where that is more)
+        kept = max(WINDOW_FRAMES, self.min_compared_frames) + MAX_DELAY_FRAMES
+        self._ref, self._mic = deque(maxlen=kept), deque(maxlen=kept)
         self.reset()
 
     def reset(self) -> None:
@@ -90,24 +108,40 @@ class EchoPresence:
         sound = int(np.count_nonzero(ref[:-1] > SOUND_DB)) if ref.size > 1 else 0
         if sound < self.min_sound_frames // 2:
             return  # too little answer audio in the window to say anything
-        likeness = self.measure(ref, mic)
-        self.likeness = likeness
+        likeness, compared = self.likenesses(ref, mic)
+        if likeness is None:
+            return
+        enough = compared >= self.min_compared_frames
+        # Echo only on delays compared over enough frames; no echo where no delay, however little it
+        # compared, follows the answer (few frames only ever read higher). Reported: the former once
+        # there are any.
+        best = float(np.max(likeness[enough])) if enough.any() else None
+        self.likeness = best if best is not None else float(np.max(likeness))
         # No echo only from answer audio whose echo would be in by now at the longest delay.
         heard = int(np.count_nonzero(ref[:-MAX_DELAY_FRAMES] > SOUND_DB)) if ref.size > MAX_DELAY_FRAMES else 0
-        if likeness >= self.echo_likeness:
+        if best is not None and best >= self.echo_likeness:
             self._set(True)
-        elif likeness < self.quiet_likeness and heard >= self.min_sound_frames:
+        elif float(np.max(likeness)) < self.quiet_likeness and heard >= self.min_sound_frames:
             self._set(False)
 
-    @staticmethod
-    def measure(ref: np.ndarray, mic: np.ndarray) -> float:
+    def measure(self, ref: np.ndarray, mic: np.ndarray) -> float | None:
         """The best correlation of ``mic``'s levels with ``ref``'s delayed 0 to ``MAX_DELAY_FRAMES``
-        frames, over the window (all delays at once: running sums and one cross-correlation)."""
+        frames, at the delays compared over at least ``min_compared_s``; None where none is."""
+        likeness, compared = self.likenesses(ref, mic)
+        if likeness is None or not (enough := compared >= self.min_compared_frames).any():
+            return None
+        return float(np.max(likeness[enough]))
+
+    @staticmethod
+    def likenesses(ref: np.ndarray, mic: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """The correlation of ``mic``'s levels with ``ref``'s delayed 0 to ``MAX_DELAY_FRAMES`` frames
+        over the window (at least 0 each), and how many frames each delay compared (all delays at
+        once: running sums and one cross-correlation); None for a window of under 3 frames."""
         n = min(ref.size, mic.size)
         ref, mic = ref[-n:], mic[-n:]
         lags = np.arange(0, min(MAX_DELAY_FRAMES, n - 2) + 1)
         if lags.size == 0:
-            return 0.0
+            return None, lags
         ref = ref - ref.mean()  # (correlation ignores offsets; this keeps the sums small)
         mic = mic - mic.mean()
         ra, ra2 = np.concatenate(([0.0], np.cumsum(ref))), np.concatenate(([0.0], np.cumsum(ref * ref)))
@@ -119,6 +153,6 @@ class EchoPresence:
         cov = sab - sa * sb / count
         var = (saa - sa * sa / count) * (sbb - sb * sb / count)
         ok = var > 1e-9 * count * count
-        if not ok.any():
-            return 0.0
-        return float(max(0.0, np.max(cov[ok] / np.sqrt(var[ok]))))
+        likeness = np.zeros(lags.size)
+        likeness[ok] = np.maximum(0.0, cov[ok] / np.sqrt(var[ok]))
+        return likeness, count

@@ -117,7 +117,7 @@ class StreamSettings(BaseModel):
         description="echo_cancellation auto: the microphone carries the answers' echo (the canceller's output is "
         "used, for the rest of the stream) once its 10 ms levels correlate this well with the answer's at the best "
         "delay up to 1 s, over the last 3 s (audio/echo_presence.py; echoing devices 0.9-1.0, a person over a "
-        "device without echo up to 0.74)",
+        "device without echo up to 0.74; each delay on echo_auto_min_compared_s at least)",
     )
     echo_auto_quiet_likeness: float = Field(
         0.5,
@@ -140,6 +140,14 @@ class StreamSettings(BaseModel):
         le=3,
         description="echo_cancellation auto: seconds of answer audio (within the last 3 s, and 1 s old: its echo "
         "in at the longest delay) compared before a microphone is found to carry no echo",
+    )
+    echo_auto_min_compared_s: float = Field(
+        2.0,
+        ge=0.5,
+        le=10,
+        description="echo_cancellation auto: the least seconds of levels compared at any delay; on fewer the "
+        "correlation says nothing (a person over an answer their client is not playing read 1.0 on a few frames, "
+        "0.86 at best on 1 s, 0.62 on 2 s), and no echo is decided only once every delay up to 1 s has this much",
     )
     rtc_echo_cancellation_default: Literal["auto", "on", "off"] = Field(
         "off",

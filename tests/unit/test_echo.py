@@ -255,6 +255,35 @@ def test_a_device_that_stops_sending_is_a_gap_on_the_wall_clock(monkeypatch: pyt
     assert line.sent(pcm, 16000) - line.mic_arrived <= 61 * 16000
 
 
+def test_a_microphone_that_first_sends_after_an_answer_went_out_starts_where_the_device_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client that sends its microphone only while its user speaks (a Realtime app that asked for
+    a spoken answer by text, then appends its question once it stopped playing): the answer went out
+    3 s before the first microphone audio, so that audio is 3 s into the device's clock (a gap from
+    the answer's start), not where the answer began (where it was compared with the answer's first
+    seconds, which the device played long before). One that starts within ``echo_mic_gap_ms`` of the
+    answer starts with it, as before."""
+    from mediaserver.audio import echo_line as echo
+    from mediaserver.audio.echo_line import MIC_GAP_S, EchoLine
+
+    clock = [100.0]
+    monkeypatch.setattr(echo, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
+    pcm = (np.full(16000, 0.1) * 32767).astype("<i2").tobytes()
+    for late_s, gap in ((3.0, True), (MIC_GAP_S - 0.2, False)):
+        line = EchoLine()
+        assert line.sent(pcm, 16000) == 0 and line.sent(pcm, 16000) == 16000  # 2 s of answer, at once
+        clock[0] += late_s
+        line.arrived(1600)  # 0.1 s of the person, ending now
+        expected = round((late_s - 0.1) * 16000) if gap else 0
+        assert line.mic_arrived == expected + 1600, late_s
+        clock[0] += 0.1
+        line.arrived(1600)  # the next piece on time: it was a gap (not audio held up, which comes in a burst)
+        for _ in range(2):
+            line.process(np.zeros(1600, np.float32))
+        assert line.mic_arrived == expected + 3200 == line.canceller.position
+
+
 @pytest.mark.parametrize("gap_s", [1.0, 1.5])
 def test_audio_held_up_on_its_way_and_then_sent_in_a_burst_is_no_gap(
     monkeypatch: pytest.MonkeyPatch, gap_s: float

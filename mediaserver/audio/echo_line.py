@@ -6,8 +6,8 @@ The device plays what it is sent back to back, as it arrives; the server counts 
 audio as it arrives, so an answer sent when ``mic_arrived`` samples had come plays from there (or
 right after the audio sent before it). Gaps in the microphone audio (a device that stops sending,
 or one whose first audio comes only after answers went out) move the clock on; audio held up on
-its way and then sent in a burst is no gap (docs/echo.md, stop 52). ``auto`` turns the canceller off for audio streamed faster than real time (a file, not a
-microphone).
+its way and then sent in a burst is no gap (docs/echo.md, stop 52). ``auto`` turns the canceller
+off for audio streamed faster than real time (a file, not a microphone).
 """
 
 from __future__ import annotations

@@ -532,7 +532,10 @@ class WhisperEngine(GuardedDecodes):
             word_timestamps=options.word_timestamps,
             # Past one short window, only timestamps tell where Whisper stopped in each 30 s window;
             # without them it skips to the next window and loses what it left (as the batched path).
-            without_timestamps=not options.with_segment_timestamps and duration_s <= TIMESTAMPS_PAST_S,
+            # Word timestamps need them too: without, faster-whisper seeks to the last word's end and
+            # decodes the silence after it again ("... lights, please. Please.").
+            without_timestamps=not (options.with_segment_timestamps or options.word_timestamps)
+            and duration_s <= TIMESTAMPS_PAST_S,
             condition_on_previous_text=False,
             vad_filter=self._neural_vad_filter,
         )

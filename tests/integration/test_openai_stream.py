@@ -13,12 +13,14 @@ import uuid
 from typing import Any
 
 import aiohttp
+import numpy as np
 import openai
 import pytest
 from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDoneEvent
 
 from mediaserver.state import ASR
-from tests.conftest import SENTENCES, Clip, LiveServer, long_clip
+from mediaserver.asr.guards import normalized_words
+from tests.conftest import SENTENCES, Clip, LiveServer, long_clip, synthesize
 from tests.faults import eventually, requests_with_status
 
 CLEANUP_S = 2.0
@@ -174,3 +176,32 @@ async def test_logprobs_without_stream(server: LiveServer, speech: Any) -> None:
     assert result.logprobs, result
     assert all(e.logprob is not None and e.logprob <= 0.0 for e in result.logprobs)
     assert "".join(e.token or "" for e in result.logprobs).split() == result.text.split()
+
+
+@pytest.mark.parametrize(("lead_s", "tail_s"), [(0.0, 0.0), (0.2, 0.3), (0.5, 1.0)])
+async def test_every_format_and_logprobs_give_the_same_words(server: LiveServer, lead_s: float, tail_s: float) -> None:
+    """The same upload gives the same text in json, text and verbose_json, and include[]=logprobs adds
+    its logprobs, not words. (A user trial: json said a 2.2 s question twice where verbose_json said
+    it once, and logprobs decoded the silence after the last word again: "... lights, please.
+    Please.", on this sentence padded 0.2 / 0.3 s.)"""
+    clip = synthesize("Turn on the kitchen lights, please.")
+    pcm = np.concatenate(
+        [
+            np.zeros(round(lead_s * clip.rate_hz), np.int16),
+            clip.pcm22k,
+            np.zeros(round(tail_s * clip.rate_hz), np.int16),
+        ]
+    )
+    wav = Clip(clip.text, pcm).wav_bytes()
+    async with _client(server) as client:
+        plain = await client.audio.transcriptions.create(model="whisper-1", file=("a.wav", wav))
+        text = await client.audio.transcriptions.create(model="whisper-1", file=("a.wav", wav), response_format="text")
+        verbose = await client.audio.transcriptions.create(
+            model="whisper-1", file=("a.wav", wav), response_format="verbose_json"
+        )
+        scored = await client.audio.transcriptions.create(model="whisper-1", file=("a.wav", wav), include=["logprobs"])
+    assert plain.text == str(text).strip() == verbose.text, (plain.text, text, verbose.text)
+    assert normalized_words(scored.text) == normalized_words(plain.text) == normalized_words(clip.text), (
+        scored.text,
+        plain.text,
+    )

@@ -336,9 +336,14 @@ async def test_upstream_lost_mid_load_then_back_and_streams_recover(
 # --- guards: a backend's looping answer is caught here, as the local engine's would be ------------
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def unguarded_upstream(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
-    """A second mediaserver with its loop and hallucination guards off: it answers as Whisper decodes."""
+    """A second mediaserver with its loop and hallucination guards off: it answers as Whisper decodes
+    (uploads without timestamps, which loop on short clips: asr_upload_timestamps)."""
     process, url = mediaserver_process(
-        tmp_path_factory.mktemp("unguarded"), name="unguarded", asr_guard_max_words_per_s="0", asr_guard_repeat_min="0"
+        tmp_path_factory.mktemp("unguarded"),
+        name="unguarded",
+        asr_guard_max_words_per_s="0",
+        asr_guard_repeat_min="0",
+        asr_upload_timestamps="false",
     )
     process.start()
     try:

@@ -177,7 +177,8 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
         temperature=(temperature,) if temperature else DEFAULT_TEMPERATURES,
         initial_prompt=check_prompt(_single(values, "prompt"), settings, "prompt"),
         word_timestamps="word" in granularities or with_logprobs,
-        with_segment_timestamps=response_format in ("srt", "vtt", "verbose_json"),
+        # Every format decodes with Whisper's timestamps, so each gives the same text (asr_upload_timestamps).
+        with_segment_timestamps=settings.asr_upload_timestamps or response_format in ("srt", "vtt", "verbose_json"),
     )
     model_name = requested_model
     if task == "translate":

@@ -18,8 +18,8 @@ import openai
 import pytest
 from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDoneEvent
 
-from mediaserver.state import ASR
 from mediaserver.asr.guards import normalized_words
+from mediaserver.state import ASR
 from tests.conftest import SENTENCES, Clip, LiveServer, long_clip, synthesize
 from tests.faults import eventually, requests_with_status
 

@@ -210,7 +210,10 @@ def decode_container(
     except InvalidAudio:
         raise
     except (av.FFmpegError, ValueError, UnicodeDecodeError, IndexError) as exc:
-        raise InvalidAudio(f"Invalid audio: could not decode ({exc.__class__.__name__}: {exc})") from exc
+        # FFmpeg's own words ("Invalid data found when processing input"), without its errno and the
+        # '<none>' file name it reports for a buffer.
+        reason = exc.strerror if isinstance(exc, av.FFmpegError) and exc.strerror else str(exc)
+        raise InvalidAudio(f"Invalid audio: could not decode the file ({reason})") from exc
     if not parts:
         raise InvalidAudio("Invalid audio: no audio samples could be decoded")
     audio = np.concatenate(parts).astype(np.float32, copy=False)

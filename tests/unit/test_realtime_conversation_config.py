@@ -11,7 +11,7 @@ import pytest
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.assistant.audio_out import Mark
 from mediaserver.config import Settings
-from mediaserver.errors import InvalidParameter
+from mediaserver.errors import InvalidParameter, UnknownModel
 from mediaserver.llm.types import ChatMessage
 from mediaserver.transport.openai.realtime.config import EventError, InputFormat, default_config, session_kind
 from mediaserver.transport.openai.realtime.conversation_config import (
@@ -95,11 +95,12 @@ def test_the_url_decides_the_session_kind(
 def test_bad_urls_are_refused(settings: Settings, models: ModelRegistry) -> None:
     with pytest.raises(InvalidParameter, match="intent must be 'transcription'"):
         session_kind(settings, models, {"intent": "conversation"}, is_llm)
-    with pytest.raises(InvalidParameter, match="unknown model 'nope'"):
+    with pytest.raises(UnknownModel, match="unknown model 'nope'") as caught:  # model_not_found, as on REST
         session_kind(settings, models, {"model": "nope"}, is_llm)
+    assert (caught.value.code, caught.value.param) == ("model_not_found", "model")
     # The error names both kinds of model a URL may name, the chat models too.
     both = r"tiny\.en\. A conversation's \?model= is a chat model \(smollm2-135m-instruct\)"
-    with pytest.raises(InvalidParameter, match=both):
+    with pytest.raises(UnknownModel, match=both):
         session_kind(settings, models, {"model": "nope"}, is_llm, lambda: ["smollm2-135m-instruct"])
 
 

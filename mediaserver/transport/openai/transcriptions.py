@@ -14,7 +14,7 @@ from aiohttp import web
 
 from mediaserver.asr.vocabulary import check_prompt
 from mediaserver.audio.decode import decode_any
-from mediaserver.errors import InvalidParameter
+from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, Segment, Task, Transcript, TranscriptionOptions
 from mediaserver.languages import language_name
 from mediaserver.state import ASR, METRICS, SETTINGS
@@ -186,7 +186,11 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
         model_name = asr.models.translation_model(
             requested_model, fallback=requested_model in settings.asr_model_aliases
         )
-    audio = await asyncio.to_thread(decode_any, data, max_duration_s=settings.max_audio_duration_s)
+    try:
+        audio = await asyncio.to_thread(decode_any, data, max_duration_s=settings.max_audio_duration_s)
+    except ApiError as exc:  # (not audio, too long: the file is what is wrong)
+        exc.param = exc.param or "file"
+        raise
     request.app[METRICS].audio_seconds.labels("openai").inc(audio.size / SAMPLE_RATE_HZ)
     if diarized:
         speakers = speaker_service(request.app)

@@ -590,7 +590,7 @@ def session_kind(
         return "transcription", default_config(settings, models, query), None  # whisper-*, or a 400
     except InvalidParameter as exc:
         chat = ", ".join(llm_names()) or "none"
-        raise InvalidParameter(
+        raise UnknownModel(  # (model_not_found, as every other face answers a model it does not have)
             f"{exc.message.rstrip('.')}. A conversation's ?model= is a chat model ({chat}) or an OpenAI name "
             "(gpt-...).",
             param="model",

@@ -88,7 +88,10 @@ async def as_call(events: AsyncIterator[BackendEvent], tools: Sequence[ToolSpec]
     name as soon as the name is written, then the arguments' text in pieces as it is written.
 
     An answer cut off before it closed (``max_tokens``) keeps its finish reason and the arguments
-    written so far, as OpenAI's own cut-off calls do; one cut off before its name is an empty answer.
+    written so far, as OpenAI's own cut-off calls do. One cut off before its name (the wrapper
+    around a call takes about 17 of the bundled model's tokens) is the forced tool's call with no
+    arguments where only one tool was allowed (a named ``tool_choice``: OpenAI's call names it
+    whatever the cap), else an empty answer.
     """
     names = {tool.name for tool in tools}
     head = ""  # the answer until its arguments start
@@ -113,7 +116,9 @@ async def as_call(events: AsyncIterator[BackendEvent], tools: Sequence[ToolSpec]
                 yield ToolCallDelta(0, arguments=piece)
             continue
         if isinstance(event, Finished) and event.finish_reason != "cancelled":
-            if arguments is None:  # cut off before the name: no call, and no JSON fragment as text
+            if arguments is None:  # cut off before the name: no JSON fragment as text ...
+                if len(names) == 1 and event.finish_reason == "length":  # ... the one tool it could be
+                    yield ToolCallDelta(0, "call_" + secrets.token_hex(12), next(iter(names)), "")
                 yield event
                 return
             whole = arguments.done and _is_object("".join(written))

@@ -340,3 +340,10 @@ async def test_a_call_stopped_by_max_tokens_finishes_length_and_its_history_is_a
         model=MODEL, messages=history, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=20
     )
     assert answer.choices[0].message.content, answer
+    if embedded:  # cut before the call's name was written: still the named tool's call, no arguments
+        early = await sdk.chat.completions.create(
+            model=MODEL, messages=KITCHEN, tools=TOOLS, tool_choice=SET_LIGHT, temperature=0, max_tokens=8
+        )
+        choice = early.choices[0]
+        assert choice.finish_reason == "length" and choice.message.tool_calls is not None, choice
+        assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [("set_light", "")]

@@ -22,14 +22,14 @@ WEATHER = ToolSpec("get_weather", "", {"type": "object", "properties": {"city": 
 ANSWER = '{\n  "name": "set_light",\n  "arguments": {\n    "name": "kitchen {main}",\n    "on": true\n  }\n}'
 
 
-def run(pieces: list[str], finish: str = "stop") -> list[BackendEvent]:
+def run(pieces: list[str], finish: str = "stop", tools: tuple[ToolSpec, ...] = (LIGHT, WEATHER)) -> list[BackendEvent]:
     async def events() -> AsyncIterator[BackendEvent]:
         for piece in pieces:
             yield TextDelta(piece)
         yield Finished(finish, Usage(10, 20))  # type: ignore[arg-type]
 
     async def collect() -> list[BackendEvent]:
-        return [event async for event in as_call(events(), (LIGHT, WEATHER))]
+        return [event async for event in as_call(events(), tools)]
 
     return asyncio.run(collect())
 
@@ -68,6 +68,17 @@ def test_cut_off_arguments_keep_the_finish_reason() -> None:
 def test_cut_off_before_the_name_is_an_empty_answer() -> None:
     events = run(['{"na'], finish="length")
     assert events == [Finished("length", Usage(10, 20))]
+
+
+def test_a_named_choice_cut_off_before_the_name_is_its_call_with_no_arguments() -> None:
+    """A named tool_choice allows one tool: its call, as OpenAI's names it whatever the cap (a user
+    trial's max_tokens 12 got an empty answer, the wrapper taking ~17 tokens)."""
+    events = run(['{"na'], finish="length", tools=(LIGHT,))
+    assert len(events) == 2 and events[1] == Finished("length", Usage(10, 20))
+    (delta,) = events[:1]
+    assert isinstance(delta, ToolCallDelta) and (delta.name, delta.arguments) == ("set_light", "")
+    assert delta.id and delta.id.startswith("call_")
+    assert run([ANSWER[:10]], finish="stop", tools=(LIGHT,)) == [Finished("stop", Usage(10, 20))]  # not cut: no call
 
 
 def test_which_choices_force_a_call() -> None:

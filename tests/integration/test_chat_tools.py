@@ -346,4 +346,6 @@ async def test_a_call_stopped_by_max_tokens_finishes_length_and_its_history_is_a
         )
         choice = early.choices[0]
         assert choice.finish_reason == "length" and choice.message.tool_calls is not None, choice
-        assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [("set_light", "")]
+        (early_call,) = choice.message.tool_calls
+        assert early_call.type == "function", early_call
+        assert (early_call.function.name, early_call.function.arguments) == ("set_light", ""), early_call

@@ -194,6 +194,8 @@ async def test_models_list_has_the_llm_with_its_kind(server: Any) -> None:
         ({"model": "gpt-4o-mini", "messages": COLORS, "temperature": 3}, "temperature", "less than or equal"),
         ({"model": "gpt-4o-mini", "messages": COLORS, "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
         ({"model": "gpt-4o-mini", "messages": COLORS, "tools": [{"type": "function"}]}, "tools", "function must be"),
+        ({"model": "gpt-4o-mini", "messages": COLORS, "stream": "yes"}, "stream", "valid boolean"),
+        ({"model": "gpt-4o-mini", "messages": COLORS, "stream": 1}, "stream", "valid boolean"),
         ([1, 2], "body", "JSON object"),
     ],
 )

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.llm.generation import LlmStream
@@ -63,13 +63,13 @@ class _Message(_Lenient):
 
 
 class _StreamOptions(_Lenient):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class _ChatBody(_Lenient):
     model: str = Field(min_length=1)
     messages: list[_Message] = Field(min_length=1)
-    stream: bool = False
+    stream: StrictBool = False  # (a boolean, as OpenAI checks: "yes" is a 400, not a stream)
     stream_options: _StreamOptions | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -82,9 +82,9 @@ class _ChatBody(_Lenient):
     n: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     response_format: dict[str, Any] | None = None
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
 
 
 class _EmbeddingsBody(_Lenient):

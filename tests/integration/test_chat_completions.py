@@ -194,6 +194,11 @@ async def test_models_list_has_the_llm_with_its_kind(server: Any) -> None:
         ({"model": "gpt-4o-mini", "messages": COLORS, "temperature": 3}, "temperature", "less than or equal"),
         ({"model": "gpt-4o-mini", "messages": COLORS, "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
         ({"model": "gpt-4o-mini", "messages": COLORS, "tools": [{"type": "function"}]}, "tools", "function must be"),
+        (  # a content part of a type chat does not take: what it could be, not "a valid string"
+            {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+            "messages",
+            "'messages[0].content[0].type': Input should be 'text' or 'image_url'",
+        ),
         ({"model": "gpt-4o-mini", "messages": COLORS, "stream": "yes"}, "stream", "valid boolean"),
         ({"model": "gpt-4o-mini", "messages": COLORS, "stream": 1}, "stream", "valid boolean"),
         ([1, 2], "body", "JSON object"),

@@ -43,23 +43,42 @@ _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "
 def _union_member(part: str) -> bool:
     """A ``loc`` part that names a type pydantic tried ('str', 'list[str]', 'function-after[...]',
     "literal['a','b']"), not a field."""
-    return part in _TYPE_TAGS or "[" in part or part.startswith(("function-", "literal", "tagged-union"))
+    return (
+        part in _TYPE_TAGS
+        or "[" in part
+        or part.startswith(("function-", "literal", "tagged-union"))
+        or part.lstrip("_")[:1].isupper()  # a model of a union ('_TextPart', 'ImagePart'): fields are lowercase
+    )
+
+
+def _place(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """The place in the body a ``loc`` names, without the union members pydantic tried."""
+    return tuple(part for part in loc if not (isinstance(part, str) and _union_member(part)))
 
 
 def validation_error(exc: ValidationError) -> InvalidParameter:
-    """pydantic's first complaint as a 400: ``param`` is the top-level field, the message names the
-    exact place (``messages[0].role``). pydantic tries each type of a union and reports each; the
-    first says enough."""
-    first = exc.errors()[0]
+    """pydantic's complaint as a 400: ``param`` is the top-level field, the message names the exact
+    place (``messages[0].role``). pydantic tries each type of a union and reports each: the one that
+    reached deepest into the body says what is wrong (a content part of an unknown type, not "a
+    valid string"), with every value its alternatives would take there ("'text' or 'image_url'")."""
+    errors = exc.errors()
+    deepest = max(len(_place(error["loc"])) for error in errors)
+    first = next(error for error in errors if len(_place(error["loc"])) == deepest)
+    place = _place(first["loc"])
     path = ""
-    for part in first["loc"]:
-        if isinstance(part, str) and _union_member(part):
-            continue  # (which type of a union pydantic tried: not a place in the body)
+    for part in place:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     param = path.split("[")[0].split(".")[0] or None
     if first["type"] == "missing":
         return InvalidParameter(f"missing required parameter: {path!r}", param=param)
     message = first["msg"]
+    if first["type"] == "literal_error":
+        expected = [
+            str(error.get("ctx", {}).get("expected"))
+            for error in errors
+            if error["type"] == "literal_error" and _place(error["loc"]) == place
+        ]
+        message = "Input should be " + " or ".join(dict.fromkeys(expected))
     return InvalidParameter(f"invalid value for {path!r}: {message}" if path else message, param=param)
 
 

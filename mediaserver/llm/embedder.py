@@ -103,6 +103,11 @@ class LlamaServerEmbedder:
             except ModelUnavailable as exc:
                 if pooling != "auto" or NO_POOLING not in exc.message:
                     raise
+                log.info(
+                    "embedding model %s has no pooling of its own (a vector per token): starting it again with "
+                    "mean pooling (llm_embedding_pooling names one to start with)",
+                    source.name,
+                )
                 await process.aclose()
                 process = EmbeddingServerProcess(source.name, location, settings, device, "mean")
                 await process.start()

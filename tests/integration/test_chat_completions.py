@@ -197,8 +197,17 @@ async def test_models_list_has_the_llm_with_its_kind(server: Any) -> None:
         (  # a content part of a type chat does not take: what it could be, not "a valid string"
             {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
             "messages",
-            "'messages[0].content[0].type': Input should be 'text' or 'image_url'",
+            "'messages[0].content[0]': a content part is an object whose type is 'text' or 'image_url'",
         ),
+        (  # an image part judged as one: its image_url is what is wrong, not its type
+            {
+                "model": "gpt-4o-mini",
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}],
+            },
+            "messages",
+            "'messages[0].content[0].image_url': Input should be a valid dictionary",
+        ),
+        ({"messages": [{"role": "user", "content": [{"type": "zz"}]}]}, "model", "'model'"),  # the first field's
         ({"model": "gpt-4o-mini", "messages": COLORS, "stream": "yes"}, "stream", "valid boolean"),
         ({"model": "gpt-4o-mini", "messages": COLORS, "stream": 1}, "stream", "valid boolean"),
         ([1, 2], "body", "JSON object"),

@@ -3,6 +3,7 @@ model, and every problem a 400 (or 413) in OpenAI's words naming the parameter."
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -62,7 +63,9 @@ def validation_error(exc: ValidationError) -> InvalidParameter:
     reached deepest into the body says what is wrong (a content part of an unknown type, not "a
     valid string"), with every value its alternatives would take there ("'text' or 'image_url'")."""
     errors = exc.errors()
-    deepest = max(len(_place(error["loc"])) for error in errors)
+    top = _place(errors[0]["loc"])[:1]  # (the first field with a complaint: one a client sent wrong ...)
+    errors = [error for error in errors if _place(error["loc"])[:1] == top]
+    deepest = max(len(_place(error["loc"])) for error in errors)  # (... and its deepest complaint)
     first = next(error for error in errors if len(_place(error["loc"])) == deepest)
     place = _place(first["loc"])
     path = ""
@@ -71,7 +74,7 @@ def validation_error(exc: ValidationError) -> InvalidParameter:
     param = path.split("[")[0].split(".")[0] or None
     if first["type"] == "missing":
         return InvalidParameter(f"missing required parameter: {path!r}", param=param)
-    message = first["msg"]
+    message = re.sub(r" or instance of \w+", "", first["msg"])  # (our model classes are no help to a client)
     if first["type"] == "literal_error":
         expected = [
             str(error.get("ctx", {}).get("expected"))

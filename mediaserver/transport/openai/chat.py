@@ -14,11 +14,11 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag
 
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.llm.generation import LlmStream
@@ -55,9 +55,27 @@ class _ToolCall(_Lenient):
     function: _FunctionCall
 
 
+def _part_kind(part: Any) -> str | None:
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    return {"text": "TextPart", "image_url": "ImagePart"}.get(kind) if isinstance(kind, str) else None
+
+
+# A content part is judged as the kind its ``type`` says (a 400 names what is wrong with that kind, or
+# that its type is none of them); the tags are class-like names, which validation_error leaves out of
+# the place it names.
+_ContentPart = Annotated[
+    Annotated[_TextPart, Tag("TextPart")] | Annotated[ImagePart, Tag("ImagePart")],
+    Discriminator(
+        _part_kind,
+        custom_error_type="invalid_content_part",
+        custom_error_message="a content part is an object whose type is 'text' or 'image_url'",
+    ),
+]
+
+
 class _Message(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[_TextPart | ImagePart] | None = None
+    content: str | list[_ContentPart] | None = None
     tool_calls: list[_ToolCall] | None = None  # an assistant's calls
     tool_call_id: str | None = None  # the call a ``tool`` message answers
 

@@ -8,7 +8,7 @@ import pytest
 
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.config import Settings
-from mediaserver.errors import InvalidParameter
+from mediaserver.errors import InvalidParameter, UnknownModel
 from mediaserver.transport.openai.realtime.config import (
     EventError,
     InputFormat,
@@ -242,7 +242,7 @@ def test_default_config_from_the_url(settings: Settings, models: ModelRegistry) 
     assert default_config(settings, models, {"intent": "transcription"}).model == settings.asr_default_model
     with pytest.raises(InvalidParameter, match="intent must be 'transcription'"):
         default_config(settings, models, {"intent": "conversation"})
-    with pytest.raises(InvalidParameter, match="unknown model 'nope'"):
+    with pytest.raises(UnknownModel, match="unknown model 'nope'"):  # model_not_found, as on REST
         default_config(settings, models, {"model": "nope"})
 
 

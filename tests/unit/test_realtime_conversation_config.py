@@ -98,6 +98,8 @@ def test_bad_urls_are_refused(settings: Settings, models: ModelRegistry) -> None
     with pytest.raises(UnknownModel, match="unknown model 'nope'") as caught:  # model_not_found, as on REST
         session_kind(settings, models, {"model": "nope"}, is_llm)
     assert (caught.value.code, caught.value.param) == ("model_not_found", "model")
+    with pytest.raises(UnknownModel, match="unknown model 'nope'"):  # a transcription URL's too
+        session_kind(settings, models, {"intent": "transcription", "model": "nope"}, is_llm)
     # The error names both kinds of model a URL may name, the chat models too.
     both = r"tiny\.en\. A conversation's \?model= is a chat model \(smollm2-135m-instruct\)"
     with pytest.raises(UnknownModel, match=both):

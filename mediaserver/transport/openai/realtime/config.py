@@ -542,6 +542,8 @@ def default_config(settings: Settings, models: ModelRegistry, query: Mapping[str
             try:
                 resolve_model(models, requested, "model")
             except EventError as exc:
+                if exc.code == "model_not_found":
+                    raise UnknownModel(exc.message, param="model") from None
                 raise InvalidParameter(exc.message, param="model") from None
     return RealtimeConfig(
         model,
@@ -588,7 +590,7 @@ def session_kind(
         return "conversation", default_config(settings, models, without_model), None
     try:
         return "transcription", default_config(settings, models, query), None  # whisper-*, or a 400
-    except InvalidParameter as exc:
+    except (InvalidParameter, UnknownModel) as exc:
         chat = ", ".join(llm_names()) or "none"
         raise UnknownModel(  # (model_not_found, as every other face answers a model it does not have)
             f"{exc.message.rstrip('.')}. A conversation's ?model= is a chat model ({chat}) or an OpenAI name "

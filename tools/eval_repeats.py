@@ -78,7 +78,7 @@ async def main() -> None:
     engine = loaded.engine
     assert isinstance(engine, WhisperEngine)
     direct = WhisperModel(engine.model_dir, "cpu", compute_type="int8")
-    options = TranscriptionOptions(with_segment_timestamps=False)  # response_format=text
+    options = TranscriptionOptions(with_segment_timestamps=settings.asr_upload_timestamps)  # as an upload's
     all_cases = cases()
     print(
         f"{args.model}; server: asr_window_s={settings.asr_window_s}, guards "

@@ -30,8 +30,9 @@ MAX_LINE_AHEAD_S: Final = 60.0  # EchoLine: answer audio this far ahead of the m
 MIC_GAP_S: Final = 1.0  # EchoLine: microphone audio this late after the end of the audio before: a gap
 STREAMED_AHEAD_S: Final = 1.0  # EchoLine, auto: audio this far ahead of real time is streamed, not live
 ALIGN_WAIT_S: Final = 0.06  # EchoLine.align_start: the longest an answer's first frame waits for the microphone
-# (the defaults of the settings echo_max_ahead_s, echo_mic_gap_ms, echo_auto_streamed_ahead_s and
-# echo_align_wait_ms, which EchoLine.of applies)
+FIRST_AUDIO_MARGIN_S: Final = 0.1  # EchoLine: a first microphone audio after answers is placed this much early
+# (the defaults of the settings echo_max_ahead_s, echo_mic_gap_ms, echo_auto_streamed_ahead_s,
+# echo_align_wait_ms and echo_first_audio_margin_ms, which EchoLine.of applies)
 
 
 class EchoLine:
@@ -53,6 +54,7 @@ class EchoLine:
         max_ahead_s: float = MAX_LINE_AHEAD_S,
         streamed_ahead_s: float = STREAMED_AHEAD_S,
         align_wait_s: float = ALIGN_WAIT_S,
+        first_audio_margin_s: float = FIRST_AUDIO_MARGIN_S,
         restart_gap_s: float = ONSET_GAP_MS / 1000.0,
         tracker: DelayTracker | None = None,
         residual_max_ms: float | None = None,
@@ -64,6 +66,7 @@ class EchoLine:
         measure = ResidualEcho(RESIDUAL_WINDOW_S, residual_max_ms) if residual_max_ms is not None else None
         self.canceller = EchoCanceller(tracker=tracker, residual=measure)
         self.align_wait_s = align_wait_s
+        self.first_audio_margin_s = first_audio_margin_s
         self.restart_gap_s = restart_gap_s  # answer audio after this long without any restarts playback
         self._arrival = asyncio.Event()  # set by each microphone arrival (``align_start`` waits on it)
         self.gap_s = gap_s
@@ -95,6 +98,7 @@ class EchoLine:
             max_ahead_s=settings.echo_max_ahead_s,
             streamed_ahead_s=settings.echo_auto_streamed_ahead_s,
             align_wait_s=settings.echo_align_wait_ms / 1000.0,
+            first_audio_margin_s=settings.echo_first_audio_margin_ms / 1000.0,
             restart_gap_s=settings.echo_speech_gate_onset_gap_ms / 1000.0,
             tracker=DelayTracker.of(settings),
             residual_max_ms=(
@@ -133,11 +137,13 @@ class EchoLine:
         now = time.monotonic()
         if self._watch_gaps and self._last_arrival is None and self._sent_first_at is not None:
             # The first microphone audio, after answers went out (a client that sends it only while
-            # its user speaks): the device's clock ran from the first answer on, not from here.
-            silent_s = now - self._sent_first_at - samples / SAMPLE_RATE_HZ
-            if silent_s >= self.gap_s:
-                self._retractable = round(silent_s * SAMPLE_RATE_HZ)
-                self.gap(self._retractable)
+            # its user speaks): the device's clock ran from the first answer on, not from here. A
+            # gap of any length (there is no audio before to be late after), a little short: early,
+            # the echo comes later than its reference, which the canceller finds; late, before it.
+            # Applied at once (not ``_retractable``): a question appended in one piece is cleaned
+            # where it was said, not at the answer's start.
+            silent_s = now - self._sent_first_at - samples / SAMPLE_RATE_HZ - self.first_audio_margin_s
+            self.gap(round(silent_s * SAMPLE_RATE_HZ))
         if self._watch_gaps and self._last_arrival is not None:
             last_at, last_s = self._last_arrival
             silent_s = now - last_at - last_s
@@ -214,13 +220,18 @@ class EchoLine:
         if decoder is None:
             decoder = self._decoders[rate_hz] = PcmStreamDecoder(PcmFormat(rate_hz, 16, 1), carry_partial=True)
         samples = decoder.decode(pcm16)
-        if self._last_arrival is None and self._sent_first_at is None:
-            self._sent_first_at = time.monotonic()
-        if self._playing_until - self.mic_arrived > self.max_ahead_s * SAMPLE_RATE_HZ:
+        clock = self.mic_arrived  # where the device is now
+        if self._watch_gaps and self._last_arrival is None:
+            # No microphone audio yet: the device's clock is the wall clock since the first answer
+            # went out (an answer sent 10 s after the first plays 10 s into it).
+            if self._sent_first_at is None:
+                self._sent_first_at = time.monotonic()
+            clock += round((time.monotonic() - self._sent_first_at) * SAMPLE_RATE_HZ)
+        if self._playing_until - clock > self.max_ahead_s * SAMPLE_RATE_HZ:
             # The microphone has sent nothing for that long (a half-duplex client, a text-only one):
             # its clock says nothing of when this plays. From now, rather than ever further ahead.
-            self._playing_until = self.mic_arrived
-        at = max(self.mic_arrived, self._playing_until)
+            self._playing_until = clock
+        at = max(clock, self._playing_until)
         if self._playing_until == 0 or at - self._playing_until >= self.restart_gap_s * SAMPLE_RATE_HZ:
             self.canceller.restarted(at)  # after a stretch without answer audio: the delay may have moved
         self.canceller.played(samples, at_sample=at)

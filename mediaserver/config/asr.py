@@ -142,8 +142,9 @@ class AsrSettings(BaseModel):
     max_beam_size: int = Field(10, ge=1, description="the largest `beam_size` a request may ask for (a 400 past it)")
     asr_upload_timestamps: bool = Field(
         True,
-        description="OpenAI uploads (/v1/audio/transcriptions, translations): decode with Whisper's timestamps "
-        "whatever the response_format, so json, text, verbose_json, srt and vtt give the same text (without them "
+        description="uploads (OpenAI's /v1/audio/transcriptions and translations, WIS / Willow's): decode with "
+        "Whisper's timestamps whatever the response_format, so json, text, verbose_json, srt, vtt and WIS give the "
+        "same text (without them "
         "tiny.en said a 2.2 s question twice for json and once for verbose_json, and looped on a 1 s '10 of clubs'); "
         "false: json and text without them, about 3 % faster",
     )

@@ -116,8 +116,8 @@ class StreamSettings(BaseModel):
         le=1,
         description="echo_cancellation auto: the microphone carries the answers' echo (the canceller's output is "
         "used, for the rest of the stream) once its 10 ms levels correlate this well with the answer's at the best "
-        "delay up to 1 s, over the last 3 s (audio/echo_presence.py; echoing devices 0.9-1.0, a person over a "
-        "device without echo up to 0.74; each delay on echo_auto_min_compared_s at least)",
+        "delay up to 1 s, over the last 3 s (or echo_auto_min_compared_s if longer; each delay on that much at "
+        "least: audio/echo_presence.py; echoing devices 0.9-1.0, a person over a device without echo up to 0.74)",
     )
     echo_auto_quiet_likeness: float = Field(
         0.5,
@@ -138,8 +138,8 @@ class StreamSettings(BaseModel):
         0.8,
         gt=0,
         le=3,
-        description="echo_cancellation auto: seconds of answer audio (within the last 3 s, and 1 s old: its echo "
-        "in at the longest delay) compared before a microphone is found to carry no echo",
+        description="echo_cancellation auto: seconds of answer audio (within the window compared, and 1 s old: "
+        "its echo in at the longest delay) compared before a microphone is found to carry no echo",
     )
     echo_auto_min_compared_s: float = Field(
         2.0,
@@ -256,6 +256,15 @@ class StreamSettings(BaseModel):
         description="server echo cancellation on the device and Realtime WebSockets: microphone audio that comes "
         "this long after the end of the audio before it marks a gap (a device that mutes its microphone while it "
         "plays): the canceller's clock moves on by as much, and the answer audio played meanwhile is dropped",
+    )
+    echo_first_audio_margin_ms: int = Field(
+        100,
+        ge=0,
+        le=1000,
+        description="... a microphone whose first audio comes after answers went out (a client that sends it only "
+        "while its user speaks) starts on the canceller's clock at the wall-clock time since the first answer, less "
+        "this: placed early, its echo only comes later than the reference (a delay the canceller finds); placed late "
+        "by its audio's time on the way, the echo would come before the reference, which cannot be cancelled",
     )
     echo_max_ahead_s: float = Field(
         60.0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -205,3 +206,22 @@ async def test_every_format_and_logprobs_give_the_same_words(server: LiveServer,
         scored.text,
         plain.text,
     )
+
+
+async def test_asr_upload_timestamps_false_decodes_json_without_them(
+    server: LiveServer, server_factory: Callable[..., Any]
+) -> None:
+    """A json upload streams a delta per Whisper segment: decoded with timestamps (the default) two
+    sentences are two segments; with ``asr_upload_timestamps`` false, json decodes without them (one
+    segment for audio under 20 s) while verbose_json still has them."""
+    clip = long_clip(("kitchen", "weather"), repeat=1)
+    wav = clip.wav_bytes()
+    fast = await server_factory(asr_upload_timestamps=False)
+    with_timestamps, _ = await _stream(server, wav, "whisper-1")
+    without, _ = await _stream(fast, wav, "whisper-1")
+    assert len(with_timestamps) >= 2 and len(without) == 1, (with_timestamps, without)
+    async with _client(fast) as client:
+        verbose = await client.audio.transcriptions.create(
+            model="whisper-1", file=("a.wav", wav), response_format="verbose_json"
+        )
+    assert verbose.segments is not None and len(verbose.segments) >= 2, verbose

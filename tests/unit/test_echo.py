@@ -260,28 +260,32 @@ def test_a_microphone_that_first_sends_after_an_answer_went_out_starts_where_the
 ) -> None:
     """A client that sends its microphone only while its user speaks (a Realtime app that asked for
     a spoken answer by text, then appends its question once it stopped playing): the answer went out
-    3 s before the first microphone audio, so that audio is 3 s into the device's clock (a gap from
-    the answer's start), not where the answer began (where it was compared with the answer's first
-    seconds, which the device played long before). One that starts within ``echo_mic_gap_ms`` of the
-    answer starts with it, as before."""
+    3 s before the first microphone audio, so that audio is 3 s into the device's clock (less
+    ``echo_first_audio_margin_ms``: early, its echo only comes later than the reference), not where
+    the answer began. Applied before that audio is cleaned, even when it came in one piece. Answers
+    sent meanwhile are placed by the wall clock too: one sent 10 s after the first plays 10 s in."""
     from mediaserver.audio import echo_line as echo
-    from mediaserver.audio.echo_line import MIC_GAP_S, EchoLine
+    from mediaserver.audio.echo_line import EchoLine
+    from mediaserver.config import Settings
 
     clock = [100.0]
     monkeypatch.setattr(echo, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
     pcm = (np.full(16000, 0.1) * 32767).astype("<i2").tobytes()
-    for late_s, gap in ((3.0, True), (MIC_GAP_S - 0.2, False)):
-        line = EchoLine()
+    for late_s, margin_ms in ((3.0, 100), (0.5, 100), (3.0, 300)):
+        line = EchoLine.of(Settings(_env_file=None, echo_first_audio_margin_ms=margin_ms))
         assert line.sent(pcm, 16000) == 0 and line.sent(pcm, 16000) == 16000  # 2 s of answer, at once
         clock[0] += late_s
-        line.arrived(1600)  # 0.1 s of the person, ending now
-        expected = round((late_s - 0.1) * 16000) if gap else 0
-        assert line.mic_arrived == expected + 1600, late_s
-        clock[0] += 0.1
-        line.arrived(1600)  # the next piece on time: it was a gap (not audio held up, which comes in a burst)
-        for _ in range(2):
-            line.process(np.zeros(1600, np.float32))
-        assert line.mic_arrived == expected + 3200 == line.canceller.position
+        line.arrived(16000)  # the question, 1 s, in one piece, ending now
+        line.process(np.zeros(16000, np.float32))
+        gap = round((late_s - 1.0 - margin_ms / 1000) * 16000)
+        assert line.mic_arrived == max(0, gap) + 16000 == line.canceller.position, (late_s, margin_ms)
+    line = EchoLine()
+    assert line.sent(pcm, 16000) == 0  # 1 s at t
+    clock[0] += 10.0
+    assert line.sent(pcm, 16000) == 10 * 16000  # 10 s later, no microphone yet: it plays 10 s in
+    clock[0] += 2.0
+    line.arrived(1600)
+    assert line.mic_arrived == round((12.0 - 0.1 - 0.1) * 16000) + 1600  # against the second answer's 2nd s
 
 
 @pytest.mark.parametrize("gap_s", [1.0, 1.5])

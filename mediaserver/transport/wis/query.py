@@ -51,7 +51,7 @@ def parse_wis_query(request: web.Request) -> WisRequest:
             language=language,
             beam_size=beam_size,
             initial_prompt=check_prompt(query.get("prompt"), settings, "prompt"),
-            with_segment_timestamps=False,
+            with_segment_timestamps=settings.asr_upload_timestamps,  # (the text is the same as OpenAI uploads')
         ),
         translate=parse_bool(query, "translate", False),
         stats=parse_bool(query, "stats", False) or voice_auth,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from mediaserver.config import Settings
-from mediaserver.errors import InvalidParameter
+from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SpeechStarted, SpeechStopped, StreamError
 from mediaserver.wake.detector import WakeDetection, WakeDetector
 from mediaserver.wake.models import load_wake_models
@@ -151,7 +151,11 @@ def parse_wake_option(value: object, settings: Settings) -> list[str] | None:
     if not settings.wake_enabled:
         raise InvalidParameter("wake words are off on this server (wake_enabled = false)", param="wake")
     models = load_wake_models(settings.wake_models_dir)
-    return [m.name for m in models.resolve([n.strip() for n in names if n.strip()])]
+    try:
+        return [m.name for m in models.resolve([n.strip() for n in names if n.strip()])]
+    except ApiError as exc:  # (Wyoming's detect names its models ``names``; a start option is ``wake``)
+        exc.param = "wake"
+        raise
 
 
 def new_gate(names: list[str], settings: Settings) -> WakeGate:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from mediaserver.config import Settings
+from mediaserver.errors import ApiError
 from mediaserver.events import FinalTranscript, SpeechStarted, SpeechStopped, Transcript
 from mediaserver.wake.detector import WakeDetection, WakeDetector
 from mediaserver.wake.gate import WakeGate, WakeWaiting, observe, parse_wake_option
@@ -90,3 +92,6 @@ def test_parse_wake_option() -> None:
     assert parse_wake_option(True, settings) == ["okay_nabu"]
     assert parse_wake_option("Hey Jarvis, alexa", settings) == ["hey_jarvis", "alexa"]
     assert parse_wake_option(["hey_mycroft"], settings) == ["hey_mycroft"]
+    with pytest.raises(ApiError) as caught:  # the start option's key, as ws-protocol.md says of a bad value
+        parse_wake_option("nope", settings)
+    assert (caught.value.code, caught.value.param) == ("model_not_found", "wake")

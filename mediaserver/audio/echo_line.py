@@ -30,9 +30,8 @@ MAX_LINE_AHEAD_S: Final = 60.0  # EchoLine: answer audio this far ahead of the m
 MIC_GAP_S: Final = 1.0  # EchoLine: microphone audio this late after the end of the audio before: a gap
 STREAMED_AHEAD_S: Final = 1.0  # EchoLine, auto: audio this far ahead of real time is streamed, not live
 ALIGN_WAIT_S: Final = 0.06  # EchoLine.align_start: the longest an answer's first frame waits for the microphone
-FIRST_AUDIO_MARGIN_S: Final = 0.1  # EchoLine: a first microphone audio after answers is placed this much early
-# (the defaults of the settings echo_max_ahead_s, echo_mic_gap_ms, echo_auto_streamed_ahead_s,
-# echo_align_wait_ms and echo_first_audio_margin_ms, which EchoLine.of applies)
+# (the defaults of the settings echo_max_ahead_s, echo_mic_gap_ms, echo_auto_streamed_ahead_s and
+# echo_align_wait_ms, which EchoLine.of applies)
 
 
 class EchoLine:
@@ -54,7 +53,6 @@ class EchoLine:
         max_ahead_s: float = MAX_LINE_AHEAD_S,
         streamed_ahead_s: float = STREAMED_AHEAD_S,
         align_wait_s: float = ALIGN_WAIT_S,
-        first_audio_margin_s: float = FIRST_AUDIO_MARGIN_S,
         restart_gap_s: float = ONSET_GAP_MS / 1000.0,
         tracker: DelayTracker | None = None,
         residual_max_ms: float | None = None,
@@ -66,7 +64,6 @@ class EchoLine:
         measure = ResidualEcho(RESIDUAL_WINDOW_S, residual_max_ms) if residual_max_ms is not None else None
         self.canceller = EchoCanceller(tracker=tracker, residual=measure)
         self.align_wait_s = align_wait_s
-        self.first_audio_margin_s = first_audio_margin_s
         self.restart_gap_s = restart_gap_s  # answer audio after this long without any restarts playback
         self._arrival = asyncio.Event()  # set by each microphone arrival (``align_start`` waits on it)
         self.gap_s = gap_s
@@ -86,6 +83,7 @@ class EchoLine:
         # Monotonic time of the first answer audio sent before any microphone audio came (it plays from
         # then: the clock's ``mic_arrived`` sample is that moment, until the microphone says otherwise).
         self._sent_first_at: float | None = None
+        self._first_gap = False  # the gap queued is the first audio's (``arrived``): skipped at once
 
     @classmethod
     def of(cls, settings: Settings, queued_samples: int = 0, *, watch_gaps: bool = True) -> EchoLine:
@@ -98,7 +96,6 @@ class EchoLine:
             max_ahead_s=settings.echo_max_ahead_s,
             streamed_ahead_s=settings.echo_auto_streamed_ahead_s,
             align_wait_s=settings.echo_align_wait_ms / 1000.0,
-            first_audio_margin_s=settings.echo_first_audio_margin_ms / 1000.0,
             restart_gap_s=settings.echo_speech_gate_onset_gap_ms / 1000.0,
             tracker=DelayTracker.of(settings),
             residual_max_ms=(
@@ -138,12 +135,16 @@ class EchoLine:
         if self._watch_gaps and self._last_arrival is None and self._sent_first_at is not None:
             # The first microphone audio, after answers went out (a client that sends it only while
             # its user speaks): the device's clock ran from the first answer on, not from here. A
-            # gap of any length (there is no audio before to be late after), a little short: early,
-            # the echo comes later than its reference, which the canceller finds; late, before it.
-            # Applied at once (not ``_retractable``): a question appended in one piece is cleaned
-            # where it was said, not at the answer's start.
-            silent_s = now - self._sent_first_at - samples / SAMPLE_RATE_HZ - self.first_audio_margin_s
-            self.gap(round(silent_s * SAMPLE_RATE_HZ))
+            # gap of any length (there is no audio before it to be late after). Placed by when it
+            # arrived, it is late by its time on the way, so its echo comes later than its reference
+            # (a delay the canceller finds), never before it. Audio sent in a burst takes back what
+            # it brings of the gap (as below), and the worker skips this gap at once, not after the
+            # next piece: a question appended in one piece is cleaned where it was said.
+            silent_s = now - self._sent_first_at - samples / SAMPLE_RATE_HZ
+            if silent_s > 0:
+                self._retractable = round(silent_s * SAMPLE_RATE_HZ)
+                self.gap(self._retractable)
+                self._first_gap = True
         if self._watch_gaps and self._last_arrival is not None:
             last_at, last_s = self._last_arrival
             silent_s = now - last_at - last_s
@@ -223,10 +224,18 @@ class EchoLine:
         clock = self.mic_arrived  # where the device is now
         if self._watch_gaps and self._last_arrival is None:
             # No microphone audio yet: the device's clock is the wall clock since the first answer
-            # went out (an answer sent 10 s after the first plays 10 s into it).
+            # went out (an answer sent 10 s after the first plays 10 s into it) ...
+            now = time.monotonic()
             if self._sent_first_at is None:
-                self._sent_first_at = time.monotonic()
-            clock += round((time.monotonic() - self._sent_first_at) * SAMPLE_RATE_HZ)
+                self._sent_first_at = now
+            clock += round((now - self._sent_first_at) * SAMPLE_RATE_HZ)
+            if clock - self.mic_arrived > self.max_ahead_s * SAMPLE_RATE_HZ:
+                # ... for ``max_ahead_s`` (a client that only listens): then the clock starts again
+                # here, and what was placed ahead is no reference (the canceller holds a bounded
+                # stretch ahead of the microphone).
+                self._sent_first_at = now
+                self.cut(self.mic_arrived)
+                clock = self.mic_arrived
         if self._playing_until - clock > self.max_ahead_s * SAMPLE_RATE_HZ:
             # The microphone has sent nothing for that long (a half-duplex client, a text-only one):
             # its clock says nothing of when this plays. From now, rather than ever further ahead.
@@ -245,9 +254,10 @@ class EchoLine:
 
     def process(self, mic16k: AudioArray) -> AudioArray:
         while self._gaps and self._gaps[0][0] <= self.canceller.position:
-            if len(self._gaps) == 1 and self._retractable:
+            if len(self._gaps) == 1 and self._retractable and not self._first_gap:
                 break  # the latest gap's size is not known yet (a burst may take it back): the next piece says
             self.canceller.skip(self._gaps.popleft()[1])
+            self._first_gap = False
         return self.canceller.process(mic16k)
 
     def removed_db(self, from_ms_ago: int, to_ms_ago: int) -> float | None:

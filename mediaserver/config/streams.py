@@ -257,15 +257,6 @@ class StreamSettings(BaseModel):
         "this long after the end of the audio before it marks a gap (a device that mutes its microphone while it "
         "plays): the canceller's clock moves on by as much, and the answer audio played meanwhile is dropped",
     )
-    echo_first_audio_margin_ms: int = Field(
-        100,
-        ge=0,
-        le=1000,
-        description="... a microphone whose first audio comes after answers went out (a client that sends it only "
-        "while its user speaks) starts on the canceller's clock at the wall-clock time since the first answer, less "
-        "this: placed early, its echo only comes later than the reference (a delay the canceller finds); placed late "
-        "by its audio's time on the way, the echo would come before the reference, which cannot be cancelled",
-    )
     echo_max_ahead_s: float = Field(
         60.0,
         gt=0,

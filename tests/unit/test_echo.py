@@ -259,11 +259,12 @@ def test_a_microphone_that_first_sends_after_an_answer_went_out_starts_where_the
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A client that sends its microphone only while its user speaks (a Realtime app that asked for
-    a spoken answer by text, then appends its question once it stopped playing): the answer went out
-    3 s before the first microphone audio, so that audio is 3 s into the device's clock (less
-    ``echo_first_audio_margin_ms``: early, its echo only comes later than the reference), not where
-    the answer began. Applied before that audio is cleaned, even when it came in one piece. Answers
-    sent meanwhile are placed by the wall clock too: one sent 10 s after the first plays 10 s in."""
+    a spoken answer by text, then appends its question): its first audio is placed on the device's
+    clock by when it arrived (late by its way up, so its echo comes after its reference, never
+    before), not at the first answer's start, and that gap is skipped before the audio is cleaned,
+    even when the question came in one piece; a burst takes back what it brings. Answers sent before
+    any microphone audio are placed by the wall clock; after ``echo_max_ahead_s`` of that (a client
+    that only listens) the clock starts again rather than running out of the canceller's reach."""
     from mediaserver.audio import echo_line as echo
     from mediaserver.audio.echo_line import EchoLine
     from mediaserver.config import Settings
@@ -271,21 +272,38 @@ def test_a_microphone_that_first_sends_after_an_answer_went_out_starts_where_the
     clock = [100.0]
     monkeypatch.setattr(echo, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
     pcm = (np.full(16000, 0.1) * 32767).astype("<i2").tobytes()
-    for late_s, margin_ms in ((3.0, 100), (0.5, 100), (3.0, 300)):
-        line = EchoLine.of(Settings(_env_file=None, echo_first_audio_margin_ms=margin_ms))
+    for late_s, piece_s in ((3.0, 1.0), (0.5, 0.1), (0.5, 1.0)):
+        line = EchoLine()
         assert line.sent(pcm, 16000) == 0 and line.sent(pcm, 16000) == 16000  # 2 s of answer, at once
         clock[0] += late_s
-        line.arrived(16000)  # the question, 1 s, in one piece, ending now
-        line.process(np.zeros(16000, np.float32))
-        gap = round((late_s - 1.0 - margin_ms / 1000) * 16000)
-        assert line.mic_arrived == max(0, gap) + 16000 == line.canceller.position, (late_s, margin_ms)
+        piece = round(piece_s * 16000)
+        line.arrived(piece)  # the question, in one piece, ending now
+        line.process(np.zeros(piece, np.float32))  # cleaned at once
+        gap = max(0, round((late_s - piece_s) * 16000))
+        assert line.mic_arrived == gap + piece == line.canceller.position, (late_s, piece_s)
+    # A burst: 3 s recorded from 2 s after the answer went out, sent at once as 30 pieces at 5 s.
+    line = EchoLine()
+    line.sent(pcm, 16000)
+    clock[0] += 5.0
+    for _ in range(30):
+        line.arrived(1600)
+    for _ in range(30):
+        line.process(np.zeros(1600, np.float32))
+    assert line.mic_arrived == 2 * 16000 + 30 * 1600 == line.canceller.position
+    # Answers sent meanwhile are placed by the wall clock.
     line = EchoLine()
     assert line.sent(pcm, 16000) == 0  # 1 s at t
     clock[0] += 10.0
     assert line.sent(pcm, 16000) == 10 * 16000  # 10 s later, no microphone yet: it plays 10 s in
     clock[0] += 2.0
     line.arrived(1600)
-    assert line.mic_arrived == round((12.0 - 0.1 - 0.1) * 16000) + 1600  # against the second answer's 2nd s
+    assert line.mic_arrived == round((12.0 - 0.1) * 16000) + 1600  # against the second answer's 2nd s
+    # A client that only listens, for longer than the canceller holds reference ahead: no error.
+    line = EchoLine.of(Settings(_env_file=None, echo_max_ahead_s=30.0))
+    for minute in range(5):
+        at = line.sent(pcm, 16000)
+        assert at <= 30 * 16000, (minute, at)
+        clock[0] += 60.0
 
 
 @pytest.mark.parametrize("gap_s", [1.0, 1.5])

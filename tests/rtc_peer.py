@@ -308,6 +308,30 @@ def answer_frames_sent(app: Any) -> int:
     return total
 
 
+def record_answer_audio(app: Any) -> list[bytes]:
+    """The PCM16 (48 kHz mono) of every frame the server's answer tracks send from now on, over all
+    sessions (``AssistantAudioTrack.on_sent``, chained to any hook already there): what was sent,
+    to tell an answer garbled on its way from one synthesized garbled."""
+    from mediaserver.state import SESSIONS
+    from mediaserver.transport.rtc_peer.audio import AssistantAudioTrack
+
+    sent: list[bytes] = []
+    for session_id in app[SESSIONS].ids():
+        pc = getattr(getattr(app[SESSIONS].get(session_id), "peer", None), "pc", None)
+        for sender in pc.getSenders() if pc is not None else ():
+            track = sender.track
+            if isinstance(track, AssistantAudioTrack):
+                before = track.on_sent
+
+                def hook(pcm: bytes, before: Any = before) -> None:
+                    sent.append(pcm)
+                    if before is not None:
+                        before(pcm)
+
+                track.on_sent = hook
+    return sent
+
+
 async def answer_frames_arrived(peer: Peer, app: Any, timeout_s: float = 15.0) -> None:
     """Wait until ``peer`` has received the frames the server sent (all but those aiortc's jitter
     buffer keeps): the last frames in flight, waited for rather than slept for."""

@@ -62,12 +62,11 @@ class EchoPresence:
         self.quiet_likeness = quiet_likeness
         self.min_sound_frames = max(1, round(min_sound_s * 100))
         self.min_compared_frames = max(2, round(min_compared_s * 100))
-        self._ref: deque[float]
-        self._mic: deque[float]
         self.on_decide: Callable[[EchoPresence], None] | None = None  # told each new decision (the session)
         # (the window holds every delay's comparison: 3 s, or the least compared where that is more)
         kept = max(WINDOW_FRAMES, self.min_compared_frames) + MAX_DELAY_FRAMES
-        self._ref, self._mic = deque(maxlen=kept), deque(maxlen=kept)
+        self._ref: deque[float] = deque(maxlen=kept)
+        self._mic: deque[float] = deque(maxlen=kept)
         self.reset()
 
     def reset(self) -> None:
@@ -116,21 +115,14 @@ class EchoPresence:
         # compared, follows the answer (few frames only ever read higher). Reported: the former once
         # there are any.
         best = float(np.max(likeness[enough])) if enough.any() else None
-        self.likeness = best if best is not None else float(np.max(likeness))
+        highest = float(np.max(likeness))
+        self.likeness = best if best is not None else highest
         # No echo only from answer audio whose echo would be in by now at the longest delay.
         heard = int(np.count_nonzero(ref[:-MAX_DELAY_FRAMES] > SOUND_DB)) if ref.size > MAX_DELAY_FRAMES else 0
         if best is not None and best >= self.echo_likeness:
             self._set(True)
-        elif float(np.max(likeness)) < self.quiet_likeness and heard >= self.min_sound_frames:
+        elif highest < self.quiet_likeness and heard >= self.min_sound_frames:
             self._set(False)
-
-    def measure(self, ref: np.ndarray, mic: np.ndarray) -> float | None:
-        """The best correlation of ``mic``'s levels with ``ref``'s delayed 0 to ``MAX_DELAY_FRAMES``
-        frames, at the delays compared over at least ``min_compared_s``; None where none is."""
-        likeness, compared = self.likenesses(ref, mic)
-        if likeness is None or not (enough := compared >= self.min_compared_frames).any():
-            return None
-        return float(np.max(likeness[enough]))
 
     @staticmethod
     def likenesses(ref: np.ndarray, mic: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:

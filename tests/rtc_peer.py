@@ -294,41 +294,39 @@ async def connect_call(
 CLIENT_JITTER_HOLD = 4
 
 
-def answer_frames_sent(app: Any) -> int:
-    """Frames the server's answer tracks (``AssistantAudioTrack``) have sent, over all sessions."""
+def answer_tracks(app: Any) -> list[Any]:
+    """The server's answer tracks (``AssistantAudioTrack``), over all sessions."""
     from mediaserver.state import SESSIONS
     from mediaserver.transport.rtc_peer.audio import AssistantAudioTrack
 
-    total = 0
+    tracks = []
     for session_id in app[SESSIONS].ids():
         pc = getattr(getattr(app[SESSIONS].get(session_id), "peer", None), "pc", None)
         for sender in pc.getSenders() if pc is not None else ():
             if isinstance(sender.track, AssistantAudioTrack):
-                total += sender.track.frames_sent
-    return total
+                tracks.append(sender.track)
+    return tracks
+
+
+def answer_frames_sent(app: Any) -> int:
+    """Frames the server's answer tracks have sent, over all sessions."""
+    return sum(track.frames_sent for track in answer_tracks(app))
 
 
 def record_answer_audio(app: Any) -> list[bytes]:
     """The PCM16 (48 kHz mono) of every frame the server's answer tracks send from now on, over all
     sessions (``AssistantAudioTrack.on_sent``, chained to any hook already there): what was sent,
     to tell an answer garbled on its way from one synthesized garbled."""
-    from mediaserver.state import SESSIONS
-    from mediaserver.transport.rtc_peer.audio import AssistantAudioTrack
-
     sent: list[bytes] = []
-    for session_id in app[SESSIONS].ids():
-        pc = getattr(getattr(app[SESSIONS].get(session_id), "peer", None), "pc", None)
-        for sender in pc.getSenders() if pc is not None else ():
-            track = sender.track
-            if isinstance(track, AssistantAudioTrack):
-                before = track.on_sent
+    for track in answer_tracks(app):
+        before = track.on_sent
 
-                def hook(pcm: bytes, before: Any = before) -> None:
-                    sent.append(pcm)
-                    if before is not None:
-                        before(pcm)
+        def hook(pcm: bytes, before: Any = before) -> None:
+            sent.append(pcm)
+            if before is not None:
+                before(pcm)
 
-                track.on_sent = hook
+        track.on_sent = hook
     return sent
 
 

@@ -144,9 +144,8 @@ class AsrSettings(BaseModel):
         True,
         description="uploads (OpenAI's /v1/audio/transcriptions and translations, WIS / Willow's): decode with "
         "Whisper's timestamps whatever the response_format, so json, text, verbose_json, srt, vtt and WIS give the "
-        "same text (without them "
-        "tiny.en said a 2.2 s question twice for json and once for verbose_json, and looped on a 1 s '10 of clubs'); "
-        "false: json and text without them, about 3 % faster",
+        "same text (without them tiny.en said a 2.2 s question twice for json and once for verbose_json, and "
+        "looped on a 1 s '10 of clubs'); false: json, text and WIS without them, about 3 % faster",
     )
     asr_vocabulary: str = Field(
         "",

@@ -7,6 +7,7 @@ Split from ``Assistant`` (turns.py), which runs it beside the answer's playback.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -78,6 +79,13 @@ class AnswerText:
                 turn.tool_calls = tuple(last.tool_calls)
         except ApiError as exc:
             raise StageFailed("llm", exc.code, exc.message) from None
+        except asyncio.CancelledError:
+            # Cut midway (a barge-in, a Realtime response.cancel): the tokens taken so far, where
+            # the backend says, are the turn's usage (response.done's), not none.
+            if turn.usage is None:
+                current = rounds.last if rounds is not None and rounds.last is not None else stream
+                turn.usage = current.usage_so_far
+            raise
         finally:
             if speech is not None and not speech.closed:
                 speech.end()

@@ -27,7 +27,7 @@ from mediaserver.llm.prompt_size import TEMPLATE_BYTES_PER_MESSAGE, TOOLS_PREAMB
 from mediaserver.llm.registry import LlmSource, is_hub_id
 from mediaserver.llm.slots import SlotAffinity
 from mediaserver.llm.tools import ToolConfig
-from mediaserver.llm.types import BackendEvent, BackendKind, ChatMessage, ChatRequest
+from mediaserver.llm.types import BackendEvent, BackendKind, ChatMessage, ChatRequest, Progress
 from mediaserver.llm.upstream import UpstreamChat, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class LlamaServerEngine:
             answered = False
             try:
                 async for event in events:
-                    answered = True
+                    answered = answered or not isinstance(event, Progress)  # (the prompt's, before any token)
                     yield event
                 return
             except (UpstreamError, Overloaded):

@@ -188,6 +188,10 @@ class LlamaServerProcess:
             "--cache-prompt", "--cache-ram", str(s.llm_engine_cache_ram_mb),
             "--cache-reuse", str(s.llm_engine_cache_reuse_tokens),
             "--n-gpu-layers", layers, "--no-webui", "--metrics", "--log-prefix", "--log-colors", "off",
+            # A conversation's last message from the assistant is a whole message, as OpenAI reads
+            # it (a Realtime response.create after an answer, a client's greeting item): llama-server
+            # would otherwise continue it, and refuse two in a row.
+            "--no-prefill-assistant",
             "--jinja", *(["--chat-template-file", str(self.chat_template)] if self.chat_template else []),
             *(["--mmproj", self.projector_path] if self.projector_path else ["--no-mmproj"]),
         ]  # fmt: skip

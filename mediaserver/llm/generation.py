@@ -24,7 +24,7 @@ from mediaserver.llm.engine import LlmEngine
 from mediaserver.llm.metrics import LlmMetrics
 from mediaserver.llm.registry import LlmSource
 from mediaserver.llm.tools import ToolCall, ToolCallAccumulator, ToolCallDelta
-from mediaserver.llm.types import ChatRequest, Finished, FinishReason, TextDelta, Usage
+from mediaserver.llm.types import ChatRequest, Finished, FinishReason, Progress, TextDelta, Usage
 
 
 class GenerationHost(Protocol):
@@ -85,6 +85,7 @@ class _Outcome:
 
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    progress: Usage | None = None  # the tokens taken so far, as the engine reports them (``Progress``)
     time_to_first_token_s: float | None = None
 
 
@@ -122,6 +123,12 @@ class LlmStream:
     @property
     def usage(self) -> Usage | None:
         return self._outcome.usage
+
+    @property
+    def usage_so_far(self) -> Usage | None:
+        """The usage once finished, else the tokens taken so far where the backend says (the
+        llama-server engine): what a generation cancelled midway reports."""
+        return self._outcome.usage or self._outcome.progress
 
     @property
     def time_to_first_token_s(self) -> float | None:
@@ -243,6 +250,8 @@ async def _generate_on(
                         outcome.time_to_first_token_s = first_at - started
                         metrics.time_to_first_token.labels(model).observe(first_at - started)
                     yield event.text if isinstance(event, TextDelta) else event
+                elif isinstance(event, Progress):
+                    outcome.progress = event.usage
                 elif isinstance(event, Finished):
                     outcome.finish_reason = event.finish_reason
                     outcome.usage = event.usage

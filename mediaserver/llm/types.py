@@ -118,7 +118,15 @@ class Finished:
     usage: Usage | None
 
 
-BackendEvent = TextDelta | ToolCallDelta | Finished
+@dataclass(frozen=True)
+class Progress:
+    """The tokens a generation has taken so far (llama-server's per-token timings): what a
+    generation cancelled before ``Finished`` reports as its usage (a Realtime ``response.done``)."""
+
+    usage: Usage
+
+
+BackendEvent = TextDelta | ToolCallDelta | Finished | Progress
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from mediaserver.llm.types import (
     ChatRequest,
     Finished,
     FinishReason,
+    Progress,
     TextDelta,
     Usage,
 )
@@ -218,6 +219,9 @@ class UpstreamChat:
             # logits of a prompt partly served from the cache differ in the last bits, enough to
             # change a sampled token, and the same seed must give the same answer.
             extra: dict[str, Any] = {"cache_prompt": request.seed is None}
+            # Every chunk then says the tokens taken so far (``Progress``): a generation cancelled
+            # before its last chunk (a Realtime response.cancel, a barge-in) still reports its usage.
+            extra["timings_per_token"] = True
             if slot is not None:
                 extra["id_slot"] = slot
             if request.repeat_penalty is not None:
@@ -228,6 +232,7 @@ class UpstreamChat:
         stream = await self._call(self._client.chat.completions.create, **kwargs)
         finish: FinishReason = "stop"
         usage: Usage | None = None
+        so_far: Usage | None = None  # the engine's tokens so far, for a generation cancelled before its usage
         chunks = 0
         try:
             async for chunk in stream:
@@ -239,6 +244,9 @@ class UpstreamChat:
                     details = chunk.usage.prompt_tokens_details
                     cached = details.cached_tokens if details is not None else None
                     usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens, cached)
+                elif self._engine and (progress := _progress(chunk)) is not None:
+                    so_far = progress.usage
+                    yield progress
                 for choice in chunk.choices:
                     if choice.delta is not None and choice.delta.content:
                         yield TextDelta(choice.delta.content)
@@ -262,10 +270,24 @@ class UpstreamChat:
             # Every OpenAI-compatible server sends at least one chunk; none means it failed after
             # answering 200 (llama-cpp-python's server does this for a prompt over its context).
             raise UpstreamError(f"{self.label} ended its stream without an answer")
-        yield Finished(finish, usage)
+        yield Finished(finish, usage if usage is not None or finish != "cancelled" else so_far)
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _progress(chunk: Any) -> Progress | None:
+    """llama-server's per-token ``timings`` on a chunk (``timings_per_token``) as the usage so far:
+    the prompt's tokens (``cache_n`` of them from the prompt cache, ``prompt_n`` evaluated) and
+    the tokens generated (``predicted_n``)."""
+    timings = (chunk.model_extra or {}).get("timings")
+    if not isinstance(timings, dict):
+        return None
+    try:
+        cached, evaluated, predicted = (int(timings[key]) for key in ("cache_n", "prompt_n", "predicted_n"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return Progress(Usage(max(0, cached) + max(0, evaluated), max(0, predicted), max(0, cached)))
 
 
 def _upstream_message(exc: openai.APIStatusError) -> str:

@@ -165,6 +165,20 @@ async def test_text_parts_system_and_history_are_accepted(client: openai.AsyncOp
     assert result.usage is not None and result.usage.prompt_tokens > 40
 
 
+async def test_a_history_ending_with_the_assistants_messages_is_answered(client: openai.AsyncOpenAI) -> None:
+    # OpenAI reads a last assistant message as a whole one and answers after it; llama-server's own
+    # default continued it ("prefill"), and refused two in a row with a 400 (a user trial: "Cannot
+    # have 2 or more assistant messages at the end of the list").
+    for answers in ([COLORS_ANSWER], [COLORS_ANSWER, "Do you want more?"]):
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three colors."}]
+        messages += [{"role": "assistant", "content": answer} for answer in answers]
+        result = await client.chat.completions.create(
+            model="gpt-4o-mini", messages=messages, temperature=0, max_tokens=12
+        )
+        assert result.choices[0].message.content, answers
+        assert result.usage is not None and result.usage.completion_tokens > 0
+
+
 async def test_models_list_has_the_llm_with_its_kind(server: Any) -> None:
     async with aiohttp.ClientSession() as session, session.get(f"{server.url}/v1/models") as resp:
         body = await resp.json()

@@ -177,6 +177,48 @@ async def test_sdk_text_turn(conv_server: LiveServer) -> None:
         assert details.cached_tokens_details.text_tokens == details.cached_tokens
 
 
+async def test_responses_in_a_row_and_a_cancelled_ones_usage(conv_server: LiveServer) -> None:
+    """``response.create`` with no new user item (LiveKit's generate_reply, "say more"), and after
+    an assistant item the client added, answers each time; a response cancelled midway reports the
+    tokens it took (it said 0 and 0)."""
+    async with sdk(conv_server).realtime.connect(model="gpt-realtime") as connection:
+        await until(connection, "session.created")
+        await connection.session.update(session=TEXT_ONLY)
+        await until(connection, "session.updated")
+        await connection.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}
+        )
+        await connection.conversation.item.create(
+            item={"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me see."}]}
+        )
+        inputs = []
+        for _ in range(3):  # the engine refused the third with "2 or more assistant messages at the end"
+            await connection.response.create(response={"max_output_tokens": 16})
+            response = (await until(connection, "response.done"))[-1].response
+            assert response.status in ("completed", "incomplete"), response.status_details
+            assert response.output[0].content[0].text
+            inputs.append(response.usage.input_tokens)
+        assert inputs == sorted(inputs) and len(set(inputs)) == 3, inputs  # each answer joined the history
+
+        await connection.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Tell me a long story about a dragon and a knight."}],
+            }
+        )
+        await connection.response.create()
+        events = await until(connection, "response.output_text.delta")
+        await connection.response.cancel()
+        events += await until(connection, "response.done")
+    response = events[-1].response
+    assert response.status == "cancelled", response.status
+    deltas = sum(1 for e in events if e.type == "response.output_text.delta")
+    assert response.usage.input_tokens > inputs[-1], response.usage
+    assert response.usage.output_tokens >= deltas >= 1, (response.usage, deltas)
+    assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
+
+
 WEATHER_TOOL = {
     "type": "function",
     "name": "get_weather",

@@ -38,6 +38,14 @@ class SpeakerSettings(BaseModel):
         gt=0,
         description="an enrolment needs at least this much speech over its clips (silence trimmed); less = 400",
     )
+    speaker_min_voiced_share: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="a voice is enrolled, compared or taken as a reference only when at least this share of the frames "
+        "the VAD calls speech are voiced (have a pitch): steady noise, which the VAD calls speech, is no voice "
+        "(real speech 0.41-0.83, noise up to 0.12; mediaserver/speakers/voicing.py); 0 = off",
+    )
     speaker_verify_max_s: float = Field(
         10.0, gt=0, description="a voice is compared on at most its first this many seconds (WIS: 10)"
     )

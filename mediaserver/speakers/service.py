@@ -30,6 +30,7 @@ from mediaserver.speakers.encoder import MIN_SAMPLES, SpeakerEncoder, voiced_sec
 from mediaserver.speakers.fetch import default_path
 from mediaserver.speakers.onnx_encoder import OnnxSpeakerEncoder
 from mediaserver.speakers.store import Embedding, Speaker, SpeakerStore, check_name
+from mediaserver.speakers.voicing import voiced_share
 
 log = logging.getLogger(__name__)
 
@@ -159,16 +160,37 @@ class SpeakerService:
         return _embed_usable(self._encoder(), clips)
 
     def _embed_batch(self, voices: list[AudioArray]) -> list[tuple[Embedding, float] | BaseException]:
-        """Each voice's embedding and seconds of speech, on the worker thread (``ThreadBatches``)."""
+        """Each voice's embedding and seconds of speech, on the worker thread (``ThreadBatches``); a
+        sound that is no voice (``speaker_min_voiced_share``) is that one's InvalidAudio."""
         encoder = self._encoder()  # a failed load is every voice's 503
+        problems = [self._no_voice(audio) for audio in voices]
+        clips = [audio for audio, problem in zip(voices, problems, strict=True) if problem is None]
         try:
-            vectors: list[Embedding | BaseException] = list(encoder.embed_batch(voices))
+            vectors: list[Embedding | BaseException] = list(encoder.embed_batch(clips)) if clips else []
         except ValueError:  # a voice too short to embed: each alone, so only that one fails
-            vectors = [_embed_one(encoder, audio) for audio in voices]
-        return [
-            vector if isinstance(vector, BaseException) else (vector, voiced_seconds(audio))
-            for vector, audio in zip(vectors, voices, strict=True)
-        ]
+            vectors = [_embed_one(encoder, audio) for audio in clips]
+        embedded = iter(zip(vectors, clips, strict=True))
+        results: list[tuple[Embedding, float] | BaseException] = []
+        for problem in problems:
+            if problem is not None:
+                results.append(problem)
+                continue
+            vector, audio = next(embedded)
+            results.append(vector if isinstance(vector, BaseException) else (vector, voiced_seconds(audio)))
+        return results
+
+    def _no_voice(self, audio: AudioArray) -> InvalidAudio | None:
+        """Why ``audio`` is no voice to embed (steady noise the VAD calls speech), or None."""
+        needed = self.settings.speaker_min_voiced_share
+        if needed <= 0:
+            return None
+        share = voiced_share(audio)
+        if share is None or share >= needed:
+            return None  # (no speech at all: the encoder says so itself)
+        return InvalidAudio(
+            f"no voice in the audio: {share:.0%} of what sounds like speech has a voice's pitch, at least "
+            f"{needed:.0%} needed (speaker_min_voiced_share); steady noise is not a voice"
+        )
 
     # --- enrolment and verification ----------------------------------------------------------
 
@@ -185,9 +207,14 @@ class SpeakerService:
         speech_s = sum(seconds for _, seconds in usable)
         needed = self.settings.speaker_enrol_min_speech_s
         if speech_s < needed:
+            # Each clip left out says why (too short to know the voice, no voice, no speech).
+            left_out = "".join(
+                f"; clip {i + 1} left out: {r.message}" for i, r in enumerate(results) if isinstance(r, InvalidAudio)
+            )
             raise InvalidAudio(
                 f"too little speech to enrol {name!r}: {speech_s:.1f} s heard in {len(clips)} clip(s), "
                 f"at least {needed:g} s needed (speaker_enrol_min_speech_s); three spoken sentences are enough"
+                + left_out
             )
         mean = np.mean([vector * seconds for vector, seconds in usable], axis=0)  # longer clips weigh more
         model = self.model_id or "ge2e"

@@ -141,6 +141,7 @@ async def test_enrolment_refuses_what_it_cannot_use(
         status, body = await enrol(http, server, "short", [clip(human_clips, "cards_001")])  # 1.1 s
         assert status == 400 and "too little speech" in body["error"], body
         assert "speaker_enrol_min_speech_s" in body["error"]
+        assert "clip 1 left out: not enough speech" in body["error"], body  # not just "0.0 s heard"
         for bad in ("../etc", "a/b", ".hidden", "", "x" * 65):
             status, body = await enrol(http, server, bad, reader)
             assert status == 400 and body["code"] == "invalid_parameter", (bad, body)
@@ -180,6 +181,35 @@ async def test_the_speech_an_enrolment_needs_is_a_setting(
         assert status == 400 and "3 s needed" in body["error"], body
         status, body = await enrol(http, lenient, "walker", go_forward)
         assert status == 201 and 1.0 <= body["speech_s"] < 3.0, body
+
+
+def hiss(seed: int, seconds: float = 5.0) -> np.ndarray:
+    """Steady white noise, which webrtcvad calls speech nearly throughout."""
+    return (np.random.default_rng(seed).standard_normal(int(seconds * 16000)) * 0.1).astype(np.float32)
+
+
+async def test_noise_is_no_voice_to_enrol_or_to_authorize(
+    server_factory: Callable[..., Any], human_clips: HumanClips, tmp_path: Path
+) -> None:
+    # A user trial enrolled 5 s of hiss as a speaker, and then another hiss passed WIS voice_auth
+    # as that person (0.996): the VAD called the noise speech.
+    default: LiveServer = await server_factory(speakers_dir=tmp_path / "a")
+    off: LiveServer = await server_factory(speakers_dir=tmp_path / "b", speaker_min_voiced_share=0.0)
+    async with aiohttp.ClientSession() as http:
+        status, body = await enrol(http, default, "hiss", [hiss(0)])
+        assert status == 400 and body["code"] == "invalid_audio", body
+        assert "no voice in the audio" in body["error"] and "speaker_min_voiced_share" in body["error"], body
+        status, body = await enrol(http, default, "reader", [clip(human_clips, n) for n in ENROL])
+        assert status == 201, body
+        status, answer = await willow_auth(http, default, hiss(5, 4.0))
+        assert status == 406, answer
+        status, answer = await willow_auth(http, default, clip(human_clips, SAME_READER[0]))
+        assert status == 200 and "reader" in answer["voice_auth"], answer
+        # The check off: the hazard it closes.
+        status, body = await enrol(http, off, "hiss", [hiss(0)])
+        assert status == 201, body
+        status, answer = await willow_auth(http, off, hiss(5, 4.0))
+        assert status == 200 and "hiss" in answer["voice_auth"], answer
 
 
 async def test_a_corrupt_store_file_is_put_aside_and_the_server_starts(

@@ -1,0 +1,64 @@
+"""Is the sound a voice? The share of the VAD's speech frames that are voiced (pitched).
+
+webrtcvad, which cuts the silences before a voice is embedded (encoder.py), calls steady noise
+speech: white noise was 4.98 s of "speech" in 5 s, and a user trial enrolled it as a speaker,
+whom any other noise then matched (0.996, so WIS ``voice_auth`` authorized hiss). A voice has a
+pitch: in most of its speech frames the waveform repeats every 2.5-25 ms (60-400 Hz), and its
+autocorrelation has a clear peak there. Noise has none.
+
+Per 30 ms frame the VAD calls speech, the normalized autocorrelation is searched after its first
+zero crossing (noise whose energy sits at low frequencies, brown noise or mains hum, stays
+correlated over short lags without repeating) for an inner peak between 40 and 267 samples; a
+frame whose peak is at least ``PEAK`` is voiced. Measured on the suite's 17 real recordings
+(tests/human_speech.py): 0.41-0.83 of their speech frames are voiced; the same with white noise at
+0 dB SNR over the whole clip, 0.23-0.26; white, pink and mains hum with noise 0.00, brown 0.12, a
+car's rumble 0.03. Hence ``speaker_min_voiced_share`` 0.2. Written here because no dependency of
+the server's has a pitch tracker (a YIN from librosa or praat would be a large one for this).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+import webrtcvad
+
+SAMPLE_RATE: Final = 16_000
+FRAME: Final = SAMPLE_RATE * 30 // 1000  # webrtcvad's 30 ms frames
+MIN_LAG: Final = SAMPLE_RATE // 400  # 400 Hz
+MAX_LAG: Final = SAMPLE_RATE * 10 // 600  # 60 Hz (267 samples, within one frame)
+PEAK: Final = 0.5  # normalized autocorrelation at the pitch period that makes a frame voiced
+TARGET_DBFS: Final = -30.0  # quieter audio is raised to this first, as the encoder's is
+
+
+def voiced_share(audio: npt.ArrayLike) -> float | None:
+    """The share of ``audio``'s (16 kHz mono float) speech frames, as webrtcvad finds them, that are
+    voiced; None when it finds no speech at all."""
+    wav = np.asarray(audio, dtype=np.float32).ravel()
+    frames = wav.size // FRAME
+    if frames == 0:
+        return None
+    rms = float(np.sqrt(np.mean(np.square(wav, dtype=np.float64))))
+    gain = 10 ** (TARGET_DBFS / 20) / rms if rms > 0 else 1.0
+    block = wav[: frames * FRAME].reshape(frames, FRAME) * max(gain, 1.0)
+    vad = webrtcvad.Vad(3)
+    pcm = (np.clip(block, -1.0, 1.0) * 32767).round().astype("<i2")
+    speech = np.array([vad.is_speech(frame.tobytes(), SAMPLE_RATE) for frame in pcm], bool)
+    if not speech.any():
+        return None
+    centred = block[speech] - block[speech].mean(axis=1, keepdims=True)
+    spectrum = np.fft.rfft(centred, n=2 * FRAME + 64, axis=1)
+    correlation = np.fft.irfft(np.abs(spectrum) ** 2, axis=1)[:, :FRAME]
+    lags = np.arange(FRAME)
+    # Normalized by the energy, each lag scaled for the samples it overlaps (unbiased).
+    normalized = correlation / (correlation[:, :1] + 1e-12) * (FRAME / (FRAME - lags))
+    negative = normalized < 0
+    first_zero = np.where(negative.any(axis=1), negative.argmax(axis=1), FRAME)
+    start = np.maximum(first_zero, MIN_LAG)
+    searched = (lags[None, :] >= start[:, None]) & (lags[None, :] < MAX_LAG)
+    masked = np.where(searched, normalized, -np.inf)
+    peak_lag = masked.argmax(axis=1)
+    inner = (peak_lag > start) & (peak_lag < MAX_LAG - 1)
+    voiced = inner & (masked.max(axis=1) >= PEAK)
+    return float(np.count_nonzero(voiced)) / float(centred.shape[0])

@@ -292,6 +292,12 @@ async def health_handler(request: web.Request) -> web.Response:
         if WYOMING_PORT in request.app
         else {"enabled": False, "reason": "wyoming_enabled is false"}
     )
+    toolbox = request.app.get(TOOLS)
+    if toolbox is not None and settings.mcp_servers:
+        # The operator's MCP servers (mcp_servers): one that is down has no tools offered meanwhile.
+        body["mcp"] = toolbox.status()
+        if toolbox.down:
+            body["status"] = "degraded"
     if LLM in request.app:  # slots busy, queue, tokens/s and the engine's state, per model
         llm = await request.app[LLM].status()
         body["llm"] = llm

@@ -275,9 +275,32 @@ class McpToolbox:
             else:
                 log.info("MCP server %s: connected, tools %s", name, tools)
             try:
-                await server.drop.wait()
+                await self._hold(server, client)
             finally:
                 server.client, server.tools = None, {}
+
+    async def _hold(self, server: _Server, client: Any) -> None:
+        """Hold the connection until ``drop``, pinging the server every ``mcp_ping_s``: an HTTP server
+        that died is otherwise noticed only when a user's call fails on it, its tools offered
+        meanwhile. A ping that fails or times out (``mcp_call_timeout_s``) ends the connection."""
+        every_s = self.settings.mcp_ping_s
+        while True:
+            if every_s <= 0:
+                await server.drop.wait()
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(every_s):
+                    await server.drop.wait()
+                    return
+            try:
+                async with asyncio.timeout(self.settings.mcp_call_timeout_s):
+                    await client.send_ping()
+            except TimeoutError:
+                server.dropped = f"no answer to a ping within {self.settings.mcp_call_timeout_s:g} s"
+                return
+            except Exception as exc:
+                server.dropped = f"a ping failed ({failure(exc, server.http_error)})"
+                return
 
     # --- tools -----------------------------------------------------------------------------------
     def _names(self) -> dict[str, tuple[_Server, str]]:
@@ -310,7 +333,21 @@ class McpToolbox:
         return await self.call(call.name, call.arguments, refuse=refuse)
 
     def status(self) -> dict[str, Any]:
-        return {s.config.name: {"tools": sorted(s.tools), "problem": s.problem} for s in self._servers}
+        """Each server: ``up`` (connected, its tools listed) or ``down`` (and why), its tools (under
+        their own names) (/health's ``mcp``)."""
+        return {
+            s.config.name: {
+                "state": "up" if s.client is not None else "down",
+                "tools": sorted(s.tools),
+                "problem": s.problem if s.client is None else None,
+            }
+            for s in self._servers
+        }
+
+    @property
+    def down(self) -> list[str]:
+        """The servers not connected now."""
+        return [s.config.name for s in self._servers if s.client is None]
 
     def server_tools(self, server: str) -> tuple[list[ToolSpec], str | None]:
         """One server's tools under its own names, and why it has none (None: connected)."""
@@ -369,9 +406,12 @@ class McpToolbox:
             done(f"Error: {name} was cancelled.", "cancelled", is_error=True)
             raise
         except Exception as exc:
-            if _closed(exc) and server.client is client:  # the server is gone (a stdio process that died)
-                server.dropped = f"a call found the connection closed ({exc})"
-                server.drop.set()
+            if _closed(exc):  # the server is gone (a stdio process that died, an HTTP server down)
+                if server.client is client:
+                    server.dropped = f"a call found the connection closed ({exc})"
+                    server.drop.set()
+                text = f"Error: the {server.config.name} service is unavailable ({name} failed: {exc})."
+                return done(text, "unavailable", is_error=True)
             return done(f"Error: {name} failed: {exc}", "error", is_error=True)
         text = _result_text(result.content, result.structured_content)
         if result.is_error:

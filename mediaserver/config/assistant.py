@@ -163,6 +163,12 @@ class AssistantSettings(BaseModel):
     mcp_connect_timeout_s: float = Field(10.0, gt=0, description="connecting to a server and listing its tools")
     mcp_reconnect_s: float = Field(10.0, gt=0, description="wait before connecting again to a server that is down")
     mcp_call_timeout_s: float = Field(10.0, gt=0, description="one tool call; past it the model gets an error result")
+    mcp_ping_s: float = Field(
+        10.0,
+        ge=0,
+        description="a connected server is pinged this often (MCP ping): one that does not answer within "
+        "mcp_call_timeout_s went away, and its tools are withdrawn before a user's call finds it down; 0 = no pings",
+    )
     mcp_max_calls_per_turn: int = Field(4, ge=1, description="tool calls in one answer; more end it with an error")
     mcp_max_result_chars: int = Field(
         4000, ge=100, description="a tool result longer than this is cut for the model, with a note"

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import pytest_asyncio
 
@@ -223,6 +224,66 @@ async def test_a_server_that_dies_during_a_call_comes_back(
         print("\n".join(_warnings(caplog)))
     finally:
         stop_process(process)
+
+
+def _outcomes(box: McpToolbox) -> dict[tuple[str, str], float]:
+    return {
+        (s.labels["tool"], s.labels["outcome"]): s.value
+        for metric in box.metrics.calls.collect()
+        for s in metric.samples
+        if s.name.endswith("_total")
+    }
+
+
+async def test_a_server_that_dies_between_calls_is_noticed_by_its_ping(
+    toolbox_factory: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A user trial killed the HTTP server between two turns: nothing noticed until the next user's
+    call failed on it (counted an ``error``), its tools offered meanwhile. Pinged every
+    ``mcp_ping_s``, it is withdrawn once a ping fails; without pings (0) it still is not; and a call
+    on a server gone is counted ``unavailable``."""
+    caplog.set_level(logging.INFO, logger="mediaserver.assistant.mcp")
+    state, port = tmp_path / "state.json", free_port()
+    process = start_lights(state, port)
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        pinged = await toolbox_factory(http_config(url), mcp_ping_s=0.5, mcp_reconnect_s=0.5)
+        unpinged = await toolbox_factory(http_config(url), mcp_ping_s=0, mcp_reconnect_s=0.5)
+        assert pinged.status()["lights"]["state"] == "up" and unpinged.status()["lights"]["state"] == "up"
+        os.kill(process.pid, signal.SIGKILL)
+        await asyncio.to_thread(process.wait, 10)
+        await eventually(lambda: pinged.tools() == [], 30)
+        status = pinged.status()["lights"]
+        assert status["state"] == "down" and status["problem"], status  # (then: retried, refused)
+        assert pinged.down == ["lights"]
+        assert any(" went away (" in w for w in _warnings(caplog)), _warnings(caplog)  # before any call
+        # The one without pings still offers the dead server's tools: the user's call finds it down.
+        assert "set_light" in {t.name for t in unpinged.tools()} and unpinged.down == []
+        failed = await unpinged.call("set_light", '{"name": "kitchen", "on": true}')
+        assert failed.is_error and "service is unavailable" in failed.text, failed
+        assert _outcomes(unpinged).get(("set_light", "unavailable")) == 1, _outcomes(unpinged)
+        await eventually(lambda: unpinged.tools() == [], 30)
+
+        process = start_lights(state, port)
+        await eventually(lambda: pinged.status()["lights"]["state"] == "up", 30)
+        assert not (await pinged.call("get_state", '{"name": "kitchen"}')).is_error
+    finally:
+        stop_process(process)
+
+
+async def test_health_names_each_mcp_server_and_a_down_one_degrades_it(
+    server_factory: Any, light_server: tuple[str, Path]
+) -> None:
+    url, _ = light_server
+    down = McpServerConfig.model_validate({"name": "gone", "url": f"http://127.0.0.1:{free_port()}/mcp"})
+    server = await server_factory(mcp_servers=[http_config(url), down], mcp_connect_timeout_s=5)
+    async with aiohttp.ClientSession() as http, http.get(f"{server.url}/health") as resp:
+        assert resp.status == 200
+        body = await resp.json()
+    assert body["status"] == "degraded", body
+    lights, gone = body["mcp"]["lights"], body["mcp"]["gone"]
+    assert lights["state"] == "up" and "set_light" in lights["tools"] and lights["problem"] is None, lights
+    assert gone["state"] == "down" and gone["tools"] == [] and "connection refused" in gone["problem"], gone
 
 
 def _pid_of(state: Path) -> int:

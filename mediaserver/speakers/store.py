@@ -16,6 +16,7 @@ import os
 import re
 import threading
 import time
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,18 +30,20 @@ log = logging.getLogger(__name__)
 
 Embedding = npt.NDArray[np.float32]
 
-# Letters, digits, space, "_" and "-": nothing a path or a file name could read specially.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _-]{0,63}")
+# Letters and digits of any script (Zoë, 王小明), space, "_" and "-": nothing a path or a file
+# name could read specially.
+NAME_PATTERN = re.compile(r"[^\W_][\w -]{0,63}")
 SUFFIX = ".json"
 
 
 def check_name(name: str) -> str:
-    """The speaker name, stripped, or a 400 saying what a name may hold."""
-    stripped = name.strip()
+    """The speaker name, stripped and in Unicode's composed form (NFC: a client that sends "Zoë"
+    decomposed names the same speaker), or a 400 saying what a name may hold."""
+    stripped = unicodedata.normalize("NFC", name.strip())
     if not NAME_PATTERN.fullmatch(stripped) or stripped.endswith(" "):
         raise InvalidParameter(
-            f"speaker name {name[:80]!r} is not allowed: 1-64 letters, digits, spaces, '_' or '-', "
-            "starting with a letter or digit",
+            f"speaker name {name[:80]!r} is not allowed: 1-64 letters (of any script), digits, spaces, '_' "
+            "or '-', starting with a letter or digit",
             param="name",
         )
     return stripped
@@ -118,6 +121,15 @@ class SpeakerStore:
         """Store ``speaker`` (blocking: writes the file); True if it replaced one of that name."""
         with self._lock:
             existing = speaker.name in self._speakers
+            twin = next(
+                (n for n in self._speakers if n != speaker.name and n.casefold() == speaker.name.casefold()), None
+            )
+            if twin is not None:  # one file on a case-insensitive disk, and the same person twice
+                raise Conflict(
+                    f"speaker {twin!r} is enrolled; names that differ only in case are the same speaker here "
+                    f"(enrol as {twin!r} with replace=true, or DELETE it first)",
+                    param="name",
+                )
             if existing and not replace:
                 raise Conflict(
                     f"speaker {speaker.name!r} is already enrolled; send replace=true to enrol again, or DELETE it",

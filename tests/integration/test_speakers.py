@@ -142,7 +142,7 @@ async def test_enrolment_refuses_what_it_cannot_use(
         assert status == 400 and "too little speech" in body["error"], body
         assert "speaker_enrol_min_speech_s" in body["error"]
         assert "clip 1 left out: not enough speech" in body["error"], body  # not just "0.0 s heard"
-        for bad in ("../etc", "a/b", ".hidden", "", "x" * 65):
+        for bad in ("../etc", "a/b", ".hidden", "", "x" * 65, "_x", "tab\there", "zero\u200bwidth"):
             status, body = await enrol(http, server, bad, reader)
             assert status == 400 and body["code"] == "invalid_parameter", (bad, body)
             assert "speaker name" in body["error"], (bad, body)
@@ -158,6 +158,8 @@ async def test_enrolment_refuses_what_it_cannot_use(
         assert status == 409 and "replace=true" in body["error"], body
         status, body = await enrol(http, server, "reader", reader[:1] + reader[1:], replace="true")
         assert status == 200 and body["replaced"] is True, body
+        status, body = await enrol(http, server, "Reader", reader)  # one speaker, whatever the case
+        assert status == 409 and "differ only in case" in body["error"], body
         status, body = await enrol(http, server, "second", reader)
         assert status == 409 and "speakers_max" in body["error"], body  # speakers_max=1
         async with http.delete(f"{server.url}/api/speakers/nobody") as resp:
@@ -181,6 +183,25 @@ async def test_the_speech_an_enrolment_needs_is_a_setting(
         assert status == 400 and "3 s needed" in body["error"], body
         status, body = await enrol(http, lenient, "walker", go_forward)
         assert status == 201 and 1.0 <= body["speech_s"] < 3.0, body
+
+
+async def test_names_of_any_script_are_enrolled_kept_and_deleted(
+    server_factory: Callable[..., Any], human_clips: HumanClips, tmp_path: Path
+) -> None:
+    reader = [clip(human_clips, n) for n in ENROL]
+    server: LiveServer = await server_factory(speakers_dir=tmp_path)
+    async with aiohttp.ClientSession() as http:
+        status, body = await enrol(http, server, "Zoe\u0308", reader)  # decomposed, as macOS sends it
+        assert status == 201 and body["name"] == "Zo\u00eb", body
+        status, body = await enrol(http, server, "王小明", reader)
+        assert status == 201 and body["name"] == "王小明", body
+        assert sorted(s["name"] for s in await listed(http, server)) == ["Zo\u00eb", "王小明"]
+    restarted: LiveServer = await server_factory(speakers_dir=tmp_path)
+    async with aiohttp.ClientSession() as http:
+        assert sorted(s["name"] for s in await listed(http, restarted)) == ["Zo\u00eb", "王小明"]
+        async with http.delete(f"{restarted.url}/api/speakers/Zo%C3%AB") as resp:
+            assert resp.status == 204
+        assert [s["name"] for s in await listed(http, restarted)] == ["王小明"]
 
 
 def hiss(seed: int, seconds: float = 5.0) -> np.ndarray:

@@ -227,6 +227,44 @@ WEATHER_TOOL = {
 }
 
 
+async def test_a_responses_own_tools_and_tool_choice(conv_server: LiveServer) -> None:
+    """``response.create``'s ``tools`` and ``tool_choice`` are that response's (they were ignored: a
+    client's ``tool_choice: "none"`` for one response still got the session's)."""
+    light = {
+        "type": "function",
+        "name": "set_light",
+        "description": "Turn a light on or off",
+        "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]},
+    }
+    async with sdk(conv_server).realtime.connect(model="gpt-realtime") as connection:
+        await until(connection, "session.created")
+        await connection.session.update(
+            session={**TEXT_ONLY, "tools": [light], "tool_choice": "none", "max_output_tokens": 80}
+        )
+        await until(connection, "session.updated")
+        await connection.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Lights on, please."}]}
+        )
+        forced = {"type": "function", "name": "set_light"}
+        await connection.response.create(response={"tool_choice": forced})
+        calls = [o for o in (await until(connection, "response.done"))[-1].response.output if o.type == "function_call"]
+        assert [c.name for c in calls] == ["set_light"], calls
+        await connection.response.create(response={"tools": [WEATHER_TOOL], "tool_choice": "required"})
+        calls = [o for o in (await until(connection, "response.done"))[-1].response.output if o.type == "function_call"]
+        assert [c.name for c in calls] == ["get_weather"], calls  # this response's tools, not the session's
+        await connection.response.create(response={"max_output_tokens": 8})  # the session's: none
+        output = (await until(connection, "response.done"))[-1].response.output
+        assert [o.type for o in output] == ["message"], output
+        for response, param in (
+            ({"tool_choice": {"type": "function", "name": "open_door"}}, "response.tool_choice"),
+            ({"tools": "set_light"}, "response.tools"),
+            ({"tools": [{"type": "mcp", "server_label": "x", "server_url": "http://x"}]}, "response.tools"),
+        ):
+            await connection.response.create(response=response)
+            error = (await until(connection, "error"))[-1].error
+            assert error.param == param, (response, error)
+
+
 @pytest.mark.parametrize("tools", [[], [WEATHER_TOOL]], ids=["no_tools", "a_function"])
 async def test_a_sessions_instructions_are_prefilled_before_its_first_response(
     conv_server: LiveServer, tools: list[dict[str, Any]]

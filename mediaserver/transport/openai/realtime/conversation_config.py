@@ -115,8 +115,9 @@ class ConversationConfig:
         """``instructions`` as the session events show them to the client."""
         return REDACTED if self.instructions_sealed else self.instructions
 
-    def tool_config(self) -> ToolConfig | None:
-        """The session's functions for the LLM (None: none, or ``tool_choice`` ``none``).
+    def tool_config(self, where: str = "session") -> ToolConfig | None:
+        """The session's functions for the LLM (None: none, or ``tool_choice`` ``none``); an error
+        names ``where`` they came from (``response``: a ``response.create``'s own).
 
         Only the ``function`` tools: the MCP servers' tools join at response time, once listed
         (``Conversation``); a ``tool_choice`` naming one (``{"type": "mcp", ...}``) is checked here
@@ -128,8 +129,8 @@ class ConversationConfig:
             if not any(m.label == label for m in self.mcp):
                 raise EventError(
                     "invalid_value",
-                    f"Invalid 'session.tool_choice': no MCP tool with server_label {label!r} is in tools.",
-                    "session.tool_choice",
+                    f"Invalid '{where}.tool_choice': no MCP tool with server_label {label!r} is in tools.",
+                    f"{where}.tool_choice",
                 )
             choice = "auto"
         if not functions and self.mcp and choice == "required":
@@ -137,7 +138,7 @@ class ConversationConfig:
         try:
             return parse_tools(functions, choice, None, flat=True)
         except InvalidParameter as exc:
-            param = "session.tool_choice" if exc.param == "tool_choice" else "session.tools"
+            param = f"{where}.tool_choice" if exc.param == "tool_choice" else f"{where}.tools"
             raise EventError("invalid_value", exc.message, param) from None
 
     @property
@@ -448,6 +449,8 @@ def parse_response_options(
                 "response.conversation",
             )
         changes["in_conversation"] = conversation != "none"
+    if "tools" in spec or "tool_choice" in spec:
+        changes.update(_response_tools(spec, session))
     if "input" in spec and spec["input"] is not None:
         items = spec["input"]
         if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
@@ -456,6 +459,29 @@ def parse_response_options(
             )
         changes["input"] = tuple(items)
     return replace(options, **changes)
+
+
+def _response_tools(spec: Mapping[str, Any], session: ConversationConfig) -> dict[str, Any]:
+    """A ``response.create``'s own ``tools`` (functions; the session's MCP servers stay) and
+    ``tool_choice``, over the session's, checked as a session's are."""
+    tools = session.tools
+    if "tools" in spec:
+        given = spec["tools"]
+        if given is not None and not isinstance(given, list):
+            raise EventError(
+                "invalid_type", f"Invalid type for 'response.tools': expected an array, but got {type_name(given)}.",
+                "response.tools",
+            )  # fmt: skip
+        if any(is_mcp(tool) for tool in given or ()):
+            raise EventError(
+                "invalid_value",
+                "'response.tools' takes functions here; MCP servers are declared for the session (session.update)",
+                "response.tools",
+            )
+        tools = (*(given or ()), *(tool for tool in session.tools if is_mcp(tool)))
+    choice = spec.get("tool_choice", session.tool_choice)
+    own = replace(session, tools=tools, tool_choice=choice)
+    return {"tools": own.tool_config("response"), "tool_choice": choice}
 
 
 def default_conversation(

@@ -321,6 +321,8 @@ class LlmService:
             stop=params.stop,
             seed=params.seed,
             repeat_penalty=defaults.repeat_penalty if params.repeat_penalty is None else params.repeat_penalty,
+            frequency_penalty=params.frequency_penalty,
+            presence_penalty=params.presence_penalty,
         )
 
     def stream(
@@ -344,6 +346,8 @@ class LlmService:
             repeat_penalty=resolved.repeat_penalty,
             dry_multiplier=defaults_for(source.name, self.settings).dry_multiplier,
             tools=params.tools,
+            frequency_penalty=resolved.frequency_penalty,
+            presence_penalty=resolved.presence_penalty,
         )
         return LlmStream(self, source, request)
 

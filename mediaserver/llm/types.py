@@ -74,6 +74,9 @@ class GenerationParams:
     seed: int | None = None
     repeat_penalty: float | None = None
     tools: ToolConfig | None = None
+    # OpenAI's penalties (-2 to 2), passed on as asked; None: not sent (the backend's own, 0).
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ class ChatRequest:
     repeat_penalty: float | None = None
     dry_multiplier: float | None = None
     tools: ToolConfig | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,10 @@ class UpstreamChat:
             kwargs["stop"] = list(request.stop)
         if request.seed is not None:
             kwargs["seed"] = request.seed
+        if request.frequency_penalty is not None:
+            kwargs["frequency_penalty"] = request.frequency_penalty
+        if request.presence_penalty is not None:
+            kwargs["presence_penalty"] = request.presence_penalty
         if json_schema is not None:
             schema = {"name": "answer", "schema": dict(json_schema)}
             kwargs["response_format"] = {"type": "json_schema", "json_schema": schema}

@@ -108,6 +108,8 @@ _CHAT_REQUEST = {
             "maximum": 2,
             "description": "vLLM's extension (llama.cpp models here); 1 = off; unset: the model's default",
         },
+        "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2, "description": "unset: 0"},
+        "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2, "description": "unset: 0"},
         "n": {"type": "integer", "const": 1},
         **_TOOL_PROPERTIES,
     },

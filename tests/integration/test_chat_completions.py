@@ -179,6 +179,23 @@ async def test_a_history_ending_with_the_assistants_messages_is_answered(client:
         assert result.usage is not None and result.usage.completion_tokens > 0
 
 
+async def test_frequency_and_presence_penalties_reach_the_model(client: openai.AsyncOpenAI) -> None:
+    # LiveKit and pipecat send them; they were accepted and dropped.
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say the word dog ten times."}]
+    answers = {}
+    for penalty in (0.0, 2.0):
+        result = await client.chat.completions.create(
+            model="gpt-4o-mini",
+            messages=messages,
+            temperature=0,
+            max_tokens=24,
+            frequency_penalty=penalty,
+            presence_penalty=penalty,
+        )
+        answers[penalty] = result.choices[0].message.content
+    assert answers[0.0] != answers[2.0], answers
+
+
 async def test_models_list_has_the_llm_with_its_kind(server: Any) -> None:
     async with aiohttp.ClientSession() as session, session.get(f"{server.url}/v1/models") as resp:
         body = await resp.json()
@@ -207,6 +224,8 @@ async def test_models_list_has_the_llm_with_its_kind(server: Any) -> None:
         ({"model": "no-such-model", "messages": COLORS}, "model", "smollm2-135m-instruct"),
         ({"model": "gpt-4o-mini", "messages": COLORS, "temperature": 3}, "temperature", "less than or equal"),
         ({"model": "gpt-4o-mini", "messages": COLORS, "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+        ({"model": "gpt-4o-mini", "messages": COLORS, "frequency_penalty": 3}, "frequency_penalty", "less than"),
+        ({"model": "gpt-4o-mini", "messages": COLORS, "presence_penalty": -2.5}, "presence_penalty", "greater than"),
         ({"model": "gpt-4o-mini", "messages": COLORS, "tools": [{"type": "function"}]}, "tools", "function must be"),
         (  # a content part of a type chat does not take: what it could be, not "a valid string"
             {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},

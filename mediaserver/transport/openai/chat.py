@@ -97,6 +97,8 @@ class _ChatBody(_Lenient):
     seed: int | None = None
     # vLLM's extension: 1 turns the model's default repetition penalty off (llama.cpp models only).
     repetition_penalty: float | None = Field(None, ge=0.5, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     n: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
@@ -172,6 +174,8 @@ def parse_chat(body: Any) -> tuple[_ChatBody, list[ChatMessage], GenerationParam
         seed=chat.seed,
         repeat_penalty=chat.repetition_penalty,
         tools=tools,
+        frequency_penalty=chat.frequency_penalty,
+        presence_penalty=chat.presence_penalty,
     )
     return chat, messages, params
 

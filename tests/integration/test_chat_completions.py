@@ -216,6 +216,11 @@ async def test_models_list_has_the_llm_with_its_kind(server: Any) -> None:
         ({"model": "gpt-4o-mini", "messages": []}, "messages", "at least 1"),
         ({"model": "gpt-4o-mini", "messages": [{"role": "robot", "content": "hi"}]}, "messages", "role"),
         ({"model": "gpt-4o-mini", "messages": [{"role": "tool", "content": "hi"}]}, "messages", "role"),
+        (  # a result for a call nobody made (OpenAI's 400 too)
+            {"model": "gpt-4o-mini", "messages": [*COLORS, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]},
+            "messages",
+            "which no earlier assistant message's tool_calls has",
+        ),
         ({"model": "gpt-4o-mini", "messages": COLORS, "n": 2}, "n", "n must be 1"),
         ({"model": "gpt-4o-mini", "messages": COLORS, "max_tokens": 0}, "max_tokens", "at least 1"),
         ({"model": "gpt-4o-mini", "messages": COLORS, "max_tokens": -3}, "max_tokens", "at least 1"),

@@ -133,11 +133,19 @@ def _messages(chat: _ChatBody) -> list[ChatMessage]:
         "system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"
     }  # fmt: skip
     messages = []
+    called: set[str] = set()  # the ids of the calls made so far in the history
     for index, m in enumerate(chat.messages):
         if m.content is None and not (m.role == "assistant" and m.tool_calls):
             raise InvalidParameter(f"messages[{index}].content is missing", param="messages")
         if m.role == "tool" and not m.tool_call_id:
             raise InvalidParameter(f"messages[{index}] (role tool) needs tool_call_id", param="messages")
+        if m.role == "tool" and m.tool_call_id not in called:
+            raise InvalidParameter(  # as OpenAI: a result answers a call an earlier assistant message made
+                f"messages[{index}] (role tool) answers tool_call_id {m.tool_call_id!r}, which no earlier assistant "
+                "message's tool_calls has",
+                param="messages",
+            )
+        called.update(c.id for c in m.tool_calls or ())
         calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ())
         if calls and m.role != "assistant":
             raise InvalidParameter(f"messages[{index}]: only assistant messages have tool_calls", param="messages")

@@ -281,7 +281,8 @@ def _modality(value: object, param: str) -> Modality:
     if not isinstance(value, list) or not value or not all(v in ("text", "audio") for v in value):
         raise EventError(
             "invalid_value",
-            f"Invalid '{param}': {value!r}. Supported values are: ['audio'] and ['text'].",
+            f"Invalid '{param}': {value!r}. Supported values are: ['audio'] (audio and its transcript; "
+            "['audio', 'text'], the beta's, is the same) and ['text'].",
             param,
         )
     return "audio" if "audio" in value else "text"

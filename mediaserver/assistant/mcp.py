@@ -124,6 +124,7 @@ class _Server:
     # process died), with why.
     drop: asyncio.Event = field(default_factory=asyncio.Event)
     dropped: str | None = None
+    checks: int = 0  # liveness checks (``mcp_check_s``) it answered
 
 
 class RedirectRefused(Exception):
@@ -260,12 +261,7 @@ class McpToolbox:
                 client = await stack.enter_async_context(Client(_transport(server)))
                 async with asyncio.timeout(self.settings.mcp_call_timeout_s):
                     listing = await client.list_tools()
-            allowed = server.config.allowed_tools
-            server.tools = {
-                t.name: ToolSpec(t.name, t.description or "", t.input_schema or {"type": "object"})
-                for t in listing.tools
-                if allowed is None or t.name in allowed
-            }
+            server.tools = _specs(listing, server.config.allowed_tools)
             server.client, server.problem = client, None
             up.set()
             server.connected.set()
@@ -280,10 +276,17 @@ class McpToolbox:
                 server.client, server.tools = None, {}
 
     async def _hold(self, server: _Server, client: Any) -> None:
-        """Hold the connection until ``drop``, pinging the server every ``mcp_ping_s``: an HTTP server
-        that died is otherwise noticed only when a user's call fails on it, its tools offered
-        meanwhile. A ping that fails or times out (``mcp_call_timeout_s``) ends the connection."""
-        every_s = self.settings.mcp_ping_s
+        """Hold the connection until ``drop``, asking the server for its tools every ``mcp_check_s``:
+        an HTTP server that died is otherwise noticed only when a user's call fails on it, its
+        tools offered meanwhile. (Not MCP's ``ping``: protocol 2026-07-28 removed it, and a live
+        server answers it "Method not found".) An answer, an error reply included, is a live
+        server, and a changed listing is taken; the transport failing, or two listings in a row
+        unanswered within ``mcp_call_timeout_s`` (one may wait behind a slow call), ends the
+        connection."""
+        from mcp import MCPError
+
+        every_s, timeout_s = self.settings.mcp_check_s, self.settings.mcp_call_timeout_s
+        missed = 0
         while True:
             if every_s <= 0:
                 await server.drop.wait()
@@ -293,14 +296,27 @@ class McpToolbox:
                     await server.drop.wait()
                     return
             try:
-                async with asyncio.timeout(self.settings.mcp_call_timeout_s):
-                    await client.send_ping()
+                async with asyncio.timeout(timeout_s):
+                    listing = await client.list_tools(cache_mode="bypass")
             except TimeoutError:
-                server.dropped = f"no answer to a ping within {self.settings.mcp_call_timeout_s:g} s"
-                return
+                missed += 1
+                if missed >= 2:
+                    server.dropped = f"no answer to two tool listings in a row, each within {timeout_s:g} s"
+                    return
+                continue
+            except MCPError as exc:
+                if _closed(exc):
+                    server.dropped = f"the connection closed ({exc})"
+                    return
+                missed = 0  # an error reply: the server is there
+                continue
             except Exception as exc:
-                server.dropped = f"a ping failed ({failure(exc, server.http_error)})"
+                server.dropped = f"its tools could not be listed ({failure(exc, server.http_error)})"
                 return
+            missed = 0
+            server.checks += 1
+            if server.client is client:
+                server.tools = _specs(listing, server.config.allowed_tools)
 
     # --- tools -----------------------------------------------------------------------------------
     def _names(self) -> dict[str, tuple[_Server, str]]:
@@ -343,6 +359,10 @@ class McpToolbox:
             }
             for s in self._servers
         }
+
+    def checks(self, server: str) -> int:
+        """How many liveness checks (``mcp_check_s``) ``server`` has answered."""
+        return sum(s.checks for s in self._servers if s.config.name == server)
 
     @property
     def down(self) -> list[str]:
@@ -417,6 +437,15 @@ class McpToolbox:
         if result.is_error:
             return done(f"Error: {text}", "error", is_error=True)
         return done(text, "ok", is_error=False)
+
+
+def _specs(listing: Any, allowed: Sequence[str] | None) -> dict[str, ToolSpec]:
+    """A server's listed tools (only ``allowed`` ones, when the operator named them), by name."""
+    return {
+        t.name: ToolSpec(t.name, t.description or "", t.input_schema or {"type": "object"})
+        for t in listing.tools
+        if allowed is None or t.name in allowed
+    }
 
 
 def _closed(exc: Exception) -> bool:

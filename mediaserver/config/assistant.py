@@ -163,11 +163,12 @@ class AssistantSettings(BaseModel):
     mcp_connect_timeout_s: float = Field(10.0, gt=0, description="connecting to a server and listing its tools")
     mcp_reconnect_s: float = Field(10.0, gt=0, description="wait before connecting again to a server that is down")
     mcp_call_timeout_s: float = Field(10.0, gt=0, description="one tool call; past it the model gets an error result")
-    mcp_ping_s: float = Field(
+    mcp_check_s: float = Field(
         10.0,
         ge=0,
-        description="a connected server is pinged this often (MCP ping): one that does not answer within "
-        "mcp_call_timeout_s went away, and its tools are withdrawn before a user's call finds it down; 0 = no pings",
+        description="a connected server is asked for its tools this often: one whose transport fails, or that leaves "
+        "two listings in a row unanswered within mcp_call_timeout_s, went away, and its tools are withdrawn before a "
+        "user's call finds it down (a changed listing is taken); 0 = no checks",
     )
     mcp_max_calls_per_turn: int = Field(4, ge=1, description="tool calls in one answer; more end it with an error")
     mcp_max_result_chars: int = Field(

@@ -129,13 +129,16 @@ async def test_streamable_http_with_a_token(toolbox_factory: Any, light_server: 
     assert samples[("set_light", "ok")] == 1 and samples[("get_state", "ok")] == 1
 
 
-async def test_stdio_server(toolbox_factory: Any, tmp_path: Path) -> None:
+async def test_stdio_server(toolbox_factory: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     state = tmp_path / "state.json"
-    box = await toolbox_factory(stdio_config(state))
+    box = await toolbox_factory(stdio_config(state), mcp_check_s=0.3)
     assert {"set_light", "get_state"} <= {tool.name for tool in box.tools()}
+    first = _pid_of(state)
     result = await box.call("set_light", '{"name": "bedroom", "on": false}')
     assert not result.is_error, result
     assert _lights(state) == {"bedroom": False}
+    await eventually(lambda: box.checks("stdio-lights") >= 3, 30)  # checked alive, not restarted
+    assert box.status()["stdio-lights"]["state"] == "up" and _pid_of(state) == first, _warnings(caplog)
 
 
 async def test_a_wrong_token_leaves_the_server_without_tools(
@@ -235,38 +238,42 @@ def _outcomes(box: McpToolbox) -> dict[tuple[str, str], float]:
     }
 
 
-async def test_a_server_that_dies_between_calls_is_noticed_by_its_ping(
+async def test_a_server_that_dies_between_calls_is_noticed_by_its_check(
     toolbox_factory: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A user trial killed the HTTP server between two turns: nothing noticed until the next user's
-    call failed on it (counted an ``error``), its tools offered meanwhile. Pinged every
-    ``mcp_ping_s``, it is withdrawn once a ping fails; without pings (0) it still is not; and a call
+    call failed on it (counted an ``error``), its tools offered meanwhile. Checked every
+    ``mcp_check_s``, it is withdrawn once a check fails; without checks (0) it still is not; and a call
     on a server gone is counted ``unavailable``."""
     caplog.set_level(logging.INFO, logger="mediaserver.assistant.mcp")
     state, port = tmp_path / "state.json", free_port()
     process = start_lights(state, port)
     try:
         url = f"http://127.0.0.1:{port}/mcp"
-        pinged = await toolbox_factory(http_config(url), mcp_ping_s=0.5, mcp_reconnect_s=0.5)
-        unpinged = await toolbox_factory(http_config(url), mcp_ping_s=0, mcp_reconnect_s=0.5)
-        assert pinged.status()["lights"]["state"] == "up" and unpinged.status()["lights"]["state"] == "up"
+        checked = await toolbox_factory(http_config(url), mcp_check_s=0.3, mcp_reconnect_s=0.5)
+        unchecked = await toolbox_factory(http_config(url), mcp_check_s=0, mcp_reconnect_s=0.5)
+        assert checked.status()["lights"]["state"] == "up" and unchecked.status()["lights"]["state"] == "up"
+        # Alive, it stays up through its checks (MCP's ping, which protocol 2026-07-28 removed, took a
+        # live server for dead at every check).
+        await eventually(lambda: checked.checks("lights") >= 3, 30)
+        assert checked.status()["lights"]["state"] == "up" and not _warnings(caplog), _warnings(caplog)
         os.kill(process.pid, signal.SIGKILL)
         await asyncio.to_thread(process.wait, 10)
-        await eventually(lambda: pinged.tools() == [], 30)
-        status = pinged.status()["lights"]
+        await eventually(lambda: checked.tools() == [], 30)
+        status = checked.status()["lights"]
         assert status["state"] == "down" and status["problem"], status  # (then: retried, refused)
-        assert pinged.down == ["lights"]
+        assert checked.down == ["lights"]
         assert any(" went away (" in w for w in _warnings(caplog)), _warnings(caplog)  # before any call
         # The one without pings still offers the dead server's tools: the user's call finds it down.
-        assert "set_light" in {t.name for t in unpinged.tools()} and unpinged.down == []
-        failed = await unpinged.call("set_light", '{"name": "kitchen", "on": true}')
+        assert "set_light" in {t.name for t in unchecked.tools()} and unchecked.down == []
+        failed = await unchecked.call("set_light", '{"name": "kitchen", "on": true}')
         assert failed.is_error and "service is unavailable" in failed.text, failed
-        assert _outcomes(unpinged).get(("set_light", "unavailable")) == 1, _outcomes(unpinged)
-        await eventually(lambda: unpinged.tools() == [], 30)
+        assert _outcomes(unchecked).get(("set_light", "unavailable")) == 1, _outcomes(unchecked)
+        await eventually(lambda: unchecked.tools() == [], 30)
 
         process = start_lights(state, port)
-        await eventually(lambda: pinged.status()["lights"]["state"] == "up", 30)
-        assert not (await pinged.call("get_state", '{"name": "kitchen"}')).is_error
+        await eventually(lambda: checked.status()["lights"]["state"] == "up", 30)
+        assert not (await checked.call("get_state", '{"name": "kitchen"}')).is_error
     finally:
         stop_process(process)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
 import unicodedata
@@ -30,20 +29,29 @@ log = logging.getLogger(__name__)
 
 Embedding = npt.NDArray[np.float32]
 
-# Letters and digits of any script (Zoë, 王小明), space, "_" and "-": nothing a path or a file
-# name could read specially.
-NAME_PATTERN = re.compile(r"[^\W_][\w -]{0,63}")
+# Letters of any script with their marks (Zoë, 王小明, सुनील), digits, space, "_" and "-": nothing
+# a path or a file name could read specially.
+MAX_NAME_CHARS = 64
+MAX_NAME_BYTES = 200  # UTF-8: with ".NAME.json.tmp" well under a file name's 255 bytes
 SUFFIX = ".json"
+
+
+def _name_char(char: str, first: bool) -> bool:
+    category = unicodedata.category(char)
+    if category[0] in "LN":
+        return True
+    return not first and (category[0] == "M" or char in " _-")
 
 
 def check_name(name: str) -> str:
     """The speaker name, stripped and in Unicode's composed form (NFC: a client that sends "Zoë"
     decomposed names the same speaker), or a 400 saying what a name may hold."""
     stripped = unicodedata.normalize("NFC", name.strip())
-    if not NAME_PATTERN.fullmatch(stripped) or stripped.endswith(" "):
+    fits = 0 < len(stripped) <= MAX_NAME_CHARS and len(stripped.encode()) <= MAX_NAME_BYTES
+    if not fits or not all(_name_char(c, i == 0) for i, c in enumerate(stripped)) or stripped.endswith(" "):
         raise InvalidParameter(
-            f"speaker name {name[:80]!r} is not allowed: 1-64 letters (of any script), digits, spaces, '_' "
-            "or '-', starting with a letter or digit",
+            f"speaker name {name[:80]!r} is not allowed: 1-{MAX_NAME_CHARS} letters (of any script), digits, "
+            f"spaces, '_' or '-' ({MAX_NAME_BYTES} bytes of UTF-8 at most), starting with a letter or digit",
             param="name",
         )
     return stripped
@@ -121,10 +129,8 @@ class SpeakerStore:
         """Store ``speaker`` (blocking: writes the file); True if it replaced one of that name."""
         with self._lock:
             existing = speaker.name in self._speakers
-            twin = next(
-                (n for n in self._speakers if n != speaker.name and n.casefold() == speaker.name.casefold()), None
-            )
-            if twin is not None:  # one file on a case-insensitive disk, and the same person twice
+            twin = next((n for n in self._speakers if n != speaker.name and n.lower() == speaker.name.lower()), None)
+            if twin is not None and not existing:  # one file on a case-insensitive disk, and the same person twice
                 raise Conflict(
                     f"speaker {twin!r} is enrolled; names that differ only in case are the same speaker here "
                     f"(enrol as {twin!r} with replace=true, or DELETE it first)",
@@ -170,7 +176,7 @@ def _encode(speaker: Speaker) -> bytes:
 def _read(path: Path) -> Speaker:
     data = json.loads(path.read_bytes())
     name = check_name(str(data["name"]))
-    if f"{name}{SUFFIX}" != path.name:
+    if f"{name}{SUFFIX}" != unicodedata.normalize("NFC", path.name):  # (a disk may list names decomposed)
         raise ValueError(f"the file names speaker {name!r}")
     embedding = np.asarray(data["embedding"], dtype=np.float32)
     norm = float(np.linalg.norm(embedding))

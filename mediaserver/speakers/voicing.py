@@ -11,9 +11,12 @@ zero crossing (noise whose energy sits at low frequencies, brown noise or mains 
 correlated over short lags without repeating) for an inner peak between 40 and 267 samples; a
 frame whose peak is at least ``PEAK`` is voiced. Measured on the suite's 17 real recordings
 (tests/human_speech.py): 0.41-0.83 of their speech frames are voiced; the same with white noise at
-0 dB SNR over the whole clip, 0.23-0.26; white, pink and mains hum with noise 0.00, brown 0.12, a
-car's rumble 0.03. Hence ``speaker_min_voiced_share`` 0.2. Written here because no dependency of
-the server's has a pitch tracker (a YIN from librosa or praat would be a large one for this).
+0 dB SNR over the whole clip, 0.23-0.26; white and pink noise 0.00, brown 0.02-0.12, a car's
+rumble 0.03. Hence ``speaker_min_voiced_share`` 0.2. A steady tone (mains hum at 100 Hz, a beep, a
+buzzer) is voiced throughout, but at one period: a voice's pitch moves, so a clip whose voiced
+frames nearly all (``MAX_STEADY``) sit within ``STEADY_LAG`` samples of one period is no voice (a
+code review found hum, beeps and a square buzz at 1.0). Written here because no dependency of the
+server's has a pitch tracker (a YIN from librosa or praat would be a large one for this).
 """
 
 from __future__ import annotations
@@ -32,22 +35,45 @@ PEAK: Final = 0.5  # normalized autocorrelation at the pitch period that makes a
 TARGET_DBFS: Final = -30.0  # quieter audio is raised to this first, as the encoder's is
 
 
+MAX_ANALYSED_S: Final = 60.0  # a clip's first minute tells (memory and CPU stay bounded: 18 ms per 10 s)
+BLOCK_FRAMES: Final = 1000  # 30 s of frames analysed at once
+STEADY_LAG: Final = 2  # samples: voiced frames whose pitch stays this close to the median are a tone
+MAX_STEADY: Final = 0.9  # ... and when this share of them does, it is a hum or a beep, not a voice
+
+
 def voiced_share(audio: npt.ArrayLike) -> float | None:
-    """The share of ``audio``'s (16 kHz mono float) speech frames, as webrtcvad finds them, that are
-    voiced; None when it finds no speech at all."""
-    wav = np.asarray(audio, dtype=np.float32).ravel()
+    """The share of ``audio``'s (16 kHz mono float; its first ``MAX_ANALYSED_S``) speech frames, as
+    webrtcvad finds them, that are voiced; 0 for a steady tone (a hum, a beep: most voiced frames at
+    one period, where a voice's pitch moves); None when it finds no speech at all."""
+    wav = np.nan_to_num(np.asarray(audio, dtype=np.float32).ravel()[: int(MAX_ANALYSED_S * SAMPLE_RATE)])
     frames = wav.size // FRAME
     if frames == 0:
         return None
     rms = float(np.sqrt(np.mean(np.square(wav, dtype=np.float64))))
-    gain = 10 ** (TARGET_DBFS / 20) / rms if rms > 0 else 1.0
-    block = wav[: frames * FRAME].reshape(frames, FRAME) * max(gain, 1.0)
+    gain = max(10 ** (TARGET_DBFS / 20) / rms if rms > 0 else 1.0, 1.0)
     vad = webrtcvad.Vad(3)
-    pcm = (np.clip(block, -1.0, 1.0) * 32767).round().astype("<i2")
-    speech = np.array([vad.is_speech(frame.tobytes(), SAMPLE_RATE) for frame in pcm], bool)
-    if not speech.any():
+    speech_frames = 0
+    lags: list[np.ndarray] = []
+    for first in range(0, frames, BLOCK_FRAMES):
+        count = min(BLOCK_FRAMES, frames - first)
+        block = wav[first * FRAME : (first + count) * FRAME].reshape(count, FRAME) * gain
+        pcm = (np.clip(block, -1.0, 1.0) * 32767).round().astype("<i2")
+        speech = np.array([vad.is_speech(frame.tobytes(), SAMPLE_RATE) for frame in pcm], bool)
+        speech_frames += int(np.count_nonzero(speech))
+        if speech.any():
+            lags.append(_pitch_lags(block[speech]))
+    if speech_frames == 0:
         return None
-    centred = block[speech] - block[speech].mean(axis=1, keepdims=True)
+    voiced = np.concatenate(lags)
+    voiced = voiced[voiced > 0]
+    if voiced.size and np.mean(np.abs(voiced - np.median(voiced)) <= STEADY_LAG) >= MAX_STEADY:
+        return 0.0  # one period throughout: a tone
+    return float(voiced.size) / float(speech_frames)
+
+
+def _pitch_lags(frames: np.ndarray) -> np.ndarray:
+    """Each frame's pitch period in samples where it is voiced, else 0."""
+    centred = frames - frames.mean(axis=1, keepdims=True)
     spectrum = np.fft.rfft(centred, n=2 * FRAME + 64, axis=1)
     correlation = np.fft.irfft(np.abs(spectrum) ** 2, axis=1)[:, :FRAME]
     lags = np.arange(FRAME)
@@ -61,4 +87,4 @@ def voiced_share(audio: npt.ArrayLike) -> float | None:
     peak_lag = masked.argmax(axis=1)
     inner = (peak_lag > start) & (peak_lag < MAX_LAG - 1)
     voiced = inner & (masked.max(axis=1) >= PEAK)
-    return float(np.count_nonzero(voiced)) / float(centred.shape[0])
+    return np.where(voiced, peak_lag, 0)

@@ -261,15 +261,10 @@ async def _generate_on(
         if result == "ok":
             gate.observe(time.monotonic() - started)
         usage = outcome.usage
-        if usage is not None:
-            metrics.prompt_tokens.labels(model).inc(usage.prompt_tokens)
-            if usage.cached_tokens:
-                metrics.cached_prompt_tokens.labels(model).inc(usage.cached_tokens)
-            metrics.completion_tokens.labels(model).inc(usage.completion_tokens)
-            if first_at is not None and usage.completion_tokens > 1:
-                elapsed = time.monotonic() - first_at
-                if elapsed > 0:
-                    metrics.tokens_per_second.labels(model).observe((usage.completion_tokens - 1) / elapsed)
+        if usage is not None and result == "ok" and first_at is not None and usage.completion_tokens > 1:
+            elapsed = time.monotonic() - first_at
+            if elapsed > 0:
+                metrics.tokens_per_second.labels(model).observe((usage.completion_tokens - 1) / elapsed)
     except (GeneratorExit, asyncio.CancelledError):
         result = "cancelled"
         raise
@@ -282,3 +277,11 @@ async def _generate_on(
         metrics.slots_busy.labels(model).dec()
         gate.slots.release()
         metrics.requests.labels(model, backend.kind, result).inc()
+        # Tokens taken, however it ended: a generation cancelled midway counts what it took so far
+        # (the engine's per-token count), as its usage says, whichever way it was cancelled.
+        taken = outcome.usage or outcome.progress
+        if taken is not None:
+            metrics.prompt_tokens.labels(model).inc(taken.prompt_tokens)
+            if taken.cached_tokens:
+                metrics.cached_prompt_tokens.labels(model).inc(taken.cached_tokens)
+            metrics.completion_tokens.labels(model).inc(taken.completion_tokens)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 from collections.abc import Sequence
@@ -44,16 +46,30 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)
 
 
+class StartupError(Exception):
+    """The server cannot start, for a reason the operator can act on (one line, no traceback)."""
+
+
 def tls_context(settings: Settings) -> ssl.SSLContext | None:
     cert, key = settings.cert_paths()
     if not (cert.is_file() and key.is_file()):
+        if cert.is_file() != key.is_file():  # half a pair is a mistake, not "no TLS wanted"
+            have, lacking = (cert, key) if cert.is_file() else (key, cert)
+            log.warning("%s is there but %s is not: HTTPS is off until both are", have, lacking)
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
+    try:
+        context.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise StartupError(
+            f"the TLS certificate {cert} or its key {key} cannot be used ({exc}); fix or remove them "
+            "(python tools/gen_cert.py writes a pair), or point MEDIASERVER_CERT_DIR elsewhere"
+        ) from None
     return context
 
 
 async def serve(settings: Settings) -> None:
+    context = tls_context(settings)  # (a certificate that cannot be used stops the start before the models load)
     app = create_app(settings)
     # Willow sends unencoded TTS text (lenient_http). On shutdown, open sessions are closed at once
     # (app.close_on_shutdown); requests still running get shutdown_grace_s to finish.
@@ -61,10 +77,9 @@ async def serve(settings: Settings) -> None:
     await runner.setup()
     try:
         sites = [web.TCPSite(runner, settings.host, settings.http_port)]
-        context = tls_context(settings)
         if context is not None:
             sites.append(web.TCPSite(runner, settings.host, settings.https_port, ssl_context=context))
-        else:
+        elif not any(path.is_file() for path in settings.cert_paths()):
             log.info("no TLS certificate in %s: HTTPS is off (run tools/gen_cert.py)", settings.cert_dir)
         for site in sites:
             await site.start()
@@ -125,12 +140,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     warn_unknown_variables(os.environ, Settings.model_fields)  # typos and old names: a hint, not a failure
     try:
         asyncio.run(serve(settings))
-    except OSError as exc:
-        # Almost always a port that is taken: say which setting moves it instead of a traceback.
-        log.error(
-            "cannot start: %s. Another program may be using the port; change MEDIASERVER_HTTP_PORT, "
-            "MEDIASERVER_HTTPS_PORT or MEDIASERVER_WYOMING_PORT (or set MEDIASERVER_WYOMING_ENABLED=false).",
-            exc,
-        )
+    except Exception as exc:  # one line naming what to change, not a traceback wall (at DEBUG: the traceback)
+        log.error("cannot start: %s", startup_problem(exc))
+        log.debug("what stopped the start", exc_info=exc)
         return 1
     return 0
+
+
+def startup_problem(exc: Exception) -> str:
+    """Why the server could not start, and which setting changes it."""
+    if isinstance(exc, StartupError):
+        return str(exc)
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {exc}"
+    if isinstance(exc, socket.gaierror) or (isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL):
+        return f"{exc}: MEDIASERVER_HOST must be an address of this machine (0.0.0.0: all of them)"
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        # A port that is taken: say which setting moves it.
+        return (
+            f"{exc}. Another program is using the port; change MEDIASERVER_HTTP_PORT, MEDIASERVER_HTTPS_PORT or "
+            "MEDIASERVER_WYOMING_PORT (or set MEDIASERVER_WYOMING_ENABLED=false)"
+        )
+    if isinstance(exc, OSError | ValueError | RuntimeError):
+        return f"{exc} (run with MEDIASERVER_LOG_LEVEL=DEBUG for the traceback)"
+    return f"{type(exc).__name__}: {exc} (run with MEDIASERVER_LOG_LEVEL=DEBUG for the traceback)"

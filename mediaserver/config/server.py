@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 
 class ServerSettings(BaseModel):
@@ -72,6 +73,35 @@ class ServerSettings(BaseModel):
     )
     allow_save_audio: bool = Field(True, description="whether Willow's `save_audio` is honoured")
     log_level: str = Field("INFO", description="the logging level (`DEBUG`, `INFO`, `WARNING` ...)")
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        level = value.strip().upper()
+        if not isinstance(logging.getLevelName(level), int):
+            raise ValueError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {value!r}")
+        return level
+
+    @field_validator("api_keys")
+    @classmethod
+    def _api_keys(cls, value: list[str]) -> list[str]:
+        if any(not key.strip() for key in value):
+            raise ValueError("api_keys has an empty key: every key must be non-empty (an empty list turns keys off)")
+        return value
+
+    @model_validator(mode="after")
+    def _basic_auth_pair(self) -> ServerSettings:
+        # Half a pair would fail open: a password without a user turned auth off, a user without a
+        # password took any client's empty password (an operator trial: a missing secret, no warning).
+        user, password = self.basic_auth_user, self.basic_auth_password
+        if (user is None) != (password is None):
+            given, missing = ("basic_auth_user", "basic_auth_password") if password is None else (
+                "basic_auth_password", "basic_auth_user"
+            )  # fmt: skip
+            raise ValueError(f"{given} is set but {missing} is not: HTTP Basic auth needs both (or neither)")
+        if user is not None and (not user.strip() or not (password or "").strip()):
+            raise ValueError("basic_auth_user and basic_auth_password must not be empty")
+        return self
 
     @property
     def auth_enabled(self) -> bool:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.ports import free_port
 
@@ -114,8 +115,20 @@ async def test_without_certs_https_is_off_and_says_how_to_turn_it_on(tmp_path: P
     assert "HTTPS is off (run tools/gen_cert.py)" in output.decode()
 
 
-async def test_invalid_settings_exit_with_a_clear_message(tmp_path: Path) -> None:
-    env = dict(os.environ, MEDIASERVER_HTTP_PORT="not-a-port")
+@pytest.mark.parametrize(
+    ("variables", "named"),
+    [
+        ({"MEDIASERVER_HTTP_PORT": "not-a-port"}, "http_port"),
+        # Half a Basic auth pair failed open (an operator trial): no auth at all, or any empty password.
+        ({"MEDIASERVER_BASIC_AUTH_PASSWORD": "hunter2"}, "basic_auth_password is set but basic_auth_user is not"),
+        ({"MEDIASERVER_BASIC_AUTH_USER": "admin"}, "basic_auth_user is set but basic_auth_password is not"),
+        ({"MEDIASERVER_API_KEYS": '[""]'}, "api_keys has an empty key"),
+        ({"MEDIASERVER_LOG_LEVEL": "verbose"}, "log_level must be DEBUG, INFO"),
+    ],
+    ids=["not-a-port", "password-without-user", "user-without-password", "empty-key", "log-level"],
+)
+async def test_invalid_settings_exit_with_a_clear_message(variables: dict[str, str], named: str) -> None:
+    env = dict(os.environ, **variables)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -126,8 +139,24 @@ async def test_invalid_settings_exit_with_a_clear_message(tmp_path: Path) -> Non
         stderr=asyncio.subprocess.PIPE,
     )
     _, err = await asyncio.wait_for(process.communicate(), timeout=30)
-    assert process.returncode == 2
-    assert b"invalid settings" in err and b"http_port" in err
+    assert process.returncode == 2, err
+    assert b"invalid settings" in err and named.encode() in err, err
+    assert b"Traceback" not in err
+
+
+async def test_a_certificate_that_cannot_be_used_is_one_line_before_anything_loads(tmp_path: Path) -> None:
+    (tmp_path / "cert.pem").write_text("not a certificate")
+    (tmp_path / "key.pem").write_text("not a key")
+    env = dict(os.environ, MEDIASERVER_CERT_DIR=str(tmp_path), MEDIASERVER_WYOMING_ENABLED="false")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "mediaserver", "--http-port", str(free_port()), cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+    text = output.decode()
+    assert process.returncode == 1, text
+    assert "cannot start: the TLS certificate" in text and "MEDIASERVER_CERT_DIR" in text, text
+    assert "Traceback" not in text and "Another program" not in text, text
 
 
 async def test_a_taken_port_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:

@@ -176,8 +176,11 @@ def _check_credentials(request: web.Request, settings: Settings) -> bool:
         for protocol in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
             if protocol.strip().startswith("openai-insecure-api-key."):
                 candidates.append(protocol.strip().removeprefix("openai-insecure-api-key."))
+        # (A header's bytes that are not UTF-8 arrive as surrogates: compared as the bytes sent, they
+        # match no key, where encoding them strictly raised, a 500 any client could cause.)
+        sent = [c.encode("utf-8", "surrogateescape") for c in candidates if c]
         for key in settings.api_keys:
-            if any(c and hmac.compare_digest(c.encode(), key.encode()) for c in candidates):
+            if any(hmac.compare_digest(c, key.encode()) for c in sent):
                 return True
     if settings.basic_auth_user is not None and header.lower().startswith("basic "):
         try:

@@ -293,6 +293,22 @@ async def test_the_docs_page_works_with_auth_on(server_factory: Any) -> None:
             assert resp.status == 401  # the API stays closed
 
 
+async def test_credentials_that_are_not_utf8_are_a_401_not_a_500(
+    server_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An operator trial: a key with bytes that are not UTF-8 raised while being compared (a 500 and
+    # an ERROR traceback, from any client without credentials).
+    secured: LiveServer = await server_factory(api_keys=["k1"], wyoming_enabled=False)
+    for header in (b"X-API-Key: \xff\xfeabc", b"Authorization: Bearer \xe9t\xe9", b"Authorization: Basic \xff"):
+        for path in (b"/v1/models", b"/metrics"):
+            request = b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + header + b"\r\nConnection: close\r\n\r\n"
+            answer = await raw_exchange(secured.host, secured.port, request, timeout_s=10, half_close=False)
+            assert statuses(answer)[:1] == [401], (header, path, answer[:200])
+    assert server_errors(caplog) == []
+    async with aiohttp.ClientSession() as http, http.get(f"{secured.url}/v1/models", headers={"X-API-Key": "k1"}) as r:
+        assert r.status == 200
+
+
 @pytest.mark.parametrize(
     "request_bytes",
     [

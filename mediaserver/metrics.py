@@ -206,7 +206,7 @@ class _EngineCounters(Collector):
         windows = CounterMetricFamily(
             "mediaserver_asr_windows",
             "Engine decode counters by model and kind (windows, short_windows, short_window_retries, packed_windows, "
-            "repacked, unpack_retries, sequential, window_fallbacks)",
+            "repacked, unpack_retries, sequential, window_fallbacks, abandoned: not decoded, the caller gone)",
             labels=["model", "kind"],
         )
         jobs = CounterMetricFamily(

@@ -19,7 +19,7 @@ from mediaserver.asr.batching import BatchDecoder
 from mediaserver.asr.engine_guards import GuardedDecodes, spans_seconds
 from mediaserver.asr.guards import GUARD_REASONS, GuardConfig
 from mediaserver.asr.jobs import AsrJob as AsrJob  # the engine interface's job, imported from here by its users
-from mediaserver.asr.jobs import BatchRun
+from mediaserver.asr.jobs import BatchRun, JobAbandoned, gone
 from mediaserver.asr.windows import (
     TIMESTAMPS_PAST_S,
     WINDOW_S,
@@ -102,6 +102,7 @@ class WhisperEngine(GuardedDecodes):
         replicas: int = 1,
         max_encoder_windows: int = 0,
         guards: GuardConfig | None = None,
+        max_windows_per_call: int = 0,
     ) -> None:
         from faster_whisper import WhisperModel
 
@@ -114,6 +115,9 @@ class WhisperEngine(GuardedDecodes):
         self.packing_policy = PackingPolicy(self._packing)
         self._speech_pad_s = speech_pad_s
         self._max_tail_rounds = 4
+        # Windows per generate call (0: a whole decode group at once): a long upload's windows go in
+        # calls of this many, and a job whose caller has gone stops between them.
+        self._max_windows_per_call = max_windows_per_call
         self.guards = guards or GuardConfig()
         started = time.perf_counter()
         self.model = WhisperModel(
@@ -140,6 +144,7 @@ class WhisperEngine(GuardedDecodes):
             "short_windows": 0,
             "short_window_retries": 0,
             "window_fallbacks": 0,
+            "abandoned": 0,  # windows not decoded: nobody waited for their jobs any more
             **{f"guard_{action}_{reason}": 0 for action in ("redecode", "keep") for reason in GUARD_REASONS},
         }
         log.info(
@@ -164,6 +169,9 @@ class WhisperEngine(GuardedDecodes):
         windows: list[Window] = []
         singles: list[Window] = []
         for index, job in enumerate(jobs):
+            if gone(job):
+                run.results[index] = JobAbandoned()
+                continue
             try:
                 plan = self._plan(index, job, run)
             except Exception as exc:
@@ -204,13 +212,16 @@ class WhisperEngine(GuardedDecodes):
             run.results[index] = self._assemble(jobs[index], state, elapsed)
         self.counters["sequential"] += len(run.sequential)
         for index in run.sequential:
+            if gone(jobs[index]):
+                run.results[index] = JobAbandoned()
+                continue
             try:
                 run.results[index] = self.transcribe_one(jobs[index])
             except Exception as exc:
                 log.exception("ASR job failed on model %s", self.name)
                 run.results[index] = exc
         for index, result in enumerate(run.results):
-            if isinstance(result, Transcript) and result.text:
+            if isinstance(result, Transcript) and result.text and not gone(jobs[index]):
                 result = self._guarded(jobs[index], result, run.voiced_s.get(index), run.speech.get(index))
                 if result.guard is None and index in run.guarded:
                     result = replace(result, guard=run.guarded[index])  # decoded again on 30 s
@@ -315,8 +326,15 @@ class WhisperEngine(GuardedDecodes):
             groups: dict[int, list[Window]] = {}
             for window in windows:
                 groups.setdefault(window.options.beam_size, []).append(window)
-            for group in groups.values():
-                for window, output in self._run_group(group, run):
+            step = self._max_windows_per_call or max(len(group) for group in groups.values())
+            chunks = [group[first : first + step] for group in groups.values() for first in range(0, len(group), step)]
+            for chunk in chunks:
+                # A window whose every job's caller has gone is not decoded: a long upload whose
+                # client hung up stops here, between generate calls, instead of running for nobody.
+                kept = [w for w in chunk if not all(gone(run.jobs[m.job_index]) for m in w.members)]
+                self.counters["abandoned"] += len(chunk) - len(kept)
+                chunk = kept
+                for window, output in self._run_group(chunk, run) if chunk else ():
                     if output is None:
                         continue
                     if window.packed:
@@ -540,7 +558,9 @@ class WhisperEngine(GuardedDecodes):
             vad_filter=self._neural_vad_filter,
         )
         segments: list[Segment] = []
-        for seg in segments_iter:
+        for seg in segments_iter:  # (faster-whisper decodes each 30 s window as it is asked for the next)
+            if gone(job):
+                raise JobAbandoned()
             words = tuple(Word(float(w.start), float(w.end), w.word, float(w.probability)) for w in (seg.words or ()))
             segments.append(
                 Segment(

@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 
 from mediaserver.asr.guards import GuardConfig, GuardReason, check_text
-from mediaserver.asr.jobs import AsrJob, BatchRun
+from mediaserver.asr.jobs import AsrJob, BatchRun, gone
 from mediaserver.asr.window_groups import WindowGroup, shift_segments, window_groups
 from mediaserver.asr.windows import WINDOW_S, Span, Window, WindowOutput
 from mediaserver.audio.vad import VadConfig
@@ -95,7 +95,7 @@ class GuardedDecodes:
         segments: list[Segment] = []
         extra_time_s = 0.0
         for group, voiced_s, reason in judged:
-            if reason is None:
+            if reason is None or gone(job):  # (nobody waits for a redecode of a job abandoned)
                 segments.extend(group.segments)
                 continue
             log.info(

@@ -4,6 +4,7 @@ engine's guards read both), so that neither imports the other."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -29,6 +30,18 @@ class AsrJob:
     # whose first word begins at once; ``asr_lead_silence_ms``); 0 for a stream's utterance under
     # server VAD, which starts at its VAD's preroll.
     lead_s: float = 0.0
+    # Set once nobody waits for the transcript any more (the caller hung up, the server is stopping:
+    # the scheduler sets it): the engine stops decoding the job at its next window or segment.
+    abandoned: threading.Event | None = field(default=None, compare=False, repr=False)
+
+
+class JobAbandoned(Exception):
+    """Nobody waits for this job's transcript any more: its decode was stopped."""
+
+
+def gone(job: AsrJob) -> bool:
+    """Whether ``job``'s caller has gone (``AsrJob.abandoned``)."""
+    return job.abandoned is not None and job.abandoned.is_set()
 
 
 @dataclass

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -160,7 +161,10 @@ class AsrScheduler:
             )
         self.start()
         now = time.monotonic()
+        abandoned = threading.Event()  # the engine stops decoding a job nobody waits for (AsrJob.abandoned)
+        job = replace(job, abandoned=abandoned)
         future: asyncio.Future[Transcript] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda done: abandoned.set() if done.cancelled() else None)
         pending = _Pending(int(priority), now + timeout_s, next(self._seq), job, future, now, supersede_key)
         future.add_done_callback(lambda _: self._on_done(pending))
         if supersede_key is not None:
@@ -281,6 +285,8 @@ class AsrScheduler:
             self._finish(live, results, time.perf_counter() - started)
         except asyncio.CancelledError:  # shutting down: nobody waits on this batch any more
             for item in live:
+                if item.job.abandoned is not None:
+                    item.job.abandoned.set()  # the engine's thread stops at its next window
                 if not item.future.done():
                     item.future.set_exception(Overloaded("the ASR service is shutting down"))
             raise

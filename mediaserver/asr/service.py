@@ -186,6 +186,7 @@ class AsrService:
                 replicas=self.settings.asr_replicas,
                 max_encoder_windows=self.settings.asr_encoder_max_windows,
                 guards=self._guards(),
+                max_windows_per_call=self.settings.asr_max_batch,
             )
 
         try:

@@ -170,7 +170,12 @@ class AsrSettings(BaseModel):
     asr_vad_filter: bool = Field(True, description="faster-whisper's own Silero VAD, after the webrtcvad gate")
 
     # --- ASR scheduler -------------------------------------------------------------------------
-    asr_max_batch: int = Field(8, ge=1, description="jobs per batch of the shared ASR scheduler")
+    asr_max_batch: int = Field(
+        8,
+        ge=1,
+        description="jobs per batch of the shared ASR scheduler, and windows per decoder call (a long upload's "
+        "windows go in calls of this many: one whose client hung up stops between them)",
+    )
     asr_max_wait_ms: float = Field(5.0, ge=0, description="close a batch when no job arrived for this long")
     asr_max_collect_ms: float = Field(
         50.0,

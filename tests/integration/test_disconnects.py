@@ -21,7 +21,13 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from mediaserver.asr.models import ModelRegistry
+from mediaserver.asr.service import AsrService
+from mediaserver.config import Settings
+from mediaserver.devices import choose_device
+from mediaserver.events import TranscriptionOptions
 from mediaserver.llm.service import LlmService
+from mediaserver.metrics import Metrics
 from mediaserver.state import ASR, METRICS, SESSIONS
 from mediaserver.transport.wyoming.server import WYOMING_SERVER
 from mediaserver.tts.service import TtsService
@@ -337,3 +343,33 @@ async def test_wyoming_hang_up_after_audio_stop(
     writer.transport.abort()
     await eventually(lambda: not wyoming.connections and wyoming.budget.used_bytes == 0, CLEANUP_S)
     assert server_errors(caplog) == []
+
+
+async def test_a_long_upload_whose_caller_left_stops_between_decoder_calls(
+    base_settings: Settings, human_clips: list[tuple[str, np.ndarray, str]]
+) -> None:
+    """An operator trial: a client hung up 3 s into a 150 s upload, and the server decoded it for 40
+    more seconds (its windows in one generate call, then every loop guard's redecode), holding the
+    ASR thread and a SIGTERM. The job's windows now go in calls of ``asr_max_batch`` (here 1, its
+    setting at a non-default value), and those of a job nobody waits for are not decoded."""
+    settings = base_settings.model_copy(update={"asr_preload_models": ["tiny.en"], "asr_max_batch": 1})
+    service = AsrService(settings, choose_device("cpu", "auto", 0), ModelRegistry(settings), Metrics())
+    await service.start()
+    try:
+        counters = (await service.get_model("tiny.en")).engine.counters
+        planned = counters["windows"]
+        audio = np.concatenate([clip for _, clip, _ in human_clips] * 3)  # about 200 s of real speech
+        task = asyncio.create_task(service.transcribe(audio, TranscriptionOptions()))
+        await eventually(lambda: counters["windows"] > planned, 60, interval_s=0.01)  # decoding has begun
+        windows = counters["windows"] - planned
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await eventually(lambda: counters["abandoned"] > 0, 60)
+        abandoned = counters["abandoned"]
+        assert 0 < abandoned < windows, (abandoned, windows)
+        # The thread is free again: a short job is answered.
+        short = await service.transcribe(human_clips[0][1], TranscriptionOptions())
+        assert short.text
+    finally:
+        await service.aclose()

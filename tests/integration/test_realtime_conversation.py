@@ -581,8 +581,10 @@ async def test_beta_client_text_then_g711_audio(raw: Callable[..., Any], asr_ser
     audio = ULAW_TO_PCM16[np.frombuffer(ulaw, np.uint8)].astype(np.float32) / 32768.0
     # Telephone audio (8 kHz, 8 bits): tiny.en hears it less well than 24 kHz PCM (in one CI run,
     # "consume grass" as "can soon grasp"), so the base model listens (it heard every word in 4 runs of 4).
+    # (What it says is the model's: a new message after its own answer, as OpenAI's; until the engine
+    # stopped continuing a last assistant message, this answer was the first one's continuation.)
     heard = await transcribe(asr_service, audio, 8000, model="base")
-    assert wer(transcript, heard) <= 0.2 and ANSWER_WORD in heard.lower(), (transcript, heard)
+    assert transcript.strip() and wer(transcript, heard) <= 0.2, (transcript, heard)
 
     await client.send({"type": "conversation.item.delete", "item_id": user_id, "event_id": "del"})
     deleted = (await client.until("conversation.item.deleted"))[-1]

@@ -86,6 +86,7 @@ class LlmRegistry:
         self.settings = settings
         self._sources: dict[str, LlmSource] = {}
         self._upstream_names: list[str] = []
+        self._upstream_chat_names: list[str] = []  # those that look like chat models (the default)
         bundled = bundled_gguf()
         if bundled is not None:
             self._add(LlmSource(BUNDLED_NAME, "llama.cpp", str(bundled), bundled=True))
@@ -99,18 +100,23 @@ class LlmRegistry:
     def _add(self, source: LlmSource) -> None:
         self._sources.setdefault(source.name, source)
 
-    def add_upstream_model(self, name: str) -> None:
-        """Register a model the upstream serves (called at start-up with the upstream's list)."""
+    def add_upstream_model(self, name: str, *, chat: bool = True) -> None:
+        """Register a model the upstream serves (called at start-up with the upstream's list);
+        ``chat``: it looks like a chat model, so it may be the default (``llm_model`` unset)."""
         if self.settings.llm_upstream_url and name not in self._sources:
             self._sources[name] = LlmSource(name, "upstream", name)
             self._upstream_names.append(name)
+            if chat:
+                self._upstream_chat_names.append(name)
 
     def _default_name(self, configured: str) -> str | None:
         if configured:
             return self._name_of_setting(configured)
         if self.settings.llm_upstream_url:
-            # The upstream's first model; known once start-up has asked it, unless listed in settings.
-            return self._upstream_names[0] if self._upstream_names else None
+            # The upstream's first chat model (else its first); known once start-up has asked it,
+            # unless listed in settings.
+            names = self._upstream_chat_names or self._upstream_names
+            return names[0] if names else None
         return BUNDLED_NAME if BUNDLED_NAME in self._sources else None
 
     def _embedding_name(self, configured: str) -> str | None:

@@ -108,8 +108,8 @@ class LlmService:
             self._upstream = upstream
             if not self.settings.llm_upstream_models:
                 try:
-                    for name in await upstream.list_models():
-                        self.sources.add_upstream_model(name)
+                    for name, chat in await upstream.list_models():
+                        self.sources.add_upstream_model(name, chat=chat)
                 except ApiError as exc:
                     self.start_problem = (
                         f"the upstream's models could not be listed ({exc.message}); set llm_upstream_models"

@@ -47,6 +47,9 @@ from mediaserver.llm.types import (
 log = logging.getLogger(__name__)
 
 RETRY_BACKOFF_S = 0.25
+# Words in the names of an OpenAI-compatible server's models that do not chat (OpenAI's own:
+# whisper-1, tts-1, gpt-4o-mini-transcribe, text-embedding-3-small, dall-e-3, omni-moderation).
+NOT_CHAT_WORDS = ("whisper", "tts", "transcribe", "embed", "dall-e", "moderation", "image", "realtime")
 
 
 def _retry_after_s(exc: openai.APIStatusError) -> float | None:
@@ -174,9 +177,20 @@ class UpstreamChat:
                 param="messages",
             )
 
-    async def list_models(self) -> list[str]:
+    async def list_models(self) -> list[tuple[str, bool]]:
+        """The upstream's models, each with whether it looks like a chat model: not one whose
+        ``kind`` (another mediaserver's listing) is not ``llm``, nor one named as OpenAI names its
+        speech, image, embedding and moderation models (``whisper-1``, ``tts-1``, ...). A model
+        another mediaserver lists as not an LLM is left out."""
         page = await self._call(self._client.models.list)
-        return [m.id for m in page.data]
+        found = []
+        for model in page.data:
+            kind = (model.model_extra or {}).get("kind")
+            if kind is not None and kind != "llm":
+                continue
+            lowered = model.id.lower()
+            found.append((model.id, not any(word in lowered for word in NOT_CHAT_WORDS)))
+        return found
 
     async def stream(
         self,

@@ -290,3 +290,30 @@ async def test_upstream_down_at_start_turns_the_llm_off_with_the_reason(
     assert feature["enabled"] is False
     assert down_url in feature["reason"] and "llm_upstream_models" in feature["reason"]
     assert status == 503 and down_url in answer["error"]["message"]
+
+
+async def test_another_mediaserver_as_the_upstream_defaults_to_a_chat_model(
+    server: Any, base_settings: Settings
+) -> None:
+    """An operator trial: an upstream that lists speech models first (another mediaserver: tiny.en;
+    OpenAI: whisper-1, tts-1) had its first model taken as the default chat model, and every chat
+    named by an alias failed. Its non-LLM models are left out, and the default is a chat model."""
+    settings = base_settings.model_copy(update={"llm_upstream_url": f"{server.url}/v1", "llm_preload": False})
+    service = LlmService(settings, Metrics())
+    await service.start()
+    try:
+        assert service.start_problem is None
+        async with aiohttp.ClientSession() as http, http.get(f"{server.url}/v1/models") as resp:
+            kinds = {m["id"]: m.get("kind") for m in (await resp.json())["data"]}
+        assert next(iter(kinds.values())) != "llm"  # the upstream lists another kind first
+        default = service.sources.default_name
+        assert default is not None and kinds[default] == "llm", (default, kinds)
+        names = [name for name in kinds if service.sources.location_problem(name) is None]
+        assert "tiny.en" not in names and "whisper-1" not in names, names
+        answer = ""
+        async with service.stream([ChatMessage("user", "Name three colors.")]) as stream:
+            async for delta in stream:
+                answer += delta
+        assert answer.strip()
+    finally:
+        await service.aclose()

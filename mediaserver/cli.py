@@ -13,12 +13,13 @@ import socket
 import ssl
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from aiohttp import web
 
 from mediaserver.app import create_app
 from mediaserver.config import Settings
-from mediaserver.config.environment import warn_unknown_variables
+from mediaserver.config.environment import warn_unknown_in_dotenv, warn_unknown_variables
 from mediaserver.transport.lenient_http import LenientAppRunner
 
 log = logging.getLogger("mediaserver")
@@ -138,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit_malloc_arenas(settings.malloc_arena_max)
     configure_logging(settings.log_level)
     warn_unknown_variables(os.environ, Settings.model_fields)  # typos and old names: a hint, not a failure
+    warn_unknown_in_dotenv(Path(".env"), Settings.model_fields)  # (read by the settings too: its typos as well)
     try:
         asyncio.run(serve(settings))
     except Exception as exc:  # one line naming what to change, not a traceback wall (at DEBUG: the traceback)

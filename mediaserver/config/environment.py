@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from pydantic import AliasChoices
 from pydantic.fields import FieldInfo
@@ -49,7 +50,9 @@ def setting_names(fields: Mapping[str, FieldInfo]) -> set[str]:
     return names
 
 
-def unknown_variables(environ: Mapping[str, str], fields: Mapping[str, FieldInfo]) -> list[tuple[str, str | None]]:
+def unknown_variables(
+    environ: Mapping[str, str | None], fields: Mapping[str, FieldInfo]
+) -> list[tuple[str, str | None]]:
     """``(variable, closest setting or None)`` for each ``MEDIASERVER_*`` variable that no setting
     reads (case-insensitive, as the settings are), sorted by name."""
     known = setting_names(fields)
@@ -65,7 +68,7 @@ def unknown_variables(environ: Mapping[str, str], fields: Mapping[str, FieldInfo
     return found
 
 
-def removed_variables(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+def removed_variables(environ: Mapping[str, str | None]) -> list[tuple[str, str]]:
     """``(variable, why)`` for each variable of a removed setting (case-insensitive), sorted by name."""
     found: list[tuple[str, str]] = []
     for variable in sorted(environ):
@@ -76,16 +79,28 @@ def removed_variables(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     return found
 
 
-def warn_unknown_variables(environ: Mapping[str, str], fields: Mapping[str, FieldInfo]) -> list[str]:
+def warn_unknown_variables(
+    environ: Mapping[str, str | None], fields: Mapping[str, FieldInfo], where: str = "the environment variable"
+) -> list[str]:
     """Log one WARNING per unknown ``MEDIASERVER_*`` variable and per variable of a removed setting;
-    return the warnings."""
+    return the warnings. ``where``: what holds them (the environment, or the ``.env`` file)."""
     messages = [
         f"the setting {variable} was removed and its value is ignored: {why}; remove it from the environment"
         for variable, why in removed_variables(environ)
     ]
     for variable, close in unknown_variables(environ, fields):
         hint = f"; did you mean {PREFIX}{close.upper()} ({close})?" if close else ""
-        messages.append(f"the environment variable {variable} is not a setting and is ignored{hint}")
+        messages.append(f"{where} {variable} is not a setting and is ignored{hint}")
     for message in messages:
         log.warning("%s", message)
     return messages
+
+
+def warn_unknown_in_dotenv(path: Path, fields: Mapping[str, FieldInfo]) -> list[str]:
+    """``warn_unknown_variables`` for the variables of a ``.env`` file the settings read (an operator
+    trial: a typo there was ignored without a word, while the same typo in the environment warned)."""
+    if not path.is_file():
+        return []
+    from dotenv import dotenv_values
+
+    return warn_unknown_variables(dotenv_values(path), fields, where=f"the variable in {path}")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
 from mediaserver.config import Settings
-from mediaserver.config.environment import unknown_variables, warn_unknown_variables
+from mediaserver.config.environment import unknown_variables, warn_unknown_in_dotenv, warn_unknown_variables
 
 FIELDS = Settings.model_fields
 
@@ -71,3 +72,14 @@ def test_a_removed_setting_is_named_as_removed_and_ignored(caplog: pytest.LogCap
     assert len(warnings) == 2 and [r.getMessage() for r in caplog.records] == warnings
     assert "MEDIASERVER_VAD_FRAME_MS was removed and its value is ignored" in warnings[0]
     assert "30 ms" in warnings[0]
+
+
+def test_a_typo_in_the_dotenv_file_is_named_too(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("MEDIASERVER_API_KEYS='[\"k\"]'\nMEDIASERVER_HTTP_PROT=5\n# a comment\nOTHER=1\n")
+    with caplog.at_level(logging.WARNING, logger="mediaserver.config"):
+        warnings = warn_unknown_in_dotenv(dotenv, FIELDS)
+    assert len(warnings) == 1, warnings
+    assert f"the variable in {dotenv} MEDIASERVER_HTTP_PROT is not a setting" in warnings[0]
+    assert "MEDIASERVER_HTTP_PORT" in warnings[0]
+    assert warn_unknown_in_dotenv(tmp_path / "none", FIELDS) == []

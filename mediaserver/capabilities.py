@@ -133,5 +133,14 @@ def decide(
                 request.name, False, f"not enough free VRAM: needs {request.vram_mb} MB, {left_mb} MB left{after}"
             )
     for feature in features.values():
-        log.info("feature %s: %s (%s)", feature.name, "on" if feature.enabled else "off", feature.reason)
+        # Off for any reason but the operator's own switch (a model path that does not exist, no
+        # binary, too little VRAM) is what the operator must hear of: a WARNING, not an INFO line.
+        chosen = feature.enabled or feature.reason.startswith("switched off in settings")
+        log.log(
+            logging.INFO if chosen else logging.WARNING,
+            "feature %s: %s (%s)",
+            feature.name,
+            "on" if feature.enabled else "off",
+            feature.reason,
+        )
     return Capabilities(features)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from mediaserver.app import feature_requests
@@ -28,8 +30,16 @@ def test_cpu_enables_every_installed_feature() -> None:
     caps.require("llm")  # no error
 
 
-def test_cpu_leaves_off_what_is_not_installed_and_says_why() -> None:
-    caps = decide(choose_device("cpu"), requests(llm_missing="llama-cpp-python is not installed"))
+def test_cpu_leaves_off_what_is_not_installed_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="mediaserver.capabilities"):
+        caps = decide(choose_device("cpu"), requests(llm_missing="llama-cpp-python is not installed"))
+    levels = {r.getMessage().split(":")[0]: r.levelno for r in caplog.records}
+    # Off for what the operator did not choose is a WARNING (it was an INFO line, an operator trial).
+    assert levels == {"feature asr": logging.INFO, "feature tts": logging.INFO, "feature llm": logging.WARNING}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mediaserver.capabilities"):
+        decide(choose_device("cpu"), requests(llm_missing="switched off in settings (llm_enabled=false)"))
+    assert all(r.levelno == logging.INFO for r in caplog.records)
     assert caps.enabled("tts") and not caps.enabled("llm")
     with pytest.raises(FeatureDisabled) as info:
         caps.require("llm")

@@ -47,6 +47,34 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)
 
 
+def settings_problem(exc: Exception) -> str:
+    """Invalid settings in an operator's words: each setting by its variable, what is wrong, and the
+    value given (not pydantic's four lines and link); a list or object setting that is not JSON says so."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    if isinstance(exc, SettingsError):
+        field = str(exc).split('"')[1] if str(exc).count('"') >= 2 else ""
+        if field:
+            return (
+                f"MEDIASERVER_{field.upper()} ({field}) is not valid JSON: a list or an object, e.g. "
+                f'MEDIASERVER_{field.upper()}=\'["a"]\' or \'{{"name": "value"}}\''
+            )
+        return str(exc)
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"])
+        name = str(error["loc"][0]) if error["loc"] else ""
+        message = str(error["msg"]).removeprefix("Value error, ")
+        given = error.get("input")
+        shown = name and given is not None and not isinstance(given, dict) and "got " not in message
+        value = f" (got {given!r})" if shown else ""
+        problems.append(f"MEDIASERVER_{name.upper()} ({where}): {message}{value}" if name else message)
+    return "; ".join(problems)
+
+
 class StartupError(Exception):
     """The server cannot start, for a reason the operator can act on (one line, no traceback)."""
 
@@ -134,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from_args(args)
     except Exception as exc:
-        print(f"mediaserver: invalid settings: {exc}", file=sys.stderr)
+        print(f"mediaserver: invalid settings: {settings_problem(exc)}", file=sys.stderr)
         return 2
     limit_malloc_arenas(settings.malloc_arena_max)
     configure_logging(settings.log_level)

@@ -185,7 +185,7 @@ def _check_credentials(request: web.Request, settings: Settings) -> bool:
     if settings.basic_auth_user is not None and header.lower().startswith("basic "):
         try:
             decoded = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
+        except (binascii.Error, ValueError):  # (not base64, not ASCII (a ValueError of its own), not UTF-8)
             return False
         user, _, password = decoded.partition(":")
         return hmac.compare_digest(user.encode(), settings.basic_auth_user.encode()) and hmac.compare_digest(

@@ -47,6 +47,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)
 
 
+SECRET_WORDS = ("key", "password", "secret", "token", "auth", "header")
+
+
 def settings_problem(exc: Exception) -> str:
     """Invalid settings in an operator's words: each setting by its variable, what is wrong, and the
     value given (not pydantic's four lines and link); a list or object setting that is not JSON says so."""
@@ -69,7 +72,8 @@ def settings_problem(exc: Exception) -> str:
         name = str(error["loc"][0]) if error["loc"] else ""
         message = str(error["msg"]).removeprefix("Value error, ")
         given = error.get("input")
-        shown = name and given is not None and not isinstance(given, dict) and "got " not in message
+        secret = any(word in name for word in SECRET_WORDS)  # (never a key or a password on stderr, in the logs)
+        shown = name and not secret and given is not None and not isinstance(given, dict) and "got " not in message
         value = f" (got {given!r})" if shown else ""
         problems.append(f"MEDIASERVER_{name.upper()} ({where}): {message}{value}" if name else message)
     return "; ".join(problems)
@@ -97,7 +101,8 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
     return context
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, listening: asyncio.Event | None = None) -> None:
+    """Serve until SIGINT or SIGTERM; ``listening`` is set once every site listens."""
     context = tls_context(settings)  # (a certificate that cannot be used stops the start before the models load)
     app = create_app(settings)
     # Willow sends unencoded TTS text (lenient_http). On shutdown, open sessions are closed at once
@@ -113,6 +118,8 @@ async def serve(settings: Settings) -> None:
         for site in sites:
             await site.start()
             log.info("listening on %s", site.name)
+        if listening is not None:
+            listening.set()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -168,9 +175,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(settings.log_level)
     warn_unknown_variables(os.environ, Settings.model_fields)  # typos and old names: a hint, not a failure
     warn_unknown_in_dotenv(Path(".env"), Settings.model_fields)  # (read by the settings too: its typos as well)
+    listening = asyncio.Event()
     try:
-        asyncio.run(serve(settings))
-    except Exception as exc:  # one line naming what to change, not a traceback wall (at DEBUG: the traceback)
+        asyncio.run(serve(settings, listening))
+    except Exception as exc:
+        if listening.is_set():  # it ran, then failed: the whole story
+            log.exception("the server stopped on an error")
+            return 1
+        # One line naming what to change, not a traceback wall (at DEBUG: the traceback).
         log.error("cannot start: %s", startup_problem(exc))
         log.debug("what stopped the start", exc_info=exc)
         return 1

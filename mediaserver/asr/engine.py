@@ -217,12 +217,20 @@ class WhisperEngine(GuardedDecodes):
                 continue
             try:
                 run.results[index] = self.transcribe_one(jobs[index])
+            except JobAbandoned as exc:  # (its caller went while it was decoded: nobody's error)
+                self.counters["abandoned"] += 1
+                run.results[index] = exc
             except Exception as exc:
                 log.exception("ASR job failed on model %s", self.name)
                 run.results[index] = exc
         for index, result in enumerate(run.results):
             if isinstance(result, Transcript) and result.text and not gone(jobs[index]):
-                result = self._guarded(jobs[index], result, run.voiced_s.get(index), run.speech.get(index))
+                try:
+                    result = self._guarded(jobs[index], result, run.voiced_s.get(index), run.speech.get(index))
+                except JobAbandoned as exc:  # its caller went during a redecode: the others' results stand
+                    self.counters["abandoned"] += 1
+                    run.results[index] = exc
+                    continue
                 if result.guard is None and index in run.guarded:
                     result = replace(result, guard=run.guarded[index])  # decoded again on 30 s
                 run.results[index] = result
@@ -382,7 +390,11 @@ class WhisperEngine(GuardedDecodes):
             if window.audio.size >= run.jobs[member.job_index].audio.size:
                 run.fall_back(member.job_index)
             else:
-                self._decode_window_alone(window, run)
+                try:
+                    self._decode_window_alone(window, run)
+                except JobAbandoned as exc:  # its caller went meanwhile: only that job ends
+                    self.counters["abandoned"] += 1
+                    run.results[member.job_index] = exc
             return None
         if output.is_silence:
             return None

@@ -36,7 +36,8 @@ class AsrJob:
 
 
 class JobAbandoned(Exception):
-    """Nobody waits for this job's transcript any more: its decode was stopped."""
+    """Nobody waits for this job's transcript any more: its decode was stopped (the engine keeps it
+    to that job: the other jobs of its batch go on)."""
 
 
 def gone(job: AsrJob) -> bool:

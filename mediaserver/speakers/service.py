@@ -182,8 +182,8 @@ class SpeakerService:
     def _no_voice(self, audio: AudioArray) -> InvalidAudio | None:
         """Why ``audio`` is no voice to embed (steady noise the VAD calls speech), or None."""
         needed = self.settings.speaker_min_voiced_share
-        if needed <= 0:
-            return None
+        if needed <= 0 or voiced_seconds(audio) * SAMPLE_RATE_HZ < MIN_SAMPLES:
+            return None  # (too little speech to embed: the encoder says so, "too short" not "no voice")
         share = voiced_share(audio)
         if share is None or share >= needed:
             return None  # (no speech at all: the encoder says so itself)

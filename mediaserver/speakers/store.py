@@ -43,11 +43,12 @@ def _name_char(char: str, first: bool) -> bool:
     return not first and (category[0] == "M" or char in " _-")
 
 
-def check_name(name: str) -> str:
+def check_name(name: str, *, stored: bool = False) -> str:
     """The speaker name, stripped and in Unicode's composed form (NFC: a client that sends "Zoë"
-    decomposed names the same speaker), or a 400 saying what a name may hold."""
+    decomposed names the same speaker), or a 400 saying what a name may hold. ``stored``: a name
+    read back from the store, which the byte limit (newer than it) does not hold to."""
     stripped = unicodedata.normalize("NFC", name.strip())
-    fits = 0 < len(stripped) <= MAX_NAME_CHARS and len(stripped.encode()) <= MAX_NAME_BYTES
+    fits = 0 < len(stripped) <= MAX_NAME_CHARS and (stored or len(stripped.encode()) <= MAX_NAME_BYTES)
     if not fits or not all(_name_char(c, i == 0) for i, c in enumerate(stripped)) or stripped.endswith(" "):
         raise InvalidParameter(
             f"speaker name {name[:80]!r} is not allowed: 1-{MAX_NAME_CHARS} letters (of any script), digits, "
@@ -94,7 +95,8 @@ class SpeakerStore:
         for path in sorted(self.directory.glob(f"*{SUFFIX}")):
             try:
                 speaker = _read(path)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+                path = _composed(path, speaker.name)
+            except (OSError, ValueError, KeyError, TypeError, InvalidParameter) as exc:
                 aside = _aside_path(path)
                 path.replace(aside)
                 problem = f"{path.name} is not a readable speaker ({type(exc).__name__}); moved aside to {aside.name}"
@@ -175,7 +177,7 @@ def _encode(speaker: Speaker) -> bytes:
 
 def _read(path: Path) -> Speaker:
     data = json.loads(path.read_bytes())
-    name = check_name(str(data["name"]))
+    name = check_name(str(data["name"]), stored=True)
     if f"{name}{SUFFIX}" != unicodedata.normalize("NFC", path.name):  # (a disk may list names decomposed)
         raise ValueError(f"the file names speaker {name!r}")
     embedding = np.asarray(data["embedding"], dtype=np.float32)
@@ -190,6 +192,15 @@ def _read(path: Path) -> Speaker:
         float(data["enrolled_at"]),
         str(data.get("model", "ge2e")),  # files from before other models: GE2E's
     )
+
+
+def _composed(path: Path, name: str) -> Path:
+    """The speaker's file under its composed (NFC) name, renamed so if a disk listed it decomposed:
+    a DELETE or a re-enrolment, which use the composed name, then find that file and no other."""
+    wanted = path.with_name(f"{name}{SUFFIX}")
+    if path.name != wanted.name:
+        path.replace(wanted)
+    return wanted
 
 
 def _aside_path(path: Path) -> Path:

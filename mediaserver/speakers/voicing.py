@@ -13,10 +13,10 @@ frame whose peak is at least ``PEAK`` is voiced. Measured on the suite's 17 real
 (tests/human_speech.py): 0.41-0.83 of their speech frames are voiced; the same with white noise at
 0 dB SNR over the whole clip, 0.23-0.26; white and pink noise 0.00, brown 0.02-0.12, a car's
 rumble 0.03. Hence ``speaker_min_voiced_share`` 0.2. A steady tone (mains hum at 100 Hz, a beep, a
-buzzer) is voiced throughout, but at one period: a voice's pitch moves, so a clip whose voiced
-frames nearly all (``MAX_STEADY``) sit within ``STEADY_LAG`` samples of one period is no voice (a
-code review found hum, beeps and a square buzz at 1.0). Written here because no dependency of the
-server's has a pitch tracker (a YIN from librosa or praat would be a large one for this).
+buzzer) is voiced throughout, but it is one sound: a clip whose speech frames' spectra are all
+alike (``_steady``) is no voice (code reviews found hum, beeps and buzzers scoring 1.0). Written
+here because no dependency of the server's has a pitch tracker (a YIN from librosa or praat would
+be a large one for this).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ TARGET_DBFS: Final = -30.0  # quieter audio is raised to this first, as the enco
 
 MAX_ANALYSED_S: Final = 60.0  # a clip's first minute tells (memory and CPU stay bounded: 18 ms per 10 s)
 BLOCK_FRAMES: Final = 1000  # 30 s of frames analysed at once
-STEADY_LAG: Final = 2  # samples: voiced frames whose pitch stays this close to the median are a tone
-MAX_STEADY: Final = 0.9  # ... and when this share of them does, it is a hum or a beep, not a voice
+STEADY_LIKENESS: Final = 0.95  # frames whose spectra are this like their mean (median) are one sound: a tone
+MIN_STEADY_FRAMES: Final = 3  # a tone's frames the VAD calls speech may be few (its onset); fewer tell nothing
 
 
 def voiced_share(audio: npt.ArrayLike) -> float | None:
@@ -54,6 +54,7 @@ def voiced_share(audio: npt.ArrayLike) -> float | None:
     vad = webrtcvad.Vad(3)
     speech_frames = 0
     lags: list[np.ndarray] = []
+    spectra: list[np.ndarray] = []  # the speech frames' magnitude spectra, each of unit norm
     for first in range(0, frames, BLOCK_FRAMES):
         count = min(BLOCK_FRAMES, frames - first)
         block = wav[first * FRAME : (first + count) * FRAME].reshape(count, FRAME) * gain
@@ -62,13 +63,26 @@ def voiced_share(audio: npt.ArrayLike) -> float | None:
         speech_frames += int(np.count_nonzero(speech))
         if speech.any():
             lags.append(_pitch_lags(block[speech]))
+            magnitude = np.abs(np.fft.rfft(block[speech] * np.hanning(FRAME), axis=1))
+            spectra.append(magnitude / (np.linalg.norm(magnitude, axis=1, keepdims=True) + 1e-12))
     if speech_frames == 0:
         return None
     voiced = np.concatenate(lags)
-    voiced = voiced[voiced > 0]
-    if voiced.size and np.mean(np.abs(voiced - np.median(voiced)) <= STEADY_LAG) >= MAX_STEADY:
-        return 0.0  # one period throughout: a tone
-    return float(voiced.size) / float(speech_frames)
+    if spectra and sum(block.shape[0] for block in spectra) >= MIN_STEADY_FRAMES and _steady(spectra):
+        return 0.0  # one sound throughout: a tone
+    return float(np.count_nonzero(voiced)) / float(speech_frames)
+
+
+def _steady(spectra: list[np.ndarray]) -> bool:
+    """Whether the speech frames' spectra (each of unit norm) are all alike: a hum, a beep, a buzzer
+    sound the same in every frame (median likeness to their mean 0.989-1.0 over sines, squares and
+    sawtooths of 60-1500 Hz), where a voice's change with every sound (0.86 at most over the suite's
+    real recordings). (A first rule on the pitch periods, a review found, missed most tones: their
+    period is picked among its repeats, 123 or 247 samples for one 130 Hz tone.)"""
+    frames = np.concatenate(spectra)
+    mean = frames.mean(axis=0)
+    norm = float(np.linalg.norm(mean))
+    return norm > 0 and float(np.median(frames @ (mean / norm))) >= STEADY_LIKENESS
 
 
 def _pitch_lags(frames: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,11 +22,12 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from mediaserver.asr.jobs import AsrJob, JobAbandoned
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
 from mediaserver.devices import choose_device
-from mediaserver.events import TranscriptionOptions
+from mediaserver.events import Transcript, TranscriptionOptions
 from mediaserver.llm.service import LlmService
 from mediaserver.metrics import Metrics
 from mediaserver.state import ASR, METRICS, SESSIONS
@@ -373,3 +375,25 @@ async def test_a_long_upload_whose_caller_left_stops_between_decoder_calls(
         assert short.text
     finally:
         await service.aclose()
+
+
+async def test_a_caller_leaving_mid_decode_ends_only_its_own_job(
+    asr_service: AsrService, human_clips: list[tuple[str, np.ndarray, str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two jobs in one batch; the caller of the long one (word timestamps: faster-whisper's own loop)
+    goes while it is decoded. That job ends there, the other's transcript stands, and nothing is
+    logged as an error (a review: an abandoned redecode failed its whole batch)."""
+    engine = (await asr_service.get_model("tiny.en")).engine
+    long_audio = np.concatenate([clip for _, clip, _ in human_clips])  # about 66 s
+    gone = threading.Event()
+    long_job = AsrJob(long_audio, TranscriptionOptions(word_timestamps=True), abandoned=gone)
+    short_job = AsrJob(human_clips[0][1], TranscriptionOptions())
+    timer = threading.Timer(0.5, gone.set)
+    timer.start()
+    try:
+        results = await asyncio.to_thread(engine.transcribe_batch, [long_job, short_job])
+    finally:
+        timer.cancel()
+    assert isinstance(results[0], JobAbandoned), results[0]
+    assert isinstance(results[1], Transcript) and results[1].text, results[1]
+    assert server_errors(caplog) == []

@@ -298,8 +298,16 @@ async def test_credentials_that_are_not_utf8_are_a_401_not_a_500(
 ) -> None:
     # An operator trial: a key with bytes that are not UTF-8 raised while being compared (a 500 and
     # an ERROR traceback, from any client without credentials).
-    secured: LiveServer = await server_factory(api_keys=["k1"], wyoming_enabled=False)
-    for header in (b"X-API-Key: \xff\xfeabc", b"Authorization: Bearer \xe9t\xe9", b"Authorization: Basic \xff"):
+    secured: LiveServer = await server_factory(
+        api_keys=["k1"], basic_auth_user="u", basic_auth_password="p", wyoming_enabled=False
+    )
+    headers = (
+        b"X-API-Key: \xff\xfeabc",
+        b"Authorization: Bearer \xe9t\xe9",
+        b"Authorization: Basic \xff",  # (not base64: not even ASCII, which base64 raises on otherwise)
+        b"Authorization: Basic \xc3\xa9",
+    )
+    for header in headers:
         for path in (b"/v1/models", b"/metrics"):
             request = b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + header + b"\r\nConnection: close\r\n\r\n"
             answer = await raw_exchange(secured.host, secured.port, request, timeout_s=10, half_close=False)

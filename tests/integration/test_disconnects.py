@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from mediaserver.asr.engine import WhisperEngine
 from mediaserver.asr.jobs import AsrJob, JobAbandoned
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.asr.service import AsrService
@@ -384,6 +385,7 @@ async def test_a_caller_leaving_mid_decode_ends_only_its_own_job(
     goes while it is decoded. That job ends there, the other's transcript stands, and nothing is
     logged as an error (a review: an abandoned redecode failed its whole batch)."""
     engine = (await asr_service.get_model("tiny.en")).engine
+    assert isinstance(engine, WhisperEngine)
     long_audio = np.concatenate([clip for _, clip, _ in human_clips])  # about 66 s
     gone = threading.Event()
     long_job = AsrJob(long_audio, TranscriptionOptions(word_timestamps=True), abandoned=gone)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 
@@ -63,6 +64,17 @@ class RemoteModel(BaseModel):
         30.0, ge=0, le=30, description="triton concurrent mode: pad each WAV to this length so Triton can batch them"
     )
     max_new_tokens: int = Field(224, ge=1, le=448, description="triton: MAX_NEW_TOKENS per 30 s window")
+
+    @model_validator(mode="after")
+    def _one_kind_of_credentials(self) -> RemoteModel:
+        # Both would fail every request (a 502: the HTTP client refuses two Authorization headers),
+        # which an operator trial found only at the first request.
+        if self.api_key is not None and urlsplit(self.url).username is not None:
+            raise ValueError(
+                f"give the credentials of {urlsplit(self.url).hostname} once: in the url (user:password@) or as "
+                "api_key, not both"
+            )
+        return self
 
 
 def _renamed(name: str, old: str) -> AliasChoices:

@@ -59,6 +59,14 @@ def test_redact_url() -> None:
     assert redact_url("grpc://triton:8001") == "grpc://triton:8001"
 
 
+def test_credentials_in_the_url_and_an_api_key_are_refused_at_start() -> None:
+    # Both failed every request with a 502 (two Authorization headers), an operator trial found.
+    with pytest.raises(ValueError, match=r"in the url .* or as api_key, not both"):
+        RemoteModel(backend="openai", url="http://user:pass@asr.lan/v1", api_key="k")
+    assert RemoteModel(backend="openai", url="http://user:pass@asr.lan/v1").api_key is None
+    assert RemoteModel(backend="openai", url="http://asr.lan/v1", api_key="k").api_key is not None
+
+
 def test_remote_models_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(
         "MEDIASERVER_REMOTE_MODELS",

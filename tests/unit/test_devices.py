@@ -153,7 +153,7 @@ ARENA_PROBE = """
 import ctypes, sys, threading
 from mediaserver import cli
 
-async def probe(settings):  # in place of the server: what the process is like once main() has set it up
+async def probe(settings, listening=None):  # in place of the server: what the process is like once main() has set it up
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]

@@ -74,7 +74,8 @@ class AnswerText:
             if greeting is not None:
                 await send(greeting.end())
             last = rounds.last if rounds is not None and rounds.last is not None else stream
-            turn.usage, turn.finish_reason = last.usage, last.finish_reason
+            # (usage_so_far: a generation the engine stopped on a cancel ends without a usage of its own)
+            turn.usage, turn.finish_reason = last.usage_so_far, last.finish_reason
             if rounds is None:
                 turn.tool_calls = tuple(last.tool_calls)
         except ApiError as exc:

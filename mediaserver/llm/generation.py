@@ -86,6 +86,12 @@ class _Outcome:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     progress: Usage | None = None  # the tokens taken so far, as the engine reports them (``Progress``)
+
+    @property
+    def taken(self) -> Usage | None:
+        """The usage once finished, else the tokens taken so far where the backend says (the
+        llama-server engine): what a generation cancelled midway reports and is counted by."""
+        return self.usage or self.progress
     time_to_first_token_s: float | None = None
 
 
@@ -126,9 +132,8 @@ class LlmStream:
 
     @property
     def usage_so_far(self) -> Usage | None:
-        """The usage once finished, else the tokens taken so far where the backend says (the
-        llama-server engine): what a generation cancelled midway reports."""
-        return self._outcome.usage or self._outcome.progress
+        """``usage``, or for a generation cancelled midway the tokens it took (``_Outcome.taken``)."""
+        return self._outcome.taken
 
     @property
     def time_to_first_token_s(self) -> float | None:
@@ -279,7 +284,7 @@ async def _generate_on(
         metrics.requests.labels(model, backend.kind, result).inc()
         # Tokens taken, however it ended: a generation cancelled midway counts what it took so far
         # (the engine's per-token count), as its usage says, whichever way it was cancelled.
-        taken = outcome.usage or outcome.progress
+        taken = outcome.taken
         if taken is not None:
             metrics.prompt_tokens.labels(model).inc(taken.prompt_tokens)
             if taken.cached_tokens:

@@ -250,7 +250,6 @@ class UpstreamChat:
         stream = await self._call(self._client.chat.completions.create, **kwargs)
         finish: FinishReason = "stop"
         usage: Usage | None = None
-        so_far: Usage | None = None  # the engine's tokens so far, for a generation cancelled before its usage
         chunks = 0
         try:
             async for chunk in stream:
@@ -263,7 +262,6 @@ class UpstreamChat:
                     cached = details.cached_tokens if details is not None else None
                     usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens, cached)
                 elif self._engine and (progress := _progress(chunk)) is not None:
-                    so_far = progress.usage
                     yield progress
                 for choice in chunk.choices:
                     if choice.delta is not None and choice.delta.content:
@@ -288,7 +286,7 @@ class UpstreamChat:
             # Every OpenAI-compatible server sends at least one chunk; none means it failed after
             # answering 200 (llama-cpp-python's server does this for a prompt over its context).
             raise UpstreamError(f"{self.label} ended its stream without an answer")
-        yield Finished(finish, usage if usage is not None or finish != "cancelled" else so_far)
+        yield Finished(finish, usage)
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -92,6 +92,7 @@ class _Outcome:
         """The usage once finished, else the tokens taken so far where the backend says (the
         llama-server engine): what a generation cancelled midway reports and is counted by."""
         return self.usage or self.progress
+
     time_to_first_token_s: float | None = None
 
 

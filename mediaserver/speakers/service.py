@@ -163,26 +163,25 @@ class SpeakerService:
         """Each voice's embedding and seconds of speech, on the worker thread (``ThreadBatches``); a
         sound that is no voice (``speaker_min_voiced_share``) is that one's InvalidAudio."""
         encoder = self._encoder()  # a failed load is every voice's 503
-        problems = [self._no_voice(audio) for audio in voices]
-        clips = [audio for audio, problem in zip(voices, problems, strict=True) if problem is None]
+        seconds = [voiced_seconds(audio) for audio in voices]  # (the encoder's VAD over each clip, once)
+        problems = [self._no_voice(audio, s) for audio, s in zip(voices, seconds, strict=True)]
+        kept = [i for i, problem in enumerate(problems) if problem is None]
+        clips = [voices[i] for i in kept]
         try:
             vectors: list[Embedding | BaseException] = list(encoder.embed_batch(clips)) if clips else []
         except ValueError:  # a voice too short to embed: each alone, so only that one fails
             vectors = [_embed_one(encoder, audio) for audio in clips]
-        embedded = iter(zip(vectors, clips, strict=True))
-        results: list[tuple[Embedding, float] | BaseException] = []
-        for problem in problems:
-            if problem is not None:
-                results.append(problem)
-                continue
-            vector, audio = next(embedded)
-            results.append(vector if isinstance(vector, BaseException) else (vector, voiced_seconds(audio)))
-        return results
+        embedded = dict(zip(kept, vectors, strict=True))
+        return [
+            problem if problem is not None else _with_seconds(embedded[i], seconds[i])
+            for i, problem in enumerate(problems)
+        ]
 
-    def _no_voice(self, audio: AudioArray) -> InvalidAudio | None:
-        """Why ``audio`` is no voice to embed (steady noise the VAD calls speech), or None."""
+    def _no_voice(self, audio: AudioArray, speech_s: float) -> InvalidAudio | None:
+        """Why ``audio`` (``speech_s`` of speech once silences are cut) is no voice to embed (steady
+        noise the VAD calls speech), or None."""
         needed = self.settings.speaker_min_voiced_share
-        if needed <= 0 or voiced_seconds(audio) * SAMPLE_RATE_HZ < MIN_SAMPLES:
+        if needed <= 0 or speech_s * SAMPLE_RATE_HZ < MIN_SAMPLES:
             return None  # (too little speech to embed: the encoder says so, "too short" not "no voice")
         share = voiced_share(audio)
         if share is None or share >= needed:
@@ -240,6 +239,10 @@ class SpeakerService:
     def accepted(self, matches: list[Match]) -> list[Match]:
         threshold = self.settings.speaker_threshold
         return [m for m in matches if m.score >= threshold]
+
+
+def _with_seconds(vector: Embedding | BaseException, seconds: float) -> tuple[Embedding, float] | BaseException:
+    return vector if isinstance(vector, BaseException) else (vector, seconds)
 
 
 def _embed_one(encoder: VoiceEncoder, audio: AudioArray) -> Embedding | BaseException:

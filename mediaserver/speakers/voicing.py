@@ -30,11 +30,9 @@ import webrtcvad
 SAMPLE_RATE: Final = 16_000
 FRAME: Final = SAMPLE_RATE * 30 // 1000  # webrtcvad's 30 ms frames
 MIN_LAG: Final = SAMPLE_RATE // 400  # 400 Hz
-MAX_LAG: Final = SAMPLE_RATE * 10 // 600  # 60 Hz (267 samples, within one frame)
+MAX_LAG: Final = SAMPLE_RATE * 10 // 600  # 60 Hz (266 samples, within one frame)
 PEAK: Final = 0.5  # normalized autocorrelation at the pitch period that makes a frame voiced
 TARGET_DBFS: Final = -30.0  # quieter audio is raised to this first, as the encoder's is
-
-
 MAX_ANALYSED_S: Final = 60.0  # a clip's first minute tells (memory and CPU stay bounded: 18 ms per 10 s)
 BLOCK_FRAMES: Final = 1000  # 30 s of frames analysed at once
 STEADY_LIKENESS: Final = 0.95  # frames whose spectra are this like their mean (median) are one sound: a tone
@@ -43,8 +41,8 @@ MIN_STEADY_FRAMES: Final = 3  # a tone's frames the VAD calls speech may be few 
 
 def voiced_share(audio: npt.ArrayLike) -> float | None:
     """The share of ``audio``'s (16 kHz mono float; its first ``MAX_ANALYSED_S``) speech frames, as
-    webrtcvad finds them, that are voiced; 0 for a steady tone (a hum, a beep: most voiced frames at
-    one period, where a voice's pitch moves); None when it finds no speech at all."""
+    webrtcvad finds them, that are voiced; 0 for a steady tone (a hum, a beep: every frame's spectrum
+    alike, where a voice's changes with every sound); None when it finds no speech at all."""
     wav = np.nan_to_num(np.asarray(audio, dtype=np.float32).ravel()[: int(MAX_ANALYSED_S * SAMPLE_RATE)])
     frames = wav.size // FRAME
     if frames == 0:
@@ -53,7 +51,7 @@ def voiced_share(audio: npt.ArrayLike) -> float | None:
     gain = max(10 ** (TARGET_DBFS / 20) / rms if rms > 0 else 1.0, 1.0)
     vad = webrtcvad.Vad(3)
     speech_frames = 0
-    lags: list[np.ndarray] = []
+    voiced_frames = 0
     spectra: list[np.ndarray] = []  # the speech frames' magnitude spectra, each of unit norm
     for first in range(0, frames, BLOCK_FRAMES):
         count = min(BLOCK_FRAMES, frames - first)
@@ -62,15 +60,14 @@ def voiced_share(audio: npt.ArrayLike) -> float | None:
         speech = np.array([vad.is_speech(frame.tobytes(), SAMPLE_RATE) for frame in pcm], bool)
         speech_frames += int(np.count_nonzero(speech))
         if speech.any():
-            lags.append(_pitch_lags(block[speech]))
+            voiced_frames += int(np.count_nonzero(_voiced(block[speech])))
             magnitude = np.abs(np.fft.rfft(block[speech] * np.hanning(FRAME), axis=1))
             spectra.append(magnitude / (np.linalg.norm(magnitude, axis=1, keepdims=True) + 1e-12))
     if speech_frames == 0:
         return None
-    voiced = np.concatenate(lags)
     if spectra and sum(block.shape[0] for block in spectra) >= MIN_STEADY_FRAMES and _steady(spectra):
         return 0.0  # one sound throughout: a tone
-    return float(np.count_nonzero(voiced)) / float(speech_frames)
+    return voiced_frames / speech_frames
 
 
 def _steady(spectra: list[np.ndarray]) -> bool:
@@ -85,8 +82,8 @@ def _steady(spectra: list[np.ndarray]) -> bool:
     return norm > 0 and float(np.median(frames @ (mean / norm))) >= STEADY_LIKENESS
 
 
-def _pitch_lags(frames: np.ndarray) -> np.ndarray:
-    """Each frame's pitch period in samples where it is voiced, else 0."""
+def _voiced(frames: np.ndarray) -> np.ndarray:
+    """Which frames are voiced: an inner autocorrelation peak of at least ``PEAK`` at a pitch period."""
     centred = frames - frames.mean(axis=1, keepdims=True)
     spectrum = np.fft.rfft(centred, n=2 * FRAME + 64, axis=1)
     correlation = np.fft.irfft(np.abs(spectrum) ** 2, axis=1)[:, :FRAME]
@@ -100,5 +97,5 @@ def _pitch_lags(frames: np.ndarray) -> np.ndarray:
     masked = np.where(searched, normalized, -np.inf)
     peak_lag = masked.argmax(axis=1)
     inner = (peak_lag > start) & (peak_lag < MAX_LAG - 1)
-    voiced = inner & (masked.max(axis=1) >= PEAK)
-    return np.where(voiced, peak_lag, 0)
+    result: np.ndarray = inner & (masked.max(axis=1) >= PEAK)
+    return result

@@ -286,11 +286,11 @@ class McpToolbox:
         from mcp import MCPError
 
         every_s, timeout_s = self.settings.mcp_check_s, self.settings.mcp_call_timeout_s
+        if every_s <= 0:  # no checks: held until dropped
+            await server.drop.wait()
+            return
         missed = 0
         while True:
-            if every_s <= 0:
-                await server.drop.wait()
-                return
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(every_s):
                     await server.drop.wait()

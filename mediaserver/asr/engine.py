@@ -17,6 +17,7 @@ import numpy as np
 
 from mediaserver.asr.batching import BatchDecoder
 from mediaserver.asr.engine_guards import GuardedDecodes, spans_seconds
+from mediaserver.asr.engine_sequential import SequentialDecodes
 from mediaserver.asr.guards import GUARD_REASONS, GuardConfig
 from mediaserver.asr.jobs import AsrJob as AsrJob  # the engine interface's job, imported from here by its users
 from mediaserver.asr.jobs import BatchRun, JobAbandoned, gone
@@ -44,7 +45,6 @@ from mediaserver.events import (
     AudioArray,
     Segment,
     Transcript,
-    Word,
 )
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class Route(enum.Enum):
     SEQUENTIAL = "sequential"  # needs faster-whisper's own loop (word timestamps, sampling)
 
 
-class WhisperEngine(GuardedDecodes):
+class WhisperEngine(SequentialDecodes, GuardedDecodes):
     """One loaded CTranslate2 Whisper model and the way a batch of jobs goes through it.
 
     It owns the model, the batched decoder, the packing policy and the decode counters. A batch is
@@ -534,73 +534,13 @@ class WhisperEngine(GuardedDecodes):
             speech_detected=False,
         )
 
-    # --- sequential path ----------------------------------------------------------------------
+    # --- the model (the sequential path: engine_sequential.py) -------------------------------
 
     def close(self) -> None:
         """Free the model's weights now (CTranslate2's ``unload_model``), not whenever the last
         reference goes: idle unload (``asr_keep_alive_s``) and eviction return the memory at once.
         Blocking (a large model takes a while): call it off the event loop, after the last batch."""
         self.model.model.unload_model()
-
-    def transcribe_one(self, job: AsrJob) -> Transcript:
-        options = job.options
-        audio = job.audio
-        duration_s = audio.size / SAMPLE_RATE_HZ
-        started = time.perf_counter()
-        language = options.language if self.multilingual else "en"
-        if not has_speech(audio, self._vad):
-            return self._empty(job, started)
-        segments_iter, info = self.model.transcribe(
-            np.ascontiguousarray(audio, dtype=np.float32),
-            language=language,
-            task=options.task if self.multilingual else "transcribe",
-            beam_size=options.beam_size,
-            best_of=max(options.beam_size, 1),
-            temperature=list(options.temperature),
-            initial_prompt=options.initial_prompt,
-            prefix=options.prefix,
-            word_timestamps=options.word_timestamps,
-            # Past one short window, only timestamps tell where Whisper stopped in each 30 s window;
-            # without them it skips to the next window and loses what it left (as the batched path).
-            # Word timestamps need them too: without, faster-whisper seeks to the last word's end and
-            # decodes the silence after it again ("... lights, please. Please.").
-            without_timestamps=not (options.with_segment_timestamps or options.word_timestamps)
-            and duration_s <= TIMESTAMPS_PAST_S,
-            condition_on_previous_text=False,
-            vad_filter=self._neural_vad_filter,
-        )
-        segments: list[Segment] = []
-        for seg in segments_iter:  # (faster-whisper decodes each 30 s window as it is asked for the next)
-            if gone(job):
-                raise JobAbandoned()
-            words = tuple(Word(float(w.start), float(w.end), w.word, float(w.probability)) for w in (seg.words or ()))
-            segments.append(
-                Segment(
-                    id=len(segments),
-                    seek=int(seg.seek),
-                    start_s=float(seg.start),
-                    end_s=float(seg.end),
-                    text=seg.text,
-                    tokens=tuple(int(t) for t in seg.tokens),
-                    temperature=float(seg.temperature or 0.0),
-                    avg_logprob=float(seg.avg_logprob),
-                    compression_ratio=float(seg.compression_ratio),
-                    no_speech_prob=float(seg.no_speech_prob),
-                    words=words,
-                )
-            )
-        text = "".join(s.text for s in segments).strip()
-        return Transcript(
-            text=text,
-            language=info.language,
-            language_probability=float(info.language_probability),
-            duration_s=duration_s,
-            segments=tuple(segments),
-            infer_time_s=time.perf_counter() - started,
-            model=self.name,
-            task=options.task,
-            speech_detected=bool(segments),
-        )
 
 
 def _reported(score: float | None) -> float:

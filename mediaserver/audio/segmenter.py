@@ -81,7 +81,8 @@ class VadSegmenter:
         self._voiced_ms = 0
         self._start_ms = 0
         self._position_ms = 0  # stream time at the end of the last processed frame
-        self._skipped_samples = 0  # skipped audio not yet a whole millisecond on the clock
+        # Audio counted but not framed (skipped, a flushed tail), not yet a whole ms on the clock.
+        self._skipped_samples = 0
         # Asked about each frame, with how many samples were pushed after it: may it count towards a
         # speech start? (audio/echo.py SpeechGate: not what the echo canceller leaks.) None: every
         # voiced frame does.
@@ -109,6 +110,10 @@ class VadSegmenter:
     def current_audio(self) -> AudioArray:
         """The utterance so far (for partial transcripts); empty when idle."""
         return np.concatenate(self._frames) if self._frames else np.zeros(0, np.float32)
+
+    def current_samples(self) -> int:
+        """How long ``current_audio`` is."""
+        return sum(frame.size for frame in self._frames)
 
     def push(self, samples: AudioArray) -> list[SegmentEvent]:
         events: list[SegmentEvent] = []
@@ -143,6 +148,10 @@ class VadSegmenter:
         if self._in_speech or samples <= 0:
             return
         self.reset()
+        self._count(samples)
+
+    def _count(self, samples: int) -> None:
+        """Move the stream clock on by audio not framed here (its fraction of a ms is kept for later)."""
         self._skipped_samples += samples
         whole_ms = self._skipped_samples * 1000 // SAMPLE_RATE_HZ
         self._position_ms += whole_ms
@@ -150,7 +159,7 @@ class VadSegmenter:
 
     def reset(self) -> None:
         """Drop everything buffered; the stream clock still counts the dropped audio."""
-        self._position_ms += int(self._pending.size * 1000 / SAMPLE_RATE_HZ)
+        self._count(self._pending.size)
         self._frames = []
         self._in_speech = False
         self._preroll.clear()
@@ -198,7 +207,10 @@ class VadSegmenter:
     def _finish(self, reason: str) -> Utterance | Discarded:
         audio = np.concatenate(self._frames) if self._frames else np.zeros(0, np.float32)
         if self._pending.size and reason == "flush":
+            # The tail shorter than a frame is the utterance's too, and counts on the stream clock
+            # (docs/ws-protocol.md: times count the audio received).
             audio = np.concatenate([audio, self._pending])
+            self._count(self._pending.size)
             self._pending = np.zeros(0, np.float32)
         start_ms, end_ms = self._start_ms, self._position_ms
         voiced_ms, silence_ms = self._voiced_ms, self._silence_ms

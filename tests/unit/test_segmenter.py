@@ -96,6 +96,22 @@ def test_flush_ends_the_utterance_in_progress(speech: Any) -> None:
     assert segmenter.flush() is None
 
 
+def test_a_flushed_tail_shorter_than_a_frame_counts_on_the_stream_clock(speech: Any) -> None:
+    """A commit's utterance keeps the audio not yet framed (under 30 ms), and the clock counts it: the
+    times stay those of the audio received, commit after commit (a review: 55 ms behind after 6)."""
+    clip = speech("weather").audio16k
+    segmenter = VadSegmenter()
+    received = 0
+    for n in range(6):
+        piece = clip[: clip.size - clip.size % 480 - 480 + 80 + 16 * n]  # a whole number of frames, then 5-10 ms
+        feed(segmenter, piece)
+        received += piece.size
+        flushed = segmenter.flush()
+        assert isinstance(flushed, Utterance), n
+        assert flushed.end_ms == received * 1000 // SR, (n, flushed.end_ms, received)
+    assert segmenter.position_ms == received * 1000 // SR
+
+
 def test_chunk_size_does_not_change_the_result(speech: Any) -> None:
     audio = np.concatenate([silence(0.5), speech("remind").audio16k, silence(1.0)])
     results = []

@@ -82,8 +82,14 @@ class Pauses:
         early = self.early
         segmenter = self._segmenter
         silence_ms = segmenter.silence_ms
-        if early is not None and segmenter.in_speech and silence_ms < early.silence_ms:
-            self.drop_early()  # voiced again: this silence was a pause, not the end
+        if (
+            early is not None
+            and segmenter.in_speech
+            and (silence_ms < early.silence_ms or early.pause_from_ms != segmenter.position_ms - silence_ms)
+        ):
+            # Voiced again: this silence was a pause, not the end (also where the speech resumed and
+            # paused again within one piece of audio: the silence is then as long, but another pause's).
+            self.drop_early()
             early = None
         semantic = self._session.semantic_turns
         if self._turns.follow(
@@ -95,7 +101,9 @@ class Pauses:
             self._start_turn_check(silence_ms)
         candidate_ms = self._session.settings.turn_candidate_silence_ms
         early_ms = self._session.settings.stream_final_early_ms
-        if early_ms <= 0 or early is not None or not segmenter.long_enough or self._session.closed:
+        # (With semantic turns the pause's final is the rule's evidence, its words: it starts whatever
+        # stream_final_early_ms says; a review found 0 had sent finished sentences to the cap.)
+        if (early_ms <= 0 and not semantic) or early is not None or not segmenter.long_enough or self._session.closed:
             return  # (a burst too short to keep is discarded, never decoded)
         config = self._segmenter.config
         if semantic:
@@ -108,9 +116,11 @@ class Pauses:
         self._partials.cancel()  # the final is about to be decoded: partials only compete with it now
         audio = self._segmenter.current_audio()
         task = self._finals.start(audio, f"early-final-{self._session.id}")
-        early = self.early = EarlyFinal(task, audio.size, silence_ms, speech_ended_at(silence_ms))
+        pause_from_ms = self._segmenter.position_ms - silence_ms
+        early = self.early = EarlyFinal(
+            task, audio.size, silence_ms, speech_ended_at(silence_ms), pause_from_ms=pause_from_ms
+        )
         if semantic:
-            pause_from_ms = self._segmenter.position_ms - silence_ms
             task.add_done_callback(lambda done: self._hear_pause(early, pause_from_ms, done))
         if self._session.settings.turn_speculative_answers and isinstance(self._session.assistant, Speculator):
             task.add_done_callback(lambda done: self._speculate(early, done))

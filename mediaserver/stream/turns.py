@@ -61,6 +61,7 @@ class _Pause:
     model_failed: bool = False
     probability: float | None = None  # the last score
     model_agreed: bool = False  # the last score ended the turn, once the pause is long enough (rule 2)
+    scored: int = 0  # the turn model's scores of this pause so far (the first is judged on turn_threshold)
     text: asyncio.Task[float | None] | None = None  # the words' text score (turn_text_model)
     text_held: bool = False  # the stream's audio was held for it once (``text_settled``)
 
@@ -168,7 +169,14 @@ class TurnChecks:
         words = self.rule.words(text)
         pause = self._pause_from(from_ms)
         pause.words = words
-        if self.text is not None and pause.text is None and self.rule.text_scores(text):
+        # Words that read unfinished (rule 1) keep the turn open to the cap whatever the text says: a
+        # score would only end it sooner, at the text's hold (a review: "Turn on the" paused 1.2 s).
+        if (
+            self.text is not None
+            and pause.text is None
+            and words is not Words.UNFINISHED
+            and self.rule.text_scores(text)
+        ):
             pause.text = asyncio.get_running_loop().create_task(
                 self._score_text(self.text, text), name=f"text-eou-{self.session_id}"
             )
@@ -271,8 +279,11 @@ class TurnChecks:
             self._pause_from(from_ms).model_failed = True
             return None
         decision_ms = (time.monotonic() - started) * 1000.0
-        self._pause_from(from_ms).probability = score.probability
-        first = silence_ms < self.settings.turn_candidate_silence_ms + max(1, self.settings.turn_rescore_ms)
+        pause = self._pause_from(from_ms)
+        pause.probability = score.probability
+        # The pause's first score, however long the pause had grown by then (a large piece of audio,
+        # turn_rescore_ms 0): counted, not read off the silence.
+        first, pause.scored = pause.scored == 0, pause.scored + 1
         self.metrics.turn_decision_seconds.labels(
             "complete" if self.rule.model_ends(score.probability, Words.OPEN, first=first) else "incomplete"
         ).observe(decision_ms / 1000.0)

@@ -35,9 +35,10 @@ The rule, per pause (``decide``), once the utterance has ``stream_min_speech_ms`
 
 With the text: words it scores below ``turn_text_threshold`` veto rules 2 and 3 (the model's
 'complete' and the finished words' end), and that pause ends once it is ``turn_text_hold_ms`` long
-(whatever the words and the model; rule 4 still applies), or when the speech resumes, or at the
-cap. A text score of at least the threshold, or none (the text model is off, the engine is
-unavailable, the score failed or came too late), changes nothing: rules 1-5 as above. Words that
+(whatever the model; rule 4 still applies), or when the speech resumes, or at the cap. Words
+that read unfinished (rule 1) are not scored: they wait for the cap as without the text. A text
+score of at least the threshold, or none (the text model is off, the engine is unavailable, the
+score failed or came too late), changes nothing: rules 1-5 as above. Words that
 end on ``turn_text_skip_endings`` (Whisper's ``?``) are not scored: the text reads the bare words,
 without the question mark, and took misheard or terse questions for fragments ("What colors the
 sky?" 3e-8).
@@ -155,6 +156,8 @@ class TurnRule:
         model or the eagerness cap decides. ``model_agreed``: the model's 'complete' waits for the
         silence (``model_end_silence_ms``)."""
         ends = [self.fallback_silence_ms] if model_failed else []
+        if words is Words.UNFINISHED:
+            text = None  # rule 1 holds to the cap: the text's hold would end the pause sooner
         if self.text_vetoes(text):
             ends.append(self.text_hold_ms)
         else:

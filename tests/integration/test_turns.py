@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from mediaserver.events import (
 )
 from mediaserver.stream.options import StreamOptions
 from mediaserver.stream.session import StreamSession
+from mediaserver.stream.turns import TurnChecks
 from mediaserver.turns.fetch import default_dir, fetch
 from mediaserver.turns.model import TurnModel
 from tests.conftest import Clip, LiveServer
@@ -601,6 +603,36 @@ async def test_an_evenly_read_long_sentence_ends_within_a_second_over_realtime(
     assert len(stopped) == 1 and 0 <= stopped[0] - speech_end_ms <= 1000, (stopped, speech_end_ms)
 
 
+async def test_without_early_finals_a_finished_sentence_still_ends_on_its_words(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], turn_model: TurnModel
+) -> None:
+    """stream_final_early_ms 0 (finals decoded after the end) leaves semantic turns their evidence: the
+    pause's final still starts at turn_final_silence_ms, and the sentence the model scores 0.01 ends on
+    its words within a second (a review: it had waited the 4 s cap)."""
+    settings = base_settings.model_copy(update={"turn_detection": "semantic", "stream_final_early_ms": 0})
+    clip = speech("So I was thinking that maybe we could go to the beach tomorrow afternoon.").audio16k
+    _, last = voiced_span(clip)
+    run = await speak(asr_service, settings, turn_model, [clip[:last]], [])
+    stopped = [e for e in run.of(SpeechStopped) if isinstance(e, SpeechStopped)]
+    assert len(stopped) == 1 and 0 <= stopped[0].audio_end_ms - run.speech_end_ms <= 1000, (stopped, run.speech_end_ms)
+
+
+async def test_a_pauses_first_score_is_judged_on_turn_threshold_however_long_the_pause(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], turn_model: TurnModel
+) -> None:
+    """The first score of a pause is the first (turn_threshold), even where the pause had grown past
+    turn_candidate_silence_ms + turn_rescore_ms by then (turn_rescore_ms 0, a large piece of audio):
+    counted, not read off the silence. Later scores of it, and another pause's first, as they are."""
+    settings = base_settings.model_copy(update={"turn_rescore_ms": 0})
+    checks = TurnChecks(turn_model, settings, asr_service.metrics, "first-score")
+    audio = np.concatenate([speech("What is the capital of France?").audio16k, silence(0.6)])
+    first = await checks.score(audio, 600, 1000)
+    again = await checks.score(audio, 900, 1000)
+    other = await checks.score(audio, 600, 4000)
+    assert first is not None and again is not None and other is not None
+    assert (first.first, again.first, other.first) == (True, False, True)
+
+
 async def test_a_session_asking_for_semantic_turns_without_the_model_is_told_it_has_silence(
     server_factory: Callable[..., Any], speech: Callable[[str], Clip], tmp_path: Path
 ) -> None:
@@ -643,6 +675,53 @@ async def test_a_turn_model_that_fails_mid_session_ends_that_pause_on_silence(
     assert 400 <= stopped[0].audio_end_ms - fragment_end_ms <= 700, stopped
     assert asr_service.metrics.turn_model_failures._value.get() > failures
     broken.close()
+
+
+async def test_silence_filled_for_a_gap_is_not_heard_after_the_audio_that_ended_it(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    """The gap watcher's silence waits, as audio does, while a pause is judged; audio that comes
+    meanwhile shows there was no gap, so the silence is dropped. Before, it was heard after that
+    audio (a review), and the stream clock ran ahead of the audio received."""
+    slow = TurnModel(fetch(default_dir()))
+    release = threading.Event()
+    real = slow.score_now
+
+    def held(windows: list[np.ndarray]) -> list[Any]:
+        release.wait(30)  # a turn model slower than the gap (a fault a real model shows only under load)
+        return real(windows)
+
+    slow.score_now = held  # type: ignore[method-assign]
+    settings = base_settings.model_copy(update={"turn_detection": "semantic"})
+    transcription = TranscriptionOptions(language="en", with_segment_timestamps=False)
+    options = StreamOptions(transcription=transcription, server_vad=True, turn_detection="semantic")
+    events: list[SessionEvent] = []
+
+    async def emit(event: SessionEvent) -> None:
+        events.append(event)
+
+    session = StreamSession(asr_service, settings, emit, options, turn_model=slow)
+    clip = speech("Play the song by").audio16k
+    try:
+        for start in range(0, clip.size, CHUNK):  # speech, then its pause: the turn model is asked
+            await session.feed(clip[start : start + CHUNK])
+        await session.feed(silence(0.3))
+        async with asyncio.timeout(30):
+            while session._gap_filled_s == 0:  # the watcher found a gap; its silence waits for the model
+                await asyncio.sleep(0.01)
+        await session.feed(speech("the Beatles.").audio16k)  # the sender was there after all
+        release.set()
+        await session.feed(silence(2.0))
+        async with asyncio.timeout(60):
+            while not any(isinstance(e, FinalTranscript) for e in events):
+                await asyncio.sleep(0.05)
+        received_ms = session.samples_received * 1000 // SAMPLE_RATE_HZ
+        position_ms = session._segmenter.position_ms  # (behind by the audio not yet a whole 30 ms frame)
+        assert 0 <= received_ms - position_ms < 30, (position_ms, received_ms)
+    finally:
+        release.set()
+        await session.aclose()
+        slow.close()
 
 
 async def feed_at_full_speed(

@@ -36,6 +36,13 @@ class StreamSettings(BaseModel):
     stream_max_utterance_s: float = Field(
         28.0, gt=1.0, le=29.5, description="a streamed utterance is cut at this length"
     )
+    stream_max_recording_s: float = Field(
+        300.0,
+        gt=1.0,
+        description="a push-to-talk recording (device WebSocket or WebRTC push_to_talk, Realtime without turn "
+        "detection) keeps at most this much audio: what comes past it is dropped with one recording_too_long error, "
+        "and stop sends the final of what was kept (float32 audio: 19 MB per 300 s held until then)",
+    )
     stream_partial_interval_ms: int = Field(
         300, ge=50, description="a partial decode starts at most this often (from the start of the last one)"
     )
@@ -58,8 +65,10 @@ class StreamSettings(BaseModel):
         ge=0,
         description="start the final this long before the utterance ends: once the speech has been silent for "
         "stream_vad_hangover_ms minus this, the final is decoded on the audio so far (speech that resumes cancels "
-        "it), so it is ready about when the utterance ends; 0 = decode after the end. At 300 (200 ms of silence "
-        "with the default hangover) a final through an OpenAI-compatible remote engine lost its last words",
+        "it), so it is ready about when the utterance ends; 0 = decode after the end (with semantic turns a "
+        "pause's final still starts at turn_final_silence_ms: its words are the turn rule's evidence). At 300 "
+        "(200 ms of silence with the default hangover) a final through an OpenAI-compatible remote engine lost its "
+        "last words",
     )
     stream_max_pending_finals: int = Field(
         8,
@@ -369,7 +378,8 @@ class StreamSettings(BaseModel):
         "auto (the default): llm when the default LLM model is the bundled SmolLM2-135M on its local engine (the "
         "one turn_text_threshold was measured on), else off. llm: the server's own LLM engine (a local "
         "llama-server) reads the probability that the sentence ends after the words (tiny.en's trailing marks "
-        "removed); below turn_text_threshold it vetoes the turn model's 'complete' and the finished-words end, "
+        "removed; words that read unfinished, turn_unfinished_*, are not scored: they wait for the cap); below "
+        "turn_text_threshold it vetoes the turn model's 'complete' and the finished-words end, "
         "and that pause ends at turn_text_hold_ms of silence instead (or when the speech resumes, or at the "
         "eagerness cap). Fewer fragments cut (real 0.7 s pauses: 53 % -> 40 %); a finished sentence it scores "
         "low waits up to turn_text_hold_ms. Needs the LLM on with a local engine: with an upstream LLM or none, "

@@ -162,6 +162,8 @@ class _Stream(StreamParent, Protocol):
 
     def current_audio(self) -> AudioArray: ...
 
+    def current_samples(self) -> int: ...
+
     def heard_so_far(self, words: str) -> None: ...
 
     def decode_for_prefill(self) -> bool: ...
@@ -203,16 +205,18 @@ class Partials:
         min_samples = stream.settings.stream_partial_min_audio_ms * SAMPLE_RATE_HZ // 1000
         last_size = 0
         next_at = 0.0
+        failed = False  # a decode failed and was said (once: the next is tried at the cadence)
         try:
             while stream.in_speech and not stream.closed:
-                audio = stream.current_audio()
+                size = stream.current_samples()  # (the audio is joined only for a decode)
                 now = time.monotonic()
-                wait_s = max(next_at - now, (min_samples - audio.size) / SAMPLE_RATE_HZ)
-                if audio.size <= last_size:
+                wait_s = max(next_at - now, (min_samples - size) / SAMPLE_RATE_HZ)
+                if size <= last_size:
                     wait_s = max(wait_s, 0.02)
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
                     continue
+                audio = stream.current_audio()
                 last_size = audio.size
                 next_at = now + interval_s
                 if not stream.options.partials and not stream.decode_for_prefill():
@@ -231,6 +235,14 @@ class Partials:
                     )
                 except (Superseded, Overloaded, DeadlineExceeded, BackendTimeout, BackendUnavailable):
                     continue  # a partial that cannot run now is simply skipped
+                except ApiError as exc:
+                    # (The model unavailable, say.) Said once an utterance, and tried again at the
+                    # cadence: ending the loop here let the next audio start it again at once, an
+                    # error per frame (a review: 78 errors in 2 s of speech).
+                    if not failed:
+                        failed = True
+                        await self._emit(StreamError(exc.message, exc.code))
+                    continue
                 if not stream.in_speech:
                     return
                 if result.guard is not None:
@@ -240,8 +252,6 @@ class Partials:
                 stream.heard_so_far(self.promises.joined(result.text))
         except asyncio.CancelledError:
             pass
-        except ApiError as exc:
-            await self._emit(StreamError(exc.message, exc.code))
         finally:
             if self._task is asyncio.current_task():
                 self._task = None

@@ -44,6 +44,7 @@ from mediaserver.events import (
     SpeakerMatch,
     SpeechStarted,
     SpeechStopped,
+    StreamError,
     Transcript,
 )
 from mediaserver.speakers.service import SpeakerService
@@ -110,6 +111,8 @@ class StreamSession:
         self._turns = TurnChecks(model, settings, asr.metrics, self.id, text_eou)
         self._recording = False
         self._recorded: list[AudioArray] = []
+        self._recorded_samples = 0  # in ``_recorded``
+        self._recording_capped = False  # this recording reached stream_max_recording_s (said once)
         self._partials = Partials(self, emit)  # the decodes of the utterance in progress, what they promised
         self._tasks: set[asyncio.Task[object]] = set()
         self._finals = Finals(self, emit, self._start_task)  # transcriptions under way, sent in order
@@ -236,8 +239,7 @@ class StreamSession:
         self._audio_seconds.inc(samples.size / SAMPLE_RATE_HZ)
         if not self.options.server_vad:
             if self._recording:
-                self._recorded.append(samples)
-                self._ensure_partials()
+                await self._record(samples)
             return
         self._feeding += 1
         try:
@@ -261,11 +263,17 @@ class StreamSession:
         must not count as a gap (see ``_watch_gaps``) while the transport's worker catches up."""
         self._last_audio_at = time.monotonic()
 
-    async def _segment(self, samples: AudioArray) -> None:
+    async def _segment(self, samples: AudioArray, *, gap_after: float | None = None) -> None:
+        """Segment audio, in stream order. ``gap_after``: the samples are the gap watcher's silence
+        for the time since audio last came (``_last_audio_at`` then); audio that came while they
+        waited to be heard (a pause being judged) shows there was no gap, and they are dropped (a
+        review found them heard after that audio)."""
         await self._turns.settled()  # a pause being judged is judged before more audio is heard
         await self._pauses.words_settled()
         await self._turns.text_settled(self._segmenter.silence_ms)
         async with self._segment_lock:
+            if gap_after is not None and (self._last_audio_at != gap_after or self._feeding):
+                return
             for event in self._segmenter.push(samples):
                 await self._on_segment(event)
             self._pauses.watch()
@@ -301,7 +309,7 @@ class StreamSession:
                 if missing <= 0:
                     continue
                 self._gap_filled_s += missing / SAMPLE_RATE_HZ
-                await self._segment(np.zeros(missing, np.float32))
+                await self._segment(np.zeros(missing, np.float32), gap_after=audio_at)
         finally:
             if self._gap_task is asyncio.current_task():
                 self._gap_task = None
@@ -334,7 +342,28 @@ class StreamSession:
     def start_recording(self) -> None:
         self._recording = True
         self._recorded = []
+        self._recorded_samples = 0
+        self._recording_capped = False
         self._begin_utterance()
+
+    async def _record(self, samples: AudioArray) -> None:
+        """Keep push-to-talk audio, up to ``stream_max_recording_s`` a recording: what comes past it
+        is dropped, with one ``recording_too_long`` error (its ``stop`` still gets the final of what
+        was kept). A review found a recording without a bound: 20 minutes sent at once held 77 MB."""
+        room = int(self.settings.stream_max_recording_s * SAMPLE_RATE_HZ) - self._recorded_samples
+        if samples.size > room:
+            if not self._recording_capped:
+                self._recording_capped = True
+                message = (
+                    f"the recording is longer than stream_max_recording_s ({self.settings.stream_max_recording_s:g} s):"
+                    " the audio after that is dropped; stop (or commit) sends the final of what was kept"
+                )
+                await self._emit(StreamError(message, "recording_too_long"))
+            samples = samples[: max(0, room)]
+        if samples.size:
+            self._recorded.append(samples)
+            self._recorded_samples += samples.size
+            self._ensure_partials()
 
     @property
     def recording(self) -> bool:
@@ -349,6 +378,7 @@ class StreamSession:
         self._recording = False
         audio = self.recorded_audio()
         self._recorded = []
+        self._recorded_samples = 0
         self._partials.cancel()
         return await self._final(audio, 0, int(audio.size * 1000 / SAMPLE_RATE_HZ), ended_at=ended_at)
 
@@ -407,6 +437,10 @@ class StreamSession:
     def current_audio(self) -> AudioArray:
         """The audio of the utterance in progress (what a partial decodes)."""
         return self.recorded_audio() if not self.options.server_vad else self._segmenter.current_audio()
+
+    def current_samples(self) -> int:
+        """How long ``current_audio`` is, without joining it."""
+        return self._recorded_samples if not self.options.server_vad else self._segmenter.current_samples()
 
     def _ensure_partials(self) -> None:
         # (with turn_prefill_decodes, for the question's prefill alone when the client wants none: none is sent)

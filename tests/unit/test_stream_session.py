@@ -17,7 +17,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.audio.echo import SpeechGate
 from mediaserver.audio.echo_line import EchoLine
 from mediaserver.config import Settings
-from mediaserver.errors import InvalidParameter
+from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import (
     SAMPLE_RATE_HZ,
     FinalTranscript,
@@ -247,6 +247,75 @@ async def test_speech_resuming_after_a_pause_drops_the_early_final(
     # holds both sentences.
     spoken = speech("kitchen").audio16k.size + speech("music").audio16k.size
     assert counting.of(Priority.FINAL)[-1][2] > spoken
+
+
+async def test_speech_resuming_for_less_than_a_piece_of_audio_drops_the_early_final(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    """A voiced frame and more silence in one piece of audio (a device sending 400 ms at a time): the
+    silence is as long as when the pause's final started, but it is another pause, whose final is
+    decoded afresh in it. Before, the first pause's final was kept: its words were the new pause's
+    evidence, and the utterance's final was decoded again after its end."""
+    settings = base_settings.model_copy(update={"stream_vad_hangover_ms": 500, "stream_final_early_ms": 200})
+    frame = 480  # the segmenter's 30 ms
+    clip = speech("weather").audio16k
+    clip = clip[: clip.size - clip.size % frame]
+    loudest = int(np.argmax([rms(clip[k : k + frame]) for k in range(0, clip.size, frame)])) * frame
+    voiced = clip[loudest : loudest + frame]
+    counting = CountingAsr(asr_service)
+    async with open_session(counting, settings, server_vad=True) as (session, recorder):
+        await feed(session, np.concatenate([silence(0.48), clip, silence(0.42)]))  # 300 ms in: the final starts
+        await until(lambda: len(counting.of(Priority.FINAL)) == 1)
+        await session.feed(np.concatenate([voiced, silence(0.39)]))  # one piece: 30 ms of voice, 390 ms quiet
+        await feed(session, silence(1.0))
+        await until(lambda: len(recorder.of(FinalTranscript)) == 1)
+    [final] = recorder.of(FinalTranscript)
+    decodes = counting.of(Priority.FINAL)
+    assert len(decodes) == 2, decodes
+    utterance = (final.audio_end_ms - final.audio_start_ms) * SAMPLE_RATE_HZ // 1000
+    # The second pause's own final, started 300 ms into it (not the whole utterance after its end).
+    assert decodes[-1][2] < utterance - SAMPLE_RATE_HZ // 10, (decodes, utterance)
+
+
+async def test_a_push_to_talk_recording_keeps_at_most_stream_max_recording_s(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    """Past stream_max_recording_s (here 2 s) the audio is dropped, said once with recording_too_long;
+    stop gives the final of what was kept."""
+    settings = base_settings.model_copy(update={"stream_max_recording_s": 2.0})
+    audio = np.concatenate([speech("weather").audio16k, speech("kitchen").audio16k])
+    assert audio.size > 3 * SAMPLE_RATE_HZ
+    async with open_session(asr_service, settings) as (session, recorder):
+        session.start_recording()
+        await feed(session, audio)
+        final = await session.stop_recording()
+        errors = recorder.of(StreamError)
+        assert [e.code for e in errors] == ["recording_too_long"], errors
+        assert "stream_max_recording_s (2 s)" in errors[0].message
+        assert final.audio_end_ms == 2000 and final.transcript.text.strip()
+        session.start_recording()  # the next recording has its own 2 s
+        await feed(session, audio[:SAMPLE_RATE_HZ])
+        second = await session.stop_recording()
+    assert second.audio_end_ms == 1000 and len(recorder.of(StreamError)) == 1
+
+
+async def test_a_failing_partial_decode_is_said_once_an_utterance(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
+) -> None:
+    """A partial decode that fails (a model the ASR service does not have) is one error for the
+    utterance, not one per piece of audio (the loop is tried again at its cadence): 78 in 2 s before."""
+    async with open_session(asr_service, base_settings, partials=True, model="no-such-model") as (session, recorder):
+        session.start_recording()
+        started = time.monotonic()
+        audio = speech("weather").audio16k
+        for n, start in enumerate(range(0, audio.size, CHUNK)):  # in real time: the loop's cadence shows
+            await session.feed(audio[start : start + CHUNK])
+            await asyncio.sleep(max(0.0, started + (n + 1) * 0.02 - time.monotonic()))
+        partial_errors = list(recorder.of(StreamError))
+        with pytest.raises(ApiError):
+            await session.stop_recording()  # the final fails too, on its own
+    assert len(partial_errors) == 1, partial_errors
+    assert "no-such-model" in partial_errors[0].message
 
 
 async def test_without_early_finals_the_final_decodes_the_whole_utterance(

@@ -28,7 +28,9 @@ from mediaserver.transport.openai.realtime.config import new_id
 log = logging.getLogger(__name__)
 
 # StreamError codes that are the client's fault rather than the server's.
-CLIENT_ERROR_CODES: Final = frozenset({"invalid_parameter", "model_not_found", "invalid_audio", "audio_too_large"})
+CLIENT_ERROR_CODES: Final = frozenset(
+    {"invalid_parameter", "model_not_found", "invalid_audio", "audio_too_large", "recording_too_long"}
+)
 
 
 class Host(Protocol):

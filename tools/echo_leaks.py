@@ -93,11 +93,13 @@ def speech_starts(
     onset_gap_ms: float = 100.0,
     track: bool = False,
     residual: float = 0.0,
+    suspects: list[float] | None = None,
 ) -> tuple[list[float], np.ndarray]:
     """(speech starts in s, the canceller's output): a stream's canceller and segmenter, gated or not
     (``ends``: a list given gets where each utterance ended, in s of the stream; ``canceller``: a
     fresh one to use instead of the server's, tools/aec3_config.py; ``track``: the server's with its
-    delay tracker on, a 1 s window, as the server runs it by default)."""
+    delay tracker on, a 1 s window, as the server runs it by default; ``suspects``: a list given gets
+    the starts that were suspect, ``SpeechStart.suspect``, which pause an answer instead of cutting it)."""
     from mediaserver.audio.echo import EchoCanceller, SpeechGate
     from mediaserver.audio.echo_delay import RESIDUAL_WINDOW_S, TRACK_WINDOW_S, DelayTracker, ResidualEcho
     from mediaserver.audio.segmenter import Discarded, SpeechStart, Utterance, VadSegmenter
@@ -129,6 +131,8 @@ def speech_starts(
         for event in segmenter.push(cleaned):
             if isinstance(event, SpeechStart):
                 starts.append(segmenter.position_ms / 1000.0)  # when it triggered (its start has pre-roll)
+                if event.suspect and suspects is not None:
+                    suspects.append(starts[-1])
             elif isinstance(event, Utterance | Discarded) and ends is not None:
                 ends.append(segmenter.position_ms / 1000.0)
     return starts, np.concatenate(out)
@@ -163,7 +167,12 @@ def variants(margin_db: float, converge_s: float, onset_ms: float, hold_s: float
 
 
 def barge_ins(
-    gates: list[Variant], tail_ms: float, removed_db: float, onset_gap_ms: float, track: bool, residual: float
+    gates: list[Variant],
+    tail_ms: float,
+    removed_db: float,
+    onset_gap_ms: float,
+    track: bool,
+    residual: float,
 ) -> None:
     """The harder rooms of tools/bench_echo.py (17 sessions of 3 answers, RT60 0.3 s, 20-300 ms, the
     delay jumping in every other one; real human recordings barging in during the last answer of two
@@ -177,12 +186,15 @@ def barge_ins(
     heard: dict[str, list[float]] = {label: [] for label, *_ in gates}
     joined = dict.fromkeys(heard, 0)
     leaks = {label: [0, 0] for label in heard}  # (constant delay, delay jumps)
+    leaks_suspect = dict.fromkeys(heard, 0)  # of those, suspect starts (they pause the answer, words decide)
+    person_suspect = dict.fromkeys(heard, 0)  # a person's first start that was suspect
     for trial, jump in bench_echo.sessions(51, 37):
         first_echo = int(np.argmax(np.abs(trial.reference) > 0.01)) / RATE
         person = trial.barge_at is not None
         onset = int(np.argmax(np.abs(trial.near) > ACTIVE_RMS)) / RATE if person else float("inf")
         for label, margin, converge_s, onset_ms, hold_s in gates:
             ends: list[float] = []
+            suspects: list[float] = []
             starts, _ = speech_starts(
                 trial.reference,
                 trial.mic,
@@ -196,8 +208,10 @@ def barge_ins(
                 onset_gap_ms=onset_gap_ms,
                 track=track,
                 residual=residual,
+                suspects=suspects,
             )
             leaks[label][jump] += sum(1 for t in starts if first_echo <= t < onset - 0.1)
+            leaks_suspect[label] += sum(1 for t in suspects if first_echo <= t < onset - 0.1)
             if not person:
                 continue
             before = [t for t in starts if t < onset - 0.1]
@@ -206,10 +220,12 @@ def barge_ins(
                 continue
             after = [t for t in starts if t >= onset - 0.1]
             heard[label].append(after[0] - onset if after else float("inf"))
+            person_suspect[label] += bool(after) and after[0] in suspects
     for label in heard:
         print(
             f"harder rooms, {label}: {sum(leaks[label])} speech starts in the echo before anyone spoke "
-            f"({leaks[label][0]} in the 9 sessions with a constant delay, {leaks[label][1]} in the 8 whose delay jumps)"
+            f"({leaks[label][0]} in the 9 sessions with a constant delay, {leaks[label][1]} in the 8 whose delay "
+            f"jumps); {leaks_suspect[label]} of them suspect (pausing the answer, not cutting it)"
         )
     for label in heard:
         values = np.array(heard[label])
@@ -218,7 +234,8 @@ def barge_ins(
             f"person barging in, {label}: speech start {np.median(found):.2f} s median, "
             f"{np.quantile(found, 0.9):.2f} s p90, {found.max():.2f} s max after they begin; "
             f"not heard {int((~np.isfinite(values)).sum())}; {joined[label]} more joined an utterance a leak "
-            f"had started (the answer already cut)"
+            f"had started (the answer already cut); {person_suspect[label]} started suspect "
+            "(cut once their words are in)"
         )
 
 

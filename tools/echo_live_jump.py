@@ -15,9 +15,9 @@ other answer has played and died away, and counts:
 - **extra finals**: finals beyond the question's own (what the echo made Whisper write);
 - the tracker's moves (``mediaserver_echo_delay_changes_total``).
 
-    python tools/echo_live_jump.py [--runs 6] [--jump-ms 260] [--arms off=0,tracked=1] [--plot PNG]
+    python tools/echo_live_jump.py [--runs 6] [--jump-ms 260] [--arms off=0,tracked=1] [--setting NAME] [--plot PNG]
 
-Each arm is ``NAME=SECONDS``: ``echo_delay_track_s`` for its server (0: off). About 1 minute per
+Each arm is ``NAME=VALUE``: ``--setting`` (``echo_delay_track_s`` unless named) for its server. About 1 minute per
 arm to start and 35 s a run on the dev container.
 """
 
@@ -49,7 +49,7 @@ STARTUP_TIMEOUT_S = 600.0
 @dataclass
 class Arm:
     name: str
-    track_s: float
+    value: float  # the arm's value of --setting
     cut: list[int] = field(default_factory=list)  # answers cut, per run
     extra: list[int] = field(default_factory=list)  # extra finals, per run
     moved: int = 0
@@ -123,7 +123,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=6, help="sessions per arm")
     parser.add_argument("--jump-ms", type=float, default=260.0, help="the delay after the jump (from 60 ms)")
-    parser.add_argument("--arms", default="off=0,tracked=1", help="NAME=echo_delay_track_s, comma-separated")
+    parser.add_argument("--arms", default="off=0,tracked=1", help="NAME=VALUE of --setting, comma-separated")
+    parser.add_argument(
+        "--setting", default="echo_delay_track_s", help="the setting the arms vary (the others: the defaults)"
+    )
     parser.add_argument("--plot", default="bench-results/echo-live-jump.png")
     args = parser.parse_args()
     arms = [Arm(name, float(value)) for name, value in (item.split("=") for item in args.arms.split(","))]
@@ -131,7 +134,7 @@ def main() -> None:
 
     clips = {question: synthesize(question).audio16k for question in QUESTIONS}
     for arm in arms:
-        env = {"MEDIASERVER_ECHO_DELAY_TRACK_S": str(arm.track_s)}
+        env = {f"MEDIASERVER_{args.setting.upper()}": str(arm.value)}
         log = REPO / "bench-results" / f"echo-live-jump-{arm.name}.log"
         with child_server(log, STARTUP_TIMEOUT_S, env, log_level="INFO") as (url, _):
             wait_ready(url)
@@ -144,23 +147,23 @@ def main() -> None:
             arm.moved, arm.followed = changes["moved"], changes["followed"]
     answers = args.runs * len(QUESTIONS)
     print(f"\ndelay 60 -> {args.jump_ms:g} ms 1 s into the second answer; {args.runs} sessions of 3 answers per arm")
-    print(f"{'arm':12s} {'track_s':>7s} {'answers cut':>12s} {'extra finals':>13s} {'moved':>6s} {'followed':>9s}")
+    print(f"{'arm':12s} {'value':>7s} {'answers cut':>12s} {'extra finals':>13s} {'moved':>6s} {'followed':>9s}")
     for arm in arms:
         print(
-            f"{arm.name:12s} {arm.track_s:7g} {sum(arm.cut):5d} / {answers:<4d} {sum(arm.extra):13d} "
+            f"{arm.name:12s} {arm.value:7g} {sum(arm.cut):5d} / {answers:<4d} {sum(arm.extra):13d} "
             f"{arm.moved:6d} {arm.followed:9d}"
         )
-    plot(arms, answers, args.jump_ms, args.plot)
+    plot(arms, answers, args.jump_ms, args.plot, args.setting)
 
 
-def plot(arms: list[Arm], answers: int, jump_ms: float, path: str) -> None:
+def plot(arms: list[Arm], answers: int, jump_ms: float, path: str, setting: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 3.5))
-    names = [f"{arm.name}\n(echo_delay_track_s {arm.track_s:g})" for arm in arms]
+    names = [f"{arm.name}\n({setting} {arm.value:g})" for arm in arms]
     x = range(len(arms))
     axis.bar([i - 0.2 for i in x], [100 * sum(a.cut) / answers for a in arms], 0.4, label="answers cut (%)")
     axis.bar([i + 0.2 for i in x], [sum(a.extra) for a in arms], 0.4, label="extra finals (count)")

@@ -252,6 +252,11 @@ class StreamSession:
             self._ensure_partials()
             self._ensure_gap_watch()
 
+    async def decided(self) -> None:
+        """Until a turn decision under way on the audio fed so far (semantic turns) is made, and the
+        ``speech_stopped`` it ends the utterance with is sent (at most ``turn_decision_hold_ms``)."""
+        await self._turns.decided()
+
     def skip(self, samples: int) -> None:
         """Audio of this stream that a wake-word gate kept from it: no speech, but stream time
         (the times of server-VAD events count the audio received, whether or not it was heard)."""

@@ -145,6 +145,15 @@ class TurnChecks:
         if check.task is not asyncio.current_task():
             await asyncio.wait({check.task}, timeout=hold_ms / 1000.0)
 
+    async def decided(self) -> None:
+        """Until the check under way (if any) has decided, at most ``turn_decision_hold_ms``: what it
+        ends is sent by then (the device socket's ``ping`` is a barrier for ``speech_stopped``)."""
+        check = self._check
+        hold_ms = self.settings.turn_decision_hold_ms
+        if check is None or check.task.done() or hold_ms <= 0 or check.task is asyncio.current_task():
+            return
+        await asyncio.wait({check.task}, timeout=hold_ms / 1000.0)
+
     def drop(self) -> None:
         """Forget the check under way, cancelling it (unless it is the task calling), and the pause's evidence."""
         check, self._check = self._check, None

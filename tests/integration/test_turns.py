@@ -521,6 +521,29 @@ async def ws_turn_end(
     return ready, got
 
 
+async def test_a_ping_after_a_pause_being_judged_comes_after_its_speech_stopped(
+    server: LiveServer, speech: Callable[[str], Clip]
+) -> None:
+    """ping is a barrier for speech_stopped (ws-protocol.md), semantic turns too: a sentence and its
+    pause in one message, then ping: the turn model is still scoring the pause when the ping is
+    read, and the pong waits for its decision. Before, the pong came first."""
+    clip = speech("What is the capital of France?").audio16k
+    _, last = voiced_span(clip)
+    audio = np.concatenate([silence(0.3), clip[:last], silence(0.3)])
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    got: list[str] = []
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
+        await ws.send_str(json.dumps({"type": "start", "mode": "server_vad", "turn_detection": "semantic"}))
+        ready = json.loads((await ws.receive(timeout=30)).data)
+        assert ready["type"] == "ready" and ready["turn_detection"] == "semantic", ready
+        await ws.send_bytes(pcm)
+        await ws.send_str(json.dumps({"type": "ping"}))
+        async with asyncio.timeout(60):
+            while "pong" not in got:
+                got.append(json.loads((await ws.receive()).data)["type"])
+    assert "speech_stopped" in got and got.index("speech_stopped") < got.index("pong"), got
+
+
 async def test_the_default_is_semantic_for_the_voice_loop_and_silence_for_transcription(
     server_factory: Callable[..., Any], speech: Callable[[str], Clip]
 ) -> None:

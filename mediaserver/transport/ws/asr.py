@@ -346,6 +346,7 @@ class WsSession(SocketSession):
         elif isinstance(work, _Clear):
             self.stream.clear()
         else:
+            await self.stream.decided()  # a pause being judged on the audio before: its end comes first
             self.send_json({"type": "pong"})
 
     async def _apply_start(self, config: StreamConfig) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mediaserver.config import Settings
-from mediaserver.errors import InvalidParameter, ModelUnavailable, UnknownModel
+from mediaserver.errors import ApiError, InvalidParameter, ModelUnavailable, UnknownModel
 from mediaserver.events import TranscriptionOptions
 
 log = logging.getLogger(__name__)
@@ -343,6 +343,24 @@ class ModelRegistry:
                 f"model {name!r} is English-only; language {options.language!r} needs a multilingual model{hint}",
                 param="language",
             )
+
+    def for_options(self, requested: str | None, options: TranscriptionOptions) -> str | None:
+        """The model for a request that named none (or an OpenAI name such as ``whisper-1``) and asks
+        for what an English-only default cannot do, another language or a translation: the
+        ``translation_model`` when it is multilingual (Home Assistant's Wyoming sends a language and
+        never a model: with tiny.en, the default, every German request was refused). A model named
+        by the client is kept (``check_options`` refuses what it cannot do)."""
+        if requested is not None and requested not in self._settings.asr_model_aliases:
+            return requested
+        if options.task != "translate" and options.language in (None, "en"):
+            return requested
+        try:
+            if self.is_multilingual(self.resolve(requested)):
+                return requested
+            fallback = self.resolve(self._settings.translation_model)
+        except ApiError:
+            return requested
+        return fallback if self.is_multilingual(fallback) else requested
 
     def translation_model(self, requested: str | None, *, fallback: bool) -> str:
         """The model that translates for a request that asked for ``requested``.

@@ -288,6 +288,8 @@ class AsrService:
     ) -> Transcript:
         """``stream``: a stream's utterance, which starts at its VAD's preroll (tuned on its own:
         tools/eval_parity.py), so no ``asr_lead_silence_ms`` silence goes before it."""
+        # A request that named no model and asks for another language: the multilingual fallback.
+        model = self.models.for_options(model, options)
         # The use is held from before the lookup until the answer: an idle unload never takes the
         # model from under it, and one that took it just before makes the lookup load it again.
         with self.keeper.use(self.models.resolve(model)):

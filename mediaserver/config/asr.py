@@ -93,7 +93,11 @@ class AsrSettings(BaseModel):
         description="the model of a request that names none, and what OpenAI's model names mean; was `default_model`",
     )
     translation_model: str = Field(
-        "base", description="the multilingual model translations use when the chosen model is English-only"
+        "base",
+        description="the multilingual model that translates, and transcribes a language other than English, for "
+        "a request that names no model of ours (none, or an OpenAI name such as whisper-1: Home Assistant's "
+        "Wyoming, a device stream's language, Realtime) when the default is English-only; a model the client "
+        "names is kept (and refuses what it cannot do)",
     )
     asr_preload_models: list[str] = Field(
         default_factory=lambda: ["tiny.en"],

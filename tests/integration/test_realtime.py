@@ -450,7 +450,8 @@ async def test_bad_events_are_error_events_and_the_session_survives(connect: Any
             {
                 "type": "session.update",
                 "event_id": "e8",
-                "session": {"audio": {"input": {"transcription": {"language": "de"}}}},  # tiny.en is English-only
+                # tiny.en, named, is English-only
+                "session": {"audio": {"input": {"transcription": {"model": "tiny.en", "language": "de"}}}},
             },
             "invalid_value",
             "session.audio.input.transcription.language",

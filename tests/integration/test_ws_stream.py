@@ -339,7 +339,7 @@ async def test_push_to_talk_restart_keeps_config_and_clear_drops_audio(
         ({"type": "start", "channels": 3}, "invalid_parameter", "channels"),
         ({"type": "start", "mode": "always"}, "invalid_parameter", "mode"),
         ({"type": "start", "language": "klingon"}, "invalid_parameter", "language"),
-        ({"type": "start", "language": "de"}, "invalid_parameter", "language"),  # tiny.en is English-only
+        ({"type": "start", "model": "tiny.en", "language": "de"}, "invalid_parameter", "language"),  # English-only
         ({"type": "start", "model": "nope"}, "model_not_found", "model"),
         ({"type": "start", "beam_size": 0}, "invalid_parameter", "beam_size"),
         ({"type": "start", "task": "summarize"}, "invalid_parameter", "task"),

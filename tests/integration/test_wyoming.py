@@ -102,6 +102,16 @@ async def test_language_tags_and_model_names(
     assert Transcript.from_event(events[-1]).language == "en"
 
 
+async def test_home_assistant_in_another_language_gets_the_multilingual_model(
+    wyoming: WyomingServer, speech: Callable[[str], Clip]
+) -> None:
+    """Home Assistant sends its pipeline's language and never a model name: with the English-only
+    default (tiny.en) a German pipeline was refused at every request; translation_model (base)
+    transcribes it."""
+    text, events = await home_assistant_stt(port_of(wyoming), speech("music").pcm16k_bytes, "de")
+    assert text.strip() and Transcript.from_event(events[-1]).language == "de", events
+
+
 async def test_audio_without_transcribe_uses_the_defaults(
     wyoming: WyomingServer, speech: Callable[[str], Clip], wer: Any
 ) -> None:

@@ -357,3 +357,19 @@ def test_translation_falls_back_only_where_the_client_named_no_particular_model(
     assert registry.translation_model("tiny.en", fallback=True) == "base"
     assert registry.translation_model(None, fallback=True) == "base"
     assert registry.translation_model("tiny.en", fallback=False) == "tiny.en"  # check_options refuses it
+
+
+def test_a_request_naming_no_model_takes_the_multilingual_fallback_for_another_language(
+    registry: ModelRegistry,
+) -> None:
+    """Home Assistant's Wyoming names a language and never a model: the English-only default cannot,
+    translation_model can. A model the client named is kept (check_options refuses what it cannot)."""
+    from mediaserver.events import TranscriptionOptions
+
+    german, english, auto = (TranscriptionOptions(language=x) for x in ("de", "en", None))
+    assert registry.for_options(None, german) == "base"
+    assert registry.for_options("whisper-1", german) == "base"  # an OpenAI name names no model of ours
+    assert registry.for_options(None, TranscriptionOptions(task="translate")) == "base"
+    assert registry.for_options("tiny.en", german) == "tiny.en"
+    assert registry.for_options(None, english) is None and registry.for_options(None, auto) is None
+    assert registry.for_options("base", german) == "base"

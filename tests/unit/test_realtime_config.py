@@ -201,7 +201,7 @@ def test_an_update_keeps_what_it_does_not_mention(base: RealtimeConfig, models: 
             "'xx' is not a supported language",
         ),
         (
-            {"audio": {"input": {"transcription": {"language": "de"}}}},
+            {"audio": {"input": {"transcription": {"model": "tiny.en", "language": "de"}}}},
             "invalid_value",
             "session.audio.input.transcription.language",
             "model 'tiny.en' is English-only; language 'de' needs a multilingual model",
@@ -227,6 +227,18 @@ def test_bad_sessions(
     error = error_of(parse_session, session, base, models)
     assert (error.code, error.param) == (code, param)
     assert text in error.message
+
+
+def test_another_language_with_an_openai_model_name_takes_the_multilingual_fallback(
+    base: RealtimeConfig, models: ModelRegistry
+) -> None:
+    """OpenAI's names (or none) with a language tiny.en cannot transcribe: translation_model (base)."""
+    for model in (None, "gpt-4o-transcribe", "whisper-1"):
+        transcription: dict[str, object] = {"language": "de"} if model is None else {"model": model, "language": "de"}
+        config = parse_session({"audio": {"input": {"transcription": transcription}}}, base, models)
+        assert config.resolved_model == "base", (model, config)
+    english = parse_session({"audio": {"input": {"transcription": {"language": "en"}}}}, base, models)
+    assert english.resolved_model == "tiny.en"
 
 
 def test_an_invalid_update_changes_nothing(base: RealtimeConfig, models: ModelRegistry) -> None:

@@ -154,8 +154,8 @@ async def test_commit_finishes_speech_without_waiting_for_silence(
 async def test_an_error_is_an_event_and_an_exception(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip]
 ) -> None:
-    # tiny.en is English-only
-    async with open_session(asr_service, base_settings, language="de") as (session, recorder):
+    # tiny.en, named, is English-only (without a name the multilingual fallback would transcribe German)
+    async with open_session(asr_service, base_settings, language="de", model="tiny.en") as (session, recorder):
         session.start_recording()
         await feed(session, speech("kitchen").audio16k)
         with pytest.raises(InvalidParameter):

@@ -99,8 +99,8 @@ def test_a_second_start_keeps_what_it_does_not_say(settings: Settings, models: M
         ({"beam_size": 0}, InvalidParameter, "beam_size"),
         ({"task": "summarize"}, InvalidParameter, "task"),
         ({"language": "klingon"}, InvalidParameter, "language"),
-        ({"language": "de"}, InvalidParameter, "language"),  # tiny.en is English-only
-        ({"task": "translate"}, InvalidParameter, "model"),  # so is translation
+        ({"model": "tiny.en", "language": "de"}, InvalidParameter, "language"),  # tiny.en is English-only
+        ({"model": "tiny.en", "task": "translate"}, InvalidParameter, "model"),  # so is translation
         ({"model": "nope"}, UnknownModel, "model"),
     ],
 )

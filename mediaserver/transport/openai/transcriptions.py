@@ -180,12 +180,9 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
         # Every format decodes with Whisper's timestamps, so each gives the same text (asr_upload_timestamps).
         with_segment_timestamps=settings.asr_upload_timestamps or response_format in ("srt", "vtt", "verbose_json"),
     )
-    model_name = requested_model
-    if task == "translate":
-        # whisper-1 and the other OpenAI names name no model of ours: they translate with whatever can.
-        model_name = asr.models.translation_model(
-            requested_model, fallback=requested_model in settings.asr_model_aliases
-        )
+    # whisper-1 and the other OpenAI names name no model of ours: they translate, or transcribe another
+    # language, with whatever can (translation_model where the default is English-only).
+    model_name = asr.models.for_options(requested_model, options)
     try:
         audio = await asyncio.to_thread(decode_any, data, max_duration_s=settings.max_audio_duration_s)
     except ApiError as exc:  # (not audio, too long: the file is what is wrong)

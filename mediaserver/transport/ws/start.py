@@ -206,7 +206,7 @@ def parse_start(
         del option_values["language"]
         option_values["detect_language"] = True
     options = stream_options_from(option_values, settings, base=base.options if base else None)
-    model = models.resolve(options.model)
+    model = models.resolve(models.for_options(options.model, options.transcription))
     models.check_options(model, options.transcription)
     assistant = parse_bool(text, "assistant", base.assistant if base else False)
     audio_rate = parse_int(

@@ -164,6 +164,9 @@ class RealtimeConfig:
     # An extension: the server's canceller of the answers it speaks over the socket (audio/echo.py):
     # "auto" = on while the session's answers are audio sent as deltas (realtime/session.py).
     echo_cancellation: EchoMode = "off"
+    # The client named a model of ours (not none, not an OpenAI name): it is kept whatever the
+    # language; otherwise another language takes the multilingual fallback (translation_model).
+    model_named: bool = False
 
     @property
     def server_vad(self) -> bool:
@@ -420,12 +423,22 @@ def _language(value: object, param: str) -> str | None:
         ) from None
 
 
+def is_openai_name(name: str | None) -> bool:
+    """OpenAI's model names (``gpt-...``, ``whisper-...``), which name no model of ours."""
+    return name is not None and name.strip().lower().startswith(("gpt-", "whisper-"))
+
+
+def names_our_model(requested: str | None) -> bool:
+    """Whether a client's model name names one of ours (not empty, not an OpenAI name)."""
+    return bool(requested and requested.strip()) and not is_openai_name(requested)
+
+
 def resolve_model(models: ModelRegistry, requested: str | None, param: str) -> str:
     """The registry name for a model; OpenAI's model names (``gpt-...``, ``whisper-...``) mean the default."""
     try:
         return models.resolve(requested)
     except UnknownModel as exc:
-        if requested is not None and requested.strip().lower().startswith(("gpt-", "whisper-")):
+        if is_openai_name(requested):
             return models.resolve(None)
         raise EventError("model_not_found", exc.message, param) from None
 
@@ -450,16 +463,18 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
     fmt = base.input_format
     turn = base.turn_detection
     model, language, prompt = base.model, base.language, base.prompt
+    named = base.model_named
     model_param = "session.audio.input.transcription.model"
 
     def transcription(value: object, param: str) -> None:
-        nonlocal model, language, prompt, model_param
+        nonlocal model, language, prompt, model_param, named
         if value is None:
             return  # OpenAI turns transcription off; a transcription session keeps its settings
         spec = as_object(value, param)
         if "model" in spec:
             requested = _optional_str(spec["model"], f"{param}.model")
             model = requested.strip() if requested and requested.strip() else models.resolve(None)
+            named = names_our_model(requested)
             model_param = f"{param}.model"
         if "language" in spec:
             language = _language(spec["language"], f"{param}.language")
@@ -515,12 +530,20 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
         include = tuple(raw_include) if raw_include is not None else None
 
     resolved = resolve_model(models, model, model_param)
+    if not named:
+        # None named, or an OpenAI name: another language takes the multilingual fallback
+        # (translation_model) where the default is English-only; echoed as what runs, unless the
+        # client gave an OpenAI name (echoed back as given).
+        fallback = models.resolve(models.for_options(None, TranscriptionOptions(language=language)))
+        if fallback != resolved and not is_openai_name(model):
+            model = fallback
+        resolved = fallback
     try:
         models.check_options(resolved, TranscriptionOptions(language=language))
     except InvalidParameter as exc:
         param = model_param.rsplit(".", 1)[0] + ".language"
         raise EventError("invalid_value", f"Invalid '{param}': {exc.message}.", param) from None
-    return RealtimeConfig(model, resolved, fmt, language, prompt, turn, include, noise, echo)
+    return RealtimeConfig(model, resolved, fmt, language, prompt, turn, include, noise, echo, named)
 
 
 def default_config(settings: Settings, models: ModelRegistry, query: Mapping[str, str]) -> RealtimeConfig:
@@ -549,6 +572,7 @@ def default_config(settings: Settings, models: ModelRegistry, query: Mapping[str
         model,
         resolve_model(models, model, "model"),
         language=settings.default_language or None,
+        model_named=names_our_model(requested),
         echo_cancellation=settings.echo_cancellation_default,
     )
 

@@ -155,6 +155,20 @@ async def test_two_requests_on_one_connection(wyoming: int) -> None:
         await client.disconnect()
 
 
+@pytest.mark.parametrize("text", ["🙂", "...", "🎉 🎉!"])
+async def test_text_with_nothing_to_read_is_an_answer_of_no_audio(wyoming: int, text: str) -> None:
+    """An LLM's reply of emoji or marks alone: audio-start and audio-stop, no error (Home Assistant
+    showed a TTS failure), as the same text streamed gives; the connection goes on."""
+    client = await connect(wyoming)
+    try:
+        await client.write_event(Synthesize(text=text).event())
+        assert [(await read(client)).type for _ in range(2)] == ["audio-start", "audio-stop"]
+        await client.write_event(Synthesize(text="Three.").event())
+        assert AudioStart.is_type((await read(client)).type)
+    finally:
+        await client.disconnect()
+
+
 @pytest.mark.parametrize(
     ("event", "code", "phrase"),
     [

@@ -6,6 +6,8 @@ connections hold is bounded by ``wyoming_max_buffered_audio_bytes``, each refusa
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -193,6 +195,42 @@ async def test_buffered_audio_across_connections_is_bounded(server_with: Any) ->
     finally:
         await server.aclose()
     assert server.budget.used_bytes == 0
+
+
+async def test_a_streamed_synthesis_past_its_bound_while_speaking_logs_no_error(
+    base_settings: Settings, asr_service: AsrService, tts_service: TtsService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An answer streamed sentence by sentence past tts_max_input_chars while its sentences are being
+    spoken: the client gets the error, and the server's writer of the stream stops without a
+    traceback (a user trial: "Task exception was never retrieved ... Cannot call write() after
+    write_eof()", logged at ERROR for a client's mistake)."""
+    server = WyomingServer(base_settings, asr_service, tts=tts_service)
+    port = await server.start(HOST, 0)
+    caplog.set_level(logging.INFO)
+    try:
+        client = await _client(port)
+        await client.write_event(SynthesizeStart().event())
+        sentence = "Hello there, this is one more sentence of a long answer. "
+
+        async def stream() -> None:  # as an LLM's answer comes: a sentence every 50 ms
+            for _ in range(tts_service.settings.tts_max_input_chars // len(sentence) + 2):
+                await client.write_event(SynthesizeChunk(text=sentence).event())
+                await asyncio.sleep(0.05)
+
+        writer = asyncio.create_task(stream())
+        kinds: list[str] = []
+        async with asyncio.timeout(120):
+            while (event := await client.read_event()) is not None:
+                kinds.append(event.type)
+        with contextlib.suppress(Exception):
+            await writer  # (it may find the connection closed)
+        assert "audio-chunk" in kinds and kinds[-1] == "error", [k for k in kinds if k != "audio-chunk"]
+        await client.disconnect()
+    finally:
+        await server.aclose()
+    gc.collect()  # a task whose exception was never retrieved says so when it is collected
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
 
 
 async def test_a_streamed_synthesis_is_bounded_like_any_text(

@@ -237,6 +237,7 @@ class WyomingConnection(AsyncEventHandler):
             await self._fail(exc.message, exc.code)
         except ApiError as exc:
             log.info("wyoming %s: %s (%s)", self.peer, exc.message, exc.code)
+            await self._tts.aclose()  # a stream's writer stops before the error ends the connection
             await self._fail(exc.message, exc.code)
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             log.debug("wyoming %s: connection lost: %r", self.peer, exc)

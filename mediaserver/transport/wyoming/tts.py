@@ -152,8 +152,14 @@ class WyomingTts:
         if not isinstance(text, str):
             raise InvalidParameter("synthesize needs a 'text' string", param="text")
         tts = self._service()
-        tts.check_text(text)
         voice, params = await self._voice(data)
+        if text.strip() and not any(ch.isalnum() for ch in text):
+            # Nothing to read ("🙂", "..."): an answer of no audio, as a stream of it gives, not an
+            # error (an LLM's reply of emoji alone made Home Assistant show a TTS failure: a trial).
+            log.info("wyoming %s: %r has nothing to read: no audio", self.peer, text[:40])
+            await self._send(AudioStart(rate=voice.sample_rate_hz, width=2, channels=1).event(), AudioStop().event())
+            return
+        tts.check_text(text)
         async with tts.speak(text, voice, params) as speech:
             started = False
             async for chunk in speech:
@@ -198,9 +204,9 @@ class WyomingTts:
     async def aclose(self) -> None:
         """Stop an open stream and drop what it has not spoken yet. Idempotent."""
         writer, self._writer = self._writer, None
-        if writer is not None and not writer.done():
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+        if writer is not None:
+            writer.cancel()  # (a writer already done keeps its outcome, retrieved here: a send that
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # failed on a closed connection)
                 await writer
         cm, self._speech_cm, self._speech = self._speech_cm, None, None
         if cm is not None:

@@ -334,6 +334,8 @@ async def test_push_to_talk_restart_keeps_config_and_clear_drops_audio(
         ("[1, 2]", "invalid_message", None),
         ({"type": "hello"}, "unknown_type", None),
         ({"type": "stop"}, "not_started", None),
+        ({"type": "interrupt"}, "not_started", None),
+        ({"type": "reset"}, "not_started", None),
         ({"type": "start", "encoding": "mp3"}, "invalid_parameter", "encoding"),
         ({"type": "start", "sample_rate": 1000}, "invalid_parameter", "sample_rate"),
         ({"type": "start", "channels": 3}, "invalid_parameter", "channels"),

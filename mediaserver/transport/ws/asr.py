@@ -277,7 +277,9 @@ class WsSession(SocketSession):
                 self._tool_output(parsed)
             elif kind in ("interrupt", "reset"):
                 # Not queued behind audio: barge-in must not wait for the worker.
-                if self.assistant is not None:
+                if self.config is None:
+                    self.send_error("not_started", f'"{kind}" before "start"')
+                elif self.assistant is not None:
                     self.spawn(
                         self.assistant.interrupt() if kind == "interrupt" else self.assistant.reset(), "ws-" + kind
                     )

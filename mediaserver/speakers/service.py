@@ -211,7 +211,8 @@ class SpeakerService:
                 f"; clip {i + 1} left out: {r.message}" for i, r in enumerate(results) if isinstance(r, InvalidAudio)
             )
             raise InvalidAudio(
-                f"too little speech to enrol {name!r}: {speech_s:.1f} s heard in {len(clips)} clip(s), "
+                f"too little speech to enrol {name!r}: {speech_s:.1f} s usable from {len(usable)} of {len(clips)} "
+                "clip(s), "
                 f"at least {needed:g} s needed (speaker_enrol_min_speech_s); three spoken sentences are enough"
                 + left_out
             )

@@ -372,6 +372,9 @@ class SpeechGate:
         # The last frame asked about passed only because the gate stood aside (``converge_s``): the
         # full rule would have held it (the segmenter's ``SpeechStart.suspect``).
         self.last_suspect = False
+        # ... and it came within ``restart_ms`` of the device's playback starting afresh, where the
+        # first syllable leaks (the segmenter's ``SpeechStart.restart``).
+        self.last_restart = False
 
     @classmethod
     def of(cls, canceller: EchoCanceller, settings: Settings) -> SpeechGate:
@@ -393,7 +396,7 @@ class SpeechGate:
         """Whether this frame (the segmenter's, cut from the canceller's output) may count towards a
         speech start; ``after``: the samples of that output after the frame's end; ``voiced``: the
         VAD heard it, and no utterance is under way (only then is the residual echo measured)."""
-        self.last_suspect = False
+        self.last_suspect = self.last_restart = False
         power = float(np.mean(np.square(frame, dtype=np.float64))) if frame.size else 0.0
         level = 10.0 * np.log10(power + 1e-12)
         self._levels.append(level)
@@ -417,9 +420,8 @@ class SpeechGate:
             # noted when the rule below would have held it, or when it comes soon after playback
             # started afresh (the delay may have moved: the next answer's first syllable leaks).
             restart = self.canceller.since_restart_ms() if self.restart_ms > 0 else None
-            self.last_suspect = (restart is not None and 0 <= restart - after_ms < self.restart_ms) or not (
-                self._like_a_person(frame, level, after)
-            )
+            self.last_restart = restart is not None and 0 <= restart - after_ms < self.restart_ms
+            self.last_suspect = self.last_restart or not self._like_a_person(frame, level, after)
             return True
         return self._like_a_person(frame, level, after)
 

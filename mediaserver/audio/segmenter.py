@@ -44,6 +44,9 @@ class SpeechStart:
     # it stood aside (the canceller converged): quiet against the output's floor, or mostly removed by
     # the canceller, as its leaks are (stream/echo_check.py: such a start pauses the answer).
     suspect: bool = False
+    # ... and most of those frames came just after the device's playback started afresh (an answer's
+    # first audio, a sentence after the device ran dry, an answer resumed): ``SpeechGate.last_restart``.
+    restart: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class VadSegmenter:
         )
         self._recent: collections.deque[bool] = collections.deque(maxlen=self.config.trigger_window_frames)
         self._suspect: collections.deque[bool] = collections.deque(maxlen=self.config.trigger_window_frames)
+        self._restart: collections.deque[bool] = collections.deque(maxlen=self.config.trigger_window_frames)
         self._frames: list[AudioArray] = []
         self._in_speech = False
         self._silence_ms = 0
@@ -165,6 +169,7 @@ class VadSegmenter:
         self._preroll.clear()
         self._recent.clear()
         self._suspect.clear()
+        self._restart.clear()
         self._pending = np.zeros(0, np.float32)
 
     def _frame(self, frame: AudioArray, after: int = 0) -> SegmentEvent | None:
@@ -177,17 +182,20 @@ class VadSegmenter:
             self._preroll.append(frame)
             self._recent.append(voiced and starts)
             self._suspect.append(voiced and starts and bool(getattr(self.gate, "last_suspect", False)))
+            self._restart.append(voiced and starts and bool(getattr(self.gate, "last_restart", False)))
             if sum(self._recent) >= cfg.trigger_voiced_frames:
                 suspect = 2 * sum(self._suspect) > sum(self._recent)
+                restart = suspect and 2 * sum(self._restart) > sum(self._recent)
                 self._in_speech = True
                 self._frames = list(self._preroll)
                 self._preroll.clear()
                 self._recent.clear()
                 self._suspect.clear()
+                self._restart.clear()
                 self._silence_ms = 0
                 self._voiced_ms = cfg.trigger_voiced_frames * cfg.frame_ms
                 self._start_ms = max(0, self._position_ms - len(self._frames) * cfg.frame_ms)
-                return SpeechStart(self._start_ms, suspect)
+                return SpeechStart(self._start_ms, suspect, restart)
             return None
         self._frames.append(frame)
         if voiced:

@@ -130,6 +130,15 @@ class AssistantSettings(BaseModel):
         "paused answer (a person who starts as a leak ends is heard without the answer's echo over them); "
         "0 = resume at once",
     )
+    assistant_barge_in_echo_defer_restarts: bool = Field(
+        True,
+        description="a suspect start (assistant_barge_in_echo_suspects) just after the device's playback started "
+        "afresh (within echo_speech_gate_restart_ms: a sentence after the device ran dry, an answer resumed), "
+        "where the canceller lets the first syllable through, waits to pause the answer until it has "
+        "stream_min_speech_ms of voice: pausing on each such leak left a 0.6 s hole every 1-2 s of a long answer "
+        "on a busy machine (a user trial); what is shorter is discarded and pauses nothing. Other suspect starts "
+        "pause at once (stopping the echo lets a person under it through); false: every suspect start pauses",
+    )
     assistant_first_clause_words: int = Field(
         4,
         ge=0,

@@ -178,6 +178,10 @@ class Partials:
         self._emit = emit
         self.promises = PartialPromises(stream.settings)
         self._task: asyncio.Task[None] | None = None
+        self._failed = False  # a decode of this utterance failed and was said (once an utterance)
+
+    def new_utterance(self) -> None:
+        self._failed = False
 
     def start(self) -> None:
         """Decode the utterance in progress until it ends (or ``cancel``), unless that already runs."""
@@ -205,7 +209,6 @@ class Partials:
         min_samples = stream.settings.stream_partial_min_audio_ms * SAMPLE_RATE_HZ // 1000
         last_size = 0
         next_at = 0.0
-        failed = False  # a decode failed and was said (once: the next is tried at the cadence)
         try:
             while stream.in_speech and not stream.closed:
                 size = stream.current_samples()  # (the audio is joined only for a decode)
@@ -239,8 +242,8 @@ class Partials:
                     # (The model unavailable, say.) Said once an utterance, and tried again at the
                     # cadence: ending the loop here let the next audio start it again at once, an
                     # error per frame (a review: 78 errors in 2 s of speech).
-                    if not failed:
-                        failed = True
+                    if not self._failed:
+                        self._failed = True
                         await self._emit(StreamError(exc.message, exc.code))
                     continue
                 if not stream.in_speech:

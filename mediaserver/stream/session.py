@@ -113,6 +113,8 @@ class StreamSession:
         self._recorded: list[AudioArray] = []
         self._recorded_samples = 0  # in ``_recorded``
         self._recording_capped = False  # this recording reached stream_max_recording_s (said once)
+        # A suspect start not yet long enough to pause the answer (``EchoCheck.defers``): its start ms.
+        self._deferred_start: int | None = None
         self._partials = Partials(self, emit)  # the decodes of the utterance in progress, what they promised
         self._tasks: set[asyncio.Task[object]] = set()
         self._finals = Finals(self, emit, self._start_task)  # transcriptions under way, sent in order
@@ -281,6 +283,8 @@ class StreamSession:
                 return
             for event in self._segmenter.push(samples):
                 await self._on_segment(event)
+            if self._deferred_start is not None and self._segmenter.in_speech and self._segmenter.long_enough:
+                await self._undefer()
             self._pauses.watch()
             await self._pauses.end_turn_on_silence()
 
@@ -322,10 +326,23 @@ class StreamSession:
     async def _on_segment(self, event: SpeechStart | Utterance | Discarded) -> None:
         if isinstance(event, SpeechStart):
             self._begin_utterance()
+            if self.assistant is not None and self.barge_in and self._echo.defers(self.assistant, event):
+                self._deferred_start = event.start_ms  # a suspect start: it speaks once it is long enough
+                return
             if self.assistant is not None and self.barge_in and not self._echo.hold(self.assistant, event.suspect):
                 await self.assistant.interrupt()  # the user talks over the answer: stop it first
             await self._emit(SpeechStarted(event.start_ms))
+        elif isinstance(event, Discarded) and self._deferred_start is not None:
+            # A suspect start that came to nothing (the canceller's leak): the answer played on, and
+            # nothing was said of it to the client.
+            log.info("session %s: a suspect start at a playback restart came to nothing: played on", self.id)
+            self._deferred_start = None
+            self._partials.cancel()
+            self._pauses.drop_early()
+            self._turns.drop()
+            await self._answer_held()
         elif isinstance(event, Utterance):
+            await self._undefer()
             if event.reason == "silence" and self.semantic_turns:
                 self.asr.metrics.turn_ends.labels("cap").inc()  # nothing decided the turn: the eagerness cap ended it
             self._turns.drop()
@@ -341,6 +358,18 @@ class StreamSession:
             self._echo.discarded(self.assistant)
             await self._emit(SpeechStopped(event.end_ms, discarded=True))
             await self._answer_held()
+
+    async def _undefer(self) -> None:
+        """A suspect start long enough to be kept: it pauses the answer now, and its words decide
+        (``EchoCheck.defers``)."""
+        start_ms, self._deferred_start = self._deferred_start, None
+        if start_ms is None:
+            return
+        if self.assistant is not None and not self._echo.hold(self.assistant, True):
+            await self.assistant.interrupt()  # (the answer ended or was cut meanwhile: as any start)
+        await self._emit(SpeechStarted(start_ms))
+        if self._segmenter.in_speech:
+            self._ensure_partials()
 
     # --- push-to-talk ---------------------------------------------------------------------------
 
@@ -401,10 +430,15 @@ class StreamSession:
         self._turns.drop()
         if isinstance(event, Discarded):
             self._partials.cancel()
+            if self._deferred_start is not None:  # a suspect start that came to nothing: nothing was said of it
+                self._deferred_start = None
+                await self._answer_held()
+                return None
             self._echo.discarded(self.assistant)
             await self._emit(SpeechStopped(event.end_ms, discarded=True))
             await self._answer_held()
             return None
+        await self._undefer()
         await self._emit(SpeechStopped(event.end_ms))
         ended_at, held = time.monotonic(), self._held(event.start_ms, event.end_ms)
         await self._finals.wait()
@@ -422,6 +456,9 @@ class StreamSession:
     def clear(self) -> None:
         """Drop buffered audio and any utterance in progress."""
         self._recorded = []
+        self._recorded_samples = 0
+        self._recording_capped = False
+        self._deferred_start = None
         self._echo.discarded(self.assistant)  # an answer paused for it goes on
         self._segmenter.reset()
         self._partials.cancel()
@@ -434,6 +471,7 @@ class StreamSession:
     # --- transcription ------------------------------------------------------------------------
 
     def _begin_utterance(self) -> None:
+        self._partials.new_utterance()
         self._partials.cancel()
         self._pauses.drop_early()
         self._turns.drop()
@@ -451,7 +489,8 @@ class StreamSession:
         # (with turn_prefill_decodes, for the question's prefill alone when the client wants none: none is sent)
         for_prefill = self.settings.turn_prefill_decodes is not False and self._question_prefiller is not None
         wanted = self.options.partials or (self.options.server_vad and for_prefill)
-        if wanted and self._pauses.early is None and not self._closed:
+        # (Not for a deferred suspect start: nothing is said of it until it pauses the answer.)
+        if wanted and self._pauses.early is None and not self._closed and self._deferred_start is None:
             self._partials.start()
 
     def decode_for_prefill(self) -> bool:

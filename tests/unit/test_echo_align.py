@@ -139,9 +139,10 @@ def test_speech_soon_after_a_restart_is_suspect() -> None:
     line.process(np.zeros(3 * RATE + 4800, np.float32))  # 300 ms into its echo
     since = ec.since_restart_ms()
     assert since is not None and 250 <= since <= 350
-    assert gates[600](loud) and gates[600].last_suspect
+    assert gates[600](loud) and gates[600].last_suspect and gates[600].last_restart
     assert gates[600](loud, after=int(0.4 * RATE)) and not gates[600].last_suspect  # a frame before the restart
-    assert gates[0](loud) and not gates[0].last_suspect
+    assert not gates[600].last_restart
+    assert gates[0](loud) and not gates[0].last_suspect and not gates[0].last_restart
     line.process(np.zeros(8000, np.float32))  # 800 ms in
     assert gates[600](loud) and not gates[600].last_suspect
     line.arrived(2 * FRAME)

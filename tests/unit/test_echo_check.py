@@ -237,6 +237,36 @@ async def test_a_suspect_start_pauses_the_answer_and_its_words_alone_decide(
         assert answerer.questions == ([final.transcript.text] if cut else [])
 
 
+@pytest.mark.parametrize(("restart", "defer"), [(True, True), (True, False), (False, True)])
+async def test_a_suspect_burst_at_a_restart_too_short_to_keep_does_not_pause_the_answer(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], restart: bool, defer: bool
+) -> None:
+    """A suspect start just after the device's playback started afresh (``SpeechStart.restart``: a
+    sentence after the device ran dry, an answer resumed) waits to pause the answer until it has
+    stream_min_speech_ms of voice (assistant_barge_in_echo_defer_restarts): such leaks paused a
+    user trial's long answers every 1-2 s. A burst (90 ms of speech) then pauses nothing and is not
+    said to the client; a longer one (300 ms) pauses the answer once it is long enough, and its
+    words decide. Other suspect starts, or with the setting off, pause at once."""
+    settings = base_settings.model_copy(
+        update={"assistant_barge_in_echo_defer_restarts": defer, "assistant_barge_in_echo_resume_ms": 0}
+    )
+    answerer = SpeakingAnswerer(SENTENCES["weather"])
+    clip = speech("kitchen").audio16k
+    frame = 480
+    loud = max(range(0, clip.size - 10 * frame, frame), key=lambda k: float(np.abs(clip[k : k + 3 * frame]).mean()))
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        session._segmenter.gate = Marking(1, restart=restart)  # every frame like a leak
+        await feed(session, np.concatenate([silence(0.3), clip[loud : loud + 3 * frame], silence(0.8)]))
+        if not (restart and defer):
+            assert (answerer.pauses, answerer.resumes) == (1, 1), recorder.events  # paused, came to nothing
+            return
+        assert answerer.pauses == 0 and not recorder.events, recorder.events
+        await feed(session, np.concatenate([clip[loud : loud + 10 * frame], silence(0.8)]))
+        await until(lambda: answerer.resumes == 1 or answerer.interrupts == 1)
+        assert answerer.pauses == 1 and recorder.of(SpeechStarted), recorder.events
+
+
 @pytest.mark.parametrize(
     ("setting", "removed", "echo"),
     [(2.0, 2.5, True), (2.0, 1.2, False), (8.0, 6.0, False), (0.0, 60.0, False), (2.0, None, False)],

@@ -147,14 +147,17 @@ def test_skipped_audio_counts_on_the_stream_clock(speech: Any) -> None:
 
 class Marking:
     """A gate that lets every frame count and marks every ``every``-th frame it is asked about (0:
-    none) as one its rule would have held (``SpeechGate.last_suspect``)."""
+    none) as one its rule would have held (``SpeechGate.last_suspect``), with ``restart`` as one just
+    after the device's playback started afresh too (``SpeechGate.last_restart``)."""
 
-    def __init__(self, every: int) -> None:
-        self.every, self.asked, self.last_suspect = every, 0, False
+    def __init__(self, every: int, restart: bool = False) -> None:
+        self.every, self.restart, self.asked = every, restart, 0
+        self.last_suspect = self.last_restart = False
 
     def __call__(self, frame: np.ndarray, after: int = 0, voiced: bool = True) -> bool:
         self.asked += 1
         self.last_suspect = self.every > 0 and self.asked % self.every == 0
+        self.last_restart = self.last_suspect and self.restart
         return True
 
 

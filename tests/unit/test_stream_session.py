@@ -293,6 +293,12 @@ async def test_a_push_to_talk_recording_keeps_at_most_stream_max_recording_s(
         assert [e.code for e in errors] == ["recording_too_long"], errors
         assert "stream_max_recording_s (2 s)" in errors[0].message
         assert final.audio_end_ms == 2000 and final.transcript.text.strip()
+        session.start_recording()
+        await feed(session, audio[: SAMPLE_RATE_HZ * 3 // 2])
+        session.clear()  # what was cleared does not count against the cap (a review)
+        await feed(session, audio[:SAMPLE_RATE_HZ])
+        cleared = await session.stop_recording()
+        assert cleared.audio_end_ms == 1000 and len(recorder.of(StreamError)) == 1
         session.start_recording()  # the next recording has its own 2 s
         await feed(session, audio[:SAMPLE_RATE_HZ])
         second = await session.stop_recording()

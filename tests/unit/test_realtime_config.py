@@ -251,6 +251,14 @@ def test_default_config_from_the_url(settings: Settings, models: ModelRegistry) 
     assert default_config(settings, models, {}).resolved_model == "tiny.en"
     assert default_config(settings, models, {"model": "base"}).resolved_model == "base"
     assert default_config(settings, models, {"model": "gpt-realtime"}).resolved_model == "tiny.en"
+    # A server whose default language the English-only default cannot do: the multilingual fallback
+    # from the first session.created (a review: every utterance was refused until a session.update).
+    german = settings.model_copy(update={"default_language": "de"})
+    assert (default_config(german, models, {}).model, default_config(german, models, {}).resolved_model) == (
+        "base",
+        "base",
+    )
+    assert default_config(german, models, {"model": "gpt-realtime"}).resolved_model == "base"
     assert default_config(settings, models, {"intent": "transcription"}).model == settings.asr_default_model
     with pytest.raises(InvalidParameter, match="intent must be 'transcription'"):
         default_config(settings, models, {"intent": "conversation"})

@@ -86,6 +86,19 @@ def test_a_second_start_keeps_what_it_does_not_say(settings: Settings, models: M
     assert second.options.transcription.language == "fr"
 
 
+def test_without_a_model_each_start_picks_the_model_for_its_language(settings: Settings, models: ModelRegistry) -> None:
+    """No model named: a language the English-only default cannot do takes translation_model, afresh
+    at each start (a review: a second start inherited the first's model as if named, and English then
+    German was refused). A model named once is kept, and refuses what it cannot do."""
+    english = start(settings, models, language="en")
+    german = start(settings, models, english, language="de")
+    assert (english.options.model, german.options.model) == ("tiny.en", "base")
+    assert start(settings, models, german, language="en").options.model == "tiny.en"
+    named = start(settings, models, model="tiny.en")
+    with pytest.raises(InvalidParameter):
+        start(settings, models, named, language="de")
+
+
 @pytest.mark.parametrize(
     ("values", "error", "param"),
     [

@@ -94,6 +94,9 @@ class StreamConfig:
     wake: tuple[str, ...] | None = None  # wake word models gating the stream (wake/gate.py); None = off
     # Functions the client runs itself (assistant/client_tools.py), with ``tool_choice``; assistant only.
     client_tools: ClientTools = NO_CLIENT_TOOLS
+    # The client named the model (this start or an earlier one): it is kept whatever the language;
+    # otherwise a language the English-only default cannot do takes translation_model (afresh at each start).
+    model_named: bool = False
 
     @property
     def pcm_format(self) -> PcmFormat:
@@ -206,7 +209,9 @@ def parse_start(
         del option_values["language"]
         option_values["detect_language"] = True
     options = stream_options_from(option_values, settings, base=base.options if base else None)
-    model = models.resolve(models.for_options(options.model, options.transcription))
+    model_named = bool(text.get("model", "").strip()) or (base.model_named if base else False)
+    requested = options.model if model_named else None
+    model = models.resolve(models.for_options(requested, options.transcription))
     models.check_options(model, options.transcription)
     assistant = parse_bool(text, "assistant", base.assistant if base else False)
     audio_rate = parse_int(
@@ -254,6 +259,7 @@ def parse_start(
         echo_cancellation=echo,
         wake=tuple(wake_names) if wake_names is not None else None,
         client_tools=client_tools,
+        model_named=model_named,
     )
 
 

@@ -237,7 +237,6 @@ class WyomingConnection(AsyncEventHandler):
             await self._fail(exc.message, exc.code)
         except ApiError as exc:
             log.info("wyoming %s: %s (%s)", self.peer, exc.message, exc.code)
-            await self._tts.aclose()  # a stream's writer stops before the error ends the connection
             await self._fail(exc.message, exc.code)
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             log.debug("wyoming %s: connection lost: %r", self.peer, exc)
@@ -295,7 +294,11 @@ class WyomingConnection(AsyncEventHandler):
         name = data.get("name")
         if name is not None and not isinstance(name, str):
             raise InvalidParameter(f"transcribe name must be a string, got {name!r}", param="name")
-        model = self._asr.models.resolve(name) if name else None  # UnknownModel for names we do not know
+        if name:
+            self._asr.models.resolve(name)  # UnknownModel for names we do not know
+        # (As named: an OpenAI name such as whisper-1 names no model of ours, and another language
+        # then takes translation_model, as with none.)
+        model = name or None
         prompt = transcribe_prompt(data, self._settings)
         raw_language = data.get("language")
         if raw_language is None or raw_language == "":
@@ -379,6 +382,7 @@ class WyomingConnection(AsyncEventHandler):
 
     async def _fail(self, text: str, code: str) -> None:
         """Send an error, then close gracefully (see the module docstring)."""
+        await self._tts.aclose()  # a stream's writer stops first: nothing is sent after the error
         try:
             await self.send(Error(text=text, code=code).event())
             if self.writer.can_write_eof():

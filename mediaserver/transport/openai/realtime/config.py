@@ -568,10 +568,17 @@ def default_config(settings: Settings, models: ModelRegistry, query: Mapping[str
                 if exc.code == "model_not_found":
                     raise UnknownModel(exc.message, param="model") from None
                 raise InvalidParameter(exc.message, param="model") from None
+    resolved = resolve_model(models, model, "model")
+    language = settings.default_language or None
+    if not names_our_model(requested):  # the multilingual fallback, as parse_session applies it
+        fallback = models.resolve(models.for_options(None, TranscriptionOptions(language=language)))
+        if fallback != resolved and model != requested:  # (an OpenAI name the client gave is echoed as given)
+            model = fallback
+        resolved = fallback
     return RealtimeConfig(
         model,
-        resolve_model(models, model, "model"),
-        language=settings.default_language or None,
+        resolved,
+        language=language,
         model_named=names_our_model(requested),
         echo_cancellation=settings.echo_cancellation_default,
     )

@@ -108,8 +108,9 @@ async def test_home_assistant_in_another_language_gets_the_multilingual_model(
     """Home Assistant sends its pipeline's language and never a model name: with the English-only
     default (tiny.en) a German pipeline was refused at every request; translation_model (base)
     transcribes it."""
-    text, events = await home_assistant_stt(port_of(wyoming), speech("music").pcm16k_bytes, "de")
-    assert text.strip() and Transcript.from_event(events[-1]).language == "de", events
+    for name in (None, "whisper-1"):  # an OpenAI name names no model of ours either
+        text, events = await home_assistant_stt(port_of(wyoming), speech("music").pcm16k_bytes, "de", name=name)
+        assert text.strip() and Transcript.from_event(events[-1]).language == "de", (name, events)
 
 
 async def test_audio_without_transcribe_uses_the_defaults(

@@ -178,14 +178,7 @@ class TurnChecks:
         words = self.rule.words(text)
         pause = self._pause_from(from_ms)
         pause.words = words
-        # Words that read unfinished (rule 1) keep the turn open to the cap whatever the text says: a
-        # score would only end it sooner, at the text's hold (a review: "Turn on the" paused 1.2 s).
-        if (
-            self.text is not None
-            and pause.text is None
-            and words is not Words.UNFINISHED
-            and self.rule.text_scores(text)
-        ):
+        if self.text is not None and pause.text is None and self.rule.text_scores(text):
             pause.text = asyncio.get_running_loop().create_task(
                 self._score_text(self.text, text), name=f"text-eou-{self.session_id}"
             )

@@ -22,7 +22,7 @@ The rule, per pause (``decide``), once the utterance has ``stream_min_speech_ms`
 
 1. Words that end on ``turn_unfinished_words`` ("the", "and", "my" ...) or on a trailing mark of an
    unfinished phrase (``turn_unfinished_endings``: "...", "-", ",") keep the turn open whatever the
-   model scores; it ends when the speech resumes or at the eagerness cap.
+   model scores; it ends when the speech resumes or at the eagerness cap (with the text, at its hold).
 2. Otherwise a model score of at least ``turn_threshold`` at the first check ends the turn, and at
    least ``turn_rescore_threshold`` at a later one (the model grows surer with silence, for
    fragments too); when the words have no final mark (``OPEN``: "10 of", "And Mr. John Dashwood
@@ -35,13 +35,15 @@ The rule, per pause (``decide``), once the utterance has ``stream_min_speech_ms`
 
 With the text: words it scores below ``turn_text_threshold`` veto rules 2 and 3 (the model's
 'complete' and the finished words' end), and that pause ends once it is ``turn_text_hold_ms`` long
-(whatever the model; rule 4 still applies), or when the speech resumes, or at the cap. Words
-that read unfinished (rule 1) are not scored: they wait for the cap as without the text. A text
-score of at least the threshold, or none (the text model is off, the engine is unavailable, the
-score failed or came too late), changes nothing: rules 1-5 as above. Words that
-end on ``turn_text_skip_endings`` (Whisper's ``?``) are not scored: the text reads the bare words,
-without the question mark, and took misheard or terse questions for fragments ("What colors the
-sky?" 3e-8).
+(whatever the words and the model; rule 4 still applies), or when the speech resumes, or at the
+cap. So a pause whose words read unfinished (rule 1) and that the text reads as a fragment too ends
+at the hold, not the cap. Measured (tools/README.md, bench_turns.py, stop 60): leaving such pauses
+to the cap keeps more 1.2 s pauses whole, but a finished real sentence that tiny.en decoded as a
+fragment ("He was not an old sp-") then waited the 4 s cap. A text score of at least the
+threshold, or none (the text model is off, the engine is unavailable, the score failed or came too
+late), changes nothing: rules 1-5 as above. Words that end on ``turn_text_skip_endings``
+(Whisper's ``?``) are not scored: the text reads the bare words, without the question mark, and
+took misheard or terse questions for fragments ("What colors the sky?" 3e-8).
 """
 
 from __future__ import annotations
@@ -156,8 +158,6 @@ class TurnRule:
         model or the eagerness cap decides. ``model_agreed``: the model's 'complete' waits for the
         silence (``model_end_silence_ms``)."""
         ends = [self.fallback_silence_ms] if model_failed else []
-        if words is Words.UNFINISHED:
-            text = None  # rule 1 holds to the cap: the text's hold would end the pause sooner
         if self.text_vetoes(text):
             ends.append(self.text_hold_ms)
         else:

@@ -13,12 +13,21 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 import webrtcvad
 
 from mediaserver.audio.decode import float_to_pcm16
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
+
+# Over a stream's first ``SegmenterConfig.warmup_ms``, a frame is voiced only above this level (speech
+# is louder; webrtcvad, cold, calls a -60 to -30 dBFS noise floor voiced there).
+WARMUP_MIN_DBFS: Final = -35.0
+
+
+def _level_dbfs(frame: AudioArray) -> float:
+    return 10.0 * float(np.log10(float(np.mean(np.square(frame, dtype=np.float64))) + 1e-12))
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,10 @@ class SegmenterConfig:
     max_utterance_s: float = 28.0
     trigger_window_frames: int = 5
     trigger_voiced_frames: int = 3
+    # webrtcvad starts cold: it calls the first 90-120 ms of any stream voiced, a -60 dBFS noise floor
+    # included, which started (and discarded) an utterance at 0 ms on every stream. Over a stream's
+    # first ``warmup_ms`` a frame counts as voiced only when louder than ``WARMUP_MIN_DBFS``.
+    warmup_ms: int = 120
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,7 @@ SegmentEvent = SpeechStart | Utterance | Discarded
 class VadSegmenter:
     def __init__(self, config: SegmenterConfig | None = None) -> None:
         self.config = config or SegmenterConfig()
+        self._frames_seen = 0  # frames this segmenter has judged (its VAD's warm-up: SegmenterConfig.warmup_ms)
         self._vad = webrtcvad.Vad(self.config.aggressiveness)
         self._frame_samples = SAMPLE_RATE_HZ * self.config.frame_ms // 1000
         self._pending = np.zeros(0, np.float32)
@@ -175,6 +189,9 @@ class VadSegmenter:
     def _frame(self, frame: AudioArray, after: int = 0) -> SegmentEvent | None:
         cfg = self.config
         voiced = bool(self._vad.is_speech(float_to_pcm16(frame), SAMPLE_RATE_HZ))
+        if voiced and self._frames_seen * cfg.frame_ms < cfg.warmup_ms:
+            voiced = _level_dbfs(frame) > WARMUP_MIN_DBFS  # (webrtcvad's cold start: see SegmenterConfig)
+        self._frames_seen += 1
         self._position_ms += cfg.frame_ms
         # (The gate sees every frame; it measures more where the frame would count towards a start.)
         starts = self.gate(frame, after, voiced and not self._in_speech) if self.gate is not None else True

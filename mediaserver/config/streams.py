@@ -33,6 +33,13 @@ class StreamSettings(BaseModel):
         description="shorter bursts of voiced audio are ignored; with semantic turns the turn model does not judge "
         "such a burst's pause (speech resuming within stream_vad_hangover_ms joins it to the utterance)",
     )
+    stream_vad_warmup_ms: int = Field(
+        120,
+        ge=0,
+        description="webrtcvad starts cold: it calls the first 90-120 ms of every stream voiced, a -60 dBFS noise "
+        "floor included, so each stream began with a speech_started at 0 ms and its discard (a device trial); over "
+        "a stream's first this many ms a frame counts as voiced only above -35 dBFS (speech is louder); 0 = off",
+    )
     stream_max_utterance_s: float = Field(
         28.0, gt=1.0, le=29.5, description="a streamed utterance is cut at this length"
     )

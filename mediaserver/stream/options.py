@@ -37,6 +37,7 @@ def segmenter_config(settings: Settings, **overrides: int | float) -> SegmenterC
         "preroll_ms": settings.stream_vad_preroll_ms,
         "min_speech_ms": settings.stream_min_speech_ms,
         "max_utterance_s": settings.stream_max_utterance_s,
+        "warmup_ms": settings.stream_vad_warmup_ms,
     }
     values.update(overrides)
     return SegmenterConfig(**values)  # type: ignore[arg-type]

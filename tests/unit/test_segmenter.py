@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 
 from mediaserver.audio.segmenter import Discarded, SegmenterConfig, SpeechStart, Utterance, VadSegmenter
 from tests.conftest import noise
@@ -94,6 +95,23 @@ def test_flush_ends_the_utterance_in_progress(speech: Any) -> None:
     assert isinstance(flushed, Utterance) and flushed.reason == "flush"
     assert not segmenter.in_speech
     assert segmenter.flush() is None
+
+
+@pytest.mark.parametrize("warmup_ms", [120, 0])
+def test_a_streams_first_frames_of_noise_start_no_utterance(speech: Any, warmup_ms: int) -> None:
+    """webrtcvad starts cold and calls a stream's first 90-120 ms voiced, a -60 dBFS noise floor
+    included: every stream began with a speech start at 0 ms and its discard (a device trial). Over
+    stream_vad_warmup_ms only frames louder than -35 dBFS count; speech from the first sample is
+    still kept whole (0: the cold start shows)."""
+    config = SegmenterConfig(warmup_ms=warmup_ms)
+    floor = (np.random.default_rng(1).standard_normal(3 * SR) * 10 ** (-60 / 20)).astype(np.float32)
+    events = feed(VadSegmenter(config), floor)
+    assert (events == []) is (warmup_ms > 0), events
+    clip = speech("weather").audio16k
+    [utterance] = [
+        e for e in feed(VadSegmenter(config), np.concatenate([clip, silence(1.0)])) if isinstance(e, Utterance)
+    ]
+    assert utterance.start_ms == 0 and utterance.end_ms >= clip.size * 1000 // SR
 
 
 def test_a_flushed_tail_shorter_than_a_frame_counts_on_the_stream_clock(speech: Any) -> None:

@@ -37,7 +37,7 @@ from mediaserver.tts.cache import TtsCache
 from mediaserver.tts.engine import TtsEngine, load_engine
 from mediaserver.tts.metrics import TtsMetrics
 from mediaserver.tts.scheduler import SentenceStream, StreamClosed, TtsScheduler
-from mediaserver.tts.text import SentenceSplitter, split_sentences
+from mediaserver.tts.text import SentenceSplitter, split_sentences, ssml_to_text
 from mediaserver.tts.types import SpeechResult, SynthesisParams, TtsChunk, VoiceInfo
 from mediaserver.tts.voices import VoiceRegistry, check_speaker
 
@@ -204,7 +204,8 @@ class TtsService:
         return speed
 
     async def split(self, text: str) -> list[str]:
-        """A whole text's sentences, off the event loop when the text is long."""
+        """A whole text's sentences (SSML read as its words), off the event loop when the text is long."""
+        text = ssml_to_text(text)
         limit = self.settings.tts_max_sentence_chars
         if len(text) > _SPLIT_IN_THREAD_CHARS:
             return await asyncio.to_thread(split_sentences, text, max_sentence_chars=limit)

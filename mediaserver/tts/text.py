@@ -16,6 +16,7 @@ still streams and the re-segmenting stays bounded.
 from __future__ import annotations
 
 import functools
+import html
 import re
 import unicodedata
 from typing import Any
@@ -41,6 +42,18 @@ def _segmenter() -> Any:
     import pysbd
 
     return pysbd.Segmenter(language="en", clean=False)
+
+
+_SSML_TAG = re.compile(r"<[^<>]*>")
+
+
+def ssml_to_text(text: str) -> str:
+    """A whole text given as SSML (``<speak>...</speak>``) read as its words: Piper reads no SSML,
+    and read the tags aloud ("speak ... slash speak", a Home Assistant trial). Tags become spaces,
+    entities characters; any other text is returned as it is."""
+    if not text.lstrip()[:6].lower().startswith("<speak"):
+        return text
+    return html.unescape(_SSML_TAG.sub(" ", text))
 
 
 def clean_text(text: str) -> str:

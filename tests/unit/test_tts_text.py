@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from mediaserver.tts.text import SentenceSplitter, clean_text, split_sentences
+from mediaserver.tts.text import SentenceSplitter, clean_text, split_sentences, ssml_to_text
 
 TEXT = (
     "We visit cities, e.g. Paris and Rome. Meet me at 7:30 p.m. tomorrow! It costs 3.5 dollars. "
@@ -145,3 +145,12 @@ def test_a_conversation_may_start_speaking_at_its_first_clause() -> None:
     ]
     assert pieces(answer, 0)[0] == "The sky is often described as a deep shade of blue, but in reality, it is purple."
     assert pieces("Yes, it is 3,5 degrees. Fine.", 4) == ["Yes, it is 3,5 degrees.", "Fine."]  # too short, a decimal
+
+
+def test_ssml_is_read_as_its_words() -> None:
+    """Piper reads no SSML: a whole text given as <speak>...</speak> is read as its words, not its
+    tags ("speak ... slash speak", a Home Assistant trial); other text is left as it is."""
+    ssml = '<speak>Hello <break time="300ms"/> there &amp; <emphasis level="strong">welcome</emphasis>.</speak>'
+    assert " ".join(ssml_to_text(ssml).split()) == "Hello there & welcome ."
+    assert ssml_to_text("I <3 you & 2 < 3 > 1") == "I <3 you & 2 < 3 > 1"
+    assert [" ".join(s.split()) for s in split_sentences(ssml_to_text(ssml))] == ["Hello there & welcome ."]

@@ -107,7 +107,12 @@ async def serve(settings: Settings, listening: asyncio.Event | None = None) -> N
     app = create_app(settings)
     # Willow sends unencoded TTS text (lenient_http). On shutdown, open sessions are closed at once
     # (app.close_on_shutdown); requests still running get shutdown_grace_s to finish.
-    runner = LenientAppRunner(app, access_log=None, shutdown_timeout=settings.shutdown_grace_s)
+    runner = LenientAppRunner(
+        app,
+        access_log=None,
+        shutdown_timeout=settings.shutdown_grace_s,
+        max_line_size=settings.http_max_line_bytes,
+    )
     await runner.setup()
     try:
         sites = [web.TCPSite(runner, settings.host, settings.http_port)]

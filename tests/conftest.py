@@ -287,7 +287,7 @@ async def server_factory(
         app = create_app(
             settings, asr_service=asr_service, tts_service=tts or tts_service, llm_service=llm or llm_service
         )
-        runner = LenientAppRunner(app, access_log=None)
+        runner = LenientAppRunner(app, access_log=None, max_line_size=settings.http_max_line_bytes)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

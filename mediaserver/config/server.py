@@ -14,6 +14,13 @@ class ServerSettings(BaseModel):
     # --- network -------------------------------------------------------------------------------
     host: str = Field("0.0.0.0", description="the address HTTP and HTTPS listen on")
     http_port: int = Field(19001, ge=0, le=65535, description="the HTTP port")
+    http_max_line_bytes: int = Field(
+        65536,
+        ge=8190,
+        description="the longest HTTP request line accepted: Willow's GET /api/tts carries the text in the URL, "
+        "and a text within tts_max_input_chars, percent-encoded, can pass aiohttp's 8190 (a 9000-byte URL got its "
+        "plain-text 400, a trial); longer lines still get a 400",
+    )
     https_port: int = Field(
         19000, ge=0, le=65535, description="the HTTPS port, served only when `cert_dir` has `cert.pem` and `key.pem`"
     )

@@ -10,7 +10,7 @@ import json
 import shutil
 import time
 import wave
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -290,6 +290,22 @@ async def test_bad_input(server: LiveServer, params: dict[str, str], status: int
     error = json.loads(body)
     assert got == status, error
     assert error["code"] == code and phrase in error["error"], error
+
+
+@pytest.mark.parametrize("line_bytes", [65536, 8190])
+async def test_a_long_text_in_the_url_gets_the_tts_limit_not_a_bare_400(
+    server_factory: Callable[..., Any], line_bytes: int
+) -> None:
+    """Willow's GET carries the text in the URL: a text past tts_max_input_chars (percent-encoded,
+    9000 bytes of URL) gets the JSON 413 that names the limit; with http_max_line_bytes at aiohttp's
+    own 8190 it got aiohttp's plain-text 400 (a trial)."""
+    server = await server_factory(http_max_line_bytes=line_bytes)
+    got, _, body = await get(f"{server.url}/api/tts", text="ab " * 3000)
+    if line_bytes > 8190:
+        error = json.loads(body)
+        assert got == 413 and error["code"] == "text_too_long", error
+    else:
+        assert got == 400 and b"8190" in body, body
 
 
 # --- load, disconnects, switched off ----------------------------------------------------------

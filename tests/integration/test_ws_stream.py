@@ -321,6 +321,12 @@ async def test_push_to_talk_restart_keeps_config_and_clear_drops_audio(
         await client.send("stop")  # an empty recording still gets its final
         final = (await client.until("final"))[-1]
         assert (final["text"], final["audio_end_ms"]) == ("", 0)
+        await client.start()  # a stop right after a stop: its error comes after the first's final
+        await client.send_audio(speech("weather").pcm16k_bytes, 3200)
+        await client.send("stop")
+        await client.send("stop")
+        got = [m["type"] for m in await client.until("error")]
+        assert "final" in got, got  # (the error ends the list: the final came first)
 
 
 # --- bad input ------------------------------------------------------------------------------------

@@ -96,7 +96,15 @@ class _Ping:
     pass
 
 
-_Work = _Start | _Stop | _Clear | _Ping
+@dataclass(frozen=True)
+class _Refusal:
+    """An error about a message, sent in its turn (after what the messages before it caused)."""
+
+    code: str
+    message: str
+
+
+_Work = _Start | _Stop | _Clear | _Ping | _Refusal
 
 
 class WsSession(SocketSession):
@@ -296,7 +304,9 @@ class WsSession(SocketSession):
             elif self.config.server_vad:
                 self._enqueue_control(_Stop())
             elif not self._recording:
-                self.send_error("not_recording", 'no push-to-talk recording to stop; send "start" first')
+                # In its turn: a stop right after a stop gets this after the first one's final.
+                refusal = _Refusal("not_recording", 'no push-to-talk recording to stop; send "start" first')
+                self._enqueue_control(refusal)
             else:
                 self._recording = False
                 tail = self._decoder.flush()
@@ -347,6 +357,8 @@ class WsSession(SocketSession):
             await self._finish_utterance()
         elif isinstance(work, _Clear):
             self.stream.clear()
+        elif isinstance(work, _Refusal):
+            self.send_error(work.code, work.message)
         else:
             await self.stream.decided()  # a pause being judged on the audio before: its end comes first
             self.send_json({"type": "pong"})

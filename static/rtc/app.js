@@ -543,10 +543,13 @@ if (!window.isSecureContext) {
 selectValue($("beam-size"), params.get("beam_size"));
 $("page-tool").checked = params.get("page_tool") === "1";
 selectValue($("language"), params.get("language"));
+selectValue($("model"), params.get("model")); // before any connect: ?model= goes into the offer
 renderConnection();
-loadModels();
+// Autoconnect once the models are listed (or could not be): connecting first sent the offer without
+// ?model=, so a bad name was accepted and every utterance failed on it (a user trial).
+const modelsListed = loadModels().catch((err) => log(`models not listed: ${err.message || err}`, "error"));
 if (params.get("autoconnect") === "1") {
-  connect().then(() => {
+  modelsListed.then(connect).then(() => {
     if (params.get("assistant") === "1" && state.connected) setAssistant(true);
   });
 }

@@ -75,8 +75,10 @@ export function serverOptions(options = {}) {
     const wire = names[key];
     if (!wire || value === undefined || value === null || value === "") continue;
     if (wire === "beam_size") {
+      // A number as a number; anything else as given, for the server to refuse by name (it was
+      // dropped here, and the page showed a beam the server never heard of).
       const n = Number(value);
-      if (Number.isFinite(n)) out[wire] = n;
+      out[wire] = Number.isFinite(n) ? n : value;
     } else {
       out[wire] = value;
     }

@@ -318,6 +318,23 @@ async def test_page_is_served_without_trailing_slash(server: LiveServer, browser
         assert page.errors == []
 
 
+@pytest.mark.parametrize(
+    ("query", "refusal"),
+    [("model=nosuchmodel", "unknown model 'nosuchmodel'"), ("beam_size=abc", "beam_size")],
+)
+async def test_autoconnect_with_a_bad_parameter_is_refused_at_connect(
+    server: LiveServer, browser: Browser, query: str, refusal: str
+) -> None:
+    """/rtc/?autoconnect=1 with a bad ?model= or ?beam_size= is refused when it connects, by name (a
+    user trial: the page connected without them, then every utterance failed on the model, and the
+    beam was silently dropped while the menu still showed it)."""
+    async with open_page(browser, f"{server.url}/rtc/?autoconnect=1&{query}") as page:
+        await page.wait_for("window.mediaserver.state.errors.length > 0", timeout_s=30)
+        errors: list[str] = await page.page.evaluate("window.mediaserver.state.errors")
+        assert any("refused" in e and refusal in e for e in errors), errors
+        assert not await page.page.evaluate("window.mediaserver.state.connected")
+
+
 async def test_speak_panel_plays_speech(server: LiveServer, browser: Browser) -> None:
     """The "Speak" panel: text in, the server's voice out through WebAudio, first sentence first."""
     async with open_page(browser, f"{server.url}/rtc/") as page:

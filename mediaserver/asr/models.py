@@ -355,12 +355,10 @@ class ModelRegistry:
         if options.task != "translate" and options.language in (None, "en"):
             return requested
         try:
-            if self.is_multilingual(self.resolve(requested)):
-                return requested
-            fallback = self.resolve(self._settings.translation_model)
+            name = self.translation_model(requested, fallback=True)
         except ApiError:
             return requested
-        return fallback if self.is_multilingual(fallback) else requested
+        return name if self.is_multilingual(name) else requested
 
     def translation_model(self, requested: str | None, *, fallback: bool) -> str:
         """The model that translates for a request that asked for ``requested``.

@@ -33,6 +33,7 @@ import numpy as np
 from mediaserver.audio.denormals import call_flushed
 from mediaserver.audio.echo_delay import DelayTracker, ResidualEcho
 from mediaserver.audio.echo_presence import EchoPresence
+from mediaserver.audio.segmenter import level_dbfs
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
@@ -397,8 +398,7 @@ class SpeechGate:
         speech start; ``after``: the samples of that output after the frame's end; ``voiced``: the
         VAD heard it, and no utterance is under way (only then is the residual echo measured)."""
         self.last_suspect = self.last_restart = False
-        power = float(np.mean(np.square(frame, dtype=np.float64))) if frame.size else 0.0
-        level = 10.0 * np.log10(power + 1e-12)
+        level = level_dbfs(frame)
         self._levels.append(level)
         frame_ms = max(1.0, frame.size * 1000.0 / SAMPLE_RATE_HZ)
         while len(self._levels) * frame_ms > self.FLOOR_S * 1000.0:

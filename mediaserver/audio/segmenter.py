@@ -26,8 +26,10 @@ from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
 WARMUP_MIN_DBFS: Final = -35.0
 
 
-def _level_dbfs(frame: AudioArray) -> float:
-    return 10.0 * float(np.log10(float(np.mean(np.square(frame, dtype=np.float64))) + 1e-12))
+def level_dbfs(frame: AudioArray) -> float:
+    """A frame's level: its mean power in dB of full scale (-120 for digital silence or no samples)."""
+    power = float(np.mean(np.square(frame, dtype=np.float64))) if frame.size else 0.0
+    return 10.0 * float(np.log10(power + 1e-12))
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ class VadSegmenter:
         cfg = self.config
         voiced = bool(self._vad.is_speech(float_to_pcm16(frame), SAMPLE_RATE_HZ))
         if voiced and self._frames_seen * cfg.frame_ms < cfg.warmup_ms:
-            voiced = _level_dbfs(frame) > WARMUP_MIN_DBFS  # (webrtcvad's cold start: see SegmenterConfig)
+            voiced = level_dbfs(frame) > WARMUP_MIN_DBFS  # (webrtcvad's cold start: see SegmenterConfig)
         self._frames_seen += 1
         self._position_ms += cfg.frame_ms
         # (The gate sees every frame; it measures more where the frame would count towards a start.)

@@ -43,9 +43,9 @@ class EarlyFinal:
     task: asyncio.Task[Transcript]
     samples: int
     silence_ms: int
+    pause_from_ms: int  # the stream time its pause began (another pause: speech resumed meanwhile)
     speech_ended_at: float  # monotonic: when the speech before this silence ended (the voice latency's zero)
     held: bool = False  # the stream's audio waited for it once (semantic turns: its words are evidence)
-    pause_from_ms: int | None = None  # the stream time its pause began (another pause: speech resumed meanwhile)
 
     def fits(self, utterance: Utterance) -> bool:
         """Whether this is ``utterance``'s final (it ended on the silence the final started in)."""

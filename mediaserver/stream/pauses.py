@@ -82,13 +82,10 @@ class Pauses:
         early = self.early
         segmenter = self._segmenter
         silence_ms = segmenter.silence_ms
-        if (
-            early is not None
-            and segmenter.in_speech
-            and (silence_ms < early.silence_ms or early.pause_from_ms != segmenter.position_ms - silence_ms)
-        ):
-            # Voiced again: this silence was a pause, not the end (also where the speech resumed and
-            # paused again within one piece of audio: the silence is then as long, but another pause's).
+        if early is not None and segmenter.in_speech and early.pause_from_ms != segmenter.position_ms - silence_ms:
+            # Voiced again: this silence was a pause, not the end. (Its start tells: speech resuming
+            # moves it on, also where it resumed and paused again within one piece of audio, the
+            # silence then as long as when the final started.)
             self.drop_early()
             early = None
         semantic = self._session.semantic_turns
@@ -117,9 +114,7 @@ class Pauses:
         audio = self._segmenter.current_audio()
         task = self._finals.start(audio, f"early-final-{self._session.id}")
         pause_from_ms = self._segmenter.position_ms - silence_ms
-        early = self.early = EarlyFinal(
-            task, audio.size, silence_ms, speech_ended_at(silence_ms), pause_from_ms=pause_from_ms
-        )
+        early = self.early = EarlyFinal(task, audio.size, silence_ms, pause_from_ms, speech_ended_at(silence_ms))
         if semantic:
             task.add_done_callback(lambda done: self._hear_pause(early, pause_from_ms, done))
         if self._session.settings.turn_speculative_answers and isinstance(self._session.assistant, Speculator):

@@ -332,15 +332,6 @@ class StreamSession:
             if self.assistant is not None and self.barge_in and not self._echo.hold(self.assistant, event.suspect):
                 await self.assistant.interrupt()  # the user talks over the answer: stop it first
             await self._emit(SpeechStarted(event.start_ms))
-        elif isinstance(event, Discarded) and self._deferred_start is not None:
-            # A suspect start that came to nothing (the canceller's leak): the answer played on, and
-            # nothing was said of it to the client.
-            log.info("session %s: a suspect start at a playback restart came to nothing: played on", self.id)
-            self._deferred_start = None
-            self._partials.cancel()
-            self._pauses.drop_early()
-            self._turns.drop()
-            await self._answer_held()
         elif isinstance(event, Utterance):
             await self._undefer()
             if event.reason == "silence" and self.semantic_turns:
@@ -355,8 +346,14 @@ class StreamSession:
             self._partials.cancel()
             self._pauses.drop_early()
             self._turns.drop()
-            self._echo.discarded(self.assistant)
-            await self._emit(SpeechStopped(event.end_ms, discarded=True))
+            if self._deferred_start is not None:
+                # A suspect start that came to nothing (the canceller's leak): the answer played on,
+                # and nothing was said of it to the client.
+                log.info("session %s: a suspect start at a playback restart came to nothing: played on", self.id)
+                self._deferred_start = None
+            else:
+                self._echo.discarded(self.assistant)
+                await self._emit(SpeechStopped(event.end_ms, discarded=True))
             await self._answer_held()
 
     async def _undefer(self) -> None:
@@ -429,14 +426,7 @@ class StreamSession:
         self._pauses.drop_early()  # committed now: the whole audio, as it is
         self._turns.drop()
         if isinstance(event, Discarded):
-            self._partials.cancel()
-            if self._deferred_start is not None:  # a suspect start that came to nothing: nothing was said of it
-                self._deferred_start = None
-                await self._answer_held()
-                return None
-            self._echo.discarded(self.assistant)
-            await self._emit(SpeechStopped(event.end_ms, discarded=True))
-            await self._answer_held()
+            await self._on_segment(event)  # as the segmenter's own discards
             return None
         await self._undefer()
         await self._emit(SpeechStopped(event.end_ms))

@@ -138,12 +138,10 @@ class TurnChecks:
         audio is held meanwhile, so a pause is judged at the same stream time whether the audio
         comes in real time or faster (a file streamed at full speed is cut as it would be live)."""
         check = self._check
-        hold_ms = self.settings.turn_decision_hold_ms
-        if check is None or check.task.done() or check.held or hold_ms <= 0:
+        if check is None or check.task.done() or check.held or self.settings.turn_decision_hold_ms <= 0:
             return
         check.held = True
-        if check.task is not asyncio.current_task():
-            await asyncio.wait({check.task}, timeout=hold_ms / 1000.0)
+        await self.decided()
 
     async def decided(self) -> None:
         """Until the check under way (if any) has decided, at most ``turn_decision_hold_ms``: what it

@@ -37,7 +37,7 @@ from mediaserver.tts.cache import TtsCache
 from mediaserver.tts.engine import TtsEngine, load_engine
 from mediaserver.tts.metrics import TtsMetrics
 from mediaserver.tts.scheduler import SentenceStream, StreamClosed, TtsScheduler
-from mediaserver.tts.text import SentenceSplitter, split_sentences, ssml_to_text
+from mediaserver.tts.text import SentenceSplitter, readable, split_sentences, ssml_to_text
 from mediaserver.tts.types import SpeechResult, SynthesisParams, TtsChunk, VoiceInfo
 from mediaserver.tts.voices import VoiceRegistry, check_speaker
 
@@ -188,7 +188,7 @@ class TtsService:
         ``tts_max_input_chars`` (413)."""
         if not text or not text.strip():
             raise InvalidParameter(f"{param!r} is empty: there is nothing to say", param=param)
-        if not any(ch.isalnum() for ch in text):  # (no sentence of it would be read: an empty file)
+        if not readable(text):  # (no sentence of it would be read: an empty file)
             raise InvalidParameter(f"{param!r} has no words or numbers to say, only marks: {text[:40]!r}", param=param)
         limit = self.settings.tts_max_input_chars
         if len(text) > limit:

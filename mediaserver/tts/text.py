@@ -47,6 +47,11 @@ def _segmenter() -> Any:
 _SSML_TAG = re.compile(r"<[^<>]*>")
 
 
+def readable(text: str) -> bool:
+    """Whether ``text`` has anything to read: a letter or a digit (emoji and marks alone have not)."""
+    return any(ch.isalnum() for ch in text)
+
+
 def ssml_to_text(text: str) -> str:
     """A whole text given as SSML (``<speak>...</speak>``) read as its words: Piper reads no SSML,
     and read the tags aloud ("speak ... slash speak", a Home Assistant trial). Tags become spaces,

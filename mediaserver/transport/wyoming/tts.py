@@ -33,6 +33,7 @@ from mediaserver import __version__
 from mediaserver.capabilities import Capabilities, FeatureDisabled
 from mediaserver.errors import InvalidParameter
 from mediaserver.tts.service import Speech, TextTooLong, TtsService
+from mediaserver.tts.text import readable
 from mediaserver.tts.types import SynthesisParams, TtsChunk, VoiceInfo
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,7 @@ class WyomingTts:
             raise InvalidParameter("synthesize needs a 'text' string", param="text")
         tts = self._service()
         voice, params = await self._voice(data)
-        if text.strip() and not any(ch.isalnum() for ch in text):
+        if text.strip() and not readable(text):
             # Nothing to read ("🙂", "..."): an answer of no audio, as a stream of it gives, not an
             # error (an LLM's reply of emoji alone made Home Assistant show a TTS failure: a trial).
             log.info("wyoming %s: %r has nothing to read: no audio", self.peer, text[:40])

@@ -433,6 +433,17 @@ def names_our_model(requested: str | None) -> bool:
     return bool(requested and requested.strip()) and not is_openai_name(requested)
 
 
+def with_fallback(models: ModelRegistry, model: str, resolved: str, language: str | None) -> tuple[str, str]:
+    """(the model echoed, the model that runs) for a session whose client named no model of ours:
+    a language the English-only default cannot do takes the multilingual fallback
+    (``translation_model``), echoed as what runs unless the client gave an OpenAI name (echoed back
+    as given)."""
+    fallback = models.resolve(models.for_options(None, TranscriptionOptions(language=language)))
+    if fallback != resolved and not is_openai_name(model):
+        model = fallback
+    return model, fallback
+
+
 def resolve_model(models: ModelRegistry, requested: str | None, param: str) -> str:
     """The registry name for a model; OpenAI's model names (``gpt-...``, ``whisper-...``) mean the default."""
     try:
@@ -531,13 +542,7 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
 
     resolved = resolve_model(models, model, model_param)
     if not named:
-        # None named, or an OpenAI name: another language takes the multilingual fallback
-        # (translation_model) where the default is English-only; echoed as what runs, unless the
-        # client gave an OpenAI name (echoed back as given).
-        fallback = models.resolve(models.for_options(None, TranscriptionOptions(language=language)))
-        if fallback != resolved and not is_openai_name(model):
-            model = fallback
-        resolved = fallback
+        model, resolved = with_fallback(models, model, resolved, language)
     try:
         models.check_options(resolved, TranscriptionOptions(language=language))
     except InvalidParameter as exc:
@@ -570,11 +575,8 @@ def default_config(settings: Settings, models: ModelRegistry, query: Mapping[str
                 raise InvalidParameter(exc.message, param="model") from None
     resolved = resolve_model(models, model, "model")
     language = settings.default_language or None
-    if not names_our_model(requested):  # the multilingual fallback, as parse_session applies it
-        fallback = models.resolve(models.for_options(None, TranscriptionOptions(language=language)))
-        if fallback != resolved and model != requested:  # (an OpenAI name the client gave is echoed as given)
-            model = fallback
-        resolved = fallback
+    if not names_our_model(requested):
+        model, resolved = with_fallback(models, model, resolved, language)
     return RealtimeConfig(
         model,
         resolved,

@@ -56,6 +56,7 @@ from mediaserver.stream.finals import EarlyFinal, Finals, speech_ended_at
 from mediaserver.stream.options import StreamOptions, segmenter_config
 from mediaserver.stream.partials import Partials, continuation
 from mediaserver.stream.pauses import Pauses
+from mediaserver.stream.recording import Recording
 from mediaserver.stream.turns import TurnChecks
 from mediaserver.turns import model as turn_models
 from mediaserver.turns.text_eou import TextEou
@@ -110,9 +111,7 @@ class StreamSession:
         # turn_text_model "llm": the app's text scorer (turns/text_eou.py); None: off
         self._turns = TurnChecks(model, settings, asr.metrics, self.id, text_eou)
         self._recording = False
-        self._recorded: list[AudioArray] = []
-        self._recorded_samples = 0  # in ``_recorded``
-        self._recording_capped = False  # this recording reached stream_max_recording_s (said once)
+        self._recorded = Recording(settings.stream_max_recording_s)
         # A suspect start not yet long enough to pause the answer (``EchoCheck.defers``): its start ms.
         self._deferred_start: int | None = None
         self._partials = Partials(self, emit)  # the decodes of the utterance in progress, what they promised
@@ -372,28 +371,21 @@ class StreamSession:
 
     def start_recording(self) -> None:
         self._recording = True
-        self._recorded = []
-        self._recorded_samples = 0
-        self._recording_capped = False
+        self._recorded.reset()
         self._begin_utterance()
 
     async def _record(self, samples: AudioArray) -> None:
         """Keep push-to-talk audio, up to ``stream_max_recording_s`` a recording: what comes past it
         is dropped, with one ``recording_too_long`` error (its ``stop`` still gets the final of what
         was kept). A review found a recording without a bound: 20 minutes sent at once held 77 MB."""
-        room = int(self.settings.stream_max_recording_s * SAMPLE_RATE_HZ) - self._recorded_samples
-        if samples.size > room:
-            if not self._recording_capped:
-                self._recording_capped = True
-                message = (
-                    f"the recording is longer than stream_max_recording_s ({self.settings.stream_max_recording_s:g} s):"
-                    " the audio after that is dropped; stop (or commit) sends the final of what was kept"
-                )
-                await self._emit(StreamError(message, "recording_too_long"))
-            samples = samples[: max(0, room)]
-        if samples.size:
-            self._recorded.append(samples)
-            self._recorded_samples += samples.size
+        kept, first_drop = self._recorded.keep(samples)
+        if first_drop:
+            message = (
+                f"the recording is longer than stream_max_recording_s ({self.settings.stream_max_recording_s:g} s):"
+                " the audio after that is dropped; stop (or commit) sends the final of what was kept"
+            )
+            await self._emit(StreamError(message, "recording_too_long"))
+        if kept:
             self._ensure_partials()
 
     @property
@@ -401,15 +393,14 @@ class StreamSession:
         return self._recording
 
     def recorded_audio(self) -> AudioArray:
-        return np.concatenate(self._recorded) if self._recorded else np.zeros(0, np.float32)
+        return self._recorded.audio()
 
     async def stop_recording(self) -> FinalTranscript:
         """End a push-to-talk utterance and wait for its final transcript."""
         ended_at = time.monotonic()
         self._recording = False
         audio = self.recorded_audio()
-        self._recorded = []
-        self._recorded_samples = 0
+        self._recorded.reset()
         self._partials.cancel()
         return await self._final(audio, 0, int(audio.size * 1000 / SAMPLE_RATE_HZ), ended_at=ended_at)
 
@@ -445,9 +436,7 @@ class StreamSession:
 
     def clear(self) -> None:
         """Drop buffered audio and any utterance in progress."""
-        self._recorded = []
-        self._recorded_samples = 0
-        self._recording_capped = False
+        self._recorded.reset()
         self._deferred_start = None
         self._echo.discarded(self.assistant)  # an answer paused for it goes on
         self._segmenter.reset()
@@ -473,7 +462,7 @@ class StreamSession:
 
     def current_samples(self) -> int:
         """How long ``current_audio`` is, without joining it."""
-        return self._recorded_samples if not self.options.server_vad else self._segmenter.current_samples()
+        return self._recorded.samples if not self.options.server_vad else self._segmenter.current_samples()
 
     def _ensure_partials(self) -> None:
         # (with turn_prefill_decodes, for the question's prefill alone when the client wants none: none is sent)

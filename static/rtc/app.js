@@ -17,6 +17,7 @@ const state = {
   recording: false,
   handsFree: false,
   turn: "",  // the turn model's last decision (semantic turns)
+  turns: null, // hands-free: how utterances end, as the server runs it {turnDetection, eagerness, fallback}
   speaking: false,
   wake: null, // hands-free with a wake word: {awake, text, heard}; null without
 
@@ -149,6 +150,8 @@ function renderConnection() {
         : "waiting for speech"
       : "";
   if (state.handsFree && !waitingForWake && state.turn) vad.textContent += ` · ${state.turn}`;
+  else if (state.handsFree && !waitingForWake && state.turns) vad.textContent += ` · ${turnsText(state.turns)}`;
+  vad.title = state.handsFree && state.turns?.fallback ? state.turns.fallback : "";
   vad.classList.toggle("speaking", state.speaking);
 }
 
@@ -213,6 +216,7 @@ client.addEventListener("recording", (ev) => {
     state.speaking = false;
     state.assistant = false;
     state.wake = null;
+    state.turns = null;
   }
   renderConnection();
 });
@@ -250,6 +254,15 @@ client.addEventListener("turn", (ev) => {
   else if (by === "words") state.turn = `you finished a sentence (${silenceMs} ms pause)`;
   else if (by === "silence") state.turn = `you paused ${silenceMs} ms (turn model unavailable)`;
   else state.turn = `you finished (p ${p}, decided in ${Math.round(decisionMs)} ms)`;
+  renderConnection();
+});
+function turnsText({ turnDetection, eagerness, fallback }) {
+  if (turnDetection === "semantic") return `semantic turns (eagerness ${eagerness})`;
+  return fallback ? "silence turns (turn model unavailable)" : "silence turns";
+}
+client.addEventListener("turns", (ev) => {
+  // Hands-free started: the turn detection in force, which "server default" leaves to the server.
+  state.turns = ev.detail;
   renderConnection();
 });
 client.addEventListener("speech_started", () => {

@@ -12,7 +12,10 @@
 // Events (EventTarget; CustomEvent with `detail`):
 //   statechange  {connectionState, iceConnectionState, iceGatheringState, signalingState,
 //                 dataChannelState, connected}
-//   log          {message}                   server `log` message
+//   log          {message, obj}              server `log` message
+//   turns        {turnDetection, eagerness, fallback}  hands-free started: how its utterances end, as the
+//                                            server runs it ("semantic" with an eagerness, or "silence";
+//                                            fallback: why a session that wanted semantic turns has silence)
 //   error        {message, source}           source: "server" (an `error` message) or "client"
 //   infer        {text, final, latencyMs, latencyFrom, obj} a transcript; latencyMs from stop()
 //                (push-to-talk: latencyFrom "release") or the server's latency_ms ("server")
@@ -484,7 +487,11 @@ export class MediaserverClient extends EventTarget {
     const now = performance.now();
     switch (msg.type) {
       case "log":
-        this._emit("log", { message: msg.message });
+        this._emit("log", { message: msg.message, obj });
+        if (obj && typeof obj.turn_detection === "string") {
+          const { turn_detection: turnDetection, eagerness = null, turn_detection_fallback: fallback = null } = obj;
+          this._emit("turns", { turnDetection, eagerness, fallback });
+        }
         break;
       case "error":
         this._emit("error", { message: msg.message, source: "server" });

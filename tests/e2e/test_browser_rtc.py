@@ -216,6 +216,10 @@ async def test_hands_free_infers_by_itself(
         await page.speech_then_silence(300, timeout_s=2 * loop_s + 2)
         await page.page.click("#hands-free")
         await page.wait_for("window.mediaserver.state.handsFree", timeout_s=5)
+        # "server default" left as it is: the page says what the server runs (silence, without the assistant).
+        await page.wait_for("window.mediaserver.state.turns", timeout_s=5)
+        assert (await page.state())["turns"] == {"turnDetection": "silence", "eagerness": None, "fallback": None}
+        assert "silence turns" in (await page.page.text_content("#vad") or "")
         await page.wait_for(
             "window.mediaserver.state.transcript.some((e) => e.final && e.text.trim())", timeout_s=loop_s + 20
         )
@@ -365,6 +369,10 @@ async def test_assistant_mode_answers_aloud(
         await page.wait_for("window.mediaserver.state.assistantTrack", timeout_s=10)
         await page.page.click("#assistant")
         await page.wait_for("window.mediaserver.state.assistant", timeout_s=5)
+        # With the assistant, the server's default turns are semantic: the page shows them in force.
+        await page.wait_for("window.mediaserver.state.turns", timeout_s=5)
+        turns = (await page.state())["turns"]
+        assert turns["turnDetection"] == "semantic" and turns["eagerness"] == "auto", turns
         await page.wait_for(
             "window.mediaserver.state.answer.trim() || window.mediaserver.state.answers.length > 0",
             timeout_s=fake_microphone.loop_s + 60,

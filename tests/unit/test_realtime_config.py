@@ -9,16 +9,14 @@ import pytest
 from mediaserver.asr.models import ModelRegistry
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter, UnknownModel
-from mediaserver.transport.openai.realtime.config import (
-    EventError,
-    InputFormat,
-    RealtimeConfig,
-    TurnDetection,
+from mediaserver.transport.openai.realtime.config import InputFormat, RealtimeConfig, TurnDetection
+from mediaserver.transport.openai.realtime.session_update import (
     default_config,
     parse_format,
     parse_session,
     parse_turn_detection,
 )
+from mediaserver.transport.openai.realtime.values import EventError
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from mediaserver.assistant.audio_out import Mark
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter, UnknownModel
 from mediaserver.llm.types import ChatMessage
-from mediaserver.transport.openai.realtime.config import EventError, InputFormat, default_config, session_kind
+from mediaserver.transport.openai.realtime.config import InputFormat
 from mediaserver.transport.openai.realtime.conversation_config import (
     AnswerDefaults,
     ConversationConfig,
@@ -22,6 +22,8 @@ from mediaserver.transport.openai.realtime.conversation_config import (
     parse_response_options,
 )
 from mediaserver.transport.openai.realtime.items import ROOT, Item, Items, parse_item
+from mediaserver.transport.openai.realtime.session_update import default_config, session_kind
+from mediaserver.transport.openai.realtime.values import EventError
 
 VOICES = {"en_US-joe-medium", "alloy", "marin"}
 

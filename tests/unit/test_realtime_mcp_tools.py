@@ -11,7 +11,6 @@ from openai.types.realtime import ConversationItem
 from pydantic import TypeAdapter
 
 from mediaserver.config import McpServerConfig
-from mediaserver.transport.openai.realtime.config import EventError
 from mediaserver.transport.openai.realtime.items import Item, Items
 from mediaserver.transport.openai.realtime.mcp_tools import (
     REDACTED,
@@ -21,6 +20,7 @@ from mediaserver.transport.openai.realtime.mcp_tools import (
     redacted,
     url_allowed,
 )
+from mediaserver.transport.openai.realtime.values import EventError
 
 ALLOWED = ("http://127.0.0.1:8123/mcp", "https://tools.example.com/")
 HOME = McpServerConfig(name="home", url="http://ha.local:8123/api/mcp", headers={"Authorization": "Bearer t"},

@@ -15,7 +15,8 @@ from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.events import TranscriptionOptions
 from mediaserver.transport.common import stream_options_from
-from mediaserver.transport.openai.realtime.config import EventError, default_config, parse_session
+from mediaserver.transport.openai.realtime.session_update import default_config, parse_session
+from mediaserver.transport.openai.realtime.values import EventError
 from mediaserver.transport.ws.start import parse_start
 from mediaserver.transport.wyoming.server import transcribe_prompt
 

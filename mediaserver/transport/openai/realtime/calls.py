@@ -41,7 +41,7 @@ from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.common import loads_json
 from mediaserver.transport.openai.realtime import client_secrets
-from mediaserver.transport.openai.realtime.config import EventError, RealtimeConfig, new_id, session_kind
+from mediaserver.transport.openai.realtime.config import RealtimeConfig
 from mediaserver.transport.openai.realtime.conversation_config import (
     ConversationConfig,
     default_conversation,
@@ -50,6 +50,8 @@ from mediaserver.transport.openai.realtime.conversation_config import (
 from mediaserver.transport.openai.realtime.lookups import answer_defaults, check_voice, is_llm_model, llm_model_names
 from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
 from mediaserver.transport.openai.realtime.session import RealtimeSession
+from mediaserver.transport.openai.realtime.session_update import session_kind
+from mediaserver.transport.openai.realtime.values import EventError, new_id
 from mediaserver.transport.rtc_peer import patches
 from mediaserver.transport.rtc_peer.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 from mediaserver.transport.rtc_peer.peer import (

@@ -45,14 +45,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.state import ASR, SETTINGS
 from mediaserver.transport.openai.bodies import read_json_object
-from mediaserver.transport.openai.realtime.config import (
-    EventError,
-    RealtimeConfig,
-    SessionKind,
-    default_config,
-    new_id,
-    parse_session,
-)
+from mediaserver.transport.openai.realtime.config import RealtimeConfig
 from mediaserver.transport.openai.realtime.conversation_config import (
     ConversationConfig,
     default_conversation,
@@ -60,6 +53,8 @@ from mediaserver.transport.openai.realtime.conversation_config import (
 )
 from mediaserver.transport.openai.realtime.lookups import answer_defaults, check_voice, is_llm_model
 from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
+from mediaserver.transport.openai.realtime.session_update import SessionKind, default_config, parse_session
+from mediaserver.transport.openai.realtime.values import EventError, new_id
 
 PREFIX: Final = "ek_"
 SUBPROTOCOL_PREFIX: Final = "openai-insecure-api-key."

@@ -43,7 +43,7 @@ from mediaserver.events import (
 from mediaserver.llm.tools import ToolConfig
 from mediaserver.llm.types import ChatMessage
 from mediaserver.metrics import Metrics
-from mediaserver.transport.openai.realtime.config import EventError, InputFormat, new_id
+from mediaserver.transport.openai.realtime.config import InputFormat
 from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, ResponseOptions
 from mediaserver.transport.openai.realtime.input_transcription import Host
 from mediaserver.transport.openai.realtime.items import Item, Items, NewItem, parse_item
@@ -51,6 +51,7 @@ from mediaserver.transport.openai.realtime.mcp_tools import McpTool
 from mediaserver.transport.openai.realtime.response_rounds import ResponseRounds
 from mediaserver.transport.openai.realtime.responses import Response, describe_response
 from mediaserver.transport.openai.realtime.tool_items import ToolItems
+from mediaserver.transport.openai.realtime.values import EventError, new_id
 
 log = logging.getLogger(__name__)
 

@@ -24,17 +24,7 @@ from mediaserver.asr.models import ModelRegistry
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
 from mediaserver.llm.tools import ToolConfig, parse_tools
-from mediaserver.transport.openai.realtime.config import (
-    EventError,
-    InputFormat,
-    RealtimeConfig,
-    as_object,
-    integer,
-    number,
-    parse_format,
-    parse_input,
-    type_name,
-)
+from mediaserver.transport.openai.realtime.config import InputFormat, RealtimeConfig
 from mediaserver.transport.openai.realtime.mcp_tools import (
     REDACTED,
     McpPolicy,
@@ -43,6 +33,8 @@ from mediaserver.transport.openai.realtime.mcp_tools import (
     parse_mcp_tools,
     redacted,
 )
+from mediaserver.transport.openai.realtime.session_update import parse_format, parse_input
+from mediaserver.transport.openai.realtime.values import EventError, as_object, integer, number, type_name
 
 Modality = Literal["text", "audio"]
 MAX_OUTPUT_TOKENS: Final = 4096  # OpenAI's cap on max_output_tokens

@@ -17,11 +17,12 @@ from __future__ import annotations
 import logging
 
 from mediaserver.events import SAMPLE_RATE_HZ
-from mediaserver.transport.openai.realtime.config import TurnDetection, new_id
+from mediaserver.transport.openai.realtime.config import TurnDetection
 from mediaserver.transport.openai.realtime.conversation import Conversation
 from mediaserver.transport.openai.realtime.conversation_config import ResponseOptions
 from mediaserver.transport.openai.realtime.input_transcription import AudioInput, InputTranscription
 from mediaserver.transport.openai.realtime.responses import Response
+from mediaserver.transport.openai.realtime.values import new_id
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from mediaserver.events import (
     SpeechStopped,
     StreamError,
 )
-from mediaserver.transport.openai.realtime.config import new_id
+from mediaserver.transport.openai.realtime.values import new_id
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any, Final, Literal
 from mediaserver.assistant.audio_out import Mark, played_text
 from mediaserver.llm.tools import ToolCall
 from mediaserver.llm.types import ChatMessage
-from mediaserver.transport.openai.realtime.config import EventError, as_object, type_name
+from mediaserver.transport.openai.realtime.values import EventError, as_object, type_name
 
 Role = Literal["user", "assistant", "system"]
 ContentKind = Literal["input_text", "input_audio", "output_text", "output_audio"]

@@ -10,8 +10,8 @@ from mediaserver.config import Settings
 from mediaserver.errors import UnknownModel
 from mediaserver.llm.defaults import defaults_for
 from mediaserver.state import CAPABILITIES, LLM, TTS
-from mediaserver.transport.openai.realtime.config import EventError
 from mediaserver.transport.openai.realtime.conversation_config import AnswerDefaults
+from mediaserver.transport.openai.realtime.values import EventError
 
 
 def check_voice(app: web.Application, name: str, param: str) -> None:

@@ -32,7 +32,7 @@ from mediaserver.assistant.mcp import McpToolbox, ToolResult
 from mediaserver.config import McpServerConfig, Settings
 from mediaserver.llm.tools import ToolSpec
 from mediaserver.metrics import Metrics
-from mediaserver.transport.openai.realtime.config import EventError, type_name
+from mediaserver.transport.openai.realtime.values import EventError, type_name
 
 LABEL: Final = re.compile(r"^[A-Za-z0-9_-]{1,32}$")  # an MCP server name in settings, logs and metrics
 REDACTED: Final = "<redacted>"

@@ -38,12 +38,13 @@ from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
 from mediaserver.llm.tools import engine_arguments
 from mediaserver.llm.types import ChatMessage
-from mediaserver.transport.openai.realtime.config import InputFormat, new_id
+from mediaserver.transport.openai.realtime.config import InputFormat
 from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, ResponseOptions
 from mediaserver.transport.openai.realtime.input_transcription import Host
 from mediaserver.transport.openai.realtime.items import ContentKind, Item, Items
 from mediaserver.transport.openai.realtime.responses import Response, describe_response, status_of
 from mediaserver.transport.openai.realtime.tool_items import ToolItems
+from mediaserver.transport.openai.realtime.values import new_id
 
 
 class RoundsConversation(Protocol):

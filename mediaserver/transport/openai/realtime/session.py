@@ -20,16 +20,7 @@ from mediaserver.errors import ApiError
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent, SpeechStarted
 from mediaserver.state import ASR, METRICS, TEXT_EOU
 from mediaserver.stream.session import Emit, StreamSession
-from mediaserver.transport.openai.realtime.config import (
-    EventError,
-    RealtimeConfig,
-    SessionKind,
-    as_object,
-    integer,
-    new_id,
-    parse_session,
-    type_name,
-)
+from mediaserver.transport.openai.realtime.config import RealtimeConfig
 from mediaserver.transport.openai.realtime.conversation import AudioMode, Conversation, VoiceTurns
 from mediaserver.transport.openai.realtime.conversation_config import (
     ConversationConfig,
@@ -41,6 +32,8 @@ from mediaserver.transport.openai.realtime.input_transcription import AudioInput
 from mediaserver.transport.openai.realtime.items import parse_item, required_id
 from mediaserver.transport.openai.realtime.lookups import answer_defaults, check_voice, is_llm_model
 from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
+from mediaserver.transport.openai.realtime.session_update import SessionKind, parse_session
+from mediaserver.transport.openai.realtime.values import EventError, as_object, integer, new_id, type_name
 from mediaserver.transport.openai.realtime.work import (
     CONVERSATION_EVENTS,
     SUPPORTED_EVENTS,

@@ -20,11 +20,11 @@ from mediaserver.assistant.mcp import call_problem
 from mediaserver.config import Settings
 from mediaserver.llm.tools import ToolCall, ToolConfig
 from mediaserver.metrics import Metrics
-from mediaserver.transport.openai.realtime.config import new_id
 from mediaserver.transport.openai.realtime.input_transcription import Host
 from mediaserver.transport.openai.realtime.items import Item, Items
 from mediaserver.transport.openai.realtime.mcp_tools import McpTool, SessionTools, list_tools_item
 from mediaserver.transport.openai.realtime.responses import Response
+from mediaserver.transport.openai.realtime.values import new_id
 
 # Announces an item added to (or done in) the conversation, after the item of the given id.
 ItemEvent = Callable[[Item, "str | None"], None]

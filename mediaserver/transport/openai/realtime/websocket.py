@@ -12,10 +12,11 @@ from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.state import ASR, SESSIONS, SETTINGS
 from mediaserver.transport.openai.realtime import client_secrets
-from mediaserver.transport.openai.realtime.config import RealtimeConfig, SessionKind, session_kind
+from mediaserver.transport.openai.realtime.config import RealtimeConfig
 from mediaserver.transport.openai.realtime.conversation_config import ConversationConfig, default_conversation
 from mediaserver.transport.openai.realtime.lookups import answer_defaults, is_llm_model, llm_model_names
 from mediaserver.transport.openai.realtime.session import RealtimeSession, max_message_bytes
+from mediaserver.transport.openai.realtime.session_update import SessionKind, session_kind
 from mediaserver.transport.socket_session import LimitedWebSocket
 
 log = logging.getLogger(__name__)

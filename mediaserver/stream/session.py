@@ -14,7 +14,8 @@ Four parts live beside it: ``partials.py`` (the partial decodes and what they pr
 ``continuation``, the agreement rule, the commit lag), ``pauses.py`` (the pause under way: its
 early final and what ends the turn in it), ``turns.py`` (the turn check: the turn model's and the
 text's scoring of pauses) and ``finals.py`` (final transcriptions, started early and sent in
-order). Closing is idempotent and cancels every task the session started.
+order); ``gaps.py`` hears a sender's gaps as silence. Closing is idempotent and cancels every
+task the session started.
 ``echo_attach.py`` holds the session's side of a transport's echo canceller;
 ``session_registry.py`` holds the registry of open sessions (the cap, idle reaping).
 """
@@ -29,8 +30,6 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import TypeVar
-
-import numpy as np
 
 from mediaserver.asr.service import AsrService
 from mediaserver.audio.echo_line import EchoLine
@@ -53,6 +52,7 @@ from mediaserver.stream.answering import Answerer, HeldWords, QuestionPrefiller
 from mediaserver.stream.echo_attach import SessionEcho
 from mediaserver.stream.echo_check import EchoCheck, Hold
 from mediaserver.stream.finals import EarlyFinal, Finals, speech_ended_at
+from mediaserver.stream.gaps import GapFill
 from mediaserver.stream.options import StreamOptions, segmenter_config
 from mediaserver.stream.partials import Partials, continuation
 from mediaserver.stream.pauses import Pauses
@@ -140,13 +140,8 @@ class StreamSession:
         self._held_words = HeldWords(self.id)
         self._echo = EchoCheck(settings, self._start_task)  # a barge-in's words decide whether it is the answer's echo
         self._apply_turn_mode()
-        # Gaps: a sender that stops sending mid-utterance (Opus DTX, a paused track, a device that
-        # sends nothing in silence) must not keep the utterance open: see _watch_gaps.
-        self._last_audio_at = time.monotonic()
-        self._gap_filled_s = 0.0
-        self._gap_task: asyncio.Task[None] | None = None
-        # Feeds under way: audio that came and waits (a pause being judged holds it) is not a gap.
-        self._feeding = 0
+        # Time without audio while someone speaks is heard as silence (gaps.py).
+        self._gaps = GapFill(self.id, settings.stream_gap_fill_ms, self._hear_gap, self._listening)
         self.last_activity = time.monotonic()
         self.samples_received = 0
         self.utterances = 0
@@ -234,24 +229,20 @@ class StreamSession:
         """Audio from the transport: 16 kHz mono float32, any length."""
         if self._closed or samples.size == 0:
             return
-        self.last_activity = self._last_audio_at = time.monotonic()
-        self._gap_filled_s = 0.0
+        self.last_activity = time.monotonic()
+        self._gaps.audio_came()
         self.samples_received += samples.size
         self._audio_seconds.inc(samples.size / SAMPLE_RATE_HZ)
         if not self.options.server_vad:
             if self._recording:
                 await self._record(samples)
             return
-        self._feeding += 1
-        try:
+        with self._gaps.feeding():
             await self._segment(samples)
-        finally:
-            self._feeding -= 1
-            # The time a pause's judgement held this audio back was not a gap in the sender's audio.
-            self._last_audio_at = time.monotonic()
         if self._segmenter.in_speech:
             self._ensure_partials()
-            self._ensure_gap_watch()
+            if not self._closed:
+                self._gaps.watch()
 
     async def decided(self) -> None:
         """Until a turn decision under way on the audio fed so far (semantic turns) is made, and the
@@ -266,19 +257,18 @@ class StreamSession:
 
     def audio_arriving(self) -> None:
         """Audio was received and is queued on its way to ``feed``: the time since the last audio
-        must not count as a gap (see ``_watch_gaps``) while the transport's worker catches up."""
-        self._last_audio_at = time.monotonic()
+        must not count as a gap (gaps.py) while the transport's worker catches up."""
+        self._gaps.arriving()
 
     async def _segment(self, samples: AudioArray, *, gap_after: float | None = None) -> None:
         """Segment audio, in stream order. ``gap_after``: the samples are the gap watcher's silence
-        for the time since audio last came (``_last_audio_at`` then); audio that came while they
-        waited to be heard (a pause being judged) shows there was no gap, and they are dropped (a
-        review found them heard after that audio)."""
+        for the time since audio last came (then); audio that came while they waited to be heard (a
+        pause being judged) shows there was no gap, and they are dropped (``GapFill.outdated``)."""
         await self._turns.settled()  # a pause being judged is judged before more audio is heard
         await self._pauses.words_settled()
         await self._turns.text_settled(self._segmenter.silence_ms)
         async with self._segment_lock:
-            if gap_after is not None and (self._last_audio_at != gap_after or self._feeding):
+            if gap_after is not None and self._gaps.outdated(gap_after):
                 return
             for event in self._segmenter.push(samples):
                 await self._on_segment(event)
@@ -287,40 +277,11 @@ class StreamSession:
             self._pauses.watch()
             await self._pauses.end_turn_on_silence()
 
-    def _ensure_gap_watch(self) -> None:
-        if self.settings.stream_gap_fill_ms <= 0 or self._gap_task is not None or self._closed:
-            return
-        self._gap_task = asyncio.get_running_loop().create_task(self._watch_gaps(), name=f"gaps-{self.id}")
+    async def _hear_gap(self, silence: AudioArray, gap_after: float) -> None:
+        await self._segment(silence, gap_after=gap_after)
 
-    async def _watch_gaps(self) -> None:
-        """While someone speaks, time without audio counts as silence once it passes
-        ``stream_gap_fill_ms``: the segmenter then hears the silence it would have heard, so an
-        utterance ends ``stream_vad_hangover_ms`` after speech stops whether or not packets keep
-        coming (Opus DTX sends one every ~400 ms or none). Only during speech: the pre-roll before
-        an onset keeps the real audio that arrived."""
-        threshold_s = self.settings.stream_gap_fill_ms / 1000.0
-        # Time the event loop was too busy to wake this watcher on time (a loaded machine) is not the
-        # sender's silence: audio sent meanwhile waits in the socket for the loop to read it.
-        stalled_s, audio_at = 0.0, self._last_audio_at
-        try:
-            while self.options.server_vad and self._segmenter.in_speech and not self._closed:
-                wake_at = time.monotonic() + threshold_s / 2
-                await asyncio.sleep(threshold_s / 2)
-                now = time.monotonic()
-                if self._last_audio_at != audio_at:
-                    stalled_s, audio_at = 0.0, self._last_audio_at
-                stalled_s += max(0.0, now - max(wake_at, audio_at))
-                silent_for = now - audio_at - stalled_s
-                if silent_for <= threshold_s or self._feeding:
-                    continue  # audio came, or is being fed: a pause being judged holds it (``_segment``)
-                missing = int((silent_for - self._gap_filled_s) * SAMPLE_RATE_HZ)
-                if missing <= 0:
-                    continue
-                self._gap_filled_s += missing / SAMPLE_RATE_HZ
-                await self._segment(np.zeros(missing, np.float32), gap_after=audio_at)
-        finally:
-            if self._gap_task is asyncio.current_task():
-                self._gap_task = None
+    def _listening(self) -> bool:
+        return self.options.server_vad and self._segmenter.in_speech and not self._closed
 
     async def _on_segment(self, event: SpeechStart | Utterance | Discarded) -> None:
         if isinstance(event, SpeechStart):
@@ -624,9 +585,7 @@ class StreamSession:
         self._partials.cancel()
         self._pauses.drop_early()
         self._turns.drop()
-        if self._gap_task is not None:
-            self._gap_task.cancel()
-            self._gap_task = None
+        self._gaps.cancel()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

@@ -732,13 +732,13 @@ async def test_silence_filled_for_a_gap_is_not_heard_after_the_audio_that_ended_
             await session.feed(clip[start : start + CHUNK])
         await session.feed(silence(0.3))
         async with asyncio.timeout(30):
-            while session._gap_filled_s == 0:  # the watcher found a gap; its silence waits for the model
+            while session._gaps.filled_s == 0:  # the watcher found a gap; its silence waits for the model
                 await asyncio.sleep(0.01)
         await session.feed(rest)  # the sender was there after all
         release.set()
         final = await session.commit()  # the utterance ends here: no later silence for the watcher to fill
         async with asyncio.timeout(30):
-            while session._gap_task is not None:  # the watcher's waiting silence is heard or dropped
+            while session._gaps.task is not None:  # the watcher's waiting silence is heard or dropped
                 await asyncio.sleep(0.01)
         assert final is not None and "beatles" in words(final.transcript.text), final
         received_ms = session.samples_received * 1000 // SAMPLE_RATE_HZ

@@ -305,7 +305,9 @@ async def health_handler(request: web.Request) -> web.Response:
         llm = await request.app[LLM].status()
         body["llm"] = llm
         # An engine restarting or not answering (wedged) degrades the server the same way.
-        engines = [model["engine"] for model in llm["models"].values() if "engine" in model]
+        engines = [
+            model[kind] for model in llm["models"].values() for kind in ("engine", "embedding_engine") if kind in model
+        ]
         if any(not engine["healthy"] for engine in engines):
             body["status"] = "degraded"
     return web.json_response(body)

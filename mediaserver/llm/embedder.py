@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import aiohttp
 
 from mediaserver.config import Settings
 from mediaserver.devices import DeviceChoice
-from mediaserver.errors import ModelUnavailable
+from mediaserver.errors import ModelUnavailable, Overloaded
 from mediaserver.llm.engine import hub_gguf
 from mediaserver.llm.engine_process import LlamaServerProcess
 from mediaserver.llm.registry import LlmSource
@@ -37,9 +38,16 @@ class EmbeddingServerProcess(LlamaServerProcess):
     holds ``llm_embedding_slots`` inputs of ``llm_embedding_max_input_tokens`` each."""
 
     def __init__(
-        self, alias: str, model_path: str, settings: Settings, device: DeviceChoice | None, pooling: str
+        self,
+        alias: str,
+        model_path: str,
+        settings: Settings,
+        device: DeviceChoice | None,
+        pooling: str,
+        on_restart: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(alias, model_path, settings, device)
+        super().__init__(alias, model_path, settings, device, on_restart=on_restart)
+        self.label = f"{alias} (embeddings)"  # (the chat engine of the same model logs as the alias)
         self.pooling = pooling  # auto (the model's own), mean, cls or last
         self.slots = settings.llm_embedding_slots
         self.chat_template = None  # no chat here: the chat engine's template is not this child's to check
@@ -62,9 +70,13 @@ class EmbeddingServerProcess(LlamaServerProcess):
         return args
 
     async def request(self, path: str, body: dict[str, Any]) -> Any:
-        """POST to the child; its own error message (not just a status) in a ModelUnavailable."""
-        if self._http is None or not self.ready:
+        """POST to the child; its own error message (not just a status) in a ModelUnavailable. While it
+        restarts or does not answer, and when it dies or stalls mid-request (it is supervised, and
+        restarted), a 503 with ``Retry-After`` (``Overloaded``): retrying will help (a fault trial got
+        ``model_unavailable``, which says it will not)."""
+        if self._http is None:
             raise ModelUnavailable(f"the embedding engine of {self.alias!r} is {self.state}")
+        await self.wait_ready()
         timeout = aiohttp.ClientTimeout(total=self.settings.llm_request_timeout_s)
         try:
             async with self._http.post(f"{self.base_url}{path}", json=body, timeout=timeout) as response:
@@ -79,7 +91,14 @@ class EmbeddingServerProcess(LlamaServerProcess):
                     )
                 return json.loads(text)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ModelUnavailable(f"the embedding engine of {self.alias!r} did not answer: {exc!r}") from exc
+            if self.state in ("failed", "stopped"):
+                raise ModelUnavailable(
+                    f"the embedding engine of {self.alias!r} is not running: {self.last_exit}"
+                ) from exc
+            raise Overloaded(
+                f"the embedding engine of {self.alias!r} did not answer ({exc!r}); it is restarted if it died or hangs",
+                retry_after_s=self.settings.llm_engine_restart_max_backoff_s,
+            ) from exc
 
 
 class LlamaServerEmbedder:
@@ -91,11 +110,17 @@ class LlamaServerEmbedder:
         self.dimensions = dimensions
 
     @classmethod
-    async def start(cls, source: LlmSource, settings: Settings, device: DeviceChoice | None) -> LlamaServerEmbedder:
+    async def start(
+        cls,
+        source: LlmSource,
+        settings: Settings,
+        device: DeviceChoice | None,
+        on_restart: Callable[[], None] | None = None,
+    ) -> LlamaServerEmbedder:
         """Start the child and wait until it embeds (ModelUnavailable naming why if it cannot)."""
         location = await asyncio.to_thread(hub_gguf, source.location, settings) if source.is_hub_id else source.location
         pooling = settings.llm_embedding_pooling
-        process = EmbeddingServerProcess(source.name, location, settings, device, pooling)
+        process = EmbeddingServerProcess(source.name, location, settings, device, pooling, on_restart)
         try:
             await process.start()
             try:
@@ -109,7 +134,7 @@ class LlamaServerEmbedder:
                     source.name,
                 )
                 await process.aclose()
-                process = EmbeddingServerProcess(source.name, location, settings, device, "mean")
+                process = EmbeddingServerProcess(source.name, location, settings, device, "mean", on_restart)
                 await process.start()
                 probe = await cls._post(process, ["."])
         except BaseException:

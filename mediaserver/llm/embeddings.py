@@ -84,6 +84,9 @@ class EmbeddingBatcher:
         for text in dict.fromkeys(texts):
             if text not in results:
                 future: asyncio.Future[Vector] = loop.create_future()
+                # A failed batch fails every input; a request stops awaiting at its first failure, so
+                # the rest would each log "exception was never retrieved" (a fault trial: 7 tracebacks).
+                future.add_done_callback(_retrieve)
                 self._pending[text] = future
                 results[text] = future
         hits = sum(1 for t in texts if isinstance(results[t], np.ndarray))
@@ -128,3 +131,9 @@ class EmbeddingBatcher:
         for future in self._pending.values():
             future.cancel()
         self._pending.clear()
+
+
+def _retrieve(future: asyncio.Future[Vector]) -> None:
+    """Mark a failed input's exception as seen (whoever awaits it still gets it raised)."""
+    if not future.cancelled():
+        future.exception()

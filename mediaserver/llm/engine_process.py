@@ -126,6 +126,7 @@ class LlamaServerProcess:
         scoring_slot: bool = False,
     ) -> None:
         self.alias = alias
+        self.label = alias  # how logs and errors name this engine (an embedding engine says so)
         self.model_path = model_path
         self.projector_path = projector_path  # a vision model's multimodal projector (--mmproj)
         self.settings = settings
@@ -217,19 +218,19 @@ class LlamaServerProcess:
             self.state = "failed"
             raise
         loop = asyncio.get_running_loop()
-        self._supervisor = loop.create_task(self._supervise(), name=f"llm-engine-{self.alias}")
-        self._watchdog = loop.create_task(self._watch(), name=f"llm-engine-watchdog-{self.alias}")
+        self._supervisor = loop.create_task(self._supervise(), name=f"llm-engine-{self.label}")
+        self._watchdog = loop.create_task(self._watch(), name=f"llm-engine-watchdog-{self.label}")
 
     def _start_problem(self) -> str | None:
         """Why the child cannot start: no binary, or a configured file that is not there."""
         problem = binary_problem(self.settings)
         if problem is None and self.chat_template is not None and not self.chat_template.is_file():
             problem = (
-                f"the chat template {str(self.chat_template)!r} of {self.alias!r} is not a file (llm_chat_templates)"
+                f"the chat template {str(self.chat_template)!r} of {self.label!r} is not a file (llm_chat_templates)"
             )
         if problem is None and self.projector_path is not None and not Path(self.projector_path).is_file():
             problem = (
-                f"the vision projector {self.projector_path!r} of {self.alias!r} is not a file (llm_vision_projectors)"
+                f"the vision projector {self.projector_path!r} of {self.label!r} is not a file (llm_vision_projectors)"
             )
         return problem
 
@@ -241,7 +242,7 @@ class LlamaServerProcess:
         self._hang = None
         self._child_gone = asyncio.Event()
         command = self.command(binary)
-        log.info("starting llama-server for %s on port %d: %s", self.alias, self.port, " ".join(command))
+        log.info("starting llama-server for %s on port %d: %s", self.label, self.port, " ".join(command))
         started = time.monotonic()
         self._process = await asyncio.create_subprocess_exec(
             *command,
@@ -260,7 +261,7 @@ class LlamaServerProcess:
         self.state = "ready"
         self.last_answer = time.monotonic()
         self._ready.set()
-        log.info("llama-server for %s ready in %.1f s (pid %d)", self.alias, time.monotonic() - started, self.pid)
+        log.info("llama-server for %s ready in %.1f s (pid %d)", self.label, time.monotonic() - started, self.pid)
 
     async def _wait_healthy(self, process: asyncio.subprocess.Process, timeout_s: float) -> None:
         assert self._http is not None
@@ -269,7 +270,7 @@ class LlamaServerProcess:
             if process.returncode is not None:
                 await asyncio.sleep(0.05)  # let the reader take the last lines
                 raise ModelUnavailable(
-                    f"the llama-server engine for {self.alias!r} {describe_exit(process.returncode)} at start"
+                    f"the llama-server engine for {self.label!r} {describe_exit(process.returncode)} at start"
                     f"{self.error_summary()}"
                 )
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
@@ -278,7 +279,7 @@ class LlamaServerProcess:
                         return
             if time.monotonic() > deadline:
                 raise ModelUnavailable(
-                    f"the llama-server engine for {self.alias!r} was not healthy within {timeout_s:g} s "
+                    f"the llama-server engine for {self.label!r} was not healthy within {timeout_s:g} s "
                     f"(llm_engine_start_timeout_s){self.error_summary()}"
                 )
             await asyncio.sleep(HEALTH_POLL_S)
@@ -292,7 +293,7 @@ class LlamaServerProcess:
                 response.raise_for_status()
                 props = await response.json()
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("llama-server for %s: no /props (%s); tools and images are off for it", self.alias, exc)
+            log.warning("llama-server for %s: no /props (%s); tools and images are off for it", self.label, exc)
             props = {}
         caps = props.get("chat_template_caps") or {}
         self.supports_tools = bool(caps.get("supports_tools") and caps.get("supports_tool_calls"))
@@ -325,7 +326,7 @@ class LlamaServerProcess:
             # Its errors as such (the level follows a timestamp: "0.00.011.723 E ..."), the rest at DEBUG:
             # its warnings include one per cancelled request.
             level = logging.ERROR if line_level(line) == "E" else logging.DEBUG
-            engine_log.log(level, "[%s] %s", self.alias, line)
+            engine_log.log(level, "[%s] %s", self.label, line)
 
     async def _supervise(self) -> None:
         """Restart the child whenever it exits, until aclose()."""
@@ -351,14 +352,14 @@ class LlamaServerProcess:
                 self.last_exit = self._hang
             else:
                 self.last_exit = f"{describe_exit(code)}{self.error_summary()}"
-            log.error("llama-server for %s %s; its last output: %s", self.alias, self.last_exit, self.output_tail(3))
+            log.error("llama-server for %s %s; its last output: %s", self.label, self.last_exit, self.output_tail(3))
             while True:  # until a child is healthy again
                 backoff = restart_backoff_s(self.settings, crashes_in_a_row)
                 crashes_in_a_row += 1
                 self.restarts += 1
                 if self._on_restart is not None:
                     self._on_restart()
-                log.info("restarting llama-server for %s in %.1f s", self.alias, backoff)
+                log.info("restarting llama-server for %s in %.1f s", self.label, backoff)
                 await asyncio.sleep(backoff)
                 if self._closing:
                     return
@@ -375,7 +376,7 @@ class LlamaServerProcess:
         if self._ready.is_set():
             return
         if self.state in ("failed", "stopped"):
-            raise ModelUnavailable(f"the llama-server engine for {self.alias!r} is not running: {self.last_exit}")
+            raise ModelUnavailable(f"the llama-server engine for {self.label!r} is not running: {self.last_exit}")
         self.check_responsive()
         wait_s = self.settings.llm_engine_ready_wait_s
         try:
@@ -383,7 +384,7 @@ class LlamaServerProcess:
                 await self._ready.wait()
         except TimeoutError:
             raise Overloaded(
-                f"the llama-server engine for {self.alias!r} is restarting (it {self.last_exit}); "
+                f"the llama-server engine for {self.label!r} is restarting (it {self.last_exit}); "
                 f"not back within {wait_s:g} s (llm_engine_ready_wait_s)",
                 retry_after_s=self.settings.llm_engine_restart_max_backoff_s,
             ) from None
@@ -396,7 +397,7 @@ class LlamaServerProcess:
     def _unresponsive_message(self) -> str:
         silent_s = time.monotonic() - self.last_answer
         return (
-            f"the llama-server engine for {self.alias!r} has not answered its health checks for {silent_s:.0f} s; "
+            f"the llama-server engine for {self.label!r} has not answered its health checks for {silent_s:.0f} s; "
             f"it is restarted if it stays silent for {self.settings.llm_engine_hang_restart_s:g} s "
             "(llm_engine_hang_restart_s)"
         )
@@ -466,7 +467,7 @@ class LlamaServerProcess:
                 if self.state == "unresponsive":
                     log.warning(
                         "llama-server for %s answers again after %.1f s of silence: healthy",
-                        self.alias,
+                        self.label,
                         now - self.last_answer,
                     )
                     self.state = "ready"
@@ -482,7 +483,7 @@ class LlamaServerProcess:
                     "llama-server for %s (pid %s) answered none of %d health probes (%g s each) for %.1f s: unhealthy; "
                     "LLM requests get a 503 until it answers, and it is restarted if silent for %g s "
                     "(llm_engine_hang_restart_s)",
-                    self.alias,
+                    self.label,
                     process.pid,
                     failures,
                     s.llm_engine_probe_timeout_s,
@@ -494,7 +495,7 @@ class LlamaServerProcess:
                     f"answered no health check for {silent_s:.0f} s and was killed "
                     f"(llm_engine_hang_restart_s {s.llm_engine_hang_restart_s:g} s)"
                 )
-                log.error("llama-server for %s (pid %s) %s; restarting it", self.alias, process.pid, self._hang)
+                log.error("llama-server for %s (pid %s) %s; restarting it", self.label, process.pid, self._hang)
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()  # SIGKILL: a stopped process gets it too
                 await process.wait()  # the supervisor restarts it
@@ -511,7 +512,7 @@ class LlamaServerProcess:
         """POST ``body`` to llama-server's own API (``/completion``, ``/tokenize`` ...) on the current
         child, bounded by ``timeout_s``; ModelUnavailable when no healthy child is serving."""
         if self._http is None or not self.ready:
-            raise ModelUnavailable(f"the llama-server engine of {self.alias!r} is {self.state}")
+            raise ModelUnavailable(f"the llama-server engine of {self.label!r} is {self.state}")
         async with self._http.post(
             f"{self.base_url}{path}", json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)
         ) as response:
@@ -546,7 +547,7 @@ class LlamaServerProcess:
             engine_log.warning(
                 "the llama-server engine of %r (pid %d, %s) did not exit within %g s of %s "
                 "(llm_engine_stop_timeout_s): killed",
-                self.alias,
+                self.label,
                 process.pid,
                 self.state,
                 timeout_s,

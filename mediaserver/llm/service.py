@@ -209,6 +209,20 @@ class LlmService:
                 unanswered_s = process.unanswered_s
                 if unanswered_s is not None:  # unresponsive: how long it has been silent
                     entry["engine"]["unanswered_s"] = round(unanswered_s, 1)
+        for name, embedder in self._embedders.items():
+            # The embedding engine (its own llama-server child), beside the model's chat engine, if any.
+            process = embedder.process
+            entry = models.setdefault(name, {})
+            entry["embedding_engine"] = {
+                "kind": "llama-server",
+                "state": process.state,
+                "healthy": process.state == "ready",
+                "pid": process.pid,
+                "restarts": process.restarts,
+                "last_exit": process.last_exit,
+            }
+            if process.unanswered_s is not None:
+                entry["embedding_engine"]["unanswered_s"] = round(process.unanswered_s, 1)
         for name, kept in self.keeper.status().items():
             entry = models.setdefault(name, {})
             if name not in self._backends and "engine" not in entry:
@@ -428,7 +442,8 @@ class LlmService:
                     raise ModelUnavailable("the LLM service is shutting down")
                 started = time.monotonic()
                 try:
-                    embedder = await LlamaServerEmbedder.start(source, self.settings, self.device)
+                    restarts = self.metrics.engine_restarts.labels(f"{source.name} (embeddings)")
+                    embedder = await LlamaServerEmbedder.start(source, self.settings, self.device, restarts.inc)
                 except ApiError as exc:  # a 503 with the reason; the next request tries again
                     self.embedding_keeper.load_failed(source.name, exc.message)
                     raise

@@ -8,7 +8,9 @@ in one llama.cpp call, where the matrix products run in a different order than f
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -123,3 +125,38 @@ async def test_bad_embedding_requests_are_400(server: Any, body: Any, param: str
     assert status == 400, answer
     assert answer["error"]["param"] == param
     assert words in answer["error"]["message"], answer
+
+
+async def test_an_embedding_engine_killed_is_reported_restarted_and_retried(
+    server: Any, llm_service: LlmService
+) -> None:
+    """The embedding engine (its own llama-server child) dies: a request sent at once waits for the
+    restarted engine and is answered, or gets a 503 with Retry-After (retrying helps), never
+    ``model_unavailable`` (which says it will not); /health names the engine with its restart, and
+    /metrics counts the restart apart from the chat engine's (a fault trial: none of it was there)."""
+    name = "smollm2-135m-instruct"
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as sdk:
+        await sdk.embeddings.create(model="text-embedding-3-small", input="warm the engine")
+    process = llm_service._embedders[name].process
+    pid, restarts = process.pid, process.restarts
+    assert pid is not None and process.label == f"{name} (embeddings)"
+    os.kill(pid, signal.SIGKILL)
+    body = {"model": "text-embedding-3-small", "input": "a sentence sent as the engine died"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{server.url}/v1/embeddings", json=body) as resp:
+            answer = await resp.json()
+            if resp.status != 200:
+                assert resp.status == 503 and "Retry-After" in resp.headers, (resp.status, answer)
+                assert answer["error"]["code"] != "model_unavailable", answer
+        async with asyncio.timeout(60):
+            while not (process.restarts == restarts + 1 and process.state == "ready"):
+                await asyncio.sleep(0.05)
+        async with session.post(f"{server.url}/v1/embeddings", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+        async with session.get(f"{server.url}/health") as resp:
+            health = await resp.json()
+        engine = health["llm"]["models"][name]["embedding_engine"]
+        assert engine["restarts"] == restarts + 1 and engine["healthy"] and engine["pid"] != pid, engine
+        assert engine["last_exit"] == "was killed by signal 9 (SIGKILL)", engine
+        async with session.get(f"{server.url}/metrics") as resp:
+            assert f'mediaserver_llm_engine_restarts_total{{model="{name} (embeddings)"}}' in await resp.text()

@@ -113,3 +113,50 @@ async def test_a_request_arriving_within_the_window_joins_the_batch(slow_window:
     assert batcher(slow_window).calls - calls == 1
     assert elapsed >= 1.0 and second >= 1.0  # both waited out the window
     assert len(first.vectors) == 1
+
+
+async def test_a_failed_batch_fails_each_request_and_leaves_no_unretrieved_exception(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine failing a batch of 8 inputs fails the request (its first input's failure), and the
+    other 7 failed inputs are not left for the event loop to log as "exception was never retrieved"
+    (a fault trial: 7 tracebacks at ERROR for one engine crash)."""
+    import logging
+
+    from mediaserver.llm import embeddings
+    from mediaserver.llm.metrics import LlmMetrics
+
+    # (The batch's failure is logged with its traceback; a captured record would keep the failed
+    # inputs alive past the collection below, as the server's log handlers do not.)
+    quiet = logging.getLogger("test-embeddings-quiet")
+    quiet.propagate = False
+    quiet.addHandler(logging.NullHandler())
+    monkeypatch.setattr(embeddings, "log", quiet)
+
+    async def dead(texts: list[str]) -> list[list[float]]:
+        raise RuntimeError("the engine died")
+
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+    try:
+        metrics = LlmMetrics.of(Metrics())
+        batcher = EmbeddingBatcher(
+            "m", dead, window_ms=1, max_batch=8, max_pending=64, cache_entries=8, metrics=metrics
+        )
+        failed = False
+        try:
+            await batcher.embed([f"input {i}" for i in range(8)])
+        except RuntimeError:
+            failed = True  # (not kept: its traceback holds the request's futures)
+        assert failed
+        await batcher.aclose()
+        del batcher
+        import gc
+
+        await asyncio.sleep(0.1)  # (the finished batch task's callbacks let go of it)
+        gc.collect()
+    finally:
+        loop.set_exception_handler(previous)
+    assert not unretrieved, unretrieved

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from aiohttp import BodyPartReader, web
 
@@ -18,8 +18,10 @@ from mediaserver.config import Settings
 from mediaserver.errors import AudioTooLarge, InvalidParameter, RequestTimeout
 from mediaserver.events import FinalTranscript, TranscriptionOptions, TurnDecided
 from mediaserver.languages import normalize_language
+from mediaserver.state import SETTINGS
 from mediaserver.stream.options import StreamOptions
 
+_T = TypeVar("_T")
 _TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
 _FALSE = frozenset({"0", "false", "no", "off", "f", "n", ""})
 
@@ -129,7 +131,19 @@ async def read_multipart(
     value_limits: Mapping[str, int] | None = None,
 ) -> MultipartFields:
     """Stream a multipart/form-data body, bounding the total size and each text field (to
-    ``max_value_bytes``, or to its own limit in ``value_limits``)."""
+    ``max_value_bytes``, or to its own limit in ``value_limits``), and the wait for each next piece
+    (``body_read_timeout_s``: a 408, as ``read_body_limited``'s; a fault trial's upload that stopped
+    mid-body held its request open, unanswered, for as long as the client waited)."""
+
+    idle_s = request.app[SETTINGS].body_read_timeout_s
+
+    async def piece(read: Awaitable[_T]) -> _T:
+        try:
+            async with asyncio.timeout(idle_s):
+                return await read
+        except TimeoutError:
+            raise RequestTimeout(f"request body stalled: no data for {idle_s:.0f} s") from None
+
     if not request.content_type.startswith("multipart/"):
         raise InvalidParameter(
             f"expected a multipart/form-data body, got {request.content_type or 'none'}", param="body"
@@ -137,7 +151,7 @@ async def read_multipart(
     if request.content_length is not None and request.content_length > max_bytes:
         raise AudioTooLarge(f"request body is {request.content_length} bytes; the limit is {max_bytes} bytes")
     try:
-        reader = await request.multipart()
+        reader = await piece(request.multipart())
     except (ValueError, AssertionError) as exc:
         raise InvalidParameter(f"malformed multipart body: {exc}", param="body") from None
     files: dict[str, bytes] = {}
@@ -147,7 +161,7 @@ async def read_multipart(
     total = 0
     try:
         while True:
-            part = await reader.next()
+            part = await piece(reader.next())
             if part is None:
                 break
             if not isinstance(part, BodyPartReader):
@@ -158,7 +172,7 @@ async def read_multipart(
             stray_file = name not in file_fields and part.filename is not None
             limit = max_bytes if name in file_fields or stray_file else (value_limits or {}).get(name, max_value_bytes)
             buf = bytearray()
-            while chunk := await part.read_chunk(65536):
+            while chunk := await piece(part.read_chunk(65536)):
                 total += len(chunk)
                 if total > max_bytes:
                     raise AudioTooLarge(f"request body exceeds the limit of {max_bytes} bytes")

@@ -284,6 +284,31 @@ async def test_stalled_upload_times_out_with_408(server_factory: Any) -> None:
     assert "stalled" in json.loads(raw)["error"]
 
 
+@pytest.mark.parametrize("path", ["/v1/audio/transcriptions", "/api/asr"])
+async def test_a_multipart_upload_that_stalls_mid_body_times_out_with_408(server_factory: Any, path: str) -> None:
+    """A form upload (the OpenAI SDK's, WIS's) that stops mid-body gets its 408 after
+    body_read_timeout_s too (a fault trial: no answer at all, the request held open for as long as
+    the client waited), as the JSON error its face answers with."""
+    impatient = await server_factory(body_read_timeout_s=0.5)
+    reader, writer = await asyncio.open_connection(impatient.host, impatient.port)
+    boundary = "b0undary"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+        "Content-Type: audio/wav\r\n\r\nRIFF"
+    ).encode()
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary={boundary}\r\n"
+        f"Content-Length: 1000000\r\n\r\n".encode()
+        + head
+    )
+    await writer.drain()
+    async with asyncio.timeout(30):
+        status, _, raw = await read_response(reader)
+    writer.close()
+    assert status == 408, raw
+    assert "stalled" in raw.decode(), raw
+
+
 async def test_basic_auth_through_user_pass_url(server_factory: Any, speech: Any) -> None:
     guarded = await server_factory(basic_auth_user="willow", basic_auth_password="s3cret!")
     clip = speech("kitchen")

@@ -226,7 +226,8 @@ class Partials:
                     continue  # for the prefill alone, and the cores are wanted elsewhere: the next one, maybe
                 # Unforced, as the final is: a decode forced to continue the promised text carries
                 # one early mishearing into every later partial and into the final.
-                options = replace(stream.options.transcription, prefix=None)
+                # (Word timings are a final's only: they make the decode run unbatched.)
+                options = replace(stream.options.transcription, prefix=None, word_timestamps=False)
                 try:
                     result = await stream.asr.transcribe(
                         audio,

@@ -325,6 +325,32 @@ async def test_manual_commit_clear_and_empty_commit(connect: Any, speech: Any, w
     assert wer(SENTENCES["kitchen"], second["transcript"]) <= 0.2, second
 
 
+async def test_include_logprobs_adds_the_words_logprobs_to_the_transcription(
+    connect: Any, speech: Any, wer: Any
+) -> None:
+    """``include: ["item.input_audio_transcription.logprobs"]`` is echoed and acted on: the completed
+    transcription carries ``logprobs`` (OpenAI's shape: token, logprob, bytes; here one entry per
+    Whisper word, its probability's natural log). A Realtime trial found it echoed and ignored.
+    Without it there is no ``logprobs`` field."""
+    client = await connect()
+    await client.next("session.created")
+    for include in (["item.input_audio_transcription.logprobs"], None):
+        updated = await configure(client, {**manual(), "include": include})
+        assert updated["session"]["include"] == include, updated
+        await client.stream(pcm16(speech("garden")), chunk_ms=200)
+        await client.send({"type": "input_audio_buffer.commit"})
+        (completed,) = await until_completed(client)
+        assert wer(SENTENCES["garden"], completed["transcript"]) <= 0.2, completed
+        if include is None:
+            assert "logprobs" not in completed, completed
+            continue
+        logprobs = completed["logprobs"]
+        assert len(logprobs) >= 8, logprobs  # "My neighbor planted tomatoes and beans in her small garden."
+        assert all(set(e) == {"token", "logprob", "bytes"} and e["logprob"] <= 0 for e in logprobs), logprobs
+        assert all(bytes(e["bytes"]).decode("utf-8") == e["token"] for e in logprobs), logprobs
+        assert wer(SENTENCES["garden"], "".join(e["token"] for e in logprobs)) <= 0.2, logprobs
+
+
 async def test_turn_detection_changes_keep_one_session_clock(connect: Any, speech: Any, wer: Any) -> None:
     client = await connect()
     await client.next("session.created")

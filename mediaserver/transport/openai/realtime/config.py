@@ -18,6 +18,7 @@ from mediaserver.stream.options import StreamOptions, segmenter_config
 
 MIN_SILENCE_MS: Final = 60  # two 30 ms VAD frames: the shortest hangover the segmenter runs
 
+LOGPROBS_INCLUDE: Final = "item.input_audio_transcription.logprobs"
 AudioType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
 TurnType = Literal["server_vad", "semantic_vad"]
 BETA_FORMATS: Final[dict[str, AudioType]] = {
@@ -144,12 +145,18 @@ class RealtimeConfig:
     def server_vad(self) -> bool:
         return self.turn_detection is not None
 
+    @property
+    def logprobs(self) -> bool:
+        """``include`` asks for the input transcription's logprobs (Whisper's word probabilities)."""
+        return self.include is not None and LOGPROBS_INCLUDE in self.include
+
     def stream_options(self, settings: Settings) -> StreamOptions:
         transcription = TranscriptionOptions(
             language=self.language,
             beam_size=settings.default_beam_size,
             initial_prompt=self.prompt or None,
             with_segment_timestamps=False,
+            word_timestamps=self.logprobs,  # (a word's probability comes with its timing)
         )
         # Partials are what delta events carry; a manual commit is transcribed in one go.
         vad = self.server_vad

@@ -24,6 +24,7 @@ from mediaserver.events import (
     StreamError,
 )
 from mediaserver.transport.openai.realtime.values import new_id
+from mediaserver.transport.openai.transcription_stream import word_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class InputTranscription:
         self.last_item_id: str | None = None
         self.muted_errors = 0  # >0 while a commit reports its own failure on its item
         self.items_completed = 0
+        self.logprobs = False  # ``include`` asks for the transcription's logprobs (set by the session)
 
     def on_event(self, event: SessionEvent, offset_ms: int, *, server_vad: bool) -> None:
         """Translate one event; ``offset_ms`` places the stream's clock on the session's."""
@@ -163,12 +165,14 @@ class InputTranscription:
                 delta=final.delta,
             )
         seconds = max(0, final.audio_end_ms - final.audio_start_ms) / 1000.0
+        extra = {"logprobs": word_logprobs(final.transcript.segments)} if self.logprobs else {}
         send(
             "conversation.item.input_audio_transcription.completed",
             item_id=item.id,
             content_index=0,
             transcript=transcript,
             usage={"type": "duration", "seconds": round(seconds, 3)},
+            **extra,
         )
         self.items_completed += 1
         if self.conversation is not None:

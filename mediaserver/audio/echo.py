@@ -63,16 +63,20 @@ class EchoCanceller:
         detect: EchoPresence | None = None,
         tracker: DelayTracker | None = None,
         residual: ResidualEcho | None = None,
+        hold_undecided_ms: float = 0.0,
     ) -> None:
         """``detect``: ``echo_cancellation: auto``: the output is the canceller's only where the
         microphone is heard to carry the echo (audio/echo_presence.py); elsewhere the microphone
         passes, as late as the canceller's output. ``tracker``: re-aligns the reference AEC3 gets
         after the echo's delay jumps (audio/echo_delay.py); None: AEC3 alone follows it. ``residual``:
-        measures whether the output is still the echo, for the speech gate (audio/echo_delay.py)."""
+        measures whether the output is still the echo, for the speech gate (audio/echo_delay.py).
+        ``hold_undecided_ms``: with ``detect``, the output waits (up to this long, once a stream)
+        while ``detect`` has not decided, and is then put out as decided (``_hold``); 0: at once."""
         if sample_rate != SAMPLE_RATE_HZ:
             raise ValueError(f"EchoCanceller runs at {SAMPLE_RATE_HZ} Hz, got {sample_rate}")
         self._aec: Any = None
         self.detect = detect
+        self.hold_undecided_samples = int(hold_undecided_ms * SAMPLE_RATE_HZ / 1000)
         self.tracker = tracker
         self.residual = residual
         if residual is not None:
@@ -98,6 +102,12 @@ class EchoCanceller:
         self._quiet_frames = NEVER_FRAMES  # 10 ms frames of reference without sound since its last sound
         # The latest stretches of reference sound: (stream clock at the start, frames without sound before it).
         self._stretches: deque[tuple[int, int]] = deque(maxlen=MAX_STRETCHES)
+        # ``_sound_frames`` after each 10 ms frame processed, the latest last (``reference_heard_s_at``).
+        self._heard_log: deque[int] = deque(maxlen=MEASURE_FRAMES)
+        # Output waiting for ``detect``'s decision: (the canceller's, the microphone's) per piece (``_hold``).
+        self._held: list[tuple[AudioArray, AudioArray]] = []
+        self._held_samples = 0
+        self._hold_spent = False  # it waited ``hold_undecided_samples`` once: no more this stream
         self._restarts: deque[int] = deque(maxlen=MAX_STRETCHES)  # stream clock where playback started afresh
         self.shifted_at: int | None = None  # stream clock where the tracker last moved the reference
         if self.detect is not None:
@@ -153,6 +163,20 @@ class EchoCanceller:
         """Seconds of answer audio with sound in it that the canceller has processed since its reset:
         how far its filter has had the chance to converge."""
         return self._sound_frames * FRAME_SAMPLES / SAMPLE_RATE_HZ
+
+    def reference_heard_s_at(self, after: int) -> float:
+        """``reference_heard_s`` as it was ``after`` samples before the end of the audio put out so
+        far (the speech gate asks about frames put out late, after waiting for ``detect``)."""
+        back = after // FRAME_SAMPLES
+        if back <= 0 or not self._heard_log:
+            return self.reference_heard_s
+        frames = self._heard_log[-1 - back] if back < len(self._heard_log) else 0
+        return frames * FRAME_SAMPLES / SAMPLE_RATE_HZ
+
+    @property
+    def holding(self) -> int:
+        """Samples of output waiting for ``detect``'s decision."""
+        return self._held_samples
 
     @property
     def position(self) -> int:
@@ -235,26 +259,64 @@ class EchoCanceller:
         aligned = np.concatenate([self._mic_tail, frames])  # the microphone as late as AEC3's output
         self._mic_tail = aligned[-OUTPUT_LATENCY_SAMPLES:].copy()
         n = out.size // FRAME_SAMPLES
+        passed = aligned[: out.size].copy()
         if self.detect is not None:
             self.detect.push(_frame_power(reference, n), _frame_power(frames, n))
             if self.detect.echo is False:
-                out = aligned[: out.size].copy()
+                out = passed
         if self.residual is not None:
             self.residual.push(frames, reference, out)
         # Each output frame's energy beside the microphone's for the same audio.
         self._removed.extend(zip(_frame_power(aligned, n), _frame_power(out, n), strict=True))
-        return out
+        return self._hold(out, passed)
+
+    def _hold(self, out: AudioArray, passed: AudioArray) -> AudioArray:
+        """``auto`` before it has decided whether the microphone carries the echo: the output waits,
+        and goes out once it has (the microphone's own audio where there is none, the canceller's
+        where there is), or once it has waited ``hold_undecided_samples`` (the canceller's, as
+        ``on``). Put out at once, cancelled and gated, a person speaking over the first seconds of
+        an answer on a device that cancels its own echo was held by the gate and taken by AEC3's
+        suppressor, and lost (a Realtime trial)."""
+        waiting = self.detect is not None and self.detect.echo is None and self.hold_undecided_samples > 0
+        if waiting and not self._hold_spent:
+            self._held.append((out, passed))
+            self._held_samples += out.size
+            if self._held_samples < self.hold_undecided_samples:
+                return np.zeros(0, np.float32)
+            self._hold_spent = True  # undecided this long: put out as it is, from now on at once
+            return self.release()
+        if not self._held:
+            return out
+        return np.concatenate([self.release(after=out.size), out])
+
+    def release(self, after: int = 0) -> AudioArray:
+        """The output waiting for ``detect``'s decision (``_hold``), now: the microphone's audio where
+        it found no echo, else the canceller's. ``after``: samples processed after it (the frames
+        whose energies follow the held ones' in ``_removed``)."""
+        if not self._held:
+            return np.zeros(0, np.float32)
+        held, self._held, self._held_samples = self._held, [], 0
+        if not self.passing:
+            return np.concatenate([out for out, _ in held])
+        audio = np.concatenate([passed for _, passed in held])
+        # (Put out as it came, nothing removed: measured as a passing microphone's frames are.)
+        end = len(self._removed) - after // FRAME_SAMPLES
+        for index in range(max(0, end - audio.size // FRAME_SAMPLES), end):
+            mic, _ = self._removed[index]
+            self._removed[index] = (mic, mic)
+        return audio
 
     def _track_stretches(self, frame_sound: np.ndarray, start: int) -> None:
         """Count the reference's 10 ms frames with sound, and note where each stretch of sound begins."""
         for index, sound in enumerate(frame_sound.tolist()):
             if not sound:
                 self._quiet_frames += 1
-                continue
-            self._sound_frames += 1
-            if self._quiet_frames:
-                self._stretches.append((start + index * FRAME_SAMPLES, self._quiet_frames))
-            self._quiet_frames = 0
+            else:
+                self._sound_frames += 1
+                if self._quiet_frames:
+                    self._stretches.append((start + index * FRAME_SAMPLES, self._quiet_frames))
+                self._quiet_frames = 0
+            self._heard_log.append(self._sound_frames)
 
     def removed_db(self, from_ms_ago: int, to_ms_ago: int) -> float | None:
         """How much the canceller took out of the audio it put out between ``from_ms_ago`` and
@@ -411,11 +473,12 @@ class SpeechGate:
             return True
         if voiced and self.residual > 0 and self._still_echo():
             return False
-        if self.canceller.reference_heard_s < self.hold_s:
+        heard_s = self.canceller.reference_heard_s_at(after)  # (when the frame was processed)
+        if heard_s < self.hold_s:
             return False  # AEC3 has not found the echo yet: it passes it whole, as loud as a person
         onset = self.canceller.since_onset_ms(self.onset_gap_ms) if self.onset_ms > 0 else None
         at_onset = onset is not None and onset - after_ms < self.onset_ms
-        if self.converge_s > 0 and self.canceller.reference_heard_s >= self.converge_s and not at_onset:
+        if self.converge_s > 0 and heard_s >= self.converge_s and not at_onset:
             # Converged, and not at the first syllables of a sentence or a clause: it counts, but is
             # noted when the rule below would have held it, or when it comes soon after playback
             # started afresh (the delay may have moved: the next answer's first syllable leaks).

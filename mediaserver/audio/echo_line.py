@@ -108,6 +108,7 @@ class EchoLine:
     def set_mode(self, mode: EchoMode, settings: Settings) -> None:
         """``auto``: the canceller's output only where the microphone carries the echo
         (audio/echo_presence.py); ``on``: always. A change of mode starts the decision afresh."""
+        self.canceller.hold_undecided_samples = settings.echo_auto_hold_ms * SAMPLE_RATE_HZ // 1000
         if mode != "auto":
             self.canceller.detect = None
         elif self.canceller.detect is None:
@@ -259,6 +260,11 @@ class EchoLine:
             self.canceller.skip(self._gaps.popleft()[1])
             self._first_gap = False
         return self.canceller.process(mic16k)
+
+    def release(self) -> AudioArray:
+        """The microphone audio waiting for ``auto``'s decision, now (a commit, a stop: what was said
+        is in the utterance), as decided so far (``EchoCanceller.release``)."""
+        return self.canceller.release()
 
     def removed_db(self, from_ms_ago: int, to_ms_ago: int) -> float | None:
         return self.canceller.removed_db(from_ms_ago, to_ms_ago)

@@ -94,15 +94,16 @@ class AssistantSettings(BaseModel):
         "cuts the answer at once. Experimental: off until Whisper's stock phrases on the canceller's residual "
         "echo ('Thank you.') are told from a person",
     )
-    assistant_barge_in_echo_suspects: bool = Field(
-        True,
+    assistant_barge_in_echo_suspects: bool | Literal["all"] = Field(
+        "all",
         description="with assistant_barge_in_echo_check off, on a stream the server cancels echo on: speech that "
         "starts over the answer on frames the canceller's speech gate would have held had it been holding (most "
         "of them quiet against the output's floor or mostly removed by the canceller, as its leaks at a "
         "sentence's first syllable are) pauses the answer instead of cutting it, and the utterance decides: "
         "no words, too short to be speech, or the answer's own words resume it; any other words cut it (the "
-        "residual rule, assistant_barge_in_echo_removed_db, is not applied; docs/echo.md); false: every start "
-        "cuts the answer at once",
+        "residual rule, assistant_barge_in_echo_removed_db, is not applied; docs/echo.md); all: every start over "
+        "the answer on such a stream is held so, a burst the segmenter discards resuming the answer instead of "
+        "having cut it; false: every start cuts the answer at once",
     )
     assistant_barge_in_echo_match: float = Field(
         0.8,

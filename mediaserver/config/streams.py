@@ -143,6 +143,15 @@ class StreamSettings(BaseModel):
         "gate stands aside) while that correlation stays under this, once echo_auto_min_sound_s of answer audio "
         "has been compared; in between (undecided) the canceller's output is used",
     )
+    echo_auto_hold_ms: int = Field(
+        3000,
+        ge=0,
+        description="echo_cancellation auto: until it has decided whether the microphone carries the answers' echo "
+        "(about 2 s into the first answer), the microphone audio waits, at most this long once a stream, and is "
+        "then heard as decided: as it came where there is no echo, cancelled where there is. Heard at once, "
+        "cancelled and gated as with on, a person speaking over the first answer's first seconds on a device that "
+        "cancels its own echo was not heard (a Realtime trial). 0 = heard at once",
+    )
     echo_auto_streamed_ahead_s: float = Field(
         1.0,
         gt=0,

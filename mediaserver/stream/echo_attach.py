@@ -32,12 +32,19 @@ class SessionEcho:
         # What the canceller took out of the audio fed from ``a`` to ``b`` ms before the latest
         # (``EchoCheck``'s residual rule); None: no canceller attached.
         self.removed: Callable[[int, int], float | None] | None = None
+        self._line: EchoLine | None = None
+
+    @property
+    def cancelling(self) -> bool:
+        """A canceller is attached, and cancels: ``auto`` has not found the microphone free of echo."""
+        return self.removed is not None and not (self._line is not None and self._line.canceller.passing)
 
     def attach(self, line: EchoLine | None, segmenter: VadSegmenter) -> None:
         """The transport's canceller cleans the audio fed to the session, or no longer does (None):
         barge-in's residual rule measures it, and while its echo can be arriving only speech well
         above its output's floor starts an utterance (``SpeechGate``)."""
         self.removed = line.removed_db if line is not None else None
+        self._line = line
         if line is not None and line.canceller.detect is not None:
             line.canceller.detect.on_decide = self._found
         if line is not None and line.canceller.tracker is not None:

@@ -29,7 +29,8 @@ transcript then decides (``EchoCheck.decide``):
 With the check off (``assistant_barge_in_echo_check``, the default), ``assistant_barge_in_echo_suspects``
 still holds a **suspect** start (``SpeechStart.suspect``: most of its voiced frames are ones the
 canceller's speech gate noted as like its leaks, audio/echo.py) this way, its words alone deciding
-(no residual rule: ``Hold.words_only``); any other start cuts the answer at once.
+(no residual rule: ``Hold.words_only``); any other start cuts the answer at once. At ``all``, every
+start over the answer on a stream the server cancels echo on is held so.
 
 An answer paused ``assistant_barge_in_echo_wait_ms`` without a decision is interrupted, as without
 the check; the utterance's final is then an ordinary user turn. Speech that starts within
@@ -156,13 +157,16 @@ class EchoCheck:
             and not answerer.paused
         )
 
-    def hold(self, answerer: object, suspect: bool = False) -> bool:
+    def hold(self, answerer: object, suspect: bool = False, *, cancelled: bool = False) -> bool:
         """Speech started: pause the answer if one is playing and the check is on, or the start is
-        ``suspect`` (``SpeechStart.suspect``) and ``assistant_barge_in_echo_suspects`` is on (True);
-        else False (the caller interrupts as without the check)."""
+        ``suspect`` (``SpeechStart.suspect``) and ``assistant_barge_in_echo_suspects`` is on, or it is
+        ``all`` and the server cancels the stream's echo (``cancelled``: a canceller attached, not
+        passing a microphone ``auto`` found free of echo); True then, else False (the caller
+        interrupts as without the check)."""
         self._current = None
         words_only = not self.enabled
-        if not (self.enabled or (self.suspects and suspect)) or not isinstance(answerer, Pausable):
+        held = self.enabled or (self.suspects and suspect) or (self.suspects == "all" and cancelled)
+        if not held or not isinstance(answerer, Pausable):
             return False
         if (self._waiting or self._resuming) and answerer.paused:
             if self._resuming:  # speech again before the answer resumed: it waits on this one
@@ -170,8 +174,10 @@ class EchoCheck:
                 self._arm(answerer)
             self._waiting += 1  # more speech while the answer waits on the first
         elif answerer.pause():
-            if words_only:
+            if words_only and suspect:
                 log.info("speech started over the answer on frames like the canceller's leaks: pausing it")
+            elif words_only:
+                log.info("speech started over the answer (echo cancelled, suspects 'all'): pausing it")
             self._pause += 1
             self._waited = False
             self._waiting = 1

@@ -139,6 +139,7 @@ class StreamSession:
         # words, or alone once it ends with none (``_answer_held``).
         self._held_words = HeldWords(self.id)
         self._echo = EchoCheck(settings, self._start_task)  # a barge-in's words decide whether it is the answer's echo
+        self._answer_waits = False  # the utterance in progress holds the paused answer (_apply_turn_mode)
         self._apply_turn_mode()
         # Time without audio while someone speaks is heard as silence (gaps.py).
         self._gaps = GapFill(self.id, settings.stream_gap_fill_ms, self._hear_gap, self._listening)
@@ -177,9 +178,14 @@ class StreamSession:
     def _apply_turn_mode(self) -> None:
         """Semantic turns: the segmenter's hangover becomes the eagerness cap (the longest an
         unfinished turn is waited for); the turn model ends finished turns at their first pause. A
-        burst too short to keep is no turn: it is discarded at silence detection's hangover."""
+        burst too short to keep is no turn: it is discarded at silence detection's hangover.
+
+        Not for an utterance the paused answer waits on (``EchoCheck.hold``): it ends at silence
+        detection's hangover. An echoed fragment is cut mid-sentence by the pause, so its words read
+        unfinished and the cap held it (a device trial: 4 s of silence in the answer, then the
+        decode, past ``assistant_barge_in_echo_wait_ms``, and the answer was cut)."""
         config = self._silence_config
-        if self.semantic_turns:
+        if self.semantic_turns and not self._answer_waits:
             cap_ms = self._turns.wait_ms(self.options.eagerness)
             config = replace(config, hangover_ms=cap_ms, burst_hangover_ms=config.hangover_ms)
         self._segmenter.config = config
@@ -289,13 +295,18 @@ class StreamSession:
             if self.assistant is not None and self.barge_in and self._echo.defers(self.assistant, event):
                 self._deferred_start = event.start_ms  # a suspect start: it speaks once it is long enough
                 return
-            if self.assistant is not None and self.barge_in and not self._echo.hold(self.assistant, event.suspect):
+            cancelled = self._echo_attached.cancelling
+            barging = self.assistant is not None and self.barge_in
+            pausing = barging and self._echo.hold(self.assistant, event.suspect, cancelled=cancelled)
+            if barging and not pausing and self.assistant is not None:
                 await self.assistant.interrupt()  # the user talks over the answer: stop it first
+            self._answer_waiting(pausing)
             await self._emit(SpeechStarted(event.start_ms))
         elif isinstance(event, Utterance):
             await self._undefer()
-            if event.reason == "silence" and self.semantic_turns:
+            if event.reason == "silence" and self.semantic_turns and not self._answer_waits:
                 self.asr.metrics.turn_ends.labels("cap").inc()  # nothing decided the turn: the eagerness cap ended it
+            self._answer_waiting(False)
             self._turns.drop()
             await self._emit(SpeechStopped(event.end_ms))
             early, held = self._pauses.take_early(event), self._held(event.start_ms, event.end_ms)
@@ -303,6 +314,7 @@ class StreamSession:
                 event.audio, event.start_ms, event.end_ms, early=early, held=held, silence_ms=event.silence_ms
             )
         else:
+            self._answer_waiting(False)
             self._partials.cancel()
             self._pauses.drop_early()
             self._turns.drop()
@@ -322,11 +334,19 @@ class StreamSession:
         start_ms, self._deferred_start = self._deferred_start, None
         if start_ms is None:
             return
-        if self.assistant is not None and not self._echo.hold(self.assistant, True):
+        pausing = self.assistant is not None and self._echo.hold(self.assistant, True)
+        if self.assistant is not None and not pausing:
             await self.assistant.interrupt()  # (the answer ended or was cut meanwhile: as any start)
+        self._answer_waiting(pausing)
         await self._emit(SpeechStarted(start_ms))
         if self._segmenter.in_speech:
             self._ensure_partials()
+
+    def _answer_waiting(self, waits: bool) -> None:
+        """The utterance in progress holds the paused answer (or no longer does): how it ends."""
+        if waits != self._answer_waits:
+            self._answer_waits = waits
+            self._apply_turn_mode()
 
     # --- push-to-talk ---------------------------------------------------------------------------
 
@@ -343,7 +363,8 @@ class StreamSession:
         if first_drop:
             message = (
                 f"the recording is longer than stream_max_recording_s ({self.settings.stream_max_recording_s:g} s):"
-                " the audio after that is dropped; stop (or commit) sends the final of what was kept"
+                " the audio after that is dropped, and the recording's transcript (at its stop or commit) is of what"
+                " was kept"
             )
             await self._emit(StreamError(message, "recording_too_long"))
         if kept:
@@ -377,6 +398,7 @@ class StreamSession:
             return None
         self._pauses.drop_early()  # committed now: the whole audio, as it is
         self._turns.drop()
+        self._answer_waiting(False)
         if isinstance(event, Discarded):
             await self._on_segment(event)  # as the segmenter's own discards
             return None
@@ -399,6 +421,7 @@ class StreamSession:
         """Drop buffered audio and any utterance in progress."""
         self._recorded.reset()
         self._deferred_start = None
+        self._answer_waiting(False)
         self._echo.discarded(self.assistant)  # an answer paused for it goes on
         self._segmenter.reset()
         self._partials.cancel()

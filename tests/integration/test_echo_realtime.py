@@ -288,3 +288,40 @@ async def test_the_server_default_and_where_the_canceller_cannot_run(server_fact
             await ws.send_json({"type": "start", "mode": "server_vad", "assistant": True})
             ready = await ws.receive_json()
             assert ready["type"] == "ready" and ready["echo_cancellation"] is False, ready
+
+
+async def test_a_person_over_the_first_answer_of_a_device_without_echo_is_heard_whole(
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip]
+) -> None:
+    """A client that cancels its own echo (an SDK app in a browser, a headset: nothing of the answer
+    reaches the audio it appends), on the default ``auto``, and a person speaking 0.3 s into the
+    first answer, before auto has decided whether the audio carries echo. A Realtime trial found
+    them lost: no speech start, no item, the answer played on (the canceller's speech gate held
+    the first answer's first seconds and AEC3's suppressor took them). The audio now waits for the
+    decision (``echo_auto_hold_ms``) and is heard as it came: the response is cut
+    (``turn_detected``) and their words are transcribed."""
+    server: LiveServer = await server_factory(**VOICE_SETTINGS)
+    [(_, person, reference)] = load_clips(default_dir(), ["goforward"])
+    async with realtime_device(server, "auto", {"type": "server_vad"}) as device:
+        device.gain = 0.0  # its own echo cancellation: the loudspeaker does not reach the microphone
+        device.say(speech("Tell me about bees.").audio16k)
+        await device.until("response.created", 0)
+        await device.condition(lambda: bool(device.frames_at))  # the first answer audio came ...
+        mark, played = len(device.messages), device.played_samples
+        await device.condition(lambda: device.played_samples >= played + RATE * 3 // 10)  # ... 0.3 s of it played
+        person_from_ms = device.mic_samples * 1000 // RATE
+        device.say(person)
+        done = await device.until("response.done", 0)
+        assert done["response"]["status_details"]["reason"] == "turn_detected", done
+        await device.condition(
+            lambda: (
+                device.said_done
+                and device.settled
+                and any(
+                    m["type"] == "input_audio_buffer.speech_stopped" and m["audio_end_ms"] > person_from_ms
+                    for m in device.messages[mark:]
+                )
+            )
+        )
+        heard = device.heard_since(mark)
+        assert len({*words(reference), "10"} & set(words(" ".join(heard)))) >= 2, (heard, reference)

@@ -173,3 +173,62 @@ def test_a_device_that_plays_late_is_found_to_echo_and_never_passed(answers: lis
         auto.process(mic[i : i + PIECE])
         passed |= auto.passing
     assert auto.detect is not None and auto.detect.echo is True and not passed
+
+
+@pytest.mark.parametrize("hold_ms", [3000, 0])
+def test_a_person_over_the_first_answer_before_auto_has_decided_is_put_out_whole(
+    answers: list[Audio], person: Audio, hold_ms: int
+) -> None:
+    """A device that cancels its own echo, and a person who speaks 0.3 s into the first answer, long
+    before auto has decided (a Realtime trial: their question was not heard). With
+    ``echo_auto_hold_ms`` the output waits for the decision, then is the microphone itself from the
+    start (nothing lost, nothing taken by AEC3); at 0 it goes out at once, as ``on``'s, which took
+    part of the person."""
+    reference = answers[0]
+    rng = np.random.default_rng(3)
+    mic = (rng.standard_normal(reference.size + RATE) * 1e-3).astype(np.float32)  # -60 dBFS floor
+    at = int(0.3 * RATE)
+    mic[at : at + person.size] += person[: mic.size - at]
+    ec = EchoCanceller(detect=EchoPresence(), hold_undecided_ms=hold_ms)
+    out, quiet_at, echo_at = run(ec, reference, mic)
+    assert quiet_at is not None and echo_at is None and ec.holding == 0
+    late = np.concatenate([np.zeros(OUTPUT_LATENCY_SAMPLES, np.float32), mic])[: out.size]
+    assert out.size == mic.size - mic.size % 160  # every whole frame put out, none dropped
+    said = slice(at, at + min(person.size, mic.size - at - OUTPUT_LATENCY_SAMPLES))
+    if hold_ms:
+        assert np.array_equal(out, late)  # the microphone itself, the first seconds included
+    else:
+        mask = np.ones((said.stop - said.start) // room.VAD_FRAME, bool)
+        kept = room.correlation(out[said][OUTPUT_LATENCY_SAMPLES:], mic[said], mask[:-1])
+        assert kept < 0.99, kept
+
+
+def test_a_microphone_that_echoes_waits_for_the_decision_then_is_cancelled_as_on(answers: list[Audio]) -> None:
+    """Held for the decision, an echoing microphone's output is then exactly what ``on`` puts out;
+    with a hold shorter than the decision takes, it goes out at the hold's end, cancelled."""
+    trial = room.simulate(answers, np.random.default_rng(1), delays_ms=[150])
+    on, _, _ = run(EchoCanceller(), trial.reference, trial.mic)
+    for hold_ms in (3000, 500):
+        ec = EchoCanceller(detect=EchoPresence(), hold_undecided_ms=hold_ms)
+        pieces, most = [], 0
+        ec.played(trial.reference, 0)
+        for i in range(0, trial.mic.size, PIECE):
+            pieces.append(ec.process(trial.mic[i : i + PIECE]))
+            most = max(most, ec.holding)
+        assert ec.detect is not None and ec.detect.echo is True
+        assert np.array_equal(np.concatenate(pieces), on)
+        assert 0 < most <= hold_ms * RATE // 1000 and most >= min(hold_ms, 1500) * RATE // 1000 - PIECE
+
+
+@pytest.mark.parametrize(("hold_ms", "mode", "samples"), [(500, "auto", 8000), (0, "auto", 0), (3000, "on", 48000)])
+def test_echo_auto_hold_ms_is_the_lines_wait_for_the_decision(hold_ms: int, mode: str, samples: int) -> None:
+    """``echo_auto_hold_ms`` reaches the stream's canceller (only ``auto`` has a decision to wait for:
+    with ``on`` there is no ``detect``, and nothing waits)."""
+    settings = Settings(echo_auto_hold_ms=hold_ms)
+    line = EchoLine.of(settings)
+    line.set_mode("auto" if mode == "auto" else "on", settings)
+    assert line.canceller.hold_undecided_samples == samples
+    assert (line.canceller.detect is not None) == (mode == "auto")
+    line.sent((np.ones(RATE, np.float32) * 0.1 * 32767).astype("<i2").tobytes(), RATE)
+    out = line.process(np.zeros(RATE // 10, np.float32))  # 100 ms into the answer, nothing decided
+    assert out.size == (0 if mode == "auto" and hold_ms else RATE // 10 - RATE // 10 % 160)

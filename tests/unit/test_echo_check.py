@@ -5,6 +5,7 @@ Piper speech) deciding on an answerer that records what it is asked (as test_str
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -14,12 +15,17 @@ import pytest
 from mediaserver.asr.service import AsrService
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.pacing import send_paced
+from mediaserver.audio.echo_line import EchoLine
 from mediaserver.config import Settings
-from mediaserver.events import FinalTranscript, SpeechStarted
+from mediaserver.events import FinalTranscript, SpeechStarted, SpeechStopped, TranscriptionOptions
 from mediaserver.stream.echo_check import EchoCheck, Pausable, echo_share, words
-from tests.conftest import SENTENCES, Clip
+from mediaserver.stream.options import StreamOptions
+from mediaserver.stream.session import StreamSession
+from mediaserver.turns.fetch import default_dir, fetch
+from mediaserver.turns.model import TurnModel
+from tests.conftest import SENTENCES, Clip, synthesize
 from tests.unit.test_segmenter import Marking
-from tests.unit.test_stream_session import feed, open_session, silence, until
+from tests.unit.test_stream_session import Recorder, feed, open_session, silence, until
 
 RATE_HZ = 16000
 
@@ -206,13 +212,15 @@ async def test_without_assistant_barge_in_echo_check_speech_cuts_the_answer_at_o
         (True, True, "story", True, True),  # other words: cut, answered
         (True, False, "kitchen", False, True),  # a start like a person's: cut at once
         (False, True, "kitchen", False, True),  # assistant_barge_in_echo_suspects off: cut at once
+        ("all", False, "kitchen", True, False),  # all: a start like a person's is held too, its words decide
+        ("all", False, "story", True, True),
     ],
 )
 async def test_a_suspect_start_pauses_the_answer_and_its_words_alone_decide(
     asr_service: AsrService,
     base_settings: Settings,
     speech: Callable[[str], Clip],
-    suspects: bool,
+    suspects: bool | str,
     suspect: bool,
     played: str,
     paused: bool,
@@ -265,6 +273,75 @@ async def test_a_suspect_burst_at_a_restart_too_short_to_keep_does_not_pause_the
         await feed(session, np.concatenate([clip[loud : loud + 10 * frame], silence(0.8)]))
         await until(lambda: answerer.resumes == 1 or answerer.interrupts == 1)
         assert answerer.pauses == 1 and recorder.of(SpeechStarted), recorder.events
+
+
+@pytest.mark.parametrize(("suspects", "cancelled"), [("all", True), ("all", False), (True, True)])
+async def test_suspects_all_holds_any_burst_over_the_answer_and_a_discarded_one_resumes_it(
+    asr_service: AsrService,
+    base_settings: Settings,
+    speech: Callable[[str], Clip],
+    suspects: bool | str,
+    cancelled: bool,
+) -> None:
+    """``assistant_barge_in_echo_suspects`` all: on a stream the server cancels echo on, a start like
+    a person's (no frame like a leak) is held too, so a burst the segmenter then discards (too short
+    to be speech) resumes the answer instead of having cut it (a device trial: such a leak cut a long
+    answer for good). Without a canceller, or at true, it cuts the answer at once."""
+    settings = base_settings.model_copy(
+        update={"assistant_barge_in_echo_suspects": suspects, "assistant_barge_in_echo_resume_ms": 0}
+    )
+    answerer = SpeakingAnswerer(SENTENCES["weather"])
+    clip = speech("kitchen").audio16k
+    frame = 480
+    loud = max(range(0, clip.size - 10 * frame, frame), key=lambda k: float(np.abs(clip[k : k + 3 * frame]).mean()))
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        if cancelled:
+            session._echo_attached.removed = lambda from_ms_ago, to_ms_ago: 0.5
+        session._segmenter.gate = Marking(0)  # no frame like a leak
+        await feed(session, np.concatenate([silence(0.3), clip[loud : loud + 3 * frame], silence(0.8)]))
+        await until(lambda: answerer.resumes == 1 or answerer.interrupts == 1)
+        if suspects == "all" and cancelled:
+            assert (answerer.pauses, answerer.resumes, answerer.interrupts) == (1, 1, 0), recorder.events
+        else:
+            assert (answerer.pauses, answerer.interrupts) == (0, 1), recorder.events
+
+
+@pytest.mark.parametrize("cancelled", [True, False])
+async def test_an_utterance_the_paused_answer_waits_on_ends_on_silence_not_at_the_turn_cap(
+    asr_service: AsrService, base_settings: Settings, cancelled: bool
+) -> None:
+    """Semantic turns wait up to the eagerness cap (4 s) for words that read unfinished; an echoed
+    fragment is cut mid-sentence by the pause, so it read so, and the answer waited 4 s in silence,
+    then the decode, past assistant_barge_in_echo_wait_ms, and was cut (a device trial). An utterance
+    the paused answer waits on ends at silence detection's hangover (500 ms) and its words decide (here
+    not the answer's: cut); one that cut the answer at once (no canceller) is a turn like any other."""
+    # (tiny.en writes the fragment as a sentence, "... the history of it.", whose words would end the
+    # turn at 600 ms: the turn model alone judges here, once, and it scores the fragment unfinished.)
+    update = {"assistant_barge_in_echo_suspects": "all", "turn_finished_silence_ms": 0, "turn_rescore_ms": 0}
+    settings = base_settings.model_copy(update=update)
+    answerer = SpeakingAnswerer(SENTENCES["story"])
+    fragment = synthesize("Tell me about the history of the").audio16k
+    recorder = Recorder()
+    options = StreamOptions(
+        transcription=TranscriptionOptions(language="en"), server_vad=True, turn_detection="semantic"
+    )
+    session = StreamSession(asr_service, settings, recorder, options, turn_model=TurnModel(fetch(default_dir())))
+    async with contextlib.aclosing(session):
+        session.assistant = answerer
+        assert session.semantic_turns
+        if cancelled:
+            session._echo_attached.removed = lambda from_ms_ago, to_ms_ago: 0.5
+        session._segmenter.gate = Marking(0)
+        await feed(session, np.concatenate([silence(0.3), fragment, silence(1.5)]))
+        if cancelled:
+            [stopped] = recorder.of(SpeechStopped)  # within the 1.5 s of silence fed
+            assert not stopped.discarded
+            await until(lambda: bool(recorder.of(FinalTranscript)))
+            assert answerer.pauses == 1 and answerer.interrupts == 1, recorder.events
+        else:
+            assert answerer.pauses == 0 and answerer.interrupts == 1
+            assert not recorder.of(SpeechStopped), recorder.events  # 1.5 s into the pause: still the turn
 
 
 @pytest.mark.parametrize(
@@ -408,3 +485,22 @@ async def test_a_start_joining_the_resume_wait_keeps_the_answer_paused_until_its
     assert answerer.paused and answerer.resumes == 0
     check.discarded(answerer)
     assert not answerer.paused and answerer.resumes == 1 and answerer.pauses == 1
+
+
+async def test_suspects_all_counts_a_stream_as_cancelled_only_where_auto_found_echo(
+    asr_service: AsrService, base_settings: Settings
+) -> None:
+    """``all`` holds every start on a stream whose echo the server cancels: not on one whose canceller
+    ``auto`` found free of echo (it passes the microphone: a device that cancels its own echo), where a
+    start cuts the answer as it did."""
+    async with open_session(asr_service, base_settings, server_vad=True) as (session, _):
+        assert not session._echo_attached.cancelling  # no canceller
+        line = EchoLine.of(base_settings)
+        line.set_mode("auto", base_settings)
+        session.attach_echo(line)
+        assert session._echo_attached.cancelling  # undecided: cancelled
+        assert line.canceller.detect is not None
+        line.canceller.detect.echo = False
+        assert not session._echo_attached.cancelling  # passing
+        line.canceller.detect.echo = True
+        assert session._echo_attached.cancelling

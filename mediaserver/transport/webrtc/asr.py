@@ -182,6 +182,12 @@ class RtcSession:
         if self.echo is not None:
             self.echo.arrived(samples.size)
             samples = self.echo.process(samples)
+            if self.echo.canceller.holding:
+                self.stream.audio_arriving()  # (waiting for echo_cancellation auto's decision: no gap)
+        await self._hear(samples)
+
+    async def _hear(self, samples: AudioArray) -> None:
+        """Audio out of the echo canceller (if any) into the session."""
         cleaned = self.noise.process(samples) if self.noise is not None else samples
         await feed_through(self.wake, cleaned, self.stream, self._send_wake)
 
@@ -356,6 +362,8 @@ class RtcSession:
             self.send(message("error", "Recording not yet started"))
             return
         self.started = False
+        if self.echo is not None:
+            await self._hear(self.echo.release())  # (what waits for echo_cancellation auto's decision)
         if self.wake is not None:
             self.wake.close()
             self.wake = None

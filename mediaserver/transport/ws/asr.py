@@ -343,8 +343,10 @@ class WsSession(SocketSession):
         return queued
 
     async def feed(self, samples: AudioArray) -> None:
-        if self.echo is not None:
-            samples = self.echo.process(samples)
+        await self._hear(self.echo.process(samples) if self.echo is not None else samples)
+
+    async def _hear(self, samples: AudioArray) -> None:
+        """Audio out of the echo canceller (if any) into the session."""
         cleaned = self.noise.process(samples) if self.noise is not None else samples
         await feed_through(
             self.wake, cleaned, self.stream, lambda gate, change: self.send_json(wake_message(gate, change))
@@ -356,6 +358,8 @@ class WsSession(SocketSession):
         elif isinstance(work, _Stop):
             await self._finish_utterance()
         elif isinstance(work, _Clear):
+            if self.echo is not None:
+                self.echo.release()  # (cleared with the rest)
             self.stream.clear()
         elif isinstance(work, _Refusal):
             self.send_error(work.code, work.message)
@@ -429,6 +433,8 @@ class WsSession(SocketSession):
 
     async def _finish_utterance(self) -> None:
         started = time.perf_counter()
+        if self.echo is not None:
+            await self._hear(self.echo.release())  # (what waits for echo_cancellation auto's decision)
         try:
             if self.stream.options.server_vad:
                 final = await self.stream.commit()

@@ -117,6 +117,7 @@ class RealtimeSession(SocketSession, Host):
             metrics = app.get(METRICS)
             self.conversation = Conversation(self, settings, self.asr, assistant, conversation, audio, metrics)
         self.items = InputTranscription(self, self.conversation)
+        self.items.logprobs = config.logprobs
         self.idle = IdleTimer(self.conversation, self.items) if self.conversation is not None else None
         self.echo: EchoLine | None = None  # the canceller of the answers spoken over the socket (audio/echo.py)
         self.stream = self._new_stream(config)
@@ -446,8 +447,10 @@ class RealtimeSession(SocketSession, Host):
 
     async def feed(self, samples: AudioArray) -> None:
         self._fed_samples += samples.size
-        if self.echo is not None:
-            samples = self.echo.process(samples)
+        await self._hear(self.echo.process(samples) if self.echo is not None else samples)
+
+    async def _hear(self, samples: AudioArray) -> None:
+        """Audio out of the echo canceller (if any) into the session."""
         await self.stream.feed(self.noise.process(samples) if self.noise is not None else samples)
         if self.idle is not None and self._applied.server_vad:
             await self.idle.check(self._applied.turn_detection, self._fed_samples, self.stream.in_speech)
@@ -465,6 +468,8 @@ class RealtimeSession(SocketSession, Host):
         elif isinstance(work, Commit):
             await self._commit_buffer(work.client_event_id)
         elif isinstance(work, Clear):
+            if self.echo is not None:
+                self.echo.release()  # (cleared with the rest)
             self.stream.clear()
             self.items.drop_speaking()
             self.send("input_audio_buffer.cleared")
@@ -496,6 +501,7 @@ class RealtimeSession(SocketSession, Host):
     async def _apply(self, config: RealtimeConfig) -> None:
         old = self._applied
         self._applied = config
+        self.items.logprobs = config.logprobs
         if config.noise_reduction != old.noise_reduction:
             self.noise = new_filter(realtime_level(config.noise_reduction, self.settings), self.settings)
         segmenter = config.segmenter(self.settings)
@@ -539,6 +545,8 @@ class RealtimeSession(SocketSession, Host):
         self.stream.attach_echo(self.echo)
 
     async def _commit_buffer(self, client_event_id: str | None) -> None:
+        if self.echo is not None:
+            await self._hear(self.echo.release())  # (what waits for echo_cancellation auto's decision)
         if self.stream.options.server_vad:
             item = self.items.speaking
             if item is None or not self.stream.in_speech:

@@ -241,7 +241,11 @@ class LlamaServerEngine:
         if self.affinity.peek(messages, own=question) != slot:
             return 0  # taken meanwhile (an answer now runs there): its cache is not to be overwritten
         body = {"prompt": prompt, "n_predict": 0, "id_slot": slot, "cache_prompt": True}  # evaluate, write nothing
-        done = await process.post_json("/completion", body, timeout_s)
+        self.affinity.prefilling(slot, messages)  # (a request that begins with it waits for it there)
+        try:
+            done = await process.post_json("/completion", body, timeout_s)
+        finally:
+            self.affinity.prefilled(slot)
         return int(done.get("timings", {}).get("prompt_n", 0))
 
     async def aclose(self) -> None:

@@ -42,6 +42,11 @@ def _message_keys(messages: Sequence[ChatMessage]) -> frozenset[str]:
     )
 
 
+def _in_order(messages: Sequence[ChatMessage]) -> tuple[str, ...]:
+    """Every message, hashed, in order (a prefill's prompt is a prefix of its request's)."""
+    return tuple(hashlib.sha256(f"{m.role}\0{m.content}".encode()).hexdigest() for m in messages)
+
+
 def conversation_key(messages: Sequence[ChatMessage]) -> str:
     digest = hashlib.sha256()
     for message in messages:
@@ -58,11 +63,20 @@ class SlotAffinity:
         self._used_at = [0.0] * slots
         self._slot_of: OrderedDict[str, int] = OrderedDict()
         self._held: list[frozenset[str]] = [frozenset()] * slots  # each slot's last prompt's messages
+        # Prefills under way (``prefilling``): slot → the prefilled messages, hashed in order.
+        self._prefilling: dict[int, tuple[str, ...]] = {}
 
     def take(self, messages: Sequence[ChatMessage]) -> int:
-        """The slot for this request, now marked busy (``give`` it back when the generation ends)."""
+        """The slot for this request, now marked busy (``give`` it back when the generation ends).
+        A request whose prompt begins with a prefill still being evaluated goes to that prefill's
+        slot (llama-server runs it once the prefill is done, on its cache): elsewhere it would
+        evaluate the same prompt beside it, both at half speed (a fault trial: after an engine
+        restart, a voice-loop session's system prompt and tools, ~950 tokens, were evaluated on
+        two slots at once, and the first answer took 9-13 s)."""
         key, held = conversation_key(messages), _message_keys(messages)
-        slot = self._pick(key, held)
+        slot = self._prefilled(messages)
+        if slot is None:
+            slot = self._pick(key, held)
         if slot is None:  # more generations than slots: cannot happen behind the service's queue
             raise RuntimeError("no free llama-server slot")
         self._held[slot] = held
@@ -99,8 +113,26 @@ class SlotAffinity:
             slot = self._coldest(free)
         return slot
 
+    def prefilling(self, slot: int, messages: Sequence[ChatMessage]) -> None:
+        """A prefill of ``messages`` is being evaluated in ``slot`` (until ``prefilled``)."""
+        self._prefilling[slot] = _in_order(messages)
+
+    def prefilled(self, slot: int) -> None:
+        self._prefilling.pop(slot, None)
+
+    def _prefilled(self, messages: Sequence[ChatMessage]) -> int | None:
+        """The free slot evaluating a prefill that this request's messages begin with, if any."""
+        if not self._prefilling:
+            return None
+        sequence = _in_order(messages)
+        for slot, prefix in self._prefilling.items():
+            if slot not in self._busy and sequence[: len(prefix)] == prefix:
+                return slot
+        return None
+
     def _coldest(self, free: list[int]) -> int:
-        return min(free, key=lambda s: self._used_at[s])
+        """The free slot used longest ago, one evaluating a prefill last (its session's turn is next)."""
+        return min(free, key=lambda s: (s in self._prefilling, self._used_at[s]))
 
     def _holding(self, held: frozenset[str], free: list[int]) -> int | None:
         """The free slot whose last prompt shared the most of these messages (a trimmed history)."""

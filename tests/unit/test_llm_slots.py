@@ -87,3 +87,27 @@ def test_a_question_prefill_goes_only_to_its_conversations_own_free_slot() -> No
     assert slots.peek(conversation("a", 2)) not in (None, a)  # (take would fall back: a request must run)
     stranger = [SYSTEM, ChatMessage("user", "z question 0"), ChatMessage("assistant", "x"), ChatMessage("user", "y")]
     assert slots.peek(stranger, own=True) is None  # a history no slot holds: nothing to extend
+
+
+def test_a_request_that_begins_with_a_prefill_under_way_goes_to_its_slot() -> None:
+    """A session's system prompt is being prefilled in a slot when its first turn comes: the turn
+    goes there (llama-server runs it once the prefill is done, on its cache), not to a colder slot
+    that would evaluate the same prompt beside it (a fault trial: 9-13 s to a first answer after an
+    engine restart); and another conversation keeps off that slot while another is free."""
+    tools = [SYSTEM, ChatMessage("system", "Tools: lights.")]
+    first_turn = [*tools, ChatMessage("user", "Lights on.")]
+    slots = SlotAffinity(3)
+    recent = slots.take(conversation("a", 1))  # slot 0, used just now
+    slots.give(recent)
+    slots.prefilling(recent, tools)  # (the prefill went where the session's last request was)
+    assert slots.take(first_turn) == recent  # not the never-used slots 1 and 2
+    slots.give(recent)
+    slots.prefilled(recent)
+    prefill = slots.peek(tools)
+    assert prefill is not None and prefill != recent
+    slots.prefilling(prefill, tools)
+    other = slots.take(conversation("b", 1))  # the coldest free slot would be the prefill's
+    assert other not in (prefill, recent), other
+    slots.give(other)
+    slots.prefilled(prefill)
+    assert slots.take(conversation("c", 1)) == prefill  # done: the slot is anyone's again

@@ -217,6 +217,38 @@ def test_an_update_keeps_what_it_does_not_mention(base: RealtimeConfig, models: 
             "expected a string, but got a number.",
         ),
         ({"include": "logprobs"}, "invalid_type", "session.include", "expected an array of strings."),
+        # A typo in one of the small objects OpenAI fixed is refused, as OpenAI does (it was taken
+        # silently, and server VAD stayed on: a Realtime trial).
+        (
+            {"audio": {"input": {"turn_detecton": None}}},
+            "unknown_parameter",
+            "session.audio.input.turn_detecton",
+            "Unknown parameter: 'session.audio.input.turn_detecton'.",
+        ),
+        (
+            {"audio": {"input": {"turn_detection": {"type": "server_vad", "silence_ms": 900}}}},
+            "unknown_parameter",
+            "session.audio.input.turn_detection.silence_ms",
+            "Unknown parameter",
+        ),
+        (
+            {"turn_detection": {"type": "semantic_vad", "eagernes": "low"}},
+            "unknown_parameter",
+            "session.turn_detection.eagernes",
+            "Unknown parameter",
+        ),
+        (
+            {"audio": {"input": {"transcription": {"modle": "base"}}}},
+            "unknown_parameter",
+            "session.audio.input.transcription.modle",
+            "Unknown parameter",
+        ),
+        (
+            {"audio": {"input": {"format": {"type": "audio/pcm", "sample_rate": 16000}}}},
+            "unknown_parameter",
+            "session.audio.input.format.sample_rate",
+            "Unknown parameter",
+        ),
     ],
 )
 def test_bad_sessions(

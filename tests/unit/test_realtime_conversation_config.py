@@ -195,6 +195,7 @@ def test_beta_session(base: ConversationConfig, models: ModelRegistry, settings:
         ({"audio": {"output": {"voice": "nobody"}}}, "invalid_value", "session.audio.output.voice"),
         ({"audio": {"output": {"voice": ""}}}, "invalid_value", "session.audio.output.voice"),
         ({"audio": {"output": {"speed": 3}}}, "invalid_value", "session.audio.output.speed"),
+        ({"audio": {"output": {"voise": "alloy"}}}, "unknown_parameter", "session.audio.output.voise"),
         (
             {"audio": {"output": {"format": {"type": "audio/pcm", "rate": 44100}}}},
             "invalid_value",

@@ -34,11 +34,19 @@ from mediaserver.transport.openai.realtime.mcp_tools import (
     redacted,
 )
 from mediaserver.transport.openai.realtime.session_update import parse_format, parse_input
-from mediaserver.transport.openai.realtime.values import EventError, as_object, integer, number, type_name
+from mediaserver.transport.openai.realtime.values import (
+    EventError,
+    as_object,
+    integer,
+    known_fields,
+    number,
+    type_name,
+)
 
 Modality = Literal["text", "audio"]
 MAX_OUTPUT_TOKENS: Final = 4096  # OpenAI's cap on max_output_tokens
 MIN_SPEED: Final = 0.25
+AUDIO_OUTPUT_FIELDS: Final = frozenset({"format", "voice", "speed"})  # (OpenAI's; unknown ones are refused)
 MAX_SPEED: Final = 1.5
 MAX_METADATA_PAIRS: Final = 16
 OUTPUT_FORMAT: Final = InputFormat("audio/pcm", 24000)
@@ -355,7 +363,9 @@ def parse_conversation_session(
     if "audio" in session:
         audio = as_object(session["audio"], "session.audio")
         if "output" in audio:
-            output = as_object(audio["output"], "session.audio.output")
+            output = known_fields(
+                as_object(audio["output"], "session.audio.output"), AUDIO_OUTPUT_FIELDS, "session.audio.output"
+            )
             if "format" in output:
                 changes["output_format"] = parse_format(output["format"], "session.audio.output.format")
             if "voice" in output:
@@ -417,7 +427,9 @@ def parse_response_options(
     if "audio" in spec:
         audio = as_object(spec["audio"], "response.audio")
         if "output" in audio:
-            output = as_object(audio["output"], "response.audio.output")
+            output = known_fields(
+                as_object(audio["output"], "response.audio.output"), AUDIO_OUTPUT_FIELDS, "response.audio.output"
+            )
             if "format" in output:
                 changes["output_format"] = parse_format(output["format"], "response.audio.output.format")
             if "voice" in output:

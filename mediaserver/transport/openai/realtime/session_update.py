@@ -31,6 +31,7 @@ from mediaserver.transport.openai.realtime.values import (
     as_bool,
     as_object,
     integer,
+    known_fields,
     number,
     optional_str,
 )
@@ -40,6 +41,25 @@ MAX_IDLE_TIMEOUT_MS: Final = 10 * 60 * 1000
 _AUDIO_TYPES: Final[tuple[AudioType, ...]] = ("audio/pcm", "audio/pcmu", "audio/pcma")
 _PCM_RATES_HZ: Final = (24000, 16000)
 _EAGERNESS: Final = ("low", "medium", "high", "auto")
+# The fields OpenAI defines for each small object of a session (what session.created echoes, too).
+TURN_DETECTION_FIELDS: Final = frozenset(
+    {
+        "type",
+        "threshold",
+        "prefix_padding_ms",
+        "silence_duration_ms",
+        "eagerness",
+        "create_response",
+        "interrupt_response",
+        "idle_timeout_ms",
+    }
+)
+AUDIO_INPUT_FIELDS: Final = frozenset(
+    {"format", "transcription", "turn_detection", "noise_reduction", "echo_cancellation"}
+)
+TRANSCRIPTION_FIELDS: Final = frozenset({"model", "language", "languages", "prompt"})
+FORMAT_FIELDS: Final = frozenset({"type", "rate"})
+NOISE_REDUCTION_FIELDS: Final = frozenset({"type"})
 
 
 def parse_format(value: object, param: str) -> InputFormat:
@@ -52,7 +72,7 @@ def parse_format(value: object, param: str) -> InputFormat:
                 param,
             )
         return InputFormat(kind, 24000 if kind == "audio/pcm" else G711_RATE_HZ)
-    spec = as_object(value, param)
+    spec = known_fields(as_object(value, param), FORMAT_FIELDS, param)
     raw_type = spec.get("type", "audio/pcm")
     kind = next((t for t in _AUDIO_TYPES if t == raw_type), None)
     if kind is None:
@@ -82,7 +102,7 @@ def parse_format(value: object, param: str) -> InputFormat:
 def parse_turn_detection(value: object, param: str) -> TurnDetection | None:
     if value is None:
         return None
-    spec = as_object(value, param)
+    spec = known_fields(as_object(value, param), TURN_DETECTION_FIELDS, param)
     raw_type = spec.get("type", "server_vad")
     if raw_type not in ("server_vad", "semantic_vad"):
         raise EventError(
@@ -126,7 +146,7 @@ def parse_noise_reduction(value: object, param: str) -> str | None:
     """``null`` (off) or ``{"type": "near_field" | "far_field"}``."""
     if value is None:
         return None
-    raw_type = as_object(value, param).get("type")
+    raw_type = known_fields(as_object(value, param), NOISE_REDUCTION_FIELDS, param).get("type")
     if raw_type not in ("near_field", "far_field"):
         raise EventError(
             "invalid_value",
@@ -221,7 +241,7 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
         nonlocal model, language, prompt, model_param, named
         if value is None:
             return  # OpenAI turns transcription off; a transcription session keeps its settings
-        spec = as_object(value, param)
+        spec = known_fields(as_object(value, param), TRANSCRIPTION_FIELDS, param)
         if "model" in spec:
             requested = optional_str(spec["model"], f"{param}.model")
             model = requested.strip() if requested and requested.strip() else models.resolve(None)
@@ -256,7 +276,9 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
     if "audio" in session:
         audio = as_object(session["audio"], "session.audio")
         if "input" in audio:
-            audio_input = as_object(audio["input"], "session.audio.input")
+            audio_input = known_fields(
+                as_object(audio["input"], "session.audio.input"), AUDIO_INPUT_FIELDS, "session.audio.input"
+            )
             if "format" in audio_input:
                 fmt = parse_format(audio_input["format"], "session.audio.input.format")
             if "transcription" in audio_input:

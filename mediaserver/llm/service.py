@@ -198,31 +198,10 @@ class LlmService:
             if isinstance(engine, LlamaServerEngine):
                 process = engine.process
                 entry = models.setdefault(name, {"slots": process.slots})
-                entry["engine"] = {
-                    "kind": "llama-server",
-                    "state": process.state,
-                    "healthy": process.state == "ready",
-                    "pid": process.pid,
-                    "restarts": process.restarts,
-                    "last_exit": process.last_exit,
-                }
-                unanswered_s = process.unanswered_s
-                if unanswered_s is not None:  # unresponsive: how long it has been silent
-                    entry["engine"]["unanswered_s"] = round(unanswered_s, 1)
+                entry["engine"] = _engine_status(process)
         for name, embedder in self._embedders.items():
             # The embedding engine (its own llama-server child), beside the model's chat engine, if any.
-            process = embedder.process
-            entry = models.setdefault(name, {})
-            entry["embedding_engine"] = {
-                "kind": "llama-server",
-                "state": process.state,
-                "healthy": process.state == "ready",
-                "pid": process.pid,
-                "restarts": process.restarts,
-                "last_exit": process.last_exit,
-            }
-            if process.unanswered_s is not None:
-                entry["embedding_engine"]["unanswered_s"] = round(process.unanswered_s, 1)
+            models.setdefault(name, {})["embedding_engine"] = _engine_status(embedder.process)
         for name, kept in self.keeper.status().items():
             entry = models.setdefault(name, {})
             if name not in self._backends and "engine" not in entry:
@@ -507,3 +486,19 @@ class LlmService:
     def embedding_dimensions(self, name: str) -> int | None:
         embedder = self._embedders.get(name)
         return int(getattr(embedder, "dimensions", 0)) or None
+
+
+def _engine_status(process: LlamaServerProcess) -> dict[str, Any]:
+    """A llama-server child as /health shows it: its state, pid, restarts, why it last ended, and
+    how long it has been silent while it does not answer."""
+    status: dict[str, Any] = {
+        "kind": "llama-server",
+        "state": process.state,
+        "healthy": process.state == "ready",
+        "pid": process.pid,
+        "restarts": process.restarts,
+        "last_exit": process.last_exit,
+    }
+    if process.unanswered_s is not None:  # unresponsive: how long it has been silent
+        status["unanswered_s"] = round(process.unanswered_s, 1)
+    return status

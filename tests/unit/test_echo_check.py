@@ -245,6 +245,14 @@ async def test_a_suspect_start_pauses_the_answer_and_its_words_alone_decide(
         assert answerer.questions == ([final.transcript.text] if cut else [])
 
 
+def loudest(clip: Clip, frame: int = 480) -> tuple[np.ndarray, int, int]:
+    """The clip's 16 kHz audio, where its loudest three 30 ms frames begin, and the frame size: a
+    burst cut from there is voiced from its first frame."""
+    audio = clip.audio16k
+    starts = range(0, audio.size - 10 * frame, frame)
+    return audio, max(starts, key=lambda k: float(np.abs(audio[k : k + 3 * frame]).mean())), frame
+
+
 @pytest.mark.parametrize(("restart", "defer"), [(True, True), (True, False), (False, True)])
 async def test_a_suspect_burst_at_a_restart_too_short_to_keep_does_not_pause_the_answer(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], restart: bool, defer: bool
@@ -259,9 +267,7 @@ async def test_a_suspect_burst_at_a_restart_too_short_to_keep_does_not_pause_the
         update={"assistant_barge_in_echo_defer_restarts": defer, "assistant_barge_in_echo_resume_ms": 0}
     )
     answerer = SpeakingAnswerer(SENTENCES["weather"])
-    clip = speech("kitchen").audio16k
-    frame = 480
-    loud = max(range(0, clip.size - 10 * frame, frame), key=lambda k: float(np.abs(clip[k : k + 3 * frame]).mean()))
+    clip, loud, frame = loudest(speech("kitchen"))
     async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
         session.assistant = answerer
         session._segmenter.gate = Marking(1, restart=restart)  # every frame like a leak
@@ -291,9 +297,7 @@ async def test_suspects_all_holds_any_burst_over_the_answer_and_a_discarded_one_
         update={"assistant_barge_in_echo_suspects": suspects, "assistant_barge_in_echo_resume_ms": 0}
     )
     answerer = SpeakingAnswerer(SENTENCES["weather"])
-    clip = speech("kitchen").audio16k
-    frame = 480
-    loud = max(range(0, clip.size - 10 * frame, frame), key=lambda k: float(np.abs(clip[k : k + 3 * frame]).mean()))
+    clip, loud, frame = loudest(speech("kitchen"))
     async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
         session.assistant = answerer
         if cancelled:

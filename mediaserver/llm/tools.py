@@ -186,10 +186,14 @@ def check_schema(schema: Any, param: str) -> None:
         ) from None
 
 
-def check_name(name: Any, param: str) -> str:
+def check_name(name: Any, param: str, where: str | None = None) -> str:
+    """A function name, or a 400 naming ``where`` it is (default ``param``)."""
+    where = where or param
+    if name is None:
+        raise InvalidParameter(f"{where} is required (a function's name)", param=param)
     if not isinstance(name, str) or not name or len(name) > 64 or not set(name) <= NAME_CHARS:
         raise InvalidParameter(
-            f"{param} must be 1-64 letters, digits, underscores or dashes, got {name!r}", param=param
+            f"{where} must be 1-64 letters, digits, underscores or dashes, got {name!r}", param=param
         )
     return name
 
@@ -204,7 +208,9 @@ def parse_tools(
     """
     if not tools:
         if tool_choice not in (None, "none", "auto"):
-            raise InvalidParameter("tool_choice needs tools", param="tool_choice")
+            raise InvalidParameter(
+                f"tool_choice {tool_choice!r} names a tool, but the request has no tools", param="tool_choice"
+            )
         return None
     if len(tools) > MAX_TOOLS:
         raise InvalidParameter(f"tools takes at most {MAX_TOOLS} functions, got {len(tools)}", param="tools")
@@ -217,7 +223,7 @@ def parse_tools(
         function = tool if flat else tool.get("function")
         if not isinstance(function, dict):
             raise InvalidParameter(f"{where}.function must be an object", param="tools")
-        name = check_name(function.get("name"), "tools")
+        name = check_name(function.get("name"), "tools", f"{where}.name" if flat else f"{where}.function.name")
         parameters = function.get("parameters")
         if parameters is None:
             parameters = {"type": "object", "properties": {}}

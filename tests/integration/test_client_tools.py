@@ -172,7 +172,7 @@ async def test_bad_tools_and_tool_outputs_are_errors_and_the_session_stays(tools
                 {"assistant": True, "tools": [SET_PAGE_COLOR], "tool_choice": {"type": "function", "name": "nope"}},
                 "not in tools",
             ),
-            ({"assistant": True, "tool_choice": "required"}, "tool_choice needs tools"),
+            ({"assistant": True, "tool_choice": "required"}, "the request has no tools"),
             ({"tools": [SET_PAGE_COLOR]}, "'tools' needs 'assistant': true"),
         ]
         for obj, expected in bad_starts:

@@ -62,7 +62,9 @@ def test_both_shapes_and_the_choices_parse() -> None:
         ([{**FLAT, "parameters": {"type": 5}}], "none", "not a valid JSON Schema"),
         ([FLAT], "sometimes", "tool_choice must be"),
         ([FLAT], {"type": "function", "name": "other"}, "not in tools"),
-        ([], "required", "tool_choice needs tools"),
+        ([], "required", "the request has no tools"),
+        ([{"type": "function", "parameters": {}}], None, r"tools\[0\]\.name is required"),
+        ([FLAT, {**FLAT, "name": "a b"}], None, r"tools\[1\]\.name must be 1-64 letters"),
     ],
 )
 def test_bad_declarations_are_invalid_parameters(tools: Any, choice: Any, message: str) -> None:

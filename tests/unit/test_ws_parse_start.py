@@ -177,7 +177,7 @@ def test_client_tools_come_with_the_assistant_and_are_kept_until_replaced(
         ({"assistant": True, "tools": "set_color"}, "tools", "'tools' must be a list"),
         ({"assistant": True, "tools": [{**SET_COLOR, "name": "set color"}]}, "tools", "letters, digits"),
         ({"assistant": True, "tools": [SET_COLOR], "tool_choice": {"type": "function", "name": "x"}}, None, "not in"),
-        ({"assistant": True, "tool_choice": "required"}, None, "tool_choice needs tools"),
+        ({"assistant": True, "tool_choice": "required"}, None, "the request has no tools"),
         ({"tools": [SET_COLOR]}, "tools", "'tools' needs 'assistant': true"),
     ],
 )

@@ -169,7 +169,9 @@ class LlamaServerProcess:
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
+        """The running child's (None while there is none: not started, or exited and not yet replaced)."""
+        process = self._process
+        return process.pid if process is not None and process.returncode is None else None
 
     def command(self, binary: Path) -> list[str]:
         s = self.settings
@@ -367,6 +369,7 @@ class LlamaServerProcess:
                     await self._spawn()
                     break
                 except ModelUnavailable as exc:
+                    self.state = "restarting"  # (backing off again: not "starting" a child that is gone)
                     self.last_exit = exc.message
                     log.error("%s", exc.message)
 

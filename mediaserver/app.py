@@ -289,6 +289,8 @@ async def health_handler(request: web.Request) -> web.Response:
     if SPEAKERS in request.app:
         body["speakers"] = request.app[SPEAKERS].status()
     settings = request.app[SETTINGS]
+    if SESSIONS in request.app:  # live streaming sessions (WebRTC, device and Realtime sockets), against the cap
+        body["sessions"] = {"open": len(request.app[SESSIONS]), "max": settings.max_sessions}
     # Where Home Assistant finds the Wyoming face (the port it listens on, or why not).
     body["wyoming"] = (
         {"enabled": True, "host": settings.wyoming_bind_host(), "port": request.app[WYOMING_PORT]}

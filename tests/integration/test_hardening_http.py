@@ -244,6 +244,8 @@ async def test_the_session_cap_is_a_503_with_retry_after(server_factory: Any) ->
         try:
             await ws.send_json({"type": "start"})
             assert (await ws.receive_json(timeout=10))["type"] == "ready"
+            async with http.get(f"{capped.url}/health") as resp:  # the operator sees the cap reached
+                assert (await resp.json())["sessions"] == {"open": 1, "max": 1}
             pc, sdp = await make_offer()
             await pc.close()
             async with http.post(f"{capped.url}/api/rtc/asr", json={"type": "offer", "sdp": sdp}) as resp:

@@ -296,6 +296,7 @@ class EchoCanceller:
         if not self._held:
             return np.zeros(0, np.float32)
         held, self._held, self._held_samples = self._held, [], 0
+        self._hold_spent = True  # (once a stream: a commit's release does not start another wait)
         if not self.passing:
             return np.concatenate([out for out, _ in held])
         audio = np.concatenate([passed for _, passed in held])

@@ -263,7 +263,7 @@ class LlamaServerProcess:
         self.state = "ready"
         self.last_answer = time.monotonic()
         self._ready.set()
-        log.info("llama-server for %s ready in %.1f s (pid %d)", self.label, time.monotonic() - started, self.pid)
+        log.info("llama-server for %s ready in %.1f s (pid %s)", self.label, time.monotonic() - started, self.pid)
 
     async def _wait_healthy(self, process: asyncio.subprocess.Process, timeout_s: float) -> None:
         assert self._http is not None

@@ -74,7 +74,10 @@ class SlotAffinity:
         restart, a voice-loop session's system prompt and tools, ~950 tokens, were evaluated on
         two slots at once, and the first answer took 9-13 s)."""
         key, held = conversation_key(messages), _message_keys(messages)
-        slot = self._prefilled(messages)
+        # (Only for a conversation with no slot of its own yet: a system prompt's prefill is a prefix
+        # of every conversation on those settings, and one begun goes back to its own cache.)
+        known = key in self._slot_of or self._holding(held, list(range(self.slots))) is not None
+        slot = None if known else self._prefilled(messages)
         if slot is None:
             slot = self._pick(key, held)
         if slot is None:  # more generations than slots: cannot happen behind the service's queue

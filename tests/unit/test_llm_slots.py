@@ -111,3 +111,23 @@ def test_a_request_that_begins_with_a_prefill_under_way_goes_to_its_slot() -> No
     slots.give(other)
     slots.prefilled(prefill)
     assert slots.take(conversation("c", 1)) == prefill  # done: the slot is anyone's again
+
+
+def test_a_begun_conversation_goes_back_to_its_own_slot_past_another_sessions_prefill() -> None:
+    """A system prompt's prefill is a prefix of every conversation on the same settings: a
+    conversation already begun goes back to its own slot (its cached history), not to the slot
+    where another session's system prompt is being prefilled (a review: it was pulled there, lost
+    its cache and overwrote the other's prefill)."""
+    slots = SlotAffinity(3)
+    a_first = slots.take([SYSTEM, ChatMessage("user", "a question 0")])
+    slots.give(a_first)
+    prefill = slots.peek([SYSTEM])
+    assert prefill is not None and prefill != a_first
+    slots.prefilling(prefill, [SYSTEM])
+    a_next = [
+        SYSTEM,
+        ChatMessage("user", "a question 0"),
+        ChatMessage("assistant", "answer"),
+        ChatMessage("user", "more"),
+    ]
+    assert slots.take(a_next) == a_first

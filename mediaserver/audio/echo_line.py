@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Final
 
 from mediaserver.audio.decode import PcmFormat
@@ -268,3 +269,40 @@ class EchoLine:
 
     def removed_db(self, from_ms_ago: int, to_ms_ago: int) -> float | None:
         return self.canceller.removed_db(from_ms_ago, to_ms_ago)
+
+
+class HeldRelease:
+    """Audio the canceller holds for ``auto``'s decision (``EchoCanceller._hold``) goes out only with
+    more audio, or at a commit or stop: a sender that stops sending (an app that appends only while
+    its user speaks, Opus DTX) would leave it held, its speech unheard until whenever audio came
+    next (a review). Once no audio has been processed for ``wait_s`` while some is held,
+    ``release`` is called (the transport hears the held audio, in order with its other work)."""
+
+    def __init__(self, wait_s: float, release: Callable[[], None]) -> None:
+        self.wait_s = wait_s
+        self._release = release
+        self._fed_at = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def fed(self, line: EchoLine | None) -> None:
+        """A piece of audio went through ``line``'s canceller."""
+        self._fed_at = time.monotonic()
+        if line is not None and line.canceller.holding and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._watch(line), name="echo-held-release")
+
+    async def _watch(self, line: EchoLine) -> None:
+        try:
+            while line.canceller.holding:
+                fed_at = self._fed_at
+                await asyncio.sleep(self.wait_s)
+                if self._fed_at == fed_at and line.canceller.holding:
+                    self._release()
+                    return
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None

@@ -75,6 +75,11 @@ class AudioWork:
     samples: AudioArray = field(repr=False)
 
 
+@dataclass(frozen=True)
+class ReleaseHeldAudio:
+    """Hear the audio the echo canceller holds for ``auto``'s decision (``HeldRelease``), in order."""
+
+
 class MessageSocket(Protocol):
     """What the shell needs of a connection: an aiohttp ``WebSocketResponse``, or a WebRTC data
     channel made to look like one (transport/openai/realtime/calls.py)."""
@@ -315,6 +320,9 @@ class SocketSession:
         self.on_audio_queued()
         return True
 
+    async def release_held_audio(self) -> None:
+        """Hear what the face's echo canceller holds for its decision (faces with one override it)."""
+
     def on_audio_queued(self) -> None:
         """Audio arrived and waits for the worker (a face tells its stream: not a gap in the audio)."""
 
@@ -329,6 +337,8 @@ class SocketSession:
                 if isinstance(work, AudioWork):
                     self.backlog_samples -= work.samples.size
                     await self.feed(work.samples)
+                elif isinstance(work, ReleaseHeldAudio):
+                    await self.release_held_audio()
                 else:
                     await self.apply(work)
         except asyncio.CancelledError:

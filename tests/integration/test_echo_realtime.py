@@ -325,3 +325,64 @@ async def test_a_person_over_the_first_answer_of_a_device_without_echo_is_heard_
         )
         heard = device.heard_since(mark)
         assert len({*words(reference), "10"} & set(words(" ".join(heard)))) >= 2, (heard, reference)
+
+
+async def test_a_question_appended_over_the_first_answer_is_heard_when_the_client_stops_appending(
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip]
+) -> None:
+    """A client that appends its microphone only while its user speaks (as a push-to-talk app does),
+    on the default ``auto``: a question said over the first answer's first seconds is held for auto's
+    decision, and the client then sends nothing more. Once no audio has come for
+    ``echo_mic_gap_ms`` the held audio is heard (a review: it stayed held, unheard, until whatever
+    audio came next)."""
+    server: LiveServer = await server_factory(**VOICE_SETTINGS)
+    [(_, person, reference)] = load_clips(default_dir(), ["goforward"])
+
+    def pcm(audio: np.ndarray) -> bytes:
+        return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"{server.url}/v1/realtime?model=gpt-realtime", max_msg_size=0) as ws,
+    ):
+        events: list[dict[str, Any]] = []
+        first_delta = asyncio.Event()
+
+        async def read() -> None:
+            async for msg in ws:
+                event = json.loads(msg.data)
+                if event["type"] == "response.output_audio.delta":
+                    first_delta.set()
+                    continue
+                events.append(event)
+
+        reader = asyncio.create_task(read())
+        try:
+            update = {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}}}}
+            await ws.send_json({"type": "session.update", "session": update})
+
+            async def say(audio: np.ndarray) -> None:  # appended in real time, 100 ms at a time
+                started = time.monotonic()
+                for n, at in enumerate(range(0, audio.size, RATE // 10)):
+                    chunk = base64.b64encode(pcm(audio[at : at + RATE // 10])).decode("ascii")
+                    await ws.send_json({"type": "input_audio_buffer.append", "audio": chunk})
+                    await asyncio.sleep(max(0.0, started + (n + 1) * 0.1 - time.monotonic()))
+
+            quiet = np.zeros(RATE, np.float32)
+            await say(np.concatenate([speech("Tell me about bees.").audio16k, quiet]))
+            async with asyncio.timeout(60):
+                await first_delta.wait()
+            await say(np.concatenate([person, quiet[: RATE // 2]]))  # ... and then the client sends nothing
+            heard: list[str] = []
+            async with asyncio.timeout(30):
+                while not heard:
+                    heard = [
+                        e["transcript"]
+                        for e in events
+                        if e["type"] == "conversation.item.input_audio_transcription.completed"
+                        and {*words(reference), "10"} & set(words(e["transcript"]))
+                    ]
+                    await asyncio.sleep(0.05)
+            assert any(e["type"] == SPEECH_STARTED for e in events), events
+        finally:
+            reader.cancel()

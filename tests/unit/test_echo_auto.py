@@ -232,3 +232,34 @@ def test_echo_auto_hold_ms_is_the_lines_wait_for_the_decision(hold_ms: int, mode
     line.sent((np.ones(RATE, np.float32) * 0.1 * 32767).astype("<i2").tobytes(), RATE)
     out = line.process(np.zeros(RATE // 10, np.float32))  # 100 ms into the answer, nothing decided
     assert out.size == (0 if mode == "auto" and hold_ms else RATE // 10 - RATE // 10 % 160)
+
+
+async def test_held_audio_is_released_once_the_sender_stops_sending() -> None:
+    """``HeldRelease``: while the canceller holds audio for auto's decision, the transport is told to
+    hear it once no audio has come for ``wait_s`` (a sender that appends only while its user speaks,
+    Opus DTX); audio still coming keeps it waiting, and nothing held is nothing to release."""
+    import asyncio
+
+    from mediaserver.audio.echo_line import HeldRelease
+
+    settings = Settings(echo_auto_hold_ms=3000)
+    line = EchoLine.of(settings)
+    line.set_mode("auto", settings)
+    line.sent((np.ones(RATE, np.float32) * 0.1 * 32767).astype("<i2").tobytes(), RATE)
+    released = asyncio.Event()
+    watch = HeldRelease(1.0, released.set)
+    for _ in range(5):  # audio keeps coming for 0.5 s: held, and not released meanwhile
+        assert line.process(np.zeros(RATE // 50, np.float32)).size == 0
+        watch.fed(line)
+        await asyncio.sleep(0.1)
+        assert not released.is_set()
+    assert line.canceller.holding > 0
+    async with asyncio.timeout(5):
+        await released.wait()  # then nothing comes: released
+    assert line.release().size > 0 and line.canceller.holding == 0
+    quiet = HeldRelease(0.05, released.clear)
+    quiet.fed(line)  # nothing held: nothing to watch
+    await asyncio.sleep(0.2)
+    assert released.is_set()
+    watch.close()
+    quiet.close()

@@ -108,8 +108,9 @@ async def test_an_engine_not_healthy_within_the_start_timeout_is_refused_and_sto
         with pytest.raises(ModelUnavailable, match=r"not healthy within 0\.05 s \(llm_engine_start_timeout_s\)"):
             await asyncio.wait_for(process.start(), 60)
         assert process.state == "failed" and not process.ready
-        assert process.pid is not None and process._process is not None
-        assert process._process.returncode is not None  # the child was stopped, not left running
+        assert process._process is not None and process._process.pid  # a child was started ...
+        assert process._process.returncode is not None  # ... and stopped, not left running
+        assert process.pid is None  # (/health shows no pid for a child that is gone)
     finally:
         await process.aclose()
     assert time.monotonic() - started < 30

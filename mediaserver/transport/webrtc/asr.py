@@ -48,7 +48,7 @@ from mediaserver.assistant.client_tools import (
 )
 from mediaserver.assistant.turns import Assistant
 from mediaserver.audio.echo import EchoMode, parse_echo_option
-from mediaserver.audio.echo_line import EchoLine
+from mediaserver.audio.echo_line import EchoLine, HeldRelease
 from mediaserver.audio.noise import NoiseFilter, new_filter, parse_level
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
@@ -141,6 +141,8 @@ class RtcSession:
         # The server's canceller of the answers it plays on the track (audio/echo.py), for a client
         # that cancels no echo itself (``echo_cancellation``): each frame sent is the reference.
         self.echo: EchoLine | None = None
+        # Audio it holds for auto's decision is heard once the track stops sending (echo_line.py).
+        self._held = HeldRelease(self.settings.echo_mic_gap_ms / 1000.0, self._release_later)
         self.wake: WakeGate | None = None  # hands-free with a wake word (wake/gate.py)
         self.peer.pc.on("datachannel", self._on_datachannel)
         self.peer.pc.on("track", self._on_track)
@@ -185,6 +187,12 @@ class RtcSession:
             if self.echo.canceller.holding:
                 self.stream.audio_arriving()  # (waiting for echo_cancellation auto's decision: no gap)
         await self._hear(samples)
+        self._held.fed(self.echo)
+
+    def _release_later(self) -> None:
+        """The track went quiet while the canceller holds audio: hear it now (the reader is idle)."""
+        if self.echo is not None and not self.closed:
+            self.peer.spawn(self._hear(self.echo.release()), f"echo-release-{self.id}")
 
     async def _hear(self, samples: AudioArray) -> None:
         """Audio out of the echo canceller (if any) into the session."""
@@ -477,6 +485,7 @@ class RtcSession:
         self.closed = True
         self.sessions.discard(self.id)
         self.peer.cancel_tasks()
+        self._held.close()
         if self.wake is not None:
             self.wake.close()
         self.client_tools.close()  # a call waiting for the page ends now

@@ -33,7 +33,7 @@ from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.client_tools import ClientToolbox, SessionToolbox, tool_output_fields, unknown_call_text
 from mediaserver.assistant.pacing import send_paced
 from mediaserver.assistant.turns import Assistant
-from mediaserver.audio.echo_line import EchoLine
+from mediaserver.audio.echo_line import EchoLine, HeldRelease
 from mediaserver.audio.noise import NoiseFilter, new_filter
 from mediaserver.audio.stream_decode import PcmStreamDecoder
 from mediaserver.config import Settings
@@ -59,7 +59,7 @@ from mediaserver.session_registry import SessionLimitReached, ShuttingDown
 from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, SPEAKERS, TEXT_EOU, TOOLS
 from mediaserver.stream.session import StreamSession
 from mediaserver.transport.common import loads_json, speaker_payload, turn_payload
-from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
+from mediaserver.transport.socket_session import LimitedWebSocket, Limits, ReleaseHeldAudio, SocketSession, close_reason
 from mediaserver.transport.voice import check_voice, new_assistant, update_assistant
 from mediaserver.transport.ws.start import START_KEYS, StreamConfig, parse_start
 from mediaserver.wake.gate import WakeGate, feed_through, new_gate, observe, wake_message
@@ -135,6 +135,8 @@ class WsSession(SocketSession):
         # Echo cancellation (audio/echo.py): the answers sent are the reference, placed on the clock of
         # the microphone samples that had arrived when each was sent.
         self.echo: EchoLine | None = None
+        # Audio it holds for auto's decision is heard once the device stops sending (echo_line.py).
+        self._held = HeldRelease(self.settings.echo_mic_gap_ms / 1000.0, self._release_later)
 
     # --- sending ----------------------------------------------------------------------------------
 
@@ -344,6 +346,14 @@ class WsSession(SocketSession):
 
     async def feed(self, samples: AudioArray) -> None:
         await self._hear(self.echo.process(samples) if self.echo is not None else samples)
+        self._held.fed(self.echo)
+
+    def _release_later(self) -> None:
+        self.enqueue(ReleaseHeldAudio())
+
+    async def release_held_audio(self) -> None:
+        if self.echo is not None:
+            await self._hear(self.echo.release())
 
     async def _hear(self, samples: AudioArray) -> None:
         """Audio out of the echo canceller (if any) into the session."""
@@ -354,13 +364,15 @@ class WsSession(SocketSession):
 
     async def apply(self, work: _Work) -> None:
         if isinstance(work, _Start):
+            if self.echo is not None:  # audio held for auto's decision is heard as the session was
+                await self._hear(self.echo.release())
             await self._apply_start(work.config)
         elif isinstance(work, _Stop):
             await self._finish_utterance()
         elif isinstance(work, _Clear):
-            if self.echo is not None:
-                self.echo.release()  # (cleared with the rest)
+            dropped = self.echo.release().size if self.echo is not None else 0  # (cleared with the rest)
             self.stream.clear()
+            self.stream.skip(dropped)  # (its time went by all the same: the stream's clock counts it)
         elif isinstance(work, _Refusal):
             self.send_error(work.code, work.message)
         else:
@@ -453,6 +465,7 @@ class WsSession(SocketSession):
     # --- closing ----------------------------------------------------------------------------------
 
     async def close_streams(self) -> None:
+        self._held.close()
         self.client_tools.close()  # a call waiting for the client ends now
         if self.wake is not None:
             self.wake.close()

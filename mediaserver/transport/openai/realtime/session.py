@@ -13,7 +13,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from mediaserver.assistant.audio_out import AudioOut
-from mediaserver.audio.echo_line import EchoLine
+from mediaserver.audio.echo_line import EchoLine, HeldRelease
 from mediaserver.audio.noise import new_filter, realtime_level
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
@@ -47,7 +47,7 @@ from mediaserver.transport.openai.realtime.work import (
     ItemOp,
     Work,
 )
-from mediaserver.transport.socket_session import Limits, MessageSocket, SocketSession
+from mediaserver.transport.socket_session import Limits, MessageSocket, ReleaseHeldAudio, SocketSession
 from mediaserver.transport.voice import make_assistant
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,8 @@ class RealtimeSession(SocketSession, Host):
         self.items.logprobs = config.logprobs
         self.idle = IdleTimer(self.conversation, self.items) if self.conversation is not None else None
         self.echo: EchoLine | None = None  # the canceller of the answers spoken over the socket (audio/echo.py)
+        # Audio it holds for auto's decision is heard once the client stops appending (echo_line.py).
+        self._held = HeldRelease(self.settings.echo_mic_gap_ms / 1000.0, self._release_later)
         self.stream = self._new_stream(config)
         self._retired: list[StreamSession] = []
         self._apply_echo(config, conversation)
@@ -165,6 +167,7 @@ class RealtimeSession(SocketSession, Host):
         return emit
 
     async def close_streams(self) -> None:
+        self._held.close()
         if self.conversation is not None:
             await self.conversation.aclose()
         for stream in (self.stream, *self._retired):
@@ -448,6 +451,14 @@ class RealtimeSession(SocketSession, Host):
     async def feed(self, samples: AudioArray) -> None:
         self._fed_samples += samples.size
         await self._hear(self.echo.process(samples) if self.echo is not None else samples)
+        self._held.fed(self.echo)
+
+    def _release_later(self) -> None:
+        self.enqueue(ReleaseHeldAudio())
+
+    async def release_held_audio(self) -> None:
+        if self.echo is not None:
+            await self._hear(self.echo.release())
 
     async def _hear(self, samples: AudioArray) -> None:
         """Audio out of the echo canceller (if any) into the session."""
@@ -457,6 +468,8 @@ class RealtimeSession(SocketSession, Host):
 
     async def apply(self, work: Work) -> None:
         if isinstance(work, Configure):
+            if self.echo is not None:  # audio held for auto's decision is heard as the session was
+                await self._hear(self.echo.release())
             await self._apply(work.config)
             if self.conversation is not None and work.conversation is not None:
                 self.conversation.config = work.conversation
@@ -468,9 +481,9 @@ class RealtimeSession(SocketSession, Host):
         elif isinstance(work, Commit):
             await self._commit_buffer(work.client_event_id)
         elif isinstance(work, Clear):
-            if self.echo is not None:
-                self.echo.release()  # (cleared with the rest)
+            dropped = self.echo.release().size if self.echo is not None else 0  # (cleared with the rest)
             self.stream.clear()
+            self.stream.skip(dropped)  # (its time went by all the same: the stream's clock counts it)
             self.items.drop_speaking()
             self.send("input_audio_buffer.cleared")
         else:

@@ -339,7 +339,7 @@ async def test_a_question_appended_over_the_first_answer_is_heard_when_the_clien
     [(_, person, reference)] = load_clips(default_dir(), ["goforward"])
 
     def pcm(audio: np.ndarray) -> bytes:
-        return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+        return bytes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
 
     async with (
         aiohttp.ClientSession() as http,

@@ -289,12 +289,15 @@ class EchoCanceller:
             return out
         return np.concatenate([self.release(after=out.size), out])
 
-    def release(self, after: int = 0) -> AudioArray:
+    def release(self, after: int = 0, *, settle: bool = False) -> AudioArray:
         """The output waiting for ``detect``'s decision (``_hold``), now: the microphone's audio where
         it found no echo, else the canceller's. ``after``: samples processed after it (the frames
-        whose energies follow the held ones' in ``_removed``)."""
+        whose energies follow the held ones' in ``_removed``). ``settle``: ``detect`` decides now on
+        what it has (``EchoPresence.settle``: a commit, or a sender that stopped sending)."""
         if not self._held:
             return np.zeros(0, np.float32)
+        if settle and self.detect is not None:
+            self.detect.settle()
         held, self._held, self._held_samples = self._held, [], 0
         self._hold_spent = True  # (once a stream: a commit's release does not start another wait)
         if not self.passing:

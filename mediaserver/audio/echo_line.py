@@ -263,9 +263,10 @@ class EchoLine:
         return self.canceller.process(mic16k)
 
     def release(self) -> AudioArray:
-        """The microphone audio waiting for ``auto``'s decision, now (a commit, a stop: what was said
-        is in the utterance), as decided so far (``EchoCanceller.release``)."""
-        return self.canceller.release()
+        """The microphone audio waiting for ``auto``'s decision, now (a commit, a stop, a sender that
+        stopped sending: what was said is in the utterance), auto deciding on what it has
+        (``EchoCanceller.release``)."""
+        return self.canceller.release(settle=True)
 
     def removed_db(self, from_ms_ago: int, to_ms_ago: int) -> float | None:
         return self.canceller.removed_db(from_ms_ago, to_ms_ago)

@@ -95,6 +95,18 @@ class EchoPresence:
             self.streamed = True
             self._set(False)
 
+    def settle(self) -> None:
+        """Decide now, undecided, on what has been compared: no echo unless some delay already reads
+        like the answer (``quiet_likeness`` or more). For a sender that stopped sending before the
+        usual evidence was in (a client that appends only while its user speaks, over an answer it
+        does not feed back): its held audio is then heard as it came (``EchoCanceller.release``)."""
+        if self.echo is not None or self.streamed:
+            return
+        likeness, _ = self.likenesses(np.fromiter(self._ref, np.float64), np.fromiter(self._mic, np.float64))
+        highest = float(np.max(likeness)) if likeness is not None and likeness.size else 0.0
+        if highest < self.quiet_likeness:
+            self._set(False)
+
     def _set(self, echo: bool) -> None:
         if echo != self.echo:
             self.echo = echo

@@ -263,3 +263,19 @@ async def test_held_audio_is_released_once_the_sender_stops_sending() -> None:
     assert released.is_set()
     watch.close()
     quiet.close()
+
+
+def test_settle_decides_no_echo_on_a_quiet_microphone_and_not_on_an_echoing_one(answers: list[Audio]) -> None:
+    """``EchoPresence.settle`` (a release when the sender stopped, or a commit, before the usual
+    evidence is in): a microphone that does not follow the answer is no echo; one that already
+    follows it is not passed."""
+    trial = room.simulate(answers[:1], np.random.default_rng(1), delays_ms=[150])
+    for mic, passes in ((np.random.default_rng(2).standard_normal(trial.mic.size) * 1e-3, True), (trial.mic, False)):
+        ec = EchoCanceller(detect=EchoPresence(), hold_undecided_ms=3000)
+        ec.played(trial.reference, 0)
+        first = int(np.argmax(np.abs(trial.reference) > 1e-3))
+        for i in range(0, first + RATE, PIECE):  # 1 s into the answer: undecided
+            ec.process(mic[i : i + PIECE].astype(np.float32))
+        assert ec.detect is not None and ec.detect.echo is None and ec.holding > 0
+        out = ec.release(settle=True)
+        assert out.size > 0 and ec.passing is passes and ec.holding == 0

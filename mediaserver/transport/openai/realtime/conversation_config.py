@@ -363,9 +363,7 @@ def parse_conversation_session(
     if "audio" in session:
         audio = as_object(session["audio"], "session.audio")
         if "output" in audio:
-            output = known_fields(
-                as_object(audio["output"], "session.audio.output"), AUDIO_OUTPUT_FIELDS, "session.audio.output"
-            )
+            output = known_fields(audio["output"], AUDIO_OUTPUT_FIELDS, "session.audio.output")
             if "format" in output:
                 changes["output_format"] = parse_format(output["format"], "session.audio.output.format")
             if "voice" in output:
@@ -427,9 +425,7 @@ def parse_response_options(
     if "audio" in spec:
         audio = as_object(spec["audio"], "response.audio")
         if "output" in audio:
-            output = known_fields(
-                as_object(audio["output"], "response.audio.output"), AUDIO_OUTPUT_FIELDS, "response.audio.output"
-            )
+            output = known_fields(audio["output"], AUDIO_OUTPUT_FIELDS, "response.audio.output")
             if "format" in output:
                 changes["output_format"] = parse_format(output["format"], "response.audio.output.format")
             if "voice" in output:

@@ -72,7 +72,7 @@ def parse_format(value: object, param: str) -> InputFormat:
                 param,
             )
         return InputFormat(kind, 24000 if kind == "audio/pcm" else G711_RATE_HZ)
-    spec = known_fields(as_object(value, param), FORMAT_FIELDS, param)
+    spec = known_fields(value, FORMAT_FIELDS, param)
     raw_type = spec.get("type", "audio/pcm")
     kind = next((t for t in _AUDIO_TYPES if t == raw_type), None)
     if kind is None:
@@ -102,7 +102,7 @@ def parse_format(value: object, param: str) -> InputFormat:
 def parse_turn_detection(value: object, param: str) -> TurnDetection | None:
     if value is None:
         return None
-    spec = known_fields(as_object(value, param), TURN_DETECTION_FIELDS, param)
+    spec = known_fields(value, TURN_DETECTION_FIELDS, param)
     raw_type = spec.get("type", "server_vad")
     if raw_type not in ("server_vad", "semantic_vad"):
         raise EventError(
@@ -146,7 +146,7 @@ def parse_noise_reduction(value: object, param: str) -> str | None:
     """``null`` (off) or ``{"type": "near_field" | "far_field"}``."""
     if value is None:
         return None
-    raw_type = known_fields(as_object(value, param), NOISE_REDUCTION_FIELDS, param).get("type")
+    raw_type = known_fields(value, NOISE_REDUCTION_FIELDS, param).get("type")
     if raw_type not in ("near_field", "far_field"):
         raise EventError(
             "invalid_value",
@@ -241,7 +241,7 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
         nonlocal model, language, prompt, model_param, named
         if value is None:
             return  # OpenAI turns transcription off; a transcription session keeps its settings
-        spec = known_fields(as_object(value, param), TRANSCRIPTION_FIELDS, param)
+        spec = known_fields(value, TRANSCRIPTION_FIELDS, param)
         if "model" in spec:
             requested = optional_str(spec["model"], f"{param}.model")
             model = requested.strip() if requested and requested.strip() else models.resolve(None)
@@ -276,9 +276,7 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
     if "audio" in session:
         audio = as_object(session["audio"], "session.audio")
         if "input" in audio:
-            audio_input = known_fields(
-                as_object(audio["input"], "session.audio.input"), AUDIO_INPUT_FIELDS, "session.audio.input"
-            )
+            audio_input = known_fields(audio["input"], AUDIO_INPUT_FIELDS, "session.audio.input")
             if "format" in audio_input:
                 fmt = parse_format(audio_input["format"], "session.audio.input.format")
             if "transcription" in audio_input:

@@ -87,12 +87,14 @@ def integer(value: object, param: str, minimum: int, maximum: int) -> int:
     return value
 
 
-def known_fields(spec: Mapping[str, Any], allowed: frozenset[str], param: str) -> Mapping[str, Any]:
-    """``spec`` when every key of it is in ``allowed``; else OpenAI's ``unknown_parameter`` naming the
-    first that is not (a typo such as ``turn_detecton`` was taken silently, and the setting it meant
-    kept its old value: a Realtime trial). Only for the small objects whose fields OpenAI fixed
-    (the input and output audio, turn detection, transcription, formats); a session's top level
-    takes what it does not know, as newer OpenAI fields may come from newer clients."""
+def known_fields(value: object, allowed: frozenset[str], param: str) -> Mapping[str, Any]:
+    """``value`` as an object (``as_object``) when every key of it is in ``allowed``; else OpenAI's
+    ``unknown_parameter`` naming the first that is not (a typo such as ``turn_detecton`` was taken
+    silently, and the setting it meant kept its old value: a Realtime trial). Only for the small
+    objects whose fields OpenAI fixed (the input and output audio, turn detection, transcription,
+    formats); a session's top level takes what it does not know, as newer OpenAI fields may come
+    from newer clients."""
+    spec = as_object(value, param)
     for key in spec:
         if key not in allowed:
             raise EventError("unknown_parameter", f"Unknown parameter: '{param}.{key}'.", f"{param}.{key}")

@@ -113,6 +113,21 @@ class RealtimeDevice(EchoingDevice):
         """Everything ``say`` was given has gone out (``settled`` then waits for its transcript)."""
         return not self._user.size
 
+    async def settled_past(self, from_ms: int, mark: int) -> None:
+        """Until everything said has gone out, every utterance has its transcript, and server VAD has
+        closed one (since message ``mark``) past ``from_ms`` of input audio: a leak's (often empty)
+        may come before the person's, and that alone is not enough."""
+        await self.condition(
+            lambda: (
+                self.said_done
+                and self.settled
+                and any(
+                    m["type"] == "input_audio_buffer.speech_stopped" and m["audio_end_ms"] > from_ms
+                    for m in self.messages[mark:]
+                )
+            )
+        )
+
     def heard_since(self, mark: int) -> list[str]:
         return [
             m["transcript"]
@@ -225,18 +240,7 @@ async def test_with_echo_cancellation_no_word_of_the_answer_is_heard_and_a_perso
         assert done["response"]["status_details"]["reason"] == "turn_detected", done
         truncated = await device.until("conversation.item.truncated", mark)
         assert truncated["type"] == "conversation.item.truncated", truncated
-        # Every utterance since has its transcript, and server VAD has closed one past the moment
-        # they began: a leak's (often empty) may come before theirs, and that alone is not enough.
-        await device.condition(
-            lambda: (
-                device.said_done
-                and device.settled
-                and any(
-                    m["type"] == "input_audio_buffer.speech_stopped" and m["audio_end_ms"] > person_from_ms
-                    for m in device.messages[cut:]
-                )
-            )
-        )
+        await device.settled_past(person_from_ms, cut)
         words_said = {*words(reference), "10"}  # "go forward ten meters"; Whisper writes "10"
         vad = [
             (m["type"], m.get("audio_start_ms", m.get("audio_end_ms")))
@@ -313,16 +317,7 @@ async def test_a_person_over_the_first_answer_of_a_device_without_echo_is_heard_
         device.say(person)
         done = await device.until("response.done", 0)
         assert done["response"]["status_details"]["reason"] == "turn_detected", done
-        await device.condition(
-            lambda: (
-                device.said_done
-                and device.settled
-                and any(
-                    m["type"] == "input_audio_buffer.speech_stopped" and m["audio_end_ms"] > person_from_ms
-                    for m in device.messages[mark:]
-                )
-            )
-        )
+        await device.settled_past(person_from_ms, mark)
         heard = device.heard_since(mark)
         assert len({*words(reference), "10"} & set(words(" ".join(heard)))) >= 2, (heard, reference)
 

@@ -323,6 +323,10 @@ class SocketSession:
     async def release_held_audio(self) -> None:
         """Hear what the face's echo canceller holds for its decision (faces with one override it)."""
 
+    def release_later(self) -> None:
+        """Have the worker hear the held audio in its turn (``HeldRelease``: the sender went quiet)."""
+        self.enqueue(ReleaseHeldAudio())
+
     def on_audio_queued(self) -> None:
         """Audio arrived and waits for the worker (a face tells its stream: not a gap in the audio)."""
 

@@ -59,7 +59,7 @@ from mediaserver.session_registry import SessionLimitReached, ShuttingDown
 from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, SPEAKERS, TEXT_EOU, TOOLS
 from mediaserver.stream.session import StreamSession
 from mediaserver.transport.common import loads_json, speaker_payload, turn_payload
-from mediaserver.transport.socket_session import LimitedWebSocket, Limits, ReleaseHeldAudio, SocketSession, close_reason
+from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
 from mediaserver.transport.voice import check_voice, new_assistant, update_assistant
 from mediaserver.transport.ws.start import START_KEYS, StreamConfig, parse_start
 from mediaserver.wake.gate import WakeGate, feed_through, new_gate, observe, wake_message
@@ -136,7 +136,7 @@ class WsSession(SocketSession):
         # the microphone samples that had arrived when each was sent.
         self.echo: EchoLine | None = None
         # Audio it holds for auto's decision is heard once the device stops sending (echo_line.py).
-        self._held = HeldRelease(self.settings.echo_mic_gap_ms / 1000.0, self._release_later)
+        self._held = HeldRelease(self.settings.echo_mic_gap_ms / 1000.0, self.release_later)
 
     # --- sending ----------------------------------------------------------------------------------
 
@@ -348,9 +348,6 @@ class WsSession(SocketSession):
         await self._hear(self.echo.process(samples) if self.echo is not None else samples)
         self._held.fed(self.echo)
 
-    def _release_later(self) -> None:
-        self.enqueue(ReleaseHeldAudio())
-
     async def release_held_audio(self) -> None:
         if self.echo is not None:
             await self._hear(self.echo.release())
@@ -364,8 +361,7 @@ class WsSession(SocketSession):
 
     async def apply(self, work: _Work) -> None:
         if isinstance(work, _Start):
-            if self.echo is not None:  # audio held for auto's decision is heard as the session was
-                await self._hear(self.echo.release())
+            await self.release_held_audio()  # (audio held for auto's decision, heard as the session was)
             await self._apply_start(work.config)
         elif isinstance(work, _Stop):
             await self._finish_utterance()
@@ -445,8 +441,7 @@ class WsSession(SocketSession):
 
     async def _finish_utterance(self) -> None:
         started = time.perf_counter()
-        if self.echo is not None:
-            await self._hear(self.echo.release())  # (what waits for echo_cancellation auto's decision)
+        await self.release_held_audio()  # (what waits for echo_cancellation auto's decision)
         try:
             if self.stream.options.server_vad:
                 final = await self.stream.commit()

@@ -47,7 +47,7 @@ from mediaserver.transport.openai.realtime.work import (
     ItemOp,
     Work,
 )
-from mediaserver.transport.socket_session import Limits, MessageSocket, ReleaseHeldAudio, SocketSession
+from mediaserver.transport.socket_session import Limits, MessageSocket, SocketSession
 from mediaserver.transport.voice import make_assistant
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class RealtimeSession(SocketSession, Host):
         self.idle = IdleTimer(self.conversation, self.items) if self.conversation is not None else None
         self.echo: EchoLine | None = None  # the canceller of the answers spoken over the socket (audio/echo.py)
         # Audio it holds for auto's decision is heard once the client stops appending (echo_line.py).
-        self._held = HeldRelease(self.settings.echo_mic_gap_ms / 1000.0, self._release_later)
+        self._held = HeldRelease(self.settings.echo_mic_gap_ms / 1000.0, self.release_later)
         self.stream = self._new_stream(config)
         self._retired: list[StreamSession] = []
         self._apply_echo(config, conversation)
@@ -453,9 +453,6 @@ class RealtimeSession(SocketSession, Host):
         await self._hear(self.echo.process(samples) if self.echo is not None else samples)
         self._held.fed(self.echo)
 
-    def _release_later(self) -> None:
-        self.enqueue(ReleaseHeldAudio())
-
     async def release_held_audio(self) -> None:
         if self.echo is not None:
             await self._hear(self.echo.release())
@@ -468,8 +465,7 @@ class RealtimeSession(SocketSession, Host):
 
     async def apply(self, work: Work) -> None:
         if isinstance(work, Configure):
-            if self.echo is not None:  # audio held for auto's decision is heard as the session was
-                await self._hear(self.echo.release())
+            await self.release_held_audio()  # (audio held for auto's decision, heard as the session was)
             await self._apply(work.config)
             if self.conversation is not None and work.conversation is not None:
                 self.conversation.config = work.conversation
@@ -558,8 +554,7 @@ class RealtimeSession(SocketSession, Host):
         self.stream.attach_echo(self.echo)
 
     async def _commit_buffer(self, client_event_id: str | None) -> None:
-        if self.echo is not None:
-            await self._hear(self.echo.release())  # (what waits for echo_cancellation auto's decision)
+        await self.release_held_audio()  # (what waits for echo_cancellation auto's decision)
         if self.stream.options.server_vad:
             item = self.items.speaking
             if item is None or not self.stream.in_speech:

@@ -259,7 +259,7 @@ class EchoCanceller:
         aligned = np.concatenate([self._mic_tail, frames])  # the microphone as late as AEC3's output
         self._mic_tail = aligned[-OUTPUT_LATENCY_SAMPLES:].copy()
         n = out.size // FRAME_SAMPLES
-        passed = aligned[: out.size].copy()
+        passed = aligned[: out.size]  # (a view: ``aligned`` is this call's own array)
         if self.detect is not None:
             self.detect.push(_frame_power(reference, n), _frame_power(frames, n))
             if self.detect.echo is False:

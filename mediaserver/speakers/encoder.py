@@ -161,7 +161,9 @@ def _preprocess(audio: npt.ArrayLike) -> Audio:
     # Mean over frames j-3..j+4, rounded half to even (Resemblyzer's smoothing): more than half voiced.
     counts = np.convolve(flags, np.ones(VAD_AVERAGE, int))[VAD_AVERAGE // 2 : VAD_AVERAGE // 2 + flags.size]
     voiced = counts * 2 > VAD_AVERAGE
-    widened = np.convolve(voiced, np.ones(VAD_MAX_SILENCE + 1, int), mode="same") > 0
+    # "same" centred by hand: numpy returns max(len) samples, more than the frames under 7 of them.
+    half = VAD_MAX_SILENCE // 2
+    widened = np.convolve(voiced, np.ones(VAD_MAX_SILENCE + 1, int))[half : half + voiced.size] > 0
     return wav[np.repeat(widened, VAD_FRAME)]
 
 

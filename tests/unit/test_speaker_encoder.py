@@ -183,6 +183,12 @@ def test_silence_and_too_little_speech_are_refused(encoder: SpeakerEncoder, huma
     assert 0.5 < voiced_seconds(short) < MIN_SAMPLES / SAMPLE_RATE
     with pytest.raises(ValueError, match="no speech"):
         encoder.embed_batch([human["jfk"], short])
+    # Under seven 30 ms frames (the widening's width): refused, not an IndexError.
+    for frames in (1, 6):
+        clip = human["jfk"][SAMPLE_RATE : SAMPLE_RATE + frames * 480]
+        assert voiced_seconds(clip) <= frames * 0.03
+        with pytest.raises(ValueError, match="no speech"):
+            encoder.embed(clip)
 
 
 def test_long_silences_are_cut(encoder: SpeakerEncoder, human: dict[str, np.ndarray]) -> None:

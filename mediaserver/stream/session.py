@@ -49,8 +49,9 @@ from mediaserver.events import (
 from mediaserver.speakers.service import SpeakerService
 from mediaserver.stream import speaker
 from mediaserver.stream.answering import Answerer, HeldWords, QuestionPrefiller
+from mediaserver.stream.barge_in import BargeIn
 from mediaserver.stream.echo_attach import SessionEcho
-from mediaserver.stream.echo_check import EchoCheck, Hold
+from mediaserver.stream.echo_check import Hold
 from mediaserver.stream.finals import EarlyFinal, Finals, speech_ended_at
 from mediaserver.stream.gaps import GapFill
 from mediaserver.stream.options import StreamOptions, segmenter_config
@@ -112,8 +113,6 @@ class StreamSession:
         self._turns = TurnChecks(model, settings, asr.metrics, self.id, text_eou)
         self._recording = False
         self._recorded = Recording(settings.stream_max_recording_s)
-        # A suspect start not yet long enough to pause the answer (``EchoCheck.defers``): its start ms.
-        self._deferred_start: int | None = None
         self._partials = Partials(self, emit)  # the decodes of the utterance in progress, what they promised
         self._tasks: set[asyncio.Task[object]] = set()
         self._finals = Finals(self, emit, self._start_task)  # transcriptions under way, sent in order
@@ -134,12 +133,11 @@ class StreamSession:
         self._assistant: Answerer | None = None  # the voice loop's, set by the transport (``assistant``)
         self.speakers: SpeakerService | None = None  # set by the transport: finals then name their speaker
         self._echo_attached = SessionEcho(self.id, settings, asr.metrics)  # the transport's canceller (attach_echo)
-        self.barge_in = settings.assistant_barge_in
         # A final that came in after the user had begun the next utterance: answered with that one's
         # words, or alone once it ends with none (``_answer_held``).
         self._held_words = HeldWords(self.id)
-        self._echo = EchoCheck(settings, self._start_task)  # a barge-in's words decide whether it is the answer's echo
-        self._answer_waits = False  # the utterance in progress holds the paused answer (_apply_turn_mode)
+        # The user speaking over the answer: cut, or paused while their words decide (barge_in.py).
+        self._barge_in = BargeIn(self.id, settings, self._start_task, self._apply_turn_mode)
         self._apply_turn_mode()
         # Time without audio while someone speaks is heard as silence (gaps.py).
         self._gaps = GapFill(self.id, settings.stream_gap_fill_ms, self._hear_gap, self._listening)
@@ -185,7 +183,7 @@ class StreamSession:
         unfinished and the cap held it (a device trial: 4 s of silence in the answer, then the
         decode, past ``assistant_barge_in_echo_wait_ms``, and the answer was cut)."""
         config = self._silence_config
-        if self.semantic_turns and not self._answer_waits:
+        if self.semantic_turns and not self._barge_in.answer_waits:
             cap_ms = self._turns.wait_ms(self.options.eagerness)
             config = replace(config, hangover_ms=cap_ms, burst_hangover_ms=config.hangover_ms)
         self._segmenter.config = config
@@ -202,6 +200,16 @@ class StreamSession:
             self._held_words = HeldWords(self.id)  # words held for another assistant are not this one's
         self._assistant = assistant
         self._apply_turn_mode()
+
+    @property
+    def barge_in(self) -> bool:
+        """Speech starting over the answer stops it (``assistant_barge_in``; the transport may turn it
+        off for its session)."""
+        return self._barge_in.enabled
+
+    @barge_in.setter
+    def barge_in(self, enabled: bool) -> None:
+        self._barge_in.enabled = enabled
 
     @property
     def closed(self) -> bool:
@@ -278,7 +286,7 @@ class StreamSession:
                 return
             for event in self._segmenter.push(samples):
                 await self._on_segment(event)
-            if self._deferred_start is not None and self._segmenter.in_speech and self._segmenter.long_enough:
+            if self._barge_in.deferred_start is not None and self._segmenter.in_speech and self._segmenter.long_enough:
                 await self._undefer()
             self._pauses.watch()
             await self._pauses.end_turn_on_silence()
@@ -292,21 +300,13 @@ class StreamSession:
     async def _on_segment(self, event: SpeechStart | Utterance | Discarded) -> None:
         if isinstance(event, SpeechStart):
             self._begin_utterance()
-            if self.assistant is not None and self.barge_in and self._echo.defers(self.assistant, event):
-                self._deferred_start = event.start_ms  # a suspect start: it speaks once it is long enough
-                return
-            cancelled = self._echo_attached.cancelling
-            barging = self.assistant is not None and self.barge_in
-            pausing = barging and self._echo.hold(self.assistant, event.suspect, cancelled=cancelled)
-            if barging and not pausing and self.assistant is not None:
-                await self.assistant.interrupt()  # the user talks over the answer: stop it first
-            self._answer_waiting(pausing)
-            await self._emit(SpeechStarted(event.start_ms))
+            if await self._barge_in.started(self.assistant, event, cancelled=self._echo_attached.cancelling):
+                await self._emit(SpeechStarted(event.start_ms))
         elif isinstance(event, Utterance):
             await self._undefer()
-            if event.reason == "silence" and self.semantic_turns and not self._answer_waits:
+            if event.reason == "silence" and self.semantic_turns and not self._barge_in.answer_waits:
                 self.asr.metrics.turn_ends.labels("cap").inc()  # nothing decided the turn: the eagerness cap ended it
-            self._answer_waiting(False)
+            self._barge_in.waits(False)
             self._turns.drop()
             await self._emit(SpeechStopped(event.end_ms))
             early, held = self._pauses.take_early(event), self._held(event.start_ms, event.end_ms)
@@ -314,39 +314,21 @@ class StreamSession:
                 event.audio, event.start_ms, event.end_ms, early=early, held=held, silence_ms=event.silence_ms
             )
         else:
-            self._answer_waiting(False)
             self._partials.cancel()
             self._pauses.drop_early()
             self._turns.drop()
-            if self._deferred_start is not None:
-                # A suspect start that came to nothing (the canceller's leak): the answer played on,
-                # and nothing was said of it to the client.
-                log.info("session %s: a suspect start at a playback restart came to nothing: played on", self.id)
-                self._deferred_start = None
-            else:
-                self._echo.discarded(self.assistant)
+            if self._barge_in.discarded(self.assistant):
                 await self._emit(SpeechStopped(event.end_ms, discarded=True))
             await self._answer_held()
 
     async def _undefer(self) -> None:
-        """A suspect start long enough to be kept: it pauses the answer now, and its words decide
-        (``EchoCheck.defers``)."""
-        start_ms, self._deferred_start = self._deferred_start, None
+        """A deferred suspect start long enough to be kept (``BargeIn.undefer``) is told now."""
+        start_ms = await self._barge_in.undefer(self.assistant)
         if start_ms is None:
             return
-        pausing = self.assistant is not None and self._echo.hold(self.assistant, True)
-        if self.assistant is not None and not pausing:
-            await self.assistant.interrupt()  # (the answer ended or was cut meanwhile: as any start)
-        self._answer_waiting(pausing)
         await self._emit(SpeechStarted(start_ms))
         if self._segmenter.in_speech:
             self._ensure_partials()
-
-    def _answer_waiting(self, waits: bool) -> None:
-        """The utterance in progress holds the paused answer (or no longer does): how it ends."""
-        if waits != self._answer_waits:
-            self._answer_waits = waits
-            self._apply_turn_mode()
 
     # --- push-to-talk ---------------------------------------------------------------------------
 
@@ -398,7 +380,7 @@ class StreamSession:
             return None
         self._pauses.drop_early()  # committed now: the whole audio, as it is
         self._turns.drop()
-        self._answer_waiting(False)
+        self._barge_in.waits(False)
         if isinstance(event, Discarded):
             await self._on_segment(event)  # as the segmenter's own discards
             return None
@@ -409,20 +391,13 @@ class StreamSession:
         return await self._final(event.audio, event.start_ms, event.end_ms, ended_at=ended_at, held=held)
 
     def _held(self, start_ms: int, end_ms: int) -> Hold | None:
-        """The utterance that just ended (``start_ms``-``end_ms``): its hold, if the answer waits on
-        it, with what the stream's echo canceller took out of it."""
-        held, measure = self._echo.ended(), self.echo_removed
-        if held is None or measure is None:
-            return held
-        now = self._segmenter.position_ms
-        return replace(held, removed_db=measure(now - start_ms, now - end_ms))
+        """The utterance that just ended: its hold, if the answer waits on it (``BargeIn.ended``)."""
+        return self._barge_in.ended(self.echo_removed, self._segmenter.position_ms, start_ms, end_ms)
 
     def clear(self) -> None:
         """Drop buffered audio and any utterance in progress."""
         self._recorded.reset()
-        self._deferred_start = None
-        self._answer_waiting(False)
-        self._echo.discarded(self.assistant)  # an answer paused for it goes on
+        self._barge_in.cleared(self.assistant)  # an answer paused for it goes on
         self._segmenter.reset()
         self._partials.cancel()
         self._pauses.drop_early()
@@ -453,7 +428,7 @@ class StreamSession:
         for_prefill = self.settings.turn_prefill_decodes is not False and self._question_prefiller is not None
         wanted = self.options.partials or (self.options.server_vad and for_prefill)
         # (Not for a deferred suspect start: nothing is said of it until it pauses the answer.)
-        if wanted and self._pauses.early is None and not self._closed and self._deferred_start is None:
+        if wanted and self._pauses.early is None and not self._closed and self._barge_in.deferred_start is None:
             self._partials.start()
 
     def decode_for_prefill(self) -> bool:
@@ -569,7 +544,8 @@ class StreamSession:
         if text != transcript.text:
             transcript = replace(transcript, text=text)
         self.utterances += 1
-        echo = held is not None and await self._echo.decide(self.assistant, text, held)
+        no_speech = max((s.no_speech_prob for s in transcript.segments if s.no_speech_prob is not None), default=None)
+        echo = held is not None and await self._barge_in.check.decide(self.assistant, text, held, no_speech)
         latency_ms = (time.monotonic() - ended_at) * 1000.0
         final = FinalTranscript(transcript, delta, start_ms, end_ms, latency_ms, match, echo=echo)
         if committed == self._partials.promises.committed:

@@ -1,0 +1,110 @@
+"""A session's barge-in: the user speaking over the answer (``StreamSession``'s side of it).
+
+Speech starting while the voice loop's answer plays cuts it, or pauses it while the utterance's
+words decide whether it was the answer's own echo (``EchoCheck``, echo_check.py). Three things live
+here, out of the session core:
+
+- a **deferred** start (``EchoCheck.defers``: a suspect start at a playback restart, where the
+  canceller lets a syllable through) says nothing, to the answer or the client, until it is long
+  enough to be kept (``undefer``); one that comes to nothing was never heard;
+- while an utterance holds the paused answer (``waits``), it ends at silence detection's hangover,
+  not the turn model's cap: the session's ``on_wait_change`` re-applies its turn mode;
+- the hold of an utterance that ended (``ended``), with what the stream's echo canceller took out of
+  it (the word check's residual rule).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any
+
+from mediaserver.audio.segmenter import SpeechStart
+from mediaserver.config import Settings
+from mediaserver.stream.answering import Answerer
+from mediaserver.stream.echo_check import EchoCheck, Hold
+
+log = logging.getLogger(__name__)
+
+
+class BargeIn:
+    """One session's barge-in state: its ``EchoCheck``, a deferred start, and whether the utterance
+    in progress holds the paused answer."""
+
+    def __init__(
+        self,
+        session_id: str,
+        settings: Settings,
+        start_task: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]],
+        on_wait_change: Callable[[], None],
+    ) -> None:
+        self.session_id = session_id
+        self.enabled = settings.assistant_barge_in
+        self.check = EchoCheck(settings, start_task)  # a barge-in's words decide whether it is the answer's echo
+        self.deferred_start: int | None = None  # a suspect start not yet long enough to pause the answer: its ms
+        self.answer_waits = False  # the utterance in progress holds the paused answer
+        self._on_wait_change = on_wait_change
+
+    async def started(self, assistant: Answerer | None, start: SpeechStart, *, cancelled: bool) -> bool:
+        """Speech started: cut the answer, pause it (its words will decide) or, for a start
+        ``EchoCheck.defers``, do nothing yet; False then (the start is not told to the client).
+        ``cancelled``: the server cancels this stream's echo (``SessionEcho.cancelling``)."""
+        if assistant is None or not self.enabled:
+            self.waits(False)
+            return True
+        if self.check.defers(assistant, start):
+            self.deferred_start = start.start_ms  # it speaks once it is long enough
+            return False
+        pausing = self.check.hold(assistant, start.suspect, cancelled=cancelled)
+        if not pausing:
+            await assistant.interrupt()  # the user talks over the answer: stop it first
+        self.waits(pausing)
+        return True
+
+    async def undefer(self, assistant: Answerer | None) -> int | None:
+        """A deferred start long enough to be kept: it pauses the answer now, and its words decide;
+        its start ms (to tell the client), or None when no start was deferred."""
+        start_ms, self.deferred_start = self.deferred_start, None
+        if start_ms is None:
+            return None
+        pausing = assistant is not None and self.check.hold(assistant, True)
+        if assistant is not None and not pausing:
+            await assistant.interrupt()  # (the answer ended or was cut meanwhile: as any start)
+        self.waits(pausing)
+        return start_ms
+
+    def discarded(self, assistant: Answerer | None) -> bool:
+        """The utterance in progress was discarded (too short, noise): True when the client was told
+        of its start (a deferred one came to nothing: the answer played on, and nothing was said)."""
+        self.waits(False)
+        if self.deferred_start is not None:
+            log.info("session %s: a suspect start at a playback restart came to nothing: played on", self.session_id)
+            self.deferred_start = None
+            return False
+        self.check.discarded(assistant)
+        return True
+
+    def cleared(self, assistant: Answerer | None) -> None:
+        """The transport dropped the utterance in progress: an answer paused for it goes on."""
+        self.deferred_start = None
+        self.waits(False)
+        self.check.discarded(assistant)
+
+    def ended(
+        self, removed: Callable[[int, int], float | None] | None, position_ms: int, start_ms: int, end_ms: int
+    ) -> Hold | None:
+        """The utterance that just ended (``start_ms``-``end_ms``, the stream now at ``position_ms``):
+        its hold, if the answer waits on it, with what the echo canceller took out of it (``removed``,
+        None: no canceller)."""
+        held = self.check.ended()
+        if held is None or removed is None:
+            return held
+        return replace(held, removed_db=removed(position_ms - start_ms, position_ms - end_ms))
+
+    def waits(self, waits: bool) -> None:
+        """The utterance in progress holds the paused answer (or no longer does): how it ends."""
+        if waits != self.answer_waits:
+            self.answer_waits = waits
+            self._on_wait_change()

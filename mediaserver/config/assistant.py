@@ -100,7 +100,8 @@ class AssistantSettings(BaseModel):
         "starts over the answer on frames the canceller's speech gate would have held had it been holding (most "
         "of them quiet against the output's floor or mostly removed by the canceller, as its leaks at a "
         "sentence's first syllable are) pauses the answer instead of cutting it, and the utterance decides: "
-        "no words, too short to be speech, or the answer's own words resume it; any other words cut it (the "
+        "no words, too short to be speech, the answer's own words or words Whisper scores as no speech "
+        "(assistant_barge_in_echo_no_speech) resume it; any other words cut it (the "
         "residual rule, assistant_barge_in_echo_removed_db, is not applied; docs/echo.md); all: every start over "
         "the answer on such a stream is held so, a burst the segmenter discards resuming the answer instead of "
         "having cut it, but a person whose words the double talk took resumes it too (a barge-in test lost its "
@@ -120,6 +121,16 @@ class AssistantSettings(BaseModel):
         "much out of (dB, the median over its frames with sound) is its residual echo, whatever Whisper wrote on it "
         "('Thank you.'); it also takes a third of short barge-ins said over the echo ('Stop.') for it "
         "(tools/bench_echo_residual.py); 0 = off (docs/echo.md)",
+    )
+    assistant_barge_in_echo_no_speech: float = Field(
+        0.65,
+        ge=0,
+        le=1,
+        description="on a stream the server cancels echo on, over a paused answer: an utterance whose final "
+        "Whisper scores at least this likely to be no speech (its segments' highest no_speech_prob) is the "
+        "canceller's residual echo, on which Whisper writes its stock phrase ('Thank you.'), whatever its words: "
+        "the answer resumes (Whisper's own threshold, 0.6, took a person's 'Thanks.' over the echo; "
+        "tools/echo_stock_phrases.py); 0 = off (docs/echo.md)",
     )
     assistant_barge_in_echo_wait_ms: int = Field(
         5000, ge=100, description="an answer paused this long by a barge-in without a decision on its words is cut"

@@ -13,6 +13,10 @@ transcript then decides (``EchoCheck.decide``):
   the answer's echo. It is not a user turn (it is not answered; its final says ``echo``) and the
   answer resumes where it paused;
 - where the stream runs the server's echo canceller (audio/echo.py), its words are not the answer's
+  but Whisper scores them ``assistant_barge_in_echo_no_speech`` (0.6) or more likely to be no speech
+  (its stock phrase on the canceller's residual: "Thank you."): treated as the echo, the check on or
+  off (a suspect start's too);
+- where the stream runs the server's echo canceller, its words are not the answer's
   but the canceller took ``assistant_barge_in_echo_removed_db`` or more out of it (the median over
   its frames with sound): it is what the canceller left of the echo, on which Whisper writes a stock
   phrase ("Thank you."); treated as the echo. A person's speech goes on once the answer pauses and
@@ -28,9 +32,9 @@ transcript then decides (``EchoCheck.decide``):
 
 With the check off (``assistant_barge_in_echo_check``, the default), ``assistant_barge_in_echo_suspects``
 still holds a **suspect** start (``SpeechStart.suspect``: most of its voiced frames are ones the
-canceller's speech gate noted as like its leaks, audio/echo.py) this way, its words alone deciding
-(no residual rule: ``Hold.words_only``); any other start cuts the answer at once. At ``all``, every
-start over the answer on a stream the server cancels echo on is held so.
+canceller's speech gate noted as like its leaks, audio/echo.py) this way, its words and Whisper's
+no-speech score deciding (no residual rule: ``Hold.words_only``); any other start cuts the answer at
+once. At ``all``, every start over the answer on a stream the server cancels echo on is held so.
 
 An answer paused ``assistant_barge_in_echo_wait_ms`` without a decision is interrupted, as without
 the check; the utterance's final is then an ordinary user turn. Speech that starts within
@@ -126,6 +130,7 @@ class EchoCheck:
         self.resume_s = settings.assistant_barge_in_echo_resume_ms / 1000.0
         self.defer_restarts = settings.assistant_barge_in_echo_defer_restarts
         self.removed_db = settings.assistant_barge_in_echo_removed_db
+        self.no_speech = settings.assistant_barge_in_echo_no_speech
         self._start_task = start_task
         self._pause = 0  # the pause under way (counts pauses), with the utterances it waits on
         self._waiting = 0
@@ -201,38 +206,57 @@ class EchoCheck:
             log.info("speech over the answer was discarded (too short to be speech): resuming")
             self._settle(answerer, hold, resume=True, soon=True)
 
-    async def decide(self, answerer: object, text: str, hold: Hold | None) -> bool:
-        """A held utterance's final is ``text``: True when it is the answer's echo (the answer
-        resumes; the caller drops the utterance). A real barge-in interrupts the answer here."""
+    async def decide(self, answerer: object, text: str, hold: Hold | None, no_speech: float | None = None) -> bool:
+        """A held utterance's final is ``text`` (``no_speech``: Whisper's highest ``no_speech_prob``
+        over its segments, None where the engine does not say): True when it is the answer's echo
+        (the answer resumes; the caller drops the utterance). A real barge-in interrupts the answer here."""
         if hold is None or not isinstance(answerer, Pausable):
             return False
         share = echo_share(text, answerer.played_text())
         if hold.pause is None:  # the answer had just ended: nothing to resume or cut
-            return self._is_echo(text, share, hold)
+            return self._is_echo(text, share, hold, no_speech)
         if not self._holds(answerer, hold):
             return False  # the pause already ended (timed out, cut by something else)
         if share is None:
             log.info("speech over the answer had no words: resuming")  # not the user
             self._settle(answerer, hold, resume=True, soon=True)
             return False
-        if self._is_echo(text, share, hold):
+        if self._is_echo(text, share, hold, no_speech):
             self._settle(answerer, hold, resume=True)
             return True
         log.info(
-            "barge-in %r (%.0f %% of its words played, %s dB removed by the canceller): interrupting",
+            "barge-in %r (%.0f %% of its words played, %s dB removed by the canceller, no_speech_prob %s): "
+            "interrupting",
             text,
             share * 100,
             "no" if hold.removed_db is None else f"{hold.removed_db:.1f}",
+            "unknown" if no_speech is None else f"{no_speech:.2f}",
         )
         self._settle(answerer, hold, resume=False)
         await answerer.interrupt()
         return False
 
-    def _is_echo(self, text: str, share: float | None, hold: Hold) -> bool:
+    def _is_echo(self, text: str, share: float | None, hold: Hold, no_speech: float | None) -> bool:
         if share is None:
             return False
         if share >= self.match:
             log.info("speech %r is the answer's echo (%.0f %% of its words played): not answered", text, share * 100)
+        elif (
+            hold.pause is not None
+            and hold.removed_db is not None  # a stream the server cancels echo on
+            and self.no_speech
+            and no_speech is not None
+            and no_speech >= self.no_speech
+        ):
+            # Whisper's stock phrase on the canceller's residual ("Thank you.", no_speech_prob 0.7-0.85
+            # on a simulated device; a person's words over the echo 0.04-0.67, tools/echo_stock_phrases.py).
+            # (Over a paused answer only, as the rule below: a reply right after the answer is the user's.)
+            log.info(
+                "speech %r is what Whisper writes on no speech (no_speech_prob %.2f) over the paused answer: "
+                "the canceller's residual echo, not answered",
+                text,
+                no_speech,
+            )
         elif (
             hold.pause is not None
             and not hold.words_only

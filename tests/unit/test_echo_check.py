@@ -508,3 +508,56 @@ async def test_suspects_all_counts_a_stream_as_cancelled_only_where_auto_found_e
         assert not session._echo_attached.cancelling  # passing
         line.canceller.detect.echo = True
         assert session._echo_attached.cancelling
+
+
+def stock_phrase_leak() -> np.ndarray:
+    """What the server's canceller lets through of an answer's echo on a simulated device
+    (tests/echo_room.py) as it converges on the first answer, on which Whisper writes its stock phrase,
+    "Thank you.", with a no_speech_prob of about 0.8 (tools/echo_stock_phrases.py, seed 8's leak at
+    1.8 s)."""
+    from mediaserver.audio.echo import EchoCanceller
+    from tests import echo_room as room
+
+    texts = (  # tools/bench_echo_residual.py's answers
+        "The weather in Paris today is sunny with a high of twenty two degrees.",
+        "I have set a timer for ten minutes. Let me know if you need anything else.",
+        "The capital of Australia is Canberra, not Sydney as many people think.",
+    )
+    answers = [synthesize(text).audio16k.astype(np.float32) for text in texts]
+    trial = room.simulate(answers, np.random.default_rng(8), delays_ms=[260, 40], cut_after_s=None)
+    ec = EchoCanceller()
+    ec.played(trial.reference, 0)
+    out = np.concatenate([ec.process(trial.mic[i : i + 320]) for i in range(0, trial.mic.size, 320)])
+    return out[int(1.5 * RATE_HZ) : int(2.76 * RATE_HZ)]
+
+
+@pytest.mark.parametrize(
+    ("setting", "leak", "echo"), [(0.65, True, True), (0.9, True, False), (0.0, True, False), (0.65, False, False)]
+)
+async def test_assistant_barge_in_echo_no_speech_takes_whispers_stock_phrase_on_the_residual_for_echo(
+    asr_service: AsrService,
+    base_settings: Settings,
+    speech: Callable[[str], Clip],
+    setting: float,
+    leak: bool,
+    echo: bool,
+) -> None:
+    """A suspect start over the answer (the default settings) on what the canceller leaked: Whisper
+    writes words that are not the answer's ("Thank you."), which cut it, unless its no-speech score
+    reaches assistant_barge_in_echo_no_speech (0 = off); a person's words ("kitchen") still cut it."""
+    settings = base_settings.model_copy(update={"assistant_barge_in_echo_no_speech": setting})
+    answerer = SpeakingAnswerer(SENTENCES["story"])
+    audio = stock_phrase_leak() if leak else speech("kitchen").audio16k
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        session._echo_attached.removed = lambda from_ms_ago, to_ms_ago: 0.5
+        session._segmenter.gate = Marking(1)  # a suspect start
+        await feed(session, np.concatenate([silence(0.3), audio, silence(1.0)]))
+        await until(lambda: bool(recorder.of(FinalTranscript)))
+        [final] = recorder.of(FinalTranscript)
+        no_speech = max(s.no_speech_prob or 0.0 for s in final.transcript.segments)
+        print(f"\n{final.transcript.text!r}: no_speech_prob {no_speech:.2f}")
+        assert final.transcript.text.strip()
+        assert (no_speech >= 0.65) is leak
+        assert answerer.pauses == 1 and final.echo is echo
+        assert answerer.interrupts == (0 if echo else 1) and answerer.resumes == (1 if echo else 0)

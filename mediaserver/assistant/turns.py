@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import itertools
 import logging
 import time
@@ -338,7 +339,8 @@ class Assistant:
         )
         if turn.record:
             self._history.remember(outcome.heard)
-        if turn.audio_started or not self._spoken(turn):
+        if turn.audio_started or not self._spoken(turn) or turn.told:
+            # (A spoken turn cut before its audio: its end is told once its text or a call was.)
             await self._emit(AssistantAudioStopped(turn.number, True, outcome.heard))
         turn.settle(outcome)
         return True
@@ -468,7 +470,8 @@ class Assistant:
             turn.progress_at = time.monotonic()
 
         rounds = ToolRounds(
-            self.llm, toolbox, messages, replace(params, tools=config), turn.options.model, self._emit,
+            self.llm, toolbox, messages, replace(params, tools=config), turn.options.model,
+            functools.partial(self._turn_emit, turn),
             turn.number, self.settings.mcp_max_calls_per_turn, progress, turn.released,
         )  # fmt: skip
         return rounds
@@ -550,6 +553,7 @@ class Assistant:
         turn.start_sample = self.out.written_samples if self.out is not None else 0
         self._task, self._current = task, turn
         while turn.deferred:  # the text written so far, in order, before anything new
+            turn.told = True
             await self._emit(turn.deferred.pop(0))
         since = turn.since_speech()
         if turn.first_token_pending and since is not None:  # its first token is seen now
@@ -562,6 +566,7 @@ class Assistant:
         if turn.held:
             turn.deferred.append(event)
         else:
+            turn.told = True
             await self._emit(event)
 
     def observe_transcript(self, seconds: float) -> None:

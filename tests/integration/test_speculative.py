@@ -214,3 +214,36 @@ async def test_turn_speculative_answers_off_answers_only_once_the_turn_has_ended
     assert AssistantAudioStarted.__name__ in kinds[kinds.index(SpeechStopped.__name__) :], kinds
     assert [m.role for m in assistant.history] == ["user", "assistant"], assistant.history
     assert out.written_samples > 0
+
+
+async def test_a_spoken_answer_cut_before_its_audio_ends_with_audio_stopped_once_its_text_was_sent(
+    asr_service: AsrService, llm_service: LlmService, tts_service: TtsService, base_settings: Settings
+) -> None:
+    """A spoken answer whose first words had gone to the client (``assistant`` deltas), cut before any
+    audio (the user went on, another turn came): the client is told it ended
+    (``assistant_audio_stopped``, interrupted, nothing heard), as a text-only answer is; a user trial
+    saw its text hang without an end."""
+    settings = base_settings.model_copy(update=VOICE)
+    events: list[SessionEvent] = []
+    first_text = asyncio.Event()
+
+    async def emit(event: SessionEvent) -> None:
+        events.append(event)
+        if isinstance(event, AssistantText) and event.delta:
+            first_text.set()
+
+    out = AudioOut(SAMPLE_RATE_HZ)  # nobody takes its frames: nothing is heard
+    options = AssistantOptions.from_settings(settings)
+    assistant = Assistant(llm_service, tts_service, settings, options, emit, out, asr_service.metrics)
+    try:
+        await assistant.answer("Tell me a long story about a dragon and a knight.")
+        async with asyncio.timeout(60):
+            await first_text.wait()
+        # (The first clause's audio needs four words or more: one token in, it cannot have started.)
+        assert not any(isinstance(e, AssistantAudioStarted) for e in events), events
+        assert await assistant.interrupt()
+        stopped = [e for e in events if isinstance(e, AssistantAudioStopped)]
+        assert [(e.interrupted, e.heard) for e in stopped] == [(True, "")], events
+        assert not any(isinstance(e, AssistantAudioStarted) for e in events), events
+    finally:
+        await assistant.aclose()

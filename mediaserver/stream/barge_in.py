@@ -63,13 +63,13 @@ class BargeIn:
         self.waits(pausing)
         return True
 
-    async def undefer(self, assistant: Answerer | None) -> int | None:
+    async def undefer(self, assistant: Answerer | None, *, cancelled: bool) -> int | None:
         """A deferred start long enough to be kept: it pauses the answer now, and its words decide;
         its start ms (to tell the client), or None when no start was deferred."""
         start_ms, self.deferred_start = self.deferred_start, None
         if start_ms is None:
             return None
-        pausing = assistant is not None and self.check.hold(assistant, True)
+        pausing = assistant is not None and self.check.hold(assistant, True, cancelled=cancelled)
         if assistant is not None and not pausing:
             await assistant.interrupt()  # (the answer ended or was cut meanwhile: as any start)
         self.waits(pausing)

@@ -13,7 +13,7 @@ transcript then decides (``EchoCheck.decide``):
   the answer's echo. It is not a user turn (it is not answered; its final says ``echo``) and the
   answer resumes where it paused;
 - where the stream runs the server's echo canceller (audio/echo.py), its words are not the answer's
-  but Whisper scores them ``assistant_barge_in_echo_no_speech`` (0.6) or more likely to be no speech
+  but Whisper scores them ``assistant_barge_in_echo_no_speech`` (0.65) or more likely to be no speech
   (its stock phrase on the canceller's residual: "Thank you."): treated as the echo, the check on or
   off (a suspect start's too);
 - where the stream runs the server's echo canceller, its words are not the answer's
@@ -115,6 +115,7 @@ class Hold:
     pause: int | None  # which pause it belongs to (``EchoCheck._pause``); None: the answer had just ended
     removed_db: float | None = None  # what the stream's echo canceller took out of it (None: no canceller)
     words_only: bool = False  # held as a suspect start (the check itself off): its words alone decide
+    cancelled: bool = False  # the server cancels the stream's echo (``SessionEcho.cancelling``)
 
 
 class EchoCheck:
@@ -189,9 +190,10 @@ class EchoCheck:
             self._arm(answerer)
         else:
             if answerer.spoke_within(AFTER_ANSWER_S):
-                self._current = Hold(None, words_only=words_only)  # nothing left to pause, but its words are checked
+                # (Nothing left to pause, but its words are checked.)
+                self._current = Hold(None, words_only=words_only, cancelled=cancelled)
             return False
-        self._current = Hold(self._pause, words_only=words_only)
+        self._current = Hold(self._pause, words_only=words_only, cancelled=cancelled)
         return True
 
     def ended(self) -> Hold | None:
@@ -243,13 +245,13 @@ class EchoCheck:
             log.info("speech %r is the answer's echo (%.0f %% of its words played): not answered", text, share * 100)
         elif (
             hold.pause is not None
-            and hold.removed_db is not None  # a stream the server cancels echo on
+            and hold.cancelled  # a stream the server cancels echo on (not one auto found free of echo)
             and self.no_speech
             and no_speech is not None
             and no_speech >= self.no_speech
         ):
-            # Whisper's stock phrase on the canceller's residual ("Thank you.", no_speech_prob 0.7-0.85
-            # on a simulated device; a person's words over the echo 0.04-0.67, tools/echo_stock_phrases.py).
+            # Whisper's stock phrase on the canceller's residual ("Thank you.", no_speech_prob 0.64-0.84
+            # on a simulated device; a person's words over the echo 0.01-0.60, tools/echo_stock_phrases.py).
             # (Over a paused answer only, as the rule below: a reply right after the answer is the user's.)
             log.info(
                 "speech %r is what Whisper writes on no speech (no_speech_prob %.2f) over the paused answer: "

@@ -323,7 +323,7 @@ class StreamSession:
 
     async def _undefer(self) -> None:
         """A deferred suspect start long enough to be kept (``BargeIn.undefer``) is told now."""
-        start_ms = await self._barge_in.undefer(self.assistant)
+        start_ms = await self._barge_in.undefer(self.assistant, cancelled=self._echo_attached.cancelling)
         if start_ms is None:
             return
         await self._emit(SpeechStarted(start_ms))

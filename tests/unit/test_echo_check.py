@@ -532,7 +532,14 @@ def stock_phrase_leak() -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("setting", "leak", "echo"), [(0.65, True, True), (0.9, True, False), (0.0, True, False), (0.65, False, False)]
+    ("setting", "leak", "passing", "echo"),
+    [
+        (0.65, True, False, True),
+        (0.9, True, False, False),
+        (0.0, True, False, False),
+        (0.65, False, False, False),
+        (0.65, True, True, False),
+    ],
 )
 async def test_assistant_barge_in_echo_no_speech_takes_whispers_stock_phrase_on_the_residual_for_echo(
     asr_service: AsrService,
@@ -540,17 +547,30 @@ async def test_assistant_barge_in_echo_no_speech_takes_whispers_stock_phrase_on_
     speech: Callable[[str], Clip],
     setting: float,
     leak: bool,
+    passing: bool,
     echo: bool,
 ) -> None:
     """A suspect start over the answer (the default settings) on what the canceller leaked: Whisper
     writes words that are not the answer's ("Thank you."), which cut it, unless its no-speech score
-    reaches assistant_barge_in_echo_no_speech (0 = off); a person's words ("kitchen") still cut it."""
+    reaches assistant_barge_in_echo_no_speech (0 = off); a person's words ("kitchen") still cut it, and
+    so does anything on a stream whose canceller ``auto`` found free of echo (``passing``: it cancels
+    nothing there, and measures 0 dB removed, not None: a review)."""
     settings = base_settings.model_copy(update={"assistant_barge_in_echo_no_speech": setting})
     answerer = SpeakingAnswerer(SENTENCES["story"])
     audio = stock_phrase_leak() if leak else speech("kitchen").audio16k
     async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
         session.assistant = answerer
-        session._echo_attached.removed = lambda from_ms_ago, to_ms_ago: 0.5
+        if passing:
+            line = EchoLine.of(settings)
+            line.set_mode("auto", settings)
+            session.attach_echo(line)
+            assert line.canceller.detect is not None
+            line.canceller.detect.echo = False
+            # (What a passing canceller measures once audio went through it: the microphone as it came.)
+            session._echo_attached.removed = lambda from_ms_ago, to_ms_ago: 0.0
+            assert not session._echo_attached.cancelling
+        else:
+            session._echo_attached.removed = lambda from_ms_ago, to_ms_ago: 0.5
         session._segmenter.gate = Marking(1)  # a suspect start
         await feed(session, np.concatenate([silence(0.3), audio, silence(1.0)]))
         await until(lambda: bool(recorder.of(FinalTranscript)))

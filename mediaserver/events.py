@@ -187,12 +187,14 @@ class StreamError:
 
 @dataclass(frozen=True)
 class AssistantText:
-    """A piece of the answer to turn ``turn``: ``delta`` is new text, ``text`` all of it so far."""
+    """A piece of the answer to turn ``turn``: ``delta`` is new text, ``text`` all of it so far;
+    ``final``: no more comes, ``interrupted`` when the answer was cut before any of its audio."""
 
     turn: int
     delta: str
     text: str
     final: bool = False
+    interrupted: bool = False
 
 
 @dataclass(frozen=True)

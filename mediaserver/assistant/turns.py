@@ -324,6 +324,11 @@ class Assistant:
         if task is None or task.done() or turn is None:
             self.resume()  # a pause never outlives its turn
             return False
+        if turn.cutting:  # another interrupt is ending it (a client's interrupt beside a barge-in)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.shield(task)
+            return False
+        turn.cutting = True
         dropped = self.out.clear() if self.out is not None else 0
         self._cancel_helpers()
         task.cancel()
@@ -339,9 +344,10 @@ class Assistant:
         )
         if turn.record:
             self._history.remember(outcome.heard)
-        if turn.audio_started or not self._spoken(turn) or turn.told:
-            # (A spoken turn cut before its audio: its end is told once its text or a call was.)
+        if turn.audio_started or not self._spoken(turn):
             await self._emit(AssistantAudioStopped(turn.number, True, outcome.heard))
+        elif turn.told:  # a spoken turn cut before its audio, whose text (or a call) the client has
+            await self._emit(AssistantText(turn.number, "", turn.text, final=True, interrupted=True))
         turn.settle(outcome)
         return True
 

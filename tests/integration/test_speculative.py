@@ -216,13 +216,14 @@ async def test_turn_speculative_answers_off_answers_only_once_the_turn_has_ended
     assert out.written_samples > 0
 
 
-async def test_a_spoken_answer_cut_before_its_audio_ends_with_audio_stopped_once_its_text_was_sent(
+async def test_a_spoken_answer_cut_before_its_audio_ends_its_text_once_it_was_sent(
     asr_service: AsrService, llm_service: LlmService, tts_service: TtsService, base_settings: Settings
 ) -> None:
     """A spoken answer whose first words had gone to the client (``assistant`` deltas), cut before any
-    audio (the user went on, another turn came): the client is told it ended
-    (``assistant_audio_stopped``, interrupted, nothing heard), as a text-only answer is; a user trial
-    saw its text hang without an end."""
+    audio (the user went on, another turn came): the client is told its text ends (an ``assistant``
+    final, ``interrupted``), once, even when two interrupts cut it at once (a client's interrupt
+    beside a barge-in); no audio start or stop is sent for it. A user trial saw its text hang without
+    an end; a review found two interrupts at once each ending a turn."""
     settings = base_settings.model_copy(update=VOICE)
     events: list[SessionEvent] = []
     first_text = asyncio.Event()
@@ -241,9 +242,12 @@ async def test_a_spoken_answer_cut_before_its_audio_ends_with_audio_stopped_once
             await first_text.wait()
         # (The first clause's audio needs four words or more: one token in, it cannot have started.)
         assert not any(isinstance(e, AssistantAudioStarted) for e in events), events
-        assert await assistant.interrupt()
-        stopped = [e for e in events if isinstance(e, AssistantAudioStopped)]
-        assert [(e.interrupted, e.heard) for e in stopped] == [(True, "")], events
-        assert not any(isinstance(e, AssistantAudioStarted) for e in events), events
+        cut = await asyncio.gather(assistant.interrupt(), assistant.interrupt())
+        assert sorted(cut) == [False, True]
+        finals = [e for e in events if isinstance(e, AssistantText) and e.final]
+        assert len(finals) == 1 and finals[0].interrupted, events
+        assert finals[0].text and finals[0].text == "".join(e.delta for e in events if isinstance(e, AssistantText))
+        assert not any(isinstance(e, AssistantAudioStarted | AssistantAudioStopped) for e in events), events
+        assert [m.role for m in assistant.history] == ["user"], assistant.history  # nothing of it was heard
     finally:
         await assistant.aclose()

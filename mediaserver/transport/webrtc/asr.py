@@ -414,7 +414,8 @@ class RtcSession:
 
     async def _on_session_event(self, event: SessionEvent) -> None:
         if isinstance(event, AssistantText):
-            self.send(message("assistant", None, {"text": event.delta, "full": event.text, "final": event.final}))
+            text = {"text": event.delta, "full": event.text, "final": event.final}
+            self.send(message("assistant", None, {**text, "interrupted": True} if event.interrupted else text))
             return
         if isinstance(event, AssistantAudioStarted):
             self.send(message("assistant_audio_started", None, {"turn": event.turn}))

@@ -153,7 +153,8 @@ class WsSession(SocketSession):
         gate = self.wake
         waiting = observe(gate, event) if gate is not None else None
         if isinstance(event, AssistantText):
-            self.send_json({"type": "assistant", "delta": event.delta, "text": event.text, "final": event.final})
+            text = {"type": "assistant", "delta": event.delta, "text": event.text, "final": event.final}
+            self.send_json({**text, "interrupted": True} if event.interrupted else text)
         elif isinstance(event, AssistantAudioStarted):
             rate = self.audio_out.sample_rate_hz if self.audio_out is not None else SAMPLE_RATE_HZ
             self.send_json({"type": "assistant_audio_started", "sample_rate": rate, "encoding": "pcm16"})

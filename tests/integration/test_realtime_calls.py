@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import numpy as np
+import pytest
 import pytest_asyncio
 
 from mediaserver.asr.service import AsrService
@@ -159,3 +161,25 @@ async def test_raw_sdp_offer_without_a_way_back_for_audio_and_bad_offers(
             assert resp.status == 400 and (await resp.json())["error"]["param"] == "session.type"
         async with http.post(f"{call_server.url}/v1/realtime/calls/rtc_nope/hangup") as resp:
             assert resp.status == 404 and (await resp.json())["error"]["code"] == "call_not_found"
+
+
+async def test_a_client_that_closes_its_event_channel_ends_the_call_logged_as_its_close(
+    call_server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client closing ``oai-events`` ends the call, and the log says the client closed it (1000), not
+    the code the server closes its own sessions with (1001: a user trial read a vanished client so)."""
+    peer, location = await connect_call(call_server)
+    call_id = location.rsplit("/", 1)[1]
+    try:
+        await peer.next("session.created")
+        with caplog.at_level(logging.INFO, logger="mediaserver.transport.socket_session"):
+            peer.channel.close()
+            deadline = time.monotonic() + 10
+            while call_id in call_server.app[SESSIONS].ids() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert call_id not in call_server.app[SESSIONS].ids()
+            closed = [r.getMessage() for r in caplog.records if f"session {call_id}: closed" in r.getMessage()]
+        assert len(closed) == 1 and "(code 1000)" in closed[0], closed
+    finally:
+        await peer.close()
+    await tasks_ended(call_id)

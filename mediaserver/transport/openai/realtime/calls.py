@@ -95,7 +95,7 @@ class ChannelSocket:
 
         @channel.on("close")
         def on_close() -> None:
-            self._inbox.put_nowait(WSMessage(WSMsgType.CLOSED, None, None))
+            self.gone(WSCloseCode.OK)  # the client closed it (a data channel has no close code)
 
         if channel.readyState == "open":
             self._open.set()
@@ -126,6 +126,16 @@ class ChannelSocket:
         await self._open.wait()
         if not self._closed and self.channel is not None and self.channel.readyState == "open":
             self.channel.send(data)
+
+    def gone(self, code: int) -> None:
+        """The channel ended from the client's side (``WSCloseCode.OK``: it closed it;
+        ``ABNORMAL_CLOSURE``: its connection failed or went silent): what the session's close logs,
+        not the code the server would have closed with."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_code = code
+        self._inbox.put_nowait(WSMessage(WSMsgType.CLOSED, None, None))
 
     async def close(self, *, code: int = WSCloseCode.OK, message: bytes = b"", drain: bool = True) -> bool:
         if self._closed:
@@ -211,13 +221,19 @@ class RealtimeCall:
         state = self.peer.pc.connectionState
         log.info("call %s: connection %s", self.id, state)
         if state in ("failed", "closed"):
+            self.socket.gone(WSCloseCode.ABNORMAL_CLOSURE)  # the peer is gone: no clean close
             self.peer.spawn(self.aclose(), "call-close")
 
     def start(self) -> None:
         self.session.start()
         self.session.send_created()
         self.peer.spawn(self._run(), "call-events")
-        self.peer.start_watchdogs(closed=lambda: self._closed, close=self.aclose)
+        self.peer.start_watchdogs(closed=lambda: self._closed, close=self._peer_lost)
+
+    async def _peer_lost(self) -> None:
+        """The watchdogs': the peer never connected, or went silent."""
+        self.socket.gone(WSCloseCode.ABNORMAL_CLOSURE)
+        await self.aclose()
 
     async def _run(self) -> None:
         try:

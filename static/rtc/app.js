@@ -277,6 +277,7 @@ client.addEventListener("speech_stopped", () => {
 client.addEventListener("assistant", (ev) => {
   state.answer = ev.detail.full;
   $("answer").textContent = state.answer;
+  if (ev.detail.final && ev.detail.interrupted) finishAnswer("", true); // cut before its audio
 });
 client.addEventListener("assistant_audio_started", () => {
   state.assistantSpeaking = true;

@@ -538,7 +538,12 @@ export class MediaserverClient extends EventTarget {
         });
         break;
       case "assistant":
-        this._emit("assistant", { delta: (obj && obj.text) || "", full: (obj && obj.full) || "", final: !!(obj && obj.final) });
+        this._emit("assistant", {
+          delta: (obj && obj.text) || "",
+          full: (obj && obj.full) || "",
+          final: !!(obj && obj.final),
+          interrupted: !!(obj && obj.interrupted), // cut before any of its audio: no audio events come
+        });
         break;
       case "assistant_audio_started":
         this._emit("assistant_audio_started", { turn: obj && obj.turn });

@@ -48,6 +48,14 @@ class TtsSettings(BaseModel):
     tts_download_max_bytes: int = Field(300 * 1024 * 1024, ge=1024, description="the largest voice file downloaded")
     tts_preload_default_voice: bool = Field(True, description="load the default voice at start, not on first use")
     tts_max_input_chars: int = Field(4096, ge=1, description="longer text is refused with 413")
+    tts_max_streamed_chars: int = Field(
+        32768,
+        ge=1,
+        description="a text streamed in pieces (Wyoming's synthesize-chunk: an LLM's answer, spoken sentence by "
+        "sentence as it comes) is spoken up to this many characters; past it the client gets one error event "
+        "(text_too_long), the sentences within it are still spoken, the rest is dropped and the stream ends as "
+        "usual (about 35 minutes of speech)",
+    )
     tts_max_sentence_chars: int = Field(400, ge=20, description="longer runs without a full stop are cut")
     tts_min_speed: float = Field(0.25, gt=0, description="the slowest `speed` a request may ask for (a 400 below it)")
     tts_max_speed: float = Field(4.0, gt=0, description="the fastest `speed` a request may ask for (a 400 above it)")

@@ -6,7 +6,6 @@ connections hold is bounded by ``wyoming_max_buffered_audio_bytes``, each refusa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -21,7 +20,7 @@ from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.event import Event
 from wyoming.info import Describe
-from wyoming.tts import SynthesizeChunk, SynthesizeStart
+from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from mediaserver.asr.service import AsrService
 from mediaserver.config import Settings
@@ -197,56 +196,78 @@ async def test_buffered_audio_across_connections_is_bounded(server_with: Any) ->
     assert server.budget.used_bytes == 0
 
 
-async def test_a_streamed_synthesis_past_its_bound_while_speaking_logs_no_error(
+async def test_a_streamed_synthesis_past_its_bound_speaks_what_came_within_it(
     base_settings: Settings, asr_service: AsrService, tts_service: TtsService, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An answer streamed sentence by sentence past tts_max_input_chars while its sentences are being
-    spoken: the client gets the error, and the server's writer of the stream stops without a
-    traceback (a user trial: "Task exception was never retrieved ... Cannot call write() after
-    write_eof()", logged at ERROR for a client's mistake)."""
-    server = WyomingServer(base_settings, asr_service, tts=tts_service)
+    """An answer streamed sentence by sentence, as an LLM's comes, past tts_max_streamed_chars (300
+    here): the client is told once (an error event, text_too_long), the sentences within the bound
+    are all spoken, the rest is not, and the stream ends as usual with synthesize-stopped, the
+    connection open. A user trial: an answer of 5470 characters was refused at 4096 by closing the
+    connection, and the sentences already sent were lost. No error is logged (an earlier trial: a
+    traceback at ERROR for a client's long text)."""
+    limit = 300
+    settings = base_settings.model_copy(update={"tts_max_streamed_chars": limit})
+    server = WyomingServer(settings, asr_service, tts=tts_service)
     port = await server.start(HOST, 0)
     caplog.set_level(logging.INFO)
+    sentence = "Hello there, this is one more sentence of a long answer. "
     try:
         client = await _client(port)
         await client.write_event(SynthesizeStart().event())
-        sentence = "Hello there, this is one more sentence of a long answer. "
-
-        async def stream() -> None:  # as an LLM's answer comes: a sentence every 50 ms
-            for _ in range(tts_service.settings.tts_max_input_chars // len(sentence) + 2):
-                await client.write_event(SynthesizeChunk(text=sentence).event())
-                await asyncio.sleep(0.05)
-
-        writer = asyncio.create_task(stream())
-        kinds: list[str] = []
+        for _ in range(limit // len(sentence) + 4):  # as an LLM's answer comes: a sentence every 50 ms
+            await client.write_event(SynthesizeChunk(text=sentence).event())
+            await asyncio.sleep(0.05)
+        await client.write_event(SynthesizeStop().event())
+        events: list[Event] = []
         async with asyncio.timeout(120):
             while (event := await client.read_event()) is not None:
-                kinds.append(event.type)
-        with contextlib.suppress(Exception):
-            await writer  # (it may find the connection closed)
-        assert "audio-chunk" in kinds and kinds[-1] == "error", [k for k in kinds if k != "audio-chunk"]
+                events.append(event)
+                if event.type == "synthesize-stopped":
+                    break
+        kinds = [e.type for e in events]
+        errors = [e for e in events if e.type == "error"]
+        assert len(errors) == 1 and errors[0].data["code"] == "text_too_long", kinds
+        assert "tts_max_streamed_chars" in errors[0].data["text"]
+        assert kinds[-1] == "synthesize-stopped", [k for k in kinds if k != "audio-chunk"]
+        # Every whole sentence within the bound spoken, and the piece of the one it cut (its own audio).
+        assert kinds.count("audio-start") == limit // len(sentence) + 1, [k for k in kinds if k != "audio-chunk"]
+        await client.write_event(Describe().event())  # the connection is still open
+        assert (await asyncio.wait_for(client.read_event(), timeout=30)) is not None
         await client.disconnect()
     finally:
         await server.aclose()
     gc.collect()  # a task whose exception was never retrieved says so when it is collected
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert not errors, errors
+    errors_logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors_logged, errors_logged
 
 
-async def test_a_streamed_synthesis_is_bounded_like_any_text(
+async def test_a_streamed_synthesis_is_bounded_even_without_a_sentence_end(
     base_settings: Settings, asr_service: AsrService, tts_service: TtsService
 ) -> None:
-    server = WyomingServer(base_settings, asr_service, tts=tts_service)
+    """Text without a sentence end piles up unspoken: past tts_max_streamed_chars the client is told
+    at once, and what came within the bound is spoken at synthesize-stop."""
+    limit = 250
+    settings = base_settings.model_copy(update={"tts_max_streamed_chars": limit})
+    server = WyomingServer(settings, asr_service, tts=tts_service)
     port = await server.start(HOST, 0)
     try:
         client = await _client(port)
         await client.write_event(SynthesizeStart().event())
-        limit = base_settings.tts_max_input_chars
-        chunk = "word " * 200  # no sentence end: nothing is spoken yet, the text only piles up
-        for _ in range(limit // len(chunk) + 1):
+        chunk = "word " * 100  # no sentence end: nothing is spoken yet, the text only piles up
+        for _ in range(limit // len(chunk) + 20):
             await client.write_event(SynthesizeChunk(text=chunk).event())
         refused = await asyncio.wait_for(client.read_event(), timeout=30)
-        assert refused is not None and refused.type == "error" and "tts_max_input_chars" in refused.data["text"]
+        assert refused is not None and refused.type == "error" and "tts_max_streamed_chars" in refused.data["text"]
+        await client.write_event(SynthesizeStop().event())
+        samples = 0
+        async with asyncio.timeout(120):
+            while (event := await client.read_event()) is not None and event.type != "synthesize-stopped":
+                assert event.type != "error", event
+                if event.type == "audio-chunk":
+                    samples += len(AudioChunk.from_event(event).audio) // 2
+        assert event is not None and event.type == "synthesize-stopped"
+        # 50 words ("word" x 50): a few seconds to 25 s of speech, not 20 times that.
+        assert 0 < samples < 25 * 22050, samples
         await client.disconnect()
     finally:
         await server.aclose()

@@ -217,7 +217,13 @@ class WyomingConnection(AsyncEventHandler):
         # (model, language, prompt) of a transcribe
         self._pending: tuple[str | None, str | None, str | None] | None = None
         self._held_bytes = 0  # this connection's share of the server's AudioBudget
-        self._tts = WyomingTts(server.tts, server.capabilities, self.send, self.peer)
+        self._tts = WyomingTts(
+            server.tts,
+            server.capabilities,
+            self.send,
+            self.peer,
+            max_streamed_chars=self._settings.tts_max_streamed_chars,
+        )
         self._wake = WyomingWake(server.wake, server.settings, self.send, self.peer, _audio_format)
 
     async def refuse(self, text: str, code: str) -> None:

@@ -7,7 +7,8 @@
   ``synthesize-chunk{text}`` as the text arrives; every sentence completed by the chunks so far is
   spoken at once (its own ``audio-start``/``audio-chunk``…/``audio-stop``) while more text is read;
   ``synthesize-stop`` speaks the rest and ends with ``synthesize-stopped``. The ``synthesize`` that
-  clients send inside a stream for older servers is ignored.
+  clients send inside a stream for older servers is ignored. Text past ``tts_max_streamed_chars``
+  is not spoken (one ``error`` event says so; the stream goes on to its end).
 
 Voices are chosen by ``voice.name`` (a voice, an alias, a downloadable Piper name) or
 ``voice.language``; ``voice.speaker`` picks a speaker of a multi-speaker voice (by name or number;
@@ -25,6 +26,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.info import Attribution, TtsProgram, TtsVoice, TtsVoiceSpeaker
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
@@ -96,8 +98,17 @@ def audio_events(chunk: TtsChunk) -> list[Event]:
 class WyomingTts:
     """The synthesis state of one connection; ``handle`` takes the TTS events."""
 
-    def __init__(self, tts: TtsService | None, capabilities: Capabilities | None, send: Send, peer: str) -> None:
+    def __init__(
+        self,
+        tts: TtsService | None,
+        capabilities: Capabilities | None,
+        send: Send,
+        peer: str,
+        *,
+        max_streamed_chars: int,
+    ) -> None:
         self._tts = tts
+        self.max_streamed_chars = max_streamed_chars  # tts_max_streamed_chars
         self._capabilities = capabilities
         self._send = send
         self.peer = peer
@@ -136,15 +147,22 @@ class WyomingTts:
                 raise InvalidParameter("synthesize-chunk needs a 'text' string", param="text")
             if self._speech is None:
                 raise InvalidParameter("synthesize-chunk before synthesize-start", param="text")
+            limit = self.max_streamed_chars
+            if self._streamed_chars >= limit:
+                return  # past the bound: dropped (the client was told once)
+            room = limit - self._streamed_chars
             self._streamed_chars += len(text)
-            limit = self._service().settings.tts_max_input_chars
-            if self._streamed_chars > limit:  # a stream is one answer: bounded like any other text
-                raise TextTooLong(
-                    f"the streamed text has {self._streamed_chars} characters; the limit is {limit} "
-                    "(tts_max_input_chars)",
-                    param="text",
+            self._speech.feed(text[:room])
+            if self._streamed_chars > limit:
+                # A stream is spoken as it comes: what came within the bound is kept and spoken, and
+                # the stream ends as usual at synthesize-stop (a user trial: an LLM's 5470 characters,
+                # refused at 4096 by closing the connection, lost the sentences already sent).
+                log.warning("wyoming %s: streamed text past %d characters: the rest is not spoken", self.peer, limit)
+                message = (
+                    f"the streamed text passed {limit} characters (tts_max_streamed_chars): what came within "
+                    "them is spoken, the rest is not"
                 )
-            self._speech.feed(text)
+                await self._send(Error(text=message, code=TextTooLong.code).event())
         elif SynthesizeStop.is_type(kind):
             await self._stop()
 

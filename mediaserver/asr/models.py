@@ -26,6 +26,7 @@ from pathlib import Path
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter, ModelUnavailable, UnknownModel
 from mediaserver.events import TranscriptionOptions
+from mediaserver.languages import WHISPER_LANGUAGES
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,8 @@ def assemble_base_model(cache_dir: Path, *, progress: bool = True) -> Path:
 
 # English-only Whisper vocabularies have 51864 tokens; multilingual ones 51865 (51866 for v3).
 _ENGLISH_ONLY_VOCABULARY = 51864
+_V3_VOCABULARY = 51866  # large-v3 (and its turbo) added a 100th language token: Cantonese
+CANTONESE = "yue"
 
 
 def _vocabulary_size(model_dir: Path) -> int | None:
@@ -328,11 +331,41 @@ class ModelRegistry:
     def multilingual_names(self) -> list[str]:
         return [s.name for s in self.sources() if self.is_multilingual(s.name)]
 
+    def has_cantonese(self, requested: str | None) -> bool:
+        """Whether the model has Whisper's Cantonese token (``yue``): large-v3 and its turbo do; the
+        earlier multilingual models (tiny … large-v2, 99 languages) do not, and a request for it would
+        decode as another language. Read from the vocabulary where the model is on disk, else guessed
+        from the name."""
+        name = self.resolve(requested)
+        if not self.is_multilingual(name):
+            return False
+        source = self._sources[name]
+        on_disk = source.location if source.kind == "local" else _hf_cached_path(source.location)
+        size = _vocabulary_size(Path(on_disk)) if on_disk else None
+        if size is not None:
+            return size >= _V3_VOCABULARY
+        location = source.location.lower()
+        return "large-v3" in location or "turbo" in location
+
+    def languages(self, requested: str | None) -> list[str]:
+        """The Whisper codes the model transcribes (as Wyoming's ``info`` lists them)."""
+        if not self.is_multilingual(requested):
+            return ["en"]
+        cantonese = self.has_cantonese(requested)
+        return [code for code in WHISPER_LANGUAGES if cantonese or code != CANTONESE]
+
     def check_options(self, requested: str | None, options: TranscriptionOptions) -> None:
         """Refuse what an English-only model cannot do (translate, other languages) with a 400 that
         names the multilingual models, instead of silently ignoring it."""
         name = self.resolve(requested)
         if self.is_multilingual(name):
+            if options.language == CANTONESE and not self.has_cantonese(name):
+                having = [s.name for s in self.sources() if self.has_cantonese(s.name)]
+                hint = f" (models here that have it: {', '.join(having)})" if having else " (large-v3 has it)"
+                raise InvalidParameter(
+                    f"model {name!r} has no Cantonese ('yue'): Whisper added it with large-v3{hint}",
+                    param="language",
+                )
             return
         multilingual = self.multilingual_names()
         hint = f" (multilingual models here: {', '.join(multilingual)})" if multilingual else ""

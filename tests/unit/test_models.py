@@ -373,3 +373,32 @@ def test_a_request_naming_no_model_takes_the_multilingual_fallback_for_another_l
     assert registry.for_options("tiny.en", german) == "tiny.en"
     assert registry.for_options(None, english) is None and registry.for_options(None, auto) is None
     assert registry.for_options("base", german) == "base"
+
+
+def test_cantonese_is_offered_and_accepted_only_by_a_model_that_has_it(tmp_path: Path) -> None:
+    """Whisper's Cantonese token ('yue') came with large-v3 (a vocabulary of 51866): base (51865) has
+    99 languages, and 'yue' asked of it decoded English speech as "Wo oh military Navy Navy..." (a
+    Home Assistant user trial: Wyoming's info listed it for base). A local model dir with a v3
+    vocabulary (the base model's files, one token added) has it."""
+    from mediaserver.errors import InvalidParameter
+    from mediaserver.events import TranscriptionOptions
+    from mediaserver.languages import WHISPER_LANGUAGES
+
+    base = Path(ModelRegistry(settings(tmp_path)).materialize("base"))
+    v3 = tmp_path / "v3"
+    v3.mkdir()
+    for item in base.iterdir():
+        (v3 / item.name).symlink_to(item)
+    (v3 / "vocabulary.txt").unlink()
+    lines = (base / "vocabulary.txt").read_bytes().splitlines(keepends=True)
+    assert len(lines) == 51865
+    (v3 / "vocabulary.txt").write_bytes(b"".join(lines) + b"<|yue|>\n")
+    registry = ModelRegistry(settings(tmp_path, asr_extra_models={"v3": str(v3)}))
+    assert registry.languages("tiny.en") == ["en"]
+    assert "yue" not in registry.languages("base") and len(registry.languages("base")) == 99
+    assert registry.languages("v3") == list(WHISPER_LANGUAGES) and len(WHISPER_LANGUAGES) == 100
+    registry.check_options("base", TranscriptionOptions(language="de"))
+    registry.check_options("v3", TranscriptionOptions(language="yue"))
+    with pytest.raises(InvalidParameter) as refused:
+        registry.check_options("base", TranscriptionOptions(language="yue"))
+    assert refused.value.param == "language" and "have it: v3" in refused.value.message

@@ -10,7 +10,6 @@ from wyoming.info import AsrModel, AsrProgram, Attribution, Info
 
 from mediaserver import __version__
 from mediaserver.asr.service import AsrService
-from mediaserver.languages import WHISPER_LANGUAGES
 from mediaserver.transport.wyoming.tts import tts_program
 from mediaserver.transport.wyoming.wake import wake_program
 from mediaserver.tts.service import TtsService
@@ -41,7 +40,7 @@ def asr_program(asr: AsrService) -> AsrProgram:
             AsrModel(
                 name=source.name,
                 description=f"Whisper {source.name} ({'multilingual' if multilingual else 'English-only'})",
-                languages=list(WHISPER_LANGUAGES) if multilingual else ["en"],
+                languages=asr.models.languages(source.name),
                 attribution=_MODEL_ATTRIBUTION,
                 installed=True,
                 version=_engine_version(),

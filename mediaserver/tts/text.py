@@ -24,6 +24,12 @@ from typing import Any
 # Markdown that LLM answers carry and a voice should not read aloud ("asterisk", "hash").
 _MARKUP = re.compile(r"(\*{1,3}|_{2,3}|`{1,3}|^#{1,6}\s+|^\s*[-*+]\s+)", re.MULTILINE)
 _SPACES = re.compile(r"\s+")
+# Emoji (pictographs, dingbats, flags, keycaps, skin tones, joiners, presentation selectors, tags):
+# Piper's phonemizer reads them by name ("slightly smiling face", a Home Assistant trial: an LLM's
+# answers carry them). Other symbols stay ("25 °C" reads "25 degrees C", "©", "%").
+_EMOJI = re.compile(
+    "[\U0001f000-\U0001faff\u2600-\u27bf\u2b00-\u2bff\u2300-\u23ff\ufe0e\ufe0f\u200d\u20e3\U000e0020-\U000e007f]+"
+)
 _SOFT_BREAK = re.compile(r"[,;:\u2013\u2014)](?=\s)")
 # Words a phrase starts with (a conjunction, a relative pronoun, a preposition): where a long first
 # sentence with no clause mark may be cut (``first_phrase_words``), the word starting the second piece.
@@ -64,9 +70,11 @@ def ssml_to_text(text: str) -> str:
 def clean_text(text: str) -> str:
     """Text as it should be spoken: control characters and markdown markers out, spaces collapsed.
 
-    Newlines become spaces (WAS strips them for the same reason: they broke WIS's TTS).
+    Newlines become spaces (WAS strips them for the same reason: they broke WIS's TTS). Emoji go:
+    the voice would read their names.
     """
     text = _MARKUP.sub("", text)  # before newlines go: headings and bullets start a line
+    text = _EMOJI.sub(" ", text)
     text = "".join(" " if unicodedata.category(ch) in ("Cc", "Zl", "Zp") else ch for ch in text)
     return _SPACES.sub(" ", text).strip()
 

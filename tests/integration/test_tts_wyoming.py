@@ -157,12 +157,15 @@ async def test_two_requests_on_one_connection(wyoming: int) -> None:
 
 @pytest.mark.parametrize("text", ["🙂", "...", "🎉 🎉!"])
 async def test_text_with_nothing_to_read_is_an_answer_of_no_audio(wyoming: int, text: str) -> None:
-    """An LLM's reply of emoji or marks alone: audio-start and audio-stop, no error (Home Assistant
-    showed a TTS failure), as the same text streamed gives; the connection goes on."""
+    """An LLM's reply of emoji or marks alone: 100 ms of silence, no error (Home Assistant showed a
+    TTS failure), and not a WAV of no frames (players refuse it: a later trial); the connection goes on."""
     client = await connect(wyoming)
     try:
         await client.write_event(Synthesize(text=text).event())
-        assert [(await read(client)).type for _ in range(2)] == ["audio-start", "audio-stop"]
+        events = [await read(client) for _ in range(3)]
+        assert [e.type for e in events] == ["audio-start", "audio-chunk", "audio-stop"]
+        chunk = AudioChunk.from_event(events[1])
+        assert len(chunk.audio) == 2 * chunk.rate // 10 and not any(chunk.audio)
         await client.write_event(Synthesize(text="Three.").event())
         assert AudioStart.is_type((await read(client)).type)
     finally:

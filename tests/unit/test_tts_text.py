@@ -154,3 +154,19 @@ def test_ssml_is_read_as_its_words() -> None:
     assert " ".join(ssml_to_text(ssml).split()) == "Hello there & welcome ."
     assert ssml_to_text("I <3 you & 2 < 3 > 1") == "I <3 you & 2 < 3 > 1"
     assert [" ".join(s.split()) for s in split_sentences(ssml_to_text(ssml))] == ["Hello there & welcome ."]
+
+
+@pytest.mark.parametrize(
+    ("text", "spoken"),
+    [
+        ("Café naïve — 東京 🙂 It's 25 °C", "Café naïve — 東京 It's 25 °C"),
+        ("Great job! 👍🏽 See you 🇫🇷 soon ❤️", "Great job! See you soon"),
+        ("1️⃣ first, ⭐ stars and © 2024", "1 first, stars and © 2024"),
+        ("👨‍👩‍👧 family", "family"),
+    ],
+)
+def test_emoji_are_not_read_aloud_but_other_symbols_are(text: str, spoken: str) -> None:
+    """Piper's phonemizer reads an emoji by its name ("slightly smiling face": a Home Assistant trial,
+    an LLM's answer); the degree sign, the copyright sign and other scripts are left as they are."""
+    assert clean_text(text) == spoken
+    assert split_sentences(text) == [spoken] or " ".join(split_sentences(text)) == spoken

@@ -41,6 +41,7 @@ from mediaserver.tts.types import SynthesisParams, TtsChunk, VoiceInfo
 log = logging.getLogger(__name__)
 
 SAMPLES_PER_CHUNK: Final = 1024  # per audio-chunk, as wyoming-piper sends them
+SILENCE_MS: Final = 100  # what a text with nothing to read is answered with
 _PIPER_ATTRIBUTION: Final = Attribution(name="rhasspy/piper", url="https://github.com/OHF-Voice/piper1-gpl")
 
 Send = Callable[..., Awaitable[None]]
@@ -173,10 +174,16 @@ class WyomingTts:
         tts = self._service()
         voice, params = await self._voice(data)
         if text.strip() and not readable(text):
-            # Nothing to read ("🙂", "..."): an answer of no audio, as a stream of it gives, not an
-            # error (an LLM's reply of emoji alone made Home Assistant show a TTS failure: a trial).
-            log.info("wyoming %s: %r has nothing to read: no audio", self.peer, text[:40])
-            await self._send(AudioStart(rate=voice.sample_rate_hz, width=2, channels=1).event(), AudioStop().event())
+            # Nothing to read ("🙂", "..."): a moment of silence, not an error (an LLM's reply of emoji
+            # alone made Home Assistant show a TTS failure: a trial), and not a WAV of no frames,
+            # which players refuse (a later trial).
+            log.info("wyoming %s: %r has nothing to read: %d ms of silence", self.peer, text[:40], SILENCE_MS)
+            silence = bytes(2 * (voice.sample_rate_hz * SILENCE_MS // 1000))
+            await self._send(
+                AudioStart(rate=voice.sample_rate_hz, width=2, channels=1).event(),
+                AudioChunk(rate=voice.sample_rate_hz, width=2, channels=1, audio=silence).event(),
+                AudioStop().event(),
+            )
             return
         tts.check_text(text)
         async with tts.speak(text, voice, params) as speech:

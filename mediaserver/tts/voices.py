@@ -21,6 +21,8 @@ import re
 import shutil
 import tempfile
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -231,8 +233,10 @@ class VoiceRegistry:
             for candidate in candidates:
                 if _language_matches(candidate, language):
                     return candidate
+            # (Tagged as Wyoming's info and /v1/voices list them, "en-US": a trial read "en_US" here.)
+            tags = sorted({v.language_tag for v in self.voices()})
             raise UnknownVoice(
-                f"no voice speaks language {language!r}; languages: {', '.join(self.languages()) or 'none'}",
+                f"no voice speaks language {language!r}; languages: {', '.join(tags) or 'none'}",
                 param="language",
             )
         default = self.find(self.default_name())
@@ -254,6 +258,13 @@ class VoiceRegistry:
             except TimeoutError:
                 timeout = self.settings.tts_download_timeout_s
                 raise self._unknown(name, f" (download timed out after {timeout:.0f} s)") from None
+            except urllib.error.URLError as exc:  # (an OSError: caught first, to say which)
+                where = urllib.parse.urlsplit(self.settings.tts_download_url).netloc or "the voice server"
+                if isinstance(exc, urllib.error.HTTPError):
+                    why = f" (not a voice {where} has: HTTP {exc.code})"
+                else:
+                    why = f" ({where} could not be reached to download it: {exc.reason}; tts_download_url)"
+                raise self._unknown(name, why) from None
             except OSError as exc:
                 raise self._unknown(name, f" (download failed: {exc})") from None
         return self.resolve(name, language=language)

@@ -282,7 +282,7 @@ async def test_second_request_is_the_same_audio_with_real_sizes_and_nocache_bypa
         ({"text": "hi", "speed": "9"}, 400, "invalid_parameter", "between 0.25 and 4.0"),
         ({"text": "hi", "speed": "0"}, 400, "invalid_parameter", "between 0.25 and 4.0"),
         ({"text": "hi", "speed": "fast"}, 400, "invalid_parameter", "must be a number"),
-        ({"text": "hi", "language": "de"}, 400, "voice_not_found", "languages: en_US"),
+        ({"text": "hi", "language": "de"}, 400, "voice_not_found", "languages: en-US"),
     ],
 )
 async def test_bad_input(server: LiveServer, params: dict[str, str], status: int, code: str, phrase: str) -> None:

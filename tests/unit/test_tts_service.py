@@ -219,7 +219,7 @@ def test_voice_names_aliases_and_languages(base_settings: Settings) -> None:
     with pytest.raises(UnknownVoice, match="voices: en_US-joe-medium") as unknown:
         registry.resolve("no-such-voice")
     assert unknown.value.status == 400
-    with pytest.raises(UnknownVoice, match="languages: en_US"):
+    with pytest.raises(UnknownVoice, match="languages: en-US"):
         registry.resolve(None, language="de")
 
 

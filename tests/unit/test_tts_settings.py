@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -191,6 +192,38 @@ async def test_a_download_larger_than_the_limit_is_refused_and_removed(tmp_path:
     finally:
         await runner.cleanup()
     assert os.listdir(tmp_path) == []  # no partial file is left behind
+
+
+async def test_a_voice_the_mirror_has_not_or_cannot_serve_is_said_so_plainly(tmp_path: Path) -> None:
+    """A made-up Piper name: the mirror's 404 is "not a voice it has", an unreachable mirror is named
+    with the setting to change, not a raw "<urlopen error [Errno -2] ...>" (a Home Assistant trial)."""
+
+    async def missing(request: web.Request) -> web.Response:
+        raise web.HTTPNotFound()
+
+    app = web.Application()
+    app.router.add_get("/{name}", missing)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        with pytest.raises(UnknownVoice, match=rf"not a voice 127.0.0.1:{port} has: HTTP 404") as caught:
+            await asyncio.wait_for(mirror_registry(tmp_path, port).resolve_or_download("en_US-nosuch-medium"), 60)
+        assert "urlopen" not in caught.value.message
+    finally:
+        await runner.cleanup()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]  # bound, not listening: refused
+    try:
+        with pytest.raises(UnknownVoice, match=r"could not be reached to download it: .*tts_download_url") as caught:
+            await asyncio.wait_for(mirror_registry(tmp_path, port).resolve_or_download("en_US-nosuch-medium"), 60)
+        assert "urlopen" not in caught.value.message
+    finally:
+        closed.close()
+    assert os.listdir(tmp_path) == []
 
 
 # --- speaking ------------------------------------------------------------------------------------------

@@ -297,6 +297,9 @@ async def health_handler(request: web.Request) -> web.Response:
         if WYOMING_PORT in request.app
         else {"enabled": False, "reason": "wyoming_enabled is false"}
     )
+    if WYOMING_SERVER in request.app:
+        open_now = len(request.app[WYOMING_SERVER].connections)
+        body["wyoming"]["connections"] = {"open": open_now, "max": settings.wyoming_max_connections}
     toolbox = request.app.get(TOOLS)
     if toolbox is not None and settings.mcp_servers:
         # The operator's MCP servers (mcp_servers): one that is down has no tools offered meanwhile.

@@ -56,6 +56,23 @@ class Metrics:
             registry=self.registry,
         )
         self.queue_depth = Gauge("mediaserver_asr_queue_depth", "ASR jobs waiting", ["model"], registry=self.registry)
+        self.wyoming_connections = Gauge(
+            "mediaserver_wyoming_connections",
+            "Open Wyoming connections (Home Assistant, satellites)",
+            registry=self.registry,
+        )
+        self.wyoming_errors = Counter(
+            "mediaserver_wyoming_errors",
+            "Error events sent to Wyoming clients, by code (voice_not_found, text_too_long, audio_buffer_full ...)",
+            ["code"],
+            registry=self.registry,
+        )
+        self.wake_detections = Counter(
+            "mediaserver_wake_detections",
+            "Wake words heard, by route (wyoming, ws, rtc) and wake word",
+            ["route", "name"],
+            registry=self.registry,
+        )
         self.sessions = Gauge(
             "mediaserver_sessions", "Open streaming sessions (WebRTC, WebSocket, Realtime)", registry=self.registry
         )

@@ -23,6 +23,7 @@ from typing import Literal, Protocol
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SpeechStarted, SpeechStopped, StreamError
+from mediaserver.metrics import Metrics
 from mediaserver.wake.detector import WakeDetection, WakeDetector
 from mediaserver.wake.models import load_wake_models
 
@@ -111,15 +112,21 @@ async def feed_through(
     samples: AudioArray,
     stream: _Stream,
     on_change: Callable[[WakeGate, WakeDetection | WakeWaiting], None],
+    *,
+    metrics: Metrics | None = None,
+    route: str = "",
 ) -> None:
     """A stream's audio through its wake-word gate, if it has one: what the gate lets through is
     fed; what it holds back still counts on the stream's clock; ``on_change`` hears a wake word or
-    the return to waiting (the faces send it their own way)."""
+    the return to waiting (the faces send it their own way); a wake word heard counts in
+    ``metrics`` under ``route``."""
     if gate is None:
         await stream.feed(samples)
         return
     heard, change = gate.feed(samples)
     if change is not None:
+        if isinstance(change, WakeDetection) and metrics is not None:
+            metrics.wake_detections.labels(route, change.name).inc()
         on_change(gate, change)
     if heard is not None:
         await stream.feed(heard)

@@ -200,7 +200,9 @@ async def test_health(server: Any) -> None:
     assert "CPU" in body["features"]["asr"]["reason"]
     # Where the Wyoming face listens: the port it took (0 asked for any).
     host = server.app[SETTINGS].wyoming_bind_host()
-    assert body["wyoming"] == {"enabled": True, "host": host, "port": server.app[WYOMING_PORT]}, body["wyoming"]
+    wyoming = {"enabled": True, "host": host, "port": server.app[WYOMING_PORT]}
+    limit = server.app[SETTINGS].wyoming_max_connections
+    assert body["wyoming"] == {**wyoming, "connections": {"open": 0, "max": limit}}, body["wyoming"]
     # Semantic turns for the voice loop, silence detection for transcription (turn_detection auto):
     # make setup fetched the turn model, and the text's second opinion (turn_text_model auto) runs
     # on the bundled SmolLM2's engine.

@@ -296,3 +296,41 @@ async def test_hundreds_of_detect_connections_are_bounded(base_settings: Setting
             await client.disconnect()
         await wait_for_no_connections(server)
         await server.aclose()
+
+
+async def test_metrics_count_wake_words_errors_and_audio_abandoned(
+    wyoming: WyomingServer, asr_service: AsrService
+) -> None:
+    """What a Home Assistant trial found missing from /metrics: wake words heard, error events sent to
+    Wyoming clients, the open connections, and audio a client sent and abandoned without audio-stop
+    (counted as received, as the streams count theirs)."""
+    registry = asr_service.metrics.registry
+
+    def value(name: str, labels: dict[str, str] | None = None) -> float:
+        return registry.get_sample_value(name, labels or {}) or 0.0
+
+    text, name, _ = WAKE_CASES[0]
+    wakes = value("mediaserver_wake_detections_total", {"route": "wyoming", "name": name})
+    events = await detect_stream(port_of(wyoming), pcm16(spoken(text)), [name])
+    assert [e.type for e in events] == ["detection"], events
+    assert value("mediaserver_wake_detections_total", {"route": "wyoming", "name": name}) == wakes + 1
+
+    errors = value("mediaserver_wyoming_errors_total", {"code": "model_not_found"})
+    await detect_stream(port_of(wyoming), pcm16(spoken(text)), ["no_such_word"])
+    assert value("mediaserver_wyoming_errors_total", {"code": "model_not_found"}) == errors + 1
+
+    heard = value("mediaserver_audio_seconds_total", {"route": "wyoming"})
+    client = await connect(port_of(wyoming))
+    await client.write_event(Transcribe(language="en").event())
+    await client.write_event(AudioStart(rate=16000, width=2, channels=1).event())
+    for event in chunks(pcm16(np.zeros(32000, np.float32))):  # 2 s, then gone without audio-stop
+        await client.write_event(event)
+    await client.write_event(Describe().event())
+    assert (await read(client)).type == "info"  # every chunk before it was read
+    assert value("mediaserver_wyoming_connections") >= 1
+    await client.disconnect()
+    assert value("mediaserver_audio_seconds_total", {"route": "wyoming"}) == pytest.approx(heard + 2.0)
+    async with asyncio.timeout(10):
+        while wyoming.connections:
+            await asyncio.sleep(0.02)
+    assert value("mediaserver_wyoming_connections") == 0

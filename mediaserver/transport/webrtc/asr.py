@@ -197,7 +197,9 @@ class RtcSession:
     async def _hear(self, samples: AudioArray) -> None:
         """Audio out of the echo canceller (if any) into the session."""
         cleaned = self.noise.process(samples) if self.noise is not None else samples
-        await feed_through(self.wake, cleaned, self.stream, self._send_wake)
+        await feed_through(
+            self.wake, cleaned, self.stream, self._send_wake, metrics=self.stream.asr.metrics, route="rtc"
+        )
 
     def _send_wake(self, gate: WakeGate, change: Any) -> None:
         obj = wake_message(gate, change)

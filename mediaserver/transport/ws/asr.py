@@ -357,7 +357,12 @@ class WsSession(SocketSession):
         """Audio out of the echo canceller (if any) into the session."""
         cleaned = self.noise.process(samples) if self.noise is not None else samples
         await feed_through(
-            self.wake, cleaned, self.stream, lambda gate, change: self.send_json(wake_message(gate, change))
+            self.wake,
+            cleaned,
+            self.stream,
+            lambda gate, change: self.send_json(wake_message(gate, change)),
+            metrics=self.stream.asr.metrics,
+            route="ws",
         )
 
     async def apply(self, work: _Work) -> None:

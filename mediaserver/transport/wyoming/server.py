@@ -224,7 +224,9 @@ class WyomingConnection(AsyncEventHandler):
             self.peer,
             max_streamed_chars=self._settings.tts_max_streamed_chars,
         )
-        self._wake = WyomingWake(server.wake, server.settings, self.send, self.peer, _audio_format)
+        self._wake = WyomingWake(
+            server.wake, server.settings, self.send, self.peer, _audio_format, metrics=server.asr.metrics
+        )
 
     async def refuse(self, text: str, code: str) -> None:
         """Turn the connection away with an error (it is closed afterwards)."""
@@ -339,6 +341,10 @@ class WyomingConnection(AsyncEventHandler):
         if event.payload:
             self._server.budget.reserve(len(event.payload))
             self._held_bytes += len(event.payload)
+            # Counted as received, as the streams count theirs (a trial: audio abandoned without an
+            # audio-stop was never counted).
+            seconds = len(event.payload) / fmt.frame_bytes / fmt.sample_rate_hz
+            self._asr.metrics.audio_seconds.labels("wyoming").inc(seconds)
             utterance.add(
                 fmt,
                 event.payload,
@@ -355,7 +361,6 @@ class WyomingConnection(AsyncEventHandler):
         try:  # the audio is held (and counted) until its transcript is made
             audio = await asyncio.to_thread(utterance.to_float, self._settings.max_audio_duration_s)
             del utterance.runs[:]
-            self._asr.metrics.audio_seconds.labels("wyoming").inc(audio.size / SAMPLE_RATE_HZ)
             if audio.size == 0:
                 language = utterance.language or self._settings.default_language
                 transcript = Transcript(text="", language=language, language_probability=None, duration_s=0.0)
@@ -389,6 +394,7 @@ class WyomingConnection(AsyncEventHandler):
     async def _fail(self, text: str, code: str) -> None:
         """Send an error, then close gracefully (see the module docstring)."""
         await self._tts.aclose()  # a stream's writer stops first: nothing is sent after the error
+        self._asr.metrics.wyoming_errors.labels(code).inc()
         try:
             await self.send(Error(text=text, code=code).event())
             if self.writer.can_write_eof():
@@ -468,6 +474,7 @@ class WyomingServer:
             return
         connection = WyomingConnection(self, reader, writer)
         self._tasks[task] = connection
+        self.asr.metrics.wyoming_connections.set(len(self._tasks))
         log.debug("wyoming %s: connected", connection.peer)
         try:
             if not self.allows(writer.get_extra_info("peername")):
@@ -490,6 +497,7 @@ class WyomingServer:
             log.debug("wyoming %s: closed by the server's shutdown", connection.peer)
         finally:
             self._tasks.pop(task, None)
+            self.asr.metrics.wyoming_connections.set(len(self._tasks))
             await connection.aclose()
             log.debug("wyoming %s: closed", connection.peer)
 

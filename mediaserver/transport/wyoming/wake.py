@@ -32,6 +32,7 @@ from mediaserver.audio.stream_decode import PcmStreamDecoder
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidAudio, InvalidParameter
 from mediaserver.events import SAMPLE_RATE_HZ
+from mediaserver.metrics import Metrics
 from mediaserver.wake.detector import WakeDetection, WakeDetector
 from mediaserver.wake.models import WakeModels
 
@@ -82,9 +83,17 @@ class WyomingWake:
     """The wake detection state of one connection: idle, or one detector fed by audio events."""
 
     def __init__(
-        self, models: WakeModels | None, settings: Settings, send: Send, peer: str, parse_format: ParseFormat
+        self,
+        models: WakeModels | None,
+        settings: Settings,
+        send: Send,
+        peer: str,
+        parse_format: ParseFormat,
+        *,
+        metrics: Metrics | None = None,
     ) -> None:
         self._models = models
+        self._metrics = metrics
         self._parse_format = parse_format
         self._settings = settings
         self._send = send
@@ -162,6 +171,8 @@ class WyomingWake:
         self._detected = True
         for detection in found:
             log.info("wyoming %s: heard %r at %d ms", self.peer, detection.name, detection.timestamp_ms)
+            if self._metrics is not None:
+                self._metrics.wake_detections.labels("wyoming", detection.name).inc()
         await self._send(
             *(Detection(name=d.name, timestamp=d.timestamp_ms, context=self._context).event() for d in found)
         )

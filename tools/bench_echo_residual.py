@@ -128,6 +128,30 @@ def voiced_runs(trial: Trial, until: int) -> list[tuple[int, int]]:
     return runs
 
 
+def barge_ins(
+    people: list[tuple[str, Audio]], answers: list[Audio], seeds: int
+) -> list[tuple[str, Trial, tuple[int, int]]]:
+    """Each seed's person (in turn) barging in over the first answer (converging) or the third
+    (converged), each clip both ways, the answer cut 0.4 s after they begin: the label, the trial and
+    the person's voiced span in it (samples). Shared with echo_stock_phrases.py."""
+    from tests.human_speech import voiced_span
+
+    out: list[tuple[str, Trial, tuple[int, int]]] = []
+    for seed in range(seeds):
+        name, audio = people[seed % len(people)]
+        near = (audio / room.rms(audio) * PERSON_RMS).astype(np.float32)
+        lo, hi = voiced_span(near)
+        first = (seed // len(people)) % 2 == 0
+        rng = np.random.default_rng(1000 + seed)
+        trial = room.simulate(
+            answers[:1] if first else answers, rng, near=near, delays_ms=[rng.uniform(20, 300)], cut_after_s=0.4
+        )
+        assert trial.barge_at is not None
+        where = "first answer" if first else "third answer"
+        out.append((f"{name} ({where})", trial, (trial.barge_at + lo, trial.barge_at + hi)))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=36, help="sessions per group")
@@ -139,7 +163,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from tests.conftest import synthesize
-    from tests.human_speech import default_dir, load_clips, voiced_span
+    from tests.human_speech import default_dir, load_clips
 
     answers = [synthesize(text).audio16k.astype(np.float32) for text in ANSWERS]
     clips = {name: audio for name, audio, _ in load_clips(default_dir())}
@@ -158,21 +182,9 @@ def main() -> None:
     for group, people in (("short", short), ("long", long)):
         if not people:
             raise SystemExit(f"no {group} clips (tests/human_speech.py's recordings are missing)")
-        for seed in range(args.seeds):
-            name, audio = people[seed % len(people)]
-            near = (audio / room.rms(audio) * PERSON_RMS).astype(np.float32)
-            lo, hi = voiced_span(near)
-            # Over the first answer (converging) or the third (converged): each clip both ways.
-            first = (seed // len(people)) % 2 == 0
-            rng = np.random.default_rng(1000 + seed)
-            trial = room.simulate(
-                answers[:1] if first else answers, rng, near=near, delays_ms=[rng.uniform(20, 300)], cut_after_s=0.4
-            )
-            assert trial.barge_at is not None
-            span = (trial.barge_at + lo, trial.barge_at + hi)
+        for label, trial, span in barge_ins(people, answers, args.seeds):
             [(removed, like)] = measure(trial, [span])
-            where = "first answer" if first else "third answer"
-            cases.append(Case(group, f"{name} ({where})", removed, like))
+            cases.append(Case(group, label, removed, like))
 
     rule = f"removed >= {args.threshold_db:g} dB"
     print(f"{len(cases)} cases; the rule: {rule}; candidate: likeness >= {args.likeness:g}")

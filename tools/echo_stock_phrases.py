@@ -132,7 +132,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from tests.conftest import synthesize
-    from tests.human_speech import default_dir, load_clips, voiced_span
+    from tests.human_speech import default_dir, load_clips
 
     answers = [synthesize(text).audio16k.astype(np.float32) for text in residual.ANSWERS]
     judge = Judge(np.concatenate(answers))
@@ -152,20 +152,9 @@ def main() -> None:
     for group, people in (("short", short), ("long", long)):
         if not people:
             raise SystemExit(f"no {group} clips (tests/human_speech.py's recordings are missing)")
-        for seed in range(args.seeds):
-            name, audio = people[seed % len(people)]
-            near = (audio / room.rms(audio) * residual.PERSON_RMS).astype(np.float32)
-            lo, hi = voiced_span(near)
-            first = (seed // len(people)) % 2 == 0
-            rng = np.random.default_rng(1000 + seed)
-            trial = room.simulate(
-                answers[:1] if first else answers, rng, near=near, delays_ms=[rng.uniform(20, 300)], cut_after_s=0.4
-            )
-            assert trial.barge_at is not None
+        for label, trial, (start, end) in residual.barge_ins(people, answers, args.seeds):
             out = cancelled(trial)
-            start, end = trial.barge_at + lo, trial.barge_at + hi
-            where = "first answer" if first else "third answer"
-            cases.append(judge.case(group, f"{name} ({where})", out[max(0, start - pad) : end + pad]))
+            cases.append(judge.case(group, label, out[max(0, start - pad) : end + pad]))
 
     for c in cases:
         scores = "no words"

@@ -5,12 +5,13 @@ loaded, the response cache's entry and total size, and a voice's workers and ONN
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,20 @@ def mirror_registry(voices_dir: Path, port: int, **settings: Any) -> VoiceRegist
     )
 
 
+@contextlib.asynccontextmanager
+async def mirror(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[int]:
+    """A voice mirror on loopback answering every file with ``handler``: its port."""
+    app = web.Application()
+    app.router.add_get("/{name}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
 async def test_a_download_that_stalls_ends_at_the_timeout(tmp_path: Path) -> None:
     """The voice server accepts and never answers (a stalled mirror, which no real one does on demand)."""
     stalled: list[asyncio.StreamWriter] = []
@@ -148,23 +163,14 @@ async def test_a_download_that_trickles_ends_at_the_timeout_too(tmp_path: Path) 
             sent.append(16)
             await asyncio.sleep(0.05)
 
-    app = web.Application()
-    app.router.add_get("/{name}", trickle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    registry = mirror_registry(tmp_path, port, tts_download_timeout_s=1.0)
-    try:
+    async with mirror(trickle) as port:
+        registry = mirror_registry(tmp_path, port, tts_download_timeout_s=1.0)
         with pytest.raises(UnknownVoice, match="timed out"):
             await asyncio.wait_for(registry.resolve_or_download("de_DE-thorsten-medium"), 60)
         async with asyncio.timeout(30):  # the thread stopped reading, and removed its part file
             while os.listdir(tmp_path):
                 await asyncio.sleep(0.05)
         assert sent  # it did trickle
-    finally:
-        await runner.cleanup()
 
 
 async def test_a_download_larger_than_the_limit_is_refused_and_removed(tmp_path: Path) -> None:
@@ -178,19 +184,10 @@ async def test_a_download_larger_than_the_limit_is_refused_and_removed(tmp_path:
             raise web.HTTPNotFound()
         return web.FileResponse(path)
 
-    app = web.Application()
-    app.router.add_get("/{name}", serve)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    registry = mirror_registry(tmp_path, port, tts_download_max_bytes=1024 * 1024)
-    try:
+    async with mirror(serve) as port:
+        registry = mirror_registry(tmp_path, port, tts_download_max_bytes=1024 * 1024)
         with pytest.raises(UnknownVoice, match=r"larger than tts_download_max_bytes \(1048576\)"):
             await asyncio.wait_for(registry.resolve_or_download(COPY), 60)
-    finally:
-        await runner.cleanup()
     assert os.listdir(tmp_path) == []  # no partial file is left behind
 
 
@@ -201,19 +198,10 @@ async def test_a_voice_the_mirror_has_not_or_cannot_serve_is_said_so_plainly(tmp
     async def missing(request: web.Request) -> web.Response:
         raise web.HTTPNotFound()
 
-    app = web.Application()
-    app.router.add_get("/{name}", missing)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with mirror(missing) as port:
         with pytest.raises(UnknownVoice, match=rf"not a voice 127.0.0.1:{port} has: HTTP 404") as caught:
             await asyncio.wait_for(mirror_registry(tmp_path, port).resolve_or_download("en_US-nosuch-medium"), 60)
         assert "urlopen" not in caught.value.message
-    finally:
-        await runner.cleanup()
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]  # bound, not listening: refused

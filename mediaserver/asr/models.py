@@ -16,6 +16,7 @@ let anyone read the disk or trigger multi-gigabyte downloads.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -167,10 +168,19 @@ CANTONESE = "yue"
 
 
 def _vocabulary_size(model_dir: Path) -> int | None:
+    """Tokens in a CTranslate2 Whisper model's vocabulary: ``vocabulary.txt`` (older conversions) or
+    ``vocabulary.json`` (a list: what ``ct2-transformers-converter`` writes now)."""
     vocabulary = model_dir / "vocabulary.txt"
     if vocabulary.is_file():
         with open(vocabulary, "rb") as f:
             return sum(1 for _ in f)
+    as_json = model_dir / "vocabulary.json"
+    if as_json.is_file():
+        try:
+            tokens = json.loads(as_json.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return len(tokens) if isinstance(tokens, list) else None
     return None
 
 
@@ -340,6 +350,8 @@ class ModelRegistry:
         if not self.is_multilingual(name):
             return False
         source = self._sources[name]
+        if source.kind == "remote":
+            return True  # the remote server's model decides (it was passed through before, as all are)
         on_disk = source.location if source.kind == "local" else _hf_cached_path(source.location)
         size = _vocabulary_size(Path(on_disk)) if on_disk else None
         if size is not None:
@@ -387,6 +399,11 @@ class ModelRegistry:
             return requested
         if options.task != "translate" and options.language in (None, "en"):
             return requested
+        if options.language == CANTONESE and not self.has_cantonese(requested):
+            # (Home Assistant lists the languages of every model and sends one, never a model.)
+            having = [s.name for s in self.sources() if self.has_cantonese(s.name)]
+            if having:
+                return having[0]
         try:
             name = self.translation_model(requested, fallback=True)
         except ApiError:

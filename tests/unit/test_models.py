@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -402,3 +403,16 @@ def test_cantonese_is_offered_and_accepted_only_by_a_model_that_has_it(tmp_path:
     with pytest.raises(InvalidParameter) as refused:
         registry.check_options("base", TranscriptionOptions(language="yue"))
     assert refused.value.param == "language" and "have it: v3" in refused.value.message
+    # A request naming no model (Home Assistant's) goes to one that has it; one naming base does not.
+    assert registry.for_options(None, TranscriptionOptions(language="yue")) == "v3"
+    assert registry.for_options("base", TranscriptionOptions(language="yue")) == "base"
+    # What the converter writes now: vocabulary.json (a review: only vocabulary.txt was read).
+    v3_json = tmp_path / "v3json"
+    v3_json.mkdir()
+    for item in v3.iterdir():
+        if item.name != "vocabulary.txt":
+            (v3_json / item.name).symlink_to(item.resolve())
+    tokens = [line.rstrip(b"\n").decode() for line in lines] + ["<|yue|>"]
+    (v3_json / "vocabulary.json").write_text(json.dumps(tokens))
+    with_json = ModelRegistry(settings(tmp_path, asr_extra_models={"mine": str(v3_json)}))
+    assert with_json.has_cantonese("mine") and "yue" in with_json.languages("mine")

@@ -229,3 +229,15 @@ async def test_closing_stops_the_probe_loop_even_as_a_probe_answers() -> None:
         closing = asyncio.create_task(engine.aclose())
         done, _ = await asyncio.wait({closing}, timeout=5.0)
         assert closing in done, f"aclose hung in cycle {cycle}"
+
+
+def test_a_remote_multilingual_model_keeps_cantonese() -> None:
+    """Whether a remote server's model has Whisper's Cantonese token is for it to say: 'yue' is listed
+    and passed through, as it was before the bundled models were held to their vocabulary (a review)."""
+    from mediaserver.asr.models import ModelRegistry
+    from mediaserver.events import TranscriptionOptions
+
+    settings = Settings(_env_file=None, remote_models={"large": {"backend": "openai", "url": "http://vllm:8000/v1"}})
+    registry = ModelRegistry(settings)
+    assert registry.has_cantonese("large") and "yue" in registry.languages("large")
+    registry.check_options("large", TranscriptionOptions(language="yue"))

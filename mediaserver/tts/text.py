@@ -17,19 +17,27 @@ from __future__ import annotations
 
 import functools
 import html
+import logging
 import re
 import unicodedata
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 # Markdown that LLM answers carry and a voice should not read aloud ("asterisk", "hash").
 _MARKUP = re.compile(r"(\*{1,3}|_{2,3}|`{1,3}|^#{1,6}\s+|^\s*[-*+]\s+)", re.MULTILINE)
 _SPACES = re.compile(r"\s+")
-# Emoji (pictographs, dingbats, flags, keycaps, skin tones, joiners, presentation selectors, tags):
-# Piper's phonemizer reads them by name ("slightly smiling face", a Home Assistant trial: an LLM's
-# answers carry them). Other symbols stay ("25 °C" reads "25 degrees C", "©", "%").
-_EMOJI = re.compile(
-    "[\U0001f000-\U0001faff\u2600-\u27bf\u2b00-\u2bff\u2300-\u23ff\ufe0e\ufe0f\u200d\u20e3\U000e0020-\U000e007f]+"
+# Emoji: Piper's phonemizer reads them by name ("slightly smiling face", a Home Assistant trial: an
+# LLM's answers carry them). Pictographs, flags, skin tones, dingbats and the symbols shown as emoji
+# (☀ ✔ ⭐ ⌛ ▶ ‼ ℹ ...), with their presentation selectors, keycap marks and tags, and the joiner only
+# between two of them (it also joins letters in Sinhala and Malayalam). Other symbols stay: "25 °C"
+# reads "25 degrees C", musical signs ("C♯"), "©", "%", "→" (a review).
+_EMOJI_CHAR = (
+    "\U0001f000-\U0001faff\u2600-\u2668\u2670-\u27bf\u2b00-\u2bff\u231a\u231b\u23e9-\u23fa"
+    "\u25aa\u25ab\u25b6\u25c0\u25fb-\u25fe\u203c\u2049\u2139\u24c2\u3030\u303d\u3297\u3299"
 )
+_EMOJI_MARKS = "\ufe0e\ufe0f\u20e3\U000e0020-\U000e007f"
+_EMOJI = re.compile(f"[{_EMOJI_CHAR}][{_EMOJI_MARKS}]*(?:\u200d[{_EMOJI_CHAR}][{_EMOJI_MARKS}]*)*|[{_EMOJI_MARKS}]+")
 _SOFT_BREAK = re.compile(r"[,;:\u2013\u2014)](?=\s)")
 # Words a phrase starts with (a conjunction, a relative pronoun, a preposition): where a long first
 # sentence with no clause mark may be cut (``first_phrase_words``), the word starting the second piece.
@@ -79,12 +87,30 @@ def clean_text(text: str) -> str:
     return _SPACES.sub(" ", text).strip()
 
 
+# Characters pysbd uses as placeholders while it segments (its rules swap them in for periods and
+# the like, then back): text holding one lost words ("Play in B♭ major. Then stop." segmented to
+# "Then stop."; a review). They are segmented as private-use characters, one for one, and restored.
+_PYSBD_PLACEHOLDERS = "ƪȸȹᓰᓱᓳᓴᓷᓸ∮∯⌬⎋☄☇☈☉☏☝♝♟♨♬♭✂"
+_TO_PRIVATE = str.maketrans({ch: chr(0xE000 + i) for i, ch in enumerate(_PYSBD_PLACEHOLDERS)})
+
+
 def _segment(text: str) -> list[str]:
     """pysbd's segments, each with its trailing whitespace (they concatenate to ``text``)."""
     if not text.strip():
         return []
-    parts: list[str] = _segmenter().segment(text)
-    return parts
+    lead = len(text) - len(text.lstrip())  # (pysbd drops leading spaces: they go with the first part)
+    safe = text[lead:].translate(_TO_PRIVATE)
+    parts: list[str] = _segmenter().segment(safe)
+    if "".join(parts) != safe:  # (pysbd dropped or changed something: the text stays whole)
+        log.warning("sentence splitting changed the text; it is read as one piece: %r", text[:80])
+        return [text]
+    out: list[str] = []
+    start = lead
+    for part in parts:  # the original characters, at the same places
+        out.append(text[start : start + len(part)])
+        start += len(part)
+    out[0] = text[:lead] + out[0]
+    return out
 
 
 def _cut_long(text: str, max_chars: int) -> tuple[str, str]:

@@ -271,3 +271,38 @@ async def test_a_streamed_synthesis_is_bounded_even_without_a_sentence_end(
         await client.disconnect()
     finally:
         await server.aclose()
+
+
+async def test_a_stream_that_reaches_its_bound_exactly_is_told_when_more_comes(
+    base_settings: Settings, asr_service: AsrService, tts_service: TtsService
+) -> None:
+    """A piece that ends exactly at tts_max_streamed_chars is spoken; the next is dropped and said so
+    (a review: it was dropped silently). An answer of emoji alone streamed gets 100 ms of silence, as
+    synthesize does (a review: no audio at all)."""
+    first = "Hello there."
+    settings = base_settings.model_copy(update={"tts_max_streamed_chars": len(first)})
+    server = WyomingServer(settings, asr_service, tts=tts_service)
+    port = await server.start(HOST, 0)
+    registry, labels = asr_service.metrics.registry, {"code": "text_too_long"}
+    counted = registry.get_sample_value("mediaserver_wyoming_errors_total", labels) or 0.0
+    try:
+        client = await _client(port)
+        for pieces, told in (([first, " And more."], True), (["👍", " 🎉"], False)):
+            await client.write_event(SynthesizeStart().event())
+            for piece in pieces:
+                await client.write_event(SynthesizeChunk(text=piece).event())
+            await client.write_event(SynthesizeStop().event())
+            events: list[Event] = []
+            async with asyncio.timeout(60):
+                while (event := await client.read_event()) is not None and event.type != "synthesize-stopped":
+                    events.append(event)
+            kinds = [e.type for e in events]
+            assert kinds.count("error") == (1 if told else 0), kinds
+            assert kinds.count("audio-start") == 1 and "audio-chunk" in kinds, kinds
+            if not told:  # nothing to read: 100 ms of silence
+                [chunk] = [AudioChunk.from_event(e) for e in events if e.type == "audio-chunk"]
+                assert len(chunk.audio) == 2 * chunk.rate // 10 and not any(chunk.audio)
+        await client.disconnect()
+    finally:
+        await server.aclose()
+    assert registry.get_sample_value("mediaserver_wyoming_errors_total", labels) == counted + 1

@@ -223,6 +223,7 @@ class WyomingConnection(AsyncEventHandler):
             self.send,
             self.peer,
             max_streamed_chars=self._settings.tts_max_streamed_chars,
+            on_error=lambda code: self._asr.metrics.wyoming_errors.labels(code).inc(),
         )
         self._wake = WyomingWake(
             server.wake, server.settings, self.send, self.peer, _audio_format, metrics=server.asr.metrics

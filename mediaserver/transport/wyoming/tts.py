@@ -35,7 +35,7 @@ from mediaserver import __version__
 from mediaserver.capabilities import Capabilities, FeatureDisabled
 from mediaserver.errors import InvalidParameter
 from mediaserver.tts.service import Speech, TextTooLong, TtsService
-from mediaserver.tts.text import readable
+from mediaserver.tts.text import clean_text, readable
 from mediaserver.tts.types import SynthesisParams, TtsChunk, VoiceInfo
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,16 @@ def _voice_fields(data: dict[str, Any]) -> tuple[str | None, str | None, str | N
     return fields[0], fields[1], fields[2]
 
 
+def _silence(rate: int) -> list[Event]:
+    """``SILENCE_MS`` of silence as one answer: what a text with nothing to read gets."""
+    silence = bytes(2 * (rate * SILENCE_MS // 1000))
+    return [
+        AudioStart(rate=rate, width=2, channels=1).event(),
+        AudioChunk(rate=rate, width=2, channels=1, audio=silence).event(),
+        AudioStop().event(),
+    ]
+
+
 def audio_events(chunk: TtsChunk) -> list[Event]:
     """A sentence's PCM as ``audio-chunk`` events of ``SAMPLES_PER_CHUNK`` samples."""
     step = SAMPLES_PER_CHUNK * 2
@@ -107,9 +117,14 @@ class WyomingTts:
         peer: str,
         *,
         max_streamed_chars: int,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         self._tts = tts
         self.max_streamed_chars = max_streamed_chars  # tts_max_streamed_chars
+        self._on_error = on_error  # an error event sent without closing (counted by code)
+        self._streamed_text = False  # the open stream brought text (not only spaces)
+        self._told_too_long = False
+        self._spoke = False  # the open stream's writer sent audio
         self._capabilities = capabilities
         self._send = send
         self.peer = peer
@@ -148,24 +163,38 @@ class WyomingTts:
                 raise InvalidParameter("synthesize-chunk needs a 'text' string", param="text")
             if self._speech is None:
                 raise InvalidParameter("synthesize-chunk before synthesize-start", param="text")
-            limit = self.max_streamed_chars
-            if self._streamed_chars >= limit:
-                return  # past the bound: dropped (the client was told once)
-            room = limit - self._streamed_chars
-            self._streamed_chars += len(text)
-            self._speech.feed(text[:room])
-            if self._streamed_chars > limit:
-                # A stream is spoken as it comes: what came within the bound is kept and spoken, and
-                # the stream ends as usual at synthesize-stop (a user trial: an LLM's 5470 characters,
-                # refused at 4096 by closing the connection, lost the sentences already sent).
-                log.warning("wyoming %s: streamed text past %d characters: the rest is not spoken", self.peer, limit)
-                message = (
-                    f"the streamed text passed {limit} characters (tts_max_streamed_chars): what came within "
-                    "them is spoken, the rest is not"
-                )
-                await self._send(Error(text=message, code=TextTooLong.code).event())
+            await self._chunk(self._speech, text)
         elif SynthesizeStop.is_type(kind):
             await self._stop()
+
+    async def _chunk(self, speech: Speech, text: str) -> None:
+        """A streamed piece of text: spoken as it completes sentences, up to ``max_streamed_chars``.
+        Past it the rest is dropped (cut back to a word's end) and the client is told once; the stream
+        ends as usual at synthesize-stop (a user trial: an LLM's 5470 characters, refused at 4096 by
+        closing the connection, lost the sentences already sent)."""
+        self._streamed_text = self._streamed_text or bool(text.strip())
+        limit = self.max_streamed_chars
+        room = limit - self._streamed_chars
+        self._streamed_chars += len(text)
+        if self._streamed_chars <= limit:
+            speech.feed(text)
+            return
+        if room > 0:
+            kept = text[:room]
+            if not text[room].isspace():  # (not half a word: back to the last space, if the piece has one)
+                kept = kept[: max(kept.rfind(" "), 0)] if " " in kept else ""
+            speech.feed(kept)
+        if self._told_too_long:
+            return
+        self._told_too_long = True
+        log.warning("wyoming %s: streamed text past %d characters: the rest is not spoken", self.peer, limit)
+        if self._on_error is not None:
+            self._on_error(TextTooLong.code)
+        message = (
+            f"the streamed text passed {limit} characters (tts_max_streamed_chars): what came within them is "
+            "spoken, the rest is not"
+        )
+        await self._send(Error(text=message, code=TextTooLong.code).event())
 
     async def _synthesize(self, data: dict[str, Any]) -> None:
         text = data.get("text")
@@ -173,17 +202,12 @@ class WyomingTts:
             raise InvalidParameter("synthesize needs a 'text' string", param="text")
         tts = self._service()
         voice, params = await self._voice(data)
-        if text.strip() and not readable(text):
+        if text.strip() and not readable(clean_text(text)):
             # Nothing to read ("🙂", "..."): a moment of silence, not an error (an LLM's reply of emoji
             # alone made Home Assistant show a TTS failure: a trial), and not a WAV of no frames,
             # which players refuse (a later trial).
             log.info("wyoming %s: %r has nothing to read: %d ms of silence", self.peer, text[:40], SILENCE_MS)
-            silence = bytes(2 * (voice.sample_rate_hz * SILENCE_MS // 1000))
-            await self._send(
-                AudioStart(rate=voice.sample_rate_hz, width=2, channels=1).event(),
-                AudioChunk(rate=voice.sample_rate_hz, width=2, channels=1, audio=silence).event(),
-                AudioStop().event(),
-            )
+            await self._send(*_silence(voice.sample_rate_hz))
             return
         tts.check_text(text)
         async with tts.speak(text, voice, params) as speech:
@@ -206,11 +230,15 @@ class WyomingTts:
         self._speech_cm = tts.open(voice, params)
         self._speech = await self._speech_cm.__aenter__()
         self._streamed_chars = 0
+        self._streamed_text = False
+        self._told_too_long = False
+        self._spoke = False
         self._writer = asyncio.get_running_loop().create_task(self._write(self._speech), name="wyoming-tts-writer")
 
     async def _write(self, speech: Speech) -> None:
         """Each sentence as its own audio-start … audio-stop, as soon as it is made."""
         async for chunk in speech:
+            self._spoke = True
             events = [AudioStart(rate=chunk.sample_rate_hz, width=2, channels=1).event(), *audio_events(chunk)]
             await self._send(*events, AudioStop().event())
 
@@ -225,6 +253,9 @@ class WyomingTts:
         finally:
             await self.aclose()
         log.info("wyoming %s: streamed %d sentence(s) with %s", self.peer, len(speech.sentences), speech.voice.name)
+        if self._streamed_text and not self._spoke:
+            # Text, but nothing to read in it (an LLM's "👍"): a moment of silence, as synthesize gives.
+            await self._send(*_silence(speech.voice.sample_rate_hz))
         await self._send(SynthesizeStopped().event())
 
     async def aclose(self) -> None:

@@ -298,7 +298,7 @@ async def health_handler(request: web.Request) -> web.Response:
         else {"enabled": False, "reason": "wyoming_enabled is false"}
     )
     if WYOMING_SERVER in request.app:
-        open_now = len(request.app[WYOMING_SERVER].connections)
+        open_now = request.app[WYOMING_SERVER].served
         body["wyoming"]["connections"] = {"open": open_now, "max": settings.wyoming_max_connections}
     toolbox = request.app.get(TOOLS)
     if toolbox is not None and settings.mcp_servers:

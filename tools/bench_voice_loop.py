@@ -191,6 +191,8 @@ async def one_turn(peer: Any, clip: Any, sessions: int, question: str, timeout_s
             turn.stages[stage] = now - speech_end
         if msg["type"] == "assistant" and msg["obj"]["final"]:
             turn.answer = msg["obj"]["full"]
+            if msg["obj"].get("interrupted"):  # cut before its audio (a user went on): no audio events come
+                raise RuntimeError(f"the answer was cut before its audio: {msg}")
         if msg["type"] == "error":
             raise RuntimeError(f"the server answered an error: {msg}")
         if msg["type"] == "assistant_audio_stopped":

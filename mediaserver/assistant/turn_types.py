@@ -126,7 +126,8 @@ class Turn:
         self._release: asyncio.Event | None = None
         self.deferred: list[SessionEvent] = []
         self.told = False  # some of it (text, a tool call) reached the client: its end is told too
-        self.cutting = False  # an interrupt is ending it
+        self.cutting: asyncio.Event | None = None  # an interrupt is ending it (set once it has)
+        self.text_ended = False  # its final text event went out
         self.greet: str | None = None  # the enrolled speaker this answer greets (assistant/greeting.py)
         # When the speech it answers ended (monotonic): its stages go into the voice latency
         # histogram, which counts from there; None: a typed request (Realtime) has no such moment.

@@ -324,11 +324,17 @@ class Assistant:
         if task is None or task.done() or turn is None:
             self.resume()  # a pause never outlives its turn
             return False
-        if turn.cutting:  # another interrupt is ending it (a client's interrupt beside a barge-in)
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.shield(task)
+        if turn.cutting is not None:  # another interrupt is ending it (a client's interrupt beside a barge-in)
+            await turn.cutting.wait()  # until it has: its events are sent, the turn settled
             return False
-        turn.cutting = True
+        turn.cutting = asyncio.Event()
+        try:
+            return await self._cut(task, turn)
+        finally:
+            turn.cutting.set()
+
+    async def _cut(self, task: asyncio.Task[None], turn: Turn) -> bool:
+        """``interrupt``'s work, done once a turn."""
         dropped = self.out.clear() if self.out is not None else 0
         self._cancel_helpers()
         task.cancel()
@@ -346,7 +352,7 @@ class Assistant:
             self._history.remember(outcome.heard)
         if turn.audio_started or not self._spoken(turn):
             await self._emit(AssistantAudioStopped(turn.number, True, outcome.heard))
-        elif turn.told:  # a spoken turn cut before its audio, whose text (or a call) the client has
+        elif turn.told and not turn.text_ended:  # a spoken turn cut before its audio, its text (or a call) sent
             await self._emit(AssistantText(turn.number, "", turn.text, final=True, interrupted=True))
         turn.settle(outcome)
         return True
@@ -371,6 +377,7 @@ class Assistant:
             )
             return
         await turn.released()
+        turn.text_ended = True
         await self._emit(AssistantText(turn.number, "", turn.text, final=True))
         if self.out is not None and self._spoken(turn) and turn.audio_started:
             self.out.end_of_answer()

@@ -260,8 +260,10 @@ class VoiceRegistry:
                 raise self._unknown(name, f" (download timed out after {timeout:.0f} s)") from None
             except urllib.error.URLError as exc:  # (an OSError: caught first, to say which)
                 where = urllib.parse.urlsplit(self.settings.tts_download_url).netloc or "the voice server"
-                if isinstance(exc, urllib.error.HTTPError):
-                    why = f" (not a voice {where} has: HTTP {exc.code})"
+                if isinstance(exc, urllib.error.HTTPError) and exc.code == 404:
+                    why = f" (not a voice {where} has: HTTP 404)"
+                elif isinstance(exc, urllib.error.HTTPError):
+                    why = f" ({where} answered HTTP {exc.code} {exc.reason}; tts_download_url)"
                 else:
                     why = f" ({where} could not be reached to download it: {exc.reason}; tts_download_url)"
                 raise self._unknown(name, why) from None

@@ -174,6 +174,10 @@ client.addEventListener("bitrate", (ev) => {
 client.addEventListener("assistant", (ev) => {
   state.answer = ev.detail.full;
   showLine(state.answer, false);
+  if (ev.detail.final && ev.detail.interrupted) {
+    // cut before any of its audio: no audio events come for it
+    state.answers.push({ text: state.answer, heard: "", interrupted: true });
+  }
 });
 client.addEventListener("assistant_audio_started", () => {
   state.assistantSpeaking = true;

@@ -320,6 +320,10 @@ async def test_metrics_count_wake_words_errors_and_audio_abandoned(
     assert value("mediaserver_wyoming_errors_total", {"code": "model_not_found"}) == errors + 1
 
     heard = value("mediaserver_audio_seconds_total", {"route": "wyoming"})
+    async with asyncio.timeout(10):  # the connections above are closed on the server's side too
+        while wyoming.served:
+            await asyncio.sleep(0.02)
+    open_before = value("mediaserver_wyoming_connections")  # (the metrics are the test session's)
     client = await connect(port_of(wyoming))
     await client.write_event(Transcribe(language="en").event())
     await client.write_event(AudioStart(rate=16000, width=2, channels=1).event())
@@ -327,10 +331,10 @@ async def test_metrics_count_wake_words_errors_and_audio_abandoned(
         await client.write_event(event)
     await client.write_event(Describe().event())
     assert (await read(client)).type == "info"  # every chunk before it was read
-    assert value("mediaserver_wyoming_connections") >= 1
+    assert value("mediaserver_wyoming_connections") == open_before + 1 and wyoming.served >= 1
     await client.disconnect()
     assert value("mediaserver_audio_seconds_total", {"route": "wyoming"}) == pytest.approx(heard + 2.0)
     async with asyncio.timeout(10):
-        while wyoming.connections:
+        while wyoming.served:
             await asyncio.sleep(0.02)
-    assert value("mediaserver_wyoming_connections") == 0
+    assert value("mediaserver_wyoming_connections") == open_before

@@ -445,6 +445,7 @@ class WyomingServer:
         self.budget = AudioBudget(settings.wyoming_max_buffered_audio_bytes)
         self.wake = load_wake_models(settings.wake_models_dir) if settings.wake_enabled else None
         self.port: int | None = None
+        self.served = 0  # connections being served (not the ones refused, still lingering)
 
     @property
     def tts_if_enabled(self) -> TtsService | None:
@@ -475,7 +476,7 @@ class WyomingServer:
             return
         connection = WyomingConnection(self, reader, writer)
         self._tasks[task] = connection
-        self.asr.metrics.wyoming_connections.set(len(self._tasks))
+        served = False
         log.debug("wyoming %s: connected", connection.peer)
         try:
             if not self.allows(writer.get_extra_info("peername")):
@@ -488,6 +489,9 @@ class WyomingServer:
                     "too_many_connections",
                 )
             else:
+                served = True  # (counted while served: not a refused one during its linger)
+                self.served += 1
+                self.asr.metrics.wyoming_connections.inc()
                 await connection.run()
         except asyncio.CancelledError:
             if not self._closed:
@@ -498,7 +502,9 @@ class WyomingServer:
             log.debug("wyoming %s: closed by the server's shutdown", connection.peer)
         finally:
             self._tasks.pop(task, None)
-            self.asr.metrics.wyoming_connections.set(len(self._tasks))
+            if served:
+                self.served -= 1
+                self.asr.metrics.wyoming_connections.dec()
             await connection.aclose()
             log.debug("wyoming %s: closed", connection.peer)
 

@@ -284,8 +284,15 @@ async def test_a_sessions_instructions_are_prefilled_before_its_first_response(
             if line.startswith("mediaserver_llm_prefills_total")
         )
 
+    initial = await prefills()
     async with sdk(conv_server).realtime.connect(model="gpt-realtime") as connection:
         await until(connection, "session.created")
+        # The session's default instructions are prefilled at its creation: that one done first (read
+        # after session.created, the count could still take it, and the response then raced the
+        # update's prefill for the slot: the test failed so in every run of stop 62, on the old code too).
+        async with asyncio.timeout(30):
+            while await prefills() < initial + 1:  # (polled: no event says it)
+                await asyncio.sleep(0.05)
         before = await prefills()
         await connection.session.update(session={**TEXT_ONLY, "instructions": instructions, "tools": tools})
         await until(connection, "session.updated")

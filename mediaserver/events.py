@@ -205,6 +205,21 @@ class AssistantAudioStarted:
 
 
 @dataclass(frozen=True)
+class AssistantAudioPaused:
+    """Turn ``turn``'s audio stopped for speech over it whose words decide (stream/echo_check.py): it
+    resumes (``AssistantAudioResumed``) or ends cut (``AssistantAudioStopped``)."""
+
+    turn: int
+
+
+@dataclass(frozen=True)
+class AssistantAudioResumed:
+    """Turn ``turn``'s paused audio goes on from where it paused."""
+
+    turn: int
+
+
+@dataclass(frozen=True)
 class AssistantAudioStopped:
     """Turn ``turn``'s audio ended: played to the end, or ``interrupted`` (barge-in, a reset).
 
@@ -269,6 +284,8 @@ class AssistantToolCallDelta:
 AssistantEvent = (
     AssistantText
     | AssistantAudioStarted
+    | AssistantAudioPaused
+    | AssistantAudioResumed
     | AssistantAudioStopped
     | AssistantError
     | AssistantToolCall

@@ -54,6 +54,8 @@ from mediaserver.assistant.turn_types import (
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
 from mediaserver.events import (
+    AssistantAudioPaused,
+    AssistantAudioResumed,
     AssistantAudioStarted,
     AssistantAudioStopped,
     AssistantError,
@@ -102,6 +104,7 @@ class Assistant:
         self._task: asyncio.Task[None] | None = None
         self._current: Turn | None = None
         self._helpers: set[asyncio.Task[None]] = set()
+        self._telling: asyncio.Task[None] | None = None  # the latest pause or resume being said (_tell)
         self._closed = False
         self._registry = metrics
         self._speculation: tuple[str, Turn, asyncio.Task[None]] | None = None
@@ -296,11 +299,39 @@ class Assistant:
         if self.out is None or not self.speaking:
             return False
         self.out.pause()
+        self._tell(AssistantAudioPaused)
         return True
 
     def resume(self) -> None:
         if self.out is not None:
+            paused = self.out.paused
             self.out.resume()
+            if paused and self.speaking:  # (not for a turn that ended while paused)
+                self._tell(AssistantAudioResumed)
+
+    def _tell(self, event: type[AssistantAudioPaused | AssistantAudioResumed]) -> None:
+        """Say the answer paused or resumed (a device sees its frames stop and would not know why: a
+        satellite trial); in order, after what was emitted before."""
+        turn = self._current
+        if turn is None:
+            return
+        before = self._telling
+
+        async def say() -> None:
+            if before is not None:
+                await asyncio.wait({before})  # (its outcome is its own; a cancel of this one stops here)
+            await self._emit(event(turn.number))
+
+        # (Not a helper: a cut cancels those, and these go out before its stop: ``_cut`` awaits them.)
+        task = asyncio.get_running_loop().create_task(say(), name=f"assistant-{event.__name__}-{self.name}")
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())  # (retrieved: never logged)
+        self._telling = task
+
+    async def _told(self) -> None:
+        """Until the pauses and resumes said so far have gone out."""
+        telling = self._telling
+        if telling is not None:
+            await asyncio.wait({telling})
 
     def played_text(self) -> str:
         """The text of the latest turn's audio sent so far: while it runs, its sentences whose audio
@@ -350,6 +381,7 @@ class Assistant:
         )
         if turn.record:
             self._history.remember(outcome.heard)
+        await self._told()  # (a pause said before the stop)
         if turn.audio_started or not self._spoken(turn):
             await self._emit(AssistantAudioStopped(turn.number, True, outcome.heard))
         elif turn.told and not turn.text_ended:  # a spoken turn cut before its audio, its text (or a call) sent
@@ -591,6 +623,9 @@ class Assistant:
             return
         self._closed = True
         self._cancel_helpers()
+        telling, self._telling = self._telling, None
+        if telling is not None:
+            telling.cancel()  # (the ones before it are short, and end by themselves)
         speculation, self._speculation = self._speculation, None
         if speculation is not None:
             speculation[2].cancel()

@@ -251,3 +251,53 @@ async def test_a_spoken_answer_cut_before_its_audio_ends_its_text_once_it_was_se
         assert [m.role for m in assistant.history] == ["user"], assistant.history  # nothing of it was heard
     finally:
         await assistant.aclose()
+
+
+async def test_a_paused_answer_says_so_and_says_when_it_resumes(
+    asr_service: AsrService, llm_service: LlmService, tts_service: TtsService, base_settings: Settings
+) -> None:
+    """Speech over the answer pauses it while its words decide: the client is told (a satellite trial
+    saw the frames stop for 3.7 s with no event), and told again when it resumes; a pause the turn
+    ends in (cut) is followed by the stop alone."""
+    settings = base_settings.model_copy(update=VOICE)
+    events: list[SessionEvent] = []
+    started = asyncio.Event()
+
+    async def emit(event: SessionEvent) -> None:
+        events.append(event)
+        if isinstance(event, AssistantAudioStarted):
+            started.set()
+
+    out = AudioOut(SAMPLE_RATE_HZ)
+    options = AssistantOptions.from_settings(settings)
+    assistant = Assistant(llm_service, tts_service, settings, options, emit, out, asr_service.metrics)
+
+    async def drain() -> None:  # the transport: takes frames at real time
+        while True:
+            await asyncio.sleep(out.frame_samples / SAMPLE_RATE_HZ)
+            out.take()
+
+    drainer = asyncio.create_task(drain())
+    try:
+        await assistant.answer("Tell me a long story about a dragon and a knight.")
+        async with asyncio.timeout(60):
+            await started.wait()
+        assert assistant.pause() and assistant.paused
+        assistant.resume()
+        assert assistant.pause()
+        assert await assistant.interrupt()
+        async with asyncio.timeout(10):
+            while not any(isinstance(e, AssistantAudioStopped) for e in events):
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # (anything still on its way)
+        kinds = [type(e).__name__ for e in events if not isinstance(e, AssistantText)]
+        assert kinds == [
+            "AssistantAudioStarted",
+            "AssistantAudioPaused",
+            "AssistantAudioResumed",
+            "AssistantAudioPaused",
+            "AssistantAudioStopped",
+        ], kinds
+    finally:
+        drainer.cancel()
+        await assistant.aclose()

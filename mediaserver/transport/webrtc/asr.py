@@ -54,6 +54,8 @@ from mediaserver.config import Settings
 from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
 from mediaserver.events import (
     SAMPLE_RATE_HZ,
+    AssistantAudioPaused,
+    AssistantAudioResumed,
     AssistantAudioStarted,
     AssistantAudioStopped,
     AssistantError,
@@ -421,6 +423,10 @@ class RtcSession:
             return
         if isinstance(event, AssistantAudioStarted):
             self.send(message("assistant_audio_started", None, {"turn": event.turn}))
+            return
+        if isinstance(event, AssistantAudioPaused | AssistantAudioResumed):
+            kind = "assistant_audio_paused" if isinstance(event, AssistantAudioPaused) else "assistant_audio_resumed"
+            self.send(message(kind, None, {"turn": event.turn}))
             return
         if isinstance(event, AssistantAudioStopped):
             stopped = {"turn": event.turn, "interrupted": event.interrupted, "heard": event.heard}

@@ -40,6 +40,8 @@ from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidAudio, Overloaded
 from mediaserver.events import (
     SAMPLE_RATE_HZ,
+    AssistantAudioPaused,
+    AssistantAudioResumed,
     AssistantAudioStarted,
     AssistantAudioStopped,
     AssistantError,
@@ -158,6 +160,9 @@ class WsSession(SocketSession):
         elif isinstance(event, AssistantAudioStarted):
             rate = self.audio_out.sample_rate_hz if self.audio_out is not None else SAMPLE_RATE_HZ
             self.send_json({"type": "assistant_audio_started", "sample_rate": rate, "encoding": "pcm16"})
+        elif isinstance(event, AssistantAudioPaused | AssistantAudioResumed):
+            kind = "assistant_audio_paused" if isinstance(event, AssistantAudioPaused) else "assistant_audio_resumed"
+            self.send_json({"type": kind})
         elif isinstance(event, AssistantAudioStopped):
             self.send_json({"type": "assistant_audio_stopped", "interrupted": event.interrupted, "heard": event.heard})
         elif isinstance(event, AssistantError):

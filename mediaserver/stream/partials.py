@@ -221,7 +221,9 @@ class Partials:
                     continue
                 audio = stream.current_audio()
                 last_size = audio.size
-                next_at = now + interval_s
+                # From the decode's start, as the docstring says (joining the audio takes a few ms on a
+                # busy machine: counted from before it, two starts came 298 ms apart at 300).
+                next_at = time.monotonic() + interval_s
                 if not stream.options.partials and not stream.decode_for_prefill():
                     continue  # for the prefill alone, and the cores are wanted elsewhere: the next one, maybe
                 # Unforced, as the final is: a decode forced to continue the promised text carries

@@ -326,8 +326,7 @@ class ModelRegistry:
         source = self._sources[name]
         if source.multilingual is not None:
             return source.multilingual
-        on_disk = source.location if source.kind == "local" else _hf_cached_path(source.location)
-        size = _vocabulary_size(Path(on_disk)) if on_disk else None
+        size = self._vocabulary_of(source)
         if size is not None:
             self._multilingual[name] = size > _ENGLISH_ONLY_VOCABULARY
             return self._multilingual[name]
@@ -352,12 +351,20 @@ class ModelRegistry:
         source = self._sources[name]
         if source.kind == "remote":
             return True  # the remote server's model decides (it was passed through before, as all are)
-        on_disk = source.location if source.kind == "local" else _hf_cached_path(source.location)
-        size = _vocabulary_size(Path(on_disk)) if on_disk else None
+        size = self._vocabulary_of(source)
         if size is not None:
             return size >= _V3_VOCABULARY
         location = source.location.lower()
         return "large-v3" in location or "turbo" in location
+
+    def cantonese_names(self) -> list[str]:
+        return [s.name for s in self.sources() if self.has_cantonese(s.name)]
+
+    @staticmethod
+    def _vocabulary_of(source: ModelSource) -> int | None:
+        """Its vocabulary's size where the model is on disk (a local dir, or the Hugging Face cache)."""
+        on_disk = source.location if source.kind == "local" else _hf_cached_path(source.location)
+        return _vocabulary_size(Path(on_disk)) if on_disk else None
 
     def languages(self, requested: str | None) -> list[str]:
         """The Whisper codes the model transcribes (as Wyoming's ``info`` lists them)."""
@@ -372,7 +379,7 @@ class ModelRegistry:
         name = self.resolve(requested)
         if self.is_multilingual(name):
             if options.language == CANTONESE and not self.has_cantonese(name):
-                having = [s.name for s in self.sources() if self.has_cantonese(s.name)]
+                having = self.cantonese_names()
                 hint = f" (models here that have it: {', '.join(having)})" if having else " (large-v3 has it)"
                 raise InvalidParameter(
                     f"model {name!r} has no Cantonese ('yue'): Whisper added it with large-v3{hint}",
@@ -401,7 +408,7 @@ class ModelRegistry:
             return requested
         if options.language == CANTONESE and not self.has_cantonese(requested):
             # (Home Assistant lists the languages of every model and sends one, never a model.)
-            having = [s.name for s in self.sources() if self.has_cantonese(s.name)]
+            having = self.cantonese_names()
             if having:
                 return having[0]
         try:

@@ -177,7 +177,8 @@ class VoiceRegistry:
         return dict(self.settings.tts_voice_aliases)
 
     def languages(self) -> list[str]:
-        return sorted({v.language for v in self.voices()})
+        """The voices' languages, tagged as Wyoming's info and /v1/voices list them ("en-US")."""
+        return sorted({v.language_tag for v in self.voices()})
 
     # --- resolving --------------------------------------------------------------------------
 
@@ -233,10 +234,8 @@ class VoiceRegistry:
             for candidate in candidates:
                 if _language_matches(candidate, language):
                     return candidate
-            # (Tagged as Wyoming's info and /v1/voices list them, "en-US": a trial read "en_US" here.)
-            tags = sorted({v.language_tag for v in self.voices()})
-            raise UnknownVoice(
-                f"no voice speaks language {language!r}; languages: {', '.join(tags) or 'none'}",
+            raise UnknownVoice(  # (tagged: a trial read "en_US" here where info says "en-US")
+                f"no voice speaks language {language!r}; languages: {', '.join(self.languages()) or 'none'}",
                 param="language",
             )
         default = self.find(self.default_name())

@@ -38,6 +38,7 @@ from typing import Any
 from mediaserver.assistant.answer_text import AnswerText
 from mediaserver.assistant.audio_out import AudioOut, played_text
 from mediaserver.assistant.history import History
+from mediaserver.assistant.notices import Notices
 from mediaserver.assistant.prefill import Prefills
 from mediaserver.assistant.prompt import CHARS_PER_TOKEN, build_prompt
 from mediaserver.assistant.prompt_fit import fit
@@ -104,7 +105,7 @@ class Assistant:
         self._task: asyncio.Task[None] | None = None
         self._current: Turn | None = None
         self._helpers: set[asyncio.Task[None]] = set()
-        self._telling: asyncio.Task[None] | None = None  # the latest pause or resume being said (_tell)
+        self._notices = Notices(emit, name)  # the pauses and resumes, said in order (notices.py)
         self._closed = False
         self._registry = metrics
         self._speculation: tuple[str, Turn, asyncio.Task[None]] | None = None
@@ -299,7 +300,7 @@ class Assistant:
         if self.out is None or not self.speaking:
             return False
         self.out.pause()
-        self._tell(AssistantAudioPaused)
+        self._tell(AssistantAudioPaused)  # (a device sees its frames stop, and would not know why)
         return True
 
     def resume(self) -> None:
@@ -310,28 +311,8 @@ class Assistant:
                 self._tell(AssistantAudioResumed)
 
     def _tell(self, event: type[AssistantAudioPaused | AssistantAudioResumed]) -> None:
-        """Say the answer paused or resumed (a device sees its frames stop and would not know why: a
-        satellite trial); in order, after what was emitted before."""
-        turn = self._current
-        if turn is None:
-            return
-        before = self._telling
-
-        async def say() -> None:
-            if before is not None:
-                await asyncio.wait({before})  # (its outcome is its own; a cancel of this one stops here)
-            await self._emit(event(turn.number))
-
-        # (Not a helper: a cut cancels those, and these go out before its stop: ``_cut`` awaits them.)
-        task = asyncio.get_running_loop().create_task(say(), name=f"assistant-{event.__name__}-{self.name}")
-        task.add_done_callback(lambda done: done.cancelled() or done.exception())  # (retrieved: never logged)
-        self._telling = task
-
-    async def _told(self) -> None:
-        """Until the pauses and resumes said so far have gone out."""
-        telling = self._telling
-        if telling is not None:
-            await asyncio.wait({telling})
+        if self._current is not None:
+            self._notices.say(event(self._current.number))
 
     def played_text(self) -> str:
         """The text of the latest turn's audio sent so far: while it runs, its sentences whose audio
@@ -381,7 +362,7 @@ class Assistant:
         )
         if turn.record:
             self._history.remember(outcome.heard)
-        await self._told()  # (a pause said before the stop)
+        await self._notices.said()  # (a pause said before the stop)
         if turn.audio_started or not self._spoken(turn):
             await self._emit(AssistantAudioStopped(turn.number, True, outcome.heard))
         elif turn.told and not turn.text_ended:  # a spoken turn cut before its audio, its text (or a call) sent
@@ -623,9 +604,7 @@ class Assistant:
             return
         self._closed = True
         self._cancel_helpers()
-        telling, self._telling = self._telling, None
-        if telling is not None:
-            telling.cancel()  # (the ones before it are short, and end by themselves)
+        self._notices.cancel()
         speculation, self._speculation = self._speculation, None
         if speculation is not None:
             speculation[2].cancel()

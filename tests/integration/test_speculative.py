@@ -58,6 +58,13 @@ def count(asr: AsrService, result: str) -> float:
     return float(asr.metrics.speculative_answers.labels(result)._value.get())
 
 
+async def drain(out: AudioOut) -> None:
+    """The transport: takes the answer's frames at real time."""
+    while True:
+        await asyncio.sleep(out.frame_samples / SAMPLE_RATE_HZ)
+        out.take()
+
+
 async def converse(
     asr: AsrService,
     llm: LlmService,
@@ -91,12 +98,7 @@ async def converse(
     session.assistant = assistant
     queued_at_resume = -1
 
-    async def drain() -> None:  # the transport: takes frames at real time
-        while True:
-            await asyncio.sleep(out.frame_samples / SAMPLE_RATE_HZ)
-            out.take()
-
-    drainer = asyncio.create_task(drain())
+    drainer = asyncio.create_task(drain(out))
     try:
         if resume_at_s is None:
             await stream_real_time(session, audio)
@@ -272,12 +274,7 @@ async def test_a_paused_answer_says_so_and_says_when_it_resumes(
     options = AssistantOptions.from_settings(settings)
     assistant = Assistant(llm_service, tts_service, settings, options, emit, out, asr_service.metrics)
 
-    async def drain() -> None:  # the transport: takes frames at real time
-        while True:
-            await asyncio.sleep(out.frame_samples / SAMPLE_RATE_HZ)
-            out.take()
-
-    drainer = asyncio.create_task(drain())
+    drainer = asyncio.create_task(drain(out))
     try:
         await assistant.answer("Tell me a long story about a dragon and a knight.")
         async with asyncio.timeout(60):

@@ -39,7 +39,7 @@ from mediaserver.transport.openai import realtime
 from mediaserver.transport.openai import speech as openai_speech
 from mediaserver.transport.openai import transcriptions as openai_rest
 from mediaserver.transport.openai.realtime import client_secrets
-from mediaserver.transport.webrtc import asr as rtc
+from mediaserver.transport.webrtc import routes as rtc
 from mediaserver.transport.wis import chatbot as wis_chatbot
 from mediaserver.transport.wis import tts as wis_tts
 from mediaserver.transport.wis import willow

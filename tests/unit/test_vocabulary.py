@@ -18,7 +18,7 @@ from mediaserver.transport.common import stream_options_from
 from mediaserver.transport.openai.realtime.session_update import default_config, parse_session
 from mediaserver.transport.openai.realtime.values import EventError
 from mediaserver.transport.ws.start import parse_start
-from mediaserver.transport.wyoming.server import transcribe_prompt
+from mediaserver.transport.wyoming.stt import transcribe_prompt
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The WebRTC peer layer every WebRTC face uses (``webrtc/asr.py`` on /api/rtc/asr,
+"""The WebRTC peer layer every WebRTC face uses (``webrtc/`` on /api/rtc/asr,
 ``openai/realtime/calls.py`` on /v1/realtime/calls) and neither owns: ``peer`` (ICE servers,
 answering an offer, reading the microphone track, the watchdogs, closing), ``audio`` (the outbound
 track), ``sdp`` (offer checks, Opus DTX), ``rtcp`` (quiet reports while idle), ``liveness`` (the

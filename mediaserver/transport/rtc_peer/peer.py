@@ -2,7 +2,7 @@
 the incoming audio track, the watchdogs, and closing a connection that a malformed offer left half
 built. ``ServerPeer`` holds a face's connection and the tasks it runs for it.
 
-The faces (``webrtc/asr.py`` on /api/rtc/asr, ``openai/realtime/calls.py`` on /v1/realtime/calls)
+The faces (``webrtc/`` on /api/rtc/asr, ``openai/realtime/calls.py`` on /v1/realtime/calls)
 own their sessions and protocols; this module knows nothing of either.
 """
 

@@ -1,4 +1,5 @@
-"""WebRTC sessions: SDP signalling at POST /api/rtc/asr and the WIS data-channel protocol.
+"""WebRTC sessions: one peer connection's session and the WIS data-channel protocol (the SDP
+signalling at POST /api/rtc/asr that creates it is webrtc/routes.py's).
 
 One aiortc peer connection per browser. The incoming Opus track is always read (an unread aiortc
 track buffers without bound), resampled to 16 kHz mono and fed to a ``StreamSession``. Between
@@ -22,13 +23,12 @@ with ``"client": true`` and the client answers each with ``tool_output``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -51,7 +51,7 @@ from mediaserver.audio.echo import EchoMode, parse_echo_option
 from mediaserver.audio.echo_line import EchoLine, HeldRelease
 from mediaserver.audio.noise import NoiseFilter, new_filter, parse_level
 from mediaserver.config import Settings
-from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
+from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import (
     SAMPLE_RATE_HZ,
     AssistantAudioPaused,
@@ -71,23 +71,19 @@ from mediaserver.events import (
     StreamError,
     TurnDecided,
 )
-from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, SPEAKERS, TEXT_EOU, TOOLS
+from mediaserver.state import ASR, METRICS, SESSIONS, SPEAKERS, TEXT_EOU, TOOLS
 from mediaserver.stream.options import StreamOptions
 from mediaserver.stream.session import StreamSession
 from mediaserver.transport.common import (
     loads_json,
-    read_body_limited,
     speaker_payload,
     stream_options_from,
     turn_payload,
 )
-from mediaserver.transport.rtc_peer import patches
 from mediaserver.transport.rtc_peer.audio import RTC_SAMPLE_RATE_HZ, AssistantAudioTrack
 from mediaserver.transport.rtc_peer.peer import (
     ServerPeer,
-    answer_offer,
     can_send_audio,
-    ice_servers,
     read_audio_track,
 )
 from mediaserver.transport.voice import check_voice, new_assistant, update_assistant
@@ -102,8 +98,6 @@ from mediaserver.wake.gate import (
 )
 
 log = logging.getLogger(__name__)
-
-MAX_SDP_BYTES = 64 * 1024
 
 
 def message(kind: str, text: str | None = None, obj: Any = None) -> str:
@@ -512,92 +506,3 @@ class RtcSession:
                 self.id,
                 time.monotonic() - self.opened_at,
             )
-
-
-async def offer_handler(request: web.Request) -> web.Response:
-    """POST /api/rtc/asr: SDP offer in, SDP answer out (non-trickle ICE)."""
-    settings = request.app[SETTINGS]
-    try:
-        raw = await read_body_limited(request, max_bytes=MAX_SDP_BYTES, idle_timeout_s=settings.body_read_timeout_s)
-    except AudioTooLarge:
-        raise InvalidParameter(f"offer too large (max {MAX_SDP_BYTES} bytes)", param="sdp") from None
-    try:
-        body = loads_json(raw)
-    except ValueError:
-        raise InvalidParameter('body must be JSON {"sdp": "...", "type": "offer"}', param="body") from None
-    if not isinstance(body, dict) or not isinstance(body.get("sdp"), str) or body.get("type") != "offer":
-        raise InvalidParameter('body must be JSON {"sdp": "...", "type": "offer"}', param="body")
-    options = stream_options_from(request.query, settings)
-    # Check the model name now, so a bad query is a 400 here rather than an error later.
-    request.app[ASR].models.resolve(options.model)
-    session = RtcSession(request.app, options, settings)
-
-    def prepare() -> None:
-        if not any(t.kind == "audio" for t in session.peer.pc.getTransceivers()) and session.peer.pc.sctp is None:
-            raise InvalidParameter("the SDP offer has neither an audio track nor a data channel", param="sdp")
-        session.add_outbound_track()
-
-    try:
-        request.app[SESSIONS].add(session.id, session)  # over the cap: a 503 (with Retry-After)
-        sdp = await answer_offer(
-            session.peer.pc,
-            body["sdp"],
-            session_id=session.id,
-            prepare=prepare,
-            opus_dtx=settings.rtc_opus_dtx,
-            idle_rtcp_interval_s=settings.rtc_idle_rtcp_interval_s,
-            audio_jitter_frames=settings.rtc_audio_jitter_frames,
-        )
-    except BaseException:
-        await session.aclose()
-        raise
-    session.start_watchdogs()
-    session.remote = request.remote or "unknown"
-    log.debug("session %s: answered an offer from %s", session.id, session.remote)
-    return web.json_response({"sdp": sdp, "type": "answer"})
-
-
-async def config_handler(request: web.Request) -> web.Response:
-    settings = request.app[SETTINGS]
-    servers: list[dict[str, Any]] = []
-    for server in ice_servers(settings):
-        entry: dict[str, Any] = {"urls": server.urls}
-        if server.username:
-            entry.update(username=server.username, credential=server.credential)
-        servers.append(entry)
-    return web.json_response({"iceServers": servers})
-
-
-def _limit_udp_ports(loop: asyncio.AbstractEventLoop, low: int, high: int) -> None:
-    """Bind ICE host candidates inside [low, high] (for firewalls and container port maps)."""
-    original = loop.create_datagram_endpoint
-    if getattr(original, "_mediaserver_port_range", None) == (low, high):
-        return
-
-    async def create_datagram_endpoint(protocol_factory: Any, local_addr: Any = None, **kwargs: Any) -> Any:
-        if local_addr is None or local_addr[1] != 0:
-            return await original(protocol_factory, local_addr=local_addr, **kwargs)
-        last_error: OSError | None = None
-        for port in range(low, high + 1):
-            try:
-                return await original(protocol_factory, local_addr=(local_addr[0], port), **kwargs)
-            except OSError as exc:
-                last_error = exc
-        raise last_error or OSError(f"no free UDP port in {low}-{high}")
-
-    create_datagram_endpoint._mediaserver_port_range = (low, high)  # type: ignore[attr-defined]
-    loop.create_datagram_endpoint = create_datagram_endpoint  # type: ignore[method-assign,assignment]
-
-
-async def rtc_ctx(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
-    if settings.rtc_udp_port_min and settings.rtc_udp_port_max:
-        _limit_udp_ports(asyncio.get_running_loop(), settings.rtc_udp_port_min, settings.rtc_udp_port_max)
-    yield
-
-
-def add_routes(app: web.Application) -> None:
-    patches.install()
-    app.router.add_post("/api/rtc/asr", offer_handler)
-    app.router.add_get("/api/rtc/config", config_handler)
-    app.cleanup_ctx.append(rtc_ctx)

@@ -11,7 +11,7 @@ event into a silent end of stream; ours checks every length first and answers wi
 
 Conversation, per connection (Home Assistant opens one per utterance; several cycles on one
 connection work too): ``describe`` → ``info``; ``transcribe{name?, language?,
-transcript_names?, transcript_terms?}`` (the words a prompt gives Whisper: ``transcribe_prompt``) →
+transcript_names?, transcript_terms?}`` (the words a prompt gives Whisper: ``transcribe_prompt``, wyoming/stt.py) →
 ``audio-start`` → ``audio-chunk``* → ``audio-stop`` → ``transcript-start``, ``transcript-chunk``*,
 ``transcript``, ``transcript-stop`` (an ``audio-chunk`` that is not a whole number of frames, or an
 ``audio-stop`` with no ``audio-start`` before it, is an ``invalid_audio`` error); ``ping`` →
@@ -41,11 +41,9 @@ import ipaddress
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
-import numpy as np
 from aiohttp import web
 from wyoming.asr import Transcribe, TranscriptChunk, TranscriptStart, TranscriptStop
 from wyoming.asr import Transcript as WyomingTranscript
@@ -57,16 +55,16 @@ from wyoming.ping import Ping, Pong
 from wyoming.server import AsyncEventHandler
 
 from mediaserver.asr.service import AsrService
-from mediaserver.asr.vocabulary import check_prompt
-from mediaserver.audio.decode import PcmFormat, pcm_to_float
+from mediaserver.audio.decode import PcmFormat
 from mediaserver.capabilities import Capabilities
 from mediaserver.config import Settings
-from mediaserver.errors import ApiError, AudioTooLarge, InvalidAudio, InvalidParameter, Overloaded
-from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, Priority, Transcript, TranscriptionOptions
+from mediaserver.errors import ApiError, InvalidAudio, InvalidParameter
+from mediaserver.events import SAMPLE_RATE_HZ, Priority, Transcript, TranscriptionOptions
 from mediaserver.languages import normalize_language
 from mediaserver.state import ASR, CAPABILITIES, SETTINGS, TTS
 from mediaserver.transport.wyoming.framing import MAX_HEADER_LINE_BYTES, WyomingProtocolError, read_event
 from mediaserver.transport.wyoming.info import build_info
+from mediaserver.transport.wyoming.stt import AudioBudget, Utterance, audio_format, transcribe_prompt, transcript_chunks
 from mediaserver.transport.wyoming.tts import WyomingTts
 from mediaserver.transport.wyoming.wake import WyomingWake
 from mediaserver.tts.service import TtsService
@@ -80,123 +78,6 @@ LINGER_MAX_BYTES: Final = 16 * 1024 * 1024
 ZEROCONF_SERVICE_TYPE: Final = "_wyoming._tcp.local."
 
 # --- one connection ----------------------------------------------------------------------------
-
-
-def _format_field(data: dict[str, Any], key: str) -> int | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidAudio(f"Invalid audio: {key} must be an integer, got {value!r}")
-    return value
-
-
-def _audio_format(data: dict[str, Any], fallback: PcmFormat | None) -> PcmFormat | None:
-    """rate/width/channels from an audio event, missing fields taken from ``fallback``."""
-    rate, width, channels = (_format_field(data, key) for key in ("rate", "width", "channels"))
-    if rate is None and width is None and channels is None:
-        return fallback
-    if fallback is not None:
-        rate = fallback.sample_rate_hz if rate is None else rate
-        width = fallback.bits // 8 if width is None else width
-        channels = fallback.channels if channels is None else channels
-    if rate is None or width is None or channels is None:
-        raise InvalidAudio("Invalid audio: rate, width and channels are required before the first audio")
-    fmt = PcmFormat(rate, width * 8, channels)
-    fmt.validate()
-    return fmt
-
-
-@dataclass
-class _Utterance:
-    """Audio of one transcribe cycle, kept as runs of identically formatted PCM."""
-
-    model: str | None
-    language: str | None
-    fmt: PcmFormat | None = None
-    prompt: str | None = None  # from transcribe's transcript_names / transcript_terms
-    runs: list[tuple[PcmFormat, bytearray]] = field(default_factory=list)
-    total_bytes: int = 0
-    duration_s: float = 0.0
-
-    def add(self, fmt: PcmFormat, pcm: bytes, *, max_bytes: int, max_duration_s: float) -> None:
-        self.total_bytes += len(pcm)
-        self.duration_s += len(pcm) / fmt.frame_bytes / fmt.sample_rate_hz
-        if self.total_bytes > max_bytes:
-            raise AudioTooLarge(f"audio exceeds the limit of {max_bytes} bytes")
-        if self.duration_s > max_duration_s:
-            raise AudioTooLarge(f"audio is longer than the limit of {max_duration_s:.0f} s")
-        if self.runs and self.runs[-1][0] == fmt:
-            self.runs[-1][1].extend(pcm)
-        else:
-            self.runs.append((fmt, bytearray(pcm)))
-
-    def to_float(self, max_duration_s: float) -> AudioArray:
-        parts = [
-            pcm_to_float(bytes(pcm), fmt, max_duration_s=max_duration_s)
-            for fmt, pcm in self.runs
-            if len(pcm) >= fmt.frame_bytes
-        ]
-        return np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)
-
-
-_BIAS_FIELDS = ("transcript_terms", "transcript_names")
-
-
-def transcribe_prompt(data: Mapping[str, Any], settings: Settings) -> str | None:
-    """The prompt of a ``transcribe``: its ``transcript_terms`` then its ``transcript_names`` (the
-    ``wyoming`` package's fields of words that "should bias the ASR transcription", names taking
-    priority over terms), joined with ", ", names last, nearest the audio, where Whisper weighs them
-    most and where a prompt cut to Whisper's 223 tokens keeps them. Lists of strings (null: none);
-    the whole is bound as every face's prompt is (``asr/vocabulary.py``)."""
-    words: list[str] = []
-    present: list[str] = []
-    for key in _BIAS_FIELDS:
-        value = data.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise InvalidParameter(f"transcribe {key} must be a list of strings, got {value!r:.80}", param=key)
-        words += [v.strip() for v in value if v.strip()]
-        present.append(key)
-    if not words:
-        return None
-    return check_prompt(", ".join(words), settings, "transcribe " + " and ".join(present))
-
-
-def transcript_chunks(transcript: Transcript) -> list[str]:
-    """Segment texts trimmed so that they concatenate to exactly ``transcript.text``."""
-    texts = [s.text for s in transcript.segments if s.text]
-    if texts:
-        texts[0] = texts[0].lstrip()
-        texts[-1] = texts[-1].rstrip()
-        texts = [t for t in texts if t]
-    if "".join(texts) != transcript.text:
-        return [transcript.text] if transcript.text else []
-    return texts
-
-
-class AudioBufferFull(Overloaded):
-    code = "audio_buffer_full"
-
-
-class AudioBudget:
-    """Audio bytes held for transcription across every connection of a server."""
-
-    def __init__(self, limit_bytes: int) -> None:
-        self.limit_bytes = limit_bytes
-        self.used_bytes = 0
-
-    def reserve(self, size: int) -> None:
-        if self.used_bytes + size > self.limit_bytes:
-            raise AudioBufferFull(
-                f"the server already holds {self.used_bytes} bytes of audio for transcription "
-                f"(wyoming_max_buffered_audio_bytes = {self.limit_bytes}); retry later"
-            )
-        self.used_bytes += size
-
-    def release(self, size: int) -> None:
-        self.used_bytes = max(0, self.used_bytes - size)
 
 
 class WyomingConnection(AsyncEventHandler):
@@ -213,7 +94,7 @@ class WyomingConnection(AsyncEventHandler):
         self._asr = server.asr
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
-        self._utterance: _Utterance | None = None
+        self._utterance: Utterance | None = None
         # (model, language, prompt) of a transcribe
         self._pending: tuple[str | None, str | None, str | None] | None = None
         self._held_bytes = 0  # this connection's share of the server's AudioBudget
@@ -226,7 +107,7 @@ class WyomingConnection(AsyncEventHandler):
             on_error=lambda code: self._asr.metrics.wyoming_errors.labels(code).inc(),
         )
         self._wake = WyomingWake(
-            server.wake, server.settings, self.send, self.peer, _audio_format, metrics=server.asr.metrics
+            server.wake, server.settings, self.send, self.peer, audio_format, metrics=server.asr.metrics
         )
 
     async def refuse(self, text: str, code: str) -> None:
@@ -288,7 +169,7 @@ class WyomingConnection(AsyncEventHandler):
             self._utterance = None
             self._release_audio()
         elif AudioStart.is_type(kind):
-            self._start_utterance(_audio_format(event.data, None))
+            self._start_utterance(audio_format(event.data, None))
         elif AudioChunk.is_type(kind):
             self._add_chunk(event)
         elif AudioStop.is_type(kind):
@@ -319,11 +200,11 @@ class WyomingConnection(AsyncEventHandler):
         except ValueError:
             raise InvalidParameter(f"unsupported language {raw_language!r}", param="language") from None
 
-    def _start_utterance(self, fmt: PcmFormat | None) -> _Utterance:
+    def _start_utterance(self, fmt: PcmFormat | None) -> Utterance:
         pending = self._pending if self._pending is not None else (None, self._settings.default_language, None)
         model, language, prompt = pending
         self._pending = None
-        self._utterance = _Utterance(model, language, fmt, prompt)
+        self._utterance = Utterance(model, language, fmt, prompt)
         self._release_audio()
         return self._utterance
 
@@ -331,7 +212,7 @@ class WyomingConnection(AsyncEventHandler):
         utterance = self._utterance
         if utterance is None:  # no audio-start: the chunk has to say its format itself
             utterance = self._start_utterance(None)
-        fmt = _audio_format(event.data, utterance.fmt)
+        fmt = audio_format(event.data, utterance.fmt)
         if fmt is None:
             raise InvalidAudio("Invalid audio: audio-chunk without rate/width/channels and no audio-start before it")
         if event.payload and len(event.payload) % fmt.frame_bytes:

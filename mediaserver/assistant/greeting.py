@@ -54,3 +54,25 @@ class Greeting:
             return held
         self.greeted = True
         return f"{self.greeting} {held.lstrip()}"
+
+
+class Greeted:
+    """Whom the voice loop's answers have greeted: an enrolled speaker's next answer greets them
+    unless the answer before went to them too; an unknown voice's answer changes nothing."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None  # the enrolled speaker the answers last went to
+
+    def due(self, speaker: str | None, template: str) -> str | None:
+        """The speaker the next answer greets, if due (``template``: ``assistant_greeting``, empty: off)."""
+        if not template or speaker is None or speaker == self.last:
+            return None
+        return speaker
+
+    def answering(self, speaker: str | None) -> None:
+        """An answer to ``speaker`` goes out (a turn started, a speculation released)."""
+        if speaker is not None:
+            self.last = speaker
+
+    def forget(self) -> None:
+        self.last = None

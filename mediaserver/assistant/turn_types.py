@@ -4,10 +4,12 @@ stage's failure, and the per-stage latency metrics. ``mediaserver.assistant.turn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import weakref
+from collections.abc import Coroutine
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from prometheus_client import Histogram
 
@@ -158,6 +160,29 @@ class Turn:
     async def outcome(self) -> TurnOutcome:
         """Wait for the end of the turn (cancelling the wait does not cancel the turn)."""
         return await asyncio.shield(self._outcome)
+
+
+async def within_progress_deadline(turn: Turn, work: Coroutine[Any, Any, None], limit_s: float, name: str) -> None:
+    """Run ``work`` (a turn's generation) while it makes progress: a turn whose LLM and TTS produce
+    nothing (no token, no audio: ``Turn.progress_at``) for ``limit_s`` (``assistant_turn_timeout_s``)
+    raises TimeoutError. A long answer that keeps coming is never cut, however busy the server is; an
+    upstream that hangs is."""
+    turn.progress_at = time.monotonic()
+    task = asyncio.get_running_loop().create_task(work, name=f"assistant-generate-{name}")
+    try:
+        while True:
+            idle_s = time.monotonic() - turn.progress_at
+            if idle_s >= limit_s:
+                raise TimeoutError
+            done, _ = await asyncio.wait({task}, timeout=limit_s - idle_s)
+            if task in done:
+                task.result()
+                return
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 def assistant_options_from(values: dict[str, object], base: AssistantOptions) -> AssistantOptions:

@@ -37,6 +37,7 @@ from typing import Any
 
 from mediaserver.assistant.answer_text import AnswerText
 from mediaserver.assistant.audio_out import AudioOut, played_text
+from mediaserver.assistant.greeting import Greeted
 from mediaserver.assistant.history import History
 from mediaserver.assistant.notices import Notices
 from mediaserver.assistant.prefill import Prefills
@@ -51,6 +52,7 @@ from mediaserver.assistant.turn_types import (
     Turn,
     TurnOutcome,
     VoiceMetrics,
+    within_progress_deadline,
 )
 from mediaserver.config import Settings
 from mediaserver.errors import ApiError
@@ -113,7 +115,7 @@ class Assistant:
         self.speaker: str | None = None
         self._speculated_for: str | None = None  # the speaker a speculative answer's prompt named
         self._prefills = Prefills(self, name)  # the LLM's work ahead of the answers (prefill.py)
-        self._greeted: str | None = None  # the enrolled speaker the answers last went to (greeting.py)
+        self._greeted = Greeted()  # whom the answers have greeted (greeting.py)
         self.toolbox: Toolbox | None = None  # tools for this assistant's own turns (assistant/tool_rounds.py)
 
     # --- state --------------------------------------------------------------------------------
@@ -146,7 +148,7 @@ class Assistant:
         self.drop_speculation()  # its prompt holds the history being forgotten
         self._prefills.stop()
         self._history.clear()
-        self._greeted = None
+        self._greeted.forget()
 
     def heard_speaker(self, name: str | None) -> None:
         """The turn about to be answered was spoken by ``name`` (None: nobody enrolled matched)."""
@@ -154,21 +156,7 @@ class Assistant:
 
     def _greeting_due(self) -> str | None:
         """The enrolled speaker the next answer greets (assistant_greeting), if it is due."""
-        speaker = self.speaker
-        if not self.settings.assistant_greeting or speaker is None or speaker == self._greeted:
-            return None
-        return speaker
-
-    def _greet(self, turn: Turn) -> None:
-        """A voice-loop turn starts: it greets its speaker if due, and they count as greeted."""
-        turn.greet = self._greeting_due()
-        self._answering_speaker()
-
-    def _answering_speaker(self) -> None:
-        """An answer to the speaker goes out (a turn started, a speculation released): they count as
-        greeted; an unknown voice changes nothing."""
-        if self.speaker is not None:
-            self._greeted = self.speaker
+        return self._greeted.due(self.speaker, self.settings.assistant_greeting)
 
     def _turn_context(self, of_the_speaker: bool = True) -> contextvars.Context:
         """The context a turn's task runs in: its tools see who speaks (``current_speaker``); a
@@ -259,7 +247,8 @@ class Assistant:
         start = self.out.written_samples if self.out is not None else 0
         turn = Turn(next(self._turns), options, start, record=record)
         if record:
-            self._greet(turn)
+            turn.greet = self._greeting_due()
+            self._greeted.answering(self.speaker)
         turn.speech_ended_at = speech_ended_at
         task = asyncio.get_running_loop().create_task(
             self._run(turn, messages), name=f"assistant-turn-{self.name}", context=self._turn_context(record)
@@ -376,7 +365,9 @@ class Assistant:
 
     async def _run(self, turn: Turn, messages: list[ChatMessage]) -> None:
         try:
-            await self._within_progress_deadline(turn, self._generate(turn, messages))
+            await within_progress_deadline(
+                turn, self._generate(turn, messages), self.settings.assistant_turn_timeout_s, self.name
+            )
         except StageFailed as exc:
             await self._fail(turn, exc.stage, exc.code, exc.message)
             return
@@ -401,28 +392,6 @@ class Assistant:
         turn.settle(
             TurnOutcome("completed", turn.text, turn.text, turn.usage, turn.finish_reason, tool_calls=turn.tool_calls)
         )
-
-    async def _within_progress_deadline(self, turn: Turn, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` while it makes progress: a turn whose LLM and TTS produce nothing (no token,
-        no audio) for ``assistant_turn_timeout_s`` raises TimeoutError. A long answer that keeps
-        coming is never cut, however busy the server is; an upstream that hangs is."""
-        limit_s = self.settings.assistant_turn_timeout_s
-        turn.progress_at = time.monotonic()
-        task = asyncio.get_running_loop().create_task(work, name=f"assistant-generate-{self.name}")
-        try:
-            while True:
-                idle_s = time.monotonic() - turn.progress_at
-                if idle_s >= limit_s:
-                    raise TimeoutError
-                done, _ = await asyncio.wait({task}, timeout=limit_s - idle_s)
-                if task in done:
-                    task.result()
-                    return
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
 
     async def _fail(self, turn: Turn, stage: str, code: str, message: str) -> None:
         await turn.released()  # a speculative answer fails only if it is used
@@ -574,7 +543,7 @@ class Assistant:
             return False
         self._speculation = None
         self._registry.speculative_answers.labels("hit").inc()
-        self._answering_speaker()
+        self._greeted.answering(self.speaker)
         self._record_user(user_text)
         turn.start_sample = self.out.written_samples if self.out is not None else 0
         self._task, self._current = task, turn

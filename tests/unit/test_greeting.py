@@ -51,7 +51,7 @@ def test_who_is_greeted_and_when() -> None:
     assert helper._greeting_due() is None  # nobody enrolled spoke
     helper.heard_speaker("alice")
     assert helper._greeting_due() == "alice"
-    helper._greeted = "alice"  # (an answer to alice started)
+    helper._greeted.answering("alice")  # (an answer to alice started)
     assert helper._greeting_due() is None
     helper.heard_speaker(None)  # an unknown voice between: alice is not greeted again
     helper.heard_speaker("alice")

@@ -32,6 +32,7 @@ from mediaserver.session_registry import SessionRegistry
 from mediaserver.speakers.service import SpeakerService
 from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, SPEAKERS, TEXT_EOU, TOOLS, TTS
 from mediaserver.transport import speakers as speakers_http
+from mediaserver.transport.common import FAILED_AFTER_HEADERS
 from mediaserver.transport.lenient_http import SHUTDOWN_CANCEL
 from mediaserver.transport.openai import chat as openai_chat
 from mediaserver.transport.openai import models as openai_models
@@ -240,6 +241,10 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     finally:
         in_flight.dec()
         request.app[METRICS].requests.labels(route, str(status)).inc()
+        failed = request.get(FAILED_AFTER_HEADERS)
+        if failed is not None:
+            request.app[METRICS].failed_after_headers.labels(route, failed).inc()
+            log.warning("%s %s -> %d, then failed (%s) after the headers", request.method, request.path, status, failed)
         log.debug(
             "%s %s -> %d in %.1f ms",
             request.method,

@@ -27,6 +27,14 @@ class Metrics:
             ["route", "status"],
             registry=self.registry,
         )
+        self.failed_after_headers = Counter(
+            "mediaserver_responses_failed_after_headers",
+            "Streamed HTTP responses that failed after their status line went out (an SSE stream ended by an "
+            "error event, an audio stream cut short), by route and error code; mediaserver_requests_total counts "
+            "them with the status the client got",
+            ["route", "code"],
+            registry=self.registry,
+        )
         self.audio_seconds = Counter(
             "mediaserver_audio_seconds",
             "Seconds of audio received for ASR, by route: uploads (openai, asr, willow ...), streams (ws, rtc, "

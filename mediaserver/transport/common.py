@@ -9,13 +9,13 @@ import asyncio
 import json
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from aiohttp import BodyPartReader, web
 
 from mediaserver.asr.vocabulary import check_prompt
 from mediaserver.config import Settings
-from mediaserver.errors import AudioTooLarge, InvalidParameter, RequestTimeout
+from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter, RequestTimeout
 from mediaserver.events import FinalTranscript, TranscriptionOptions, TurnDecided
 from mediaserver.languages import normalize_language
 from mediaserver.state import SETTINGS
@@ -24,6 +24,25 @@ from mediaserver.stream.options import StreamOptions
 _T = TypeVar("_T")
 _TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
 _FALSE = frozenset({"0", "false", "no", "off", "f", "n", ""})
+
+# A streamed response that failed after its 200 went out: the code, for the metrics middleware (app.py).
+FAILED_AFTER_HEADERS: Final = web.RequestKey("failed_after_headers", str)
+
+
+def failed_after_headers(request: web.Request, code: str) -> None:
+    """A streamed response failed after its status line went out (an SSE stream ended by an error
+    event, an audio stream cut short): ``/metrics`` counts it
+    (``mediaserver_responses_failed_after_headers_total{route, code}``) and the log says so; the
+    request itself counts with the status the client got."""
+    request[FAILED_AFTER_HEADERS] = code
+
+
+def sse_error(request: web.Request, exc: ApiError) -> bytes:
+    """The event that ends an SSE stream failing after its headers (``data: {"error": ...}``, the
+    shape OpenAI's streams use), the failure recorded (``failed_after_headers``)."""
+    failed_after_headers(request, exc.code)
+    error = {"message": exc.message, "type": "server_error", "param": exc.param, "code": exc.code}
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
 
 
 def loads_json(raw: str | bytes | bytearray) -> Any:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from mediaserver.errors import GatewayTimeout
+from mediaserver.errors import ApiError, GatewayTimeout
 from mediaserver.state import CAPABILITIES, SETTINGS, TTS
+from mediaserver.transport.common import failed_after_headers, sse_error
 from mediaserver.tts.cache import cache_key
 from mediaserver.tts.encode import AudioFormat, StreamEncoder, output_rate, with_wav_sizes
 from mediaserver.tts.service import Speech, TtsService
@@ -111,6 +112,24 @@ def sse_done(characters: int) -> bytes:
     """OpenAI's closing event; usage counts input characters (there are no tokens here)."""
     usage = {"input_tokens": characters, "output_tokens": 0, "total_tokens": characters}
     return f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n".encode()
+
+
+async def _cut_off(
+    request: web.Request, response: web.StreamResponse, exc: ApiError, *, sse: bool
+) -> web.StreamResponse:
+    """Synthesis failed or timed out mid-answer, the 200 already sent: an SSE stream ends with an
+    error event (OpenAI's shape, as the other streams); an audio stream can only be cut short, the
+    connection closed (its chunked encoding left unfinished, which tells the client)."""
+    log.warning("TTS response to %s cut off: %s", request.remote, exc.message)
+    failed_after_headers(request, exc.code)
+    if sse:
+        with contextlib.suppress(ConnectionError):
+            await response.write(sse_error(request, exc))
+            await response.write_eof()
+            return response
+    if request.transport is not None:
+        request.transport.close()
+    return response
 
 
 async def respond_with_speech(
@@ -204,15 +223,17 @@ async def respond_with_speech(
         log.debug("TTS client %s went away; its remaining sentences were dropped", request.remote)
         return response or web.Response(status=499)
     except TimeoutError:
+        timeout = SynthesisTimeout(
+            f"speech synthesis did not finish within {settings.tts_request_timeout_s:.0f} s "
+            "(tts_request_timeout_s); retry later"
+        )
         if response is None:
-            raise SynthesisTimeout(
-                f"speech synthesis did not finish within {settings.tts_request_timeout_s:.0f} s "
-                "(tts_request_timeout_s); retry later"
-            ) from None
-        log.warning("TTS response to %s cut off after tts_request_timeout_s", request.remote)
-        if request.transport is not None:
-            request.transport.close()
-        return response
+            raise timeout from None
+        return await _cut_off(request, response, timeout, sse=sse)
+    except ApiError as exc:
+        if response is None:
+            raise
+        return await _cut_off(request, response, exc, sse=sse)
     if use_cache:
         body = b"".join(parts)
         # A hit is known whole before it is sent: its WAV header carries the real sizes.

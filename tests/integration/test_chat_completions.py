@@ -386,7 +386,15 @@ async def test_an_error_after_the_stream_started_is_an_error_event(
                 async for chunk in stream:
                     if chunk.choices and chunk.choices[0].delta.content:
                         received.append(chunk.choices[0].delta.content)
+        async with aiohttp.ClientSession() as session, session.get(f"{live.url}/metrics") as resp:
+            metrics = await resp.text()
     finally:
         await service.aclose()
     assert received  # the answer had started
     assert "llm_request_timeout_s" in caught.value.message
+    # /metrics tells the failure from a completed stream: the request counts with the 200 sent, and
+    # as failed after its headers, with the error's code.
+    route = 'route="/v1/chat/completions"'
+    assert f'mediaserver_requests_total{{{route},status="200"}} 1.0' in metrics
+    failed = [line for line in metrics.splitlines() if line.startswith("mediaserver_responses_failed_after_headers_total{")]
+    assert failed == [f'mediaserver_responses_failed_after_headers_total{{code="timeout",{route}}} 1.0'], failed

@@ -10,6 +10,7 @@ import wave
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import av
 import numpy as np
 import openai
@@ -117,6 +118,26 @@ async def test_sse_stream_format(server: LiveServer) -> None:
     audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
     samples, rate = decode(audio, "wav")
     assert rate == 24000 and samples.size / rate > 3.0
+
+
+async def test_an_sse_speech_stream_cut_at_the_request_timeout_ends_with_an_error_event(server_factory: Any) -> None:
+    """/v1/audio/speech with ``stream_format: sse`` past tts_request_timeout_s (1 s) mid-answer: the
+    deltas already sent stay, and the stream ends with OpenAI's error event, not a silent cut."""
+    limited = await server_factory(tts_request_timeout_s=1.0)
+    text = "Hello. " + " ".join(list(SENTENCES.values()) * 4)
+    body = {"model": "tts-1", "voice": "alloy", "input": text, "response_format": "pcm", "stream_format": "sse"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{limited.url}/v1/audio/speech", json=body) as resp:
+            if resp.status == 504:  # (not even the first sentence within the second: a loaded machine)
+                pytest.skip("the first sentence took longer than tts_request_timeout_s")
+            assert resp.status == 200
+            events = [json.loads(line[6:]) for line in (await resp.text()).splitlines() if line.startswith("data: ")]
+        async with session.get(f"{limited.url}/metrics") as resp:
+            metrics = await resp.text()
+    assert [e.get("type") for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1) and len(events) > 1
+    error = events[-1]["error"]
+    assert error["code"] == "timeout" and "tts_request_timeout_s" in error["message"], error
+    assert 'mediaserver_responses_failed_after_headers_total{code="timeout",route="/v1/audio/speech"} 1.0' in metrics
 
 
 async def test_voice_object_our_voice_names_and_model_names(steady_server: LiveServer) -> None:

@@ -147,20 +147,27 @@ async def test_the_default_format_is_the_configured_one(server: LiveServer, serv
 
 async def test_a_response_is_cut_off_at_the_request_timeout(server_factory: Any) -> None:
     """24 sentences take longer than tts_request_timeout_s=1: the speech stops there (504 when not
-    even the first sentence was ready, else the stream is cut). With the default 300 s all come."""
+    even the first sentence was ready, else the stream is cut, and /metrics counts it as failed after
+    its headers). With the default 300 s all come."""
     limited = await server_factory(tts_request_timeout_s=1.0)
     text = "Hello. " + " ".join(list(SENTENCES.values()) * 4)
     started = time.monotonic()
     params = {"text": text, "nocache": "1"}
-    async with aiohttp.ClientSession() as session, session.get(f"{limited.url}/api/tts", params=params) as resp:
-        if resp.status == 504:
-            error = await resp.json()
-            assert error["code"] == "timeout" and "tts_request_timeout_s" in error["error"], error
-        else:
-            assert resp.status == 200
-            with pytest.raises(aiohttp.ClientPayloadError):
-                await resp.read()
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{limited.url}/api/tts", params=params) as resp:
+            cut = resp.status == 200
+            if not cut:
+                assert resp.status == 504
+                error = await resp.json()
+                assert error["code"] == "timeout" and "tts_request_timeout_s" in error["error"], error
+            else:
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await resp.read()
+        async with session.get(f"{limited.url}/metrics") as resp:
+            metrics = await resp.text()
     assert time.monotonic() - started < 30
+    failed = 'mediaserver_responses_failed_after_headers_total{code="timeout",route="/api/tts"} 1.0'
+    assert (failed in metrics) == cut, [line for line in metrics.splitlines() if "failed_after" in line]
 
 
 async def test_streaming_wav_plays_from_its_first_chunk(server: LiveServer) -> None:

@@ -25,6 +25,7 @@ from mediaserver.llm.generation import LlmStream
 from mediaserver.llm.tools import ToolCall, ToolCallDelta, parse_tools
 from mediaserver.llm.types import ChatMessage, GenerationParams, Role
 from mediaserver.state import CAPABILITIES, LLM, SETTINGS
+from mediaserver.transport.common import sse_error
 from mediaserver.transport.openai.bodies import parse_body, read_json_object
 from mediaserver.transport.openai.chat_images import ImagePart, image_inputs
 
@@ -299,8 +300,7 @@ async def _sse(
                 async for delta in events:
                     await response.write(_delta_chunk(chunk, delta))
             except ApiError as exc:  # a timeout or upstream failure after the stream started
-                error = {"message": exc.message, "type": "server_error", "param": exc.param, "code": exc.code}
-                await response.write(b"data: " + json.dumps({"error": error}).encode() + b"\n\n")
+                await response.write(sse_error(request, exc))
                 return response
         await response.write(chunk({}, _finish(stream)))
         if include_usage:

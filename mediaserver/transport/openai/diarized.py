@@ -32,6 +32,7 @@ from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, TranscriptionOptions
 from mediaserver.speakers.diarize import SpeakerTurn, Vectors, diarize
 from mediaserver.speakers.service import SpeakerService
 from mediaserver.state import ASR, SETTINGS, SPEAKERS
+from mediaserver.transport.common import sse_error
 from mediaserver.transport.openai.transcription_stream import AUDIO_TOKENS_PER_S, event
 
 log = logging.getLogger(__name__)
@@ -247,8 +248,7 @@ async def stream_diarized(request: web.Request, work: Any) -> web.StreamResponse
         try:
             result: Diarized = await work()
         except ApiError as exc:
-            error = {"message": exc.message, "type": "server_error", "param": exc.param, "code": exc.code}
-            await response.write(event({"error": error}))
+            await response.write(sse_error(request, exc))
             return response
         for index, segment in enumerate(result.segments):
             delta = segment["text"] if index == 0 else " " + segment["text"]

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from mediaserver.errors import ApiError
 from mediaserver.events import Segment, Transcript
+from mediaserver.transport.common import sse_error
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,7 @@ async def stream_transcript(request: web.Request, transcribe: Any, *, with_logpr
         try:
             transcript: Transcript = await transcribe()
         except ApiError as exc:  # a full queue or a timeout after the stream has started
-            error = {"message": exc.message, "type": "server_error", "param": exc.param, "code": exc.code}
-            await response.write(event({"error": error}))
+            await response.write(sse_error(request, exc))
             return response
         for delta, seg in segment_deltas(transcript):
             body: dict[str, Any] = {"type": "transcript.text.delta", "delta": delta}

@@ -382,6 +382,7 @@ class WhisperEngine(SequentialDecodes, GuardedDecodes):
             or output.needs_fallback
             or text_loops(output.segments)
             or self._short_window_guard(window, output, run) is not None
+            or self._doubtful_on_a_short_window(window, output, run)
         ):
             # A short window's decode that looks wrong gets the full window before any fallback.
             self.counters["short_window_retries"] += 1

@@ -15,10 +15,10 @@ import logging
 import time
 from dataclasses import replace
 
-from mediaserver.asr.guards import GuardConfig, GuardReason, check_text
+from mediaserver.asr.guards import GuardConfig, GuardReason, check_text, normalized_words, repeated_phrase
 from mediaserver.asr.jobs import AsrJob, BatchRun, gone
 from mediaserver.asr.window_groups import WindowGroup, shift_segments, window_groups
-from mediaserver.asr.windows import WINDOW_S, Span, Window, WindowOutput
+from mediaserver.asr.windows import NO_SPEECH_THRESHOLD, WINDOW_S, Span, Window, WindowOutput
 from mediaserver.audio.vad import VadConfig
 from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, AudioArray, Segment, Transcript
 
@@ -181,6 +181,21 @@ class GuardedDecodes:
             member.job_offset_s + window.duration_s,
         )
         return check_text(output.text, voiced_s, self.guards) is None
+
+    def _doubtful_on_a_short_window(self, window: Window, output: WindowOutput, run: BatchRun) -> bool:
+        """A short window's decode of a final or an upload that the full 30 s window should redo
+        (``asr_window_s``): one Whisper scores above its no-speech threshold (its no-speech rule drops
+        it, or keeps it unsure) on audio the VAD heard speech in, or one with a phrase of two or more
+        words said twice in a row (the loop guard, ``repeat_min`` > 0, wants three). A Willow user's
+        trial: a real "five five" on tiny.en's 10 s window came out "5" (no_speech_prob 0.72), or
+        nothing after 2 or 10 s of silence (0.65, Whisper's rule dropped it), and a real "ten of
+        clubs" after 9.5 s as "10 of close. 10 of close."; on 30 s each was heard once and whole.
+        A partial keeps its short window (it is redone by the next one)."""
+        if run.jobs[window.members[0].job_index].on_guard != "redecode":
+            return False
+        if output.no_speech_prob > NO_SPEECH_THRESHOLD:
+            return True
+        return bool(self.guards.repeat_min) and repeated_phrase(normalized_words(output.text), 2) is not None
 
     def _short_window_guard(self, window: Window, output: WindowOutput, run: BatchRun) -> GuardReason | None:
         """The guard a short window's text trips (a loop Whisper's compression test cannot see on a

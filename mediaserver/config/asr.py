@@ -257,7 +257,8 @@ class AsrSettings(BaseModel):
     asr_window_s: dict[str, Annotated[float, Field(ge=1.0, le=30.0)]] = Field(
         default_factory=lambda: {"tiny.en": 10.0},
         description="per model (canonical name), the encoder window of finals and uploads whose speech fits one "
-        "window (doubled while it does not: 10, 20, 30 s; a decode that loops or hits the token cap is redone on "
+        "window (doubled while it does not: 10, 20, 30 s; a decode that loops, hits the token cap, says a phrase twice "
+        "or scores above Whisper's no-speech threshold is redone on "
         "30 s); models not listed use Whisper's own 30 s. tiny.en measured as accurate on 10 s; base lost words of "
         "short commands (tools/README.md)",
     )

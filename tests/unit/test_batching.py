@@ -457,3 +457,25 @@ def test_an_encoder_pass_in_chunks_gives_the_same_transcripts(packed_engine: Whi
         del packed_engine.model.encode
     assert calls == [2, 2, 1]
     assert [o.segments[0]["text"] for o in chunked] == [o.segments[0]["text"] for o in whole]
+
+
+@pytest.mark.parametrize(
+    ("clip", "lead_s", "said"),
+    [("cards_004", 0.0, 2), ("cards_004", 2.0, 2), ("cards_004", 10.0, 2), ("cards_001", 9.5, 3)],
+)
+async def test_a_doubtful_short_window_decode_of_real_speech_is_redone_on_the_full_window(
+    asr_service: AsrService, human_clips: list[tuple[str, np.ndarray, str]], clip: str, lead_s: float, said: int
+) -> None:
+    """A real speaker's "five five" (clipped, 1.5 s) on tiny.en's 10 s window (asr_window_s) came out
+    "5" (no_speech_prob 0.72), or nothing after 2 or 10 s of silence (no_speech 0.65, log-prob -1.22:
+    Whisper's no-speech rule dropped it), and "ten of clubs" after 9.5 s as "10 of close. 10 of close.";
+    a 30 s window hears each once and whole (a Willow user's trial). Such decodes are now redone on 30 s."""
+    from tests.wer import normalize, spoken_form
+
+    audio = next(audio for name, audio, _ in human_clips if name == clip)
+    padded = np.concatenate([np.zeros(round(lead_s * 16000), np.float32), audio.astype(np.float32)])
+    transcript = await asr_service.transcribe(padded, TranscriptionOptions())
+    words = normalize(spoken_form(transcript.text)).split()
+    assert len(words) == said, transcript.text
+    if clip == "cards_004":
+        assert words == ["five", "five"], transcript.text

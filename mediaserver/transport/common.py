@@ -45,13 +45,57 @@ def sse_error(request: web.Request, exc: ApiError) -> bytes:
     return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
 
 
+class LoneSurrogate(ValueError):
+    """JSON text whose string escapes a lone UTF-16 surrogate (``"\\ud800"``): valid JSON, but not
+    Unicode text. Python keeps it in a ``str``, and it fails wherever the text is encoded: the TTS
+    cache key, the LLM's prompt, Whisper's tokenizer (a trial's 500s and closed sessions)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value  # what was parsed (a Realtime event's ``event_id`` is told back)
+        super().__init__(
+            "the JSON holds a lone UTF-16 surrogate escape (such as \\ud800 without its pair): "
+            "that is not Unicode text; send text as UTF-8, or escape a character outside the BMP as a surrogate pair"
+        )
+
+
 def loads_json(raw: str | bytes | bytearray) -> Any:
     """``json.loads`` for untrusted input: a ValueError for anything that is not JSON, including
-    nesting too deep for the parser (``"[" * 5000``), which ``json`` reports as a RecursionError."""
+    nesting too deep for the parser (``"[" * 5000``), which ``json`` reports as a RecursionError,
+    and ``LoneSurrogate`` for JSON whose strings are not Unicode text."""
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+    # A surrogate can only come in escaped (UTF-8 cannot carry one, and decoding refuses it).
+    escaped = ("\\ud" in raw or "\\uD" in raw) if isinstance(raw, str) else (b"\\ud" in raw or b"\\uD" in raw)
+    if escaped and not _unicode_text(value):
+        raise LoneSurrogate(value)
+    return value
+
+
+def _unicode_text(value: Any) -> bool:
+    """Every string in a parsed JSON value (keys too) encodes as UTF-8."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return False
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
+def json_error(exc: Exception, fallback: str) -> str:
+    """What to tell a client whose JSON ``loads_json`` refused: ``fallback`` (the surface's own
+    sentence), or what is wrong with text that parses but is not Unicode."""
+    return str(exc) if isinstance(exc, LoneSurrogate) else fallback
 
 
 def parse_bool(params: Mapping[str, str], name: str, default: bool = False) -> bool:

@@ -181,3 +181,29 @@ async def test_http_upload_fuzz(
         form.add_field("model", "whisper-1")
         async with http.post(f"{server.url}/v1/audio/transcriptions", data=form) as resp:
             assert resp.status == 200 and "lights" in (await resp.json())["text"].lower()
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/audio/speech", {"model": "tts-1", "voice": "alloy", "input": "Hi \ud800 there."}),
+        ("/v1/chat/completions", {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi \ud800"}]}),
+        (
+            "/v1/chat/completions",
+            {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}], "stop": ["\udc00"]},
+        ),
+        ("/v1/embeddings", {"model": "text-embedding-3-small", "input": "Hi \ud800"}),
+        ("/api/rtc/asr", {"type": "offer", "sdp": "v=0\ud800"}),
+    ],
+)
+async def test_a_lone_surrogate_in_json_is_a_400_saying_so(
+    server: LiveServer, caplog: pytest.LogCaptureFixture, path: str, body: dict[str, Any]
+) -> None:
+    """``"\\ud800"`` is valid JSON but not text: a trial's speech request got a 500 (the TTS cache key
+    could not encode it), a chat request a 500 (the prompt), embeddings a 503 blaming the engine."""
+    async with aiohttp.ClientSession() as http, http.post(server.url + path, data=json.dumps(body)) as response:
+        assert response.status == 400, await response.text()
+        error = (await response.json())["error"]
+    message = error["message"] if isinstance(error, dict) else error
+    assert "surrogate" in message, error
+    assert server_errors(caplog) == []

@@ -321,3 +321,51 @@ def test_generators_are_deterministic() -> None:
     one = control_messages(random.Random(SEED), ["start"], 50, obj_key=None)
     assert one == control_messages(random.Random(SEED), ["start"], 50, obj_key=None)
     assert len(set(one)) > 30 and any(set(m) - set(string.printable) for m in one)
+
+
+# --- a lone UTF-16 surrogate ("\ud800"): valid JSON, not text ---------------------------------------------------
+
+SURROGATE_TEXT = "Turn on the \ud800 lights"  # json.dumps writes it as the escape \ud800
+
+
+@pytest.mark.parametrize(
+    ("kind", "data"),
+    [
+        ("synthesize", {"text": SURROGATE_TEXT}),
+        ("synthesize-chunk", {"text": SURROGATE_TEXT}),
+        ("transcribe", {"language": "en", "transcript_names": [SURROGATE_TEXT]}),
+    ],
+)
+async def test_wyoming_text_with_a_lone_surrogate_is_an_invalid_event(
+    wyoming_fuzz_server: WyomingServer, caplog: pytest.LogCaptureFixture, kind: str, data: dict[str, Any]
+) -> None:
+    """A trial's satellite text with a lone surrogate got ``internal_error`` (the TTS cache key and
+    Whisper's tokenizer cannot encode it): it is the client's mistake, said as such."""
+    port = wyoming_fuzz_server.port
+    assert port is not None
+    for header in (None, {"data_length": 1}):  # the data in the header line, or after it
+        if header is None:
+            events = await _exchange(port, _event(kind, data))
+        else:
+            body = json.dumps(data).encode()
+            line = json.dumps({"type": kind, "data_length": len(body)}).encode() + b"\n"
+            events = await _exchange(port, line + body)
+        [(event, error)] = events
+        assert event == "error" and error["code"] == "invalid_event" and "surrogate" in error["text"], events
+    assert server_errors(caplog) == []
+
+
+async def test_the_device_socket_refuses_a_lone_surrogate_and_stays_open(
+    server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A start whose prompt held a lone surrogate was accepted, and its first utterance then closed
+    the session with ``internal_error`` (Whisper's tokenizer), the words lost."""
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url}/api/ws/asr") as ws:
+        for start in ({"type": "start", "prompt": SURROGATE_TEXT}, {"type": "start", "system_prompt": SURROGATE_TEXT}):
+            await ws.send_str(json.dumps(start))
+            error = await ws.receive_json(timeout=10)
+            assert error["type"] == "error" and error["code"] == "invalid_message", error
+            assert "surrogate" in error["message"], error
+        await ws.send_str(json.dumps({"type": "start", "prompt": "Turn on the lights"}))
+        assert (await ws.receive_json(timeout=10))["type"] == "ready"
+    assert server_errors(caplog) == []

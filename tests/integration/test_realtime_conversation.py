@@ -691,6 +691,16 @@ async def test_bad_input_is_an_error_event_and_the_session_stays(raw: Callable[.
             "response.output_modalities",
         ),
         ({"type": "output_audio_buffer.clear"}, "unsupported_event", "type"),
+        # A lone UTF-16 surrogate: valid JSON, not text (it cancelled every later response of the session).
+        (
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi \ud800"}]},
+            },
+            "invalid_json",
+            None,
+        ),
+        ({"type": "session.update", "session": {"instructions": "Be brief \udc00."}}, "invalid_json", None),
     ]
     for index, (event, code, param) in enumerate(cases):
         event_id = None if isinstance(event, str) else f"e{index}"

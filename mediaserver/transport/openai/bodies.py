@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from mediaserver.errors import ApiError, AudioTooLarge, InvalidParameter
 from mediaserver.state import SETTINGS
-from mediaserver.transport.common import loads_json, read_body_limited
+from mediaserver.transport.common import json_error, loads_json, read_body_limited
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -31,8 +31,9 @@ async def read_json_object(request: web.Request, *, max_bytes: int, setting: str
         raise RequestTooLarge(f"{exc.message} ({setting})") from None
     try:
         body = loads_json(raw)
-    except ValueError:
-        raise InvalidParameter("the request body is not valid JSON: send a JSON object", param="body") from None
+    except ValueError as exc:
+        message = json_error(exc, "the request body is not valid JSON: send a JSON object")
+        raise InvalidParameter(message, param="body") from None
     if not isinstance(body, dict):
         raise InvalidParameter("the request body must be a JSON object", param="body")
     return body

@@ -75,6 +75,7 @@ from mediaserver.state import ASR, METRICS, SESSIONS, SPEAKERS, TEXT_EOU, TOOLS
 from mediaserver.stream.options import StreamOptions
 from mediaserver.stream.session import StreamSession
 from mediaserver.transport.common import (
+    json_error,
     loads_json,
     speaker_payload,
     stream_options_from,
@@ -251,8 +252,8 @@ class RtcSession:
     async def _handle_message(self, data: str | bytes) -> None:
         try:
             parsed = loads_json(data)
-        except (ValueError, TypeError):
-            self.send(message("error", "could not parse message"))
+        except (ValueError, TypeError) as exc:
+            self.send(message("error", json_error(exc, "could not parse message")))
             return
         if not isinstance(parsed, dict) or not isinstance(parsed.get("type"), str):
             self.send(message("error", "could not parse message"))

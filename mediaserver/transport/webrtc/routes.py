@@ -15,7 +15,7 @@ from aiohttp import web
 
 from mediaserver.errors import AudioTooLarge, InvalidParameter
 from mediaserver.state import ASR, SESSIONS, SETTINGS
-from mediaserver.transport.common import loads_json, read_body_limited, stream_options_from
+from mediaserver.transport.common import json_error, loads_json, read_body_limited, stream_options_from
 from mediaserver.transport.rtc_peer import patches
 from mediaserver.transport.rtc_peer.peer import answer_offer, ice_servers
 from mediaserver.transport.webrtc.asr import RtcSession
@@ -34,8 +34,10 @@ async def offer_handler(request: web.Request) -> web.Response:
         raise InvalidParameter(f"offer too large (max {MAX_SDP_BYTES} bytes)", param="sdp") from None
     try:
         body = loads_json(raw)
-    except ValueError:
-        raise InvalidParameter('body must be JSON {"sdp": "...", "type": "offer"}', param="body") from None
+    except ValueError as exc:
+        raise InvalidParameter(
+            json_error(exc, 'body must be JSON {"sdp": "...", "type": "offer"}'), param="body"
+        ) from None
     if not isinstance(body, dict) or not isinstance(body.get("sdp"), str) or body.get("type") != "offer":
         raise InvalidParameter('body must be JSON {"sdp": "...", "type": "offer"}', param="body")
     options = stream_options_from(request.query, settings)

@@ -60,7 +60,7 @@ from mediaserver.events import (
 from mediaserver.session_registry import SessionLimitReached, ShuttingDown
 from mediaserver.state import ASR, METRICS, SESSIONS, SETTINGS, SPEAKERS, TEXT_EOU, TOOLS
 from mediaserver.stream.session import StreamSession
-from mediaserver.transport.common import loads_json, speaker_payload, turn_payload
+from mediaserver.transport.common import json_error, loads_json, speaker_payload, turn_payload
 from mediaserver.transport.socket_session import LimitedWebSocket, Limits, SocketSession, close_reason
 from mediaserver.transport.voice import check_voice, new_assistant, update_assistant
 from mediaserver.transport.ws.start import START_KEYS, StreamConfig, parse_start
@@ -276,8 +276,10 @@ class WsSession(SocketSession):
     async def on_text(self, data: str) -> None:
         try:
             parsed = loads_json(data)
-        except ValueError:
-            self.send_error("invalid_message", "text messages must be JSON objects with a string 'type'")
+        except ValueError as exc:
+            self.send_error(
+                "invalid_message", json_error(exc, "text messages must be JSON objects with a string 'type'")
+            )
             return
         if not isinstance(parsed, dict) or not isinstance(parsed.get("type"), str):
             self.send_error("invalid_message", "text messages must be JSON objects with a string 'type'")

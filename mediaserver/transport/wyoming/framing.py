@@ -11,10 +11,11 @@ raises ``WyomingProtocolError`` with a reason the server sends back as an ``erro
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, Final
 
 from wyoming.event import Event
+
+from mediaserver.transport.common import json_error, loads_json
 
 # Longest accepted header line; real headers are ~150 bytes (data goes in the data_length block).
 MAX_HEADER_LINE_BYTES: Final = 64 * 1024
@@ -31,9 +32,9 @@ class WyomingProtocolError(Exception):
 
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise WyomingProtocolError(f"{what} is not valid UTF-8 JSON") from None
+        value = loads_json(raw)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise WyomingProtocolError(json_error(exc, f"{what} is not valid UTF-8 JSON")) from None
     if not isinstance(value, dict):
         raise WyomingProtocolError(f"{what} must be a JSON object, got {type(value).__name__}")
     return value

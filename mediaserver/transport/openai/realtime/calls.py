@@ -39,7 +39,7 @@ from mediaserver.config import Settings
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
 from mediaserver.state import ASR, SESSIONS, SETTINGS
-from mediaserver.transport.common import loads_json
+from mediaserver.transport.common import json_error, loads_json
 from mediaserver.transport.openai.realtime import client_secrets
 from mediaserver.transport.openai.realtime.config import RealtimeConfig
 from mediaserver.transport.openai.realtime.conversation_config import (
@@ -290,8 +290,8 @@ async def read_offer(request: web.Request, limit: int) -> tuple[str, dict[str, A
     if "session" in fields:
         try:
             parsed = loads_json(fields["session"])
-        except ValueError:
-            raise InvalidParameter("'session' must be a JSON object", param="session") from None
+        except ValueError as exc:
+            raise InvalidParameter(json_error(exc, "'session' must be a JSON object"), param="session") from None
         if not isinstance(parsed, dict):
             raise InvalidParameter("'session' must be a JSON object", param="session")
         session = parsed

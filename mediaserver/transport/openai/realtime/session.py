@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -20,6 +19,7 @@ from mediaserver.errors import ApiError
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent, SpeechStarted
 from mediaserver.state import ASR, METRICS, TEXT_EOU
 from mediaserver.stream.session import Emit, StreamSession
+from mediaserver.transport.common import LoneSurrogate, json_error, loads_json
 from mediaserver.transport.openai.realtime.config import RealtimeConfig
 from mediaserver.transport.openai.realtime.conversation import AudioMode, Conversation, VoiceTurns
 from mediaserver.transport.openai.realtime.conversation_config import (
@@ -218,9 +218,15 @@ class RealtimeSession(SocketSession, Host):
 
     async def on_text(self, data: str) -> None:
         try:
-            event = json.loads(data)
-        except (ValueError, RecursionError):
-            self.send_error("invalid_json", "The client event is not valid JSON; expected a JSON object.")
+            event = loads_json(data)
+        except ValueError as exc:
+            parsed = exc.value if isinstance(exc, LoneSurrogate) else None
+            raw_id = parsed.get("event_id") if isinstance(parsed, dict) else None
+            self.send_error(
+                "invalid_json",
+                json_error(exc, "The client event is not valid JSON; expected a JSON object."),
+                client_event_id=raw_id if isinstance(raw_id, str) and raw_id.isprintable() and _utf8(raw_id) else None,
+            )
             return
         if not isinstance(event, dict):
             self.send_error("invalid_json", "The client event must be a JSON object with a string 'type'.")
@@ -587,3 +593,11 @@ class RealtimeSession(SocketSession, Host):
         finally:
             self.items.muted_errors -= 1
         return None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

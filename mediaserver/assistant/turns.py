@@ -380,6 +380,14 @@ class Assistant:
                 f"no progress for {self.settings.assistant_turn_timeout_s:g} s (assistant_turn_timeout_s)",
             )
             return
+        except Exception:
+            # A defect of the server's, not an engine's or the client's: the turn fails, said as such
+            # (ended by the done callback it would read as interrupted: a Realtime response "cancelled"
+            # with "client_cancelled" that nobody cancelled), and the session goes on.
+            log.exception("%s: turn %d failed on an unexpected error", self.name, turn.number)
+            stage = "tts" if turn.text and self._spoken(turn) else "llm"
+            await self._fail(turn, stage, "internal_error", "the answer failed on an unexpected server error")
+            return
         await turn.released()
         turn.text_ended = True
         await self._emit(AssistantText(turn.number, "", turn.text, final=True))

@@ -11,7 +11,7 @@ import pytest
 
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.prompt import kept_turns
-from mediaserver.assistant.turn_types import AssistantOptions, assistant_options_from
+from mediaserver.assistant.turn_types import AssistantOptions, StageFailed, assistant_options_from
 from mediaserver.assistant.turns import Assistant
 from mediaserver.config import Settings
 from mediaserver.errors import InvalidParameter
@@ -352,3 +352,33 @@ async def test_words_are_not_joined_after_a_failed_answer_another_speaker_or_wit
     await off.answer("which birds followed him home?")
     await off.interrupt()
     assert len(off.history) == 2
+
+
+async def test_a_turn_that_fails_unexpectedly_is_failed_not_interrupted_and_the_next_one_runs() -> None:
+    """A defect in a turn (a trial's lone surrogate reached the LLM's prompt encoding) ended it as
+    interrupted: a Realtime response "cancelled" with "client_cancelled" that nobody cancelled. It
+    fails now, with an ``internal_error``, and the next turn runs. (A fault no real engine gives: the
+    LLM service raises a RuntimeError of its own for the first turn.)"""
+    config = Settings(_env_file=None)
+    calls = 0
+
+    class Faulty(LlmService):
+        def stream(self, *args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise RuntimeError("a defect")
+            raise StageFailed("llm", "feature_disabled", "no engine here")
+
+    llm = Faulty(config, Metrics())
+    options = replace(AssistantOptions.from_settings(config), speak=False)
+    helper = Assistant(llm, None, config, options, emit_nothing, None, Metrics())
+    try:
+        first = await asyncio.wait_for((await helper.respond([ChatMessage("user", "Hi")])).outcome(), 10)
+        second = await asyncio.wait_for((await helper.respond([ChatMessage("user", "Hi")])).outcome(), 10)
+    finally:
+        await helper.aclose()
+        await llm.aclose()
+    assert first.status == "failed" and first.error is not None
+    assert (first.error.stage, first.error.code) == ("llm", "internal_error")
+    assert second.status == "failed" and second.error is not None and second.error.code == "feature_disabled"

@@ -377,6 +377,11 @@ class WhisperEngine(SequentialDecodes, GuardedDecodes):
     def _take_single(self, window: Window, output: WindowOutput, run: BatchRun) -> Window | None:
         """Record a one-job window's segments; return its unfinished tail, if any."""
         member = window.members[0]
+        if gone(run.jobs[member.job_index]):
+            # Its caller went meanwhile: no fallback or redo runs for nobody (a trial's long upload,
+            # hung up on, went on through each window's temperature fallback, ~6 s a window).
+            run.results[member.job_index] = JobAbandoned()
+            return None
         if window.encoder_s < WINDOW_S and (
             output.capped
             or output.needs_fallback

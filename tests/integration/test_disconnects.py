@@ -399,3 +399,35 @@ async def test_a_caller_leaving_mid_decode_ends_only_its_own_job(
     assert isinstance(results[0], JobAbandoned), results[0]
     assert isinstance(results[1], Transcript) and results[1].text, results[1]
     assert server_errors(caplog) == []
+
+
+async def test_a_long_upload_whose_caller_left_runs_no_window_fallback_for_nobody(
+    asr_service: AsrService, speech: Callable[[str], Clip]
+) -> None:
+    """A trial: a 5-minute upload of one sentence said over and over (each 30 s window compresses
+    like a loop, so each goes through Whisper's temperature fallback, ~6 s a window), hung up on
+    1.5 s in: the server went on with every window's fallback for 40 s, and a 1.4 s request behind
+    it waited 48 s. Once its caller has gone, a decoded window's fallback or redo is not run."""
+    engine = (await asr_service.get_model("tiny.en")).engine
+    assert isinstance(engine, WhisperEngine)
+    sentence = speech("kitchen").audio16k.astype(np.float32)
+    audio = np.concatenate([np.concatenate([sentence, np.zeros(16000, np.float32)])] * 60)  # ~2.5 min
+    gone = threading.Event()
+    original = engine._decoder.run
+
+    def first_call_then_gone(windows: Any) -> Any:
+        outputs = original(windows)
+        gone.set()  # the caller hangs up while the first windows were being decoded
+        return outputs
+
+    engine._decoder.run = first_call_then_gone  # type: ignore[method-assign]
+    before = dict(engine.counters)
+    try:
+        [result] = await asyncio.to_thread(
+            engine.transcribe_batch, [AsrJob(audio, TranscriptionOptions(), abandoned=gone)]
+        )
+    finally:
+        del engine._decoder.run
+    assert isinstance(result, JobAbandoned), result
+    assert engine.counters["window_fallbacks"] == before["window_fallbacks"]
+    assert engine.counters["sequential"] == before["sequential"]

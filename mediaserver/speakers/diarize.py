@@ -14,6 +14,8 @@
 5. Known speakers (OpenAI's ``known_speaker_names[]``): a cluster takes the name of the reference
    most like its centroid, at ``speaker_threshold`` or more, each name once; the other clusters are
    ``A``, ``B``, ... in the order they first speak.
+6. A recording with too little speech for any vector (a short command, silence) is one turn of
+   ``A`` over the whole of it: its words are still transcribed.
 
 Long recordings widen the hop so that at most ``MAX_WINDOWS`` windows are clustered (the clustering
 costs windows³).
@@ -238,7 +240,10 @@ async def diarize(
     embedded = await embed_windows(clips)
     usable = [(i, v) for i, v in enumerate(embedded) if v is not None]
     if not usable:
-        return []
+        # Too little speech for the encoder anywhere (a short command: a trial's 1.4 s "Turn on the
+        # kitchen lights." came back with no text at all): one speaker, over the whole recording;
+        # the ASR decides whether anyone spoke.
+        return [SpeakerTurn(0.0, audio.size / SAMPLE_RATE_HZ, letters(0))]
     vectors = np.stack([v for _, v in usable])
     labels = await asyncio.to_thread(cluster, vectors, cluster_threshold)
     by_window: list[int | None] = [None] * len(spans)

@@ -20,7 +20,7 @@ from mediaserver.config import Settings
 from mediaserver.speakers.diarize import cluster
 from mediaserver.speakers.fetch import default_dir, fetch
 from mediaserver.speakers.service import SpeakerService
-from tests.conftest import LiveServer
+from tests.conftest import Clip, LiveServer
 from tests.human_speech import voiced_span, wav_bytes
 
 HumanClips = list[tuple[str, np.ndarray, str]]
@@ -137,6 +137,23 @@ async def test_one_speaker_alone_has_one_label(client: openai.AsyncOpenAI, human
     result = await diarized(client, audio)
     assert {seg.speaker for seg in result.segments} == {"A"}
     assert "dashwood" in result.text.lower()
+
+
+@pytest.mark.parametrize("audio_of", ["a short command", "silence"])
+async def test_a_recording_too_short_to_tell_speakers_apart_keeps_its_words(
+    client: openai.AsyncOpenAI, speech: Callable[[str], Clip], audio_of: str
+) -> None:
+    """A trial's 1.4 s "Turn on the kitchen lights." came back with no text at all: no window had
+    the speech the speaker encoder needs, so there was no turn to transcribe. It is one turn of A
+    now; silence still gives no words."""
+    audio = speech("kitchen").audio16k if audio_of == "a short command" else np.zeros(RATE, np.float32)
+    result = await diarized(client, audio)
+    if audio_of == "silence":
+        assert (result.text, result.segments) == ("", [])
+        return
+    assert {seg.speaker for seg in result.segments} == {"A"}, result.segments
+    assert "kitchen" in result.text.lower(), result.text
+    assert result.text == " ".join(seg.text for seg in result.segments)
 
 
 async def test_a_low_cluster_threshold_joins_different_people(

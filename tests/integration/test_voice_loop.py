@@ -360,6 +360,24 @@ async def test_ws_answer_audio_rate_is_the_clients_choice(ws_client: WsClient) -
     assert error["param"] == "audio_sample_rate"
 
 
+@pytest.mark.parametrize("second", [{"assistant": False}, {"assistant": True, "audio_sample_rate": 24000}])
+async def test_ws_a_start_that_ends_the_assistant_mid_answer_ends_the_answer_told(
+    ws_client: WsClient, speech: Callable[[str], Clip], second: dict[str, Any]
+) -> None:
+    """A trial: a start with ``assistant: false`` while an answer played stopped its frames with no
+    event (no ``assistant_audio_stopped``, no final): the client's player was never told the answer
+    ended. A start that turns the assistant off, or makes a new one (another answer sample rate),
+    now cuts the answer as a barge-in does, before its ``ready``."""
+    await ws_client.ws.send_str(json.dumps({"type": "start", "mode": "server_vad", "assistant": True}))
+    await ws_client.until("ready")
+    await ws_client.speak(speech(LONG_QUESTION))
+    await ws_client.until("assistant_audio_started")
+    await ws_client.ws.send_str(json.dumps({"type": "start", "mode": "server_vad", **second}))
+    events = await ws_client.until("ready", timeout=30)
+    stopped = [e for e in events if e["type"] == "assistant_audio_stopped"]
+    assert len(stopped) == 1 and stopped[0]["interrupted"] is True, events
+
+
 async def test_ws_unknown_voice_is_refused_at_start_when_answers_are_spoken(ws_client: WsClient) -> None:
     await ws_client.ws.send_str(json.dumps({"type": "start", "assistant": True, "voice": "nobody"}))
     error = (await ws_client.until("error", "ready"))[-1]

@@ -320,6 +320,7 @@ class RtcSession:
             self.extensions = True
         elif self.assistant is not None:
             self.client_tools.declare(ClientTools(()))
+            await self.assistant.interrupt()  # an answer playing ends as a cut one does, told
             await self.assistant.aclose()
             self.assistant = None
             self.stream.assistant = None

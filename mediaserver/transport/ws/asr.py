@@ -415,8 +415,15 @@ class WsSession(SocketSession):
             config.channels,
             config.options.model,
         )
+        if self.assistant is not None and self._retires_assistant(config):
+            await self.assistant.interrupt()  # an answer playing ends as a cut one does, told before ready
         self._apply_assistant(config)
         self.send_json({"type": "ready", "session_id": self.id, **config.describe(), **self.stream.turn_described()})
+
+    def _retires_assistant(self, config: StreamConfig) -> bool:
+        """The start ends the session's assistant (off, or a new answer sample rate: a new one)."""
+        out = self.audio_out
+        return not config.assistant or out is None or out.sample_rate_hz != config.audio_sample_rate_hz
 
     def _apply_assistant(self, config: StreamConfig) -> None:
         values = dict(config.assistant_values)

@@ -94,6 +94,30 @@ async def test_willow_get_with_raw_spaces(server: LiveServer, asr_service: AsrSe
     assert wer(text, await transcribe(asr_service, body)) <= 0.1
 
 
+async def test_an_unknown_xtts_speaker_speaks_in_the_default_voice_and_says_so(server: LiveServer) -> None:
+    """A Willow user's trial: XTTS (the WIS stack's TTS) speaks a speaker it does not know (a custom
+    voice cloned into it, ``speaker=myvoice``) in its default voice; here it was a 400, so a WAS set up
+    that way got no speech at all. It speaks now, and X-WIS-Voice says in which voice. A Piper
+    voice's name that is not here stays a 400 (test_bad_input), and so does a language no voice speaks."""
+    default = server.app[TTS].voices.default_name()
+    for speaker in ("myvoice", "default", "CLB"):
+        status, headers, body = await get(f"{server.url}/api/tts", text="Hello there.", speaker=speaker, nocache="1")
+        assert status == 200 and headers["X-WIS-Voice"] == default, (speaker, body[:200])
+        assert duration_of(body) > 0.5
+
+
+async def test_other_tts_servers_parameters_end_the_text(server: LiveServer) -> None:
+    """Coqui's TTS server takes ``speaker_id``, ``style_wav``, ``language_id``; XTTS ``temperature``,
+    ``top_k`` ...: a client that puts ``text`` first heard them read out ("Hello, and speaker ID
+    equals and style web equals ..."). They end the text now (and are ignored)."""
+    head, plain = await raw_get(server, b"GET /api/tts?text=Hello&nocache=1 HTTP/1.1")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    query = "text=Hello&speaker_id=&style_wav=&language_id=&temperature=0.1&top_k=50&nocache=1"
+    head, body = await raw_get(server, f"GET /api/tts?{query} HTTP/1.1".encode())
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert abs(duration_of(body) - duration_of(plain)) < 0.05, (duration_of(body), duration_of(plain))
+
+
 async def test_raw_utf8_and_an_ampersand_in_the_text(server: LiveServer) -> None:
     head, body = await raw_get(server, "GET /api/tts?speaker=CLB&text=Tom & Jerry say grüß dich HTTP/1.1".encode())
     assert head.startswith(b"HTTP/1.1 200"), head
@@ -284,7 +308,7 @@ async def test_second_request_is_the_same_audio_with_real_sizes_and_nocache_bypa
         ({"text": ""}, 400, "invalid_parameter", "empty"),
         ({"text": "   "}, 400, "invalid_parameter", "empty"),
         ({"text": "x" * 5000}, 413, "text_too_long", "tts_max_input_chars"),
-        ({"text": "hi", "speaker": "no-such-voice"}, 400, "voice_not_found", "voices: en_US-joe-medium"),
+        ({"text": "hi", "speaker": "xx_YY-no_such-low"}, 400, "voice_not_found", "voices: en_US-joe-medium"),
         ({"text": "hi", "format": "AIFF"}, 400, "invalid_parameter", "formats: WAV, FLAC, OGG, MP3"),
         ({"text": "hi", "speed": "9"}, 400, "invalid_parameter", "between 0.25 and 4.0"),
         ({"text": "hi", "speed": "0"}, 400, "invalid_parameter", "between 0.25 and 4.0"),

@@ -2,12 +2,14 @@
 
 ``/api/tts`` takes what Willow devices and WAS send (shared/reference/willow-contract.md §5, §5.3):
 ``text`` (required), ``format`` (WAV, FLAC, OGG, MP3; any case; Willow asks for WAV), ``speaker``
-(a voice; WIS's own names such as ``CLB`` mean the default voice), ``language``, ``speed`` and
+(a voice; WIS's own names such as ``CLB`` mean the default voice, and so does a name it does not
+know, as XTTS speaks one: ``X-WIS-Voice`` names the voice that spoke), ``language``, ``speed`` and
 ``nocache``. The firmware does not URL-encode the text and WAS puts ``text=`` last, so everything
-after ``text=`` up to the next known parameter is the text, ``&`` and all; raw spaces and UTF-8 in
-the request line are accepted by ``lenient_http``. WAV is streamed with a zero-length header as
-XTTS did, so a device plays the first sentence while the rest is made. Responses are cached like
-WIS's nginx did (``X-WIS-Cache: HIT|MISS|BYPASS``, ``?nocache=1`` skips the cache).
+after ``text=`` up to the next known parameter (this route's, or Coqui's or XTTS's) is the text,
+``&`` and all; raw spaces and UTF-8 in the request line are accepted by ``lenient_http``. A WAV
+answer is the whole file with its real sizes, as WIS answered (Willow's player reads those); the
+other formats are streamed. Responses are cached like WIS's nginx did (``X-WIS-Cache:
+HIT|MISS|BYPASS``, ``?nocache=1`` skips the cache).
 
 ``/api/sts`` (broken in WIS) works: multipart ``audio_file`` plus the WIS ASR query options in,
 the transcript spoken back out, with the text in ``X-Transcript`` (percent-encoded UTF-8).
@@ -16,6 +18,7 @@ the transcript spoken back out, with the text in ``X-Transcript`` (percent-encod
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from urllib.parse import quote, unquote_plus
 
@@ -30,11 +33,21 @@ from mediaserver.transport.tts_http import SpeechRequest, respond_with_speech, t
 from mediaserver.transport.wis.query import parse_format, parse_wis_query
 from mediaserver.tts.encode import encode_all, output_rate
 from mediaserver.tts.types import SynthesisParams
+from mediaserver.tts.voices import PIPER_VOICE_NAME, UnknownVoice
+
+log = logging.getLogger(__name__)
 
 CACHE_HEADER = "X-WIS-Cache"
 _KNOWN = ("format", "speaker", "voice", "language", "speed", "nocache")
+# The other TTS servers' parameters a WIS client may send (ignored here, but where the text ends):
+# Coqui's TTS server's, and XTTS's WillowStreamingInputs (willow-contract.md section 5.2).
+_OTHERS = (
+    *("speaker_id", "style_wav", "language_id", "stream_chunk_size", "overlap_wav_len", "temperature"),
+    *("length_penalty", "repetition_penalty", "top_k", "top_p", "do_sample", "enable_text_splitting", "decoder"),
+)
 _TEXT_START = re.compile(r"(?:^|&)text=")
-_NEXT_KNOWN = re.compile(r"&(?:" + "|".join(_KNOWN) + r")=")
+_NEXT_KNOWN = re.compile(r"&(?:" + "|".join(_KNOWN + _OTHERS) + r")=")
+VOICE_HEADER = "X-WIS-Voice"
 
 
 def text_from_query(raw_query: str) -> str | None:
@@ -70,10 +83,25 @@ async def tts_handler(request: web.Request) -> web.StreamResponse:
     assert speed is not None
     tts.check_speed(speed)
     speaker = query.get("speaker") or query.get("voice")
-    voice = await tts.voice(speaker, language=query.get("language") or None)
+    language = query.get("language") or None
+    try:
+        voice = await tts.voice(speaker, language=language)
+    except UnknownVoice:
+        if not speaker or PIPER_VOICE_NAME.match(speaker.strip()):
+            raise  # (no voice speaks the language; a Piper voice asked for by name is not here)
+        # XTTS, the WIS stack's TTS, speaks an unknown speaker (a custom voice cloned into it) in its
+        # default voice: a WAS set up for one would otherwise get no speech at all. The header says
+        # which voice spoke.
+        voice = await tts.voice(None, language=language)
+        log.info("/api/tts: no voice %r here; spoke in %s, as XTTS speaks an unknown speaker", speaker, voice.name)
     spoken = SpeechRequest(text, voice, SynthesisParams(speed=speed), fmt)
     return await respond_with_speech(
-        request, spoken, nocache=_nocache(query.get("nocache")), cache_header=CACHE_HEADER, whole_wav=True
+        request,
+        spoken,
+        nocache=_nocache(query.get("nocache")),
+        cache_header=CACHE_HEADER,
+        whole_wav=True,
+        headers={VOICE_HEADER: voice.name},
     )
 
 

@@ -388,7 +388,11 @@ class RtcSession:
         self.stream.configure(
             replace(options, server_vad=False, partials=self.stream.options.partials, unstable_partials=False)
         )
-        model = options.model or self.settings.asr_default_model
+        models = self.app[ASR].models
+        try:  # the model that runs (WIS's "large" is an alias of base here), not the name asked for
+            model = models.resolve(models.for_options(options.model, options.transcription))
+        except ApiError:
+            model = options.model or self.settings.asr_default_model
         beam = options.transcription.beam_size
         detect = options.transcription.language is None
         self.send(

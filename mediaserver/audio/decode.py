@@ -195,16 +195,24 @@ def decode_container(
                 raise InvalidAudio("Invalid audio: the file has no audio stream")
             stream = streams[0]
             resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
-            for frame in container.decode(stream):
-                if not isinstance(frame, av.AudioFrame):
-                    continue
-                frame.pts = None
-                for out in resampler.resample(frame):
-                    chunk = np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1)
-                    parts.append(chunk)
-                    total += chunk.size
-                if total > max_samples:
-                    _check_duration(total / SAMPLE_RATE_HZ, max_duration_s)
+            try:
+                for frame in container.decode(stream):
+                    if not isinstance(frame, av.AudioFrame):
+                        continue
+                    frame.pts = None
+                    for out in resampler.resample(frame):
+                        chunk = np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1)
+                        parts.append(chunk)
+                        total += chunk.size
+                    if total > max_samples:
+                        _check_duration(total / SAMPLE_RATE_HZ, max_duration_s)
+            except (av.FFmpegError, ValueError, IndexError) as exc:
+                if not parts:
+                    raise
+                # A file cut short (an upload that ended mid-frame: a trial's AMR-WB 1 byte short, a
+                # FLAC cut to a third) keeps the audio before the damage, as FFmpeg's own tools do;
+                # the whole utterance was refused before.
+                log.info("audio decoded up to a damaged or cut end (%s): %.2f s kept", exc, total / SAMPLE_RATE_HZ)
             for out in resampler.resample(None):
                 parts.append(np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1))
     except InvalidAudio:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, TypeVar
@@ -133,6 +134,8 @@ def parse_float(
         value = float(raw.strip())
     except ValueError:
         raise InvalidParameter(f"parameter {name!r} must be a number, got {raw!r}", param=name) from None
+    if not math.isfinite(value):  # ("nan" and "inf" parse; a trial read "between -inf and inf, got nan")
+        raise InvalidParameter(f"parameter {name!r} must be a finite number, got {raw!r}", param=name)
     if not minimum <= value <= maximum:
         raise InvalidParameter(f"parameter {name!r} must be between {minimum} and {maximum}, got {value}", param=name)
     return value

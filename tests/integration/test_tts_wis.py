@@ -313,6 +313,8 @@ async def test_second_request_is_the_same_audio_with_real_sizes_and_nocache_bypa
         ({"text": "hi", "speed": "9"}, 400, "invalid_parameter", "between 0.25 and 4.0"),
         ({"text": "hi", "speed": "0"}, 400, "invalid_parameter", "between 0.25 and 4.0"),
         ({"text": "hi", "speed": "fast"}, 400, "invalid_parameter", "must be a number"),
+        ({"text": "hi", "speed": "nan"}, 400, "invalid_parameter", "must be a finite number"),
+        ({"text": "hi", "speed": "-inf"}, 400, "invalid_parameter", "must be a finite number"),
         ({"text": "hi", "language": "de"}, 400, "voice_not_found", "languages: en-US"),
     ],
 )

@@ -264,11 +264,18 @@ async def read_multipart(
     return MultipartFields(files, values, stray, file_lists)
 
 
-def _as_text(value: object) -> str | None:
+_STREAM_KEYS = ("model", "beam_size", "language", "force_language", "detect_language", "task", "prompt")
+
+
+def _as_text(key: str, value: object) -> str | None:
+    """A stream option as text (a query string's are; JSON's numbers and booleans are taken as
+    theirs); an object or a list is no option's value (a trial's ``"prompt": {"x": 1}`` was)."""
     if value is None:
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        raise InvalidParameter(f"{key} must be a string, got a JSON {type(value).__name__}", param=key)
     return str(value)
 
 
@@ -287,7 +294,7 @@ def stream_options_from(
             with_segment_timestamps=False,
         )
     )
-    text = {k: t for k, v in values.items() if (t := _as_text(v)) is not None and t.strip() != ""}
+    text = {k: t for k in _STREAM_KEYS if (t := _as_text(k, values.get(k))) is not None and t.strip() != ""}
     options = base.transcription
     beam_size = parse_int(text, "beam_size", options.beam_size, minimum=1, maximum=settings.max_beam_size)
     language = options.language

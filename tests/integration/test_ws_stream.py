@@ -351,6 +351,8 @@ async def test_push_to_talk_restart_keeps_config_and_clear_drops_audio(
         ({"type": "start", "model": "nope"}, "model_not_found", "model"),
         ({"type": "start", "beam_size": 0}, "invalid_parameter", "beam_size"),
         ({"type": "start", "task": "summarize"}, "invalid_parameter", "task"),
+        ({"type": "start", "prompt": {"x": 1}}, "invalid_parameter", "prompt"),  # (a trial's, once taken as text)
+        ({"type": "start", "model": ["tiny.en"]}, "invalid_parameter", "model"),
         ("odd-length", "invalid_audio", None),
     ],
     ids=lambda v: v if isinstance(v, str) else None,

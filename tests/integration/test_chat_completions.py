@@ -248,6 +248,9 @@ async def test_models_list_has_the_llm_with_its_kind(server: Any) -> None:
         ({"messages": [{"role": "user", "content": [{"type": "zz"}]}]}, "model", "'model'"),  # the first field's
         ({"model": "gpt-4o-mini", "messages": COLORS, "stream": "yes"}, "stream", "valid boolean"),
         ({"model": "gpt-4o-mini", "messages": COLORS, "stream": 1}, "stream", "valid boolean"),
+        # Numbers are numbers (a trial's max_tokens true was taken as 1).
+        ({"model": "gpt-4o-mini", "messages": COLORS, "max_tokens": True}, "max_tokens", "valid integer"),
+        ({"model": "gpt-4o-mini", "messages": COLORS, "temperature": "0.5"}, "temperature", "valid number"),
         ([1, 2], "body", "JSON object"),
     ],
 )

@@ -180,6 +180,7 @@ async def test_voice_object_our_voice_names_and_model_names(steady_server: LiveS
         ({"voice": ["a"]}, 400, "voice", "invalid value for 'voice':"),  # (not 'voice.str', pydantic's union member)
         ({"response_format": "ogg-vorbis"}, 400, "response_format", "mp3, opus, aac, flac, wav, pcm"),
         ({"speed": 4.5}, 400, "speed", "between 0.25 and 4.0"),
+        ({"speed": True}, 400, "speed", "valid number"),  # (a trial's, once taken as 1.0)
         ({"speed": 0.1}, 400, "speed", "between 0.25 and 4.0"),
         ({"model": "tts-2000"}, 400, "model", "tts-1, tts-1-hd"),
         ({"stream_format": "chunks"}, 400, "stream_format", "'audio' or 'sse'"),

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictFloat, StrictInt, Tag
 
 from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.llm.generation import LlmStream
@@ -90,17 +90,17 @@ class _ChatBody(_Lenient):
     messages: list[_Message] = Field(min_length=1)
     stream: StrictBool = False  # (a boolean, as OpenAI checks: "yes" is a 400, not a stream)
     stream_options: _StreamOptions | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    temperature: StrictFloat | None = Field(None, ge=0, le=2)
+    top_p: StrictFloat | None = Field(None, gt=0, le=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: StrictInt | None = None
     # vLLM's extension: 1 turns the model's default repetition penalty off (llama.cpp models only).
-    repetition_penalty: float | None = Field(None, ge=0.5, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    n: int | None = None
+    repetition_penalty: StrictFloat | None = Field(None, ge=0.5, le=2.0)
+    frequency_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0)
+    n: StrictInt | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: StrictBool | None = None
@@ -112,7 +112,7 @@ class _EmbeddingsBody(_Lenient):
     model: str = Field(min_length=1)
     input: str | list[str]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: StrictInt | None = None
 
 
 async def _read_json(request: web.Request) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictFloat
 
 from mediaserver.errors import InvalidParameter, UnknownModel
 from mediaserver.state import SETTINGS
@@ -44,7 +44,7 @@ class SpeechBody(BaseModel):
     voice: str | VoiceId
     instructions: str | None = None
     response_format: str = "mp3"
-    speed: float = 1.0
+    speed: StrictFloat = 1.0  # (a number: a trial's ``true`` was taken as 1.0)
     stream_format: Literal["audio", "sse"] = "audio"
 
 

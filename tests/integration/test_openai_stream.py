@@ -119,6 +119,20 @@ async def test_translations_do_not_stream(server: LiveServer, speech: Any) -> No
     assert body["error"]["param"] == "stream" and body["error"]["type"] == "invalid_request_error", body
 
 
+async def test_a_stream_value_that_is_not_a_boolean_is_a_400(server: LiveServer, speech: Any) -> None:
+    """A trial's ``stream=maybe`` was taken as false (a 200 JSON answer), where WIS's own booleans
+    (detect_language=maybe) are a 400."""
+    form = aiohttp.FormData()
+    form.add_field("file", speech("kitchen").wav_bytes(), filename="speech.wav", content_type="audio/wav")
+    form.add_field("model", "whisper-1")
+    form.add_field("stream", "maybe")
+    url = server.url + "/v1/audio/transcriptions"
+    async with aiohttp.ClientSession() as session, session.post(url, data=form) as r:
+        body = await r.json()
+    assert r.status == 400 and body["error"]["param"] == "stream", body
+    assert "true or false" in body["error"]["message"], body
+
+
 async def test_stream_unknown_model_is_a_400_before_the_stream(server: LiveServer, speech: Any) -> None:
     async with _client(server) as client:
         with pytest.raises(openai.BadRequestError) as caught:

@@ -18,7 +18,7 @@ from mediaserver.errors import ApiError, InvalidParameter
 from mediaserver.events import DEFAULT_TEMPERATURES, SAMPLE_RATE_HZ, Segment, Task, Transcript, TranscriptionOptions
 from mediaserver.languages import language_name
 from mediaserver.state import ASR, METRICS, SETTINGS
-from mediaserver.transport.common import parse_float, parse_language, read_multipart
+from mediaserver.transport.common import parse_bool, parse_float, parse_language, read_multipart
 from mediaserver.transport.openai.diarized import (
     REFERENCE_FIELDS,
     REFERENCE_MAX_BYTES,
@@ -150,7 +150,8 @@ async def _handle(request: web.Request, task: Task) -> web.StreamResponse:
     if diarized and task == "translate":
         raise InvalidParameter("response_format=diarized_json is for transcriptions only", param="response_format")
     wanted = parse_request(values, diarized=diarized)
-    stream = (_single(values, "stream") or "").strip().lower() in ("true", "1")
+    raw_stream = _single(values, "stream")  # (a trial's stream=maybe was taken as false)
+    stream = parse_bool({"stream": raw_stream}, "stream") if raw_stream is not None else False
     if stream and task == "translate":
         raise InvalidParameter("stream=true is not supported for translations", param="stream")
     if stream and response_format not in STREAM_FORMATS:

@@ -383,6 +383,21 @@ async def test_bad_input_is_reported_and_the_session_kept(
         assert wer(SENTENCES["kitchen"], final["text"]) <= 0.2, final
 
 
+async def test_an_error_about_audio_comes_after_the_ready_of_the_start_before_it(server: LiveServer) -> None:
+    """A start, then at once a frame that is not whole samples: a trial got the frame's
+    ``invalid_audio`` before the start's ``ready``. Replies come in the order of the messages."""
+    async with connect(server) as client:
+        await client.ws.send_str(json.dumps({"type": "start", "mode": "push_to_talk"}))
+        await client.ws.send_bytes(b"\x00" * 321)
+        await client.ws.send_str(json.dumps({"type": "ping"}))
+        kinds = []
+        while not kinds or kinds[-1] != "pong":
+            message = await client.next()
+            assert message is not None
+            kinds.append(message["type"] if message["type"] != "error" else message["code"])
+        assert kinds == ["ready", "invalid_audio", "pong"], kinds
+
+
 async def test_oversize_message_closes_with_1009(server_factory: Callable[..., Any]) -> None:
     small: LiveServer = await server_factory(ws_max_message_bytes=4096)
     async with connect(small) as client:

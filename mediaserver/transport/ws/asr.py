@@ -262,7 +262,10 @@ class WsSession(SocketSession):
         try:
             samples = self._decoder.decode(data)
         except InvalidAudio as exc:
-            self.send_api_error(exc)
+            # In its turn, after what the messages before it caused (a trial saw a start's audio
+            # refused before that start's "ready").
+            if not self.enqueue(_Refusal(exc.code, exc.message)):
+                self.send_api_error(exc)
             return
         if samples.size == 0:
             return

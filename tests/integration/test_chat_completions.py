@@ -399,5 +399,7 @@ async def test_an_error_after_the_stream_started_is_an_error_event(
     # as failed after its headers, with the error's code.
     route = 'route="/v1/chat/completions"'
     assert f'mediaserver_requests_total{{{route},status="200"}} 1.0' in metrics
-    failed = [line for line in metrics.splitlines() if line.startswith("mediaserver_responses_failed_after_headers_total{")]
+    failed = [
+        line for line in metrics.splitlines() if line.startswith("mediaserver_responses_failed_after_headers_total{")
+    ]
     assert failed == [f'mediaserver_responses_failed_after_headers_total{{code="timeout",{route}}} 1.0'], failed

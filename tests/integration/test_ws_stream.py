@@ -390,7 +390,7 @@ async def test_an_error_about_audio_comes_after_the_ready_of_the_start_before_it
         await client.ws.send_str(json.dumps({"type": "start", "mode": "push_to_talk"}))
         await client.ws.send_bytes(b"\x00" * 321)
         await client.ws.send_str(json.dumps({"type": "ping"}))
-        kinds = []
+        kinds: list[str] = []
         while not kinds or kinds[-1] != "pong":
             message = await client.next()
             assert message is not None

@@ -128,8 +128,19 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except VoiceNotAuthorized:
+        log.info("%s %s -> 406: no enrolled voice matched (voice_auth)", request.method, request.path)
         return web.Response(status=406, text="Unauthorized voice", content_type="text/plain")
     except ApiError as exc:
+        # One line each (docs/operations.md): a client's mistake at INFO, the server's at WARNING.
+        log.log(
+            logging.INFO if exc.status < 500 else logging.WARNING,
+            "%s %s -> %d %s: %.300s",
+            request.method,
+            request.path,
+            exc.status,
+            exc.code,
+            exc.message,
+        )
         response = error_response(request, exc.status, exc.code, exc.message, exc.param)
         if isinstance(exc, Unauthorized):
             response.headers["WWW-Authenticate"] = 'Basic realm="mediaserver", charset="UTF-8"'
@@ -143,6 +154,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         message = exc.text or exc.reason
         if exc.status == 413:
             message = f"request body too large: {message}"
+        # (a 404 or 405 is what a scanner gets: not worth a line at INFO)
+        log.log(
+            logging.DEBUG if exc.status in (404, 405) else logging.INFO,
+            "%s %s -> %d",
+            request.method,
+            request.path,
+            exc.status,
+        )
         response = error_response(request, exc.status, code, message)
         for header in ("Allow",):
             if header in exc.headers:

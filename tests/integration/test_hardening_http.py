@@ -340,6 +340,27 @@ async def test_a_malformed_request_is_a_400_and_one_quiet_line(
     assert len(aiohttp_lines) <= 1 and all(r.exc_info is None for r in aiohttp_lines)
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code"),
+    [
+        ("/api/willow", b"", 400, "invalid_audio"),
+        ("/v1/audio/speech", b'{"model": "tts-1", "voice": "alloy"}', 400, "invalid_parameter"),
+        ("/api/rtc/asr", b'{"type": "offer", "sdp": "nonsense"}', 400, "invalid_parameter"),
+    ],
+)
+async def test_a_clients_mistake_is_one_info_line(
+    server: LiveServer, caplog: pytest.LogCaptureFixture, path: str, body: bytes, status: int, code: str
+) -> None:
+    """docs/operations.md promises one INFO line for each client mistake; a trial found none at all
+    for a 400 on /api/willow, a malformed offer or a bad JSON body."""
+    caplog.set_level(logging.INFO, logger="mediaserver")
+    async with aiohttp.ClientSession() as http, http.post(server.url + path, data=body) as response:
+        assert response.status == status, await response.text()
+    lines = [r for r in caplog.records if r.name == "mediaserver.app" and f"-> {status} {code}" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO, [r.getMessage() for r in caplog.records]
+    assert server_errors(caplog) == []
+
+
 def test_aioice_is_quiet_unless_debugging() -> None:
     aioice = logging.getLogger("aioice")
     level = aioice.level

@@ -722,6 +722,24 @@ async def test_bad_input_is_an_error_event_and_the_session_stays(raw: Callable[.
     assert ANSWER_WORD in done["output"][0]["content"][0]["text"].lower()
 
 
+async def test_an_error_comes_after_the_replies_to_the_events_before_it(raw: Callable[..., Any]) -> None:
+    """A trial's session.update then empty commit got the commit's error before session.updated
+    (the update waits its turn on the session's worker; the error did not)."""
+    client = await raw()
+    await client.until("session.created")
+    no_vad = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    await client.send({"type": "session.update", "event_id": "u1", "session": no_vad})
+    await client.send({"type": "input_audio_buffer.commit", "event_id": "c1"})
+    await client.send({"type": "input_audio_buffer.commit", "event_id": "c2"})
+    events = await client.until("error")
+    events += await client.until("error")
+    kinds = [e["type"] for e in events if e["type"] in ("session.updated", "error")]
+    assert kinds == ["session.updated", "error", "error"], kinds
+    errors = [e for e in events if e["type"] == "error"]
+    assert [e["error"]["event_id"] for e in errors] == ["c1", "c2"]
+    assert all(e["error"]["code"] == "input_audio_buffer_commit_empty" for e in errors)
+
+
 async def test_user_audio_item_is_transcribed_then_answered(
     raw: Callable[..., Any], speech: Callable[[str], Clip], wer: Any
 ) -> None:

@@ -45,6 +45,7 @@ from mediaserver.transport.openai.realtime.work import (
     CreateItem,
     CreateResponse,
     ItemOp,
+    Refusal,
     Work,
 )
 from mediaserver.transport.socket_session import Limits, MessageSocket, SocketSession
@@ -236,7 +237,9 @@ class RealtimeSession(SocketSession, Host):
         try:
             self._dispatch(event)
         except EventError as exc:
-            self.send_error(exc.code, exc.message, param=exc.param, client_event_id=client_event_id, kind=exc.kind)
+            refusal = Refusal(exc.code, exc.message, exc.param, client_event_id, exc.kind)
+            if exc.code == "overloaded" or not self.enqueue(refusal):  # (in its turn, unless the queue is full)
+                self.send_error(exc.code, exc.message, param=exc.param, client_event_id=client_event_id, kind=exc.kind)
 
     def _dispatch(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
@@ -482,6 +485,10 @@ class RealtimeSession(SocketSession, Host):
                 self.conversation.prefill()
         elif isinstance(work, Commit):
             await self._commit_buffer(work.client_event_id)
+        elif isinstance(work, Refusal):
+            self.send_error(
+                work.code, work.message, param=work.param, client_event_id=work.client_event_id, kind=work.kind
+            )
         elif isinstance(work, Clear):
             dropped = self.echo.release().size if self.echo is not None else 0  # (cleared with the rest)
             self.stream.clear()

@@ -76,4 +76,16 @@ class CancelResponse:
     from_client: bool = True  # response.cancel (an error when nothing runs), not output_audio_buffer.clear
 
 
-Work = Configure | Commit | Clear | CreateItem | ItemOp | CreateResponse | CancelResponse
+@dataclass(frozen=True)
+class Refusal:
+    """An error about a client event, sent in its turn: after what the events before it caused (a
+    trial's empty commit was refused before the session.updated of the update sent just before it)."""
+
+    code: str
+    message: str
+    param: str | None
+    client_event_id: str | None
+    kind: str
+
+
+Work = Configure | Commit | Clear | CreateItem | ItemOp | CreateResponse | CancelResponse | Refusal

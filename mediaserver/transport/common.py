@@ -63,13 +63,16 @@ def loads_json(raw: str | bytes | bytearray) -> Any:
     """``json.loads`` for untrusted input: a ValueError for anything that is not JSON, including
     nesting too deep for the parser (``"[" * 5000``), which ``json`` reports as a RecursionError,
     and ``LoneSurrogate`` for JSON whose strings are not Unicode text."""
+    if not isinstance(raw, str):
+        # UTF-8 (RFC 8259), strictly: json.loads would also take UTF-16 and UTF-32, and UTF-8's
+        # encoding of a surrogate (b"\\xed\\xa0\\x80"), decoding with "surrogatepass" (a review).
+        raw = bytes(raw).decode("utf-8-sig")  # (a UnicodeDecodeError is a ValueError)
     try:
         value = json.loads(raw)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
-    # A surrogate can only come in escaped (UTF-8 cannot carry one, and decoding refuses it).
-    escaped = ("\\ud" in raw or "\\uD" in raw) if isinstance(raw, str) else (b"\\ud" in raw or b"\\uD" in raw)
-    if escaped and not _unicode_text(value):
+    # In text decoded strictly a surrogate can only come in escaped: look only where one is.
+    if ("\\ud" in raw or "\\uD" in raw) and not _unicode_text(value):
         raise LoneSurrogate(value)
     return value
 
@@ -96,6 +99,8 @@ def _unicode_text(value: Any) -> bool:
 def json_error(exc: Exception, fallback: str) -> str:
     """What to tell a client whose JSON ``loads_json`` refused: ``fallback`` (the surface's own
     sentence), or what is wrong with text that parses but is not Unicode."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"the JSON is not UTF-8 text ({exc.reason} at byte {exc.start}); send JSON as UTF-8"
     return str(exc) if isinstance(exc, LoneSurrogate) else fallback
 
 

@@ -184,6 +184,26 @@ async def test_http_upload_fuzz(
 
 
 @pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ('{"model": "tts-1", "voice": "alloy", "input": "Hi \ud800 there."}'.encode("utf-8", "surrogatepass"), "UTF-8"),
+        ('{"model": "tts-1", "voice": "alloy", "input": "Hi there."}'.encode("utf-16"), "UTF-8"),
+    ],
+    ids=["utf-8 bytes of a surrogate", "utf-16"],
+)
+async def test_json_that_is_not_utf8_is_a_400_saying_so(
+    server: LiveServer, caplog: pytest.LogCaptureFixture, raw: bytes, words: str
+) -> None:
+    """A review: json.loads takes bytes in UTF-16 or UTF-32, and UTF-8's encoding of a surrogate
+    (b"\\xed\\xa0\\x80"), so a speech request with those bytes was still a 500."""
+    async with aiohttp.ClientSession() as http, http.post(server.url + "/v1/audio/speech", data=raw) as response:
+        assert response.status == 400, await response.text()
+        error = (await response.json())["error"]
+    assert words in error["message"], error
+    assert server_errors(caplog) == []
+
+
+@pytest.mark.parametrize(
     ("path", "body"),
     [
         ("/v1/audio/speech", {"model": "tts-1", "voice": "alloy", "input": "Hi \ud800 there."}),

@@ -24,6 +24,7 @@ _WAVE_FORMAT_PCM = 0x0001
 _WAVE_FORMAT_IEEE_FLOAT = 0x0003
 _WAVE_FORMAT_EXTENSIBLE = 0xFFFE
 _MAX_CHANNELS = 32
+MAX_DAMAGED_PACKETS = 16  # in a row: past this a file is garbage, not a damaged recording
 
 
 @dataclass(frozen=True)
@@ -195,24 +196,38 @@ def decode_container(
                 raise InvalidAudio("Invalid audio: the file has no audio stream")
             stream = streams[0]
             resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE_HZ)
+            # A damaged packet is skipped and the rest decoded, as FFmpeg's own tools do; a file cut
+            # short keeps the audio before the cut (a trial's AMR-WB upload 1 byte short, a FLAC cut
+            # to a third: the whole utterance was refused). Only many damaged packets in a row, or
+            # nothing decodable at all, make it invalid.
+            damaged = skipped = 0
             try:
-                for frame in container.decode(stream):
-                    if not isinstance(frame, av.AudioFrame):
+                for packet in container.demux(stream):
+                    try:
+                        frames = packet.decode()
+                    except (av.FFmpegError, ValueError, IndexError):
+                        damaged += 1
+                        skipped += 1
+                        if damaged > MAX_DAMAGED_PACKETS:
+                            raise
                         continue
-                    frame.pts = None
-                    for out in resampler.resample(frame):
-                        chunk = np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1)
-                        parts.append(chunk)
-                        total += chunk.size
-                    if total > max_samples:
-                        _check_duration(total / SAMPLE_RATE_HZ, max_duration_s)
+                    damaged = 0
+                    for frame in frames:
+                        if not isinstance(frame, av.AudioFrame):
+                            continue
+                        frame.pts = None
+                        for out in resampler.resample(frame):
+                            chunk = np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1)
+                            parts.append(chunk)
+                            total += chunk.size
+                        if total > max_samples:
+                            _check_duration(total / SAMPLE_RATE_HZ, max_duration_s)
             except (av.FFmpegError, ValueError, IndexError) as exc:
                 if not parts:
                     raise
-                # A file cut short (an upload that ended mid-frame: a trial's AMR-WB 1 byte short, a
-                # FLAC cut to a third) keeps the audio before the damage, as FFmpeg's own tools do;
-                # the whole utterance was refused before.
                 log.info("audio decoded up to a damaged or cut end (%s): %.2f s kept", exc, total / SAMPLE_RATE_HZ)
+            if skipped:
+                log.info("audio decoded past %d damaged packet(s): %.2f s", skipped, total / SAMPLE_RATE_HZ)
             for out in resampler.resample(None):
                 parts.append(np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1))
     except InvalidAudio:

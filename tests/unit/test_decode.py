@@ -396,6 +396,23 @@ def test_a_file_cut_short_keeps_the_audio_before_the_cut(encoded: dict[str, byte
     assert best_lagged_correlation(kept, clip.audio16k[: kept.size]) > 0.9
 
 
+@pytest.mark.parametrize("name", ["mp3/libmp3lame", "amr-wb"])
+def test_a_damaged_stretch_mid_file_is_skipped_and_the_rest_decoded(encoded: dict[str, bytes], name: str) -> None:
+    """A review: stopping at the first damaged packet answered a 200 with only the audio before the
+    damage (a third of the file), with no sign of the loss. The damaged packets are skipped."""
+    if name == "amr-wb":
+        data = bytearray((Path(__file__).parent.parent / "fixtures" / "kitchen_lights.amr").read_bytes())
+    else:
+        data = bytearray(encoded[name])
+    whole = decode_any(bytes(data)).size
+    rng = random.Random(3)
+    at = len(data) // 3
+    data[at : at + 64] = rng.randbytes(64)
+    kept = decode_any(bytes(data)).size
+    # (AMR has no sync word: the random bytes themselves can read as a few frames of noise)
+    assert 0.85 * whole <= kept <= 1.25 * whole, (kept, whole)
+
+
 @pytest.mark.parametrize("data", [b"", b"\x00" * 1000, random.Random(7).randbytes(5000), b"not audio at all\n" * 50])
 def test_garbage_is_invalid_audio(data: bytes) -> None:
     with pytest.raises(InvalidAudio) as info:

@@ -262,8 +262,15 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         request.app[METRICS].requests.labels(route, str(status)).inc()
         failed = request.get(FAILED_AFTER_HEADERS)
         if failed is not None:
-            request.app[METRICS].failed_after_headers.labels(route, failed).inc()
-            log.warning("%s %s -> %d, then failed (%s) after the headers", request.method, request.path, status, failed)
+            request.app[METRICS].failed_after_headers.labels(route, failed.code).inc()
+            log.warning(
+                "%s %s -> %d, then failed after the headers: %s (%s)",
+                request.method,
+                request.path,
+                status,
+                failed.message,
+                failed.code,
+            )
         log.debug(
             "%s %s -> %d in %.1f ms",
             request.method,

@@ -27,21 +27,21 @@ _TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
 _FALSE = frozenset({"0", "false", "no", "off", "f", "n", ""})
 
 # A streamed response that failed after its 200 went out: the code, for the metrics middleware (app.py).
-FAILED_AFTER_HEADERS: Final = web.RequestKey("failed_after_headers", str)
+FAILED_AFTER_HEADERS: Final = web.RequestKey("failed_after_headers", ApiError)
 
 
-def failed_after_headers(request: web.Request, code: str) -> None:
+def failed_after_headers(request: web.Request, exc: ApiError) -> None:
     """A streamed response failed after its status line went out (an SSE stream ended by an error
     event, an audio stream cut short): ``/metrics`` counts it
     (``mediaserver_responses_failed_after_headers_total{route, code}``) and the log says so; the
     request itself counts with the status the client got."""
-    request[FAILED_AFTER_HEADERS] = code
+    request[FAILED_AFTER_HEADERS] = exc
 
 
 def sse_error(request: web.Request, exc: ApiError) -> bytes:
     """The event that ends an SSE stream failing after its headers (``data: {"error": ...}``, the
     shape OpenAI's streams use), the failure recorded (``failed_after_headers``)."""
-    failed_after_headers(request, exc.code)
+    failed_after_headers(request, exc)
     error = {"message": exc.message, "type": "server_error", "param": exc.param, "code": exc.code}
     return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
 
@@ -100,7 +100,7 @@ def json_error(exc: Exception, fallback: str) -> str:
     """What to tell a client whose JSON ``loads_json`` refused: ``fallback`` (the surface's own
     sentence), or what is wrong with text that parses but is not Unicode."""
     if isinstance(exc, UnicodeDecodeError):
-        return f"the JSON is not UTF-8 text ({exc.reason} at byte {exc.start}); send JSON as UTF-8"
+        return f"{fallback.rstrip('.')} (it is not UTF-8 text: {exc.reason} at byte {exc.start}; JSON is sent as UTF-8)"
     return str(exc) if isinstance(exc, LoneSurrogate) else fallback
 
 
@@ -280,7 +280,8 @@ def _as_text(key: str, value: object) -> str | None:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (dict, list)):
-        raise InvalidParameter(f"{key} must be a string, got a JSON {type(value).__name__}", param=key)
+        kind = "object" if isinstance(value, dict) else "array"
+        raise InvalidParameter(f"{key} must be a string, got a JSON {kind}", param=key)
     return str(value)
 
 

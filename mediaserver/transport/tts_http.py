@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.1
 
 
+SSE_ERROR_WRITE_S = 5.0  # how long a stream's closing error event may take to go out
+
+
 class SynthesisTimeout(GatewayTimeout):
     status = 504
     code = "timeout"
@@ -120,13 +123,14 @@ async def _cut_off(
     """Synthesis failed or timed out mid-answer, the 200 already sent: an SSE stream ends with an
     error event (OpenAI's shape, as the other streams); an audio stream can only be cut short, the
     connection closed (its chunked encoding left unfinished, which tells the client)."""
-    log.warning("TTS response to %s cut off: %s", request.remote, exc.message)
-    failed_after_headers(request, exc.code)
+    failed_after_headers(request, exc)  # (logged once, by the metrics middleware)
     if sse:
-        with contextlib.suppress(ConnectionError):
-            await response.write(sse_error(request, exc))
-            await response.write_eof()
-            return response
+        # Bounded: a client that stopped reading must not hold the handler past the deadline.
+        with contextlib.suppress(ConnectionError, TimeoutError):
+            async with asyncio.timeout(SSE_ERROR_WRITE_S):
+                await response.write(sse_error(request, exc))
+                await response.write_eof()
+                return response
     if request.transport is not None:
         request.transport.close()
     return response

@@ -6,6 +6,7 @@ every run; the answers asserted are what SmolLM2-135M-Instruct Q4_1 says to thes
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -389,8 +390,15 @@ async def test_an_error_after_the_stream_started_is_an_error_event(
                 async for chunk in stream:
                     if chunk.choices and chunk.choices[0].delta.content:
                         received.append(chunk.choices[0].delta.content)
-        async with aiohttp.ClientSession() as session, session.get(f"{live.url}/metrics") as resp:
-            metrics = await resp.text()
+        # (The handler counts the request as it returns, just after the client read the error:
+        # wait for it rather than race it.)
+        async with aiohttp.ClientSession() as session, asyncio.timeout(10):
+            while True:
+                async with session.get(f"{live.url}/metrics") as resp:
+                    metrics = await resp.text()
+                if "mediaserver_responses_failed_after_headers_total{" in metrics:
+                    break
+                await asyncio.sleep(0.05)
     finally:
         await service.aclose()
     assert received  # the answer had started

@@ -115,7 +115,8 @@ async def test_other_tts_servers_parameters_end_the_text(server: LiveServer) -> 
     query = "text=Hello&speaker_id=&style_wav=&language_id=&temperature=0.1&top_k=50&nocache=1"
     head, body = await raw_get(server, f"GET /api/tts?{query} HTTP/1.1".encode())
     assert head.startswith(b"HTTP/1.1 200"), head
-    assert abs(duration_of(body) - duration_of(plain)) < 0.05, (duration_of(body), duration_of(plain))
+    # (Piper's durations vary by some 0.08 s run to run; the parameters read out took seconds)
+    assert abs(duration_of(body) - duration_of(plain)) < 0.3, (duration_of(body), duration_of(plain))
 
 
 async def test_raw_utf8_and_an_ampersand_in_the_text(server: LiveServer) -> None:

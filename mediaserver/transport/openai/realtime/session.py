@@ -215,7 +215,7 @@ class RealtimeSession(SocketSession, Host):
     # --- reading ------------------------------------------------------------------------------------
 
     async def on_binary(self, data: bytes) -> None:
-        self.send_error("invalid_type", "Binary messages are not supported; send JSON events as text.")
+        self._refuse("invalid_type", "Binary messages are not supported; send JSON events as text.")
 
     async def on_text(self, data: str) -> None:
         try:
@@ -223,23 +223,35 @@ class RealtimeSession(SocketSession, Host):
         except ValueError as exc:
             parsed = exc.value if isinstance(exc, LoneSurrogate) else None
             raw_id = parsed.get("event_id") if isinstance(parsed, dict) else None
-            self.send_error(
+            self._refuse(
                 "invalid_json",
                 json_error(exc, "The client event is not valid JSON; expected a JSON object."),
                 client_event_id=raw_id if isinstance(raw_id, str) and raw_id.isprintable() and _utf8(raw_id) else None,
             )
             return
         if not isinstance(event, dict):
-            self.send_error("invalid_json", "The client event must be a JSON object with a string 'type'.")
+            self._refuse("invalid_json", "The client event must be a JSON object with a string 'type'.")
             return
         raw_id = event.get("event_id")
         client_event_id = raw_id if isinstance(raw_id, str) else None
         try:
             self._dispatch(event)
         except EventError as exc:
-            refusal = Refusal(exc.code, exc.message, exc.param, client_event_id, exc.kind)
-            if exc.code == "overloaded" or not self.enqueue(refusal):  # (in its turn, unless the queue is full)
-                self.send_error(exc.code, exc.message, param=exc.param, client_event_id=client_event_id, kind=exc.kind)
+            self._refuse(exc.code, exc.message, param=exc.param, client_event_id=client_event_id, kind=exc.kind)
+
+    def _refuse(
+        self,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        client_event_id: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        """An error about a client event, in its turn: after the replies to the events before it
+        (``Refusal``); at once when the queue is full, or when the error is that it is."""
+        if code == "overloaded" or not self.enqueue(Refusal(code, message, param, client_event_id, kind)):
+            self.send_error(code, message, param=param, client_event_id=client_event_id, kind=kind)
 
     def _dispatch(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")

@@ -90,3 +90,10 @@ class TtsSettings(BaseModel):
     tts_wis_default_format: Literal["WAV", "FLAC", "OGG", "MP3"] = Field(
         "WAV", description="the format of a `/api/tts` request without `format`"
     )
+    tts_wis_whole_wav_s: float = Field(
+        5.0,
+        ge=0,
+        description="a WIS route's WAV answer (`/api/tts`, `/api/sts`, `/api/chatbot/tts`) is sent whole, with its "
+        "real sizes, when it is synthesized within this many seconds; past it, it streams on with XTTS's zero-size "
+        "header, before a Willow device's 10 s timeout (0 = always streamed)",
+    )

@@ -27,7 +27,7 @@ from mediaserver.errors import ApiError, GatewayTimeout
 from mediaserver.state import CAPABILITIES, SETTINGS, TTS
 from mediaserver.transport.common import failed_after_headers, sse_error
 from mediaserver.tts.cache import cache_key
-from mediaserver.tts.encode import AudioFormat, StreamEncoder, output_rate, with_wav_sizes
+from mediaserver.tts.encode import UNKNOWN_SIZE, AudioFormat, StreamEncoder, output_rate, with_wav_sizes
 from mediaserver.tts.service import Speech, TtsService
 from mediaserver.tts.types import SynthesisParams, TtsChunk, VoiceInfo
 
@@ -190,14 +190,22 @@ async def respond_with_speech(
             chunk = await next_chunk(speech, request)
             ready: list[TtsChunk] = []
             total_bytes: int | None = None
+            unknown_size = UNKNOWN_SIZE
             if spoken.fmt.name == "wav" and not sse and (whole_wav or len(speech.sentences) <= 1):
                 # One sentence (it is all here now), or a whole answer asked for: the WAV header
-                # carries the real sizes.
+                # carries the real sizes. A whole answer waits at most tts_wis_whole_wav_s: a long
+                # one then streams on with XTTS's zero-size header (a trial's 4000 characters took
+                # 8-14 s to their headers, past a Willow device's 10 s timeout).
+                deadline = asyncio.get_running_loop().time() + settings.tts_wis_whole_wav_s
                 while chunk is not None:
+                    if whole_wav and len(speech.sentences) > 1 and asyncio.get_running_loop().time() > deadline:
+                        unknown_size = 0
+                        break
                     ready.append(chunk)
                     chunk = await next_chunk(speech, request)
-                total_bytes = sum(len(part.pcm) for part in ready)
-            encoder = StreamEncoder(spoken.fmt, rate, total_bytes=total_bytes)
+                if unknown_size == UNKNOWN_SIZE:
+                    total_bytes = sum(len(part.pcm) for part in ready)
+            encoder = StreamEncoder(spoken.fmt, rate, total_bytes=total_bytes, unknown_size=unknown_size)
             response = web.StreamResponse(headers=headers)
             response.content_type = "text/event-stream" if sse else spoken.fmt.content_type
             await response.prepare(request)

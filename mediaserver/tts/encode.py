@@ -65,11 +65,11 @@ UNKNOWN_SIZE = 0xFFFFFFFF  # a streamed WAV's RIFF and data sizes: read to the e
 WAV_HEADER_BYTES = 44
 
 
-def wav_header(rate_hz: int, *, data_bytes: int | None = None) -> bytes:
+def wav_header(rate_hz: int, *, data_bytes: int | None = None, unknown_size: int = UNKNOWN_SIZE) -> bytes:
     """16-bit mono PCM WAV header: the real sizes for ``data_bytes`` of samples, or, without it
-    (streamed), ``UNKNOWN_SIZE`` for both."""
-    data_len = UNKNOWN_SIZE if data_bytes is None else data_bytes
-    riff_len = UNKNOWN_SIZE if data_bytes is None else 36 + data_bytes
+    (streamed), ``unknown_size`` for both (``UNKNOWN_SIZE``; 0 as XTTS wrote it, for Willow)."""
+    data_len = unknown_size if data_bytes is None else data_bytes
+    riff_len = unknown_size if data_bytes is None else 36 + data_bytes
     return struct.pack(
         "<4sI4s4sIHHIIHH4sI",
         b"RIFF",
@@ -123,10 +123,13 @@ class StreamEncoder:
     header then carries the real sizes, else ``UNKNOWN_SIZE``).
     """
 
-    def __init__(self, fmt: AudioFormat, rate_hz: int, *, total_bytes: int | None = None) -> None:
+    def __init__(
+        self, fmt: AudioFormat, rate_hz: int, *, total_bytes: int | None = None, unknown_size: int = UNKNOWN_SIZE
+    ) -> None:
         self.fmt = fmt
         self.rate_hz = rate_hz
         self._total_bytes = total_bytes
+        self._unknown_size = unknown_size
         self._started = False
         self._finished = False
         self._container: Any = None
@@ -156,7 +159,7 @@ class StreamEncoder:
         if not self._started:
             self._started = True
             if self.fmt.name == "wav":
-                prefix = wav_header(self.rate_hz, data_bytes=self._total_bytes)
+                prefix = wav_header(self.rate_hz, data_bytes=self._total_bytes, unknown_size=self._unknown_size)
         if self._container is None:
             return prefix + pcm
         if pcm:

@@ -242,6 +242,32 @@ async def test_wav_has_real_sizes_on_wis_routes_and_read_to_end_sizes_when_strea
     assert declared == 0x7FFFFFFF  # wave's count of a streamed WAV is a placeholder (documented)
 
 
+async def test_a_long_wis_answer_streams_with_a_zero_size_header_past_tts_wis_whole_wav_s(
+    server_factory: Callable[..., Any],
+) -> None:
+    """A Willow user's trial: 4000 characters took 8-14 s to their first byte (the whole WAV is made
+    before it is sent), past the device's 10 s timeout. Past ``tts_wis_whole_wav_s`` (here 0.5 s)
+    the answer streams on with XTTS's zero-size header, which Willow plays; FFmpeg (PyAV) reads it
+    whole. One sentence is still whole, with its real sizes."""
+    limited = await server_factory(tts_wis_whole_wav_s=0.5)
+    text = " ".join(list(SENTENCES.values()) * 5)
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as http, http.get(
+        f"{limited.url}/api/tts", params={"text": text, "nocache": "1"}
+    ) as response:
+        assert response.status == 200
+        first = await response.content.readany()
+        first_at = time.monotonic() - started
+        body = first + await response.read()
+        whole_at = time.monotonic() - started
+    assert body[4:8] == body[40:44] == b"\x00\x00\x00\x00", body[:44]
+    assert first_at < whole_at / 2, (first_at, whole_at)
+    assert duration_of(body) == pytest.approx((len(body) - 44) / 2 / 22050, abs=0.05) and duration_of(body) > 10
+    _, _, short = await get(f"{limited.url}/api/tts", text="Turning on the kitchen lights.", nocache="1")
+    declared, frames = read_with_wave(short)
+    assert declared == frames == (len(short) - 44) // 2
+
+
 async def test_speaker_language_and_speed(server: LiveServer) -> None:
     for params in ({"speaker": "CLB"}, {"speaker": "en_US-joe-medium"}, {"language": "en"}, {"voice": "alloy"}):
         status, _, body = await get(f"{server.url}/api/tts", text="Success", nocache="1", **params)

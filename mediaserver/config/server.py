@@ -21,6 +21,13 @@ class ServerSettings(BaseModel):
         "and a text within tts_max_input_chars, percent-encoded, can pass aiohttp's 8190 (a 9000-byte URL got its "
         "plain-text 400, a trial); longer lines still get a 400",
     )
+    http_keepalive_timeout_s: float = Field(
+        75.0,
+        gt=0,
+        description="an HTTP connection with no request in progress (idle between requests, or whose request's "
+        "headers have not all come) is closed after this long (aiohttp's own default is an hour: a trial's "
+        "half-sent requests held their sockets past two minutes)",
+    )
     https_port: int = Field(
         19000, ge=0, le=65535, description="the HTTPS port, served only when `cert_dir` has `cert.pem` and `key.pem`"
     )

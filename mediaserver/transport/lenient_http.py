@@ -33,6 +33,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
+from mediaserver.state import SETTINGS
+
 # The reason a handler is cancelled with at the end of the shutdown grace (CancelledError's args):
 # the metrics middleware logs it as the server's doing, not as a client that hung up.
 SHUTDOWN_CANCEL = "the server is shutting down (shutdown_grace_s is over)"
@@ -98,11 +100,14 @@ def _cancel_handlers(connections: Sequence[RequestHandler]) -> None:
 
 class LenientAppRunner(web.AppRunner):
     """``web.AppRunner`` whose connections accept Willow's unencoded request lines, log a client's
-    malformed request in one line, cancel the handler of a client that hung up, and cancel the
-    handlers still running when the shutdown grace (``shutdown_timeout``) is over."""
+    malformed request in one line, cancel the handler of a client that hung up, cancel the
+    handlers still running when the shutdown grace (``shutdown_timeout``) is over, and close a
+    connection with no request in progress after ``http_keepalive_timeout_s``."""
 
     def __init__(self, app: web.Application, **kwargs: Any) -> None:
         kwargs.setdefault("handler_cancellation", True)
+        if SETTINGS in app:  # (every runner of the server's app, the tests' too)
+            kwargs.setdefault("keepalive_timeout", app[SETTINGS].http_keepalive_timeout_s)
         super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:

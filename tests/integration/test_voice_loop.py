@@ -378,6 +378,22 @@ async def test_ws_a_start_that_ends_the_assistant_mid_answer_ends_the_answer_tol
     assert len(stopped) == 1 and stopped[0]["interrupted"] is True, events
 
 
+async def test_ws_an_interrupt_then_a_ping_get_their_replies_in_order(
+    ws_client: WsClient, speech: Callable[[str], Clip]
+) -> None:
+    """A trial sent ``interrupt`` then ``ping`` mid-answer and got the pong first: the interrupt is
+    not queued behind audio (barge-in must not wait), so the ping now waits for it."""
+    await ws_client.ws.send_str(json.dumps({"type": "start", "mode": "server_vad", "assistant": True}))
+    await ws_client.until("ready")
+    await ws_client.speak(speech(LONG_QUESTION))
+    await ws_client.until("assistant_audio_started")
+    await ws_client.ws.send_str(json.dumps({"type": "interrupt"}))
+    await ws_client.ws.send_str(json.dumps({"type": "ping"}))
+    events = await ws_client.until("pong", timeout=30)
+    kinds = [e["type"] for e in events]
+    assert "assistant_audio_stopped" in kinds and kinds.index("assistant_audio_stopped") < kinds.index("pong"), kinds
+
+
 async def test_ws_unknown_voice_is_refused_at_start_when_answers_are_spoken(ws_client: WsClient) -> None:
     await ws_client.ws.send_str(json.dumps({"type": "start", "assistant": True, "voice": "nobody"}))
     error = (await ws_client.until("error", "ready"))[-1]

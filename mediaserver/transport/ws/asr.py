@@ -19,6 +19,7 @@ connection ends, ``WsSession.aclose`` leaves nothing running.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -129,6 +130,7 @@ class WsSession(SocketSession):
         self._recording = False  # push-to-talk: between start and stop (reader's view)
         self._told_not_started = False
         self._dropping = False
+        self._cutting: set[asyncio.Task[Any]] = set()  # interrupts and resets under way (a ping waits for them)
         self.audio_out: AudioOut | None = None
         self.assistant: Assistant | None = None
         self.client_tools = ClientToolbox(settings, app[METRICS], session_id=self.id)  # the client's own tools
@@ -301,9 +303,11 @@ class WsSession(SocketSession):
                 if self.config is None:
                     self.send_error("not_started", f'"{kind}" before "start"')
                 elif self.assistant is not None:
-                    self.spawn(
+                    task = self.spawn(
                         self.assistant.interrupt() if kind == "interrupt" else self.assistant.reset(), "ws-" + kind
                     )
+                    self._cutting.add(task)
+                    task.add_done_callback(self._cutting.discard)
             elif kind not in ("stop", "clear"):
                 self.send_error(
                     "unknown_type",
@@ -389,6 +393,8 @@ class WsSession(SocketSession):
             self.send_error(work.code, work.message)
         else:
             await self.stream.decided()  # a pause being judged on the audio before: its end comes first
+            if self._cutting:  # an interrupt or reset before the ping: its events come first (a trial)
+                await asyncio.wait(set(self._cutting))
             self.send_json({"type": "pong"})
 
     async def _apply_start(self, config: StreamConfig) -> None:

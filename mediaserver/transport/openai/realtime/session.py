@@ -25,17 +25,16 @@ from mediaserver.transport.openai.realtime.conversation import AudioMode, Conver
 from mediaserver.transport.openai.realtime.conversation_config import (
     ConversationConfig,
     parse_conversation_session,
-    parse_response_options,
 )
 from mediaserver.transport.openai.realtime.idle import IdleTimer
 from mediaserver.transport.openai.realtime.input_transcription import AudioInput, Host, InputTranscription
-from mediaserver.transport.openai.realtime.items import parse_item, required_id
 from mediaserver.transport.openai.realtime.lookups import answer_defaults, check_voice, is_llm_model
 from mediaserver.transport.openai.realtime.mcp_tools import McpPolicy
 from mediaserver.transport.openai.realtime.session_update import SessionKind, parse_session
-from mediaserver.transport.openai.realtime.values import EventError, as_object, integer, new_id, type_name
+from mediaserver.transport.openai.realtime.values import EventError, as_object, new_id, type_name
 from mediaserver.transport.openai.realtime.work import (
     CONVERSATION_EVENTS,
+    MAX_AUDIO_BYTES_PER_EVENT,
     SUPPORTED_EVENTS,
     UNSUPPORTED_EVENTS,
     CancelResponse,
@@ -47,13 +46,13 @@ from mediaserver.transport.openai.realtime.work import (
     ItemOp,
     Refusal,
     Work,
+    conversation_work,
 )
 from mediaserver.transport.socket_session import Limits, MessageSocket, SocketSession
 from mediaserver.transport.voice import make_assistant
 
 log = logging.getLogger(__name__)
 
-MAX_AUDIO_BYTES_PER_EVENT: Final = 15 * 1024 * 1024
 # base64 of the largest append plus room for the JSON around it; larger frames close the socket (1009).
 MAX_FRAME_BYTES: Final = (MAX_AUDIO_BYTES_PER_EVENT + 2) // 3 * 4 + 1024 * 1024
 MIN_COMMIT_MS: Final = 100  # OpenAI's minimum for input_audio_buffer.commit
@@ -274,54 +273,17 @@ class RealtimeSession(SocketSession, Host):
             self._buffered_ms = 0.0
             self._enqueue(Clear())
         elif self.conversation is not None and kind in CONVERSATION_EVENTS:
-            self._enqueue(self._conversation_work(kind, event, client_event_id))
+            assert self.conversation_config is not None
+            track = self.conversation is None or self.conversation.audio == "track"
+            self._enqueue(
+                conversation_work(kind, event, client_event_id, self.conversation_config, self._check_voice, track)
+            )
         elif kind in UNSUPPORTED_EVENTS:
             raise EventError("unsupported_event", f"'{kind}' is not supported in a transcription session.", "type")
         else:
             names = CONVERSATION_EVENTS if self.conversation is not None else SUPPORTED_EVENTS
             supported = ", ".join(f"'{k}'" for k in names)
             raise EventError("invalid_value", f"Invalid value: {kind!r}. Supported values are: {supported}.", "type")
-
-    def _conversation_work(self, kind: str, event: Mapping[str, Any], client_event_id: str | None) -> Work:
-        """Validate a conversation event at once (reader side); the worker applies it in order."""
-        assert self.conversation_config is not None
-        if kind == "conversation.item.create":
-            if "item" not in event:
-                raise EventError("missing_required_parameter", "Missing required parameter: 'item'.", "item")
-            previous = event.get("previous_item_id")
-            if previous is not None and not isinstance(previous, str):
-                raise EventError(
-                    "invalid_type", "Invalid type for 'previous_item_id': expected a string.", "previous_item_id"
-                )
-            return CreateItem(
-                parse_item(event["item"], max_audio_bytes=MAX_AUDIO_BYTES_PER_EVENT), previous, client_event_id
-            )
-        if kind in ("conversation.item.delete", "conversation.item.retrieve"):
-            return ItemOp(kind.rsplit(".", 1)[1], required_id(event, "item_id"), client_event_id)
-        if kind == "conversation.item.truncate":
-            item_id = required_id(event, "item_id")
-            for key in ("content_index", "audio_end_ms"):
-                if key not in event:
-                    raise EventError("missing_required_parameter", f"Missing required parameter: '{key}'.", key)
-            content_index = integer(event["content_index"], "content_index", 0, 1_000_000)
-            audio_end_ms = integer(event["audio_end_ms"], "audio_end_ms", 0, 2**31)
-            return ItemOp("truncate", item_id, client_event_id, content_index, audio_end_ms)
-        if kind == "response.create":
-            options = parse_response_options(
-                event.get("response"), self.conversation_config, check_voice=self._check_voice
-            )
-            return CreateResponse(options, client_event_id)
-        if kind == "output_audio_buffer.clear" and self.conversation is not None and self.conversation.audio != "track":
-            raise EventError(
-                "unsupported_event",
-                "'output_audio_buffer.clear' is for WebRTC calls; over WebSocket send "
-                "'response.cancel' and 'conversation.item.truncate'.",
-                "type",
-            )
-        response_id = event.get("response_id")  # response.cancel, output_audio_buffer.clear
-        if response_id is not None and not isinstance(response_id, str):
-            raise EventError("invalid_type", "Invalid type for 'response_id': expected a string.", "response_id")
-        return CancelResponse(response_id, client_event_id, kind == "response.cancel")
 
     def _check_voice(self, name: str, param: str) -> None:
         check_voice(self.app, name, param)

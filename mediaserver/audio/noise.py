@@ -82,12 +82,12 @@ def parse_level(value: object, settings: Settings, *, param: str = "noise_suppre
         return value
     if isinstance(value, str):
         text = value.strip().lower()
-        if text in ("true", "1", "on", "yes"):
-            return settings.noise_suppression_level
-        if text in ("false", "0", "off", "no", "none"):
-            return 0
-        if text.isdigit() and 0 <= int(text) <= MAX_LEVEL:
+        if text.isdigit() and 0 <= int(text) <= MAX_LEVEL:  # a level, as the JSON number is ("1": level 1)
             return int(text)
+        if text in ("true", "on", "yes"):
+            return settings.noise_suppression_level
+        if text in ("false", "off", "no", "none"):
+            return 0
         if text in REALTIME_TYPES:
             return realtime_level(text, settings)
     raise InvalidParameter(

@@ -76,6 +76,16 @@ def test_noise_default_suppresses_noise_on_streams_that_do_not_say() -> None:
     assert parse_level(None, Settings(_env_file=None, noise_suppression_level=3)) == 0  # the default: off
 
 
+def test_a_noise_level_in_a_query_string_is_the_level_it_names() -> None:
+    """A docs audit: a query string's noise_suppression=1 read as "on" (the default level, 2) where
+    the JSON number 1 is level 1; the digits are levels in both, the words are on and off."""
+    settings = Settings(_env_file=None)
+    assert [parse_level(text, settings) for text in ("0", "1", "3", "4")] == [0, 1, 3, 4]
+    assert [parse_level(value, settings) for value in (0, 1, 3)] == [0, 1, 3]
+    on = settings.noise_suppression_level
+    assert [parse_level(text, settings) for text in ("true", "on", "yes", "false", "off")] == [on, on, on, 0, 0]
+
+
 # --- wake words ----------------------------------------------------------------------------------
 
 

@@ -266,7 +266,10 @@ class StreamSession:
     def skip(self, samples: int) -> None:
         """Audio of this stream that a wake-word gate kept from it: no speech, but stream time
         (the times of server-VAD events count the audio received, whether or not it was heard)."""
-        if not self._closed and self.options.server_vad:
+        if self._closed:
+            return
+        self._audio_seconds.inc(samples / SAMPLE_RATE_HZ)  # (received all the same: docs/operations.md)
+        if self.options.server_vad:
             self._segmenter.skip(samples)
 
     def audio_arriving(self) -> None:

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter
 
 from mediaserver.asr.service import AsrService
 from mediaserver.llm.service import LlmService
-from mediaserver.state import SESSIONS
+from mediaserver.state import ASR, SESSIONS
 from mediaserver.tts.service import TtsService
 from tests.conftest import Clip, LiveServer
 from tests.faults import tasks_ended
@@ -748,10 +748,12 @@ async def test_an_error_comes_after_the_replies_to_the_events_before_it(raw: Cal
 
 
 async def test_user_audio_item_is_transcribed_then_answered(
-    raw: Callable[..., Any], speech: Callable[[str], Clip], wer: Any
+    raw: Callable[..., Any], conv_server: LiveServer, speech: Callable[[str], Clip], wer: Any
 ) -> None:
     client = await raw()
     await client.until("session.created")
+    counted = conv_server.app[ASR].metrics.audio_seconds.labels("realtime")
+    before = counted._value.get()
     audio = base64.b64encode(pcm16(speech(QUESTION))).decode("ascii")
     item = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}
     await client.send({"type": "conversation.item.create", "item": item})
@@ -767,6 +769,8 @@ async def test_user_audio_item_is_transcribed_then_answered(
         "response.output_item.added"
     )
     assert ANSWER_WORD in events[-1]["response"]["output"][0]["content"][0]["text"].lower()
+    # The item's audio counts as received audio, as the stream's does (a docs audit: it did not).
+    assert counted._value.get() - before == pytest.approx(speech(QUESTION).audio16k.size / 16000, abs=0.05)
 
 
 async def test_oversized_message_closes_with_a_reason(raw: Callable[..., Any]) -> None:

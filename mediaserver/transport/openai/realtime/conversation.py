@@ -158,6 +158,7 @@ class Conversation:
 
     async def _transcribe(self, item: Item, audio: bytes, text: str | None) -> None:
         samples = await asyncio.to_thread(_decode, self.config.input.input_format, audio)  # up to 15 MiB
+        self.asr.metrics.audio_seconds.labels("realtime").inc(samples.size / SAMPLE_RATE_HZ)  # (a docs audit)
         options = self.config.input.stream_options(self.settings).transcription
         try:
             result = await self.asr.transcribe(

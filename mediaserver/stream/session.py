@@ -220,6 +220,12 @@ class StreamSession:
         return self._recording if not self.options.server_vad else self._segmenter.in_speech
 
     @property
+    def position_ms(self) -> int:
+        """The stream's clock: the audio received so far (fed or skipped), on which the server-VAD
+        events' times count."""
+        return self._segmenter.position_ms
+
+    @property
     def speaking(self) -> bool:
         """Someone is heard speaking now: the VAD's utterance in progress. A push-to-talk or
         manually committed stream (a Realtime session without turn detection records all the time)

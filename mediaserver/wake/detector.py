@@ -58,7 +58,9 @@ class _Model:
 class WakeDetector:
     """Feeds audio to a stream's wake word models; returns what they heard."""
 
-    def __init__(self, models: WakeModels, names: list[str] | None = None, *, refractory_s: float = 2.0) -> None:
+    def __init__(
+        self, models: WakeModels, names: list[str] | None = None, *, refractory_s: float = 2.0, start_ms: int = 0
+    ) -> None:
         from pymicro_wakeword import MicroWakeWordFeatures
 
         chosen = models.resolve(names)  # UnknownWakeModel / WakeUnavailable
@@ -68,7 +70,9 @@ class WakeDetector:
         self._carry = b""
         self._busy = threading.Lock()  # close() while a thread runs process() defers to its end
         self._close_pending = False
-        self.samples = 0  # audio processed so far
+        # Audio processed so far, counted from ``start_ms`` of the stream it listens to (a gate made by a
+        # later start: its detections' times compare with the stream's events).
+        self.samples = start_ms * SAMPLE_RATE_HZ // 1000
         self.max_probability: dict[str, float] = {m.info.name: 0.0 for m in self._models}
 
     @property

@@ -165,8 +165,11 @@ def parse_wake_option(value: object, settings: Settings) -> list[str] | None:
         raise
 
 
-def new_gate(names: list[str], settings: Settings) -> WakeGate:
-    detector = WakeDetector(load_wake_models(settings.wake_models_dir), names, refractory_s=settings.wake_refractory_s)
+def new_gate(names: list[str], settings: Settings, *, stream_ms: int = 0) -> WakeGate:
+    """A gate for ``names``, listening from ``stream_ms`` of its stream (``StreamSession.position_ms``)."""
+    detector = WakeDetector(
+        load_wake_models(settings.wake_models_dir), names, refractory_s=settings.wake_refractory_s, start_ms=stream_ms
+    )
     return WakeGate(
         detector,
         listen_timeout_s=settings.wake_listen_timeout_s,

@@ -46,6 +46,24 @@ async def test_only_the_command_after_the_wake_word_is_transcribed(server: LiveS
         assert wer("close the garage door", got[-1]["text"]) <= 0.25, got[-1]
 
 
+async def test_after_a_second_start_the_wake_word_and_the_command_share_one_clock(
+    server: LiveServer, wer: Any
+) -> None:
+    """A docs audit: each start made a new detector whose clock began at 0, while the stream's
+    (the finals' times) goes on, so after a second start the wake word "came" before its command
+    by the length of everything said before."""
+    async with connect(server) as client:
+        await client.start(mode="server_vad", wake="okay_nabu", language="en")
+        await send(client, np.concatenate([silence(0.5), said(SENTENCES["weather"])]))  # 6 s or so, unheard
+        await client.start(mode="server_vad", wake="okay_nabu", language="en")
+        await send(client, said("okay nabu, turn on the lights"))
+        got = await client.until("final", timeout=60)
+        heard = next(m for m in got if m["type"] == "wake_word")
+        final = got[-1]
+        assert wer("turn on the lights", final["text"]) <= 0.25, final
+        assert heard["audio_ms"] - 1500 <= final["audio_start_ms"] <= heard["audio_ms"] + 1000, (heard, final)
+
+
 async def test_no_command_after_the_wake_word_goes_back_to_waiting(
     server_factory: Callable[..., Any],
 ) -> None:

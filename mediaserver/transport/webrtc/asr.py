@@ -339,7 +339,9 @@ class RtcSession:
         self._apply_echo(echo)
         if self.wake is not None:
             self.wake.close()
-        self.wake = new_gate(wake_names, self.settings) if wake_names is not None else None
+        self.wake = (
+            new_gate(wake_names, self.settings, stream_ms=self.stream.position_ms) if wake_names is not None else None
+        )
         self.started = True
         if self.hands_free:
             self.stream.clear()

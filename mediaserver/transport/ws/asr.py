@@ -412,7 +412,11 @@ class WsSession(SocketSession):
         self.stream.attach_echo(self.echo)
         if self.wake is not None:
             self.wake.close()
-        self.wake = new_gate(list(config.wake), self.settings) if config.wake is not None else None
+        self.wake = (
+            new_gate(list(config.wake), self.settings, stream_ms=self.stream.position_ms)
+            if config.wake is not None
+            else None
+        )
         if not config.server_vad:
             self.stream.start_recording()
         log.info(

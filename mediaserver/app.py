@@ -31,6 +31,7 @@ from mediaserver.openapi import document as openapi
 from mediaserver.session_registry import SessionRegistry
 from mediaserver.speakers.service import SpeakerService
 from mediaserver.state import ASR, CAPABILITIES, LLM, METRICS, SESSIONS, SETTINGS, SPEAKERS, TEXT_EOU, TOOLS, TTS
+from mediaserver.transport import cors
 from mediaserver.transport import speakers as speakers_http
 from mediaserver.transport.common import FAILED_AFTER_HEADERS
 from mediaserver.transport.lenient_http import SHUTDOWN_CANCEL
@@ -393,6 +394,7 @@ def create_app(
     if settings.api_keys or settings.basic_auth_user is not None:
         middlewares.append(auth_middleware)
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_upload_bytes)
+    cors.install(app, settings.cors_allow_origins)
     app[SETTINGS] = settings
     if asr_service is not None:
         metrics = asr_service.metrics

@@ -50,6 +50,12 @@ class ServerSettings(BaseModel):
     api_keys: list[str] = Field(
         default_factory=list, description="API keys accepted as `X-API-Key` or `Authorization: Bearer` (a JSON list)"
     )
+    cors_allow_origins: list[str] = Field(
+        default_factory=list,
+        description="web origins whose pages may call the HTTP API from the browser (CORS, as OpenAI's API "
+        'allows: a page that POSTs its WebRTC offer to /v1/realtime/calls); `["*"]` = any; empty (the '
+        "default) = only the server's own pages. With no `api_keys`, any page so allowed can use the server",
+    )
 
     # --- input limits --------------------------------------------------------------------------
     max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1024, description="the largest upload; a 413 past it")

@@ -29,7 +29,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
-from typing import TypeVar
+from typing import Final, TypeVar
+
+import numpy as np
 
 from mediaserver.asr.service import AsrService
 from mediaserver.audio.echo_line import EchoLine
@@ -68,6 +70,7 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _ids = itertools.count(1)
+MAX_GAP_HEARD_S: Final = 2.0  # of a sender's gap under speech, heard as silence (``StreamSession.gap``)
 
 
 class StreamSession:
@@ -269,14 +272,36 @@ class StreamSession:
         ``speech_stopped`` it ends the utterance with is sent (at most ``turn_decision_hold_ms``)."""
         await self._turns.decided()
 
-    def skip(self, samples: int) -> None:
+    def skip(self, samples: int, *, received: bool = True) -> None:
         """Audio of this stream that a wake-word gate kept from it: no speech, but stream time
-        (the times of server-VAD events count the audio received, whether or not it was heard)."""
+        (the times of server-VAD events count the audio received, whether or not it was heard).
+        ``received`` False: time the sender sent nothing for (``gap``), not counted as audio."""
         if self._closed:
             return
-        self._audio_seconds.inc(samples / SAMPLE_RATE_HZ)  # (received all the same: docs/operations.md)
+        if received:
+            self._audio_seconds.inc(samples / SAMPLE_RATE_HZ)  # (received all the same: docs/operations.md)
         if self.options.server_vad:
             self._segmenter.skip(samples)
+
+    async def gap(self, samples: int) -> None:
+        """The sender sent nothing for ``samples`` of audio (Opus DTX in silence, a paused WebRTC
+        track): the stream's clock goes on by it, as the silence it stands for, so events' times
+        count from the start of the stream (a browser trial's Realtime call gave a question 1.5 s
+        in ``audio_start_ms`` 150). What ``GapFill`` already heard of it is not counted twice;
+        under speech up to ``MAX_GAP_HEARD_S`` of it is heard as silence (it ends the utterance),
+        the rest only moves the clock."""
+        if self._closed:
+            return
+        missing = samples - round(self._gaps.filled_s * SAMPLE_RATE_HZ)
+        heard = 0
+        while missing > heard and self.options.server_vad and self._segmenter.in_speech:
+            if heard >= MAX_GAP_HEARD_S * SAMPLE_RATE_HZ:
+                break
+            piece = min(missing - heard, SAMPLE_RATE_HZ // 2)
+            await self._segment(np.zeros(piece, np.float32))
+            heard += piece
+        if missing > heard:
+            self.skip(missing - heard, received=False)
 
     def audio_arriving(self) -> None:
         """Audio was received and is queued on its way to ``feed``: the time since the last audio

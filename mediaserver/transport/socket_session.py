@@ -76,6 +76,13 @@ class AudioWork:
 
 
 @dataclass(frozen=True)
+class AudioGap:
+    """The sender sent nothing for ``samples`` of audio (Opus DTX, a paused track), in order."""
+
+    samples: int
+
+
+@dataclass(frozen=True)
 class ReleaseHeldAudio:
     """Hear the audio the echo canceller holds for ``auto``'s decision (``HeldRelease``), in order."""
 
@@ -153,6 +160,9 @@ class SocketSession:
 
     async def apply(self, work: Any) -> None:
         """Queued work other than audio, in order (worker side)."""
+
+    async def gap(self, samples: int) -> None:
+        """A gap in the sender's audio (``AudioGap``), in order (worker side)."""
 
     def on_idle(self, idle_s: float) -> None:
         """The idle deadline passed: say goodbye in the wire format (the shell then closes)."""
@@ -343,6 +353,8 @@ class SocketSession:
                     await self.feed(work.samples)
                 elif isinstance(work, ReleaseHeldAudio):
                     await self.release_held_audio()
+                elif isinstance(work, AudioGap):
+                    await self.gap(work.samples)
                 else:
                     await self.apply(work)
         except asyncio.CancelledError:

@@ -95,6 +95,10 @@ class WakeGate:
             return WakeWaiting("utterance_done")
         return None
 
+    def gap(self, samples: int) -> None:
+        """The sender sent nothing for ``samples``: the detector's clock goes on with the stream's."""
+        self.detector.samples += samples
+
     def close(self) -> None:
         self.detector.close()
 

@@ -20,7 +20,7 @@ from mediaserver.asr.service import AsrService
 from mediaserver.llm.service import LlmService
 from mediaserver.state import SESSIONS
 from tests.conftest import Clip, LiveServer
-from tests.faults import tasks_ended
+from tests.faults import eventually, tasks_ended
 from tests.integration.test_realtime_conversation import GA_EVENTS
 from tests.integration.test_voice_loop import ANSWER_WORD, LONG_QUESTION, QUESTION, VOICE_SETTINGS, llm_busy, transcribe
 from tests.rtc_peer import Peer, answer_frames_arrived, connect_call, record_answer_audio
@@ -183,3 +183,42 @@ async def test_a_client_that_closes_its_event_channel_ends_the_call_logged_as_it
     finally:
         await peer.close()
     await tasks_ended(call_id)
+
+
+async def test_a_silent_sender_still_moves_the_calls_audio_clock(
+    call_server: LiveServer, speech: Callable[[str], Clip]
+) -> None:
+    """A browser trial: Chrome sends Opus DTX in silence (a packet now and then, timestamps jumping),
+    and the server counted only the audio that came, so a question 1.5 s into the call got
+    ``audio_start_ms`` 150, and ``idle_timeout_ms`` counted only the packets. The time the sender
+    skipped counts now: 2 s sent as nothing before a question, and 5 s after its answer."""
+    session = {
+        "type": "realtime",
+        "output_modalities": ["text"],
+        "audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 3000}}},
+    }
+    question = speech(QUESTION)  # (synthesized now: Piper holds the loop the client shares)
+    quiet = Clip("", np.zeros(11025, np.int16))  # 0.5 s sent as silence
+    peer, _ = await connect_call(call_server, session)
+
+    async def go_quiet(seconds: float) -> None:
+        """Some silence sent, then none for ``seconds`` (the track's timestamps jump past it)."""
+        peer.track.play(quiet, silence_after_s=0.0)
+        await peer.track.played.wait()
+        peer.track.quiet_from = None
+        peer.track.go_quiet(seconds)
+        await eventually(lambda: peer.track.quiet_from is not None, 10, 0.005)
+
+    try:
+        await peer.next("session.created")
+        await go_quiet(2.0)  # (under idle_timeout_ms with the silence sent: no idle answer before the question)
+        peer.track.play(question, silence_after_s=0.3)
+        started = (await events_until(peer, "input_audio_buffer.speech_started"))[-1]
+        assert started["audio_start_ms"] >= 2000, started
+        await events_until(peer, "response.done")
+        await go_quiet(5.0)  # after the answer (the idle count starts there)
+        triggered = (await events_until(peer, "input_audio_buffer.timeout_triggered", timeout=30))[-1]
+        # Counted with the gap, the silent stretch is the gap (over 3 s at once), not 3 s of packets after it.
+        assert triggered["audio_end_ms"] - triggered["audio_start_ms"] >= 4500, triggered
+    finally:
+        await peer.close()

@@ -252,9 +252,10 @@ async def test_a_long_wis_answer_streams_with_a_zero_size_header_past_tts_wis_wh
     limited = await server_factory(tts_wis_whole_wav_s=0.5)
     text = " ".join(list(SENTENCES.values()) * 5)
     started = time.monotonic()
-    async with aiohttp.ClientSession() as http, http.get(
-        f"{limited.url}/api/tts", params={"text": text, "nocache": "1"}
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{limited.url}/api/tts", params={"text": text, "nocache": "1"}) as response,
+    ):
         assert response.status == 200
         first = await response.content.readany()
         first_at = time.monotonic() - started

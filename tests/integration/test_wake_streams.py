@@ -46,9 +46,7 @@ async def test_only_the_command_after_the_wake_word_is_transcribed(server: LiveS
         assert wer("close the garage door", got[-1]["text"]) <= 0.25, got[-1]
 
 
-async def test_after_a_second_start_the_wake_word_and_the_command_share_one_clock(
-    server: LiveServer, wer: Any
-) -> None:
+async def test_after_a_second_start_the_wake_word_and_the_command_share_one_clock(server: LiveServer, wer: Any) -> None:
     """A docs audit: each start made a new detector whose clock began at 0, while the stream's
     (the finals' times) goes on, so after a second start the wake word "came" before its command
     by the length of everything said before."""

@@ -48,7 +48,10 @@ async def _gaps(track: PausingTrack, **kwargs: float) -> list[float]:
         return None
 
     resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
-    await read_audio_track(track, resampler, feed, lambda: None, gaps.append, **kwargs)
+    async def gap(seconds: float) -> None:
+        gaps.append(seconds)
+
+    await read_audio_track(track, resampler, feed, lambda: None, gap, **kwargs)
     return gaps
 
 

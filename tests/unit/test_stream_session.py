@@ -745,3 +745,26 @@ async def test_the_voice_latency_counts_from_the_end_of_the_speech(
     sample = metrics.registry.get_sample_value
     assert sample("mediaserver_voice_latency_seconds_count", {"stage": "transcript"}) == 1.0
     assert (sample("mediaserver_voice_latency_seconds_sum", {"stage": "transcript"}) or 0.0) >= 1.5
+
+
+async def test_a_gap_in_the_senders_audio_moves_the_clock_and_is_heard_as_silence_under_speech(
+    asr_service: AsrService, speech: Callable[[str], Clip]
+) -> None:
+    """``StreamSession.gap``: a WebRTC sender that sends nothing (Opus DTX, a paused track) for a
+    while; the events' times count it (a browser trial's Realtime call gave a question 1.5 s in
+    ``audio_start_ms`` 150), and under speech it is the silence that ends the utterance."""
+    settings = Settings(_env_file=None, turn_detection="silence")
+    recorder = Recorder()
+    session = StreamSession(asr_service, settings, recorder, StreamOptions(server_vad=True))
+    try:
+        await feed(session, silence(0.5))
+        await session.gap(3 * 16000)  # 3 s sent as nothing, before anyone spoke: only the clock moves
+        assert session.position_ms >= 3400
+        await feed(session, speech("kitchen").audio16k)
+        await session.gap(5 * 16000)  # then nothing: heard as silence, the utterance ends
+        await until(lambda: bool(recorder.of(FinalTranscript)))
+    finally:
+        await session.aclose()
+    [final] = recorder.of(FinalTranscript)
+    assert final.audio_start_ms >= 3000, final
+    assert "kitchen" in final.transcript.text.lower()

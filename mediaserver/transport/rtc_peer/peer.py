@@ -51,7 +51,7 @@ async def read_audio_track(
     resampler: av.AudioResampler,
     feed: Callable[[AudioArray], Awaitable[None]],
     on_frame: Callable[[], None],
-    on_gap: Callable[[float], None] | None = None,
+    on_gap: Callable[[float], Awaitable[None]] | None = None,
     *,
     pause_s: float = TRACK_PAUSE_S,
 ) -> None:
@@ -86,7 +86,7 @@ async def read_audio_track(
                 if credit_frames > GAP_CREDIT_FRAMES:
                     credit_s = 0.0
                 if gap_s > 0:
-                    on_gap(gap_s)
+                    await on_gap(gap_s)
                 if at_s is not None:
                     expected_s = at_s + frame.samples / frame.sample_rate
             frame.pts = None

@@ -169,9 +169,13 @@ class RtcSession:
         )
         log.debug("session %s: track ended", self.id)
 
-    def _on_gap(self, seconds: float) -> None:
+    async def _on_gap(self, seconds: float) -> None:
+        samples = int(seconds * SAMPLE_RATE_HZ)
         if self.echo is not None:
-            self.echo.gap(int(seconds * SAMPLE_RATE_HZ))  # the microphone's clock goes on through it
+            self.echo.gap(samples)  # the microphone's clock goes on through it
+        if self.wake is not None:
+            self.wake.gap(samples)
+        await self.stream.gap(samples)  # and the stream's: events' times count from its start
 
     def _on_answer_sent(self, pcm: bytes) -> None:
         if self.echo is not None:

@@ -60,6 +60,7 @@ from mediaserver.transport.rtc_peer.peer import (
     can_send_audio,
     read_audio_track,
 )
+from mediaserver.transport.socket_session import AudioGap
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,25 @@ class RealtimeCall:
             log.info("call %s: ignoring data channel %r (events go on %r)", self.id, channel.label, EVENTS_CHANNEL)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        self.peer.spawn(read_audio_track(track, self._resampler, self._feed, self._on_frame), "call-track")
+        self.peer.spawn(
+            read_audio_track(
+                track,
+                self._resampler,
+                self._feed,
+                self._on_frame,
+                self._on_gap,
+                pause_s=self.settings.rtc_track_pause_ms / 1000.0,
+            ),
+            "call-track",
+        )
+
+    async def _on_gap(self, seconds: float) -> None:
+        if self.session.closed:
+            return
+        samples = round(seconds * SAMPLE_RATE_HZ)
+        if self.session.echo is not None:
+            self.session.echo.gap(samples)  # (as its audio's arrival is told: when it comes, before the worker)
+        self.session.enqueue(AudioGap(samples))  # the stream's clock: in order with the audio
 
     def _on_frame(self) -> None:
         self.frames_received += 1

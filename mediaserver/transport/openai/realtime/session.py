@@ -440,6 +440,14 @@ class RealtimeSession(SocketSession, Host):
         if self.echo is not None:
             await self._hear(self.echo.release())
 
+    async def gap(self, samples: int) -> None:
+        """A WebRTC call's sender sent nothing for ``samples`` (Opus DTX in silence): input audio time
+        all the same, for the events' times and ``idle_timeout_ms`` (a browser trial's never fired)."""
+        self._fed_samples += samples
+        await self.stream.gap(samples)
+        if self.idle is not None and self._applied.server_vad:
+            await self.idle.check(self._applied.turn_detection, self._fed_samples, self.stream.in_speech)
+
     async def _hear(self, samples: AudioArray) -> None:
         """Audio out of the echo canceller (if any) into the session."""
         await self.stream.feed(self.noise.process(samples) if self.noise is not None else samples)

@@ -82,7 +82,8 @@ def parse_level(value: object, settings: Settings, *, param: str = "noise_suppre
         return value
     if isinstance(value, str):
         text = value.strip().lower()
-        if text.isdigit() and 0 <= int(text) <= MAX_LEVEL:  # a level, as the JSON number is ("1": level 1)
+        # A level, as the JSON number is ("1": level 1); ASCII digits only ("²" is a digit to isdigit).
+        if text.isascii() and text.isdigit() and 0 <= int(text) <= MAX_LEVEL:
             return int(text)
         if text in ("true", "on", "yes"):
             return settings.noise_suppression_level

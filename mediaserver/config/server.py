@@ -54,7 +54,8 @@ class ServerSettings(BaseModel):
         default_factory=list,
         description="web origins whose pages may call the HTTP API from the browser (CORS, as OpenAI's API "
         'allows: a page that POSTs its WebRTC offer to /v1/realtime/calls); `["*"]` = any; empty (the '
-        "default) = only the server's own pages. With no `api_keys`, any page so allowed can use the server",
+        "default) = only the server's own pages. Browsers apply no CORS to WebSockets: only `api_keys` keep other "
+        "pages off those",
     )
 
     # --- input limits --------------------------------------------------------------------------

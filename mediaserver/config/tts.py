@@ -93,7 +93,7 @@ class TtsSettings(BaseModel):
     tts_wis_whole_wav_s: float = Field(
         5.0,
         ge=0,
-        description="a WIS route's WAV answer (`/api/tts`, `/api/sts`, `/api/chatbot/tts`) is sent whole, with its "
-        "real sizes, when it is synthesized within this many seconds; past it, it streams on with XTTS's zero-size "
-        "header, before a Willow device's 10 s timeout (0 = always streamed)",
+        description="a WIS route's WAV answer of more than one sentence (`/api/tts`, `/api/sts`, `/api/chatbot/tts`) "
+        "is sent whole, with its real sizes, when it is ready within this many seconds of the request; past it, it "
+        "streams on with XTTS's zero-size header, before a Willow device's 10 s timeout (0 = streamed at once)",
     )

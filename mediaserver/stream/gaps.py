@@ -43,8 +43,10 @@ class GapFill:
         self.filled_s = 0.0
 
     def arriving(self) -> None:
-        """Audio was received and is on its way to the session: the time until it is fed is no gap."""
+        """Audio was received and is on its way to the session: the time until it is fed is no gap,
+        and a gap before it is over (its silence heard is not taken off the next one: a review)."""
         self.last_audio_at = time.monotonic()
+        self.filled_s = 0.0
 
     @contextlib.contextmanager
     def feeding(self) -> Iterator[None]:

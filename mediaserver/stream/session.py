@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _ids = itertools.count(1)
-MAX_GAP_HEARD_S: Final = 2.0  # of a sender's gap under speech, heard as silence (``StreamSession.gap``)
+MAX_GAP_HEARD_S: Final = 10.0  # of a sender's gap under speech, heard as silence (the turn cap's 8 s and more)
 
 
 class StreamSession:
@@ -280,19 +280,25 @@ class StreamSession:
             return
         if received:
             self._audio_seconds.inc(samples / SAMPLE_RATE_HZ)  # (received all the same: docs/operations.md)
+            self._gaps.audio_came()  # (any gap is over: its silence heard is not taken off the next one)
         if self.options.server_vad:
             self._segmenter.skip(samples)
 
-    async def gap(self, samples: int) -> None:
-        """The sender sent nothing for ``samples`` of audio (Opus DTX in silence, a paused WebRTC
-        track): the stream's clock goes on by it, as the silence it stands for, so events' times
-        count from the start of the stream (a browser trial's Realtime call gave a question 1.5 s
-        in ``audio_start_ms`` 150). What ``GapFill`` already heard of it is not counted twice;
-        under speech up to ``MAX_GAP_HEARD_S`` of it is heard as silence (it ends the utterance),
-        the rest only moves the clock."""
+    @property
+    def gap_heard_samples(self) -> int:
+        """Of the sender's gap under way, the silence ``GapFill`` has heard already."""
+        return round(self._gaps.filled_s * SAMPLE_RATE_HZ)
+
+    async def gap(self, samples: int, *, net: bool = False) -> None:
+        """The sender says it sent nothing for ``samples`` of audio (Opus DTX in silence: its
+        timestamps jump): the stream's clock goes on by them, as the silence they stand for, so events'
+        times count from the start of the stream (a browser trial's Realtime call gave a question
+        1.5 s in ``audio_start_ms`` 150). What ``GapFill`` already heard of it is not counted twice
+        (``net``: the caller took it off, as it queued the gap behind audio). Under speech it is heard
+        as silence until the utterance ends (at most ``MAX_GAP_HEARD_S``), then it only moves the clock."""
         if self._closed:
             return
-        missing = samples - round(self._gaps.filled_s * SAMPLE_RATE_HZ)
+        missing = samples if net else samples - self.gap_heard_samples
         heard = 0
         while missing > heard and self.options.server_vad and self._segmenter.in_speech:
             if heard >= MAX_GAP_HEARD_S * SAMPLE_RATE_HZ:

@@ -2,9 +2,8 @@
 
 OpenAI's API answers browsers from any origin: its WebRTC guide has a page POST its SDP offer to
 ``/v1/realtime/calls`` with an ephemeral key. A page served from elsewhere can only do that here
-when its origin is allowed; by default none is (only the server's own pages, same-origin), since a
-server on a home network without ``api_keys`` would otherwise take orders from any web page its
-users visit.
+when its origin is allowed; by default none is (only the server's own pages, same-origin).
+Browsers apply no CORS to WebSockets, so this keeps no page off those: ``api_keys`` do.
 
 Two parts, both only for an allowed ``Origin``: a preflight (``OPTIONS`` with
 ``Access-Control-Request-Method``) is answered 204 before routing and auth (a browser sends no

@@ -146,6 +146,7 @@ async def respond_with_speech(
     sse: bool = False,
     whole_wav: bool = False,
     headers: dict[str, str] | None = None,
+    started_at: float | None = None,
 ) -> web.StreamResponse:
     """Serve ``spoken`` from the cache or synthesize and stream it (see the module docstring).
 
@@ -154,10 +155,13 @@ async def respond_with_speech(
     ``speech.audio.delta`` / ``speech.audio.done`` server-sent events. ``whole_wav``: a WAV answer
     is synthesized whole before it starts, so its header always carries the real sizes (the WIS
     routes: WIS answered complete files, and Willow's player is known to read those and zero-size
-    headers, not 0xFFFFFFFF ones).
+    headers, not 0xFFFFFFFF ones), unless that takes past ``tts_wis_whole_wav_s`` from
+    ``started_at`` (the loop's time the request began; default: now).
     """
     tts = tts_of(request)
     settings = request.app[SETTINGS]
+    loop = asyncio.get_running_loop()
+    deadline = (started_at if started_at is not None else loop.time()) + settings.tts_wis_whole_wav_s
     headers = dict(headers or {})
     use_cache = cache and not sse and tts.cache.enabled
     key = spoken.key()
@@ -182,6 +186,7 @@ async def respond_with_speech(
     frame: Framer = _sse_delta if sse else (lambda data: data)
     rate = spoken.output_rate_hz
     response: web.StreamResponse | None = None
+    pending: asyncio.Future[TtsChunk | None] | None = None  # a sentence asked for past the whole WAV's wait
     try:
         async with (
             asyncio.timeout(settings.tts_request_timeout_s),
@@ -193,16 +198,22 @@ async def respond_with_speech(
             unknown_size = UNKNOWN_SIZE
             if spoken.fmt.name == "wav" and not sse and (whole_wav or len(speech.sentences) <= 1):
                 # One sentence (it is all here now), or a whole answer asked for: the WAV header
-                # carries the real sizes. A whole answer waits at most tts_wis_whole_wav_s: a long
-                # one then streams on with XTTS's zero-size header (a trial's 4000 characters took
-                # 8-14 s to their headers, past a Willow device's 10 s timeout).
-                deadline = asyncio.get_running_loop().time() + settings.tts_wis_whole_wav_s
+                # carries the real sizes. A whole answer waits until tts_wis_whole_wav_s after the
+                # request began: a long one then streams on with XTTS's zero-size header, even
+                # mid-sentence (a trial's 4000 characters took 8-14 s to their headers, past a Willow
+                # device's 10 s timeout).
+                bounded = whole_wav and len(speech.sentences) > 1
                 while chunk is not None:
-                    if whole_wav and len(speech.sentences) > 1 and asyncio.get_running_loop().time() > deadline:
-                        unknown_size = 0
-                        break
                     ready.append(chunk)
-                    chunk = await next_chunk(speech, request)
+                    if not bounded:
+                        chunk = await next_chunk(speech, request)
+                        continue
+                    pending = asyncio.ensure_future(next_chunk(speech, request))
+                    done, _ = await asyncio.wait({pending}, timeout=max(0.0, deadline - loop.time()))
+                    if not done:  # (the sentence under way goes out as it comes)
+                        unknown_size, chunk = 0, None
+                        break
+                    chunk, pending = pending.result(), None
                 if unknown_size == UNKNOWN_SIZE:
                     total_bytes = sum(len(part.pcm) for part in ready)
             encoder = StreamEncoder(spoken.fmt, rate, total_bytes=total_bytes, unknown_size=unknown_size)
@@ -216,6 +227,8 @@ async def respond_with_speech(
                     if data:
                         await response.write(frame(data))
                         parts.append(data)
+                if pending is not None:
+                    chunk, pending = await pending, None
                 while chunk is not None:
                     data = encoder.push(chunk.pcm)
                     if data:
@@ -246,6 +259,10 @@ async def respond_with_speech(
         if response is None:
             raise
         return await _cut_off(request, response, exc, sse=sse)
+    finally:
+        if pending is not None:  # (the answer ended before it was taken: nobody waits for it)
+            pending.cancel()
+            pending.add_done_callback(lambda done: done.cancelled() or done.exception())
     if use_cache:
         body = b"".join(parts)
         # A hit is known whole before it is sent: its WAV header carries the real sizes.

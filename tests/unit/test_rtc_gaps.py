@@ -41,17 +41,18 @@ class PausingTrack(MediaStreamTrack):
         return frame
 
 
-async def _gaps(track: PausingTrack, **kwargs: float) -> list[float]:
+async def _gaps(track: PausingTrack, pause_s: float = TRACK_PAUSE_S) -> list[float]:
     gaps: list[float] = []
 
     async def feed(_: object) -> None:
         return None
 
     resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
+
     async def gap(seconds: float) -> None:
         gaps.append(seconds)
 
-    await read_audio_track(track, resampler, feed, lambda: None, gap, **kwargs)
+    await read_audio_track(track, resampler, feed, lambda: None, gap, pause_s=pause_s)
     return gaps
 
 
@@ -69,3 +70,27 @@ async def test_a_wait_is_a_gap_from_rtc_track_pause_ms(pause_s: float, found: bo
 async def test_a_timestamp_jump_is_a_gap_whatever_the_wait() -> None:
     gaps = await _gaps(PausingTrack(0.0, jump_s=0.3))
     assert len(gaps) == 1 and gaps[0] == pytest.approx(0.3, abs=0.001), gaps
+
+
+async def _skipped(track: PausingTrack) -> list[float]:
+    skipped: list[float] = []
+
+    async def feed(_: object) -> None:
+        return None
+
+    async def on_skipped(seconds: float) -> None:
+        skipped.append(seconds)
+
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
+    await read_audio_track(track, resampler, feed, lambda: None, on_skipped=on_skipped, pause_s=0.1)
+    return skipped
+
+
+async def test_only_a_timestamp_jump_is_time_the_sender_skipped() -> None:
+    """The stream's clock (``on_skipped``) takes the sender's word only: a wait with the timestamps
+    going on may be this server's loop held up (a review: a 0.72 s stall taken for a gap split an
+    utterance in two), so it moves only the echo canceller's clock (``on_gap``, which takes it back
+    when the frames then come at once); a jump counts whole."""
+    assert await _skipped(PausingTrack(0.3)) == []
+    [jump] = await _skipped(PausingTrack(0.3, jump_s=0.4))
+    assert jump == pytest.approx(0.4, abs=0.001)

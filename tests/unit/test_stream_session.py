@@ -768,3 +768,19 @@ async def test_a_gap_in_the_senders_audio_moves_the_clock_and_is_heard_as_silenc
     [final] = recorder.of(FinalTranscript)
     assert final.audio_start_ms >= 3000, final
     assert "kitchen" in final.transcript.text.lower()
+
+
+async def test_the_silence_a_gap_watcher_heard_is_taken_off_its_own_gap_only(asr_service: AsrService) -> None:
+    """A review: what ``GapFill`` heard of one gap (0.42 s) was taken off every later gap while the
+    audio between them only reached the stream as ``skip`` (a wake gate waiting): 4 s of stream
+    time moved the clock 0.2 s. Audio received ends the gap, heard or skipped."""
+    session = StreamSession(asr_service, Settings(_env_file=None), Recorder(), StreamOptions(server_vad=True))
+    try:
+        session._gaps.filled_s = 0.42  # (the silence heard for the gap that ended an utterance)
+        start = session.position_ms
+        for _ in range(10):
+            session.skip(320)  # 20 ms a wake gate held back
+            await session.gap(round(0.38 * 16000))
+        assert session.position_ms - start >= 3900
+    finally:
+        await session.aclose()

@@ -54,6 +54,7 @@ async def read_audio_track(
     on_gap: Callable[[float], Awaitable[None]] | None = None,
     *,
     pause_s: float = TRACK_PAUSE_S,
+    on_skipped: Callable[[float], Awaitable[None]] | None = None,
 ) -> None:
     """Read an incoming audio track until it ends: each frame resampled (16 kHz mono float) and fed.
 
@@ -63,7 +64,13 @@ async def read_audio_track(
     ``pause_s`` or more. Both can see one gap: aiortc's jitter buffer holds the last frames
     before a pause until packets come again, so the first of them comes late, and the jump follows a
     few frames on; a jump counts only what such a wait did not (``GAP_CREDIT_FRAMES``). What the
-    reader itself spent feeding is not a gap: frames waiting meanwhile come at once."""
+    reader itself spent feeding is not a gap: frames waiting meanwhile come at once.
+
+    ``on_skipped(seconds)``: the frame's timestamp jumped that far past the end of the one before:
+    time the sender itself says it skipped (Opus DTX in silence), the whole of it. Only the
+    timestamps are taken for it, never a wait: a wait may be this server's event loop held up (a
+    loaded machine), the frames queued meanwhile then come at once with their timestamps in order
+    (a review: a stall taken for a gap split an utterance in two)."""
     expected_s: float | None = None  # the timestamp at which the next frame would follow the last
     credit_s, credit_frames = 0.0, 0  # a wait already counted as a gap, that a jump may confirm
     with contextlib.suppress(MediaStreamError):
@@ -74,9 +81,11 @@ async def read_audio_track(
             on_frame()
             if not isinstance(frame, av.AudioFrame):
                 continue
-            if on_gap is not None:
+            if on_gap is not None or on_skipped is not None:
                 at_s = float(frame.pts * frame.time_base) if frame.pts is not None and frame.time_base else None
                 jump_s = at_s - expected_s if at_s is not None and expected_s is not None else 0.0
+                if on_skipped is not None and jump_s > TIMESTAMP_GAP_S:
+                    await on_skipped(jump_s)
                 gap_s = 0.0
                 if jump_s > TIMESTAMP_GAP_S:
                     gap_s, credit_s = max(0.0, jump_s - credit_s), 0.0
@@ -85,7 +94,7 @@ async def read_audio_track(
                 credit_frames += 1
                 if credit_frames > GAP_CREDIT_FRAMES:
                     credit_s = 0.0
-                if gap_s > 0:
+                if gap_s > 0 and on_gap is not None:
                     await on_gap(gap_s)
                 if at_s is not None:
                     expected_s = at_s + frame.samples / frame.sample_rate

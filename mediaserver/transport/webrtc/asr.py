@@ -166,16 +166,20 @@ class RtcSession:
             self._on_frame,
             self._on_gap,
             pause_s=self.settings.rtc_track_pause_ms / 1000.0,
+            on_skipped=self._on_skipped,
         )
         log.debug("session %s: track ended", self.id)
 
     async def _on_gap(self, seconds: float) -> None:
-        samples = int(seconds * SAMPLE_RATE_HZ)
         if self.echo is not None:
-            self.echo.gap(samples)  # the microphone's clock goes on through it
+            self.echo.gap(int(seconds * SAMPLE_RATE_HZ))  # the microphone's clock goes on through it
+
+    async def _on_skipped(self, seconds: float) -> None:
+        """The sender says (its timestamps) it skipped ``seconds``: the stream's clock goes on by them."""
+        samples = int(seconds * SAMPLE_RATE_HZ)
         if self.wake is not None:
             self.wake.gap(samples)
-        await self.stream.gap(samples)  # and the stream's: events' times count from its start
+        await self.stream.gap(samples)
 
     def _on_answer_sent(self, pcm: bytes) -> None:
         if self.echo is not None:

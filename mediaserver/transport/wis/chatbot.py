@@ -78,6 +78,7 @@ async def chatbot_handler(request: web.Request) -> web.Response:
 
 async def chatbot_tts_handler(request: web.Request) -> web.StreamResponse:
     """GET /api/chatbot/tts: the answer, spoken (WIS's chatbot with its TTS)."""
+    started_at = asyncio.get_running_loop().time()  # (the answer's writing counts in tts_wis_whole_wav_s)
     request.app[CAPABILITIES].require("llm")
     tts = tts_of(request)
     settings = request.app[SETTINGS]
@@ -90,7 +91,9 @@ async def chatbot_tts_handler(request: web.Request) -> web.StreamResponse:
     answer = completion.text.strip() or "I have no answer to that."
     spoken = SpeechRequest(answer[: settings.tts_max_input_chars], voice, SynthesisParams(), fmt)
     headers = {"X-Response": quote(answer, safe=" ,.?!'")}
-    return await respond_with_speech(request, spoken, cache=False, whole_wav=True, headers=headers)
+    return await respond_with_speech(
+        request, spoken, cache=False, whole_wav=True, headers=headers, started_at=started_at
+    )
 
 
 async def _answer_questions(

@@ -134,6 +134,7 @@ async def speaker_handler(request: web.Request) -> web.Response:
 
 async def sts_handler(request: web.Request) -> web.StreamResponse:
     """POST /api/sts: speech in (multipart audio_file), its transcript spoken back out."""
+    started_at = asyncio.get_running_loop().time()  # (the transcription counts in tts_wis_whole_wav_s)
     tts = tts_of(request)
     settings = request.app[SETTINGS]
     query = request.query
@@ -159,7 +160,9 @@ async def sts_handler(request: web.Request) -> web.StreamResponse:
         body = encode_all(b"", fmt, output_rate(fmt, voice.sample_rate_hz))
         return web.Response(body=body, content_type=fmt.content_type, headers=headers)
     spoken = SpeechRequest(text, voice, SynthesisParams(speed=speed), fmt)
-    return await respond_with_speech(request, spoken, cache=False, whole_wav=True, headers=headers)
+    return await respond_with_speech(
+        request, spoken, cache=False, whole_wav=True, headers=headers, started_at=started_at
+    )
 
 
 def add_routes(app: web.Application) -> None:

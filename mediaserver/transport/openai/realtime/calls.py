@@ -197,19 +197,19 @@ class RealtimeCall:
                 self._resampler,
                 self._feed,
                 self._on_frame,
-                self._on_gap,
-                pause_s=self.settings.rtc_track_pause_ms / 1000.0,
+                on_skipped=self._on_skipped,
             ),
             "call-track",
         )
 
-    async def _on_gap(self, seconds: float) -> None:
-        if self.session.closed:
-            return
-        samples = round(seconds * SAMPLE_RATE_HZ)
-        if self.session.echo is not None:
-            self.session.echo.gap(samples)  # (as its audio's arrival is told: when it comes, before the worker)
-        self.session.enqueue(AudioGap(samples))  # the stream's clock: in order with the audio
+    async def _on_skipped(self, seconds: float) -> None:
+        """The sender says (its timestamps) it skipped ``seconds`` (Opus DTX in silence): the call's
+        audio clock goes on by them, in order with its audio (a call's echo is the browser's to
+        cancel: no echo line here)."""
+        if not self.session.closed:  # (what the gap watcher heard of it is taken off now, before more audio)
+            net = round(seconds * SAMPLE_RATE_HZ) - self.session.stream.gap_heard_samples
+            if net > 0:
+                self.session.enqueue(AudioGap(net))
 
     def _on_frame(self) -> None:
         self.frames_received += 1

@@ -444,7 +444,7 @@ class RealtimeSession(SocketSession, Host):
         """A WebRTC call's sender sent nothing for ``samples`` (Opus DTX in silence): input audio time
         all the same, for the events' times and ``idle_timeout_ms`` (a browser trial's never fired)."""
         self._fed_samples += samples
-        await self.stream.gap(samples)
+        await self.stream.gap(samples, net=True)
         if self.idle is not None and self._applied.server_vad:
             await self.idle.check(self._applied.turn_detection, self._fed_samples, self.stream.in_speech)
 

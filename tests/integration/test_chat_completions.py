@@ -6,7 +6,6 @@ every run; the answers asserted are what SmolLM2-135M-Instruct Q4_1 says to thes
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +16,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from mediaserver.llm.service import LlmService
+from mediaserver.state import METRICS
+from tests.faults import eventually
 from tests.llm_engine import busy_slots, wait_idle, wait_stopped
 
 COLORS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three colors."}]
@@ -381,6 +382,12 @@ async def test_an_error_after_the_stream_started_is_an_error_event(
     await service.start()
     try:
         live = await server_factory(llm=service)
+        # (The test session's servers share one metrics registry: counts are compared before and after.)
+        sample = live.app[METRICS].registry.get_sample_value
+        route = {"route": "/v1/chat/completions"}
+        counted_200 = sample("mediaserver_requests_total", {**route, "status": "200"}) or 0.0
+        failed_labels = {**route, "code": "timeout"}
+        failed_before = sample("mediaserver_responses_failed_after_headers_total", failed_labels) or 0.0
         async with openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0) as sdk:
             stream = await sdk.chat.completions.create(
                 model="gpt-4o-mini", messages=STORY, temperature=0, max_tokens=1000, stream=True
@@ -392,22 +399,19 @@ async def test_an_error_after_the_stream_started_is_an_error_event(
                         received.append(chunk.choices[0].delta.content)
         # (The handler counts the request as it returns, just after the client read the error:
         # wait for it rather than race it.)
-        async with aiohttp.ClientSession() as session, asyncio.timeout(10):
-            while True:
-                async with session.get(f"{live.url}/metrics") as resp:
-                    metrics = await resp.text()
-                if "mediaserver_responses_failed_after_headers_total{" in metrics:
-                    break
-                await asyncio.sleep(0.05)
+        failed = await eventually(
+            lambda: (sample("mediaserver_responses_failed_after_headers_total", failed_labels) or 0.0) > failed_before,
+            10,
+        )
+        async with aiohttp.ClientSession() as session, session.get(f"{live.url}/metrics") as resp:
+            metrics = await resp.text()
     finally:
         await service.aclose()
     assert received  # the answer had started
     assert "llm_request_timeout_s" in caught.value.message
     # /metrics tells the failure from a completed stream: the request counts with the 200 sent, and
     # as failed after its headers, with the error's code.
-    route = 'route="/v1/chat/completions"'
-    assert f'mediaserver_requests_total{{{route},status="200"}} 1.0' in metrics
-    failed = [
-        line for line in metrics.splitlines() if line.startswith("mediaserver_responses_failed_after_headers_total{")
-    ]
-    assert failed == [f'mediaserver_responses_failed_after_headers_total{{code="timeout",{route}}} 1.0'], failed
+    assert failed >= 0
+    assert sample("mediaserver_requests_total", {**route, "status": "200"}) == counted_200 + 1
+    assert sample("mediaserver_responses_failed_after_headers_total", failed_labels) == failed_before + 1
+    assert 'mediaserver_responses_failed_after_headers_total{code="timeout",route="/v1/chat/completions"}' in metrics

@@ -25,6 +25,7 @@ running. A malformed offer or form is a 400, never a 500.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import Any, Final
@@ -65,6 +66,27 @@ from mediaserver.transport.socket_session import AudioGap
 log = logging.getLogger(__name__)
 
 PATH: Final = "/v1/realtime/calls"
+ENDED_CALLS_KEPT: Final = 1024  # calls whose end a late hangup is answered for
+
+
+class EndedCalls:
+    """The ids of the calls that ended lately (at most ``ENDED_CALLS_KEPT``): a hangup of one is a
+    200, as the call is over. A browser trial's cleanup closed its peer connection, which ends the
+    call, then hung up as OpenAI's examples do, and got a 404 every time."""
+
+    def __init__(self) -> None:
+        self._ids: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def add(self, call_id: str) -> None:
+        self._ids[call_id] = None
+        while len(self._ids) > ENDED_CALLS_KEPT:
+            self._ids.popitem(last=False)
+
+    def __contains__(self, call_id: object) -> bool:
+        return call_id in self._ids
+
+
+ENDED_CALLS: Final = web.AppKey("ended_calls", EndedCalls)
 EVENTS_CHANNEL: Final = "oai-events"
 
 
@@ -266,6 +288,8 @@ class RealtimeCall:
             return
         self._closed = True
         self.app[SESSIONS].discard(self.id)
+        if ENDED_CALLS in self.app:
+            self.app[ENDED_CALLS].add(self.id)
         try:
             await self.session.aclose(WSCloseCode.GOING_AWAY, "call ended")
         finally:
@@ -403,14 +427,18 @@ async def calls_handler(request: web.Request) -> web.Response:
 
 async def hangup_handler(request: web.Request) -> web.Response:
     """POST /v1/realtime/calls/{call_id}/hangup: end a call."""
-    call = request.app[SESSIONS].get(request.match_info["call_id"])
+    call_id = request.match_info["call_id"]
+    call = request.app[SESSIONS].get(call_id)
     if not isinstance(call, RealtimeCall):
-        raise CallNotFound(f"no call {request.match_info['call_id']!r}", param="call_id")
+        if call_id in request.app[ENDED_CALLS]:
+            return web.Response(status=200)  # (it ended already: closed by the client, say)
+        raise CallNotFound(f"no call {call_id!r}", param="call_id")
     await call.aclose()
     return web.Response(status=200)
 
 
 def add_routes(app: web.Application) -> None:
     patches.install()
+    app[ENDED_CALLS] = EndedCalls()
     app.router.add_post(PATH, calls_handler)
     app.router.add_post(PATH + "/{call_id}/hangup", hangup_handler)

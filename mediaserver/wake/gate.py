@@ -96,8 +96,12 @@ class WakeGate:
         return None
 
     def gap(self, samples: int) -> None:
-        """The sender sent nothing for ``samples``: the detector's clock goes on with the stream's."""
+        """The sender sent nothing for ``samples`` (Opus DTX in silence): the detector's clock goes on
+        with the stream's, and a command awaited after the wake word has been silent that much longer
+        (told at the next audio: ``listen_timeout_s`` / ``conversation_timeout_s``, a review)."""
         self.detector.samples += samples
+        if self.listening and not self._in_speech:
+            self._quiet_samples += samples
 
     def close(self) -> None:
         self.detector.close()

@@ -72,6 +72,20 @@ def test_no_speech_after_the_wake_word_times_out() -> None:
     g.close()
 
 
+def test_a_gap_in_the_senders_audio_counts_towards_the_listen_timeout() -> None:
+    """A review: under Opus DTX the silence after the wake word comes as gaps (``gap``), not audio,
+    and the listen timeout counted only the audio; the gate's clock and its wait both go on now."""
+    g = gate(listen_s=1.0)
+    run(g, synthesize("okay nabu").audio16k)
+    assert g.listening
+    before = g.detector.position_ms
+    g.gap(16000 * 2)  # 2 s sent as nothing
+    assert g.detector.position_ms - before == 2000
+    _, changes = run(g, np.zeros(PIECE, np.float32))  # the next audio tells it
+    assert changes == [WakeWaiting("no_speech")]
+    g.close()
+
+
 def test_discarded_speech_keeps_waiting_for_the_command_and_conversation_times_out() -> None:
     g = gate(conversation_s=1.0, listen_s=5.0)
     run(g, synthesize("okay nabu").audio16k)

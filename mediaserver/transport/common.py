@@ -72,12 +72,12 @@ def loads_json(raw: str | bytes | bytearray) -> Any:
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
     # In text decoded strictly a surrogate can only come in escaped: look only where one is.
-    if ("\\ud" in raw or "\\uD" in raw) and not _unicode_text(value):
+    if ("\\ud" in raw or "\\uD" in raw) and not unicode_text(value):
         raise LoneSurrogate(value)
     return value
 
 
-def _unicode_text(value: Any) -> bool:
+def unicode_text(value: Any) -> bool:
     """Every string in a parsed JSON value (keys too) encodes as UTF-8."""
     stack = [value]
     while stack:

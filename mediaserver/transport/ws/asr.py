@@ -428,30 +428,26 @@ class WsSession(SocketSession):
             config.channels,
             config.options.model,
         )
-        if self.assistant is not None and self._retires_assistant(config):
-            await self.assistant.interrupt()  # an answer playing ends as a cut one does, told before ready
-        self._apply_assistant(config)
+        await self._apply_assistant(config)
         self.send_json({"type": "ready", "session_id": self.id, **config.describe(), **self.stream.turn_described()})
 
-    def _retires_assistant(self, config: StreamConfig) -> bool:
-        """The start ends the session's assistant (off, or a new answer sample rate: a new one)."""
-        out = self.audio_out
-        return not config.assistant or out is None or out.sample_rate_hz != config.audio_sample_rate_hz
-
-    def _apply_assistant(self, config: StreamConfig) -> None:
+    async def _apply_assistant(self, config: StreamConfig) -> None:
         values = dict(config.assistant_values)
+        out = self.audio_out
+        kept = config.assistant and out is not None and out.sample_rate_hz == config.audio_sample_rate_hz
+        if self.assistant is not None and not kept:
+            # The start ends it (off, or a new answer sample rate: a new one): an answer playing ends
+            # as a cut one does, told before the start's ready.
+            await self.assistant.interrupt()
+            self.spawn(self.assistant.aclose(), "ws-assistant-close")
+            self.assistant = None
+            self.stream.assistant = None
         self.client_tools.declare(config.client_tools)  # calls already waiting go on
         if not config.assistant:
-            if self.assistant is not None:
-                self.spawn(self.assistant.aclose(), "ws-assistant-close")
-                self.assistant = None
-                self.stream.assistant = None
             return
-        if self.assistant is not None and self.audio_out is not None:
-            if self.audio_out.sample_rate_hz == config.audio_sample_rate_hz:
-                update_assistant(self.assistant, values)
-                return
-            self.spawn(self.assistant.aclose(), "ws-assistant-close")
+        if self.assistant is not None:
+            update_assistant(self.assistant, values)
+            return
         self.audio_out = AudioOut(config.audio_sample_rate_hz)
         self.assistant = new_assistant(self.app, self.stream, self._on_event, self.audio_out, values)
         self.assistant.toolbox = self._session_tools()

@@ -19,7 +19,7 @@ from mediaserver.errors import ApiError
 from mediaserver.events import SAMPLE_RATE_HZ, AudioArray, FinalTranscript, SessionEvent, SpeechStarted
 from mediaserver.state import ASR, METRICS, TEXT_EOU
 from mediaserver.stream.session import Emit, StreamSession
-from mediaserver.transport.common import LoneSurrogate, json_error, loads_json
+from mediaserver.transport.common import LoneSurrogate, json_error, loads_json, unicode_text
 from mediaserver.transport.openai.realtime.config import RealtimeConfig
 from mediaserver.transport.openai.realtime.conversation import AudioMode, Conversation, VoiceTurns
 from mediaserver.transport.openai.realtime.conversation_config import (
@@ -222,10 +222,11 @@ class RealtimeSession(SocketSession, Host):
         except ValueError as exc:
             parsed = exc.value if isinstance(exc, LoneSurrogate) else None
             raw_id = parsed.get("event_id") if isinstance(parsed, dict) else None
+            told_id = isinstance(raw_id, str) and raw_id.isprintable() and unicode_text(raw_id)
             self._refuse(
                 "invalid_json",
                 json_error(exc, "The client event is not valid JSON; expected a JSON object."),
-                client_event_id=raw_id if isinstance(raw_id, str) and raw_id.isprintable() and _utf8(raw_id) else None,
+                client_event_id=raw_id if told_id else None,
             )
             return
         if not isinstance(event, dict):
@@ -274,7 +275,7 @@ class RealtimeSession(SocketSession, Host):
             self._enqueue(Clear())
         elif self.conversation is not None and kind in CONVERSATION_EVENTS:
             assert self.conversation_config is not None
-            track = self.conversation is None or self.conversation.audio == "track"
+            track = self.conversation.audio == "track"
             self._enqueue(
                 conversation_work(kind, event, client_event_id, self.conversation_config, self._check_voice, track)
             )
@@ -582,11 +583,3 @@ class RealtimeSession(SocketSession, Host):
         finally:
             self.items.muted_errors -= 1
         return None
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Final
 
 import numpy as np
 
@@ -21,6 +22,21 @@ from mediaserver.events import SAMPLE_RATE_HZ, AudioArray
 
 # Hears silence for a gap: the samples, and ``last_audio_at`` when the gap was measured.
 HearSilence = Callable[[AudioArray, float], Awaitable[None]]
+MAX_GAP_HEARD_S: Final = 10.0  # of a sender's gap under speech, heard as silence (the turn cap's 8 s and more)
+
+
+async def hear_sender_gap(
+    missing: int, listening: Callable[[], bool], hear: Callable[[AudioArray], Awaitable[None]]
+) -> int:
+    """A gap the sender says it left (``missing`` samples: Opus DTX's timestamps jumped) is heard
+    as silence while someone speaks (``listening``), until the utterance ends, at most
+    ``MAX_GAP_HEARD_S``: the samples heard (the rest of the gap only moves the stream's clock)."""
+    heard = 0
+    while missing > heard and listening() and heard < MAX_GAP_HEARD_S * SAMPLE_RATE_HZ:
+        piece = min(missing - heard, SAMPLE_RATE_HZ // 2)
+        await hear(np.zeros(piece, np.float32))
+        heard += piece
+    return heard
 
 
 class GapFill:

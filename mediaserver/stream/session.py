@@ -29,9 +29,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
-from typing import Final, TypeVar
-
-import numpy as np
+from typing import TypeVar
 
 from mediaserver.asr.service import AsrService
 from mediaserver.audio.echo_line import EchoLine
@@ -55,7 +53,7 @@ from mediaserver.stream.barge_in import BargeIn
 from mediaserver.stream.echo_attach import SessionEcho
 from mediaserver.stream.echo_check import Hold
 from mediaserver.stream.finals import EarlyFinal, Finals, speech_ended_at
-from mediaserver.stream.gaps import GapFill
+from mediaserver.stream.gaps import GapFill, hear_sender_gap
 from mediaserver.stream.options import StreamOptions, segmenter_config
 from mediaserver.stream.partials import Partials, continuation
 from mediaserver.stream.pauses import Pauses
@@ -70,7 +68,6 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _ids = itertools.count(1)
-MAX_GAP_HEARD_S: Final = 10.0  # of a sender's gap under speech, heard as silence (the turn cap's 8 s and more)
 
 
 class StreamSession:
@@ -162,19 +159,15 @@ class StreamSession:
         return self._turns.semantic(self.options.turn_detection, self.options.server_vad, answering=answering)
 
     def turn_described(self) -> dict[str, str]:
-        """How this session's utterances end, as its session events report it: ``turn_detection``
-        in force (``semantic`` or ``silence``), the ``eagerness`` of semantic turns, and
-        ``turn_detection_fallback`` saying why a session that wants semantic turns has silence."""
-        if not self.options.server_vad:
-            return {}
-        if self.semantic_turns:
-            return {"turn_detection": "semantic", "eagerness": self.options.eagerness or self.settings.turn_eagerness}
-        described = {"turn_detection": "silence"}
-        if self._turns.wanted(self.options.turn_detection, answering=self._assistant is not None) == "semantic":
-            described["turn_detection_fallback"] = (
-                f"the turn model is not loaded: utterances end after {self._silence_config.hangover_ms} ms of silence"
-            )
-        return described
+        """How this session's utterances end, as its session events report it (``TurnChecks.described``)."""
+        options = self.options
+        return self._turns.described(
+            options.turn_detection,
+            options.eagerness,
+            options.server_vad,
+            answering=self._assistant is not None,
+            hangover_ms=self._silence_config.hangover_ms,
+        )
 
     def _apply_turn_mode(self) -> None:
         """Semantic turns: the segmenter's hangover becomes the eagerness cap (the longest an
@@ -242,12 +235,6 @@ class StreamSession:
         ``SessionEcho.attach`` (echo_attach.py)."""
         self._echo_attached.attach(line, self._segmenter)
 
-    @property
-    def echo_removed(self) -> Callable[[int, int], float | None] | None:
-        """What the attached canceller took out of the audio fed from ``a`` to ``b`` ms before the
-        latest (``EchoCheck``'s residual rule); None: no canceller attached."""
-        return self._echo_attached.removed
-
     async def feed(self, samples: AudioArray) -> None:
         """Audio from the transport: 16 kHz mono float32, any length."""
         if self._closed or samples.size == 0:
@@ -299,13 +286,7 @@ class StreamSession:
         if self._closed:
             return
         missing = samples if net else samples - self.gap_heard_samples
-        heard = 0
-        while missing > heard and self.options.server_vad and self._segmenter.in_speech:
-            if heard >= MAX_GAP_HEARD_S * SAMPLE_RATE_HZ:
-                break
-            piece = min(missing - heard, SAMPLE_RATE_HZ // 2)
-            await self._segment(np.zeros(piece, np.float32))
-            heard += piece
+        heard = await hear_sender_gap(missing, self._listening, self._segment)
         if missing > heard:
             self.skip(missing - heard, received=False)
 
@@ -432,7 +413,7 @@ class StreamSession:
 
     def _held(self, start_ms: int, end_ms: int) -> Hold | None:
         """The utterance that just ended: its hold, if the answer waits on it (``BargeIn.ended``)."""
-        return self._barge_in.ended(self.echo_removed, self._segmenter.position_ms, start_ms, end_ms)
+        return self._barge_in.ended(self._echo_attached.removed, self._segmenter.position_ms, start_ms, end_ms)
 
     def clear(self) -> None:
         """Drop buffered audio and any utterance in progress."""

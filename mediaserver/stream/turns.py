@@ -106,6 +106,30 @@ class TurnChecks:
         wanted = self.wanted(turn_detection, answering=answering)
         return wanted == "semantic" and server_vad and self.model is not None
 
+    def described(
+        self,
+        turn_detection: Literal["silence", "semantic"] | None,
+        eagerness: Literal["low", "medium", "high", "auto"] | None,
+        server_vad: bool,
+        *,
+        answering: bool,
+        hangover_ms: int,
+    ) -> dict[str, str]:
+        """How a stream's utterances end, as its session events report it: ``turn_detection`` in
+        force (``semantic`` or ``silence``), the ``eagerness`` of semantic turns, and
+        ``turn_detection_fallback`` saying why a stream that wants semantic turns has silence
+        (``hangover_ms``: silence detection's)."""
+        if not server_vad:
+            return {}
+        if self.semantic(turn_detection, server_vad, answering=answering):
+            return {"turn_detection": "semantic", "eagerness": eagerness or self.settings.turn_eagerness}
+        described = {"turn_detection": "silence"}
+        if self.wanted(turn_detection, answering=answering) == "semantic":
+            described["turn_detection_fallback"] = (
+                f"the turn model is not loaded: utterances end after {hangover_ms} ms of silence"
+            )
+        return described
+
     def wait_ms(self, eagerness: Literal["low", "medium", "high", "auto"] | None) -> int:
         """The eagerness cap: the longest an unfinished turn is waited for (the segmenter's hangover)."""
         eagerness = eagerness or self.settings.turn_eagerness

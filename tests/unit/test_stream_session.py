@@ -701,11 +701,11 @@ async def test_the_same_canceller_attached_again_keeps_its_speech_gate(
         session.attach_echo(other)
         assert isinstance(session._segmenter.gate, SpeechGate) and session._segmenter.gate.canceller is other.canceller
         session.attach_echo(None)
-        assert session._segmenter.gate is None and session.echo_removed is None
+        assert session._segmenter.gate is None and session._echo_attached.removed is None
     off = base_settings.model_copy(update={"echo_speech_gate_db": 0.0})
     async with open_session(asr_service, off, server_vad=True) as (session, _):  # the gate off: 0 dB
         session.attach_echo(EchoLine())
-        assert session._segmenter.gate is None and session.echo_removed is not None
+        assert session._segmenter.gate is None and session._echo_attached.removed is not None
 
 
 async def test_streamed_audio_counts_in_the_asr_audio_seconds_under_its_route(asr_service: AsrService) -> None:

@@ -50,6 +50,7 @@ REFERENCE_SOUND: Final = 1e-3  # reference frames with a sample louder than this
 ONSET_GAP_MS: Final = 100.0  # reference quiet this long, then sound: an onset (echo_speech_gate_onset_gap_ms)
 MAX_STRETCHES: Final = 64  # stretches of reference sound remembered (onsets further back are not asked for)
 NEVER_FRAMES: Final = 1 << 30  # the quiet before the first sound: longer than any gap
+RESIDUAL_LOG_FRAMES: Final = 3000  # SpeechGate: the residual notes of this many segmenter frames are kept
 TRACK_REMOVED_MS: Final = 500  # the tracker shifts only while the canceller removed little over this long
 
 
@@ -406,6 +407,14 @@ class SpeechGate:
     utterance. Live, AEC3 took nothing out of the first answer's first words (0-4 dB removed, at
     -17 to -22 dBFS: as loud and as kept as a person) until it had heard 1.5-2.5 s of it; a person
     speaking then starts their utterance once that has passed.
+
+    ``residual_suspect``: a voiced frame in the echo whose canceller output correlates with the
+    answer audio at the microphone's delay (``ResidualEcho``, this sharp or more) is noted as the
+    canceller's residual: a frame that counts towards a start is then suspect, and each voiced
+    frame's note, in an utterance or not, is kept for ``residual_share`` (the word check weighs an
+    utterance by it: stream/echo_check.py). Where the echo's delay jumps, AEC3 lets the echo through
+    as loud as a person until the delay tracker moves; what it lets through still correlates with
+    the answer, and a person speaking does not (tools/echo_stock_phrases.py).
     """
 
     FLOOR_S: Final = 2.0
@@ -424,9 +433,15 @@ class SpeechGate:
         hold_s: float = 0.0,
         restart_ms: float = 0.0,
         residual: float = 0.0,
+        residual_suspect: float = 0.0,
     ) -> None:
         self.canceller = canceller
         self.residual = residual
+        self.residual_suspect = residual_suspect
+        # Per frame asked about, the latest last: None (not voiced, or not measured), else whether it
+        # was the canceller's residual echo (``residual_suspect``).
+        self._residual_log: deque[bool | None] = deque(maxlen=RESIDUAL_LOG_FRAMES)
+        self._frame_ms = 10.0
         self.restart_ms = restart_ms
         self.onset_gap_ms = onset_gap_ms
         self.margin_db = margin_db
@@ -457,25 +472,33 @@ class SpeechGate:
             hold_s=settings.echo_speech_gate_hold_s,
             restart_ms=settings.echo_speech_gate_restart_ms,
             residual=settings.echo_speech_gate_residual,
+            residual_suspect=settings.echo_speech_gate_residual_suspect,
         )
 
-    def __call__(self, frame: AudioArray, after: int = 0, voiced: bool = True) -> bool:
+    def __call__(self, frame: AudioArray, after: int = 0, voiced: bool = True, speaking: bool = False) -> bool:
         """Whether this frame (the segmenter's, cut from the canceller's output) may count towards a
         speech start; ``after``: the samples of that output after the frame's end; ``voiced``: the
-        VAD heard it, and no utterance is under way (only then is the residual echo measured)."""
+        VAD heard it, and no utterance is under way (only then is the residual echo measured for the
+        start); ``speaking``: the VAD heard it inside an utterance (only noted for ``residual_share``)."""
         self.last_suspect = self.last_restart = False
         level = level_dbfs(frame)
         self._levels.append(level)
-        frame_ms = max(1.0, frame.size * 1000.0 / SAMPLE_RATE_HZ)
+        frame_ms = self._frame_ms = max(1.0, frame.size * 1000.0 / SAMPLE_RATE_HZ)
         while len(self._levels) * frame_ms > self.FLOOR_S * 1000.0:
             self._levels.popleft()
         if self.canceller.passing:
+            self._residual_log.append(None)
             return True  # auto: this microphone carries no echo
         after_ms = after * 1000.0 / SAMPLE_RATE_HZ
         since = self.canceller.since_reference_ms  # (at the end of the canceller's output, ``after`` past the frame)
-        if since is None or since - after_ms > self.tail_ms:
+        in_echo = since is not None and since - after_ms <= self.tail_ms
+        residual = (
+            in_echo and (voiced or speaking) and self.residual_suspect > 0 and self._still_echo(self.residual_suspect)
+        )
+        self._residual_log.append(residual if (voiced or speaking) and self.residual_suspect > 0 else None)
+        if not in_echo:
             return True
-        if voiced and self.residual > 0 and self._still_echo():
+        if voiced and self.residual > 0 and self._still_echo(self.residual):
             return False
         heard_s = self.canceller.reference_heard_s_at(after)  # (when the frame was processed)
         if heard_s < self.hold_s:
@@ -488,16 +511,29 @@ class SpeechGate:
             # started afresh (the delay may have moved: the next answer's first syllable leaks).
             restart = self.canceller.since_restart_ms() if self.restart_ms > 0 else None
             self.last_restart = restart is not None and 0 <= restart - after_ms < self.restart_ms
-            self.last_suspect = self.last_restart or not self._like_a_person(frame, level, after)
+            self.last_suspect = self.last_restart or residual or not self._like_a_person(frame, level, after)
             return True
-        return self._like_a_person(frame, level, after)
+        counts = self._like_a_person(frame, level, after)
+        self.last_suspect = counts and residual
+        return counts
 
-    def _still_echo(self) -> bool:
+    def residual_share(self, from_ms_ago: float, to_ms_ago: float) -> float | None:
+        """The share of the voiced frames between ``from_ms_ago`` and ``to_ms_ago`` before the latest
+        frame asked about that were the canceller's residual echo (``residual_suspect``); None: none
+        voiced there, or not measured."""
+        frames = len(self._residual_log)
+        first = max(0, frames - round(from_ms_ago / self._frame_ms))
+        last = max(first, frames - round(to_ms_ago / self._frame_ms))
+        notes = [n for n in islice(self._residual_log, first, last) if n is not None]
+        return sum(notes) / len(notes) if notes else None
+
+    def _still_echo(self, threshold: float) -> bool:
         """The canceller's output over the last moments correlates with the answer audio at the delay
-        the microphone does (``ResidualEcho``): what passed is the echo, whatever its level."""
+        the microphone does (``ResidualEcho``, ``threshold`` sharp or more): what passed is the echo,
+        whatever its level."""
         check = self.canceller.residual
         sharpness = check.sharpness() if check is not None else None
-        return sharpness is not None and sharpness >= self.residual
+        return sharpness is not None and sharpness >= threshold
 
     def _like_a_person(self, frame: AudioArray, level: float, after: int) -> bool:
         """The rule over the echo: ``margin_db`` above the output's floor, and less than

@@ -61,7 +61,7 @@ class EchoLine:
         # ``tracker``: the delay tracker (DelayTracker.of: echo_delay_track_s, on in the server's
         # settings by default; None here: off).
         # ``residual_max_ms``: measure the residual echo over delays up to this, for a speech gate with
-        # echo_speech_gate_residual on (None: not measured).
+        # echo_speech_gate_residual or echo_speech_gate_residual_suspect on (None: not measured).
         measure = ResidualEcho(RESIDUAL_WINDOW_S, residual_max_ms) if residual_max_ms is not None else None
         self.canceller = EchoCanceller(tracker=tracker, residual=measure)
         self.align_wait_s = align_wait_s
@@ -101,7 +101,8 @@ class EchoLine:
             tracker=DelayTracker.of(settings),
             residual_max_ms=(
                 settings.echo_delay_track_max_ms
-                if settings.echo_speech_gate_residual > 0 and settings.echo_speech_gate_db > 0
+                if (settings.echo_speech_gate_residual > 0 or settings.echo_speech_gate_residual_suspect > 0)
+                and settings.echo_speech_gate_db > 0
                 else None
             ),
         )

@@ -106,7 +106,7 @@ class VadSegmenter:
         # Asked about each frame, with how many samples were pushed after it: may it count towards a
         # speech start? (audio/echo.py SpeechGate: not what the echo canceller leaks.) None: every
         # voiced frame does.
-        self.gate: Callable[[AudioArray, int, bool], bool] | None = None
+        self.gate: Callable[[AudioArray, int, bool, bool], bool] | None = None
 
     @property
     def in_speech(self) -> bool:
@@ -196,7 +196,9 @@ class VadSegmenter:
         self._frames_seen += 1
         self._position_ms += cfg.frame_ms
         # (The gate sees every frame; it measures more where the frame would count towards a start.)
-        starts = self.gate(frame, after, voiced and not self._in_speech) if self.gate is not None else True
+        starts = True
+        if self.gate is not None:
+            starts = self.gate(frame, after, voiced and not self._in_speech, voiced and self._in_speech)
         if not self._in_speech:
             self._preroll.append(frame)
             self._recent.append(voiced and starts)

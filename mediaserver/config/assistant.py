@@ -132,6 +132,16 @@ class AssistantSettings(BaseModel):
         "the answer resumes (Whisper's own threshold, 0.6, took a person's 'Thanks.' over the echo; "
         "tools/echo_stock_phrases.py); 0 = off (docs/echo.md)",
     )
+    assistant_barge_in_echo_residual_share: float = Field(
+        0.6,
+        ge=0,
+        le=1,
+        description="on a stream the server cancels echo on, over a paused answer: an utterance this share or more "
+        "of whose voiced frames were the canceller's residual echo (echo_speech_gate_residual_suspect) is the echo, "
+        "whatever its words: the answer resumes (leaks after the echo's delay jumped that Whisper wrote words on: 27 "
+        "of 32 at 0.6 or more; people's words over the echo: at most 0.42; tools/echo_stock_phrases.py); 0 = off "
+        "(docs/echo.md)",
+    )
     assistant_barge_in_echo_wait_ms: int = Field(
         5000, ge=100, description="an answer paused this long by a barge-in without a decision on its words is cut"
     )

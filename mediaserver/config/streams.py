@@ -237,6 +237,16 @@ class StreamSettings(BaseModel):
         "microphone's peak at least 6 times its mean, the output's there this many times its own; what AEC3 let "
         "through is the echo: tools/echo_leaks.py); it also holds a person under a louder echo (docs/echo.md); 0 = off",
     )
+    echo_speech_gate_residual_suspect: float = Field(
+        4.0,
+        ge=0,
+        description="... a voiced frame in the echo whose canceller output over the last 0.4 s correlates with the "
+        "answer audio at the delay the microphone does (the measure of echo_speech_gate_residual, its output's peak "
+        "this many times its mean) is noted as the canceller's residual: a speech start made mostly of such frames is "
+        "a suspect start (it pauses the answer instead of cutting it), and the share of an utterance's voiced frames "
+        "that are such frames is what assistant_barge_in_echo_residual_share weighs (where the echo's delay jumps, "
+        "AEC3 lets speech-loud echo through until the delay tracker moves: tools/echo_stock_phrases.py); 0 = off",
+    )
     echo_speech_gate_tail_ms: int = Field(
         600,
         ge=0,

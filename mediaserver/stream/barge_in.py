@@ -10,7 +10,7 @@ here, out of the session core:
 - while an utterance holds the paused answer (``waits``), it ends at silence detection's hangover,
   not the turn model's cap: the session's ``on_wait_change`` re-applies its turn mode;
 - the hold of an utterance that ended (``ended``), with what the stream's echo canceller took out of
-  it (the word check's residual rule).
+  it (the word check's residual rule) and the share of it that was the canceller's residual echo.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 from mediaserver.audio.segmenter import SpeechStart
 from mediaserver.config import Settings
 from mediaserver.stream.answering import Answerer
+from mediaserver.stream.echo_attach import SessionEcho
 from mediaserver.stream.echo_check import EchoCheck, Hold
 
 log = logging.getLogger(__name__)
@@ -92,16 +93,16 @@ class BargeIn:
         self.waits(False)
         self.check.discarded(assistant)
 
-    def ended(
-        self, removed: Callable[[int, int], float | None] | None, position_ms: int, start_ms: int, end_ms: int
-    ) -> Hold | None:
+    def ended(self, echo: SessionEcho, position_ms: int, start_ms: int, end_ms: int) -> Hold | None:
         """The utterance that just ended (``start_ms``-``end_ms``, the stream now at ``position_ms``):
-        its hold, if the answer waits on it, with what the echo canceller took out of it (``removed``,
-        None: no canceller)."""
+        its hold, if the answer waits on it, with what the stream's echo canceller took out of it
+        and the share of it that was its residual echo (None: no canceller, no speech gate)."""
         held = self.check.ended()
-        if held is None or removed is None:
+        if held is None or echo.removed is None:
             return held
-        return replace(held, removed_db=removed(position_ms - start_ms, position_ms - end_ms))
+        span = (position_ms - start_ms, position_ms - end_ms)
+        share = echo.residual_share(*span) if echo.residual_share is not None else None
+        return replace(held, removed_db=echo.removed(*span), residual_share=share)
 
     def waits(self, waits: bool) -> None:
         """The utterance in progress holds the paused answer (or no longer does): how it ends."""

@@ -32,6 +32,10 @@ class SessionEcho:
         # What the canceller took out of the audio fed from ``a`` to ``b`` ms before the latest
         # (``EchoCheck``'s residual rule); None: no canceller attached.
         self.removed: Callable[[int, int], float | None] | None = None
+        # The share of the voiced frames from ``a`` to ``b`` ms before the latest that were the
+        # canceller's residual echo (``SpeechGate.residual_share``, the word check's residual share);
+        # None: no speech gate.
+        self.residual_share: Callable[[float, float], float | None] | None = None
         self._line: EchoLine | None = None
 
     @property
@@ -56,6 +60,7 @@ class SessionEcho:
             # (The same canceller attached again, as a Realtime session.update does, keeps its gate:
             # the floor it learnt is the same line's.)
             segmenter.gate = SpeechGate.of(line.canceller, self.settings)
+        self.residual_share = segmenter.gate.residual_share if isinstance(segmenter.gate, SpeechGate) else None
 
     def _found(self, presence: EchoPresence) -> None:
         """``echo_cancellation`` auto decided whether this microphone carries the answers' echo."""

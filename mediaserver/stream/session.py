@@ -413,7 +413,7 @@ class StreamSession:
 
     def _held(self, start_ms: int, end_ms: int) -> Hold | None:
         """The utterance that just ended: its hold, if the answer waits on it (``BargeIn.ended``)."""
-        return self._barge_in.ended(self._echo_attached.removed, self._segmenter.position_ms, start_ms, end_ms)
+        return self._barge_in.ended(self._echo_attached, self._segmenter.position_ms, start_ms, end_ms)
 
     def clear(self) -> None:
         """Drop buffered audio and any utterance in progress."""

@@ -506,3 +506,55 @@ def test_aec3_runs_with_denormals_flushed_and_the_caller_keeps_its_own() -> None
         assert ec.process(np.zeros(320, np.float32)).size == 320
     assert seen == [0.0] * 5
     assert float((tiny * np.float32(0.1))[0]) > 0.0  # the caller's arithmetic keeps its denormals
+
+
+def gate_over(trial: Trial, residual_suspect: float) -> SpeechGate:
+    """The trial's microphone through the server's canceller (its delay tracker and residual measure
+    on, as ``EchoLine.of`` builds it) in the segmenter's 30 ms frames, each asked of a speech gate
+    as the segmenter asks it (webrtcvad's verdict, no utterance under way)."""
+    import webrtcvad
+
+    from mediaserver.audio.echo_delay import DelayTracker, ResidualEcho
+
+    ec = EchoCanceller(tracker=DelayTracker(1.0, 500.0), residual=ResidualEcho(0.4, 500.0))
+    ec.played(trial.reference, 0)
+    gate = SpeechGate(
+        ec, margin_db=20.0, tail_ms=600.0, removed_db=3.0, converge_s=2.0, residual_suspect=residual_suspect
+    )
+    vad, frame = webrtcvad.Vad(3), room.VAD_FRAME
+    for i in range(0, trial.mic.size // frame * frame, frame):
+        out = ec.process(trial.mic[i : i + frame])
+        voiced = vad.is_speech((np.clip(out, -1, 1) * 32767).astype("<i2").tobytes(), RATE)
+        suspect_before = gate.last_suspect
+        gate(out, 0, voiced)
+        if gate._residual_log[-1] and gate.canceller.reference_heard_s >= 2.0 and not suspect_before:
+            assert gate.last_suspect  # a residual frame that counts is a suspect one
+    return gate
+
+
+def test_the_gate_notes_what_the_canceller_leaks_after_a_delay_jump_as_residual_echo_and_not_a_person(
+    answers: list[Audio], person: Audio
+) -> None:
+    """``echo_speech_gate_residual_suspect`` (4 by default): after the echo's delay jumps (60 → 260
+    ms), what AEC3 lets through until the tracker moves still correlates with the answer audio, and
+    most of its voiced frames are noted as the canceller's residual (``residual_share``, what the word
+    check weighs: tools/echo_stock_phrases.py); a person speaking over an answer is not. At 0 nothing
+    is measured."""
+    jump = room.simulate(answers, np.random.default_rng(3), delays_ms=[60, 260], cut_after_s=None)
+    gate = gate_over(jump, 4.0)
+    total_ms = jump.mic.size // room.VAD_FRAME * 30
+    at_ms = jump.delays[1][0] * 1000 // RATE
+    after_jump = gate.residual_share(total_ms - at_ms, total_ms - at_ms - 3000)
+    before_jump = gate.residual_share(total_ms - 3000, total_ms - at_ms)
+    assert after_jump is not None and after_jump >= 0.6, after_jump
+    assert before_jump is not None and before_jump < 0.3  # converged at 60 ms: little leaks, none of it correlated
+
+    barge = room.simulate(answers, np.random.default_rng(100), near=person, delays_ms=[150], cut_after_s=0.4)
+    assert barge.barge_at is not None
+    gate = gate_over(barge, 4.0)
+    total_ms = barge.mic.size // room.VAD_FRAME * 30
+    start_ms = barge.barge_at * 1000 // RATE
+    share = gate.residual_share(total_ms - start_ms, total_ms - start_ms - person.size * 1000 // RATE)
+    assert share is not None and share <= 0.1, share
+
+    assert gate_over(jump, 0.0).residual_share(total_ms, 0) is None

@@ -581,3 +581,43 @@ async def test_assistant_barge_in_echo_no_speech_takes_whispers_stock_phrase_on_
         assert (no_speech >= 0.65) is leak
         assert answerer.pauses == 1 and final.echo is echo
         assert answerer.interrupts == (0 if echo else 1) and answerer.resumes == (1 if echo else 0)
+
+
+@pytest.mark.parametrize(
+    ("setting", "share", "echo"),
+    [(0.6, 0.8, True), (0.6, 0.5, False), (0.9, 0.8, False), (0.0, 1.0, False), (0.6, None, False)],
+)
+async def test_assistant_barge_in_echo_residual_share_takes_the_cancellers_residual_for_echo(
+    asr_service: AsrService,
+    base_settings: Settings,
+    speech: Callable[[str], Clip],
+    setting: float,
+    share: float | None,
+    echo: bool,
+) -> None:
+    """A suspect start over the answer (the check itself off, the default) whose words are not the
+    answer's ("kitchen" over a story) cuts it, unless ``assistant_barge_in_echo_residual_share`` or
+    more of its voiced frames were the canceller's residual echo (``SpeechGate.residual_share``; 0:
+    off; None: not measured): then it is the echo, and the answer resumes. The share is asked for the
+    utterance's own span."""
+    settings = base_settings.model_copy(update={"assistant_barge_in_echo_residual_share": setting})
+    answerer = SpeakingAnswerer(SENTENCES["story"])
+    asked: list[tuple[float, float]] = []
+
+    def measure(from_ms_ago: float, to_ms_ago: float) -> float | None:
+        asked.append((from_ms_ago, to_ms_ago))
+        return share
+
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        session._echo_attached.removed = lambda from_ms_ago, to_ms_ago: 0.5
+        session._echo_attached.residual_share = measure
+        session._segmenter.gate = Marking(1)  # a suspect start
+        await feed(session, utterance(speech("kitchen")))
+        await until(lambda: bool(recorder.of(FinalTranscript)))
+        [final] = recorder.of(FinalTranscript)
+        assert "kitchen" in final.transcript.text.lower()
+        assert answerer.pauses == 1 and final.echo is echo, final
+        assert answerer.interrupts == (0 if echo else 1) and answerer.resumes == (1 if echo else 0)
+        [(begin, end)] = asked
+        assert final.audio_end_ms - final.audio_start_ms == begin - end

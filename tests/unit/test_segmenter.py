@@ -172,7 +172,7 @@ class Marking:
         self.every, self.restart, self.asked = every, restart, 0
         self.last_suspect = self.last_restart = False
 
-    def __call__(self, frame: np.ndarray, after: int = 0, voiced: bool = True) -> bool:
+    def __call__(self, frame: np.ndarray, after: int = 0, voiced: bool = True, speaking: bool = False) -> bool:
         self.asked += 1
         self.last_suspect = self.every > 0 and self.asked % self.every == 0
         self.last_restart = self.last_suspect and self.restart

@@ -217,6 +217,13 @@ def test_an_update_keeps_what_it_does_not_mention(base: RealtimeConfig, models: 
             "expected a string, but got a number.",
         ),
         ({"include": "logprobs"}, "invalid_type", "session.include", "expected an array of strings."),
+        # An unknown value asked for nothing the server gives (a bad-input trial: it was taken silently).
+        (
+            {"include": ["item.input_audio_transcription.logprobs", "bogus"]},
+            "invalid_value",
+            "session.include[1]",
+            "Supported values are: 'item.input_audio_transcription.logprobs'.",
+        ),
         # A typo in one of the small objects OpenAI fixed is refused, as OpenAI does (it was taken
         # silently, and server VAD stayed on: a Realtime trial).
         (

@@ -47,7 +47,8 @@ As with OpenAI, every detected start of speech becomes an item with a transcript
 the segmenter's minimum speech length is off here. Changing turn detection finishes the utterance in
 progress first. ``noise_reduction`` (``near_field`` / ``far_field``) runs WebRTC noise suppression
 before the VAD at the levels ``noise_near_field_level`` / ``noise_far_field_level`` (audio/noise.py);
-``include``, ``keywords`` and ``delay`` are accepted and ignored.
+``include`` takes OpenAI's one value (the transcription's logprobs); ``keywords`` and ``delay`` are
+accepted and ignored.
 
 Errors are ``error`` events, ``{type: "error", event_id, error: {type, code, message, param,
 event_id}}`` where ``error.event_id`` is the client event that caused it; the session stays open.

@@ -20,6 +20,7 @@ from mediaserver.events import TranscriptionOptions
 from mediaserver.languages import normalize_language
 from mediaserver.transport.openai.realtime.config import (
     BETA_FORMATS,
+    LOGPROBS_INCLUDE,
     AudioType,
     InputFormat,
     RealtimeConfig,
@@ -298,6 +299,13 @@ def parse_input(session: Mapping[str, Any], base: RealtimeConfig, models: ModelR
             raise EventError(
                 "invalid_type", "Invalid type for 'session.include': expected an array of strings.", "session.include"
             )
+        for index, value in enumerate(raw_include or ()):
+            if value != LOGPROBS_INCLUDE:  # (OpenAI's one value: an unknown one was taken and did nothing)
+                raise EventError(
+                    "invalid_value",
+                    f"Invalid 'session.include[{index}]': {value!r}. Supported values are: '{LOGPROBS_INCLUDE}'.",
+                    f"session.include[{index}]",
+                )
         include = tuple(raw_include) if raw_include is not None else None
 
     resolved = resolve_model(models, model, model_param)

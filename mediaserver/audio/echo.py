@@ -411,10 +411,16 @@ class SpeechGate:
     ``residual_suspect``: a voiced frame in the echo whose canceller output correlates with the
     answer audio at the microphone's delay (``ResidualEcho``, this sharp or more) is noted as the
     canceller's residual: a frame that counts towards a start is then suspect, and each voiced
-    frame's note, in an utterance or not, is kept for ``residual_share`` (the word check weighs an
-    utterance by it: stream/echo_check.py). Where the echo's delay jumps, AEC3 lets the echo through
-    as loud as a person until the delay tracker moves; what it lets through still correlates with
-    the answer, and a person speaking does not (tools/echo_stock_phrases.py).
+    frame's note is kept for ``residual_share`` (the word check weighs an utterance that holds the
+    paused answer by it: stream/echo_check.py; inside an utterance only while ``notes_utterance``,
+    which the session sets while the answer waits on one). Where the echo's delay jumps, AEC3 lets
+    the echo through as loud as a person until the delay tracker moves; what it lets through still
+    correlates with the answer, and a person speaking does not (tools/echo_stock_phrases.py). A
+    voiced frame outside the echo, or where the measure has no reading (the answer quiet over its
+    window, or its first 0.9 s after a gap in the microphone), is noted as no residual: a person who
+    talks on once the answer paused counts so. The measure reads the latest 0.4 s of the canceller's
+    output, so every frame of one large piece of audio (a Realtime client's 0.5 s appends) gets the
+    piece's reading.
     """
 
     FLOOR_S: Final = 2.0
@@ -442,6 +448,7 @@ class SpeechGate:
         # was the canceller's residual echo (``residual_suspect``).
         self._residual_log: deque[bool | None] = deque(maxlen=RESIDUAL_LOG_FRAMES)
         self._frame_ms = 10.0
+        self.notes_utterance = False  # note the voiced frames inside an utterance too (``residual_share``)
         self.restart_ms = restart_ms
         self.onset_gap_ms = onset_gap_ms
         self.margin_db = margin_db
@@ -492,10 +499,9 @@ class SpeechGate:
         after_ms = after * 1000.0 / SAMPLE_RATE_HZ
         since = self.canceller.since_reference_ms  # (at the end of the canceller's output, ``after`` past the frame)
         in_echo = since is not None and since - after_ms <= self.tail_ms
-        residual = (
-            in_echo and (voiced or speaking) and self.residual_suspect > 0 and self._still_echo(self.residual_suspect)
-        )
-        self._residual_log.append(residual if (voiced or speaking) and self.residual_suspect > 0 else None)
+        noted = self.residual_suspect > 0 and (voiced or (speaking and self.notes_utterance))
+        residual = noted and in_echo and self._still_echo(self.residual_suspect)
+        self._residual_log.append(residual if noted else None)
         if not in_echo:
             return True
         if voiced and self.residual > 0 and self._still_echo(self.residual):
@@ -522,8 +528,9 @@ class SpeechGate:
         frame asked about that were the canceller's residual echo (``residual_suspect``); None: none
         voiced there, or not measured."""
         frames = len(self._residual_log)
-        first = max(0, frames - round(from_ms_ago / self._frame_ms))
-        last = max(first, frames - round(to_ms_ago / self._frame_ms))
+        # (Whole frames: a flush's tail shorter than a frame is on the clock, but in no frame.)
+        first = max(0, frames - int(from_ms_ago // self._frame_ms))
+        last = max(first, frames - int(to_ms_ago // self._frame_ms))
         notes = [n for n in islice(self._residual_log, first, last) if n is not None]
         return sum(notes) / len(notes) if notes else None
 

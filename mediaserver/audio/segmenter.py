@@ -195,7 +195,8 @@ class VadSegmenter:
             voiced = level_dbfs(frame) > WARMUP_MIN_DBFS  # (webrtcvad's cold start: see SegmenterConfig)
         self._frames_seen += 1
         self._position_ms += cfg.frame_ms
-        # (The gate sees every frame; it measures more where the frame would count towards a start.)
+        # (The gate sees every frame; it measures more where the frame would count towards a start,
+        # and notes the voiced frames of an utterance for the word check: audio/echo.py SpeechGate.)
         starts = True
         if self.gate is not None:
             starts = self.gate(frame, after, voiced and not self._in_speech, voiced and self._in_speech)

@@ -100,9 +100,10 @@ class AssistantSettings(BaseModel):
         "starts over the answer on frames the canceller's speech gate would have held had it been holding (most "
         "of them quiet against the output's floor or mostly removed by the canceller, as its leaks at a "
         "sentence's first syllable are) pauses the answer instead of cutting it, and the utterance decides: "
-        "no words, too short to be speech, the answer's own words or words Whisper scores as no speech "
-        "(assistant_barge_in_echo_no_speech) resume it; any other words cut it (the "
-        "residual rule, assistant_barge_in_echo_removed_db, is not applied; docs/echo.md); all: every start over "
+        "no words, too short to be speech, the answer's own words, words Whisper scores as no speech "
+        "(assistant_barge_in_echo_no_speech) or an utterance mostly of the canceller's residual echo "
+        "(assistant_barge_in_echo_residual_share) resume it; any other words cut it (the rule of what the "
+        "canceller removed, assistant_barge_in_echo_removed_db, is not applied; docs/echo.md); all: every start over "
         "the answer on such a stream is held so, a burst the segmenter discards resuming the answer instead of "
         "having cut it, but a person whose words the double talk took resumes it too (a barge-in test lost its "
         "person 2 times in 10 loaded runs); false: every start cuts the answer at once",
@@ -139,7 +140,8 @@ class AssistantSettings(BaseModel):
         description="on a stream the server cancels echo on, over a paused answer: an utterance this share or more "
         "of whose voiced frames were the canceller's residual echo (echo_speech_gate_residual_suspect) is the echo, "
         "whatever its words: the answer resumes (leaks after the echo's delay jumped that Whisper wrote words on: 27 "
-        "of 32 at 0.6 or more; people's words over the echo: at most 0.42; tools/echo_stock_phrases.py); 0 = off "
+        "of 32 at 0.6 or more; people's words over the echo: at most 0.42; tools/echo_stock_phrases.py); 0 = off, "
+        "and so it is where the speech gate is (echo_speech_gate_db 0) or echo_speech_gate_residual_suspect is 0 "
         "(docs/echo.md)",
     )
     assistant_barge_in_echo_wait_ms: int = Field(

@@ -1,10 +1,11 @@
 """A stream session's side of its transport's echo canceller (audio/echo_line.py, docs/echo.md).
 
 The transport owns the canceller and cleans the audio before it feeds the session; ``SessionEcho``
-is what the session does with it once attached: barge-in's residual rule asks it what the canceller
-took out of an utterance (``removed``), the segmenter gets a ``SpeechGate`` over the canceller's
-output, and ``echo_cancellation: auto``'s decision and the delay tracker's changes are counted in
-``/metrics`` and logged with the session's id.
+is what the session does with it once attached: barge-in's residual rules ask it what the canceller
+took out of an utterance (``removed``) and how much of it was the canceller's residual echo
+(``residual_share``), the segmenter gets a ``SpeechGate`` over the canceller's output, and
+``echo_cancellation: auto``'s decision and the delay tracker's changes are counted in ``/metrics``
+and logged with the session's id.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ class SessionEcho:
             # the floor it learnt is the same line's.)
             segmenter.gate = SpeechGate.of(line.canceller, self.settings)
         self.residual_share = segmenter.gate.residual_share if isinstance(segmenter.gate, SpeechGate) else None
+
+    def answer_waits(self, waits: bool, segmenter: VadSegmenter) -> None:
+        """The utterance in progress holds the paused answer (or no longer does): while it does, the
+        speech gate notes its voiced frames too, for the word check's residual share (not measured
+        where nothing will read it: ``assistant_barge_in_echo_residual_share`` 0)."""
+        if isinstance(segmenter.gate, SpeechGate):
+            segmenter.gate.notes_utterance = waits and self.settings.assistant_barge_in_echo_residual_share > 0
 
     def _found(self, presence: EchoPresence) -> None:
         """``echo_cancellation`` auto decided whether this microphone carries the answers' echo."""

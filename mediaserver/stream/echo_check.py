@@ -36,9 +36,10 @@ transcript then decides (``EchoCheck.decide``):
 
 With the check off (``assistant_barge_in_echo_check``, the default), ``assistant_barge_in_echo_suspects``
 still holds a **suspect** start (``SpeechStart.suspect``: most of its voiced frames are ones the
-canceller's speech gate noted as like its leaks, audio/echo.py) this way, its words and Whisper's
-no-speech score deciding (no residual rule: ``Hold.words_only``); any other start cuts the answer at
-once. At ``all``, every start over the answer on a stream the server cancels echo on is held so.
+canceller's speech gate noted as like its leaks, audio/echo.py) this way, its words, Whisper's
+no-speech score and its residual echo's share deciding (not what the canceller removed:
+``Hold.words_only``); any other start cuts the answer at once. At ``all``, every start over the
+answer on a stream the server cancels echo on is held so.
 
 An answer paused ``assistant_barge_in_echo_wait_ms`` without a decision is interrupted, as without
 the check; the utterance's final is then an ordinary user turn. Speech that starts within
@@ -120,7 +121,8 @@ class Hold:
     removed_db: float | None = None  # what the stream's echo canceller took out of it (None: no canceller)
     # The share of its voiced frames that were the canceller's residual echo (``SpeechGate.residual_share``).
     residual_share: float | None = None
-    words_only: bool = False  # held as a suspect start (the check itself off): its words alone decide
+    # Held as a suspect start (the check itself off): what the canceller removed does not decide.
+    words_only: bool = False
     cancelled: bool = False  # the server cancels the stream's echo (``SessionEcho.cancelling``)
 
 

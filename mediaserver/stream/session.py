@@ -137,7 +137,7 @@ class StreamSession:
         # words, or alone once it ends with none (``_answer_held``).
         self._held_words = HeldWords(self.id)
         # The user speaking over the answer: cut, or paused while their words decide (barge_in.py).
-        self._barge_in = BargeIn(self.id, settings, self._start_task, self._apply_turn_mode)
+        self._barge_in = BargeIn(self.id, settings, self._start_task, self._answer_waits_changed)
         self._apply_turn_mode()
         # Time without audio while someone speaks is heard as silence (gaps.py).
         self._gaps = GapFill(self.id, settings.stream_gap_fill_ms, self._hear_gap, self._listening)
@@ -168,6 +168,11 @@ class StreamSession:
             answering=self._assistant is not None,
             hangover_ms=self._silence_config.hangover_ms,
         )
+
+    def _answer_waits_changed(self) -> None:
+        """The utterance in progress holds the paused answer, or no longer does (barge_in.py)."""
+        self._echo_attached.answer_waits(self._barge_in.answer_waits, self._segmenter)
+        self._apply_turn_mode()
 
     def _apply_turn_mode(self) -> None:
         """Semantic turns: the segmenter's hangover becomes the eagerness cap (the longest an

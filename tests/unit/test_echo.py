@@ -525,10 +525,9 @@ def gate_over(trial: Trial, residual_suspect: float) -> SpeechGate:
     for i in range(0, trial.mic.size // frame * frame, frame):
         out = ec.process(trial.mic[i : i + frame])
         voiced = vad.is_speech((np.clip(out, -1, 1) * 32767).astype("<i2").tobytes(), RATE)
-        suspect_before = gate.last_suspect
-        gate(out, 0, voiced)
-        if gate._residual_log[-1] and gate.canceller.reference_heard_s >= 2.0 and not suspect_before:
-            assert gate.last_suspect  # a residual frame that counts is a suspect one
+        counts = gate(out, 0, voiced)
+        if gate._residual_log[-1] and counts:
+            assert gate.last_suspect  # a residual frame that counts towards a start is a suspect one
     return gate
 
 
@@ -556,5 +555,9 @@ def test_the_gate_notes_what_the_canceller_leaks_after_a_delay_jump_as_residual_
     start_ms = barge.barge_at * 1000 // RATE
     share = gate.residual_share(total_ms - start_ms, total_ms - start_ms - person.size * 1000 // RATE)
     assert share is not None and share <= 0.1, share
+    # ... and over its first second too, while the answer plays and its echo dies away (no dilution by
+    # the rest of the utterance: in one seed of six, 103, this second read 0.46, the whole 0.05).
+    in_echo = gate.residual_share(total_ms - start_ms, total_ms - start_ms - 1000)
+    assert in_echo is not None and in_echo <= 0.1, in_echo
 
     assert gate_over(jump, 0.0).residual_share(total_ms, 0) is None

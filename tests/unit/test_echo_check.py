@@ -621,3 +621,52 @@ async def test_assistant_barge_in_echo_residual_share_takes_the_cancellers_resid
         assert answerer.interrupts == (0 if echo else 1) and answerer.resumes == (1 if echo else 0)
         [(begin, end)] = asked
         assert final.audio_end_ms - final.audio_start_ms == begin - end
+
+
+@pytest.mark.parametrize(("after_start", "echo"), [(10.0, True), (1.0, False)])
+async def test_the_residual_share_is_the_utterances_own_through_the_real_gate(
+    asr_service: AsrService,
+    base_settings: Settings,
+    speech: Callable[[str], Clip],
+    monkeypatch: pytest.MonkeyPatch,
+    after_start: float,
+    echo: bool,
+) -> None:
+    """The wiring of the residual share, with the server's own canceller and speech gate on the
+    stream: the segmenter notes the utterance's voiced frames (while the paused answer waits on it),
+    and the session hands the gate's share over the utterance to the word check. The canceller's
+    measure reads 10 (residual echo) until the start is told, then ``after_start``: at 10 every frame
+    was residual (the echo, whatever "kitchen" says); at 1 only the frames that started it were,
+    far under 0.6 of the utterance, and its words cut the answer."""
+    from mediaserver.audio.echo_delay import ResidualEcho
+
+    # (The check on, so that the start is held whatever the gate says of it; the other rules off: AEC3
+    # takes some dB out of a person under a white-noise answer, and Whisper's score varies.)
+    update = {
+        "assistant_barge_in_echo_check": True,
+        "assistant_barge_in_echo_removed_db": 0.0,
+        "assistant_barge_in_echo_no_speech": 0.0,
+    }
+    settings = base_settings.model_copy(update=update)
+    answerer = SpeakingAnswerer(SENTENCES["story"])
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        line = EchoLine.of(settings)
+        line.set_mode("on", settings)
+        session.attach_echo(line)
+
+        def sharpness(self: ResidualEcho) -> float:
+            return after_start if recorder.of(SpeechStarted) else 10.0
+
+        monkeypatch.setattr(ResidualEcho, "sharpness", sharpness)
+        mic = np.concatenate([silence(3.0), speech("kitchen").audio16k, silence(1.0)])
+        # The answer plays throughout (white noise at -26 dBFS as its audio), past the gate's hold.
+        line.canceller.played(np.random.default_rng(0).normal(0, 0.05, mic.size + RATE_HZ).astype(np.float32), 0)
+        for start in range(0, mic.size, 320):
+            await session.feed(line.process(mic[start : start + 320]))
+        await until(lambda: bool(recorder.of(FinalTranscript)))
+        [final] = recorder.of(FinalTranscript)
+        # (Words, not the story's: AEC3's suppressor garbles some of them under the answer.)
+        assert final.transcript.text.strip(), final
+        assert answerer.pauses == 1 and final.echo is echo, final
+        assert answerer.interrupts == (0 if echo else 1) and answerer.resumes == (1 if echo else 0)

@@ -25,7 +25,7 @@ from mediaserver.audio.segmenter import SpeechStart
 from mediaserver.config import Settings
 from mediaserver.stream.answering import Answerer
 from mediaserver.stream.echo_attach import SessionEcho
-from mediaserver.stream.echo_check import EchoCheck, Hold
+from mediaserver.stream.echo_check import EchoCheck, Hold, Pausable
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,11 @@ class BargeIn:
             return False
         pausing = self.check.hold(assistant, start.suspect, cancelled=cancelled)
         if not pausing:
-            await assistant.interrupt()  # the user talks over the answer: stop it first
+            # The user talks over the answer: stop it first. (Logged where its audio was playing: the
+            # cuts the word check does not decide were otherwise seen only as "turn interrupted".)
+            speaking = isinstance(assistant, Pausable) and assistant.speaking
+            if await assistant.interrupt() and speaking:
+                log.info("session %s: speech started over the answer at %d ms: cut", self.session_id, start.start_ms)
         self.waits(pausing)
         return True
 

@@ -155,6 +155,15 @@ class AssistantSettings(BaseModel):
         "paused answer (a person who starts as a leak ends is heard without the answer's echo over them); "
         "0 = resume at once",
     )
+    assistant_barge_in_echo_burst_ms: int = Field(
+        250,
+        ge=0,
+        description="while the paused answer waits on an utterance, one still shorter than stream_min_speech_ms "
+        "of voice (a burst the segmenter will discard) ends after this much silence instead of "
+        "stream_vad_hangover_ms, and the answer resumes assistant_barge_in_echo_resume_ms after it: each pause "
+        "for a leak is that much shorter (a device trial heard one every ~3.5 s of a long answer, 0.6-1.4 s of "
+        "held frames each); 0 = stream_vad_hangover_ms",
+    )
     assistant_barge_in_echo_defer_restarts: bool = Field(
         True,
         description="a suspect start (assistant_barge_in_echo_suspects) just after the device's playback started "

@@ -182,11 +182,16 @@ class StreamSession:
         Not for an utterance the paused answer waits on (``EchoCheck.hold``): it ends at silence
         detection's hangover. An echoed fragment is cut mid-sentence by the pause, so its words read
         unfinished and the cap held it (a device trial: 4 s of silence in the answer, then the
-        decode, past ``assistant_barge_in_echo_wait_ms``, and the answer was cut)."""
+        decode, past ``assistant_barge_in_echo_wait_ms``, and the answer was cut); and while it is
+        still a burst too short to keep, it ends at ``assistant_barge_in_echo_burst_ms`` of silence."""
         config = self._silence_config
         if self.semantic_turns and not self._barge_in.answer_waits:
             cap_ms = self._turns.wait_ms(self.options.eagerness)
             config = replace(config, hangover_ms=cap_ms, burst_hangover_ms=config.hangover_ms)
+        elif self._barge_in.answer_waits and self.settings.assistant_barge_in_echo_burst_ms > 0:
+            # A burst too short to keep, over the paused answer: discarded sooner, the answer resumes sooner.
+            burst_ms = min(config.hangover_ms, self.settings.assistant_barge_in_echo_burst_ms)
+            config = replace(config, burst_hangover_ms=burst_ms)
         self._segmenter.config = config
 
     @property

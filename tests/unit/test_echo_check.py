@@ -670,3 +670,30 @@ async def test_the_residual_share_is_the_utterances_own_through_the_real_gate(
         assert final.transcript.text.strip(), final
         assert answerer.pauses == 1 and final.echo is echo, final
         assert answerer.interrupts == (0 if echo else 1) and answerer.resumes == (1 if echo else 0)
+
+
+@pytest.mark.parametrize("burst_ms", [250, 0])
+async def test_a_burst_over_the_paused_answer_ends_at_assistant_barge_in_echo_burst_ms(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], burst_ms: int
+) -> None:
+    """A suspect burst (90 ms of speech) pauses the answer; while the answer waits on it, it is
+    discarded after ``assistant_barge_in_echo_burst_ms`` of silence (250 by default) instead of
+    stream_vad_hangover_ms (500; 0 = that), so the pause it costs is that much shorter. A longer
+    utterance keeps the hangover (the word check's tests)."""
+    settings = base_settings.model_copy(
+        update={"assistant_barge_in_echo_burst_ms": burst_ms, "assistant_barge_in_echo_resume_ms": 0}
+    )
+    answerer = SpeakingAnswerer(SENTENCES["weather"])
+    clip, loud, frame = loudest(speech("kitchen"))
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        session._segmenter.gate = Marking(1)  # every frame like a leak: a suspect start
+        burst_end_ms = 300 + 3 * frame * 1000 // RATE_HZ
+        await feed(session, np.concatenate([silence(0.3), clip[loud : loud + 3 * frame], silence(0.8)]))
+        await until(lambda: answerer.resumes == 1)
+        [stopped] = recorder.of(SpeechStopped)
+        assert answerer.pauses == 1 and stopped.discarded
+        waited_ms = stopped.audio_end_ms - burst_end_ms
+        hangover_ms = burst_ms or settings.stream_vad_hangover_ms
+        # (From the end of the audio fed as the burst: webrtcvad still hears its last 100 ms or so.)
+        assert hangover_ms <= waited_ms <= hangover_ms + 150, (waited_ms, hangover_ms)

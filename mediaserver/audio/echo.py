@@ -449,6 +449,9 @@ class SpeechGate:
         self._residual_log: deque[bool | None] = deque(maxlen=RESIDUAL_LOG_FRAMES)
         self._frame_ms = 10.0
         self.notes_utterance = False  # note the voiced frames inside an utterance too (``residual_share``)
+        # Something reads the notes and suspect marks (a session that answers with barge-in): else the
+        # measure is not run (a Realtime or transcription-only stream never reads them).
+        self.read = True
         self.restart_ms = restart_ms
         self.onset_gap_ms = onset_gap_ms
         self.margin_db = margin_db
@@ -499,7 +502,7 @@ class SpeechGate:
         after_ms = after * 1000.0 / SAMPLE_RATE_HZ
         since = self.canceller.since_reference_ms  # (at the end of the canceller's output, ``after`` past the frame)
         in_echo = since is not None and since - after_ms <= self.tail_ms
-        noted = self.residual_suspect > 0 and (voiced or (speaking and self.notes_utterance))
+        noted = self.residual_suspect > 0 and self.read and (voiced or (speaking and self.notes_utterance))
         residual = noted and in_echo and self._still_echo(self.residual_suspect)
         self._residual_log.append(residual if noted else None)
         if not in_echo:

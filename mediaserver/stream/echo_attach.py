@@ -63,6 +63,13 @@ class SessionEcho:
             segmenter.gate = SpeechGate.of(line.canceller, self.settings)
         self.residual_share = segmenter.gate.residual_share if isinstance(segmenter.gate, SpeechGate) else None
 
+    def answering(self, answering: bool, segmenter: VadSegmenter) -> None:
+        """Whether the session answers (a voice loop, whose barge-in reads the speech gate's residual
+        notes): where it does not (a Realtime conversation, a transcription-only stream), the gate
+        does not run the measure for them."""
+        if isinstance(segmenter.gate, SpeechGate):
+            segmenter.gate.read = answering
+
     def answer_waits(self, waits: bool, segmenter: VadSegmenter) -> None:
         """The utterance in progress holds the paused answer (or no longer does): while it does, the
         speech gate notes its voiced frames too, for the word check's residual share (not measured

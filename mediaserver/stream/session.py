@@ -205,6 +205,7 @@ class StreamSession:
         if assistant is not self._assistant:
             self._held_words = HeldWords(self.id)  # words held for another assistant are not this one's
         self._assistant = assistant
+        self._echo_attached.answering(assistant is not None, self._segmenter)
         self._apply_turn_mode()
 
     @property
@@ -244,6 +245,7 @@ class StreamSession:
         """The transport's echo canceller cleans the audio fed here, or no longer does (None):
         ``SessionEcho.attach`` (echo_attach.py)."""
         self._echo_attached.attach(line, self._segmenter)
+        self._echo_attached.answering(self._assistant is not None, self._segmenter)
 
     async def feed(self, samples: AudioArray) -> None:
         """Audio from the transport: 16 kHz mono float32, any length."""

@@ -15,6 +15,7 @@ import pytest
 from mediaserver.asr.service import AsrService
 from mediaserver.assistant.audio_out import AudioOut
 from mediaserver.assistant.pacing import send_paced
+from mediaserver.audio.echo import SpeechGate
 from mediaserver.audio.echo_line import EchoLine
 from mediaserver.config import Settings
 from mediaserver.events import FinalTranscript, SpeechStarted, SpeechStopped, TranscriptionOptions
@@ -697,3 +698,25 @@ async def test_a_burst_over_the_paused_answer_ends_at_assistant_barge_in_echo_bu
         hangover_ms = burst_ms or settings.stream_vad_hangover_ms
         # (From the end of the audio fed as the burst: webrtcvad still hears its last 100 ms or so.)
         assert hangover_ms <= waited_ms <= hangover_ms + 150, (waited_ms, hangover_ms)
+
+
+async def test_the_residual_measure_runs_only_for_a_session_that_answers(
+    asr_service: AsrService, base_settings: Settings
+) -> None:
+    """Only a session that answers (its barge-in reads the gate's residual notes) runs the measure:
+    a Realtime conversation or a transcription-only stream never reads them, so its gate notes
+    nothing, whichever comes first, the canceller or the assistant."""
+    async with open_session(asr_service, base_settings, server_vad=True) as (session, _):
+        line = EchoLine.of(base_settings)
+        line.set_mode("on", base_settings)
+        session.attach_echo(line)
+        gate = session._segmenter.gate
+        assert isinstance(gate, SpeechGate) and not gate.read
+        session.assistant = SpeakingAnswerer(SENTENCES["story"])
+        assert gate.read
+        session.attach_echo(line)  # (the same canceller again, as a Realtime session.update does)
+        assert session._segmenter.gate is gate and gate.read
+        session.assistant = None
+        assert not gate.read
+        gate(np.full(480, 0.1, np.float32), 0, True)
+        assert gate.residual_share(30, 0) is None  # not measured

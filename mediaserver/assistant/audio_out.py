@@ -5,7 +5,8 @@ plays them (a WebRTC track's ``recv``, a socket sender paced at real time). Noth
 while the queue is empty: an idle session sends no audio at all, not silence. ``clear`` drops
 everything not yet taken (barge-in), and ``taken_samples`` says how far playback got, so the
 pipeline can tell which part of its answer the user actually heard. ``pause`` holds what is queued
-(nothing is taken) until ``resume``: a barge-in being judged (stream/echo_check.py).
+(nothing is taken) until ``resume``: a barge-in being judged (stream/echo_check.py). ``duck`` plays it
+on quieter instead (a suspect start waiting to be long enough to judge: stream/barge_in.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import collections
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 _MAX_MARKS = 256
 
@@ -75,6 +78,11 @@ class AudioOut:
         self._waiters: list[tuple[int, asyncio.Future[float]]] = []
         self._closed = False
         self._paused = False
+        self._gain = 1.0  # applied to each frame taken (``duck``)
+        self._taken_gain = 1.0  # the gain the last frame taken ended at (a change ramps over one frame)
+        # The last frame taken ramped the gain up (a duck ended): the echo's onset there leaks as
+        # a playback restart's does (``EchoLine.sent``'s ``louder``).
+        self.rose = False
         self.taken_at: float | None = None  # when the latest frame was taken (monotonic)
 
     @property
@@ -133,6 +141,24 @@ class AudioOut:
         if self.busy:
             self._available.set()
 
+    @property
+    def ducked(self) -> bool:
+        return self._gain != 1.0
+
+    def duck(self, db: float) -> None:
+        """Play the audio on ``db`` dB quieter (0: as written) from the next frame taken; the gain
+        moves over that frame, so the step makes no click."""
+        self._gain = float(10.0 ** (-max(0.0, db) / 20.0))
+
+    def _scaled(self, frame: bytes) -> bytes:
+        if self._gain == self._taken_gain == 1.0:
+            return frame
+        samples = np.frombuffer(frame, dtype="<i2").astype(np.float32)
+        gain = np.linspace(self._taken_gain, self._gain, samples.size, dtype=np.float32)
+        self.rose = self._gain > self._taken_gain
+        self._taken_gain = self._gain
+        return bytes(np.clip(samples * gain, -32768, 32767).astype("<i2").tobytes())
+
     def clear(self) -> int:
         """Drop everything not taken yet (barge-in); returns how many samples were dropped.
 
@@ -146,6 +172,7 @@ class AudioOut:
         self._frames.clear()
         self._partial = b""
         self._paused = False
+        self._gain = self._taken_gain = 1.0
         self._available.clear()
         self._empty.set()
         return dropped
@@ -159,7 +186,8 @@ class AudioOut:
                 self._available.clear()
                 self._empty.set()
             return None
-        frame = self._frames.popleft()
+        self.rose = False
+        frame = self._scaled(self._frames.popleft())
         self.taken_samples += self.frame_samples
         self.taken_at = time.monotonic()
         if self._waiters:

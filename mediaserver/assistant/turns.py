@@ -299,6 +299,12 @@ class Assistant:
             if paused and self.speaking:  # (not for a turn that ended while paused)
                 self._tell(AssistantAudioResumed)
 
+    def duck(self, db: float) -> None:
+        """Play the answer on ``db`` dB quieter (0: as written), for as long as a suspect start is
+        judged long enough to pause it (stream/barge_in.py); the next answer plays as written."""
+        if self.out is not None:
+            self.out.duck(db)
+
     def _tell(self, event: type[AssistantAudioPaused | AssistantAudioResumed]) -> None:
         if self._current is not None:
             self._notices.say(event(self._current.number))

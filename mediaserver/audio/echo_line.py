@@ -217,9 +217,11 @@ class EchoLine:
             async with asyncio.timeout(wait_s):
                 await self._arrival.wait()
 
-    def sent(self, pcm16: bytes, rate_hz: int) -> int:
+    def sent(self, pcm16: bytes, rate_hz: int, *, louder: bool = False) -> int:
         """Answer audio (little-endian PCM16 mono at ``rate_hz``) went to the device: it is the
-        reference from where it will play. Returns that sample of the stream clock."""
+        reference from where it will play. Returns that sample of the stream clock. ``louder``: it
+        plays as written again after a duck (``AudioOut.rose``): its echo's onset is marked as a
+        playback restart's is, where the canceller may leak."""
         decoder = self._decoders.get(rate_hz)
         if decoder is None:
             decoder = self._decoders[rate_hz] = PcmStreamDecoder(PcmFormat(rate_hz, 16, 1), carry_partial=True)
@@ -244,7 +246,7 @@ class EchoLine:
             # its clock says nothing of when this plays. From now, rather than ever further ahead.
             self._playing_until = clock
         at = max(clock, self._playing_until)
-        if self._playing_until == 0 or at - self._playing_until >= self.restart_gap_s * SAMPLE_RATE_HZ:
+        if louder or self._playing_until == 0 or at - self._playing_until >= self.restart_gap_s * SAMPLE_RATE_HZ:
             self.canceller.restarted(at)  # after a stretch without answer audio: the delay may have moved
         self.canceller.played(samples, at_sample=at)
         self._playing_until = at + samples.size

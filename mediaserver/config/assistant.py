@@ -173,6 +173,17 @@ class AssistantSettings(BaseModel):
         "on a busy machine (a user trial); what is shorter is discarded and pauses nothing. Other suspect starts "
         "pause at once (stopping the echo lets a person under it through); false: every suspect start pauses",
     )
+    assistant_barge_in_echo_duck_db: float = Field(
+        20.0,
+        ge=0,
+        le=60,
+        description="every suspect start (assistant_barge_in_echo_suspects), not only those at a playback restart, "
+        "waits to pause the answer until it has stream_min_speech_ms of voice, the answer playing on this many dB "
+        "quieter meanwhile: a leak too short to be kept (most of them: a device without echo cancellation heard one "
+        "every ~3.5 s of a long answer) is a dip of about half a second instead of a pause, and a person's start "
+        "still pauses it once long enough (tools/echo_long_answers.py); 0 = off: those starts pause the answer at "
+        "once, and only starts at a restart wait (docs/echo.md)",
+    )
     assistant_first_clause_words: int = Field(
         4,
         ge=0,

@@ -5,8 +5,9 @@ words decide whether it was the answer's own echo (``EchoCheck``, echo_check.py)
 here, out of the session core:
 
 - a **deferred** start (``EchoCheck.defers``: a suspect start at a playback restart, where the
-  canceller lets a syllable through) says nothing, to the answer or the client, until it is long
-  enough to be kept (``undefer``); one that comes to nothing was never heard;
+  canceller lets a syllable through; with ``assistant_barge_in_echo_duck_db``, any suspect start)
+  says nothing to the client until it is long enough to be kept (``undefer``), the answer playing on
+  (that much quieter, with the setting); one that comes to nothing was never heard;
 - while an utterance holds the paused answer (``waits``), it ends at silence detection's hangover,
   not the turn model's cap: the session's ``on_wait_change`` re-applies its turn mode;
 - the hold of an utterance that ended (``ended``), with what the stream's echo canceller took out of
@@ -46,6 +47,7 @@ class BargeIn:
         self.check = EchoCheck(settings, start_task)  # a barge-in's words decide whether it is the answer's echo
         self.deferred_start: int | None = None  # a suspect start not yet long enough to pause the answer: its ms
         self.answer_waits = False  # the utterance in progress holds the paused answer
+        self._ducked = False  # the answer plays quieter while the deferred start waits
         self._on_wait_change = on_wait_change
 
     async def started(self, assistant: Answerer | None, start: SpeechStart, *, cancelled: bool) -> bool:
@@ -57,6 +59,14 @@ class BargeIn:
             return True
         if self.check.defers(assistant, start):
             self.deferred_start = start.start_ms  # it speaks once it is long enough
+            if self.check.duck_db > 0:
+                log.info(
+                    "session %s: a suspect start over the answer at %d ms: %g dB quieter until it is long enough",
+                    self.session_id,
+                    start.start_ms,
+                    self.check.duck_db,
+                )
+                self._duck(assistant, self.check.duck_db)
             return False
         pausing = self.check.hold(assistant, start.suspect, cancelled=cancelled)
         if not pausing:
@@ -74,6 +84,7 @@ class BargeIn:
         start_ms, self.deferred_start = self.deferred_start, None
         if start_ms is None:
             return None
+        self._unduck(assistant)
         pausing = assistant is not None and self.check.hold(assistant, True, cancelled=cancelled)
         if assistant is not None and not pausing:
             await assistant.interrupt()  # (the answer ended or was cut meanwhile: as any start)
@@ -85,15 +96,18 @@ class BargeIn:
         of its start (a deferred one came to nothing: the answer played on, and nothing was said)."""
         self.waits(False)
         if self.deferred_start is not None:
-            log.info("session %s: a suspect start at a playback restart came to nothing: played on", self.session_id)
+            log.info("session %s: a suspect start came to nothing: played on", self.session_id)
             self.deferred_start = None
+            self._unduck(assistant)
             return False
         self.check.discarded(assistant)
         return True
 
     def cleared(self, assistant: Answerer | None) -> None:
         """The transport dropped the utterance in progress: an answer paused for it goes on."""
-        self.deferred_start = None
+        if self.deferred_start is not None:
+            self.deferred_start = None
+            self._unduck(assistant)
         self.waits(False)
         self.check.discarded(assistant)
 
@@ -107,6 +121,18 @@ class BargeIn:
         span = (position_ms - start_ms, position_ms - end_ms)
         share = echo.residual_share(*span) if echo.residual_share is not None else None
         return replace(held, removed_db=echo.removed(*span), residual_share=share)
+
+    def _duck(self, assistant: Answerer | None, db: float) -> None:
+        """The answer plays on ``db`` dB quieter while a deferred start waits."""
+        if isinstance(assistant, Pausable):
+            assistant.duck(db)
+            self._ducked = True
+
+    def _unduck(self, assistant: Answerer | None) -> None:
+        """The deferred start was decided: the answer plays as written again."""
+        if self._ducked and isinstance(assistant, Pausable):
+            assistant.duck(0.0)
+        self._ducked = False
 
     def waits(self, waits: bool) -> None:
         """The utterance in progress holds the paused answer (or no longer does): how it ends."""

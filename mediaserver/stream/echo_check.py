@@ -39,7 +39,10 @@ still holds a **suspect** start (``SpeechStart.suspect``: most of its voiced fra
 canceller's speech gate noted as like its leaks, audio/echo.py) this way, its words, Whisper's
 no-speech score and its residual echo's share deciding (not what the canceller removed:
 ``Hold.words_only``); any other start cuts the answer at once. At ``all``, every start over the
-answer on a stream the server cancels echo on is held so.
+answer on a stream the server cancels echo on is held so. With ``assistant_barge_in_echo_duck_db``
+(20 dB) a suspect start first waits until it is long enough to be kept (``defers``), the answer
+playing on that much quieter: most are leaks too short to be kept, a dip in the answer instead of a
+hole.
 
 An answer paused ``assistant_barge_in_echo_wait_ms`` without a decision is interrupted, as without
 the check; the utterance's final is then an ordinary user turn. Speech that starts within
@@ -106,6 +109,8 @@ class Pausable(Protocol):
 
     def resume(self) -> None: ...
 
+    def duck(self, db: float) -> None: ...
+
     def played_text(self) -> str: ...
 
     def spoke_within(self, seconds: float) -> bool: ...
@@ -138,6 +143,7 @@ class EchoCheck:
         self.wait_s = settings.assistant_barge_in_echo_wait_ms / 1000.0
         self.resume_s = settings.assistant_barge_in_echo_resume_ms / 1000.0
         self.defer_restarts = settings.assistant_barge_in_echo_defer_restarts
+        self.duck_db = settings.assistant_barge_in_echo_duck_db
         self.removed_db = settings.assistant_barge_in_echo_removed_db
         self.no_speech = settings.assistant_barge_in_echo_no_speech
         self.residual_share = settings.assistant_barge_in_echo_residual_share
@@ -160,13 +166,17 @@ class EchoCheck:
         that leaked again); they are bursts the segmenter discards, and deferred they pause nothing.
         Other suspect starts pause at once: stopping the echo is what lets a person under a louder
         echo through (test_echo_loop.py's barge-in failed 2 of 5 runs with every suspect start
-        deferred, 0 of 4 without). ``assistant_barge_in_echo_defer_restarts``."""
+        deferred, 0 of 4 without). ``assistant_barge_in_echo_defer_restarts``.
+
+        With ``assistant_barge_in_echo_duck_db`` above 0 every suspect start waits so, the answer
+        playing on that much quieter meanwhile (``BargeIn.started``): what most of them are, a leak
+        too short to be kept, is then a dip in the answer, not a hole in it, and the echo over a
+        person is that much weaker until their start pauses it."""
         return (
             not self.enabled
             and self.suspects
-            and self.defer_restarts
             and start.suspect
-            and start.restart
+            and ((self.defer_restarts and start.restart) or self.duck_db > 0)
             and isinstance(answerer, Pausable)
             and answerer.speaking
             and not answerer.paused

@@ -262,22 +262,27 @@ def user_finals(messages: list[dict[str, Any]]) -> list[str]:
     return [m["text"] for m in user_final_messages(messages)]
 
 
-@pytest.mark.parametrize("word_check", [False, True], ids=["defaults", "word_check"])
+@pytest.mark.parametrize(
+    ("word_check", "duck_db"), [(False, None), (True, None), (False, 0.0)], ids=["defaults", "word_check", "pause"]
+)
 async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_answered(
-    server_factory: Callable[..., Any], speech: Callable[[str], Clip], word_check: bool
+    server_factory: Callable[..., Any], speech: Callable[[str], Clip], word_check: bool, duck_db: float | None
 ) -> None:
     """A person (a real recording) speaking over the echoing answer stops its audio within 0.5 s of
     their first voiced frame, and what they said is the next turn, answered. On the defaults their
-    start cuts the answer at once (or, taken for a suspect start, pauses it until their words
-    decide); with the word check every start pauses it, as fast as a cut, and their words, not the
-    answer's, interrupt it. (Without the speech gate over the whole echo: with it at a 12 dB removed
+    start cuts the answer at once (or, taken for a suspect start, plays it
+    assistant_barge_in_echo_duck_db quieter until the start is long enough to pause it, and then
+    their words decide); at ``pause`` (that setting 0) a suspect start pauses it at once; with the
+    word check every start pauses it, as fast as a cut, and their words, not the answer's, interrupt
+    it. (Without the speech gate over the whole echo: with it at a 12 dB removed
     limit, this person, 8 dB under the echo's peaks at the microphone, was not heard at all in 4 of 6
     runs; docs/echo.md.)"""
     [(_, person, reference)] = load_clips(default_dir(), ["goforward"])
     voiced_from, voiced_to = voiced_span(person)
     onset_s = voiced_from / RATE
     said = {*words(reference), "10"}  # "go forward ten meters"; Whisper writes "10"
-    server: LiveServer = await server_factory(**VOICE_SETTINGS, assistant_barge_in_echo_check=word_check)
+    ducking = {} if duck_db is None else {"assistant_barge_in_echo_duck_db": duck_db}
+    server: LiveServer = await server_factory(**VOICE_SETTINGS, **ducking, assistant_barge_in_echo_check=word_check)
     async with echoing_device(server) as (ws, device):
         # A first answer, however it goes, converges the canceller (its first second may leak, cut it
         # and be answered: such an answer is stopped before the person's turn).
@@ -356,7 +361,8 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
         # ... and is answered.
         answer = await device.until("assistant_audio_stopped", at + 1)
         print(
-            f"{reference!r} heard as {[m['text'] for m in finals]} from {late_ms:.0f} ms after its onset; "
+            f"{reference!r} heard as {[m['text'] for m in finals]} from {late_ms:.0f} ms after its onset, its start "
+            f"told {heard_after_s:.2f} s after it; "
             f"the cut answer's heard {stopped['heard']!r}; next {answer}"
         )
         assert answer["type"] == "assistant_audio_stopped", answer

@@ -148,6 +148,10 @@ def test_speech_soon_after_a_restart_is_suspect() -> None:
     line.arrived(2 * FRAME)
     line.sent(pcm(0.1), RATE)  # while it still plays: back to back, no restart
     assert ec.since_restart_ms() == since + 500
+    # Back to back too, but louder again after a duck (``AudioOut.rose``): its echo's onset is one.
+    louder_at = line.sent(pcm(0.1), RATE, louder=True)
+    line.process(np.zeros(louder_at + 1600 - ec.position, np.float32))  # 100 ms into its echo
+    assert ec.since_restart_ms() == 100
 
 
 def test_audio_sent_without_a_stretch_of_quiet_is_no_restart() -> None:

@@ -56,6 +56,31 @@ def test_the_echo_share_is_the_share_of_heard_words_that_were_played() -> None:
     assert echo_share("...", played) is None
 
 
+def test_a_ducked_audio_out_plays_quieter_from_the_next_frame_without_a_step() -> None:
+    """``AudioOut.duck``: the frames taken after it are that many dB quieter, the first of them
+    moving from the old gain to the new (no click), and ``clear`` (a barge-in) plays as written."""
+    out = AudioOut(RATE_HZ)
+    out.write((np.full(RATE_HZ, 10000, dtype="<i2")).tobytes())
+
+    def take() -> np.ndarray:
+        frame = out.take()
+        assert frame is not None
+        return np.frombuffer(frame, dtype="<i2")
+
+    assert set(take()) == {10000} and not out.ducked
+    out.duck(20)
+    ramp, ducked = take(), take()
+    assert out.ducked and (ramp[0], ramp[-1]) == (10000, 1000) and np.all(np.diff(ramp) <= 0)
+    assert set(ducked) == {1000} and not out.rose
+    out.duck(0)
+    assert take()[0] == 1000 and out.rose  # louder again: the sender marks it (EchoLine.sent)
+    assert set(take()) == {10000} and not out.rose
+    out.duck(6)
+    out.clear()
+    out.write((np.full(RATE_HZ, 10000, dtype="<i2")).tobytes())
+    assert set(take()) == {10000} and not out.ducked
+
+
 async def test_a_paused_audio_out_sends_nothing_and_resumes_where_it_paused() -> None:
     out = AudioOut(RATE_HZ)
     pcm = b"".join((n % 30000).to_bytes(2, "little") for n in range(RATE_HZ))  # 1 s, every sample distinct
@@ -91,6 +116,7 @@ class SpeakingAnswerer:
         self.pauses = 0
         self.resumes = 0
         self.interrupts = 0
+        self.ducks: list[float] = []
         self.questions: list[str] = []
 
     def pause(self) -> bool:
@@ -103,6 +129,9 @@ class SpeakingAnswerer:
     def resume(self) -> None:
         self.paused = False
         self.resumes += 1
+
+    def duck(self, db: float) -> None:
+        self.ducks.append(db)
 
     def played_text(self) -> str:
         return self.played
@@ -254,18 +283,31 @@ def loudest(clip: Clip, frame: int = 480) -> tuple[np.ndarray, int, int]:
     return audio, max(starts, key=lambda k: float(np.abs(audio[k : k + 3 * frame]).mean())), frame
 
 
-@pytest.mark.parametrize(("restart", "defer"), [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize(
+    ("restart", "defer", "duck_db"), [(True, True, 0), (True, False, 0), (False, True, 0), (False, False, 20)]
+)
 async def test_a_suspect_burst_at_a_restart_too_short_to_keep_does_not_pause_the_answer(
-    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], restart: bool, defer: bool
+    asr_service: AsrService,
+    base_settings: Settings,
+    speech: Callable[[str], Clip],
+    restart: bool,
+    defer: bool,
+    duck_db: float,
 ) -> None:
     """A suspect start just after the device's playback started afresh (``SpeechStart.restart``: a
     sentence after the device ran dry, an answer resumed) waits to pause the answer until it has
     stream_min_speech_ms of voice (assistant_barge_in_echo_defer_restarts): such leaks paused a
     user trial's long answers every 1-2 s. A burst (90 ms of speech) then pauses nothing and is not
     said to the client; a longer one (300 ms) pauses the answer once it is long enough, and its
-    words decide. Other suspect starts, or with the setting off, pause at once."""
+    words decide. Other suspect starts, or with the setting off, pause at once, unless
+    assistant_barge_in_echo_duck_db is above 0: then every suspect start waits so, the answer
+    played that much quieter while it waits, and as written again once it is decided."""
     settings = base_settings.model_copy(
-        update={"assistant_barge_in_echo_defer_restarts": defer, "assistant_barge_in_echo_resume_ms": 0}
+        update={
+            "assistant_barge_in_echo_defer_restarts": defer,
+            "assistant_barge_in_echo_resume_ms": 0,
+            "assistant_barge_in_echo_duck_db": duck_db,
+        }
     )
     answerer = SpeakingAnswerer(SENTENCES["weather"])
     clip, loud, frame = loudest(speech("kitchen"))
@@ -273,13 +315,16 @@ async def test_a_suspect_burst_at_a_restart_too_short_to_keep_does_not_pause_the
         session.assistant = answerer
         session._segmenter.gate = Marking(1, restart=restart)  # every frame like a leak
         await feed(session, np.concatenate([silence(0.3), clip[loud : loud + 3 * frame], silence(0.8)]))
-        if not (restart and defer):
+        if not ((restart and defer) or duck_db):
             assert (answerer.pauses, answerer.resumes) == (1, 1), recorder.events  # paused, came to nothing
+            assert not answerer.ducks
             return
         assert answerer.pauses == 0 and not recorder.events, recorder.events
+        assert answerer.ducks == ([duck_db, 0.0] if duck_db else [])  # quieter while it waited
         await feed(session, np.concatenate([clip[loud : loud + 10 * frame], silence(0.8)]))
         await until(lambda: answerer.resumes == 1 or answerer.interrupts == 1)
         assert answerer.pauses == 1 and recorder.of(SpeechStarted), recorder.events
+        assert answerer.ducks == ([duck_db, 0.0] * 2 if duck_db else [])  # as written again once it paused
 
 
 @pytest.mark.parametrize(("suspects", "cancelled"), [("all", True), ("all", False), (True, True)])
@@ -677,12 +722,16 @@ async def test_the_residual_share_is_the_utterances_own_through_the_real_gate(
 async def test_a_burst_over_the_paused_answer_ends_at_assistant_barge_in_echo_burst_ms(
     asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], burst_ms: int
 ) -> None:
-    """A suspect burst (90 ms of speech) pauses the answer; while the answer waits on it, it is
-    discarded after ``assistant_barge_in_echo_burst_ms`` of silence (250 by default) instead of
-    stream_vad_hangover_ms (500; 0 = that), so the pause it costs is that much shorter. A longer
-    utterance keeps the hangover (the word check's tests)."""
+    """With assistant_barge_in_echo_duck_db 0, a suspect burst (90 ms of speech) pauses the answer;
+    while the answer waits on it, it is discarded after ``assistant_barge_in_echo_burst_ms`` of
+    silence (250 by default) instead of stream_vad_hangover_ms (500; 0 = that), so the pause it
+    costs is that much shorter. A longer utterance keeps the hangover (the word check's tests)."""
     settings = base_settings.model_copy(
-        update={"assistant_barge_in_echo_burst_ms": burst_ms, "assistant_barge_in_echo_resume_ms": 0}
+        update={
+            "assistant_barge_in_echo_burst_ms": burst_ms,
+            "assistant_barge_in_echo_resume_ms": 0,
+            "assistant_barge_in_echo_duck_db": 0.0,  # (a suspect start pauses the answer at once)
+        }
     )
     answerer = SpeakingAnswerer(SENTENCES["weather"])
     clip, loud, frame = loudest(speech("kitchen"))
@@ -698,6 +747,36 @@ async def test_a_burst_over_the_paused_answer_ends_at_assistant_barge_in_echo_bu
         hangover_ms = burst_ms or settings.stream_vad_hangover_ms
         # (From the end of the audio fed as the burst: webrtcvad still hears its last 100 ms or so.)
         assert hangover_ms <= waited_ms <= hangover_ms + 150, (waited_ms, hangover_ms)
+
+
+@pytest.mark.parametrize("hangover_ms", [500, 300])
+async def test_a_burst_over_the_ducked_answer_ends_at_the_hangover_and_the_answer_plays_as_written(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], hangover_ms: int
+) -> None:
+    """With assistant_barge_in_echo_duck_db a suspect burst ducks the answer instead of pausing it;
+    it ends at stream_vad_hangover_ms of silence (not assistant_barge_in_echo_burst_ms, which cut a
+    person's first word off the rest under the ducked echo in a barge-in test), and the answer plays
+    as written again then, nothing told to the client."""
+    settings = base_settings.model_copy(
+        update={
+            "assistant_barge_in_echo_burst_ms": 200,
+            "assistant_barge_in_echo_duck_db": 12.0,
+            "stream_vad_hangover_ms": hangover_ms,
+        }
+    )
+    answerer = SpeakingAnswerer(SENTENCES["weather"])
+    clip, loud, frame = loudest(speech("kitchen"))
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        session._segmenter.gate = Marking(1)  # every frame like a leak: a suspect start
+        await feed(session, np.concatenate([silence(0.3), clip[loud : loud + 3 * frame]]))
+        assert answerer.ducks == [12.0] and answerer.pauses == 0
+        # (webrtcvad still hears the burst's last 100 ms or so: 400 ms of silence is past 300 and
+        # that, short of 500.)
+        await feed(session, silence(0.4))
+        assert answerer.ducks == ([12.0, 0.0] if hangover_ms == 300 else [12.0]), hangover_ms
+        await feed(session, silence(0.4))
+        assert answerer.ducks == [12.0, 0.0] and answerer.pauses == 0 and not recorder.events
 
 
 async def test_the_residual_measure_runs_only_for_a_session_that_answers(

@@ -183,7 +183,7 @@ class RtcSession:
 
     def _on_answer_sent(self, pcm: bytes) -> None:
         if self.echo is not None:
-            self.echo.sent(pcm, RTC_SAMPLE_RATE_HZ)
+            self.echo.sent(pcm, RTC_SAMPLE_RATE_HZ, louder=self.audio_out is not None and self.audio_out.rose)
 
     async def _feed(self, samples: AudioArray) -> None:
         if self.echo is not None:

@@ -459,7 +459,7 @@ class WsSession(SocketSession):
 
         def send(frame: bytes) -> None:
             if self.echo is not None:  # what the device will play: after what it was sent before, not earlier than now
-                self.echo.sent(frame, out.sample_rate_hz)
+                self.echo.sent(frame, out.sample_rate_hz, louder=out.rose)
             self.send_raw(frame)
 
         async def align() -> None:

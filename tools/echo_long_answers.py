@@ -11,8 +11,9 @@ echo, and the arms differ in what it costs the answer:
 - **answers cut**: ``assistant_audio_stopped`` with ``interrupted``;
 - **holes**: stretches of 0.3 s or more inside an answer where the loudspeaker had nothing to play
   (a pause of the answer for speech over it, or the server falling behind), and their seconds;
-- **dips**: suspect starts the answer played on through, quieter (``assistant_barge_in_echo_duck_db``;
-  the server's log);
+- **dips**: suspect starts the answer played on through, quieter, that came to nothing
+  (``assistant_barge_in_echo_duck_db``; the server's log); **pauses**: ``assistant_audio_paused``;
+- **errors**: answers that failed (an ``error`` before their stop; not counted as answers);
 - the characters of answer heard (SmolLM2 samples: the answers' lengths vary, so holes are also
   counted per 100 characters).
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -58,7 +58,7 @@ QUESTIONS = (
 HOLE_S = 0.3  # the loudspeaker silent this long inside an answer is a hole
 QUIET_S = 2.0  # nothing played or said this long: the next question
 ANSWER_TIMEOUT_S = 400.0
-DIP = re.compile(r"dB quieter until it is long enough")
+DUCKED, NOTHING = "dB quieter until it is long enough", "came to nothing: played on"
 GAIN, DELAY_S = 0.7, 0.15
 
 
@@ -72,6 +72,7 @@ class Arm:
     dips: int = 0
     pauses: int = 0
     chars: int = 0
+    errors: int = 0
 
     def add(self, session: dict[str, Any], dips: int) -> None:
         self.answers += session["answers"]
@@ -79,7 +80,22 @@ class Arm:
         self.holes += session["holes"]
         self.pauses += session["pauses"]
         self.chars += session["chars"]
+        self.errors += session["errors"]
         self.dips += dips
+
+
+def dips(log: str) -> int:
+    """The ducked starts that came to nothing (the answer played on through them), from the log."""
+    count, ducked = 0, False
+    for line in log.splitlines():
+        if DUCKED in line:
+            ducked = True
+        elif NOTHING in line:
+            count += ducked
+            ducked = False
+        elif "pausing it" in line:
+            ducked = False  # long enough: it paused the answer (a hole, if it played so long)
+    return count
 
 
 async def session(url: str, clips: dict[str, AudioArray]) -> dict[str, Any]:
@@ -102,6 +118,7 @@ async def session(url: str, clips: dict[str, AudioArray]) -> dict[str, Any]:
 
     stop = asyncio.Event()
     answers: list[tuple[float, float, dict[str, Any]]] = []  # (started, stopped, the stop message)
+    errors = 0
     ws_url = url.replace("http://", "ws://") + "/api/ws/asr"
     async with aiohttp.ClientSession() as http, http.ws_connect(ws_url, max_msg_size=0) as ws:
         device = Device(ws, gain=GAIN)
@@ -123,9 +140,14 @@ async def session(url: str, clips: dict[str, AudioArray]) -> dict[str, Any]:
                 device.say(clips[question])
                 started = await device.until("assistant_audio_started", mark, timeout_s=120.0)
                 if started["type"] != "assistant_audio_started":
-                    continue  # (an error: counted as no answer)
+                    errors += 1
+                    continue
                 at = device.message_at[device.messages.index(started, mark)]
                 stopped = await device.until("assistant_audio_stopped", mark, timeout_s=ANSWER_TIMEOUT_S)
+                if stopped["type"] == "error":
+                    errors += 1
+                    print(f"  {question!r}: error {stopped}", flush=True)
+                    continue
                 answers.append((at, device.message_at[device.messages.index(stopped, mark)], stopped))
                 print(f"  {question!r}: {'cut' if stopped.get('interrupted') else 'played'}", flush=True)
             await device.condition(quiet, timeout_s=ANSWER_TIMEOUT_S)
@@ -152,6 +174,7 @@ async def session(url: str, clips: dict[str, AudioArray]) -> dict[str, Any]:
         "holes": holes,
         "pauses": pauses,
         "chars": sum(len(stop.get("heard") or "") for _, _, stop in answers),
+        "errors": errors,
     }
 
 
@@ -175,21 +198,24 @@ def main() -> None:
                 wait_ready(url)
                 print(f"{arm.name} session {run}:", flush=True)
                 result = asyncio.run(session(url, clips))
-            arm.add(result, len(DIP.findall(log.read_text(errors="replace"))))
+            arm.add(result, dips(log.read_text(errors="replace")))
             print(
                 f"{arm.name} session {run}: {result['cut']} of {result['answers']} answers cut, "
-                f"{len(result['holes'])} holes ({sum(result['holes']):.1f} s), {result['chars']} characters heard",
+                f"{len(result['holes'])} holes ({sum(result['holes']):.1f} s), {result['pauses']} pauses, "
+                f"{result['chars']} characters heard, {result['errors']} errors",
                 flush=True,
             )
     device = f"device {DELAY_S * 1000:g} ms late, gain {GAIN}"
     print(f"\n{args.sessions} sessions of {args.questions} long answers an arm; {device}")
     print(
-        f"{'arm':10s} {'value':>6s} {'cut':>9s} {'holes':>6s} {'hole s':>7s} {'/100 ch':>8s} {'dips':>5s} {'chars':>6s}"
+        f"{'arm':10s} {'value':>6s} {'cut':>9s} {'holes':>6s} {'hole s':>7s} {'/100 ch':>8s} {'dips':>5s} "
+        f"{'pauses':>6s} {'chars':>6s} {'errors':>6s}"
     )
     for arm in arms:
         print(
             f"{arm.name:10s} {arm.value:6g} {arm.cut:3d} of {arm.answers:<3d} {len(arm.holes):6d} "
-            f"{sum(arm.holes):7.1f} {100 * len(arm.holes) / max(arm.chars, 1):8.2f} {arm.dips:5d} {arm.chars:6d}"
+            f"{sum(arm.holes):7.1f} {100 * len(arm.holes) / max(arm.chars, 1):8.2f} {arm.dips:5d} "
+            f"{arm.pauses:6d} {arm.chars:6d} {arm.errors:6d}"
         )
     base = arms[0]
     for arm in arms[1:]:

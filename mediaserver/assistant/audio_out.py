@@ -157,7 +157,7 @@ class AudioOut:
         gain = np.linspace(self._taken_gain, self._gain, samples.size, dtype=np.float32)
         self.rose = self._gain > self._taken_gain
         self._taken_gain = self._gain
-        return bytes(np.clip(samples * gain, -32768, 32767).astype("<i2").tobytes())
+        return bytes(np.clip(np.rint(samples * gain), -32768, 32767).astype("<i2").tobytes())
 
     def clear(self) -> int:
         """Drop everything not taken yet (barge-in); returns how many samples were dropped.

@@ -301,7 +301,8 @@ class Assistant:
 
     def duck(self, db: float) -> None:
         """Play the answer on ``db`` dB quieter (0: as written), for as long as a suspect start is
-        judged long enough to pause it (stream/barge_in.py); the next answer plays as written."""
+        judged long enough to pause it (stream/barge_in.py); the next answer's audio starts as written
+        whatever came of it, and a barge-in's cut (``AudioOut.clear``) ends it too."""
         if self.out is not None:
             self.out.duck(db)
 
@@ -497,6 +498,7 @@ class Assistant:
                 turn.marks.append(mark)
                 if not turn.audio_started:
                     turn.audio_started = True
+                    self.out.duck(0.0)  # a new answer plays as written (a duck never outlives its answer)
                     since = turn.since_speech()
                     if since is not None:
                         self.metrics.observe("tts_first_audio", since)

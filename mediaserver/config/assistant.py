@@ -170,8 +170,9 @@ class AssistantSettings(BaseModel):
         "afresh (within echo_speech_gate_restart_ms: a sentence after the device ran dry, an answer resumed), "
         "where the canceller lets the first syllable through, waits to pause the answer until it has "
         "stream_min_speech_ms of voice: pausing on each such leak left a 0.6 s hole every 1-2 s of a long answer "
-        "on a busy machine (a user trial); what is shorter is discarded and pauses nothing. Other suspect starts "
-        "pause at once (stopping the echo lets a person under it through); false: every suspect start pauses",
+        "on a busy machine (a user trial); what is shorter is discarded and pauses nothing. With "
+        "assistant_barge_in_echo_duck_db 0, other suspect starts pause at once, and false makes every suspect "
+        "start pause; with it above 0 (the default) every suspect start waits, and this setting changes nothing",
     )
     assistant_barge_in_echo_duck_db: float = Field(
         20.0,

@@ -168,7 +168,8 @@ class EchoCheck:
         echo through (test_echo_loop.py's barge-in failed 2 of 5 runs with every suspect start
         deferred, 0 of 4 without). ``assistant_barge_in_echo_defer_restarts``.
 
-        With ``assistant_barge_in_echo_duck_db`` above 0 every suspect start waits so, the answer
+        With ``assistant_barge_in_echo_duck_db`` above 0 every suspect start waits so (whatever
+        ``assistant_barge_in_echo_defer_restarts`` says), the answer
         playing on that much quieter meanwhile (``BargeIn.started``): what most of them are, a leak
         too short to be kept, is then a dip in the answer, not a hole in it, and the echo over a
         person is that much weaker until their start pauses it."""

@@ -150,6 +150,9 @@ class StreamSession:
 
     def configure(self, options: StreamOptions) -> None:
         self.options = options
+        if not options.server_vad and self._barge_in.deferred_start is not None:
+            # Nothing will decide a deferred start now (push-to-talk): the answer plays as written.
+            self._barge_in.cleared(self.assistant)
         self._apply_turn_mode()
 
     @property

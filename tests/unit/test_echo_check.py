@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -284,7 +285,8 @@ def loudest(clip: Clip, frame: int = 480) -> tuple[np.ndarray, int, int]:
 
 
 @pytest.mark.parametrize(
-    ("restart", "defer", "duck_db"), [(True, True, 0), (True, False, 0), (False, True, 0), (False, False, 20)]
+    ("restart", "defer", "duck_db"),
+    [(True, True, 0), (True, False, 0), (False, True, 0), (False, False, 20), (True, False, 20)],
 )
 async def test_a_suspect_burst_at_a_restart_too_short_to_keep_does_not_pause_the_answer(
     asr_service: AsrService,
@@ -777,6 +779,29 @@ async def test_a_burst_over_the_ducked_answer_ends_at_the_hangover_and_the_answe
         assert answerer.ducks == ([12.0, 0.0] if hangover_ms == 300 else [12.0]), hangover_ms
         await feed(session, silence(0.4))
         assert answerer.ducks == [12.0, 0.0] and answerer.pauses == 0 and not recorder.events
+
+
+@pytest.mark.parametrize("how", ["clear", "push_to_talk"])
+async def test_a_deferred_start_dropped_leaves_the_answer_as_written(
+    asr_service: AsrService, base_settings: Settings, speech: Callable[[str], Clip], how: str
+) -> None:
+    """A suspect start the answer is ducked for, dropped before it is decided (the client's
+    ``clear``, or a ``start`` that turns server VAD off, after which nothing would decide it): the
+    answer plays as written again at once, and nothing is left deferred."""
+    settings = base_settings.model_copy(update={"assistant_barge_in_echo_duck_db": 20.0})
+    answerer = SpeakingAnswerer(SENTENCES["weather"])
+    clip, loud, frame = loudest(speech("kitchen"))
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        session._segmenter.gate = Marking(1)  # every frame like a leak: a suspect start
+        await feed(session, np.concatenate([silence(0.3), clip[loud : loud + 3 * frame]]))
+        assert answerer.ducks == [20.0]
+        if how == "clear":
+            session.clear()
+        else:
+            session.configure(dataclasses.replace(session.options, server_vad=False))
+        assert answerer.ducks == [20.0, 0.0] and session._barge_in.deferred_start is None
+        assert answerer.pauses == answerer.interrupts == 0 and not recorder.events
 
 
 async def test_the_residual_measure_runs_only_for_a_session_that_answers(

@@ -247,7 +247,7 @@ class EchoLine:
             self._playing_until = clock
         at = max(clock, self._playing_until)
         if louder or self._playing_until == 0 or at - self._playing_until >= self.restart_gap_s * SAMPLE_RATE_HZ:
-            self.canceller.restarted(at)  # after a stretch without answer audio: the delay may have moved
+            self.canceller.restarted(at)  # after a stretch without answer audio, or a duck: the canceller may leak
         self.canceller.played(samples, at_sample=at)
         self._playing_until = at + samples.size
         return at

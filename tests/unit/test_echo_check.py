@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 import pytest
@@ -284,6 +284,25 @@ def loudest(clip: Clip, frame: int = 480) -> tuple[np.ndarray, int, int]:
     return audio, max(starts, key=lambda k: float(np.abs(audio[k : k + 3 * frame]).mean())), frame
 
 
+def burst(speech: Callable[[str], Clip]) -> np.ndarray:
+    """0.3 s of silence, then a burst of the clip's loudest three 30 ms frames (90 ms of speech)."""
+    clip, loud, frame = loudest(speech("kitchen"))
+    return np.concatenate([silence(0.3), clip[loud : loud + 3 * frame]])
+
+
+@contextlib.asynccontextmanager
+async def over_the_answer(
+    asr_service: AsrService, settings: Settings, gate: Marking
+) -> AsyncIterator[tuple[StreamSession, Recorder, SpeakingAnswerer]]:
+    """A server-VAD session whose answer is playing (``SpeakingAnswerer``), its segmenter asking
+    ``gate`` about each frame."""
+    answerer = SpeakingAnswerer(SENTENCES["weather"])
+    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
+        session.assistant = answerer
+        session._segmenter.gate = gate
+        yield session, recorder, answerer
+
+
 @pytest.mark.parametrize(
     ("restart", "defer", "duck_db"),
     [(True, True, 0), (True, False, 0), (False, True, 0), (False, False, 20), (True, False, 20)],
@@ -311,12 +330,10 @@ async def test_a_suspect_burst_at_a_restart_too_short_to_keep_does_not_pause_the
             "assistant_barge_in_echo_duck_db": duck_db,
         }
     )
-    answerer = SpeakingAnswerer(SENTENCES["weather"])
     clip, loud, frame = loudest(speech("kitchen"))
-    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
-        session.assistant = answerer
-        session._segmenter.gate = Marking(1, restart=restart)  # every frame like a leak
-        await feed(session, np.concatenate([silence(0.3), clip[loud : loud + 3 * frame], silence(0.8)]))
+    # (Every frame like a leak.)
+    async with over_the_answer(asr_service, settings, Marking(1, restart=restart)) as (session, recorder, answerer):
+        await feed(session, np.concatenate([burst(speech), silence(0.8)]))
         if not ((restart and defer) or duck_db):
             assert (answerer.pauses, answerer.resumes) == (1, 1), recorder.events  # paused, came to nothing
             assert not answerer.ducks
@@ -344,14 +361,10 @@ async def test_suspects_all_holds_any_burst_over_the_answer_and_a_discarded_one_
     settings = base_settings.model_copy(
         update={"assistant_barge_in_echo_suspects": suspects, "assistant_barge_in_echo_resume_ms": 0}
     )
-    answerer = SpeakingAnswerer(SENTENCES["weather"])
-    clip, loud, frame = loudest(speech("kitchen"))
-    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
-        session.assistant = answerer
+    async with over_the_answer(asr_service, settings, Marking(0)) as (session, recorder, answerer):  # none like a leak
         if cancelled:
             session._echo_attached.removed = lambda from_ms_ago, to_ms_ago: 0.5
-        session._segmenter.gate = Marking(0)  # no frame like a leak
-        await feed(session, np.concatenate([silence(0.3), clip[loud : loud + 3 * frame], silence(0.8)]))
+        await feed(session, np.concatenate([burst(speech), silence(0.8)]))
         await until(lambda: answerer.resumes == 1 or answerer.interrupts == 1)
         if suspects == "all" and cancelled:
             assert (answerer.pauses, answerer.resumes, answerer.interrupts) == (1, 1, 0), recorder.events
@@ -735,13 +748,11 @@ async def test_a_burst_over_the_paused_answer_ends_at_assistant_barge_in_echo_bu
             "assistant_barge_in_echo_duck_db": 0.0,  # (a suspect start pauses the answer at once)
         }
     )
-    answerer = SpeakingAnswerer(SENTENCES["weather"])
-    clip, loud, frame = loudest(speech("kitchen"))
-    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
-        session.assistant = answerer
-        session._segmenter.gate = Marking(1)  # every frame like a leak: a suspect start
-        burst_end_ms = 300 + 3 * frame * 1000 // RATE_HZ
-        await feed(session, np.concatenate([silence(0.3), clip[loud : loud + 3 * frame], silence(0.8)]))
+    # (Every frame like a leak: a suspect start.)
+    async with over_the_answer(asr_service, settings, Marking(1)) as (session, recorder, answerer):
+        sound = burst(speech)
+        burst_end_ms = sound.size * 1000 // RATE_HZ
+        await feed(session, np.concatenate([sound, silence(0.8)]))
         await until(lambda: answerer.resumes == 1)
         [stopped] = recorder.of(SpeechStopped)
         assert answerer.pauses == 1 and stopped.discarded
@@ -766,12 +777,9 @@ async def test_a_burst_over_the_ducked_answer_ends_at_the_hangover_and_the_answe
             "stream_vad_hangover_ms": hangover_ms,
         }
     )
-    answerer = SpeakingAnswerer(SENTENCES["weather"])
-    clip, loud, frame = loudest(speech("kitchen"))
-    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
-        session.assistant = answerer
-        session._segmenter.gate = Marking(1)  # every frame like a leak: a suspect start
-        await feed(session, np.concatenate([silence(0.3), clip[loud : loud + 3 * frame]]))
+    # (Every frame like a leak: a suspect start.)
+    async with over_the_answer(asr_service, settings, Marking(1)) as (session, recorder, answerer):
+        await feed(session, burst(speech))
         assert answerer.ducks == [12.0] and answerer.pauses == 0
         # (webrtcvad still hears the burst's last 100 ms or so: 400 ms of silence is past 300 and
         # that, short of 500.)
@@ -789,12 +797,9 @@ async def test_a_deferred_start_dropped_leaves_the_answer_as_written(
     ``clear``, or a ``start`` that turns server VAD off, after which nothing would decide it): the
     answer plays as written again at once, and nothing is left deferred."""
     settings = base_settings.model_copy(update={"assistant_barge_in_echo_duck_db": 20.0})
-    answerer = SpeakingAnswerer(SENTENCES["weather"])
-    clip, loud, frame = loudest(speech("kitchen"))
-    async with open_session(asr_service, settings, server_vad=True) as (session, recorder):
-        session.assistant = answerer
-        session._segmenter.gate = Marking(1)  # every frame like a leak: a suspect start
-        await feed(session, np.concatenate([silence(0.3), clip[loud : loud + 3 * frame]]))
+    # (Every frame like a leak: a suspect start.)
+    async with over_the_answer(asr_service, settings, Marking(1)) as (session, recorder, answerer):
+        await feed(session, burst(speech))
         assert answerer.ducks == [20.0]
         if how == "clear":
             session.clear()

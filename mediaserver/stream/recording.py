@@ -15,6 +15,7 @@ class Recording:
     """The audio of one push-to-talk recording, at most ``max_s`` seconds of it."""
 
     def __init__(self, max_s: float) -> None:
+        self.max_s = max_s
         self.max_samples = int(max_s * SAMPLE_RATE_HZ)
         self.reset()
 
@@ -37,3 +38,10 @@ class Recording:
 
     def audio(self) -> AudioArray:
         return np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
+
+    def too_long(self) -> str:
+        """The error a recording past the bound gets (once)."""
+        return (
+            f"the recording is longer than stream_max_recording_s ({self.max_s:g} s): the audio after that is"
+            " dropped, and the recording's transcript (at its stop or commit) is of what was kept"
+        )

@@ -178,24 +178,13 @@ class StreamSession:
         self._apply_turn_mode()
 
     def _apply_turn_mode(self) -> None:
-        """Semantic turns: the segmenter's hangover becomes the eagerness cap (the longest an
-        unfinished turn is waited for); the turn model ends finished turns at their first pause. A
-        burst too short to keep is no turn: it is discarded at silence detection's hangover.
-
-        Not for an utterance the paused answer waits on (``EchoCheck.hold``): it ends at silence
-        detection's hangover. An echoed fragment is cut mid-sentence by the pause, so its words read
-        unfinished and the cap held it (a device trial: 4 s of silence in the answer, then the
-        decode, past ``assistant_barge_in_echo_wait_ms``, and the answer was cut); and while it is
-        still a burst too short to keep, it ends at ``assistant_barge_in_echo_burst_ms`` of silence."""
-        config = self._silence_config
-        if self.semantic_turns and not self._barge_in.answer_waits:
-            cap_ms = self._turns.wait_ms(self.options.eagerness)
-            config = replace(config, hangover_ms=cap_ms, burst_hangover_ms=config.hangover_ms)
-        elif self._barge_in.answer_waits and self.settings.assistant_barge_in_echo_burst_ms > 0:
-            # A burst too short to keep, over the paused answer: discarded sooner, the answer resumes sooner.
-            burst_ms = min(config.hangover_ms, self.settings.assistant_barge_in_echo_burst_ms)
-            config = replace(config, burst_hangover_ms=burst_ms)
-        self._segmenter.config = config
+        """The segmenter ends utterances as the turn mode says (``TurnChecks.segmenter_config``)."""
+        self._segmenter.config = self._turns.segmenter_config(
+            self._silence_config,
+            self.options.eagerness,
+            semantic=self.semantic_turns,
+            answer_waits=self._barge_in.answer_waits,
+        )
 
     @property
     def assistant(self) -> Answerer | None:
@@ -379,12 +368,7 @@ class StreamSession:
         was kept). A review found a recording without a bound: 20 minutes sent at once held 77 MB."""
         kept, first_drop = self._recorded.keep(samples)
         if first_drop:
-            message = (
-                f"the recording is longer than stream_max_recording_s ({self.settings.stream_max_recording_s:g} s):"
-                " the audio after that is dropped, and the recording's transcript (at its stop or commit) is of what"
-                " was kept"
-            )
-            await self._emit(StreamError(message, "recording_too_long"))
+            await self._emit(StreamError(self._recorded.too_long(), "recording_too_long"))
         if kept:
             self._ensure_partials()
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
+from mediaserver.audio.segmenter import SegmenterConfig
 from mediaserver.config import Settings
 from mediaserver.events import AudioArray
 from mediaserver.metrics import Metrics
@@ -129,6 +130,34 @@ class TurnChecks:
                 f"the turn model is not loaded: utterances end after {hangover_ms} ms of silence"
             )
         return described
+
+    def segmenter_config(
+        self,
+        silence: SegmenterConfig,
+        eagerness: Literal["low", "medium", "high", "auto"] | None,
+        *,
+        semantic: bool,
+        answer_waits: bool,
+    ) -> SegmenterConfig:
+        """How a stream's segmenter ends utterances in its turn mode (``silence``: silence detection's).
+
+        Semantic turns: the segmenter's hangover becomes the eagerness cap (the longest an unfinished
+        turn is waited for); the turn model ends finished turns at their first pause. A burst too
+        short to keep is no turn: it is discarded at silence detection's hangover.
+
+        Not for an utterance the paused answer waits on (``answer_waits``, ``EchoCheck.hold``): it
+        ends at silence detection's hangover. An echoed fragment is cut mid-sentence by the pause, so
+        its words read unfinished and the cap held it (a device trial: 4 s of silence in the answer,
+        then the decode, past ``assistant_barge_in_echo_wait_ms``, and the answer was cut); and while
+        it is still a burst too short to keep, it ends at ``assistant_barge_in_echo_burst_ms`` of
+        silence, so the answer resumes sooner after a leak."""
+        if semantic and not answer_waits:
+            cap_ms = self.wait_ms(eagerness)
+            return replace(silence, hangover_ms=cap_ms, burst_hangover_ms=silence.hangover_ms)
+        burst_ms = self.settings.assistant_barge_in_echo_burst_ms
+        if answer_waits and burst_ms > 0:
+            return replace(silence, burst_hangover_ms=min(silence.hangover_ms, burst_ms))
+        return silence
 
     def wait_ms(self, eagerness: Literal["low", "medium", "high", "auto"] | None) -> int:
         """The eagerness cap: the longest an unfinished turn is waited for (the segmenter's hangover)."""

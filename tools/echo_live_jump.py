@@ -49,11 +49,22 @@ STARTUP_TIMEOUT_S = 600.0
 @dataclass
 class Arm:
     name: str
-    value: float  # the arm's value of --setting
+    value: str  # the arm's value of --setting
     cut: list[int] = field(default_factory=list)  # answers cut, per run
     extra: list[int] = field(default_factory=list)  # extra finals, per run
     moved: int = 0
     followed: int = 0
+    logged: dict[str, int] = field(default_factory=dict)  # the server's log lines of LOGGED, counted
+
+
+# What the server logs of starts over the answer (stream/barge_in.py), counted per arm.
+LOGGED = {
+    "ducked": "dB quieter until it is long enough",
+    "ducked, not suspect": "a start (not suspect) over the answer",
+    "came to nothing": "came to nothing: played on",
+    "cut at the start": ": cut",
+    "paused": "pausing it",
+}
 
 
 async def run_once(url: str, jump_s: float, clips: dict[str, AudioArray]) -> tuple[int, int, list[list[str]]]:
@@ -129,12 +140,12 @@ def main() -> None:
     )
     parser.add_argument("--plot", default="bench-results/echo-live-jump.png")
     args = parser.parse_args()
-    arms = [Arm(name, float(value)) for name, value in (item.split("=") for item in args.arms.split(","))]
+    arms = [Arm(name, value) for name, value in (item.split("=") for item in args.arms.split(","))]
     from tests.conftest import synthesize
 
     clips = {question: synthesize(question).audio16k for question in QUESTIONS}
     for arm in arms:
-        env = {f"MEDIASERVER_{args.setting.upper()}": str(arm.value)}
+        env = {f"MEDIASERVER_{args.setting.upper()}": arm.value}
         log = REPO / "bench-results" / f"echo-live-jump-{arm.name}.log"
         with child_server(log, STARTUP_TIMEOUT_S, env, log_level="INFO") as (url, _):
             wait_ready(url)
@@ -145,12 +156,15 @@ def main() -> None:
                 print(f"{arm.name} run {run}: answers cut {cut}, extra finals {extra}: {finals}", flush=True)
             changes = delay_changes(url)
             arm.moved, arm.followed = changes["moved"], changes["followed"]
+        text = log.read_text(errors="replace")
+        arm.logged = {what: text.count(line) for what, line in LOGGED.items()}
+        print(f"{arm.name}: {arm.logged}", flush=True)
     answers = args.runs * len(QUESTIONS)
     print(f"\ndelay 60 -> {args.jump_ms:g} ms 1 s into the second answer; {args.runs} sessions of 3 answers per arm")
     print(f"{'arm':12s} {'value':>7s} {'answers cut':>12s} {'extra finals':>13s} {'moved':>6s} {'followed':>9s}")
     for arm in arms:
         print(
-            f"{arm.name:12s} {arm.value:7g} {sum(arm.cut):5d} / {answers:<4d} {sum(arm.extra):13d} "
+            f"{arm.name:12s} {arm.value:>7s} {sum(arm.cut):5d} / {answers:<4d} {sum(arm.extra):13d} "
             f"{arm.moved:6d} {arm.followed:9d}"
         )
     plot(arms, answers, args.jump_ms, args.plot, args.setting)
@@ -163,7 +177,7 @@ def plot(arms: list[Arm], answers: int, jump_ms: float, path: str, setting: str)
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 3.5))
-    names = [f"{arm.name}\n({setting} {arm.value:g})" for arm in arms]
+    names = [f"{arm.name}\n({setting} {arm.value})" for arm in arms]
     x = range(len(arms))
     axis.bar([i - 0.2 for i in x], [100 * sum(a.cut) / answers for a in arms], 0.4, label="answers cut (%)")
     axis.bar([i + 0.2 for i in x], [sum(a.extra) for a in arms], 0.4, label="extra finals (count)")

@@ -65,7 +65,7 @@ GAIN, DELAY_S = 0.7, 0.15
 @dataclass
 class Arm:
     name: str
-    value: float
+    value: str  # the arm's value of --setting
     answers: int = 0
     cut: int = 0
     holes: list[float] = field(default_factory=list)  # seconds each
@@ -186,13 +186,13 @@ def main() -> None:
     parser.add_argument("--setting", default="assistant_barge_in_echo_duck_db", help="the setting the arms vary")
     parser.add_argument("--plot", default="bench-results/echo-long-answers.png")
     args = parser.parse_args()
-    arms = [Arm(name, float(value)) for name, value in (item.split("=") for item in args.arms.split(","))]
+    arms = [Arm(name, value) for name, value in (item.split("=") for item in args.arms.split(","))]
     from tests.conftest import synthesize
 
     clips = {question: synthesize(question).audio16k for question in QUESTIONS[: args.questions]}
     for run in range(args.sessions):
         for arm in arms:
-            env = {f"MEDIASERVER_{args.setting.upper()}": str(arm.value)}
+            env = {f"MEDIASERVER_{args.setting.upper()}": arm.value}
             log = REPO / "bench-results" / f"echo-long-answers-{arm.name}-{run}.log"
             with child_server(log, 600.0, env, log_level="INFO") as (url, _):
                 wait_ready(url)
@@ -213,7 +213,7 @@ def main() -> None:
     )
     for arm in arms:
         print(
-            f"{arm.name:10s} {arm.value:6g} {arm.cut:3d} of {arm.answers:<3d} {len(arm.holes):6d} "
+            f"{arm.name:10s} {arm.value:>6s} {arm.cut:3d} of {arm.answers:<3d} {len(arm.holes):6d} "
             f"{sum(arm.holes):7.1f} {100 * len(arm.holes) / max(arm.chars, 1):8.2f} {arm.dips:5d} "
             f"{arm.pauses:6d} {arm.chars:6d} {arm.errors:6d}"
         )
@@ -231,7 +231,7 @@ def plot(arms: list[Arm], path: str, setting: str) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 3.8))
-    names = [f"{arm.name}: {arm.cut} of {arm.answers} cut\n({setting} {arm.value:g})" for arm in arms]
+    names = [f"{arm.name}: {arm.cut} of {arm.answers} cut\n({setting} {arm.value})" for arm in arms]
     x = np.arange(len(arms))
     axis.bar(x - 0.27, [len(a.holes) for a in arms], 0.27, label="holes (count)")
     axis.bar(x, [sum(a.holes) for a in arms], 0.27, label="holes (seconds)")

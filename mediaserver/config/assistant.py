@@ -172,7 +172,9 @@ class AssistantSettings(BaseModel):
         "stream_min_speech_ms of voice: pausing on each such leak left a 0.6 s hole every 1-2 s of a long answer "
         "on a busy machine (a user trial); what is shorter is discarded and pauses nothing. With "
         "assistant_barge_in_echo_duck_db 0, other suspect starts pause at once, and false makes every suspect "
-        "start pause; with it above 0 (the default) every suspect start waits, and this setting changes nothing",
+        "start pause; with it above 0 (the default) every suspect start waits, and true keeps the answer as written "
+        "over those at a restart (false ducks it for them too: a duck's end is itself a restart, and its leak, "
+        "ducked again, made dip after dip, tools/echo_long_answers.py)",
     )
     assistant_barge_in_echo_duck_db: float = Field(
         20.0,
@@ -184,6 +186,15 @@ class AssistantSettings(BaseModel):
         "every ~3.5 s of a long answer) is a dip of about half a second instead of a pause, and a person's start "
         "still pauses it once long enough (tools/echo_long_answers.py); 0 = off: those starts pause the answer at "
         "once, and only starts at a restart wait (docs/echo.md)",
+    )
+    assistant_barge_in_echo_duck_starts: Literal["suspect", "all"] = Field(
+        "suspect",
+        description="which starts over the answer wait, ducked (assistant_barge_in_echo_duck_db above 0), until "
+        "they have stream_min_speech_ms of voice: 'suspect', the suspect starts alone (a start like a person's cuts "
+        "the answer at once); 'all', on a stream the server cancels echo on, every start, so a leak as loud and as "
+        "kept as a person that turns out too short to be speech is a dip instead of a cut answer; a start that is "
+        "not suspect then cuts the answer once it is long enough, a suspect one pauses it and its words decide "
+        "(docs/echo.md)",
     )
     assistant_first_clause_words: int = Field(
         4,

@@ -5,7 +5,8 @@ words decide whether it was the answer's own echo (``EchoCheck``, echo_check.py)
 here, out of the session core:
 
 - a **deferred** start (``EchoCheck.defers``: a suspect start at a playback restart, where the
-  canceller lets a syllable through; with ``assistant_barge_in_echo_duck_db``, any suspect start)
+  canceller lets a syllable through; with ``assistant_barge_in_echo_duck_db``, any suspect start,
+  and with ``assistant_barge_in_echo_duck_starts`` ``all`` any start where the echo is cancelled)
   says nothing to the client until it is long enough to be kept (``undefer``), the answer playing on
   (that much quieter, with the setting); one that comes to nothing was never heard;
 - while an utterance holds the paused answer (``waits``), it ends at silence detection's hangover,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
@@ -45,9 +47,11 @@ class BargeIn:
         self.session_id = session_id
         self.enabled = settings.assistant_barge_in
         self.check = EchoCheck(settings, start_task)  # a barge-in's words decide whether it is the answer's echo
-        self.deferred_start: int | None = None  # a suspect start not yet long enough to pause the answer: its ms
+        self.deferred_start: int | None = None  # a start not yet long enough to pause or cut the answer: its ms
+        self._deferred_suspect = True  # ... and whether it was a suspect one (pauses) or not (cuts)
         self.answer_waits = False  # the utterance in progress holds the paused answer
         self._ducked = False  # the answer plays quieter while the deferred start waits
+        self._unducked_at: float | None = None  # (monotonic) when the last duck ended: logged with the next
         self._on_wait_change = on_wait_change
 
     async def started(self, assistant: Answerer | None, start: SpeechStart, *, cancelled: bool) -> bool:
@@ -57,13 +61,19 @@ class BargeIn:
         if assistant is None or not self.enabled:
             self.waits(False)
             return True
-        if self.check.defers(assistant, start):
+        if self.check.defers(assistant, start, cancelled=cancelled):
             self.deferred_start = start.start_ms  # it speaks once it is long enough
-            if self.check.duck_db > 0:
+            self._deferred_suspect = start.suspect
+            if self.check.ducks(start):
+                last = self._unducked_at
+                since = "" if last is None else f", {time.monotonic() - last:.2f} s after the last duck ended"
                 log.info(
-                    "session %s: a suspect start over the answer at %d ms: %g dB quieter until it is long enough",
+                    "session %s: %s over the answer at %d ms%s%s: %g dB quieter until it is long enough",
                     self.session_id,
+                    "a suspect start" if start.suspect else "a start (not suspect)",
                     start.start_ms,
+                    " (at a playback restart)" if start.restart else "",
+                    since,
                     self.check.duck_db,
                 )
                 self._duck(assistant, self.check.duck_db)
@@ -85,9 +95,14 @@ class BargeIn:
         if start_ms is None:
             return None
         self._unduck(assistant)
-        pausing = assistant is not None and self.check.hold(assistant, True, cancelled=cancelled)
+        suspect = self._deferred_suspect
+        pausing = assistant is not None and self.check.hold(assistant, suspect, cancelled=cancelled)
         if assistant is not None and not pausing:
-            await assistant.interrupt()  # (the answer ended or was cut meanwhile: as any start)
+            # (A start that was not suspect cuts the answer now; a suspect one only where the answer
+            # ended or was cut meanwhile: as any start.)
+            speaking = isinstance(assistant, Pausable) and assistant.speaking
+            if await assistant.interrupt() and speaking:
+                log.info("session %s: speech started over the answer at %d ms: cut", self.session_id, start_ms)
         self.waits(pausing)
         return start_ms
 
@@ -96,7 +111,7 @@ class BargeIn:
         of its start (a deferred one came to nothing: the answer played on, and nothing was said)."""
         self.waits(False)
         if self.deferred_start is not None:
-            log.info("session %s: a suspect start came to nothing: played on", self.session_id)
+            log.info("session %s: the start over the answer came to nothing: played on", self.session_id)
             self.deferred_start = None
             self._unduck(assistant)
             return False
@@ -132,6 +147,7 @@ class BargeIn:
         """The deferred start was decided: the answer plays as written again."""
         if self._ducked and isinstance(assistant, Pausable):
             assistant.duck(0.0)
+            self._unducked_at = time.monotonic()
         self._ducked = False
 
     def waits(self, waits: bool) -> None:

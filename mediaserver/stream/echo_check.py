@@ -144,6 +144,7 @@ class EchoCheck:
         self.resume_s = settings.assistant_barge_in_echo_resume_ms / 1000.0
         self.defer_restarts = settings.assistant_barge_in_echo_defer_restarts
         self.duck_db = settings.assistant_barge_in_echo_duck_db
+        self.duck_all = settings.assistant_barge_in_echo_duck_starts == "all"
         self.removed_db = settings.assistant_barge_in_echo_removed_db
         self.no_speech = settings.assistant_barge_in_echo_no_speech
         self.residual_share = settings.assistant_barge_in_echo_residual_share
@@ -156,7 +157,7 @@ class EchoCheck:
         self._waited = False  # the pause under way has waited so once (a second time it resumes at once)
         self.echoes = 0  # utterances dropped as the answer's echo (this session)
 
-    def defers(self, answerer: object, start: SpeechStart) -> bool:
+    def defers(self, answerer: object, start: SpeechStart, *, cancelled: bool = False) -> bool:
         """Whether a suspect start (the word check off) waits to pause the answer until it is long
         enough to be kept (``stream_min_speech_ms`` of voice; the session then calls ``hold``): one
         that came just after the device's playback started afresh (``SpeechStart.restart``: a
@@ -168,20 +169,37 @@ class EchoCheck:
         echo through (test_echo_loop.py's barge-in failed 2 of 5 runs with every suspect start
         deferred, 0 of 4 without). ``assistant_barge_in_echo_defer_restarts``.
 
-        With ``assistant_barge_in_echo_duck_db`` above 0 every suspect start waits so (whatever
-        ``assistant_barge_in_echo_defer_restarts`` says), the answer
-        playing on that much quieter meanwhile (``BargeIn.started``): what most of them are, a leak
+        With ``assistant_barge_in_echo_duck_db`` above 0 every suspect start waits so, the answer
+        playing on that much quieter meanwhile (``BargeIn.started``; not for one at a restart while
+        ``assistant_barge_in_echo_defer_restarts`` is on: ``ducks``): what most of them are, a leak
         too short to be kept, is then a dip in the answer, not a hole in it, and the echo over a
-        person is that much weaker until their start pauses it."""
+        person is that much weaker until their start pauses it.
+
+        With ``assistant_barge_in_echo_duck_starts`` ``all`` (and the duck on), on a stream the
+        server cancels echo on (``cancelled``), a start that is not suspect waits too: a leak as loud
+        and as kept as a person cut answers at once, and was then discarded as too short to be
+        speech. Once long enough it cuts the answer (``hold`` says whether it pauses instead)."""
+        suspect = self.suspects and start.suspect and (self._at_restart(start) or self.duck_db > 0)
+        other = not start.suspect and self.duck_all and self.duck_db > 0 and cancelled
         return (
             not self.enabled
-            and self.suspects
-            and start.suspect
-            and ((self.defer_restarts and start.restart) or self.duck_db > 0)
+            and (suspect or other)
             and isinstance(answerer, Pausable)
             and answerer.speaking
             and not answerer.paused
         )
+
+    def _at_restart(self, start: SpeechStart) -> bool:
+        return self.defer_restarts and start.suspect and start.restart
+
+    def ducks(self, start: SpeechStart) -> bool:
+        """Whether the answer plays on quieter while a start ``defers`` waits: not for a suspect start
+        at a playback restart (``assistant_barge_in_echo_defer_restarts``), which plays on as written.
+        Where a duck ends the answer is as loud again at once, and the canceller leaks there as at any
+        restart: ducked too, such leaks made a dip of their own some 0.5 s after the last one ended,
+        dip after dip (tools/echo_long_answers.py: 21 of 57 dips a session, 17 of them within 1 s
+        of the one before)."""
+        return self.duck_db > 0 and not self._at_restart(start)
 
     def hold(self, answerer: object, suspect: bool = False, *, cancelled: bool = False) -> bool:
         """Speech started: pause the answer if one is playing and the check is on, or the start is

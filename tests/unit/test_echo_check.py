@@ -305,7 +305,7 @@ async def over_the_answer(
 
 @pytest.mark.parametrize(
     ("restart", "defer", "duck_db"),
-    [(True, True, 0), (True, False, 0), (False, True, 0), (False, False, 20), (True, False, 20)],
+    [(True, True, 0), (True, False, 0), (False, True, 0), (False, False, 20), (True, False, 20), (True, True, 20)],
 )
 async def test_a_suspect_burst_at_a_restart_too_short_to_keep_does_not_pause_the_answer(
     asr_service: AsrService,
@@ -322,7 +322,9 @@ async def test_a_suspect_burst_at_a_restart_too_short_to_keep_does_not_pause_the
     said to the client; a longer one (300 ms) pauses the answer once it is long enough, and its
     words decide. Other suspect starts, or with the setting off, pause at once, unless
     assistant_barge_in_echo_duck_db is above 0: then every suspect start waits so, the answer
-    played that much quieter while it waits, and as written again once it is decided."""
+    played that much quieter while it waits, and as written again once it is decided; but one at a
+    restart, with the setting on, waits with the answer as written (a duck's end is a restart: its
+    leak ducked again made dip after dip)."""
     settings = base_settings.model_copy(
         update={
             "assistant_barge_in_echo_defer_restarts": defer,
@@ -339,11 +341,12 @@ async def test_a_suspect_burst_at_a_restart_too_short_to_keep_does_not_pause_the
             assert not answerer.ducks
             return
         assert answerer.pauses == 0 and not recorder.events, recorder.events
-        assert answerer.ducks == ([duck_db, 0.0] if duck_db else [])  # quieter while it waited
+        ducked = [duck_db, 0.0] if duck_db and not (restart and defer) else []
+        assert answerer.ducks == ducked  # quieter while it waited (not at a restart, deferred so)
         await feed(session, np.concatenate([clip[loud : loud + 10 * frame], silence(0.8)]))
         await until(lambda: answerer.resumes == 1 or answerer.interrupts == 1)
         assert answerer.pauses == 1 and recorder.of(SpeechStarted), recorder.events
-        assert answerer.ducks == ([duck_db, 0.0] * 2 if duck_db else [])  # as written again once it paused
+        assert answerer.ducks == ducked * 2  # as written again once it paused
 
 
 @pytest.mark.parametrize(("suspects", "cancelled"), [("all", True), ("all", False), (True, True)])
@@ -370,6 +373,46 @@ async def test_suspects_all_holds_any_burst_over_the_answer_and_a_discarded_one_
             assert (answerer.pauses, answerer.resumes, answerer.interrupts) == (1, 1, 0), recorder.events
         else:
             assert (answerer.pauses, answerer.interrupts) == (0, 1), recorder.events
+
+
+@pytest.mark.parametrize(
+    ("duck_starts", "cancelled", "duck_db"),
+    [("all", True, 20.0), ("all", False, 20.0), ("all", True, 0.0), ("suspect", True, 20.0)],
+)
+async def test_duck_starts_all_ducks_a_start_like_a_persons_and_cuts_the_answer_only_once_it_is_long_enough(
+    asr_service: AsrService,
+    base_settings: Settings,
+    speech: Callable[[str], Clip],
+    duck_starts: str,
+    cancelled: bool,
+    duck_db: float,
+) -> None:
+    """``assistant_barge_in_echo_duck_starts`` all: on a stream the server cancels echo on, a start
+    like a person's (no frame like a leak) waits too, the answer ducked: a burst the segmenter then
+    discards (a leak as loud and as kept as a person) leaves the answer playing, as written again,
+    nothing told to the client; a longer one cuts it (not a pause: it is not suspect) once it has
+    stream_min_speech_ms of voice, and its start is told then. Without a canceller, with the duck
+    off, or at suspect (the default), such a start cuts the answer at once."""
+    settings = base_settings.model_copy(
+        update={
+            "assistant_barge_in_echo_duck_starts": duck_starts,
+            "assistant_barge_in_echo_duck_db": duck_db,
+        }
+    )
+    clip, loud, frame = loudest(speech("kitchen"))
+    async with over_the_answer(asr_service, settings, Marking(0)) as (session, recorder, answerer):  # none like a leak
+        if cancelled:
+            session._echo_attached.removed = lambda from_ms_ago, to_ms_ago: 0.5
+        await feed(session, np.concatenate([burst(speech), silence(0.8)]))
+        if not (duck_starts == "all" and cancelled and duck_db):
+            assert (answerer.pauses, answerer.interrupts, answerer.ducks) == (0, 1, []), recorder.events
+            return
+        assert answerer.ducks == [duck_db, 0.0] and answerer.interrupts == answerer.pauses == 0, recorder.events
+        assert not recorder.events  # (a burst that came to nothing: never told)
+        await feed(session, clip[loud : loud + 10 * frame])
+        await until(lambda: answerer.interrupts == 1)
+        assert answerer.pauses == 0 and answerer.ducks == [duck_db, 0.0] * 2, recorder.events
+        assert recorder.of(SpeechStarted) and not recorder.of(SpeechStopped)  # cut while it is still spoken
 
 
 @pytest.mark.parametrize("cancelled", [True, False])

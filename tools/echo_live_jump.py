@@ -64,6 +64,7 @@ LOGGED = {
     "came to nothing": "came to nothing: played on",
     "cut at the start": ": cut",
     "paused": "pausing it",
+    "not suspect, quiet before its duck's reach": "went quiet before its duck could be heard",
 }
 
 

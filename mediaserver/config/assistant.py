@@ -193,8 +193,20 @@ class AssistantSettings(BaseModel):
         "they have stream_min_speech_ms of voice: 'suspect', the suspect starts alone (a start like a person's cuts "
         "the answer at once); 'all', on a stream the server cancels echo on, every start, so a leak as loud and as "
         "kept as a person that turns out too short to be speech is a dip instead of a cut answer; a start that is "
-        "not suspect then cuts the answer once it is long enough, a suspect one pauses it and its words decide "
-        "(docs/echo.md)",
+        "not suspect then cuts the answer once it is long enough and still voiced past its duck's reach "
+        "(assistant_barge_in_echo_duck_reach_ms), a suspect one pauses it and its words decide (docs/echo.md)",
+    )
+    assistant_barge_in_echo_duck_reach_ms: int = Field(
+        500,
+        ge=0,
+        le=5000,
+        description="with assistant_barge_in_echo_duck_starts 'all', a start that is not suspect cuts the answer only "
+        "once it is long enough and still voiced this long after its duck began (the duck reaching the microphone: "
+        "the echo goes quiet with it, a person talks on: an echo delay of up to 300 ms, and webrtcvad calling some "
+        "120 ms after a voice stops voiced); one whose "
+        "voice ends sooner pauses the answer as a suspect start does, and its words decide. Where the echo's delay "
+        "jumped, such leaks cut the answer 0.1-0.3 s after their duck, before it could be heard "
+        "(tools/echo_live_jump.py); 0 = cut once long enough",
     )
     assistant_first_clause_words: int = Field(
         4,

@@ -6,7 +6,8 @@ here, out of the session core:
 
 - a **deferred** start (``EchoCheck.defers``: a suspect start at a playback restart, where the
   canceller lets a syllable through; with ``assistant_barge_in_echo_duck_db``, any suspect start,
-  and with ``assistant_barge_in_echo_duck_starts`` ``all`` any start where the echo is cancelled)
+  and with ``assistant_barge_in_echo_duck_starts`` ``all`` any start where the echo is cancelled,
+  one not suspect then waiting for its voice to outlast its duck's reach: ``reached``)
   says nothing to the client until it is long enough to be kept (``undefer``), the answer playing on
   (that much quieter, with the setting); one that comes to nothing was never heard;
 - while an utterance holds the paused answer (``waits``), it ends at silence detection's hangover,
@@ -49,22 +50,31 @@ class BargeIn:
         self.check = EchoCheck(settings, start_task)  # a barge-in's words decide whether it is the answer's echo
         self.deferred_start: int | None = None  # a start not yet long enough to pause or cut the answer: its ms
         self._deferred_suspect = True  # ... and whether it was a suspect one (pauses) or not (cuts)
+        # ... and, for one not suspect that ducked the answer, the stream ms its voice must reach before it
+        # cuts the answer (``assistant_barge_in_echo_duck_reach_ms``: its duck heard at the microphone)
+        self._reach_at: int | None = None
+        self.reach_ms = settings.assistant_barge_in_echo_duck_reach_ms
         self.answer_waits = False  # the utterance in progress holds the paused answer
         self._ducked = False  # the answer plays quieter while the deferred start waits
         self._unducked_at: float | None = None  # (monotonic) when the last duck ended: logged with the next
         self._on_wait_change = on_wait_change
 
-    async def started(self, assistant: Answerer | None, start: SpeechStart, *, cancelled: bool) -> bool:
+    async def started(
+        self, assistant: Answerer | None, start: SpeechStart, *, cancelled: bool, position_ms: int = 0
+    ) -> bool:
         """Speech started: cut the answer, pause it (its words will decide) or, for a start
         ``EchoCheck.defers``, do nothing yet; False then (the start is not told to the client).
-        ``cancelled``: the server cancels this stream's echo (``SessionEcho.cancelling``)."""
+        ``cancelled``: the server cancels this stream's echo (``SessionEcho.cancelling``);
+        ``position_ms``: the stream's clock where the start was heard."""
         if assistant is None or not self.enabled:
             self.waits(False)
             return True
         if self.check.defers(assistant, start, cancelled=cancelled):
             self.deferred_start = start.start_ms  # it speaks once it is long enough
             self._deferred_suspect = start.suspect
-            if self.check.ducks(start):
+            ducks = self.check.ducks(start)
+            self._reach_at = position_ms + self.reach_ms if ducks and not start.suspect and self.reach_ms else None
+            if ducks:
                 last = self._unducked_at
                 since = "" if last is None else f", {time.monotonic() - last:.2f} s after the last duck ended"
                 log.info(
@@ -88,14 +98,34 @@ class BargeIn:
         self.waits(pausing)
         return True
 
-    async def undefer(self, assistant: Answerer | None, *, cancelled: bool) -> int | None:
-        """A deferred start long enough to be kept: it pauses the answer now, and its words decide;
-        its start ms (to tell the client), or None when no start was deferred."""
+    def reached(self, voiced_to_ms: int) -> bool:
+        """Whether the deferred start, long enough, may be decided now, its voice having gone on to
+        ``voiced_to_ms``: one not suspect that ducked the answer only once that is past its duck's
+        reach (``assistant_barge_in_echo_duck_reach_ms``)."""
+        return self._reach_at is None or voiced_to_ms >= self._reach_at
+
+    async def undefer(
+        self, assistant: Answerer | None, *, cancelled: bool, voiced_to_ms: int | None = None
+    ) -> int | None:
+        """A deferred start long enough to be kept: it pauses the answer now, and its words decide
+        (one not suspect cuts it); its start ms (to tell the client), or None when no start was
+        deferred. ``voiced_to_ms``: where its voice ended (the utterance ended): one not suspect
+        whose voice ended before its duck could be heard (``reached``) pauses the answer as a
+        suspect one does: the echo goes quiet with the duck, a person would have talked on."""
         start_ms, self.deferred_start = self.deferred_start, None
         if start_ms is None:
             return None
         self._unduck(assistant)
         suspect = self._deferred_suspect
+        if not suspect and voiced_to_ms is not None and not self.reached(voiced_to_ms):
+            suspect = True
+            log.info(
+                "session %s: the start (not suspect) over the answer at %d ms went quiet before its duck could be "
+                "heard: taken as suspect",
+                self.session_id,
+                start_ms,
+            )
+        self._reach_at = None
         pausing = assistant is not None and self.check.hold(assistant, suspect, cancelled=cancelled)
         if assistant is not None and not pausing:
             # (A start that was not suspect cuts the answer now; a suspect one only where the answer

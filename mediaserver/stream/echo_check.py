@@ -178,7 +178,9 @@ class EchoCheck:
         With ``assistant_barge_in_echo_duck_starts`` ``all`` (and the duck on), on a stream the
         server cancels echo on (``cancelled``), a start that is not suspect waits too: a leak as loud
         and as kept as a person cut answers at once, and was then discarded as too short to be
-        speech. Once long enough it cuts the answer (``hold`` says whether it pauses instead)."""
+        speech. Once long enough, and still voiced past its duck's reach
+        (``assistant_barge_in_echo_duck_reach_ms``: ``BargeIn.reached``), it cuts the answer (``hold``
+        says whether it pauses instead); one whose voice ended sooner pauses it as a suspect one."""
         suspect = self.suspects and start.suspect and (self._at_restart(start) or self.duck_db > 0)
         other = not start.suspect and self.duck_all and self.duck_db > 0 and cancelled
         return (

@@ -311,7 +311,12 @@ class StreamSession:
                 return
             for event in self._segmenter.push(samples):
                 await self._on_segment(event)
-            if self._barge_in.deferred_start is not None and self._segmenter.in_speech and self._segmenter.long_enough:
+            segmenter = self._segmenter
+            if (
+                self._barge_in.deferred_start is not None
+                and segmenter.long_enough
+                and self._barge_in.reached(segmenter.position_ms - segmenter.silence_ms)
+            ):
                 await self._undefer()
             self._pauses.watch()
             await self._pauses.end_turn_on_silence()
@@ -325,10 +330,11 @@ class StreamSession:
     async def _on_segment(self, event: SpeechStart | Utterance | Discarded) -> None:
         if isinstance(event, SpeechStart):
             self._begin_utterance()
-            if await self._barge_in.started(self.assistant, event, cancelled=self._echo_attached.cancelling):
+            cancelled, position_ms = self._echo_attached.cancelling, self._segmenter.position_ms
+            if await self._barge_in.started(self.assistant, event, cancelled=cancelled, position_ms=position_ms):
                 await self._emit(SpeechStarted(event.start_ms))
         elif isinstance(event, Utterance):
-            await self._undefer()
+            await self._undefer(voiced_to_ms=event.end_ms - event.silence_ms)
             if event.reason == "silence" and self.semantic_turns and not self._barge_in.answer_waits:
                 self.asr.metrics.turn_ends.labels("cap").inc()  # nothing decided the turn: the eagerness cap ended it
             self._barge_in.waits(False)
@@ -346,9 +352,11 @@ class StreamSession:
                 await self._emit(SpeechStopped(event.end_ms, discarded=True))
             await self._answer_held()
 
-    async def _undefer(self) -> None:
-        """A deferred suspect start long enough to be kept (``BargeIn.undefer``) is told now."""
-        start_ms = await self._barge_in.undefer(self.assistant, cancelled=self._echo_attached.cancelling)
+    async def _undefer(self, voiced_to_ms: int | None = None) -> None:
+        """A deferred start long enough to be kept (``BargeIn.undefer``; ``voiced_to_ms``: its utterance
+        ended, its voice there) is told now."""
+        cancelled = self._echo_attached.cancelling
+        start_ms = await self._barge_in.undefer(self.assistant, cancelled=cancelled, voiced_to_ms=voiced_to_ms)
         if start_ms is None:
             return
         await self._emit(SpeechStarted(start_ms))

@@ -398,6 +398,7 @@ async def test_duck_starts_all_ducks_a_start_like_a_persons_and_cuts_the_answer_
         update={
             "assistant_barge_in_echo_duck_starts": duck_starts,
             "assistant_barge_in_echo_duck_db": duck_db,
+            "assistant_barge_in_echo_duck_reach_ms": 0,  # (cut once long enough: the reach, below)
         }
     )
     clip, loud, frame = loudest(speech("kitchen"))
@@ -414,6 +415,48 @@ async def test_duck_starts_all_ducks_a_start_like_a_persons_and_cuts_the_answer_
         await until(lambda: answerer.interrupts == 1)
         assert answerer.pauses == 0 and answerer.ducks == [duck_db, 0.0] * 2, recorder.events
         assert recorder.of(SpeechStarted) and not recorder.of(SpeechStopped)  # cut while it is still spoken
+
+
+@pytest.mark.parametrize(
+    ("reach_ms", "voiced_s", "cut"), [(500, 0.3, False), (500, 0.6, True), (800, 0.6, False), (500, 1.08, True)]
+)
+async def test_duck_starts_all_cuts_only_once_the_voice_outlasts_the_ducks_reach_and_else_pauses(
+    asr_service: AsrService,
+    base_settings: Settings,
+    speech: Callable[[str], Clip],
+    reach_ms: int,
+    voiced_s: float,
+    cut: bool,
+) -> None:
+    """``assistant_barge_in_echo_duck_reach_ms``: with duck_starts all, a start like a person's that
+    ducked the answer cuts it only once its voice goes on past the duck's reach (the echo goes quiet
+    when the duck is heard at the microphone; a person talks on). Voice that ends sooner (the leak of
+    a delay jump, cut 0.1-0.3 s after its duck: tools/echo_live_jump.py) pauses the answer as a
+    suspect start does, and its words decide; voice that goes on past the reach cuts it while it
+    is still spoken."""
+    settings = base_settings.model_copy(
+        update={
+            "assistant_barge_in_echo_duck_starts": "all",
+            "assistant_barge_in_echo_duck_reach_ms": reach_ms,
+        }
+    )
+    clip, loud, frame = loudest(speech("kitchen"))
+    voice = np.tile(clip[loud : loud + 3 * frame], 12)[: int(voiced_s * RATE_HZ)]  # the loudest frames: all voiced
+    async with over_the_answer(asr_service, settings, Marking(0)) as (session, recorder, answerer):  # none like a leak
+        session._echo_attached.removed = lambda from_ms_ago, to_ms_ago: 0.5
+        await feed(session, np.concatenate([silence(0.3), voice]))
+        # (The start is heard 90 ms into the voice, and the reach counts from there; webrtcvad calls
+        # some 120 ms after the voice voiced: 0.6 s of it is voiced to 540 ms past the start.)
+        if cut:
+            await until(lambda: answerer.interrupts == 1)  # cut, not paused, while it is still spoken
+            assert answerer.pauses == 0 and not recorder.of(SpeechStopped), recorder.events
+            return
+        assert answerer.interrupts == answerer.pauses == 0 and answerer.ducks == [20.0], recorder.events
+        await feed(session, silence(0.8))
+        await until(lambda: bool(recorder.of(SpeechStopped)))
+        # Paused (not cut) once its utterance ended, as written again: its words decide.
+        assert answerer.pauses == 1 and answerer.ducks == [20.0, 0.0], recorder.events
+        assert recorder.of(SpeechStarted), recorder.events
 
 
 @pytest.mark.parametrize("cancelled", [True, False])

@@ -203,9 +203,9 @@ class AssistantSettings(BaseModel):
         description="with assistant_barge_in_echo_duck_starts 'all', a start that is not suspect cuts the answer only "
         "once it is long enough and still voiced this long after its duck began (the duck reaching the microphone: "
         "the echo goes quiet with it, a person talks on: an echo delay of up to 300 ms, and webrtcvad calling some "
-        "120 ms after a voice stops voiced); one whose "
-        "voice ends sooner pauses the answer as a suspect start does, and its words decide. Where the echo's delay "
-        "jumped, such leaks cut the answer 0.1-0.3 s after their duck, before it could be heard "
+        "120 ms after a voice stops voiced); one whose voice ends sooner pauses the answer as a suspect start does, "
+        "and its words decide. Where the echo's delay jumped, such leaks cut the answer 0.1-0.3 s after their duck, "
+        "before it could be heard "
         "(tools/echo_live_jump.py); 0 = cut once long enough",
     )
     assistant_first_clause_words: int = Field(

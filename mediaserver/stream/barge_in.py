@@ -60,7 +60,7 @@ class BargeIn:
         self._on_wait_change = on_wait_change
 
     async def started(
-        self, assistant: Answerer | None, start: SpeechStart, *, cancelled: bool, position_ms: int = 0
+        self, assistant: Answerer | None, start: SpeechStart, *, cancelled: bool, position_ms: int
     ) -> bool:
         """Speech started: cut the answer, pause it (its words will decide) or, for a start
         ``EchoCheck.defers``, do nothing yet; False then (the start is not told to the client).

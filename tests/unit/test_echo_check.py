@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-import wave
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
@@ -665,10 +664,9 @@ def stock_phrase_leak() -> np.ndarray:
     tests/fixtures/stock_phrase_leak.wav (its README says how it was made). Made at test time it
     differed by machine: AEC3's and Piper's floating point follow the CPU, and on an AMD EPYC the
     slice made so far decoded to no words at all (the test then had no stock phrase to weigh)."""
-    with wave.open(str(FIXTURES / "stock_phrase_leak.wav")) as w:
-        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (RATE_HZ, 1, 2)
-        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
-    return pcm.astype(np.float32) / 32768.0
+    from tests.human_speech import decode
+
+    return decode((FIXTURES / "stock_phrase_leak.wav").read_bytes(), "wav")
 
 
 @pytest.mark.parametrize(

@@ -77,16 +77,9 @@ def mcp_upstream() -> Iterator[str]:
         yield url
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def mcp_server(
-    server_factory: Callable[..., Any],
-    base_settings: Settings,
-    mcp_upstream: str,
-    lights: tuple[str, Path],
-    spare_ports: tuple[int, ...],
-) -> AsyncIterator[LiveServer]:
-    url, _ = lights
-    settings: dict[str, Any] = {
+def server_settings(mcp_upstream: str, url: str, spare_ports: tuple[int, ...]) -> dict[str, Any]:
+    """The settings of this module's servers: the light server at ``url`` and the spare ports allowed."""
+    return {
         "llm_upstream_url": mcp_upstream,
         "assistant_temperature": 0.0,
         "assistant_max_answer_tokens": 30,
@@ -99,6 +92,17 @@ async def mcp_server(
         "mcp_connect_timeout_s": 10.0,
         "mcp_servers": [http_config(url).model_copy(update={"name": "home"})],  # the operator's own
     }
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def mcp_server(
+    server_factory: Callable[..., Any],
+    base_settings: Settings,
+    mcp_upstream: str,
+    lights: tuple[str, Path],
+    spare_ports: tuple[int, ...],
+) -> AsyncIterator[LiveServer]:
+    settings = server_settings(mcp_upstream, lights[0], spare_ports)
     async with server_with_llm(server_factory, base_settings, **settings) as server:
         yield server
 
@@ -217,10 +221,23 @@ async def test_a_tool_that_raises_is_an_error_the_model_reads(mcp_server: LiveSe
 
 
 async def test_a_server_that_is_down_when_listed_or_when_called(
-    mcp_server: LiveServer, tmp_path: Path, spare_ports: tuple[int, ...]
+    server_factory: Callable[..., Any],
+    base_settings: Settings,
+    mcp_upstream: str,
+    lights: tuple[str, Path],
+    tmp_path: Path,
+    spare_ports: tuple[int, ...],
 ) -> None:
+    """A server nothing listens on fails its listing; one stopped after its listing fails the call.
+    On a server of its own with ``mcp_check_s`` 0: a check (every 10 s) between the listing and the
+    call finds the stopped server gone and withdraws its tools, so under load (CI, stop 67) the
+    model had no tool left to call; that path is test_mcp_tools.py's (dies between calls)."""
     down, stopped = spare_ports[:2]
-    async with sdk(mcp_server).realtime.connect(model="gpt-realtime") as connection:
+    settings = server_settings(mcp_upstream, lights[0], spare_ports)
+    async with (
+        server_with_llm(server_factory, base_settings, **settings, mcp_check_s=0) as server,
+        sdk(server).realtime.connect(model="gpt-realtime") as connection,
+    ):
         await until(connection, "session.created")
         nowhere = f"http://127.0.0.1:{down}/mcp"
         await connection.session.update(session={**TEXT, "tools": [mcp_tool(nowhere, "set_light")]})

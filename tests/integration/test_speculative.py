@@ -34,6 +34,7 @@ from mediaserver.events import (
     TurnDecided,
 )
 from mediaserver.llm.service import LlmService
+from mediaserver.metrics import Metrics
 from mediaserver.stream.options import StreamOptions
 from mediaserver.stream.session import StreamSession
 from mediaserver.tts.service import TtsService
@@ -54,8 +55,8 @@ def turn_model() -> TurnModel:
     return TurnModel(fetch(default_dir()))
 
 
-def count(asr: AsrService, result: str) -> float:
-    return float(asr.metrics.speculative_answers.labels(result)._value.get())
+def count(metrics: Metrics, result: str) -> float:
+    return float(metrics.speculative_answers.labels(result)._value.get())
 
 
 async def drain(out: AudioOut) -> None:
@@ -76,10 +77,13 @@ async def converse(
     eagerness: str,
     resume_at_s: float | None = None,
     partials: bool = False,
+    metrics: Metrics | None = None,
 ) -> tuple[list[tuple[float, SessionEvent]], Assistant, AudioOut, int]:
     """Stream ``audio`` in real time into a semantic-turn session answered by an Assistant; the
     events (with times), the assistant, its AudioOut, and the samples queued on it at ``resume_at_s``
-    of the stream (the moment speech resumes after a pause), once the answer has played."""
+    of the stream (the moment speech resumes after a pause), once the answer has played.
+    ``metrics``: the assistant's own (its speculative answers and voice latency counted apart from
+    every other test's in the worker, which share the ASR service's); by default the ASR service's."""
     events: list[tuple[float, SessionEvent]] = []
 
     async def emit(event: SessionEvent) -> None:
@@ -94,7 +98,8 @@ async def converse(
         partials=partials,
     )
     session = StreamSession(asr, settings, emit, options, turn_model=model)
-    assistant = Assistant(llm, tts, settings, AssistantOptions.from_settings(settings), emit, out, asr.metrics)
+    answering = AssistantOptions.from_settings(settings)
+    assistant = Assistant(llm, tts, settings, answering, emit, out, metrics or asr.metrics)
     session.assistant = assistant
     queued_at_resume = -1
 
@@ -117,11 +122,9 @@ async def converse(
     return events, assistant, out, queued_at_resume
 
 
-def first_token_samples(asr: AsrService) -> float:
+def first_token_samples(metrics: Metrics) -> float:
     """The voice latency's ``llm_first_token`` samples so far (answers the user got)."""
-    count = asr.metrics.registry.get_sample_value(
-        "mediaserver_voice_latency_seconds_count", {"stage": "llm_first_token"}
-    )
+    count = metrics.registry.get_sample_value("mediaserver_voice_latency_seconds_count", {"stage": "llm_first_token"})
     return count or 0.0
 
 
@@ -149,19 +152,22 @@ async def test_speech_resuming_drops_the_speculative_answer_unheard(
     lead = silence(0.5)
     audio = np.concatenate([lead, first, silence(1.5), rest, silence(3.0)]).astype(np.float32)
     resume_at_s = (lead.size + first.size) / SAMPLE_RATE_HZ + 1.5
-    misses = count(asr_service, "miss")
-    first_tokens = first_token_samples(asr_service)
+    metrics = Metrics()
     events, assistant, out, queued_at_resume = await converse(
-        asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="medium", resume_at_s=resume_at_s
-    )
+        asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="medium",
+        resume_at_s=resume_at_s, metrics=metrics,
+    )  # fmt: skip
     decided = [e for _, e in events if isinstance(e, TurnDecided)]
     assert decided and not decided[0].complete, decided  # the pause: unfinished
-    assert count(asr_service, "miss") >= misses + 1  # an answer was started in the pause, and dropped
+    outcomes = {result: count(metrics, result) for result in ("hit", "miss")}
+    assert outcomes["miss"] >= 1, outcomes  # an answer was started in the pause, and dropped
     assert queued_at_resume == 0  # nothing of it was queued for the user
-    assert first_token_samples(asr_service) == first_tokens + 1  # the voice latency counts the one sent
+    # The voice latency counts the one answer sent. (Counted on the worker's shared metrics before
+    # stop 68, it read 2 once in CI, not seen standalone or under load here: another test's answer?)
+    texts = [e for _, e in events if isinstance(e, AssistantText)]
+    assert first_token_samples(metrics) == 1, (outcomes, [d.complete for d in decided], {e.turn for e in texts})
     finals = [e for _, e in events if isinstance(e, FinalTranscript)]
     assert len(finals) == 1, finals
-    texts = [e for _, e in events if isinstance(e, AssistantText)]
     assert {e.turn for e in texts} == {texts[-1].turn}, texts  # one answer's text, nothing of another
     assert [m.role for m in assistant.history] == ["user", "assistant"], assistant.history
     assert assistant.history[0].content == finals[0].transcript.text
@@ -182,11 +188,11 @@ async def test_a_turn_that_ends_sends_the_prepared_answer(
     when the cap ends the turn."""
     settings = base_settings.model_copy(update={**VOICE, "turn_rescore_ms": 0})
     audio = np.concatenate([silence(0.5), speech("Play the song by").audio16k, silence(4.0)]).astype(np.float32)
-    hits = count(asr_service, "hit")
+    metrics = Metrics()
     events, assistant, out, _ = await converse(
-        asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="high"
+        asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="high", metrics=metrics
     )
-    assert count(asr_service, "hit") == hits + 1
+    assert count(metrics, "hit") == 1
     kinds = [type(e).__name__ for _, e in events]
     stopped = kinds.index(SpeechStopped.__name__)
     assert AssistantText.__name__ not in kinds[:stopped], kinds  # nothing was shown before the turn ended
@@ -207,11 +213,11 @@ async def test_turn_speculative_answers_off_answers_only_once_the_turn_has_ended
     (neither a hit nor a miss is counted); the answer is written after the turn ends, and sent."""
     settings = base_settings.model_copy(update={**VOICE, "turn_rescore_ms": 0, "turn_speculative_answers": False})
     audio = np.concatenate([silence(0.5), speech("Play the song by").audio16k, silence(4.0)]).astype(np.float32)
-    before = {result: count(asr_service, result) for result in ("hit", "miss")}
+    metrics = Metrics()
     events, assistant, out, _ = await converse(
-        asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="high"
+        asr_service, llm_service, tts_service, settings, turn_model, audio, eagerness="high", metrics=metrics
     )
-    assert {result: count(asr_service, result) for result in ("hit", "miss")} == before
+    assert {result: count(metrics, result) for result in ("hit", "miss")} == {"hit": 0, "miss": 0}
     kinds = [type(e).__name__ for _, e in events]
     assert AssistantAudioStarted.__name__ in kinds[kinds.index(SpeechStopped.__name__) :], kinds
     assert [m.role for m in assistant.history] == ["user", "assistant"], assistant.history

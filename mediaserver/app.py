@@ -395,6 +395,8 @@ def create_app(
         middlewares.append(auth_middleware)
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_upload_bytes)
     cors.install(app, settings.cors_allow_origins)
+    if not (settings.api_keys or settings.basic_auth_user is not None):
+        cors.install_websocket_check(app, settings.cors_allow_origins)
     app[SETTINGS] = settings
     if asr_service is not None:
         metrics = asr_service.metrics

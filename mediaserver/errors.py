@@ -74,6 +74,11 @@ class Unauthorized(ApiError):
     code = "unauthorized"
 
 
+class Forbidden(ApiError):
+    status = 403
+    code = "forbidden"
+
+
 class VoiceNotAuthorized(ApiError):
     status = 406
     code = "unauthorized_voice"

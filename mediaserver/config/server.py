@@ -54,8 +54,9 @@ class ServerSettings(BaseModel):
         default_factory=list,
         description="web origins whose pages may call the HTTP API from the browser (CORS, as OpenAI's API "
         'allows: a page that POSTs its WebRTC offer to /v1/realtime/calls); `["*"]` = any; empty (the '
-        "default) = only the server's own pages. Browsers apply no CORS to WebSockets: only `api_keys` keep other "
-        "pages off those",
+        "default) = only the server's own pages. Browsers apply no CORS to WebSockets: on a server without "
+        "`api_keys` or Basic auth, a WebSocket from a page of another origin is refused (403) unless it is listed "
+        "here; with credentials, they decide",
     )
 
     # --- input limits --------------------------------------------------------------------------

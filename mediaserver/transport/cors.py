@@ -3,7 +3,14 @@
 OpenAI's API answers browsers from any origin: its WebRTC guide has a page POST its SDP offer to
 ``/v1/realtime/calls`` with an ephemeral key. A page served from elsewhere can only do that here
 when its origin is allowed; by default none is (only the server's own pages, same-origin).
-Browsers apply no CORS to WebSockets, so this keeps no page off those: ``api_keys`` do.
+
+Browsers apply no CORS to WebSockets: any page a user visits may open one to any server it can
+reach, with the browser's ``Origin`` on the upgrade. On a server without credentials (no
+``api_keys``, no Basic auth: a home LAN's default) such a page could talk to the voice loop or
+open a Realtime session that calls the operator's MCP tools. So a WebSocket upgrade from a page of
+another origin that is not allowed is refused (403) there; where credentials are set they decide
+(a page of another origin with a key or a client secret is let in, as OpenAI does). Clients that
+are not browsers send no ``Origin`` and are not affected.
 
 Two parts, both only for an allowed ``Origin``: a preflight (``OPTIONS`` with
 ``Access-Control-Request-Method``) is answered 204 before routing and auth (a browser sends no
@@ -15,8 +22,12 @@ route.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from aiohttp import web
 from aiohttp.typedefs import Handler
+
+from mediaserver.errors import Forbidden
 
 PREFLIGHT_MAX_AGE_S = 600
 METHODS = "GET, POST, DELETE, OPTIONS"
@@ -30,6 +41,49 @@ def _allowed(request: web.BaseRequest, origins: frozenset[str]) -> str | None:
     if "*" in origins:
         return "*"
     return origin if origin in origins else None
+
+
+_DEFAULT_PORTS = {"http": "80", "https": "443", "ws": "80", "wss": "443"}
+
+
+def _host_port(host: str, scheme: str) -> str:
+    """``host[:port]`` lowercased, a scheme's default port dropped (an Origin omits it, a Host may not)."""
+    host = host.strip().lower()
+    default = _DEFAULT_PORTS.get(scheme)
+    return host.removesuffix(f":{default}") if default else host
+
+
+def same_origin(request: web.BaseRequest, origin: str) -> bool:
+    """``origin`` is this server's own: its host and port are the ``Host`` the request was sent to
+    (or a proxy's ``X-Forwarded-Host``). An opaque origin (``null``: a file, a sandboxed frame) is not."""
+    parts = urlsplit(origin)
+    if not parts.hostname:
+        return False
+    own = _host_port(parts.netloc, parts.scheme)
+    hosts = [request.host, *request.headers.get("X-Forwarded-Host", "").split(",")]
+    return any(own == _host_port(host, parts.scheme) for host in hosts if host.strip())
+
+
+def install_websocket_check(app: web.Application, origins: list[str]) -> None:
+    """Refuse a WebSocket upgrade from a page of another origin than the server's, unless
+    ``origins`` allows it (a server without credentials: the module's docstring)."""
+    allowed = frozenset(o.rstrip("/") for o in origins)
+    if "*" in allowed:
+        return
+
+    @web.middleware
+    async def websocket_origin(request: web.Request, handler: Handler) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
+        if upgrade and origin is not None and origin not in allowed and not same_origin(request, origin):
+            raise Forbidden(
+                f"a WebSocket from a page of another origin ({origin}) is refused: this server has no "
+                "api_keys, so any page its users visit could use it; add the origin to cors_allow_origins, "
+                "or set api_keys"
+            )
+        return await handler(request)
+
+    app.middlewares.append(websocket_origin)
 
 
 def install(app: web.Application, origins: list[str]) -> None:

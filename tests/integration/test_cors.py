@@ -63,3 +63,58 @@ async def test_any_origin_with_a_star_and_none_by_default(
             assert response.status == 405 and "Access-Control-Allow-Origin" not in response.headers
         async with http.get(server.url + "/health", headers={"Origin": APP}) as response:
             assert response.status == 200 and "Access-Control-Allow-Origin" not in response.headers
+
+
+UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+           "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}  # fmt: skip
+SOCKETS = ("/api/ws/asr", "/v1/realtime?model=gpt-realtime")
+
+
+async def upgrade_status(http: aiohttp.ClientSession, url: str, origin: str | None, **headers: str) -> int:
+    """Open a WebSocket to ``url`` as a browser page of ``origin`` would (None: a client that is not
+    a browser); the upgrade's status, with the refusal's error shape checked."""
+    sent = {**UPGRADE, **headers, **({"Origin": origin} if origin is not None else {})}
+    async with http.get(url, headers=sent) as response:
+        if response.status == 403:  # in the shape of the API asked: OpenAI's, or the server's own
+            body = await response.json()
+            error = body["error"] if isinstance(body["error"], dict) else {**body, "message": body["error"]}
+            assert error["code"] == "forbidden" and "cors_allow_origins" in error["message"], error
+            assert origin is not None and origin in error["message"], error
+        return response.status
+
+
+async def test_a_page_of_another_origin_opens_no_websocket_on_a_server_without_credentials(
+    server: LiveServer, server_factory: Callable[..., Any]
+) -> None:
+    """Browsers apply no CORS to WebSockets: on a server without api_keys (the default) any page a
+    user visits could talk to the voice loop, or open a Realtime session that calls the operator's
+    MCP tools. Its upgrade is refused (403); the server's own pages, clients that send no Origin
+    (devices, SDKs), and origins in cors_allow_origins still connect; with api_keys, the key decides."""
+    own = f"http://{server.host}:{server.port}"
+    allowed: LiveServer = await server_factory(cors_allow_origins=[APP])
+    keyed: LiveServer = await server_factory(api_keys=["sk-test"])
+    async with aiohttp.ClientSession() as http:
+        for path in SOCKETS:
+            assert await upgrade_status(http, server.url + path, "http://evil.example") == 403
+            assert await upgrade_status(http, server.url + path, "null") == 403  # a file, a sandboxed frame
+            assert await upgrade_status(http, server.url + path, None) == 101
+            assert await upgrade_status(http, server.url + path, own) == 101
+            # behind a proxy that names the host the page was served from
+            proxied = {"X-Forwarded-Host": "assistant.example"}
+            assert await upgrade_status(http, server.url + path, "https://assistant.example", **proxied) == 101
+            assert await upgrade_status(http, allowed.url + path, APP) == 101
+            assert await upgrade_status(http, allowed.url + path, "http://evil.example") == 403
+            key = {"Authorization": "Bearer sk-test"}
+            assert await upgrade_status(http, keyed.url + path, "http://evil.example", **key) == 101
+            assert await upgrade_status(http, keyed.url + path, "http://evil.example") == 401
+        # A page of the server's own origin talks over it as before.
+        async with http.ws_connect(server.url + "/api/ws/asr", origin=own) as ws:
+            await ws.send_json({"type": "ping"})
+            assert (await ws.receive_json(timeout=10))["type"] == "pong"
+
+
+async def test_any_origin_opens_websockets_with_a_star(server_factory: Callable[..., Any]) -> None:
+    star: LiveServer = await server_factory(cors_allow_origins=["*"])
+    async with aiohttp.ClientSession() as http:
+        for path in SOCKETS:
+            assert await upgrade_status(http, star.url + path, "http://evil.example") == 101

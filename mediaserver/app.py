@@ -188,6 +188,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 def _check_credentials(request: web.Request, settings: Settings) -> bool:
+    return _api_key_valid(request, settings) or _basic_valid(request, settings)
+
+
+def _api_key_valid(request: web.Request, settings: Settings) -> bool:
+    """The request carries one of ``api_keys``."""
     header = request.headers.get("Authorization", "")
     if settings.api_keys:
         candidates = [request.headers.get("X-API-Key", "")]
@@ -203,6 +208,12 @@ def _check_credentials(request: web.Request, settings: Settings) -> bool:
         for key in settings.api_keys:
             if any(hmac.compare_digest(c, key.encode()) for c in sent):
                 return True
+    return False
+
+
+def _basic_valid(request: web.Request, settings: Settings) -> bool:
+    """The request carries the HTTP Basic credentials (``basic_auth_user``)."""
+    header = request.headers.get("Authorization", "")
     if settings.basic_auth_user is not None and header.lower().startswith("basic "):
         try:
             decoded = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
@@ -234,6 +245,15 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             )
         raise Unauthorized("authentication required: HTTP Basic credentials or an API key")
     return await handler(request)
+
+
+def _sent_on_purpose(request: web.Request) -> bool:
+    """The request carries a credential a page must send on purpose, checked before the session
+    opens: a valid API key, or a client secret where the realtime handler checks it. (Not HTTP Basic
+    credentials: a browser adds those it has cached by itself, to any page's WebSocket.)"""
+    if _api_key_valid(request, request.app[SETTINGS]):
+        return True
+    return client_secrets.presented(request) is not None and request.path in _CLIENT_SECRET_PATHS
 
 
 @web.middleware
@@ -395,8 +415,7 @@ def create_app(
         middlewares.append(auth_middleware)
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_upload_bytes)
     cors.install(app, settings.cors_allow_origins)
-    if not (settings.api_keys or settings.basic_auth_user is not None):
-        cors.install_websocket_check(app, settings.cors_allow_origins)
+    cors.install_websocket_check(app, settings.cors_allow_origins, _sent_on_purpose)
     app[SETTINGS] = settings
     if asr_service is not None:
         metrics = asr_service.metrics

@@ -54,9 +54,9 @@ class ServerSettings(BaseModel):
         default_factory=list,
         description="web origins whose pages may call the HTTP API from the browser (CORS, as OpenAI's API "
         'allows: a page that POSTs its WebRTC offer to /v1/realtime/calls); `["*"]` = any; empty (the '
-        "default) = only the server's own pages. Browsers apply no CORS to WebSockets: on a server without "
-        "`api_keys` or Basic auth, a WebSocket from a page of another origin is refused (403) unless it is listed "
-        "here; with credentials, they decide",
+        "default) = only the server's own pages. Browsers apply no CORS to WebSockets: a WebSocket from a page of "
+        "another origin is refused (403) unless it is listed here or sends an API key or a client secret (not Basic "
+        "credentials, which a browser sends by itself)",
     )
 
     # --- input limits --------------------------------------------------------------------------

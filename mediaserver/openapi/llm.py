@@ -259,7 +259,7 @@ def llm_paths() -> dict[str, Any]:
         "/api/ws/chatbot": {
             "get": {
                 "summary": "WIS chatbot WebSocket: a text frame in (the question), a text frame out (the answer)",
-                "responses": {"101": {"description": "WebSocket upgrade"}, **error_responses(ERROR_WIS, 401, 503)},
+                "responses": {"101": {"description": "WebSocket upgrade"}, **error_responses(ERROR_WIS, 401, 403, 503)},
             }
         },
     }

@@ -57,7 +57,7 @@ def _websocket_paths() -> dict[str, Any]:
                 ],
                 "responses": {
                     "101": {"description": "WebSocket upgrade (a bad query-string start: an error, then close 1008)"},
-                    **error_responses(ERROR_WIS, 401),
+                    **error_responses(ERROR_WIS, 401, 403),
                 },
             }
         },
@@ -71,7 +71,7 @@ def _websocket_paths() -> dict[str, Any]:
                 ],
                 "responses": {
                     "101": {"description": "WebSocket upgrade (subprotocol realtime)"},
-                    **error_responses(ERROR_OPENAI, 400, 401, 426, 503),
+                    **error_responses(ERROR_OPENAI, 400, 401, 403, 426, 503),
                 },
             }
         },

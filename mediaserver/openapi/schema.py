@@ -42,6 +42,7 @@ def error_responses(schema: dict[str, Any], *codes: int) -> dict[str, Any]:
     text = {
         400: "bad input",
         401: "authentication required",
+        403: "a WebSocket from a page of another origin, with no API key or client secret (cors_allow_origins)",
         406: "voice not authorized",
         408: "body stalled",
         404: "not found",

@@ -5,12 +5,17 @@ OpenAI's API answers browsers from any origin: its WebRTC guide has a page POST 
 when its origin is allowed; by default none is (only the server's own pages, same-origin).
 
 Browsers apply no CORS to WebSockets: any page a user visits may open one to any server it can
-reach, with the browser's ``Origin`` on the upgrade. On a server without credentials (no
-``api_keys``, no Basic auth: a home LAN's default) such a page could talk to the voice loop or
-open a Realtime session that calls the operator's MCP tools. So a WebSocket upgrade from a page of
-another origin that is not allowed is refused (403) there; where credentials are set they decide
-(a page of another origin with a key or a client secret is let in, as OpenAI does). Clients that
-are not browsers send no ``Origin`` and are not affected.
+reach, with the browser's ``Origin`` on the upgrade, and with the HTTP Basic credentials the
+browser has cached for that server. On a server without ``api_keys`` (a home LAN's default), or
+with Basic auth that the user's browser remembers, such a page could talk to the voice loop or open
+a Realtime session that calls the operator's MCP tools. So a WebSocket upgrade from a page of
+another origin that is not allowed is refused (403) unless it carries a credential a page must send
+on purpose: an API key, or a client secret (as OpenAI lets a page of any origin in with one).
+Clients that are not browsers send no ``Origin`` and are not affected.
+
+Same origin is judged by the ``Host`` the request names, which a page that rebinds its own name
+to the server's address (DNS rebinding) controls too: that attack passes this check as it passes
+the browser's same-origin policy for plain HTTP. ``api_keys`` are the defence against it.
 
 Two parts, both only for an allowed ``Origin``: a preflight (``OPTIONS`` with
 ``Access-Control-Request-Method``) is answered 204 before routing and auth (a browser sends no
@@ -22,6 +27,7 @@ route.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -64,9 +70,12 @@ def same_origin(request: web.BaseRequest, origin: str) -> bool:
     return any(own == _host_port(host, parts.scheme) for host in hosts if host.strip())
 
 
-def install_websocket_check(app: web.Application, origins: list[str]) -> None:
+def install_websocket_check(
+    app: web.Application, origins: list[str], sent_on_purpose: Callable[[web.Request], bool]
+) -> None:
     """Refuse a WebSocket upgrade from a page of another origin than the server's, unless
-    ``origins`` allows it (a server without credentials: the module's docstring)."""
+    ``origins`` allows it or ``sent_on_purpose`` says it carries a key or a client secret (the
+    module's docstring). Appended after the auth middleware, which has checked a key by then."""
     allowed = frozenset(o.rstrip("/") for o in origins)
     if "*" in allowed:
         return
@@ -75,11 +84,17 @@ def install_websocket_check(app: web.Application, origins: list[str]) -> None:
     async def websocket_origin(request: web.Request, handler: Handler) -> web.StreamResponse:
         origin = request.headers.get("Origin")
         upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
-        if upgrade and origin is not None and origin not in allowed and not same_origin(request, origin):
+        if (
+            upgrade
+            and origin is not None
+            and origin not in allowed
+            and not same_origin(request, origin)
+            and not sent_on_purpose(request)
+        ):
             raise Forbidden(
-                f"a WebSocket from a page of another origin ({origin}) is refused: this server has no "
-                "api_keys, so any page its users visit could use it; add the origin to cors_allow_origins, "
-                "or set api_keys"
+                f"a WebSocket from a page of another origin ({origin}) is refused: any page a user visits "
+                "could open one (with the Basic credentials their browser remembers); add the origin to "
+                "cors_allow_origins, or have the page send an API key or a client secret"
             )
         return await handler(request)
 

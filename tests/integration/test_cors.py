@@ -4,6 +4,7 @@ preflight got a 405)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from typing import Any
@@ -67,7 +68,8 @@ async def test_any_origin_with_a_star_and_none_by_default(
 
 UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}  # fmt: skip
-SOCKETS = ("/api/ws/asr", "/v1/realtime?model=gpt-realtime")
+SOCKETS = ("/api/ws/asr", "/v1/realtime?model=gpt-realtime", "/api/ws/chatbot")
+BASIC = "Basic " + base64.b64encode(b"willow:secret").decode()
 
 
 async def upgrade_status(http: aiohttp.ClientSession, url: str, origin: str | None, **headers: str) -> int:
@@ -79,20 +81,24 @@ async def upgrade_status(http: aiohttp.ClientSession, url: str, origin: str | No
             body = await response.json()
             error = body["error"] if isinstance(body["error"], dict) else {**body, "message": body["error"]}
             assert error["code"] == "forbidden" and "cors_allow_origins" in error["message"], error
+            assert "API key" in error["message"], error
             assert origin is not None and origin in error["message"], error
         return response.status
 
 
-async def test_a_page_of_another_origin_opens_no_websocket_on_a_server_without_credentials(
+async def test_a_page_of_another_origin_opens_no_websocket_without_a_key(
     server: LiveServer, server_factory: Callable[..., Any]
 ) -> None:
     """Browsers apply no CORS to WebSockets: on a server without api_keys (the default) any page a
     user visits could talk to the voice loop, or open a Realtime session that calls the operator's
-    MCP tools. Its upgrade is refused (403); the server's own pages, clients that send no Origin
-    (devices, SDKs), and origins in cors_allow_origins still connect; with api_keys, the key decides."""
+    MCP tools; with Basic auth too, once the browser remembers the credentials (it sends them to any
+    page's WebSocket by itself). Its upgrade is refused (403); the server's own pages, clients that
+    send no Origin (devices, SDKs), origins in cors_allow_origins, and pages that send an API key
+    still connect."""
     own = f"http://{server.host}:{server.port}"
     allowed: LiveServer = await server_factory(cors_allow_origins=[APP])
     keyed: LiveServer = await server_factory(api_keys=["sk-test"])
+    basic: LiveServer = await server_factory(basic_auth_user="willow", basic_auth_password="secret")
     async with aiohttp.ClientSession() as http:
         for path in SOCKETS:
             assert await upgrade_status(http, server.url + path, "http://evil.example") == 403
@@ -106,7 +112,28 @@ async def test_a_page_of_another_origin_opens_no_websocket_on_a_server_without_c
             assert await upgrade_status(http, allowed.url + path, "http://evil.example") == 403
             key = {"Authorization": "Bearer sk-test"}
             assert await upgrade_status(http, keyed.url + path, "http://evil.example", **key) == 101
+            # (a browser page sends its key as a subprotocol: the only header it can set)
+            offered = {"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key.sk-test"}
+            assert await upgrade_status(http, keyed.url + path, "http://evil.example", **offered) == 101
             assert await upgrade_status(http, keyed.url + path, "http://evil.example") == 401
+            # Basic credentials come with any page's upgrade: they do not let another origin in.
+            remembered = {"Authorization": BASIC}
+            assert await upgrade_status(http, basic.url + path, "http://evil.example", **remembered) == 403
+            assert await upgrade_status(http, basic.url + path, f"http://127.0.0.1:{basic.port}", **remembered) == 101
+            # On a server without keys, a page cannot name one to get in.
+            named = {"Sec-WebSocket-Protocol": "openai-insecure-api-key.anything"}
+            assert await upgrade_status(http, server.url + path, "http://evil.example", **named) == 403
+        # A page with a client secret (minted by its own server) opens a Realtime session from its
+        # origin, as with OpenAI; a made-up one is refused by the session's own check.
+        mint = {"session": {"type": "realtime"}}
+        async with http.post(keyed.url + "/v1/realtime/client_secrets", json=mint, headers=key) as response:
+            assert response.status == 200, await response.text()
+            secret = (await response.json())["value"]
+        realtime = keyed.url + SOCKETS[1]
+        with_secret = {"Sec-WebSocket-Protocol": f"realtime, openai-insecure-api-key.{secret}"}
+        assert await upgrade_status(http, realtime, "http://evil.example", **with_secret) == 101
+        made_up = {"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key.ek_abc"}
+        assert await upgrade_status(http, server.url + SOCKETS[1], "http://evil.example", **made_up) == 401
         # A page of the server's own origin talks over it as before.
         async with http.ws_connect(server.url + "/api/ws/asr", origin=own) as ws:
             await ws.send_json({"type": "ping"})

@@ -347,10 +347,11 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
         )
         # (the user finals of utterances begun before the person stopped speaking)
         finals = [m for m in user_final_messages(device.messages[mark:]) if m["audio_start_ms"] < said_to_ms]
-        # Their utterance is not lost: a user's final reaches into their speech (its words are
-        # checked below, once the rest has held: under double talk AEC3 may have taken them all but a
-        # garbled last one, "Peter.", "centimeters.", in 1 of 5 runs beside two CPU-bound processes).
-        assert finals and finals[-1]["audio_end_ms"] > said_from_ms, finals
+        # Their utterance is not lost: a user's final holds at least 300 ms of their speech (its
+        # words are checked below, once the rest has held: under double talk AEC3 may have taken them
+        # all but a garbled last one, "Peter.", "centimeters.", in 1 of 5 runs beside two CPU-bound
+        # processes).
+        assert finals and finals[-1]["audio_end_ms"] >= said_from_ms + 300, finals
         heard = said & {w for m in finals for w in words(m["text"])}
         # (the whole of it: the double talk garbles its start, "over 10 meters.", but no part of it
         # was taken for the answer's echo; shorter only where the double talk took its first words,
@@ -379,7 +380,8 @@ async def test_a_person_barging_in_over_the_echo_still_cuts_the_answer_and_is_an
             # suppressor keeps 0.51 of the near end on average, 0.14 at worst (docs/echo.md), and in about
             # one run of four here the segmenter heard the person only from "ten" ("and meters.",
             # "10 meters."), now and then not even that ("Peter."). Reported, not hidden.
+            lost = "first words" if heard else "words"
             pytest.xfail(
-                f"the person's first words were lost under double talk: heard {[m['text'] for m in finals]} "
+                f"the person's {lost} were lost under double talk: heard {[m['text'] for m in finals]} "
                 f"from {late_ms:.0f} ms in"
             )

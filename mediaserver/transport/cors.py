@@ -59,15 +59,27 @@ def _host_port(host: str, scheme: str) -> str:
     return host.removesuffix(f":{default}") if default else host
 
 
+def _forwarded_hosts(request: web.BaseRequest) -> list[str]:
+    """The hosts a proxy says the request was sent to: ``X-Forwarded-Host``, and the ``host=`` of
+    each element of RFC 7239's ``Forwarded`` (``for=1.2.3.4;host="a.example:8443", ...``)."""
+    hosts = request.headers.get("X-Forwarded-Host", "").split(",")
+    for element in request.headers.get("Forwarded", "").split(","):
+        for pair in element.split(";"):
+            name, _, value = pair.partition("=")
+            if name.strip().lower() == "host":
+                hosts.append(value.strip().strip('"'))
+    return [host for host in hosts if host.strip()]
+
+
 def same_origin(request: web.BaseRequest, origin: str) -> bool:
     """``origin`` is this server's own: its host and port are the ``Host`` the request was sent to
-    (or a proxy's ``X-Forwarded-Host``). An opaque origin (``null``: a file, a sandboxed frame) is not."""
+    (or the one a proxy names: ``_forwarded_hosts``). An opaque origin (``null``: a file, a
+    sandboxed frame) is not."""
     parts = urlsplit(origin)
     if not parts.hostname:
         return False
     own = _host_port(parts.netloc, parts.scheme)
-    hosts = [request.host, *request.headers.get("X-Forwarded-Host", "").split(",")]
-    return any(own == _host_port(host, parts.scheme) for host in hosts if host.strip())
+    return any(own == _host_port(host, parts.scheme) for host in [request.host, *_forwarded_hosts(request)])
 
 
 def install_websocket_check(

@@ -108,6 +108,9 @@ async def test_a_page_of_another_origin_opens_no_websocket_without_a_key(
             # behind a proxy that names the host the page was served from
             proxied = {"X-Forwarded-Host": "assistant.example"}
             assert await upgrade_status(http, server.url + path, "https://assistant.example", **proxied) == 101
+            rfc = {"Forwarded": 'for=192.0.2.7;proto=https;host="assistant.example:8443"'}
+            assert await upgrade_status(http, server.url + path, "https://assistant.example:8443", **rfc) == 101
+            assert await upgrade_status(http, server.url + path, "https://other.example:8443", **rfc) == 403
             assert await upgrade_status(http, allowed.url + path, APP) == 101
             assert await upgrade_status(http, allowed.url + path, "http://evil.example") == 403
             key = {"Authorization": "Bearer sk-test"}

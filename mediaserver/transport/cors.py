@@ -49,7 +49,12 @@ def _allowed(request: web.BaseRequest, origins: frozenset[str]) -> str | None:
     return origin if origin in origins else None
 
 
-_DEFAULT_PORTS = {"http": "80", "https": "443", "ws": "80", "wss": "443"}
+def _normalized(origins: list[str]) -> frozenset[str]:
+    """``cors_allow_origins`` as compared with a request's ``Origin`` (which has no trailing slash)."""
+    return frozenset(o.rstrip("/") for o in origins)
+
+
+_DEFAULT_PORTS = {"http": "80", "https": "443"}  # (an Origin's scheme is a page's: never ws or wss)
 
 
 def _host_port(host: str, scheme: str) -> str:
@@ -71,7 +76,7 @@ def _forwarded_hosts(request: web.BaseRequest) -> list[str]:
     return [host for host in hosts if host.strip()]
 
 
-def same_origin(request: web.BaseRequest, origin: str) -> bool:
+def _same_origin(request: web.BaseRequest, origin: str) -> bool:
     """``origin`` is this server's own: its host and port are the ``Host`` the request was sent to
     (or the one a proxy names: ``_forwarded_hosts``). An opaque origin (``null``: a file, a
     sandboxed frame) is not."""
@@ -88,7 +93,7 @@ def install_websocket_check(
     """Refuse a WebSocket upgrade from a page of another origin than the server's, unless
     ``origins`` allows it or ``sent_on_purpose`` says it carries a key or a client secret (the
     module's docstring). Appended after the auth middleware, which has checked a key by then."""
-    allowed = frozenset(o.rstrip("/") for o in origins)
+    allowed = _normalized(origins)
     if "*" in allowed:
         return
 
@@ -99,8 +104,8 @@ def install_websocket_check(
         if (
             upgrade
             and origin is not None
-            and origin not in allowed
-            and not same_origin(request, origin)
+            and _allowed(request, allowed) is None
+            and not _same_origin(request, origin)
             and not sent_on_purpose(request)
         ):
             raise Forbidden(
@@ -115,7 +120,7 @@ def install_websocket_check(
 
 def install(app: web.Application, origins: list[str]) -> None:
     """Answer preflights and label responses for ``origins`` (nothing when it is empty)."""
-    allowed = frozenset(o.rstrip("/") for o in origins)
+    allowed = _normalized(origins)
     if not allowed:
         return
 
